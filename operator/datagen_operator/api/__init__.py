@@ -1,0 +1,52 @@
+"""The DataGenRun API: spec and status models, parsing, and the CRD generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from datagen_operator.api.errors import FieldError, SpecError, field_errors
+from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
+
+
+def parse_run(document: dict[str, Any]) -> DataGenRun:
+    """A manifest as a DataGenRun, with every field error named; cross-field rules included."""
+    from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.engine.launch import extra_arg_errors
+
+    try:
+        run = DataGenRun.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(field_errors(error)) from None
+    errors = extra_arg_errors(run.spec.server.extra_args)
+    try:
+        resolve_model(run.spec)
+    except SpecError as error:
+        errors = error.errors + errors
+    if errors:
+        raise SpecError(errors)
+    return run
+
+
+def parse_spec(spec: dict[str, Any]) -> DataGenRunSpec:
+    """Just the spec (what the operator gets from kopf), with the same rules as parse_run."""
+    return parse_run(
+        {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "x"}, "spec": spec}
+    ).spec
+
+
+def load_run(path: str | Path) -> DataGenRun:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError([FieldError("(file)", f"not valid YAML: {error}")]) from None
+    if not isinstance(document, dict):
+        raise SpecError([FieldError("(file)", "expected one DataGenRun manifest (a YAML mapping)")])
+    return parse_run(document)
+
+
+__all__ = ["DataGenRun", "DataGenRunSpec", "FieldError", "SpecError", "load_run", "parse_run", "parse_spec"]

@@ -1,0 +1,125 @@
+"""Cross-field rules: what the spec means once the preset is applied, or why it cannot be run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datagen_operator.api.errors import FieldError, SpecError
+from datagen_operator.api.spec import NO_PARSER, DataGenRunSpec
+from datagen_operator.engine.sglang_names import REASONING_PARSER_TAGS
+from datagen_operator.presets import Preset, get_preset, preset_names, presets
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """The effective model knowledge for a run: preset defaults with the spec's explicit choices."""
+
+    preset: Preset | None
+    reasoning_parser: str | None
+    tool_call_parser: str | None
+    thinking: bool
+    think_start: str | None
+    think_end: str | None
+    trust_remote_code: bool
+
+
+def _parser(value: str | None) -> str | None:
+    return None if value == NO_PARSER else value
+
+
+def _how_to_set_parsers() -> str:
+    return (
+        f"known presets: {', '.join(preset_names())}; for another model set model.preset to one of them, "
+        "or set server.reasoningParser and server.toolCallParser explicitly (`none` for no parser), "
+        "e.g. {reasoningParser: qwen3, toolCallParser: qwen25}"
+    )
+
+
+def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
+    """Apply the preset; raise SpecError naming each contradiction and its fix."""
+    errors: list[FieldError] = []
+    server, model = spec.server, spec.model
+    preset: Preset | None = None
+    if model.preset is not None:
+        if model.preset not in presets():
+            errors.append(FieldError("spec.model.preset", f"unknown preset {model.preset!r}; {_how_to_set_parsers()}"))
+        else:
+            preset = get_preset(model.preset)
+    elif server.reasoning_parser is None or server.tool_call_parser is None:
+        errors.append(FieldError("spec.model.preset", f"no preset and no explicit parsers; {_how_to_set_parsers()}"))
+
+    if preset is not None:
+        errors += _contradictions(preset, server.reasoning_parser, server.tool_call_parser)
+        reasoning = preset.reasoning_parser if server.reasoning_parser is None else _parser(server.reasoning_parser)
+        tools = preset.tool_call_parser if server.tool_call_parser is None else _parser(server.tool_call_parser)
+        thinking = preset.thinking.default if spec.generation.thinking is None else spec.generation.thinking
+        if thinking and not preset.thinking.supported:
+            errors.append(
+                FieldError(
+                    "spec.generation.thinking",
+                    f"preset {preset.name} has no thinking mode; set generation.thinking: false or use a thinking preset",
+                )
+            )
+        if not thinking and preset.thinking.supported and preset.thinking.switch is None:
+            errors.append(
+                FieldError(
+                    "spec.generation.thinking",
+                    f"preset {preset.name} always thinks (its template has no switch); remove generation.thinking: false",
+                )
+            )
+        think_start = preset.think_start.text if preset.think_start else None
+        think_end = preset.think_end.text if preset.think_end else None
+        if model.think_tokens is not None:
+            think_start, think_end = model.think_tokens.start, model.think_tokens.end
+        trust = preset.trust_remote_code
+    else:
+        reasoning, tools = _parser(server.reasoning_parser), _parser(server.tool_call_parser)
+        thinking = bool(spec.generation.thinking)
+        tags = REASONING_PARSER_TAGS.get(reasoning or "", ("<think>", "</think>"))
+        think_start, think_end = (model.think_tokens.start, model.think_tokens.end) if model.think_tokens else tags
+        if thinking and reasoning is None:
+            errors.append(
+                FieldError("spec.server.reasoningParser", "thinking is on but no reasoning parser is set; name one")
+            )
+        trust = False
+    if model.trust_remote_code is not None:
+        trust = model.trust_remote_code
+    if errors:
+        raise SpecError(errors)
+    return ResolvedModel(
+        preset=preset,
+        reasoning_parser=reasoning,
+        tool_call_parser=tools,
+        thinking=thinking,
+        think_start=think_start,
+        think_end=think_end,
+        trust_remote_code=trust,
+    )
+
+
+def _contradictions(preset: Preset, reasoning: str | None, tools: str | None) -> list[FieldError]:
+    errors: list[FieldError] = []
+    wanted_reasoning = preset.reasoning_parser or NO_PARSER
+    if reasoning is not None and reasoning != wanted_reasoning:
+        why = ""
+        if reasoning in REASONING_PARSER_TAGS and preset.think_start is not None:
+            tag = REASONING_PARSER_TAGS[reasoning][0]
+            if tag != preset.think_start.text:
+                why = f": it looks for {tag} but {preset.name} writes {preset.think_start.text}"
+        elif reasoning == NO_PARSER:
+            why = ": without it the reasoning is hidden inside content and reasoning_content is null"
+        errors.append(
+            FieldError(
+                "spec.server.reasoningParser",
+                f"{reasoning!r} contradicts preset {preset.name}{why}; use {wanted_reasoning} (or leave it unset)",
+            )
+        )
+    wanted_tools = preset.tool_call_parser or NO_PARSER
+    if tools is not None and tools != wanted_tools:
+        errors.append(
+            FieldError(
+                "spec.server.toolCallParser",
+                f"{tools!r} contradicts preset {preset.name}; use {wanted_tools} (or leave it unset)",
+            )
+        )
+    return errors

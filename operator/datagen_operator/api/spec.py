@@ -1,0 +1,306 @@
+"""The DataGenRun spec: what a user writes. The CRD schema is generated from these models."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from datagen_operator.api.duration import Duration
+from datagen_operator.engine.sglang_names import (
+    DEFAULT_SGLANG_IMAGE,
+    REASONING_PARSER_NAMES,
+    TOOL_CALL_PARSER_NAMES,
+)
+
+API_GROUP = "datagen.dev"
+API_VERSION = "v1alpha1"
+KIND = "DataGenRun"
+PLURAL = "datagenruns"
+
+NO_PARSER = "none"
+"""Explicitly no parser (a model without reasoning or tool calls); distinct from 'unset, use the preset'."""
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        use_attribute_docstrings=True,
+    )
+
+
+# --- volumes, env, scheduling: small typed subsets of the Kubernetes core types --------------------
+
+
+class PersistentVolumeClaimSource(SpecModel):
+    claim_name: str = Field(min_length=1, description="Name of a PersistentVolumeClaim in the run's namespace.")
+    read_only: bool = False
+
+
+class HostPathSource(SpecModel):
+    path: str = Field(min_length=1, description="Absolute path on the node.")
+
+
+class NfsSource(SpecModel):
+    server: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    read_only: bool = False
+
+
+class VolumeSource(SpecModel):
+    """Where a path lives in a cluster: exactly one source. Ignored by `datagen run` on one machine."""
+
+    persistent_volume_claim: PersistentVolumeClaimSource | None = None
+    host_path: HostPathSource | None = None
+    nfs: NfsSource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> VolumeSource:
+        count = sum(s is not None for s in (self.persistent_volume_claim, self.host_path, self.nfs))
+        if count != 1:
+            raise ValueError("set exactly one of persistentVolumeClaim, hostPath, nfs")
+        return self
+
+
+class SecretKeyRef(SpecModel):
+    name: str = Field(min_length=1, description="Secret name (its value never appears in status or logs).")
+    key: str = Field(min_length=1)
+
+
+class EnvVarSource(SpecModel):
+    secret_key_ref: SecretKeyRef
+
+
+class EnvVar(SpecModel):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _one_value(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"env {self.name}: set exactly one of value, valueFrom")
+        return self
+
+
+class Toleration(SpecModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+class ThinkTokens(SpecModel):
+    start: str = Field(min_length=1, description="Text of the think opener token, e.g. <think>.")
+    end: str = Field(min_length=1, description="Text of the think closer token, e.g. </think>.")
+
+
+class ModelSpec(SpecModel):
+    preset: str | None = Field(
+        default=None,
+        description="Model family preset (parsers, think and stop tokens, template switch). "
+        "`datagen presets` lists them. Without it, set server.reasoningParser and server.toolCallParser.",
+    )
+    path: str = Field(min_length=1, description="Model directory as the server sees it (inside the volume).")
+    volume: VolumeSource | None = Field(default=None, description="Volume holding the model, mounted read-only.")
+    tokenizer_path: str | None = Field(
+        default=None, description="Tokenizer directory if not the model directory (the workers render prompts)."
+    )
+    served_model_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._/-]+$")
+    trust_remote_code: bool | None = Field(
+        default=None, description="Load the model's own code (Kimi needs it). Default: from the preset."
+    )
+    think_tokens: ThinkTokens | None = Field(
+        default=None, description="Think tags for a model without a preset; presets already know theirs."
+    )
+
+
+class ServerSpec(SpecModel):
+    image: str = Field(
+        default=DEFAULT_SGLANG_IMAGE,
+        pattern=r"^\S+$",
+        description="SGLang image, pinned by tag or digest (never :latest).",
+    )
+    gpus: int = Field(default=8, ge=1, le=64, description="GPUs per server pod (in limits).")
+    tensor_parallel: int | None = Field(
+        default=None, ge=1, description="--tp-size; must divide gpus. Default: all GPUs of the pod."
+    )
+    replicas: int = Field(default=1, ge=1, le=64, description="Data-parallel server pods; workers spread over them.")
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1, description="--mem-fraction-static.")
+    reasoning_parser: str | None = Field(
+        default=None, description="--reasoning-parser; default from the preset; `none` for no parser."
+    )
+    tool_call_parser: str | None = Field(
+        default=None, description="--tool-call-parser; default from the preset; `none` for no parser."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="More sglang.launch_server flags; flags the operator manages are refused."
+    )
+    startup_timeout: Duration = Field(
+        default=2700.0, description="How long model loading may take before the server counts as failed."
+    )
+    port: int = Field(default=30000, ge=1024, le=65535)
+    shm_size: str = Field(default="64Gi", pattern=QUANTITY_PATTERN, description="Memory-backed /dev/shm size.")
+    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN + "|^[0-9]+m$")
+    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+    env: list[EnvVar] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    priority_class_name: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("image")
+    @classmethod
+    def _pinned_image(cls, value: str) -> str:
+        last = value.rsplit("/", 1)[-1]
+        if "@sha256:" not in value and (":" not in last or last.endswith(":latest")):
+            raise ValueError(f"{value!r} is not pinned; name a tag like {DEFAULT_SGLANG_IMAGE} or a digest")
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        return _known_parser(value, REASONING_PARSER_NAMES, "reasoning")
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, value: str | None) -> str | None:
+        return _known_parser(value, TOOL_CALL_PARSER_NAMES, "tool-call")
+
+    @model_validator(mode="after")
+    def _tp_divides_gpus(self) -> ServerSpec:
+        if self.gpus % self.tp_size:
+            raise ValueError(
+                f"tensorParallel {self.tp_size} does not divide gpus {self.gpus}: SGLang needs "
+                f"tp-size x dp-size = GPUs; set tensorParallel to a divisor of {self.gpus}"
+            )
+        return self
+
+    @property
+    def tp_size(self) -> int:
+        return self.tensor_parallel or self.gpus
+
+    @property
+    def dp_size(self) -> int:
+        return self.gpus // self.tp_size
+
+
+def _known_parser(value: str | None, names: tuple[str, ...], kind: str) -> str | None:
+    if value is None or value == NO_PARSER or value in names:
+        return value
+    raise ValueError(
+        f"{value!r} is not a {kind} parser of the pinned SGLang; use one of: {', '.join(sorted(names))}, "
+        f"or {NO_PARSER!r}"
+    )
+
+
+class DatasetSpec(SpecModel):
+    path: str = Field(min_length=1, description='JSONL ({"id", "messages", "tools"?} per line) or Parquet.')
+    volume: VolumeSource | None = None
+    format: Literal["auto", "jsonl", "parquet"] = "auto"
+
+
+class SamplingParams(BaseModel):
+    """SGLang /generate sampling_params, spelled as SGLang spells them (max_new_tokens, not max_tokens)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_new_tokens: int = Field(ge=1, description="Always sent: SGLang's default is only 128.")
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    stop_token_ids: list[int] | None = None
+    sampling_seed: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explain_openai_names(cls, data: object) -> object:
+        if isinstance(data, dict) and "max_tokens" in data:
+            raise ValueError("max_tokens is OpenAI's name and SGLang 0.5.23 rejects it; write max_new_tokens")
+        return data
+
+
+class GenerationSpec(SpecModel):
+    thinking: bool | None = Field(
+        default=None, description="Render prompts with thinking on. Default: the preset's default."
+    )
+    sampling: SamplingParams
+    samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="Records per prompt (sample index 0..n-1).")
+    stream: bool = Field(
+        default=False, description="Stream responses (incremental deltas; the server gets --incremental-streaming-output)."
+    )
+
+
+class ClientsSpec(SpecModel):
+    shards: int = Field(default=1, ge=1, le=10000, description="Worker shards (Indexed Job completions).")
+    concurrency: int = Field(default=64, ge=1, le=4096, description="In-flight requests per shard.")
+    image: str | None = Field(default=None, description="Worker image; default from the operator's configuration.")
+    request_timeout: Duration = Field(default=3600.0, description="Per-request timeout (long answers take minutes).")
+    max_attempts: int = Field(default=8, ge=1, le=100, description="Tries per record for retryable errors.")
+    cpu: str | None = None
+    memory: str | None = None
+
+
+class OutputSpec(SpecModel):
+    path: str = Field(min_length=1, description="Output directory (inside the volume); never deleted by the operator.")
+    volume: VolumeSource | None = None
+
+
+class ChecksSpec(SpecModel):
+    canary_prompts: int = Field(default=8, ge=0, le=256, description="Dataset prompts in the canary (plus probes).")
+    min_reasoning_rate: float = Field(default=0.98, ge=0, le=1)
+    max_truncation_rate: float = Field(default=0.02, ge=0, le=1)
+    max_token_mismatch_rate: float = Field(default=0.0, ge=0, le=1)
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Records rejected by the server (4xx).")
+    fidelity_sample: int = Field(default=64, ge=0, description="Records re-rendered to prove prompt fidelity.")
+    on_failure: Literal["Halt", "Warn"] = Field(
+        default="Halt", description="Halt stops before bulk work (canary) or pauses workers (rolling checks)."
+    )
+
+
+class DataGenRunSpec(SpecModel):
+    model: ModelSpec
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    dataset: DatasetSpec
+    generation: GenerationSpec
+    clients: ClientsSpec = Field(default_factory=ClientsSpec)
+    output: OutputSpec
+    checks: ChecksSpec = Field(default_factory=ChecksSpec)
+    suspend: bool = Field(default=False, description="Suspend (Kueue style): releases the GPUs, keeps the output.")
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=52)]
+    namespace: str | None = None
+
+
+class DataGenRun(BaseModel):
+    """A whole manifest (apiVersion, kind, metadata, spec) as `datagen validate` reads it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: Literal["datagen.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["DataGenRun"]
+    metadata: ObjectMeta
+    spec: DataGenRunSpec
+    status: dict | None = None
+

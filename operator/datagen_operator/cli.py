@@ -1,0 +1,55 @@
+"""`datagen`: one entry point; each subcommand's module owns its arguments."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# name -> (module, function, one-line help). Modules load lazily so `datagen validate` stays fast.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "validate": ("datagen_operator.api.commands", "validate_main", "check a DataGenRun manifest"),
+    "crd": ("datagen_operator.api.commands", "crd_main", "print the CustomResourceDefinition"),
+    "server-args": ("datagen_operator.api.commands", "server_args_main", "print the SGLang launch command"),
+    "presets": ("datagen_operator.api.commands", "presets_main", "list the model presets"),
+    "sim-server": ("datagen_operator.engine.sim.server", "main", "run the SGLang simulator (CPU, no model)"),
+    "standin-tokenizer": (
+        "datagen_operator.tokenizer.standin",
+        "main",
+        "build the Kimi-K2-format stand-in tokenizer directory",
+    ),
+    "worker": ("datagen_operator.worker.main", "main", "generate one shard (what worker pods run)"),
+    "verify": ("datagen_operator.checks.verify", "main", "check an output directory for faithfulness"),
+    "run": ("datagen_operator.local.main", "main", "run a DataGenRun on this machine"),
+    "operator": ("datagen_operator.k8s.main", "main", "run the Kubernetes operator"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: datagen COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<18} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "`datagen COMMAND --help` explains each."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    if args[0] in ("--version", "version"):
+        from datagen_operator import __version__
+
+        print(f"datagen-operator {__version__}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"datagen: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, function_name, _ = COMMANDS[name]
+    function: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
+    return function(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The exact `python3 -m sglang.launch_server` argv for a run: a pure function of the spec."""
+
+from __future__ import annotations
+
+from datagen_operator.api.errors import FieldError, SpecError
+from datagen_operator.api.resolve import ResolvedModel, resolve_model
+from datagen_operator.api.spec import DataGenRunSpec
+
+LAUNCH_MODULE = "sglang.launch_server"
+
+# Flags the operator sets from the spec, with their SGLang aliases: an extra arg naming one of these
+# would silently override (or duplicate) a managed choice, so it is refused.
+MANAGED_FLAGS: frozenset[str] = frozenset(
+    {
+        "--model-path", "--model", "--tp-size", "--tp", "--tensor-parallel-size", "--dp-size", "--dp",
+        "--data-parallel-size", "--mem-fraction-static", "--reasoning-parser", "--tool-call-parser",
+        "--host", "--port", "--served-model-name", "--trust-remote-code", "--enable-metrics",
+        "--incremental-streaming-output", "--log-level", "--tokenizer-path",
+    }
+)  # fmt: skip
+
+
+def extra_arg_errors(extra_args: list[str]) -> list[FieldError]:
+    errors = []
+    for index, arg in enumerate(extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            errors.append(
+                FieldError(
+                    f"spec.server.extraArgs[{index}]",
+                    f"{flag} is managed by the operator; set it through the spec "
+                    "(model.path, server.tensorParallel, server.reasoningParser, ...) instead",
+                )
+            )
+    return errors
+
+
+def server_argv(
+    spec: DataGenRunSpec,
+    *,
+    host: str = "0.0.0.0",
+    port: int | None = None,
+    python: str = "python3",
+    model_path: str | None = None,
+) -> list[str]:
+    """The launch command. `model_path` overrides spec.model.path (the local runner resolves it)."""
+    resolved: ResolvedModel = resolve_model(spec)
+    errors = extra_arg_errors(spec.server.extra_args)
+    if errors:
+        raise SpecError(errors)
+    server = spec.server
+    argv = [python, "-m", LAUNCH_MODULE, "--model-path", model_path or spec.model.path]
+    argv += ["--tp-size", str(server.tp_size)]
+    if server.dp_size > 1:
+        argv += ["--dp-size", str(server.dp_size)]
+    if server.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(server.mem_fraction_static)]
+    if resolved.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if resolved.reasoning_parser:
+        argv += ["--reasoning-parser", resolved.reasoning_parser]
+    if resolved.tool_call_parser:
+        argv += ["--tool-call-parser", resolved.tool_call_parser]
+    if spec.model.served_model_name:
+        argv += ["--served-model-name", spec.model.served_model_name]
+    argv += ["--host", host, "--port", str(port or server.port)]
+    argv.append("--enable-metrics")
+    if spec.generation.stream:
+        argv.append("--incremental-streaming-output")
+    argv += ["--log-level", server.log_level]
+    argv += server.extra_args
+    return argv

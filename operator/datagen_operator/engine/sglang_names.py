@@ -1,0 +1,39 @@
+"""What the pinned SGLang release accepts, copied as data from its wheel.
+
+`tests/unit/test_sglang_contract.py` re-reads these lists from the real wheel
+(`pip download --no-deps sglang==PINNED_SGLANG_VERSION`, files `sglang/srt/parser/reasoning_parser_names.py`
+and `sglang/srt/function_call/parser_names.py`) and fails when they drift.
+"""
+
+PINNED_SGLANG_VERSION = "0.5.23"
+DEFAULT_SGLANG_IMAGE = f"lmsysorg/sglang:v{PINNED_SGLANG_VERSION}"
+
+REASONING_PARSER_NAMES: tuple[str, ...] = (
+    "apertus2509", "beam", "deepseek-r1", "deepseek-v3", "deepseek-v4", "deepseek-v41", "dots", "glm45",
+    "ling3", "hunyuan", "gpt-oss", "k2_horizon", "kimi", "kimi_k2", "kimi_k3", "mimo", "muse",
+    "poolside_v1", "qwen3", "qwen3-thinking", "minimax", "minimax-append-think", "minimax-m3", "nanbeige",
+    "step3", "step3p5", "mistral", "nemotron_3", "granite_thinking_parser", "interns1", "gemma4",
+    "inkling", "iquest_q1", "cohere_command4", "gigachat35", "response_template",
+)  # fmt: skip
+
+TOOL_CALL_PARSER_NAMES: tuple[str, ...] = (
+    "apertus2509", "beam", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4",
+    "deepseekv41", "dots", "glm", "glm45", "glm47", "gpt-oss", "k2_horizon", "kimi_k2", "kimi_k3", "lfm2",
+    "ling3", "llama3", "mimo", "minicpm5", "mistral", "muse", "poolside_v1", "pythonic", "qwen", "qwen25",
+    "qwen3_coder", "spark25", "step3", "step3p5", "minimax-m2", "minimax-m3", "nanbeige", "trinity",
+    "interns1", "hermes", "hunyuan", "gigachat3", "gigachat35", "gemma4", "inkling", "iquest_q1",
+    "response_template",
+)  # fmt: skip
+
+# Tags each reasoning parser looks for; `kimi` is the old ◁think▷ format that silently finds nothing in
+# Kimi-K2 output (field notes 1). Only the parsers the presets and the simulator use are listed.
+REASONING_PARSER_TAGS: dict[str, tuple[str, str]] = {
+    "kimi_k2": ("<think>", "</think>"),
+    "kimi": ("◁think▷", "◁/think▷"),
+    "qwen3": ("<think>", "</think>"),
+    "qwen3-thinking": ("<think>", "</think>"),
+    "deepseek-r1": ("<think>", "</think>"),
+    "deepseek-v3": ("<think>", "</think>"),
+    "glm45": ("<think>", "</think>"),
+    "minimax": ("<think>", "</think>"),
+}
