@@ -246,7 +246,8 @@ class GenerationSpec(SpecModel):
     sampling: SamplingParams
     samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="Records per prompt (sample index 0..n-1).")
     stream: bool = Field(
-        default=False, description="Stream responses (incremental deltas; the server gets --incremental-streaming-output)."
+        default=False,
+        description="Stream responses (incremental deltas; the server gets --incremental-streaming-output).",
     )
 
 
@@ -303,4 +304,3 @@ class DataGenRun(BaseModel):
     metadata: ObjectMeta
     spec: DataGenRunSpec
     status: dict | None = None
-

@@ -1,0 +1,1 @@
+"""Faithfulness checks over raw token records, the canary gate, and `datagen verify`."""
