@@ -151,7 +151,9 @@ class ServerSpec(SpecModel):
         default_factory=list, description="More sglang.launch_server flags; flags the operator manages are refused."
     )
     startup_timeout: Duration = Field(
-        default=2700.0, description="How long model loading may take before the server counts as failed."
+        default="45m",
+        validate_default=True,
+        description="How long model loading may take before the server counts as failed.",
     )
     port: int = Field(default=30000, ge=1024, le=65535)
     shm_size: str = Field(default="64Gi", pattern=QUANTITY_PATTERN, description="Memory-backed /dev/shm size.")
@@ -255,7 +257,9 @@ class ClientsSpec(SpecModel):
     shards: int = Field(default=1, ge=1, le=10000, description="Worker shards (Indexed Job completions).")
     concurrency: int = Field(default=64, ge=1, le=4096, description="In-flight requests per shard.")
     image: str | None = Field(default=None, description="Worker image; default from the operator's configuration.")
-    request_timeout: Duration = Field(default=3600.0, description="Per-request timeout (long answers take minutes).")
+    request_timeout: Duration = Field(
+        default="1h", validate_default=True, description="Per-request timeout (long answers take minutes)."
+    )
     max_attempts: int = Field(default=8, ge=1, le=100, description="Tries per record for retryable errors.")
     cpu: str | None = None
     memory: str | None = None

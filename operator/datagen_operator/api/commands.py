@@ -1,0 +1,99 @@
+"""`datagen validate`, `datagen crd`, `datagen server-args`, `datagen presets`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from datagen_operator.api import load_run
+from datagen_operator.api.errors import SpecError
+
+EXIT_INVALID = 1
+
+
+def _load_or_report(path: str) -> object | None:
+    try:
+        return load_run(path)
+    except FileNotFoundError:
+        print(f"error: {path}: no such file", file=sys.stderr)
+    except SpecError as error:
+        print(
+            f"{path}: invalid DataGenRun ({len(error.errors)} error{'s' if len(error.errors) > 1 else ''})",
+            file=sys.stderr,
+        )
+        for item in error.errors:
+            print(f"  {item}", file=sys.stderr)
+    return None
+
+
+def validate_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="datagen validate", description="Check DataGenRun manifests.")
+    parser.add_argument("manifests", nargs="+", metavar="RUN.yaml")
+    args = parser.parse_args(argv)
+    failed = 0
+    for path in args.manifests:
+        run = _load_or_report(path)
+        if run is None:
+            failed += 1
+        else:
+            print(f"{path}: valid DataGenRun {run.metadata.name}")  # type: ignore[attr-defined]
+    return EXIT_INVALID if failed else 0
+
+
+def crd_main(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="datagen crd", description="Print the DataGenRun CRD (generated).").parse_args(argv)
+    from datagen_operator.api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def server_args_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="datagen server-args", description="Print the SGLang launch command.")
+    parser.add_argument("manifest", metavar="RUN.yaml")
+    parser.add_argument("--one-line", action="store_true", help="print a single shell-quoted line")
+    args = parser.parse_args(argv)
+    run = _load_or_report(args.manifest)
+    if run is None:
+        return EXIT_INVALID
+    from datagen_operator.engine.launch import server_argv
+
+    argv_out = server_argv(run.spec)  # type: ignore[attr-defined]
+    if args.one_line:
+        print(shlex.join(argv_out))
+        return 0
+    # One flag (with its value) per line, shell-continued, so a diff shows exactly what changed.
+    lines, current = [], shlex.join(argv_out[:3])
+    for token in argv_out[3:]:
+        if token.startswith("--"):
+            lines.append(current)
+            current = token
+        else:
+            current += " " + shlex.quote(token)
+    lines.append(current)
+    print(" \\\n  ".join(lines))
+    return 0
+
+
+def presets_main(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="datagen presets", description="List the model presets.").parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    from datagen_operator.presets import presets
+
+    table = Table(title="model presets")
+    for column in ("preset", "reasoning parser", "tool-call parser", "thinking", "think tokens", "stop"):
+        table.add_column(column)
+    for name, p in sorted(presets().items()):
+        thinking = (
+            "no" if not p.thinking.supported else ("always" if p.thinking.switch is None else f"`{p.thinking.switch}`")
+        )
+        if p.thinking.prompt_prefills_opener:
+            thinking += ", opener in prompt"
+        tokens = f"{p.think_start.text} {p.think_end.text}" if p.think_start and p.think_end else "-"
+        stops = " ".join(t.text for t in p.stop_tokens)
+        table.add_row(name, p.reasoning_parser or "none", p.tool_call_parser or "none", thinking, tokens, stops)
+    Console().print(table)
+    return 0

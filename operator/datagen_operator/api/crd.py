@@ -1,0 +1,249 @@
+"""The CustomResourceDefinition, generated from the pydantic models (never edited by hand)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, NO_PARSER, PLURAL, DataGenRunSpec
+from datagen_operator.api.status import (
+    CANARY_PASSED,
+    DATA_FAITHFUL,
+    PARSERS_VERIFIED,
+    SERVER_READY,
+    SUCCEEDED,
+    DataGenRunStatus,
+)
+from datagen_operator.engine.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
+from datagen_operator.presets import preset_names, presets
+
+SHORT_NAMES = ["dgr"]
+
+
+def _resolve_refs(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            merged = {**_resolve_refs(target, defs), **{k: v for k, v in node.items() if k != "$ref"}}
+            return _resolve_refs(merged, defs)
+        return {key: _resolve_refs(value, defs) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_resolve_refs(item, defs) for item in node]
+    return node
+
+
+def _structural(node: Any) -> Any:
+    """JSON Schema (pydantic) -> Kubernetes structural OpenAPI v3 schema."""
+    if isinstance(node, list):
+        return [_structural(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "anyOf" in node:  # Optional[X]: the field is simply not required; null is not a value we accept
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        if len(branches) == 1:
+            node = {**branches[0], **node}
+        else:
+            node["anyOf"] = branches
+    node.pop("title", None)
+    if node.get("additionalProperties") is False:  # unknown fields: pruned and warned by the API server
+        node.pop("additionalProperties")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if "exclusiveMinimum" in node and not isinstance(node["exclusiveMinimum"], bool):
+        node["minimum"], node["exclusiveMinimum"] = node["exclusiveMinimum"], True
+    if "exclusiveMaximum" in node and not isinstance(node["exclusiveMaximum"], bool):
+        node["maximum"], node["exclusiveMaximum"] = node["exclusiveMaximum"], True
+    if node.get("default") is None:
+        node.pop("default", None)
+    elif isinstance(node.get("default"), dict | list) and not node["default"]:
+        node.pop("default")  # empty collections: leave unset rather than store noise in every object
+    out = {key: _structural(value) for key, value in node.items()}
+    if "properties" in out and "type" not in out:
+        out["type"] = "object"
+    return out
+
+
+def model_schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")  # type: ignore[attr-defined]
+    defs = raw.pop("$defs", {})
+    return _structural(_resolve_refs(raw, defs))
+
+
+def _cel_list(values: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def _spec_rules() -> list[dict[str, str]]:
+    """Cross-field rules the API server can enforce itself, generated from the preset data."""
+    table = presets()
+    reasoning = {name: p.reasoning_parser or NO_PARSER for name, p in table.items()}
+    tools = {name: p.tool_call_parser or NO_PARSER for name, p in table.items()}
+    no_thinking = [name for name, p in table.items() if not p.thinking.supported]
+    cel_map = lambda m: "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(m.items())) + "}"  # noqa: E731
+    return [
+        {
+            "rule": "has(self.model.preset) || (has(self.server.reasoningParser) && has(self.server.toolCallParser))",
+            "message": f"no preset and no explicit parsers: set model.preset (one of {', '.join(preset_names())}) "
+            "or set server.reasoningParser and server.toolCallParser (`none` for no parser)",
+            "fieldPath": ".model.preset",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": f"!has(self.model.preset) || !has(self.server.reasoningParser) || "
+            f"{cel_map(reasoning)}[self.model.preset] == self.server.reasoningParser",
+            "message": "server.reasoningParser contradicts the preset (e.g. kimi looks for ◁think▷ but kimi-k2.5 "
+            "writes <think>); leave it unset or use the preset's parser (`datagen presets`)",
+            "fieldPath": ".server.reasoningParser",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!has(self.model.preset) || !has(self.server.toolCallParser) || "
+            f"{cel_map(tools)}[self.model.preset] == self.server.toolCallParser",
+            "message": "server.toolCallParser contradicts the preset; leave it unset or use the preset's parser",
+            "fieldPath": ".server.toolCallParser",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!(has(self.model.preset) && self.model.preset in {_cel_list(no_thinking)} && "
+            "has(self.generation.thinking) && self.generation.thinking)",
+            "message": "this preset has no thinking mode; set generation.thinking: false or use a thinking preset",
+            "fieldPath": ".generation.thinking",
+            "reason": "FieldValueInvalid",
+        },
+    ]
+
+
+def _spec_schema() -> dict[str, Any]:
+    schema = model_schema(DataGenRunSpec)
+    props = schema["properties"]
+    props["model"]["properties"]["preset"]["enum"] = preset_names()
+    server = props["server"]
+    server["properties"]["reasoningParser"]["enum"] = [*sorted(REASONING_PARSER_NAMES), NO_PARSER]
+    server["properties"]["toolCallParser"]["enum"] = [*sorted(TOOL_CALL_PARSER_NAMES), NO_PARSER]
+    server["default"] = {}  # so the server's own defaults (gpus, image, ...) are filled in and CEL sees them
+    server["x-kubernetes-validations"] = [
+        {
+            "rule": "!has(self.tensorParallel) || self.gpus % self.tensorParallel == 0",
+            "message": "tensorParallel must divide gpus (SGLang needs tp-size x dp-size = GPUs)",
+            "fieldPath": ".tensorParallel",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "!self.image.endsWith(':latest') && (self.image.contains('@sha256:') || "
+            "self.image.split('/')[self.image.split('/').size() - 1].contains(':'))",
+            "message": "server.image must be pinned by tag or digest, never :latest",
+            "fieldPath": ".image",
+            "reason": "FieldValueInvalid",
+        },
+    ]
+    for section in ("clients", "checks"):
+        props[section]["default"] = {}
+    one_volume = lambda: {  # noqa: E731  (a fresh dict each time: no YAML anchors in the output)
+        "rule": "[has(self.persistentVolumeClaim), has(self.hostPath), has(self.nfs)].filter(x, x).size() == 1",
+        "message": "set exactly one of persistentVolumeClaim, hostPath, nfs",
+    }
+    for section in ("model", "dataset", "output"):
+        props[section]["properties"]["volume"]["x-kubernetes-validations"] = [one_volume()]
+    env_items = server["properties"]["env"]["items"]
+    env_items["x-kubernetes-validations"] = [
+        {"rule": "has(self.value) != has(self.valueFrom)", "message": "set exactly one of value, valueFrom"}
+    ]
+    schema["x-kubernetes-validations"] = _spec_rules()
+    return schema
+
+
+def _condition_column(name: str, condition: str, priority: int = 0) -> dict[str, Any]:
+    column: dict[str, Any] = {
+        "name": name,
+        "type": "string",
+        "jsonPath": f'.status.conditions[?(@.type=="{condition}")].status',
+    }
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+def _status_schema() -> dict[str, Any]:
+    schema = model_schema(DataGenRunStatus)
+    conditions = schema["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"  # one entry per type; server-side apply merges by type
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return schema
+
+
+def crd_manifest() -> dict[str, Any]:
+    status_schema = _status_schema()
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": SHORT_NAMES,
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        _condition_column("Succeeded", SUCCEEDED),
+                        _condition_column("Server", SERVER_READY),
+                        _condition_column("Parsers", PARSERS_VERIFIED, priority=1),
+                        _condition_column("Canary", CANARY_PASSED),
+                        _condition_column("Faithful", DATA_FAITHFUL),
+                        {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
+                        {
+                            "name": "Reason",
+                            "type": "string",
+                            "jsonPath": f'.status.conditions[?(@.type=="{SUCCEEDED}")].reason',
+                            "priority": 1,
+                        },
+                        {
+                            "name": "Message",
+                            "type": "string",
+                            "jsonPath": f'.status.conditions[?(@.type=="{SUCCEEDED}")].message',
+                            "priority": 1,
+                        },
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A generation run: an SGLang server for a model, sharded client workers "
+                            "that record raw token ids, and checks that prove the data is faithful.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": _spec_schema(),
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# GENERATED by `datagen crd` from operator/datagen_operator/api/ -- do not edit; run `make crd`.\n"
+    return header + yaml.dump(crd_manifest(), Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True, width=120)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

@@ -1,0 +1,95 @@
+"""The DataGenRun status: Kubernetes-convention conditions plus progress, checks and the fingerprint."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+# Condition types. Each is owned by one decision in control/ and rolled up into Succeeded.
+SERVER_READY = "ServerReady"
+PARSERS_VERIFIED = "ParsersVerified"
+CANARY_PASSED = "CanaryPassed"
+DATA_FAITHFUL = "DataFaithful"
+PROGRESSING = "Progressing"
+SUCCEEDED = "Succeeded"
+CONDITION_TYPES: tuple[str, ...] = (
+    SERVER_READY,
+    PARSERS_VERIFIED,
+    CANARY_PASSED,
+    DATA_FAITHFUL,
+    PROGRESSING,
+    SUCCEEDED,
+)
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class StatusModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
+
+
+class Condition(StatusModel):
+    type: str
+    status: ConditionStatus
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    """One CamelCase word a program can switch on."""
+    message: str = Field(default="", max_length=32768)
+    """What a person needs to know, including the fix when something is wrong."""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class Progress(StatusModel):
+    prompts_total: int = 0
+    prompts_done: int = 0
+    records: int = 0
+    completion_tokens: int = 0
+    tokens_per_second: float = 0.0
+    shards_total: int = 0
+    shards_done: int = 0
+    rejected: int = 0
+    summary: str = ""
+    """What `kubectl get dgr` shows, e.g. '1234/88000 prompts, 5.1k tok/s'."""
+
+
+class CheckResult(StatusModel):
+    name: str
+    passed: bool
+    rate: float | None = None
+    threshold: float | None = None
+    count: int = 0
+    total: int = 0
+    verdict: str = ""
+    """The likely cause and the fix, or why it passed."""
+
+
+class ServerStatus(StatusModel):
+    endpoints: list[str] = Field(default_factory=list)
+    ready_replicas: int = 0
+    replicas: int = 0
+    version: str | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+
+
+class DataGenRunStatus(StatusModel):
+    observed_generation: int | None = None
+    phase: str | None = None
+    """A one-word summary for humans; programs read the conditions."""
+    conditions: list[Condition] = Field(default_factory=list)
+    progress: Progress | None = None
+    checks: list[CheckResult] = Field(default_factory=list)
+    fingerprint: str | None = None
+    """sha256 over tokenizer files, chat template, server version and args, sampling params and preset."""
+    server: ServerStatus | None = None
+    started_at: str | None = None
+    completed_at: str | None = None

@@ -1,0 +1,175 @@
+"""The DataGenRun models: strict parsing, defaults, and errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from datagen_operator.api import SpecError, load_run, parse_run
+from datagen_operator.api.duration import format_duration, parse_duration
+from datagen_operator.api.resolve import resolve_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def kimi_run() -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / "kimi-k2.5.yaml").read_text())
+
+
+def errors_of(document: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecError) as caught:
+        parse_run(document)
+    return {error.field: error.message for error in caught.value.errors}
+
+
+def with_changes(path: str, value: Any) -> dict[str, Any]:
+    document = copy.deepcopy(kimi_run())
+    *parents, leaf = path.split(".")
+    node = document
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is _DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return document
+
+
+_DELETE = object()
+
+
+def test_examples_are_valid() -> None:
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        run = load_run(path)
+        assert run.metadata.name
+
+
+def test_defaults_and_durations() -> None:
+    run = parse_run(kimi_run())
+    assert run.spec.server.startup_timeout == 45 * 60
+    assert run.spec.server.tp_size == 8 and run.spec.server.dp_size == 1
+    assert run.spec.clients.request_timeout == 3600
+    assert run.spec.model_dump(mode="json")["server"]["startupTimeout"] == "45m"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("45m", 2700), ("1h30m", 5400), ("90s", 90), ("500ms", 0.5), ("1.5h", 5400), (30, 30)]
+)
+def test_parse_duration(text: str | int, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_format_duration_round_trips() -> None:
+    for seconds in (2700, 5400, 90, 3661, 0.5):
+        assert parse_duration(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize("bad", ["45", "forty", "-1m", "1d", ""])
+def test_bad_durations_are_refused(bad: str) -> None:
+    assert "spec.server.startupTimeout" in errors_of(with_changes("spec.server.startupTimeout", bad))
+
+
+def test_unknown_field_is_refused_with_its_path() -> None:
+    errors = errors_of(with_changes("spec.server.gpuCount", 8))
+    assert "spec.server.gpuCount" in errors
+    assert "unknown field" in errors["spec.server.gpuCount"]
+
+
+def test_tensor_parallel_must_divide_gpus() -> None:
+    errors = errors_of(with_changes("spec.server.tensorParallel", 3))
+    (field, message), *_ = errors.items()
+    assert field == "spec.server"
+    assert "tensorParallel 3 does not divide gpus 8" in message
+
+
+def test_data_parallel_inside_a_pod() -> None:
+    run = parse_run(with_changes("spec.server.tensorParallel", 4))
+    assert (run.spec.server.tp_size, run.spec.server.dp_size) == (4, 2)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("spec.server.gpus", 0, "spec.server.gpus"),
+        ("spec.clients.shards", 0, "spec.clients.shards"),
+        ("spec.checks.minReasoningRate", 1.5, "spec.checks.minReasoningRate"),
+        ("spec.checks.maxTruncationRate", -0.1, "spec.checks.maxTruncationRate"),
+        ("spec.server.replicas", 0, "spec.server.replicas"),
+        ("spec.checks.onFailure", "Ignore", "spec.checks.onFailure"),
+        ("spec.generation.sampling.max_new_tokens", 0, "spec.generation.sampling.max_new_tokens"),
+    ],
+)
+def test_ranges_are_checked(path: str, value: Any, field: str) -> None:
+    assert field in errors_of(with_changes(path, value))
+
+
+def test_openai_max_tokens_is_explained() -> None:
+    document = with_changes("spec.generation.sampling", {"max_tokens": 100})
+    message = errors_of(document)["spec.generation.sampling"]
+    assert "max_new_tokens" in message
+
+
+def test_unpinned_image_is_refused() -> None:
+    for image in ("lmsysorg/sglang:latest", "lmsysorg/sglang"):
+        message = errors_of(with_changes("spec.server.image", image))["spec.server.image"]
+        assert "not pinned" in message
+    assert parse_run(with_changes("spec.server.image", "registry:5000/sglang:v0.5.23"))
+
+
+def test_kimi_parser_contradicts_kimi_k25() -> None:
+    message = errors_of(with_changes("spec.server.reasoningParser", "kimi"))["spec.server.reasoningParser"]
+    assert "◁think▷" in message and "<think>" in message and "use kimi_k2" in message
+
+
+def test_no_reasoning_parser_contradicts_a_thinking_preset() -> None:
+    message = errors_of(with_changes("spec.server.reasoningParser", "none"))["spec.server.reasoningParser"]
+    assert "reasoning_content is null" in message
+
+
+def test_unknown_parser_name_lists_choices() -> None:
+    message = errors_of(with_changes("spec.server.reasoningParser", "kimi-k2"))["spec.server.reasoningParser"]
+    assert "kimi_k2" in message and "not a reasoning parser" in message
+
+
+def test_unknown_preset_without_parsers_lists_presets_and_how_to_set_parsers() -> None:
+    message = errors_of(with_changes("spec.model.preset", "llama-5"))["spec.model.preset"]
+    assert "kimi-k2.5" in message and "qwen3" in message
+    assert "reasoningParser" in message and "toolCallParser" in message
+
+
+def test_no_preset_with_explicit_parsers_is_accepted() -> None:
+    document = with_changes("spec.model.preset", _DELETE)
+    document["spec"]["server"].update(reasoningParser="qwen3", toolCallParser="qwen25")
+    resolved = resolve_model(parse_run(document).spec)
+    assert (resolved.reasoning_parser, resolved.tool_call_parser) == ("qwen3", "qwen25")
+    assert (resolved.think_start, resolved.think_end) == ("<think>", "</think>")
+
+
+def test_thinking_on_a_non_thinking_preset_is_refused() -> None:
+    document = with_changes("spec.model.preset", "kimi-k2-instruct")
+    message = errors_of(document)["spec.generation.thinking"]
+    assert "no thinking mode" in message
+    document["spec"]["generation"]["thinking"] = False
+    assert resolve_model(parse_run(document).spec).reasoning_parser is None
+
+
+def test_thinking_off_on_an_always_thinking_preset_is_refused() -> None:
+    document = with_changes("spec.model.preset", "kimi-k2-thinking")
+    document["spec"]["generation"]["thinking"] = False
+    assert "always thinks" in errors_of(document)["spec.generation.thinking"]
+
+
+def test_volume_needs_exactly_one_source() -> None:
+    document = with_changes("spec.dataset.volume", {})
+    assert "spec.dataset.volume" in errors_of(document)
+
+
+def test_preset_defaults_apply() -> None:
+    resolved = resolve_model(parse_run(kimi_run()).spec)
+    assert resolved.reasoning_parser == "kimi_k2" and resolved.tool_call_parser == "kimi_k2"
+    assert resolved.thinking and resolved.trust_remote_code
+    assert resolved.think_end == "</think>"

@@ -1,0 +1,71 @@
+"""The `datagen` commands a user runs first: validate, server-args, crd, presets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.test_api import EXAMPLES, with_changes
+
+
+def datagen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "datagen_operator.cli", *args], capture_output=True, text=True)
+
+
+def test_validate_example() -> None:
+    result = datagen("validate", str(EXAMPLES / "kimi-k2.5.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "valid DataGenRun kimi-k25-b1" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("spec.server.gpuCount", 8, "spec.server.gpuCount"),
+        ("spec.server.tensorParallel", 3, "tensorParallel"),
+        ("spec.server.reasoningParser", "kimi", "spec.server.reasoningParser"),
+        ("spec.model.preset", "mystery-model", "spec.model.preset"),
+        ("spec.clients.shards", 0, "spec.clients.shards"),
+    ],
+)
+def test_validate_refuses_naming_the_field(tmp_path: Path, path: str, value: object, field: str) -> None:
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(yaml.safe_dump(with_changes(path, value)))
+    result = datagen("validate", str(manifest))
+    assert result.returncode != 0
+    assert field in result.stderr
+
+
+def test_validate_reports_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    assert datagen("validate", str(tmp_path / "nope.yaml")).returncode != 0
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed")
+    result = datagen("validate", str(broken))
+    assert result.returncode != 0 and "not valid YAML" in result.stderr
+
+
+def test_server_args() -> None:
+    result = datagen("server-args", str(EXAMPLES / "kimi-k2.5.yaml"))
+    assert result.returncode == 0, result.stderr
+    for expected in ("--reasoning-parser kimi_k2", "--tool-call-parser kimi_k2", "--tp-size 8"):
+        assert expected in result.stdout
+
+
+def test_presets_lists_every_family() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "datagen_operator.cli", "presets"],
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ("kimi-k2.5", "kimi-k2-thinking", "kimi-k2.6", "kimi-k2-instruct", "qwen3", "deepseek-r1", "gpt-oss"):
+        assert name in result.stdout
+
+
+def test_unknown_command_exits_2() -> None:
+    assert datagen("frobnicate").returncode == 2

@@ -1,0 +1,65 @@
+"""The SGLang launch command is a pure function of the spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from datagen_operator.api import SpecError, parse_run
+from datagen_operator.engine.launch import server_argv
+from tests.unit.test_api import kimi_run, with_changes
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_kimi_k25_launch_command() -> None:
+    argv = server_argv(parse_run(kimi_run()).spec)
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert flag_value(argv, "--model-path") == "/models/kimi-k2.5-int4"
+    assert flag_value(argv, "--reasoning-parser") == "kimi_k2"
+    assert flag_value(argv, "--tool-call-parser") == "kimi_k2"
+    assert flag_value(argv, "--tp-size") == "8"
+    assert flag_value(argv, "--mem-fraction-static") == "0.85"
+    assert "--trust-remote-code" in argv and "--enable-metrics" in argv
+    assert "--dp-size" not in argv
+    assert "--incremental-streaming-output" not in argv
+
+
+def test_streaming_workers_get_incremental_output() -> None:
+    argv = server_argv(parse_run(with_changes("spec.generation.stream", True)).spec)
+    assert "--incremental-streaming-output" in argv
+
+
+def test_dp_inside_a_pod() -> None:
+    argv = server_argv(parse_run(with_changes("spec.server.tensorParallel", 2)).spec)
+    assert (flag_value(argv, "--tp-size"), flag_value(argv, "--dp-size")) == ("2", "4")
+
+
+def test_non_thinking_preset_has_no_reasoning_parser() -> None:
+    document = with_changes("spec.model.preset", "kimi-k2-instruct")
+    document["spec"]["generation"]["thinking"] = False
+    argv = server_argv(parse_run(document).spec)
+    assert "--reasoning-parser" not in argv
+    assert flag_value(argv, "--tool-call-parser") == "kimi_k2"
+
+
+def test_extra_args_pass_through() -> None:
+    argv = server_argv(parse_run(with_changes("spec.server.extraArgs", ["--watchdog-timeout", "600"])).spec)
+    assert argv[-2:] == ["--watchdog-timeout", "600"]
+
+
+@pytest.mark.parametrize("extra", [["--reasoning-parser", "kimi"], ["--tp=4"], ["--port", "1"], ["--model", "/x"]])
+def test_extra_args_cannot_override_managed_flags(extra: list[str]) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_run(with_changes("spec.server.extraArgs", extra))
+    (error,) = caught.value.errors
+    assert error.field == "spec.server.extraArgs[0]"
+    assert "managed by the operator" in error.message
+
+
+def test_host_port_and_model_path_overrides() -> None:
+    argv = server_argv(parse_run(kimi_run()).spec, host="127.0.0.1", port=31000, model_path="/tmp/m")
+    assert flag_value(argv, "--host") == "127.0.0.1"
+    assert flag_value(argv, "--port") == "31000"
+    assert flag_value(argv, "--model-path") == "/tmp/m"
