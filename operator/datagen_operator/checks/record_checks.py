@@ -24,6 +24,9 @@ TRUNCATED = "truncated"
 BAD_TERMINATION = "bad_termination"
 UNBALANCED_TOOL_CALLS = "unbalanced_tool_calls"
 ABORTED = "aborted"
+PROMPT_CLOSES_THINK = "prompt_closes_think"
+"""A thinking run whose rendered prompt ends with an empty think block: the template was rendered with
+thinking off (the seeds' case), so the model is told not to reason."""
 
 ALL_FLAGS: tuple[str, ...] = (
     TOKEN_COUNT_MISMATCH,
@@ -36,6 +39,7 @@ ALL_FLAGS: tuple[str, ...] = (
     BAD_TERMINATION,
     UNBALANCED_TOOL_CALLS,
     ABORTED,
+    PROMPT_CLOSES_THINK,
 )
 
 
@@ -154,6 +158,8 @@ def _check_reasoning(
     end_id, start_id = expect.think_end_id, expect.think_start_id
     outputs = list(output_ids)
     end_at = outputs.index(end_id) if end_id in outputs else -1
+    if expect.thinking and start_id is not None and list(input_ids[-2:]) == [start_id, end_id]:
+        flags.add(PROMPT_CLOSES_THINK)
     if not expect.thinking:
         # The prompt already closed an empty think block: any think tag in the output is reasoning
         # the run did not ask for (the template and the model disagree).

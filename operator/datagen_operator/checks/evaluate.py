@@ -1,0 +1,260 @@
+"""From counted record flags to named checks with a rate, a threshold and a verdict (cause and fix).
+
+One evaluation for the rolling checks (workers' counters), the canary and `datagen verify`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datagen_operator.api.spec import ChecksSpec
+from datagen_operator.api.status import CheckResult
+from datagen_operator.checks import record_checks as rc
+
+REASONING_CAPTURED = "reasoning_captured"
+TOKEN_COUNTS = "token_counts"
+TERMINATION = "termination"
+TRUNCATION = "truncation"
+TOOL_CALLS = "tool_calls"
+SERVER_ERRORS = "server_errors"
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Counts over a set of records (a shard's counters, the canary's outputs, a whole output dir)."""
+
+    records: int = 0
+    tool_records: int = 0
+    rejected: int = 0
+    flags: dict[str, int] = field(default_factory=dict)
+
+    def count(self, *names: str) -> int:
+        return sum(self.flags.get(name, 0) for name in names)
+
+    def __add__(self, other: Tally) -> Tally:
+        flags = dict(self.flags)
+        for name, value in other.flags.items():
+            flags[name] = flags.get(name, 0) + value
+        return Tally(
+            self.records + other.records, self.tool_records + other.tool_records, self.rejected + other.rejected, flags
+        )
+
+    def __sub__(self, baseline: Tally) -> Tally:
+        flags = {name: value - baseline.flags.get(name, 0) for name, value in self.flags.items()}
+        return Tally(
+            self.records - baseline.records,
+            self.tool_records - baseline.tool_records,
+            self.rejected - baseline.rejected,
+            flags,
+        )
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What the verdicts need to name causes: the run's thinking mode and tokens."""
+
+    thinking: bool
+    preset: str | None
+    think_start: str | None
+    think_end: str | None
+    think_end_id: int | None
+    thresholds: ChecksSpec
+
+
+def _rate(count: int, total: int) -> float:
+    return count / total if total else 0.0
+
+
+def _frac(count: int, total: int) -> str:
+    return f"{count}/{total}"
+
+
+def evaluate(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
+    """Every check over the tally; a check with nothing to look at passes with total 0."""
+    return [
+        _reasoning(tally, ctx),
+        _token_counts(tally, ctx),
+        _termination(tally),
+        _truncation(tally, ctx),
+        _tool_calls(tally, ctx),
+        _server_errors(tally, ctx),
+    ]
+
+
+def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
+    n = tally.records
+    end = f"`{ctx.think_end}` ({ctx.think_end_id})" if ctx.think_end_id is not None else f"`{ctx.think_end}`"
+    if ctx.think_end is None:
+        return CheckResult(name=REASONING_CAPTURED, passed=True, total=n, verdict="model has no reasoning tokens")
+    if not ctx.thinking:
+        bad = tally.count(rc.UNEXPECTED_REASONING)
+        rate = _rate(bad, n)
+        passed = bad == 0
+        verdict = (
+            f"no reasoning in {_frac(n, n)} outputs, as asked (thinking off)"
+            if passed
+            else f"{_frac(bad, n)} outputs contain think tags although the prompts close the think block "
+            "(thinking off): the template and the model disagree; check generation.thinking and the chat template"
+        )
+        return CheckResult(
+            name=REASONING_CAPTURED, passed=passed, rate=1 - rate, threshold=1.0, count=bad, total=n, verdict=verdict
+        )
+    missing_end = tally.count(rc.NO_THINK_END)
+    empty = tally.count(rc.EMPTY_REASONING)
+    no_start = tally.count(rc.NO_THINK_START)
+    closed_prompts = tally.count(rc.PROMPT_CLOSES_THINK)
+    bad = missing_end + empty + no_start
+    captured = 1 - _rate(bad, n)
+    passed = n == 0 or captured >= ctx.thresholds.min_reasoning_rate
+    causes: list[str] = []
+    if closed_prompts:
+        causes.append(
+            f"the prompts end with `{ctx.think_start}{ctx.think_end}` in {_frac(closed_prompts, n)} records: thinking is "
+            "off in the rendered template; set generation.thinking: true (and check the template's thinking switch)"
+        )
+    if missing_end and not closed_prompts:
+        causes.append(
+            f"no {end} in {_frac(missing_end, n)} outputs: the model never closed its reasoning; check the chat template "
+            f"(the prompt must end with `{ctx.think_start}` or let the model open it), max_new_tokens, and that the "
+            "model is a thinking model"
+        )
+    if empty:
+        causes.append(f"empty reasoning before {end} in {_frac(empty, n)} outputs: the model skipped thinking")
+    if no_start:
+        causes.append(
+            f"`{ctx.think_start}` is neither the last prompt token nor in the output in {_frac(no_start, n)} records"
+        )
+    verdict = (
+        f"reasoning captured in {_frac(n - bad, n)} outputs (threshold {ctx.thresholds.min_reasoning_rate:.0%})"
+        if passed and not causes
+        else "; ".join(causes) or f"reasoning captured in {_frac(n - bad, n)} outputs"
+    )
+    return CheckResult(
+        name=REASONING_CAPTURED,
+        passed=passed,
+        rate=captured,
+        threshold=ctx.thresholds.min_reasoning_rate,
+        count=bad,
+        total=n,
+        verdict=verdict,
+    )
+
+
+def _token_counts(tally: Tally, ctx: CheckContext) -> CheckResult:
+    n = tally.records
+    bad = tally.count(rc.TOKEN_COUNT_MISMATCH)
+    leaks = tally.count(rc.PROMPT_SUFFIX_LEAK)
+    rate = _rate(bad, n)
+    passed = rate <= ctx.thresholds.max_token_mismatch_rate
+    if passed:
+        verdict = f"len(output_ids) == completion_tokens in {_frac(n - bad, n)} records"
+    elif leaks:
+        verdict = (
+            f"output_ids start with prompt-suffix tokens in {_frac(leaks, n)} records (the upstream SGLang bug of "
+            "issues 10896/17240): use an SGLang version with the fix; the affected records are not training data"
+        )
+    else:
+        verdict = (
+            f"len(output_ids) != completion_tokens in {_frac(bad, n)} records: the server's token accounting is off"
+        )
+    return CheckResult(
+        name=TOKEN_COUNTS,
+        passed=passed,
+        rate=rate,
+        threshold=ctx.thresholds.max_token_mismatch_rate,
+        count=bad,
+        total=n,
+        verdict=verdict,
+    )
+
+
+def _termination(tally: Tally) -> CheckResult:
+    n = tally.records
+    bad = tally.count(rc.BAD_TERMINATION)
+    aborted = tally.count(rc.ABORTED)
+    passed = bad == 0 and aborted == 0
+    if passed:
+        verdict = "every finished output ends with a stop token"
+    else:
+        parts = []
+        if bad:
+            parts.append(
+                f"{_frac(bad, n)} outputs finished `stop` without a stop token last: output_ids were trimmed or "
+                "a stop string ended them; do not set `stop` strings for token data"
+            )
+        if aborted:
+            parts.append(f"{_frac(aborted, n)} requests were aborted by the server")
+        verdict = "; ".join(parts)
+    return CheckResult(
+        name=TERMINATION,
+        passed=passed,
+        rate=_rate(bad + aborted, n),
+        threshold=0.0,
+        count=bad + aborted,
+        total=n,
+        verdict=verdict,
+    )
+
+
+def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
+    n = tally.records
+    truncated = tally.count(rc.TRUNCATED)
+    rate = _rate(truncated, n)
+    passed = rate <= ctx.thresholds.max_truncation_rate
+    verdict = (
+        f"{_frac(truncated, n)} outputs hit max_new_tokens"
+        if passed
+        else f"{_frac(truncated, n)} outputs hit max_new_tokens (finish `length`), above {ctx.thresholds.max_truncation_rate:.0%}: "
+        "raise generation.sampling.max_new_tokens"
+    )
+    return CheckResult(
+        name=TRUNCATION,
+        passed=passed,
+        rate=rate,
+        threshold=ctx.thresholds.max_truncation_rate,
+        count=truncated,
+        total=n,
+        verdict=verdict,
+    )
+
+
+def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
+    n = tally.tool_records
+    bad = tally.count(rc.UNBALANCED_TOOL_CALLS)
+    rate = _rate(bad, n)
+    passed = rate <= ctx.thresholds.max_error_rate
+    verdict = (
+        f"tool-call sections balanced in {_frac(n - bad, n)} outputs with tools"
+        if passed
+        else f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools: the model's tool format and the "
+        "chat template disagree"
+    )
+    return CheckResult(
+        name=TOOL_CALLS,
+        passed=passed,
+        rate=rate,
+        threshold=ctx.thresholds.max_error_rate,
+        count=bad,
+        total=n,
+        verdict=verdict,
+    )
+
+
+def _server_errors(tally: Tally, ctx: CheckContext) -> CheckResult:
+    total = tally.records + tally.rejected
+    rate = _rate(tally.rejected, total)
+    passed = rate <= ctx.thresholds.max_error_rate
+    verdict = (
+        f"{_frac(tally.rejected, total)} requests rejected by the server"
+        if passed
+        else f"{_frac(tally.rejected, total)} requests rejected by the server (HTTP 4xx); their reasons are in rejects.jsonl"
+    )
+    return CheckResult(
+        name=SERVER_ERRORS,
+        passed=passed,
+        rate=rate,
+        threshold=ctx.thresholds.max_error_rate,
+        count=tally.rejected,
+        total=total,
+        verdict=verdict,
+    )

@@ -1,0 +1,82 @@
+"""Kubernetes-convention conditions: set without losing lastTransitionTime, and events from transitions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from datagen_operator.api.status import CONDITION_TYPES, Condition, ConditionStatus
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """What a decision says about one condition; the time and generation are filled in by `apply_updates`."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+
+
+def find(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def apply_updates(
+    conditions: Sequence[Condition], updates: Iterable[ConditionUpdate], now: datetime, generation: int | None
+) -> list[Condition]:
+    """New condition list: lastTransitionTime moves only when the status changes; order follows CONDITION_TYPES."""
+    by_type = {c.type: c for c in conditions}
+    for update in updates:
+        old = by_type.get(update.type)
+        changed = old is None or old.status != update.status
+        by_type[update.type] = Condition(
+            type=update.type,
+            status=update.status,
+            reason=update.reason,
+            message=update.message,
+            last_transition_time=rfc3339(now) if changed else old.last_transition_time,  # type: ignore[union-attr]
+            observed_generation=generation,
+        )
+    order = {name: index for index, name in enumerate(CONDITION_TYPES)}
+    return sorted(by_type.values(), key=lambda c: (order.get(c.type, len(order)), c.type))
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes event (or a line in the local runner's log) for one transition."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -> list[Event]:
+    """One event per condition whose status or reason changed."""
+    events = []
+    for condition in after:
+        old = find(before, condition.type)
+        if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
+            continue
+        warning = condition.status == "False" and condition.reason not in _EXPECTED_FALSE_REASONS
+        events.append(
+            Event(
+                type="Warning" if warning else "Normal",
+                reason=f"{condition.type}{condition.reason}"
+                if len(condition.type + condition.reason) < 120
+                else condition.reason,
+                message=f"{condition.type}={condition.status} ({condition.reason}): {condition.message}"[:1024],
+            )
+        )
+    return events
+
+
+# False for these reasons is a normal step of a healthy run, not a problem to warn about.
+_EXPECTED_FALSE_REASONS = frozenset(
+    {"Pending", "Loading", "Waiting", "NotStarted", "Suspended", "Completed", "Running", "Creating", "Scheduling"}
+)

@@ -1,0 +1,246 @@
+"""The run's state machine: one pure function from (spec, observed) to conditions and the next step.
+
+The operator and the local runner both call `decide` on every pass and only differ in how they carry out
+the step (pods and Jobs vs processes). Steps run in order, each gated on the one before:
+server ready -> parsers verified -> canary passed -> workers -> final verification -> done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import (
+    CANARY_PASSED,
+    DATA_FAITHFUL,
+    PARSERS_VERIFIED,
+    PROGRESSING,
+    SERVER_READY,
+    SUCCEEDED,
+    CheckResult,
+    Progress,
+)
+from datagen_operator.checks.evaluate import CheckContext, evaluate
+from datagen_operator.control.conditions import ConditionUpdate
+from datagen_operator.control.observed import Observed, ProgressCounters
+from datagen_operator.control.server import server_verdict
+
+MIN_RECORDS_FOR_ROLLING_CHECKS = 16
+"""Below this many records a rate says little; DataFaithful stays Unknown."""
+
+
+class Step(StrEnum):
+    INVALID = "Invalid"
+    SUSPENDED = "Suspended"
+    WAIT_FOR_SERVER = "WaitForServer"
+    VERIFY_PARSERS = "VerifyParsers"
+    RUN_CANARY = "RunCanary"
+    RUN_WORKERS = "RunWorkers"
+    FINAL_VERIFY = "FinalVerify"
+    HALTED = "Halted"
+    DONE = "Done"
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    phase: str
+    server_wanted: bool
+    """Keep the server (and its GPUs); False releases them."""
+    workers_wanted: bool
+    """Workers should be running now (False: not started yet, paused, or finished)."""
+    updates: tuple[ConditionUpdate, ...]
+    checks: tuple[CheckResult, ...] = ()
+    progress: Progress | None = None
+
+
+def _u(type_: str, status: str, reason: str, message: str = "") -> ConditionUpdate:
+    return ConditionUpdate(type_, status, reason, message)  # type: ignore[arg-type]
+
+
+def human_rate(tokens_per_second: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if tokens_per_second >= scale:
+            return f"{tokens_per_second / scale:.1f}{unit}"
+    return f"{tokens_per_second:.0f}"
+
+
+def progress_of(counters: ProgressCounters | None, shards_total: int, shards_done: int) -> Progress:
+    c = counters or ProgressCounters()
+    summary = f"{c.prompts_done}/{c.prompts_total} prompts, {human_rate(c.tokens_per_second)} tok/s"
+    if c.tally.rejected or c.malformed:
+        summary += f", {c.tally.rejected + c.malformed} set aside"
+    return Progress(
+        prompts_total=c.prompts_total,
+        prompts_done=c.prompts_done,
+        records=c.tally.records,
+        completion_tokens=c.completion_tokens,
+        tokens_per_second=round(c.tokens_per_second, 1),
+        shards_total=shards_total,
+        shards_done=shards_done,
+        rejected=c.tally.rejected + c.malformed,
+        summary=summary,
+    )
+
+
+def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> Decision:
+    halt_on_failure = spec.checks.on_failure == "Halt"
+    shards = spec.clients.shards
+    workers = observed.workers
+    progress = progress_of(observed.progress, shards, workers.shards_done if workers else 0)
+
+    if observed.spec_error is not None:
+        return Decision(
+            Step.INVALID, "Invalid", False, False, (_u(SUCCEEDED, "False", "InvalidSpec", observed.spec_error),)
+        )
+
+    # A finished run stays finished: its verdict is final and the GPUs are released.
+    if observed.final is not None:
+        final = observed.final
+        faithful = _u(
+            DATA_FAITHFUL,
+            "True" if final.passed else "False",
+            "Verified" if final.passed else "ChecksFailed",
+            final.message,
+        )
+        if final.passed:
+            succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed")
+        else:
+            succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
+        updates = (
+            _u(SERVER_READY, "False", "Released", "run finished; server stopped and GPUs released"),
+            _u(PROGRESSING, "False", "Completed", progress.summary),
+            faithful,
+            succeeded,
+        )
+        return Decision(
+            Step.DONE, "Succeeded" if final.passed else "Failed", False, False, updates, final.checks, progress
+        )
+
+    if observed.suspended:
+        updates = (
+            _u(SERVER_READY, "False", "Suspended", "spec.suspend is true: server stopped, GPUs released, output kept"),
+            _u(PROGRESSING, "False", "Suspended", f"suspended at {progress.summary}"),
+            _u(SUCCEEDED, "Unknown", "Suspended", "resume with spec.suspend: false; work continues where it stopped"),
+        )
+        return Decision(Step.SUSPENDED, "Suspended", False, False, updates, progress=progress)
+
+    server = server_verdict(observed.server, spec.server.startup_timeout)
+    updates: list[ConditionUpdate] = [server.condition]
+    started = workers is not None
+    if server.fatal:
+        updates.append(_u(SUCCEEDED, "False", "ServerFailed", server.condition.message))
+        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), progress=progress)
+    if server.condition.status != "True":
+        # Workers that already started keep running: they pause by themselves while the server is down.
+        updates += _waiting_for(observed, "the server", started)
+        return Decision(
+            Step.WAIT_FOR_SERVER,
+            "Starting" if not started else "Running",
+            True,
+            started,
+            tuple(updates),
+            progress=progress,
+        )
+
+    # Parsers: the running server's own word on how it will split reasoning.
+    if observed.parsers is None:
+        updates.append(
+            _u(PARSERS_VERIFIED, "Unknown", "Verifying", "reading /server_info and probing chat completions")
+        )
+        updates += _waiting_for(observed, "parser verification", started, parsers=False)
+        return Decision(Step.VERIFY_PARSERS, "Verifying", True, started, tuple(updates), progress=progress)
+    parsers = observed.parsers
+    updates.append(_u(PARSERS_VERIFIED, "True" if parsers.passed else "False", parsers.reason, parsers.message))
+    if not parsers.passed and halt_on_failure:
+        updates.append(
+            _u(CANARY_PASSED, "Unknown", "NotRun", "halted before the canary: the server's parsers are wrong")
+        )
+        updates.append(_u(PROGRESSING, "False", "Halted", "no bulk work was started"))
+        updates.append(_u(SUCCEEDED, "False", "ParsersMismatch", parsers.message))
+        return Decision(Step.HALTED, "Halted", False, False, tuple(updates), parsers.checks, progress)
+
+    # The canary: real prompts, raw token checks, before any bulk record.
+    if observed.canary is None:
+        updates.append(
+            _u(CANARY_PASSED, "Unknown", "Running", f"sending {spec.checks.canary_prompts} prompts and the probes")
+        )
+        updates.append(_u(DATA_FAITHFUL, "Unknown", "NotStarted", "no records yet"))
+        updates.append(_u(PROGRESSING, "False", "Waiting", "bulk generation starts after the canary passes"))
+        updates.append(_u(SUCCEEDED, "Unknown", "Running", "canary running"))
+        return Decision(Step.RUN_CANARY, "Canary", True, False, tuple(updates), progress=progress)
+    canary = observed.canary
+    updates.append(_u(CANARY_PASSED, "True" if canary.passed else "False", canary.reason, canary.message))
+    if not canary.passed and halt_on_failure and not started:
+        updates.append(_u(PROGRESSING, "False", "Halted", "no bulk record was written"))
+        updates.append(_u(SUCCEEDED, "False", "CanaryFailed", canary.message))
+        return Decision(Step.HALTED, "Halted", False, False, tuple(updates), canary.checks, progress)
+
+    # Bulk generation with rolling checks over the workers' counters.
+    checks: tuple[CheckResult, ...] = ()
+    tally = observed.progress.tally if observed.progress else None
+    if tally is None or tally.records < MIN_RECORDS_FOR_ROLLING_CHECKS:
+        have = tally.records if tally else 0
+        updates.append(
+            _u(
+                DATA_FAITHFUL,
+                "Unknown",
+                "Collecting",
+                f"{have} records so far; judging from {MIN_RECORDS_FOR_ROLLING_CHECKS}",
+            )
+        )
+        faithful = True
+    else:
+        checks = tuple(evaluate(tally, context))
+        failed = [c for c in checks if not c.passed]
+        faithful = not failed
+        if faithful:
+            updates.append(
+                _u(DATA_FAITHFUL, "True", "WithinThresholds", f"{len(checks)} checks pass over {tally.records} records")
+            )
+        else:
+            updates.append(
+                _u(DATA_FAITHFUL, "False", "ThresholdCrossed", "; ".join(f"{c.name}: {c.verdict}" for c in failed))
+            )
+    if not faithful and halt_on_failure:
+        updates.append(
+            _u(
+                PROGRESSING,
+                "False",
+                "Halted",
+                f"workers paused at {progress.summary}; fix and update the spec to resume",
+            )
+        )
+        updates.append(_u(SUCCEEDED, "False", "ChecksFailed", "rolling checks crossed a threshold (see DataFaithful)"))
+        return Decision(Step.HALTED, "Halted", False, False, tuple(updates), checks, progress)
+
+    if workers is not None and workers.shards_failed:
+        message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
+        updates.append(_u(PROGRESSING, "False", "WorkersFailed", message))
+        updates.append(_u(SUCCEEDED, "False", "WorkersFailed", f"{message}; the output is kept and a rerun resumes"))
+        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), checks, progress)
+    if workers is not None and workers.shards_done >= workers.shards_total:
+        updates.append(
+            _u(PROGRESSING, "True", "Verifying", f"all {workers.shards_total} shards done; final verification")
+        )
+        updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
+        return Decision(Step.FINAL_VERIFY, "Verifying", False, False, tuple(updates), checks, progress)
+    updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
+    updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
+    return Decision(Step.RUN_WORKERS, "Running", True, True, tuple(updates), checks, progress)
+
+
+def _waiting_for(observed: Observed, what: str, started: bool, parsers: bool = True) -> list[ConditionUpdate]:
+    updates = []
+    if parsers and observed.parsers is None:
+        updates.append(_u(PARSERS_VERIFIED, "Unknown", "Waiting", f"waiting for {what}"))
+    if observed.canary is None:
+        updates.append(_u(CANARY_PASSED, "Unknown", "Waiting", f"waiting for {what}"))
+    if started:
+        updates.append(_u(PROGRESSING, "True", "Paused", f"workers wait for {what}"))
+    else:
+        updates.append(_u(DATA_FAITHFUL, "Unknown", "NotStarted", "no records yet"))
+        updates.append(_u(PROGRESSING, "False", "Waiting", f"waiting for {what}"))
+    updates.append(_u(SUCCEEDED, "Unknown", "Running", f"waiting for {what}"))
+    return updates

@@ -1,0 +1,86 @@
+"""What the shells (operator, local runner) observe, as plain data for the decision core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datagen_operator.api.status import CheckResult
+from datagen_operator.checks.evaluate import Tally
+
+
+@dataclass(frozen=True)
+class ServerInstance:
+    """One server replica: a pod in a cluster, a process on one machine."""
+
+    name: str
+    scheduled: bool = True
+    unschedulable_message: str | None = None
+    """The scheduler's own words (PodScheduled=False), e.g. '0/3 nodes are available: 3 Insufficient nvidia.com/gpu.'"""
+    running: bool = False
+    ready: bool = False
+    """Passed readiness: /health_generate answered 200 (probe in a cluster, poll locally)."""
+    restarts: int = 0
+    waiting_reason: str | None = None
+    """CrashLoopBackOff, ImagePullBackOff, CreateContainerConfigError, ..."""
+    last_exit: str | None = None
+    """How the server last ended, e.g. 'exit 2: argument --reasoning-parser: invalid choice'."""
+    loading_seconds: float | None = None
+    """Seconds since the server container (process) started, while it is not ready yet."""
+    endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerObservation:
+    replicas_wanted: int
+    instances: tuple[ServerInstance, ...] = ()
+
+    @property
+    def ready_endpoints(self) -> tuple[str, ...]:
+        return tuple(i.endpoint for i in self.instances if i.ready and i.endpoint)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """The result of a one-shot step (parser verification, canary, final verification)."""
+
+    passed: bool
+    reason: str
+    message: str
+    checks: tuple[CheckResult, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkersObservation:
+    shards_total: int
+    shards_done: int = 0
+    shards_failed: int = 0
+    """Shards whose retries are exhausted (the Job's failed indexes; local: non-zero exits past retries)."""
+    active: int = 0
+    paused: bool = False
+    failure_message: str | None = None
+
+
+@dataclass(frozen=True)
+class ProgressCounters:
+    """Counters summed over the shards' progress snapshots."""
+
+    prompts_total: int = 0
+    prompts_done: int = 0
+    completion_tokens: int = 0
+    tokens_per_second: float = 0.0
+    malformed: int = 0
+    tally: Tally = field(default_factory=Tally)
+    """Records, rejects and inline record-check flags (see checks.record_checks)."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    generation: int
+    spec_error: str | None = None
+    suspended: bool = False
+    server: ServerObservation | None = None
+    parsers: StepOutcome | None = None
+    canary: StepOutcome | None = None
+    workers: WorkersObservation | None = None
+    progress: ProgressCounters | None = None
+    final: StepOutcome | None = None

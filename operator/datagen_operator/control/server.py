@@ -1,0 +1,74 @@
+"""ServerReady from what the shell saw of the server replicas (pods or processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datagen_operator.api.duration import format_duration
+from datagen_operator.api.status import SERVER_READY
+from datagen_operator.control.conditions import ConditionUpdate
+from datagen_operator.control.observed import ServerInstance, ServerObservation
+
+_CRASH_REASONS = frozenset({"CrashLoopBackOff", "Error", "RunContainerError"})
+_IMAGE_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
+_CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+
+
+@dataclass(frozen=True)
+class ServerVerdict:
+    condition: ConditionUpdate
+    fatal: bool
+    """The server cannot become ready without a change (startup budget spent): stop and release the GPUs."""
+
+
+def _crash_message(instance: ServerInstance) -> str:
+    why = instance.last_exit or "no exit status yet"
+    return f"{instance.name} exited ({why}) and restarted {instance.restarts} time(s)"
+
+
+def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
+    def verdict(status: str, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
+        return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)  # type: ignore[arg-type]
+
+    if observed is None or not observed.instances:
+        wanted = observed.replicas_wanted if observed else 1
+        return verdict("False", "Creating", f"creating {wanted} server replica(s)")
+    instances = observed.instances
+    wanted = observed.replicas_wanted
+    ready = [i for i in instances if i.ready]
+
+    unschedulable = [i for i in instances if not i.scheduled and i.unschedulable_message]
+    if unschedulable and not ready:
+        first = unschedulable[0]
+        return verdict("False", "Unschedulable", f"{first.name}: {first.unschedulable_message}")
+    invalid = [i for i in instances if i.last_exit and "invalid choice" in i.last_exit]
+    if invalid and not ready:
+        return verdict("False", "InvalidArgs", f"the server refused its arguments: {_crash_message(invalid[0])}")
+    for reasons, reason in ((_IMAGE_REASONS, "ImagePull"), (_CONFIG_REASONS, "ContainerConfig")):
+        stuck = [i for i in instances if i.waiting_reason in reasons]
+        if stuck and not ready:
+            return verdict("False", reason, f"{stuck[0].name}: {stuck[0].waiting_reason}")
+    crashing = [i for i in instances if i.waiting_reason in _CRASH_REASONS or (i.last_exit and not i.running)]
+    if crashing and not ready:
+        return verdict("False", "CrashLoop", _crash_message(crashing[0]))
+
+    if len(ready) >= wanted:
+        return verdict("True", "Ready", f"{len(ready)}/{wanted} replica(s) ready; /health_generate answers")
+    if ready:
+        return verdict("True", "Degraded", f"{len(ready)}/{wanted} replica(s) ready; workers use the ready ones")
+
+    loading = [i.loading_seconds for i in instances if i.loading_seconds is not None]
+    if loading:
+        longest = max(loading)
+        budget = format_duration(startup_timeout_s)
+        if longest > startup_timeout_s:
+            return verdict(
+                "False",
+                "StartupTimeout",
+                f"the model did not load within server.startupTimeout ({budget}); raise it or check the server logs",
+                fatal=True,
+            )
+        return verdict("False", "Loading", f"loading the model: {format_duration(round(longest))} of {budget} budget")
+    if unschedulable:
+        return verdict("False", "Unschedulable", f"{unschedulable[0].name}: {unschedulable[0].unschedulable_message}")
+    return verdict("False", "Pending", f"0/{wanted} replica(s) started")
