@@ -1,0 +1,162 @@
+"""The run state machine, step by step, with the conditions a user sees."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from datagen_operator.api import parse_run
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.evaluate import CheckContext, Tally
+from datagen_operator.control.conditions import apply_updates, transition_events
+from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.observed import (
+    Observed,
+    ProgressCounters,
+    ServerInstance,
+    ServerObservation,
+    StepOutcome,
+    WorkersObservation,
+)
+from tests.unit.test_api import kimi_run, with_changes
+
+
+def spec(document=None) -> DataGenRunSpec:
+    return parse_run(document or kimi_run()).spec
+
+
+def context(s: DataGenRunSpec) -> CheckContext:
+    return CheckContext(True, "kimi-k2.5", "<think>", "</think>", 163607, s.checks)
+
+
+READY = ServerObservation(1, (ServerInstance("srv-0", running=True, ready=True, endpoint="http://srv-0:30000"),))
+PASS = StepOutcome(True, "Passed", "ok")
+
+
+def conditions(decision) -> dict[str, tuple[str, str]]:
+    return {u.type: (u.status, u.reason) for u in decision.updates}
+
+
+def test_unschedulable_server_names_the_scheduler_message() -> None:
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    server = ServerObservation(1, (ServerInstance("srv-0", scheduled=False, unschedulable_message=message),))
+    d = decide(spec(), Observed(1, server=server), context(spec()))
+    assert d.step is Step.WAIT_FOR_SERVER and d.server_wanted
+    (ready,) = [u for u in d.updates if u.type == "ServerReady"]
+    assert (ready.status, ready.reason) == ("False", "Unschedulable") and message in ready.message
+
+
+def test_loading_then_timeout_releases_gpus() -> None:
+    s = spec()
+    loading = ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=600),))
+    d = decide(s, Observed(1, server=loading), context(s))
+    assert conditions(d)["ServerReady"] == ("False", "Loading")
+    late = ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=3 * 3600),))
+    d = decide(s, Observed(1, server=late), context(s))
+    assert d.step is Step.HALTED and not d.server_wanted
+    assert conditions(d)["Succeeded"] == ("False", "ServerFailed")
+
+
+def test_crash_loop_with_invalid_args() -> None:
+    crash = ServerInstance(
+        "srv-0", restarts=3, waiting_reason="CrashLoopBackOff", last_exit="exit 2: invalid choice: 'bogus'"
+    )
+    d = decide(spec(), Observed(1, server=ServerObservation(1, (crash,))), context(spec()))
+    assert conditions(d)["ServerReady"] == ("False", "InvalidArgs")
+
+
+def test_order_parsers_then_canary_then_workers() -> None:
+    s = spec()
+    d = decide(s, Observed(1, server=READY), context(s))
+    assert d.step is Step.VERIFY_PARSERS and not d.workers_wanted
+    d = decide(s, Observed(1, server=READY, parsers=PASS), context(s))
+    assert d.step is Step.RUN_CANARY and not d.workers_wanted
+    d = decide(s, Observed(1, server=READY, parsers=PASS, canary=PASS), context(s))
+    assert d.step is Step.RUN_WORKERS and d.workers_wanted
+    assert conditions(d)["Progressing"] == ("True", "Running")
+
+
+def test_parser_mismatch_halts_before_the_canary() -> None:
+    s = spec()
+    wrong = StepOutcome(
+        False, "Mismatch", "the server's reasoning parser is `kimi` (◁think▷) but kimi-k2.5 writes <think>"
+    )
+    d = decide(s, Observed(1, server=READY, parsers=wrong), context(s))
+    assert d.step is Step.HALTED and not d.server_wanted and not d.workers_wanted
+    assert conditions(d)["Succeeded"] == ("False", "ParsersMismatch")
+
+
+def test_warn_goes_on_with_the_condition_false() -> None:
+    s = spec(with_changes("spec.checks.onFailure", "Warn"))
+    failed = StepOutcome(False, "Failed", "no </think>")
+    d = decide(s, Observed(1, server=READY, parsers=PASS, canary=failed), context(s))
+    assert d.step is Step.RUN_WORKERS
+    assert conditions(d)["CanaryPassed"] == ("False", "Failed")
+
+
+def test_failed_canary_halts_with_no_workers() -> None:
+    s = spec()
+    d = decide(s, Observed(1, server=READY, parsers=PASS, canary=StepOutcome(False, "Failed", "x")), context(s))
+    assert d.step is Step.HALTED and not d.workers_wanted
+    assert conditions(d)["Succeeded"] == ("False", "CanaryFailed")
+
+
+def running(tally: Tally, done: int = 0) -> Observed:
+    counters = ProgressCounters(prompts_total=100, prompts_done=tally.records, tokens_per_second=5100, tally=tally)
+    return Observed(
+        1,
+        server=READY,
+        parsers=PASS,
+        canary=PASS,
+        workers=WorkersObservation(8, shards_done=done, active=8 - done),
+        progress=counters,
+    )
+
+
+def test_rolling_checks_flip_data_faithful_and_halt() -> None:
+    s = spec()
+    d = decide(s, running(Tally(records=5)), context(s))
+    assert conditions(d)["DataFaithful"] == ("Unknown", "Collecting")
+    d = decide(s, running(Tally(records=50)), context(s))
+    assert conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
+    assert d.progress is not None and d.progress.summary == "50/100 prompts, 5.1k tok/s"
+    d = decide(s, running(Tally(records=50, flags={rc.NO_THINK_END: 10})), context(s))
+    assert conditions(d)["DataFaithful"] == ("False", "ThresholdCrossed")
+    assert d.step is Step.HALTED and not d.workers_wanted
+
+
+def test_all_shards_done_then_final_verification() -> None:
+    s = spec()
+    d = decide(s, running(Tally(records=100), done=8), context(s))
+    assert d.step is Step.FINAL_VERIFY
+    observed = running(Tally(records=100), done=8)
+    final = Observed(**{**observed.__dict__, "final": PASS})
+    d = decide(s, final, context(s))
+    assert d.step is Step.DONE and not d.server_wanted
+    assert conditions(d)["Succeeded"] == ("True", "Completed")
+
+
+def test_suspend_releases_gpus() -> None:
+    d = decide(spec(), Observed(1, suspended=True, server=READY), context(spec()))
+    assert d.step is Step.SUSPENDED and not d.server_wanted and not d.workers_wanted
+    assert conditions(d)["ServerReady"] == ("False", "Suspended")
+
+
+def test_last_transition_time_moves_only_on_status_change_and_events_follow() -> None:
+    s = spec()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    first = apply_updates([], decide(s, Observed(1, server=READY), context(s)).updates, t0, 1)
+    second = apply_updates(
+        first, decide(s, Observed(1, server=READY), context(s)).updates, t0 + timedelta(minutes=5), 1
+    )
+    assert first == second
+    third = apply_updates(
+        second, decide(s, Observed(1, server=READY, parsers=PASS), context(s)).updates, t0 + timedelta(minutes=9), 1
+    )
+    by_type = {c.type: c for c in third}
+    assert by_type["ParsersVerified"].last_transition_time == "2026-01-01T00:09:00Z"
+    assert by_type["ServerReady"].last_transition_time == "2026-01-01T00:00:00Z"
+    events = transition_events(second, third)
+        : len(events)
+    ] or events
+    assert any(e.reason == "ParsersVerifiedPassed" and e.type == "Normal" for e in events)

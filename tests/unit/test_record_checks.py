@@ -1,0 +1,87 @@
+"""Per-record raw-token checks on Kimi-K2 ids (kimi-k2-format.md)."""
+
+from __future__ import annotations
+
+from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.record_checks import Expectations, inspect_record
+
+THINK, END_THINK, IM_END = 163606, 163607, 163586
+SECTION_BEGIN, SECTION_END = 163595, 163596
+PROMPT_THINKING = [163587, 10, 11, 163601, 12, 163586, 163588, 13, 163601, THINK]
+PROMPT_NOT_THINKING = [*PROMPT_THINKING, END_THINK]
+STOP = {"type": "stop", "matched": IM_END}
+
+KIMI = Expectations(
+    thinking=True,
+    think_start_id=THINK,
+    think_end_id=END_THINK,
+    stop_token_ids=frozenset({IM_END}),
+    tool_marker_pairs=((SECTION_BEGIN, SECTION_END),),
+    prompt_prefills_opener=True,
+)
+
+
+def flags(
+    output: list[int], prompt: list[int] = PROMPT_THINKING, finish=STOP, completion=None, tools=False, expect=KIMI
+):
+    return inspect_record(prompt, output, finish, len(output) if completion is None else completion, tools, expect)
+
+
+def test_faithful_thinking_record_has_no_flags() -> None:
+    assert flags([1, 2, 3, END_THINK, 4, 5, IM_END]) == frozenset()
+
+
+def test_opener_in_output_is_fine_when_the_template_does_not_prefill() -> None:
+    assert flags([THINK, 1, 2, END_THINK, 4, IM_END], prompt=PROMPT_THINKING[:-1]) == frozenset()
+
+
+def test_missing_think_end() -> None:
+    assert flags([1, 2, 3, IM_END]) == {rc.NO_THINK_END}
+
+
+def test_truncated_inside_reasoning_is_truncation_only() -> None:
+    assert flags([1, 2, 3], finish={"type": "length", "length": 3}) == {rc.TRUNCATED}
+
+
+def test_empty_reasoning() -> None:
+    assert flags([END_THINK, 4, IM_END]) == {rc.EMPTY_REASONING}
+
+
+def test_no_opener_anywhere() -> None:
+    assert flags([1, END_THINK, 4, IM_END], prompt=PROMPT_THINKING[:-1]) == {rc.NO_THINK_START}
+
+
+def test_prompt_rendered_with_thinking_off_in_a_thinking_run() -> None:
+    assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING) == {rc.PROMPT_CLOSES_THINK, rc.NO_THINK_END}
+
+
+def test_non_thinking_run() -> None:
+    no_think = Expectations(**{**KIMI.__dict__, "thinking": False})
+    assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING, expect=no_think) == frozenset()
+    assert flags([1, END_THINK, 5, IM_END], prompt=PROMPT_NOT_THINKING, expect=no_think) == {rc.UNEXPECTED_REASONING}
+
+
+def test_token_count_mismatch_and_prompt_suffix_leak() -> None:
+    leaked = [163601, THINK, 1, 2, END_THINK, 4, IM_END]  # the prompt's last two tokens leaked in front
+    assert flags(leaked, completion=len(leaked) - 2) == {rc.TOKEN_COUNT_MISMATCH, rc.PROMPT_SUFFIX_LEAK}
+    assert flags([1, END_THINK, 4, IM_END], completion=7) == {rc.TOKEN_COUNT_MISMATCH}
+
+
+def test_stop_without_stop_token_last() -> None:
+    assert flags([1, END_THINK, 4, 5]) == {rc.BAD_TERMINATION}
+
+
+def test_abort() -> None:
+    assert rc.ABORTED in flags([1], finish={"type": "abort", "message": "x", "status_code": 500})
+
+
+def test_unbalanced_tool_calls_only_counted_when_tools_were_offered() -> None:
+    output = [1, END_THINK, SECTION_BEGIN, 9, IM_END]
+    assert flags(output, tools=True) == {rc.UNBALANCED_TOOL_CALLS}
+    assert flags(output, tools=False) == frozenset()
+    assert flags([1, END_THINK, SECTION_BEGIN, 9, SECTION_END, IM_END], tools=True) == frozenset()
+
+
+def test_finish_reason_as_json_string_shape() -> None:
+    assert rc.finish_type({"type": "length", "length": 5}) == "length"
+    assert rc.finish_type(None) is None
