@@ -1,0 +1,61 @@
+"""Small reads from a running SGLang server: health, /server_info, and a chat-completions probe.
+
+Bulk /generate traffic lives in worker/; this module serves readiness and the parser verification,
+shared by the operator and the local runner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+HEALTH_TIMEOUT_S = 10.0
+"""A 1-trillion-parameter model can take about a second on /health_generate; never probe with 1 s."""
+
+
+async def is_healthy(session: aiohttp.ClientSession, base_url: str, path: str = "/health_generate") -> bool:
+    """SGLang answers 200 or 503 with an EMPTY body: the status code is the whole answer (field notes 6)."""
+    try:
+        async with session.get(base_url + path, timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as response:
+            await response.read()
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
+    """/server_info (SGLang >= 0.5.10), falling back to the deprecated /get_server_info."""
+    for path in ("/server_info", "/get_server_info"):
+        async with session.get(base_url + path, timeout=aiohttp.ClientTimeout(total=30)) as response:
+            if response.status == 404:
+                continue
+            response.raise_for_status()
+            return await response.json()
+    raise RuntimeError(f"{base_url} has neither /server_info nor /get_server_info")
+
+
+PROBE_QUESTION = "Is 221 a prime number? Think it through, then answer yes or no."
+
+
+async def chat_probe(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    template_kwargs: dict[str, Any],
+    max_tokens: int = 1024,
+) -> dict[str, Any]:
+    """One chat completion through the server's own template and reasoning parser; returns the message."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROBE_QUESTION}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "chat_template_kwargs": template_kwargs,
+    }
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with session.post(base_url + "/v1/chat/completions", json=body, timeout=timeout) as response:
+        payload = await response.json(content_type=None)
+        if response.status != 200:
+            raise RuntimeError(f"chat completions probe got HTTP {response.status}: {payload}")
+    return payload["choices"][0]["message"]
