@@ -1,0 +1,197 @@
+"""pytest fixtures for tests that need a real Kubernetes API server (any folder).
+
+Registered for the whole suite by `pytest_plugins = ["tests.harness.cluster_fixtures"]` in
+tests/conftest.py. The control plane starts once per session, and only if a selected test asks for it.
+
+Environment:
+  DATAGEN_TEST_KUBECONFIG   use this existing cluster instead of starting one (docs/testing.md)
+  DATAGEN_TEST_KWOK         with an existing cluster: "local" (default) runs kwok here,
+                            "in-cluster" means kwok already runs there
+  DATAGEN_TEST_GPU_NODES    how many fake 8-GPU nodes (default 2)
+  DATAGEN_TEST_CRD_DIR      install the CRDs (*.yaml) from this folder instead of crds/
+  DATAGEN_TESTBIN_DIR       a prebuilt testbin folder instead of hack/testbin/build.sh's cache
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.controlplane import (
+    CRD_DIR,
+    Cluster,
+    ClusterSettings,
+    ControlPlaneError,
+    ExistingCluster,
+    LocalControlPlane,
+    ManagedProcess,
+    ensure_testbin,
+    wait_until,
+)
+
+CONTROL_PLANE_FIXTURE = "control_plane"
+_testbin_problem = pytest.StashKey[ControlPlaneError | None]()
+_active_cluster: Cluster | None = None  # the running one, for the failure report
+_last_started_cluster: Cluster | None = None  # for the start-up time in the terminal summary
+
+
+def _external_kubeconfig() -> Path | None:
+    value = os.environ.get("DATAGEN_TEST_KUBECONFIG")
+    return Path(value).expanduser() if value else None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Build a cold testbin here rather than inside the fixture: a cold build takes far longer than
+    # the per-test timeout, which covers fixture set-up.
+    if _external_kubeconfig() or not any(
+        CONTROL_PLANE_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("checking the test control plane binaries (hack/testbin/build.sh) ...")
+    try:
+        ensure_testbin()
+        session.config.stash[_testbin_problem] = None
+    except ControlPlaneError as problem:
+        session.config.stash[_testbin_problem] = problem
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The running cluster: `.kubeconfig` (admin), `.gpu_node_names`, `.api_client()`,
+    `.kubeconfig_for_service_account(ns, name)`, `.start_subject(...)`, `.logs_dir`."""
+    global _active_cluster, _last_started_cluster
+    settings = ClusterSettings(
+        gpu_nodes=int(os.environ.get("DATAGEN_TEST_GPU_NODES", "2")),
+        crd_dir=Path(os.environ.get("DATAGEN_TEST_CRD_DIR", str(CRD_DIR))),
+    )
+    workdir = tmp_path_factory.mktemp("controlplane")  # kept by pytest (last 3 runs) for the logs
+    external = _external_kubeconfig()
+    cluster: Cluster
+    if external is not None:
+        cluster = ExistingCluster(
+            workdir,
+            settings,
+            admin_kubeconfig=external,
+            kwok_mode=os.environ.get("DATAGEN_TEST_KWOK", "local"),
+        )
+        settings.node_name_prefix = "datagen-test-gpu"  # never collide with the cluster's own nodes
+    else:
+        problem = request.config.stash.get(_testbin_problem, None)
+        if problem is not None:
+            pytest.fail(str(problem), pytrace=False)
+        try:
+            testbin = ensure_testbin()
+        except ControlPlaneError as error:
+            pytest.fail(str(error), pytrace=False)
+        cluster = LocalControlPlane(workdir, settings, testbin=testbin)
+    _active_cluster = cluster
+    try:
+        cluster.start()
+    except ControlPlaneError as error:
+        pytest.fail(f"{error}\n{cluster.failure_report()}", pytrace=False)
+    _last_started_cluster = cluster
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        _active_cluster = None
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: Cluster) -> Path:
+    """Path of the admin kubeconfig (user admin in system:masters)."""
+    return control_plane.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane: Cluster) -> Any:
+    """A `kubernetes` (sync) ApiClient for the admin."""
+    return control_plane.api_client()
+
+
+def _namespace_name(test_name: str) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].rstrip("-")
+    return f"t-{stem}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, control_plane: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, with its `default` ServiceAccount in place; deleted afterwards."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(control_plane.api_client())
+    name = _namespace_name(request.node.name)
+    core.create_namespace({"metadata": {"name": name, "labels": {"datagen.dev/test": "true"}}})
+    # Pods are refused until the serviceaccount controller has made `default`.
+    wait_until(
+        lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
+        timeout=30,
+        describe=f"ServiceAccount default in {name}",
+    )
+    yield name
+    core.delete_namespace(name)
+
+
+ServiceAccountKubeconfig = Callable[..., Path]
+
+
+@pytest.fixture
+def service_account_kubeconfig(control_plane: Cluster, namespace: str) -> ServiceAccountKubeconfig:
+    """`(name, namespace=<the test's>) -> Path`: a kubeconfig holding a TokenRequest token of that
+    ServiceAccount (created if missing), so its RBAC applies and nothing more."""
+
+    def make(name: str, namespace: str = namespace) -> Path:
+        return control_plane.kubeconfig_for_service_account(namespace, name)
+
+    return make
+
+
+SubjectRunner = Callable[..., ManagedProcess]
+
+
+@pytest.fixture
+def run_as_service_account(control_plane: Cluster, namespace: str) -> Iterator[SubjectRunner]:
+    """`(name, argv, service_account, namespace=<the test's>, env=None) -> ManagedProcess`: starts a
+    subject (the operator, a worker) with KUBECONFIG set to the ServiceAccount's; stopped after the test."""
+    started: list[ManagedProcess] = []
+
+    def run(
+        name: str,
+        argv: Sequence[str],
+        service_account: str,
+        namespace: str = namespace,
+        env: dict[str, str] | None = None,
+    ) -> ManagedProcess:
+        subject = control_plane.start_subject(name, argv, namespace=namespace, service_account=service_account, env=env)
+        started.append(subject)
+        return subject
+
+    yield run
+    for subject in started:
+        subject.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report: pytest.TestReport = yield
+    if report.failed and _active_cluster is not None and CONTROL_PLANE_FIXTURE in getattr(item, "fixturenames", ()):
+        report.sections.append(("control plane logs", _active_cluster.failure_report()))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    cluster = _last_started_cluster
+    if cluster is not None and cluster.startup_seconds is not None:
+        kind = "existing cluster" if isinstance(cluster, ExistingCluster) else "local control plane"
+        terminalreporter.write_line(
+            f"{kind}: ready (GPU nodes Ready, CRDs Established) {cluster.startup_seconds:.1f} s after "
+            f"the fixture started; logs in {cluster.logs_dir}"
+        )
