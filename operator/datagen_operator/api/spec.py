@@ -272,6 +272,11 @@ class OutputSpec(SpecModel):
 
 class ChecksSpec(SpecModel):
     canary_prompts: int = Field(default=8, ge=0, le=256, description="Dataset prompts in the canary (plus probes).")
+    canary_max_new_tokens: int = Field(
+        default=2048,
+        ge=16,
+        description="max_new_tokens for canary requests (capped so the verdict comes within a minute on a GPU).",
+    )
     min_reasoning_rate: float = Field(default=0.98, ge=0, le=1)
     max_truncation_rate: float = Field(default=0.02, ge=0, le=1)
     max_token_mismatch_rate: float = Field(default=0.0, ge=0, le=1)

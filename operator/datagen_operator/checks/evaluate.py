@@ -107,16 +107,17 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
     captured = 1 - _rate(bad, n)
     passed = n == 0 or captured >= ctx.thresholds.min_reasoning_rate
     causes: list[str] = []
+    if missing_end:
+        causes.append(f"no {end} in {_frac(missing_end, n)} outputs")
     if closed_prompts:
         causes.append(
-            f"the prompts end with `{ctx.think_start}{ctx.think_end}` in {_frac(closed_prompts, n)} records: thinking is "
-            "off in the rendered template; set generation.thinking: true (and check the template's thinking switch)"
+            f"the prompts end with `{ctx.think_start}{ctx.think_end}`: thinking is off in the rendered template; "
+            "set generation.thinking: true (and check the template's thinking switch)"
         )
-    if missing_end and not closed_prompts:
+    elif missing_end:
         causes.append(
-            f"no {end} in {_frac(missing_end, n)} outputs: the model never closed its reasoning; check the chat template "
-            f"(the prompt must end with `{ctx.think_start}` or let the model open it), max_new_tokens, and that the "
-            "model is a thinking model"
+            "the model never closed its reasoning: check the chat template (the prompt must end with "
+            f"`{ctx.think_start}` or let the model open it), max_new_tokens, and that the model is a thinking model"
         )
     if empty:
         causes.append(f"empty reasoning before {end} in {_frac(empty, n)} outputs: the model skipped thinking")
