@@ -1,0 +1,132 @@
+"""The data fingerprint: what must not change between the records of one output directory.
+
+Chat-template drift between generation and training silently corrupts drafter data (field notes 5), so
+every output records the sha256 of the tokenizer files and of the chat template, the server's version
+and data-relevant args (from its own /server_info), the sampling params, preset and thinking switch.
+A worker refuses to resume into an output whose fingerprint differs, and says what changed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# Files that decide how text becomes ids (never weights: a model dir holds hundreds of GB of them).
+TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
+    "tokenizer*", "*.tiktoken", "tiktoken.model", "*.model", "vocab.*", "merges.txt", "added_tokens.json",
+    "special_tokens_map.json", "chat_template*", "tokenization_*.py",
+)  # fmt: skip
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+
+# /server_info keys that differ between replicas or restarts without changing what is generated.
+VOLATILE_SERVER_KEYS: frozenset[str] = frozenset(
+    {
+        "host", "port", "startup_time", "launch_command", "internal_states", "random_seed", "node_rank",
+        "dist_init_addr", "nccl_port", "pid", "log_level", "log_level_http", "log_requests",
+        "log_requests_level", "file_storage_path", "watchdog_timeout", "enable_metrics", "metrics_port",
+        "incremental_streaming_output", "stream_interval", "tokenizer_worker_num", "api_key",
+        "admin_api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
+    }
+)  # fmt: skip
+VOLATILE_SERVER_PREFIXES = ("sim_",)
+"""The simulator's --sim-* knobs (speed, injected faults) do not change what a model would generate."""
+
+
+def tokenizer_files(tokenizer_dir: Path) -> list[Path]:
+    files = []
+    for path in sorted(tokenizer_dir.iterdir()):
+        if not path.is_file() or path.name.endswith(WEIGHT_SUFFIXES):
+            continue
+        if any(fnmatch.fnmatch(path.name, pattern) for pattern in TOKENIZER_FILE_PATTERNS):
+            files.append(path)
+    return files
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer_dir: Path) -> dict[str, Any]:
+    hashes = {path.name: sha256_bytes(path.read_bytes()) for path in tokenizer_files(tokenizer_dir)}
+    return {"files": hashes, "sha256": sha256_bytes(orjson.dumps(hashes, option=orjson.OPT_SORT_KEYS))}
+
+
+def chat_template_sha256(template: str | dict[str, str] | None) -> str | None:
+    if template is None:
+        return None
+    data = template.encode() if isinstance(template, str) else orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
+    return sha256_bytes(data)
+
+
+def is_volatile_server_key(key: str) -> bool:
+    return key in VOLATILE_SERVER_KEYS or key.endswith("_port") or key.startswith(VOLATILE_SERVER_PREFIXES)
+
+
+def server_fingerprint(server_info: dict[str, Any]) -> dict[str, Any]:
+    """Version and data-relevant args; replica addresses, timestamps and runtime stats left out."""
+    args = {k: v for k, v in sorted(server_info.items()) if k != "version" and not is_volatile_server_key(k)}
+    return {"version": server_info.get("version"), "args": args}
+
+
+def build_fingerprint(
+    *,
+    tokenizer: dict[str, Any],
+    chat_template: str | None,
+    server: dict[str, Any],
+    sampling: dict[str, Any],
+    preset: str | None,
+    thinking: bool,
+    samples_per_prompt: int,
+) -> dict[str, Any]:
+    return {
+        "tokenizer": tokenizer,
+        "chat_template_sha256": chat_template,
+        "server": server,
+        "sampling": dict(sorted(sampling.items())),
+        "preset": preset,
+        "thinking": thinking,
+        "samples_per_prompt": samples_per_prompt,
+    }
+
+
+def fingerprint_sha256(fingerprint: dict[str, Any]) -> str:
+    return sha256_bytes(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS))
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+    else:
+        out[prefix] = value
+
+
+_MISSING = object()
+
+
+def diff_fingerprints(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human lines naming each changed field: `sampling.temperature: 0.6 -> 0.7`."""
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    _flatten(recorded, "", old)
+    _flatten(current, "", new)
+    lines = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key, _MISSING), new.get(key, _MISSING)
+        if before == after or key == "tokenizer.sha256":
+            continue
+        show_before = "(absent)" if before is _MISSING else _short(before)
+        show_after = "(absent)" if after is _MISSING else _short(after)
+        lines.append(f"{key}: {show_before} -> {show_after}")
+    return lines
+
+
+def _short(value: Any) -> str:
+    text = orjson.dumps(value).decode()
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12] + "…"
+    return text if len(text) <= 120 else text[:117] + "..."

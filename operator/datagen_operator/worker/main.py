@@ -1,0 +1,734 @@
+"""`datagen worker`: generate one shard of a run. What the client Job pods and the local runner execute.
+
+Exit codes (the operator's podFailurePolicy keys on them; see docs/worker.md):
+  0  the shard is complete (every record written or permanently rejected) and compacted to Parquet
+  2  bad input: arguments, spec, dataset or tokenizer unusable (retrying cannot help)
+  3  fingerprint mismatch: the output or a server belongs to a different tokenizer/template/server/sampling
+  4  servers unreachable past --server-timeout
+  5  drained after SIGTERM/SIGINT: in-flight requests finished or abandoned, files synced; rerun resumes
+  6  incomplete: some records ran out of attempts; rerun resumes exactly those
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_FINGERPRINT_MISMATCH = 3
+EXIT_SERVER_UNREACHABLE = 4
+EXIT_DRAINED = 5
+EXIT_INCOMPLETE = 6
+
+log = logging.getLogger("datagen.worker")
+
+
+class BadInput(Exception):
+    pass
+
+
+class FingerprintMismatch(Exception):
+    pass
+
+
+# --- configuration ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="datagen worker",
+        description="Generate one shard of a DataGenRun: render prompts, call SGLang /generate, record token ids.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", help="DataGenRun manifest (YAML)")
+    source.add_argument("--spec-json", help="the run's spec as JSON (what the operator passes)")
+    parser.add_argument("--output", required=True, help="output directory shared by all shards")
+    parser.add_argument("--server", action="append", required=True, help="SGLang base URL (repeat for replicas)")
+    parser.add_argument("--shard-index", type=int, default=None, help="default: $JOB_COMPLETION_INDEX")
+    parser.add_argument("--shard-count", type=int, default=None, help="default: spec.clients.shards")
+    parser.add_argument("--dataset", help="default: spec.dataset.path")
+    parser.add_argument("--tokenizer", help="default: spec.model.tokenizerPath, else spec.model.path")
+    parser.add_argument("--progress-configmap", help="ConfigMap to patch with progress; {index} is the shard index")
+    parser.add_argument("--progress-namespace", help="default: $POD_NAMESPACE or the pod's namespace")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    parser.add_argument("--server-timeout", type=float, default=1800.0, help="give up when no server answers (s)")
+    parser.add_argument("--drain-timeout", type=float, default=25.0, help="SIGTERM: wait this long for in-flight (s)")
+    parser.add_argument("--backoff-base", type=float, default=0.5, help="first retry delay cap (s)")
+    parser.add_argument("--backoff-cap", type=float, default=30.0, help="largest retry delay (s)")
+    parser.add_argument("--no-compact", action="store_true", help="leave segments; do not write Parquet at the end")
+    parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
+    return parser
+
+
+@dataclass
+class WorkerConfig:
+    spec: Any
+    resolved: Any
+    output: Path
+    servers: list[str]
+    shard_index: int
+    shard_count: int
+    dataset: Path
+    tokenizer_dir: Path
+    progress_configmap: str | None = None
+    progress_namespace: str | None = None
+    metrics_port: int | None = None
+    server_timeout_s: float = 1800.0
+    drain_timeout_s: float = 25.0
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    compact: bool = True
+    flush_interval_s: float = 0.2
+    sync_interval_s: float = 2.0
+    progress_interval_s: float = 2.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> WorkerConfig:
+    """Validate arguments against the spec; raises BadInput naming what is wrong."""
+    from datagen_operator.api import SpecError, load_run, parse_spec
+    from datagen_operator.api.resolve import resolve_model
+
+    try:
+        if args.run:
+            spec = load_run(args.run).spec
+        else:
+            try:
+                document = orjson.loads(args.spec_json)
+            except orjson.JSONDecodeError as error:
+                raise BadInput(f"--spec-json is not JSON: {error}") from None
+            if isinstance(document, dict) and "spec" in document and "apiVersion" in document:
+                document = document["spec"]
+            spec = parse_spec(document)
+        resolved = resolve_model(spec)
+    except SpecError as error:
+        raise BadInput(f"invalid run spec: {error}") from None
+    except OSError as error:
+        raise BadInput(f"cannot read the run manifest: {error}") from None
+
+    index = args.shard_index
+    if index is None:
+        raw = environ.get("JOB_COMPLETION_INDEX")
+        if raw is None:
+            raise BadInput("no --shard-index and no JOB_COMPLETION_INDEX in the environment")
+        try:
+            index = int(raw)
+        except ValueError:
+            raise BadInput(f"JOB_COMPLETION_INDEX={raw!r} is not an integer") from None
+    count = args.shard_count if args.shard_count is not None else spec.clients.shards
+    if count < 1 or not 0 <= index < count:
+        raise BadInput(f"shard index {index} is outside 0..{count - 1} (shard count {count})")
+    dataset = Path(args.dataset or spec.dataset.path)
+    tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_path or spec.model.path)
+    for url in args.server:
+        if not url.startswith(("http://", "https://")):
+            raise BadInput(f"--server {url!r} is not an http(s) URL")
+    configmap = args.progress_configmap.replace("{index}", str(index)) if args.progress_configmap else None
+    return WorkerConfig(
+        spec=spec,
+        resolved=resolved,
+        output=Path(args.output),
+        servers=[url.rstrip("/") for url in args.server],
+        shard_index=index,
+        shard_count=count,
+        dataset=dataset,
+        tokenizer_dir=tokenizer_dir,
+        progress_configmap=configmap,
+        progress_namespace=args.progress_namespace,
+        metrics_port=args.metrics_port,
+        server_timeout_s=args.server_timeout,
+        drain_timeout_s=args.drain_timeout,
+        backoff_base_s=args.backoff_base,
+        backoff_cap_s=args.backoff_cap,
+        compact=not args.no_compact,
+    )
+
+
+def setup_logging(mode: str) -> None:
+    from datagen_operator.worker.progress import JsonLogFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    use_json = mode == "json" or (mode == "auto" and not sys.stderr.isatty())
+    handler.setFormatter(JsonLogFormatter() if use_json else logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("datagen")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_format)
+    try:
+        config = config_from_args(args, dict(os.environ))
+    except BadInput as error:
+        log.error("%s", error)
+        return EXIT_BAD_INPUT
+    return asyncio.run(Worker(config).run())
+
+
+# --- the worker ------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.stop_new = asyncio.Event()  # SIGTERM: no new requests
+        self.fatal: tuple[int, str] | None = None
+        self.drained = False
+
+    async def run(self) -> int:
+        from datagen_operator.worker.progress import ShardProgress
+
+        c = self.config
+        self.progress = ShardProgress(shard=c.shard_index, shard_count=c.shard_count, started_at=time.time())
+        try:
+            return await self._run()
+        except BadInput as error:
+            log.error("%s", error)
+            return self._fail(EXIT_BAD_INPUT, str(error))
+        except FingerprintMismatch as error:
+            log.error("%s", error)
+            return self._fail(EXIT_FINGERPRINT_MISMATCH, str(error))
+
+    def _fail(self, code: int, message: str) -> int:
+        from datagen_operator.worker.progress import FileSink
+        from datagen_operator.worker.store import OutputLayout
+
+        self.progress.state, self.progress.message = "failed", message
+        layout = OutputLayout(self.config.output)
+        if layout.shard_dir(self.config.shard_index).is_dir():
+            FileSink(layout.progress(self.config.shard_index)).write(self.progress)
+        return code
+
+    async def _run(self) -> int:
+        from datagen_operator.checks.record_checks import expectations_for
+        from datagen_operator.worker import client as http
+        from datagen_operator.worker.dataset import DatasetError, plan_shard
+        from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer
+        from datagen_operator.worker.store import OutputLayout
+
+        c = self.config
+        spec = c.spec
+        try:
+            plan = await asyncio.to_thread(plan_shard, c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
+        except (DatasetError, OSError) as error:
+            raise BadInput(f"dataset: {error}") from None
+        try:
+            tokenizer = await asyncio.to_thread(
+                load_tokenizer, c.tokenizer_dir, trust_remote_code=c.resolved.trust_remote_code
+            )
+            renderer = Renderer(tokenizer, c.resolved)
+        except (OSError, ValueError, RenderError) as error:
+            raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
+        self.expect = expectations_for(c.resolved, tokenizer)
+        self.layout = OutputLayout(c.output)
+        self.plan, self.renderer = plan, renderer
+        self.sampling = spec.generation.sampling.model_dump(exclude_none=True)
+        self.samples = spec.generation.samples_per_prompt
+
+        session = http.make_session(spec.clients.concurrency, len(c.servers))
+        try:
+            return await self._with_session(session, tokenizer)
+        finally:
+            await session.close()
+
+    async def _server_infos(self, session: Any, pool: Any) -> dict[str, dict[str, Any]]:
+        """/server_info of every endpoint reachable now; waits (up to the deadline) for at least one."""
+        from datagen_operator.worker import client as http
+
+        deadline = time.monotonic() + self.config.server_timeout_s
+        delay = 0.5
+        while True:
+            infos: dict[str, dict[str, Any]] = {}
+            errors: list[str] = []
+            for endpoint in pool.endpoints:
+                try:
+                    infos[endpoint.url] = await http.fetch_server_info(session, endpoint.url)
+                except Exception as error:  # any failure here means 'not reachable yet'
+                    errors.append(f"{endpoint.url}: {error or type(error).__name__}")
+            if infos:
+                for endpoint in pool.endpoints:
+                    if endpoint.url not in infos:
+                        pool.mark_down(endpoint, "no /server_info at start")
+                return infos
+            if self.stop_new.is_set():
+                raise _Stopped()
+            if time.monotonic() >= deadline:
+                raise http.ServerUnreachable("no server answered /server_info: " + "; ".join(errors))
+            log.info("waiting for a server: %s", "; ".join(errors))
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 5.0)
+
+    async def _with_session(self, session: Any, tokenizer: Any) -> int:
+        from datagen_operator.worker import client as http
+        from datagen_operator.worker.fingerprint import (
+            build_fingerprint,
+            chat_template_sha256,
+            server_fingerprint,
+            tokenizer_fingerprint,
+        )
+        from datagen_operator.worker.store import ShardWriter
+
+        c = self.config
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_drain, sig)
+
+        self.server_fp: dict[str, Any] | None = None
+        pool = http.EndpointPool(
+            c.servers, session, unreachable_after_s=c.server_timeout_s, verify=self._verifier(session), stop=None
+        )
+        self.pool = pool
+        try:
+            infos = await self._server_infos(session, pool)
+        except http.ServerUnreachable as error:
+            log.error("%s", error)
+            return self._fail(EXIT_SERVER_UNREACHABLE, str(error))
+        except _Stopped:
+            return self._fail(EXIT_DRAINED, "stopped before any server answered")
+        prints = {url: server_fingerprint(info) for url, info in infos.items()}
+        first_url, first = next(iter(prints.items()))
+        for url, other in prints.items():
+            if other != first:
+                from datagen_operator.worker.fingerprint import diff_fingerprints
+
+                changes = "; ".join(diff_fingerprints(first, other))
+                raise FingerprintMismatch(f"servers {first_url} and {url} differ: {changes}")
+        self.server_fp = first
+        stream = bool(c.spec.generation.stream)
+        if stream and not infos[first_url].get("incremental_streaming_output", False):
+            log.warning(
+                "generation.stream is on but %s streams cumulative output_ids (O(n^2) bytes); "
+                "not streaming. Start SGLang with --incremental-streaming-output to stream.",
+                first_url,
+            )
+            stream = False
+
+        fingerprint = build_fingerprint(
+            tokenizer=tokenizer_fingerprint(c.tokenizer_dir),
+            chat_template=chat_template_sha256(self.renderer.chat_template),
+            server=first,
+            sampling=self.sampling,
+            preset=c.resolved.preset.name if c.resolved.preset else None,
+            thinking=c.resolved.thinking,
+            samples_per_prompt=self.samples,
+        )
+        self._claim_output(fingerprint)
+
+        writer = ShardWriter(self.layout, c.shard_index)
+        report = await asyncio.to_thread(
+            writer.recover, self.layout.parquet(c.shard_index, c.shard_count) if c.compact else None
+        )
+        if report.torn_bytes or report.corrupt_lines:
+            log.warning(
+                "recovered shard %d: dropped a torn tail of %d bytes and %d damaged lines; they will be regenerated",
+                c.shard_index,
+                report.torn_bytes,
+                report.corrupt_lines,
+            )
+        self.writer = writer
+        self._init_progress(report.records)
+        self.client = http.GenerateClient(
+            pool,
+            policy=http.RetryPolicy(c.spec.clients.max_attempts, c.backoff_base_s, c.backoff_cap_s),
+            request_timeout_s=c.spec.clients.request_timeout,
+            stream=stream,
+            on_retry=self.tracker.on_retry,
+        )
+        return await self._generate()
+
+    def _verifier(self, session: Any) -> Any:
+        """Re-check a server that (re)appears: a restart with other args must not feed this output."""
+        from datagen_operator.worker import client as http
+        from datagen_operator.worker.fingerprint import diff_fingerprints, server_fingerprint
+
+        async def verify(endpoint: Any) -> str | None:
+            if self.server_fp is None:
+                return None
+            try:
+                info = await http.fetch_server_info(session, endpoint.url)
+            except Exception as error:
+                return f"no /server_info: {error}"
+            changes = diff_fingerprints(self.server_fp, server_fingerprint(info))
+            return "server changed: " + "; ".join(changes) if changes else None
+
+        return verify
+
+    def _claim_output(self, fingerprint: dict[str, Any]) -> None:
+        """Write the fingerprint to a new output, or refuse an output made with a different one."""
+        from datagen_operator.worker.fingerprint import diff_fingerprints, fingerprint_sha256
+        from datagen_operator.worker.store import MANIFEST_FORMAT, update_manifest
+
+        c = self.config
+        digest = fingerprint_sha256(fingerprint)
+
+        def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
+            if manifest is None:
+                return {
+                    "format": MANIFEST_FORMAT,
+                    "created_at": time.time(),
+                    "fingerprint": fingerprint,
+                    "fingerprint_sha256": digest,
+                    "shard_count": c.shard_count,
+                    "shards": {},
+                }
+            if manifest.get("fingerprint_sha256") != digest:
+                changes = diff_fingerprints(manifest.get("fingerprint", {}), fingerprint)
+                raise FingerprintMismatch(
+                    f"refusing to write into {c.output}: it was generated with a different fingerprint; changed: "
+                    + ("; ".join(changes) or "(fingerprint format)")
+                    + ". Use a new output path, or restore the original tokenizer, server and sampling."
+                )
+            if manifest.get("shard_count") != c.shard_count:
+                raise FingerprintMismatch(
+                    f"refusing to write into {c.output}: it was sharded {manifest.get('shard_count')} ways, "
+                    f"this worker uses {c.shard_count} (the shard assignment would change)"
+                )
+            return manifest
+
+        update_manifest(self.layout, change)
+
+    def _init_progress(self, recovered: int) -> None:
+        from datagen_operator.worker.progress import ShardProgress, Tracker
+        from datagen_operator.worker.records import malformed_reject
+
+        c, plan, writer, n = self.config, self.plan, self.writer, self.samples
+        for line in plan.malformed:
+            writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id))
+        unrenderable = {ref.position for ref in plan.prompts if f"line:{ref.position}" in writer.reject_keys}
+        p = ShardProgress(
+            shard=c.shard_index,
+            shard_count=c.shard_count,
+            state="running",
+            prompts_total=len(plan.prompts),
+            prompts_malformed=len(plan.malformed),
+            prompts_rejected=len(unrenderable),
+            records_total=len(plan.prompts) * n,
+            servers_total=len(c.servers),
+            started_at=self.progress.started_at,
+        )
+        # Counts are rebuilt exactly from what is on disk, never from an older progress.json.
+        summary = writer.summary
+        p.prompt_tokens, p.output_tokens, p.cached_tokens = (
+            summary.prompt_tokens,
+            summary.output_tokens,
+            summary.cached_tokens,
+        )
+        p.flags = dict(summary.flags)
+        self.remaining: dict[str, int] = {}
+        for ref in plan.prompts:
+            if ref.position in unrenderable:
+                p.records_rejected += n
+                p.prompts_done += 1
+                continue
+            left = 0
+            for sample in range(n):
+                key = (ref.id, sample)
+                if key in writer.done:
+                    p.records_done += 1
+                elif key in writer.rejected:
+                    p.records_rejected += 1
+                else:
+                    left += 1
+            if left:
+                self.remaining[ref.id] = left
+            else:
+                p.prompts_done += 1
+        self.unrenderable = unrenderable
+        self.progress = p
+        self.tracker = Tracker(p)
+        log.info(
+            "shard %d/%d: %d prompts (%d malformed lines set aside), %d of %d records already recorded",
+            c.shard_index,
+            c.shard_count,
+            len(plan.prompts),
+            len(plan.malformed),
+            p.records_done,
+            p.records_total,
+            extra={"fields": {"recovered_records": recovered}},
+        )
+
+    # generation
+
+    def _jobs(self) -> Iterator[Any]:
+        from datagen_operator.worker.records import Job, malformed_reject
+        from datagen_operator.worker.render import RenderError
+
+        plan, writer, n = self.plan, self.writer, self.samples
+        handle = plan.path.open("rb") if plan.format == "jsonl" else None
+        try:
+            for ref in plan.prompts:
+                if ref.id not in self.remaining:
+                    continue
+                prompt = plan.load(ref, handle)
+                try:
+                    input_ids = self.renderer.render(prompt.messages, prompt.tools)
+                except RenderError as error:
+                    writer.add_reject(malformed_reject(ref.position, str(error), "", ref.id))
+                    p = self.progress
+                    p.prompts_rejected += 1
+                    p.records_rejected += self.remaining.pop(ref.id)
+                    p.prompts_done += 1
+                    continue
+                has_tools = bool(prompt.tools)
+                for sample in range(n):
+                    key = (ref.id, sample)
+                    if key not in writer.done and key not in writer.rejected:
+                        yield Job(ref.position, ref.id, sample, input_ids, has_tools)
+        finally:
+            if handle is not None:
+                handle.close()
+
+    def _finish_key(self, prompt_id: str) -> None:
+        left = self.remaining.get(prompt_id, 0) - 1
+        if left <= 0:
+            self.remaining.pop(prompt_id, None)
+            self.progress.prompts_done += 1
+        else:
+            self.remaining[prompt_id] = left
+
+    async def _process(self, job: Any) -> None:
+        from datagen_operator.checks.record_checks import inspect_record
+        from datagen_operator.worker import client as http
+        from datagen_operator.worker.records import Answer, build_record, generate_payload, server_reject
+
+        payload = generate_payload(job, self.sampling, stream=self.client.stream)
+        try:
+            reply = await self.client.generate(payload)
+        except http.Rejected as rejected:
+            self.writer.add_reject(
+                server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
+            )
+            self.progress.records_rejected += 1
+            self._finish_key(job.id)
+            return
+        except http.GaveUp as gave_up:
+            log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
+            self.progress.records_failed += 1
+            return
+        meta = reply.meta_info
+        flags = inspect_record(
+            job.input_ids,
+            reply.output_ids,
+            meta.get("finish_reason"),
+            meta.get("completion_tokens"),
+            job.has_tools,
+            self.expect,
+        )
+        answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
+        self.writer.append(build_record(job, answer, flags))
+        if self.writer.buffered_bytes >= 1 << 20:
+            self.writer.flush()
+        self.tracker.on_record(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags)
+        self._finish_key(job.id)
+
+    async def _lane(self, jobs: Iterator[Any]) -> None:
+        """One of `concurrency` lanes: takes the next job, sends it, records it, repeats."""
+        from datagen_operator.worker import client as http
+
+        while not self.stop_new.is_set() and self.fatal is None:
+            job = next(jobs, None)
+            if job is None:
+                return
+            try:
+                await self._process(job)
+            except http.Drained:
+                return
+            except http.ServerUnreachable as error:
+                self._set_fatal(EXIT_SERVER_UNREACHABLE, str(error))
+                return
+            except http.EndpointsRejected as error:
+                self._set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
+                return
+
+    def _set_fatal(self, code: int, message: str) -> None:
+        if self.fatal is None:
+            self.fatal = (code, message)
+            log.error("%s", message)
+            self.stop_new.set()
+            self.pool.stop.set()
+
+    def _request_drain(self, sig: signal.Signals) -> None:
+        if not self.stop_new.is_set():
+            log.warning(
+                "%s: draining (no new requests; %d in flight get %.0fs)",
+                sig.name,
+                self.pool.in_flight,
+                self.config.drain_timeout_s,
+            )
+            self.drained = True
+            self.progress.state = "draining"
+            self.stop_new.set()
+            # Requests waiting in backoff or for a server stop now; those on the wire may finish.
+            self.pool.stop.set()
+
+    async def _generate(self) -> int:
+        from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, kubernetes_namespace
+
+        c = self.config
+        self.file_sink = FileSink(self.layout.progress(c.shard_index))
+        self.configmap = (
+            ConfigMapSink(c.progress_configmap, kubernetes_namespace(c.progress_namespace))
+            if c.progress_configmap
+            else None
+        )
+        self.display = Display()
+        if c.metrics_port is not None:
+            from datagen_operator.worker.metrics import serve_metrics
+
+            serve_metrics(c.metrics_port, self._snapshot)
+        await self._publish(force=True)
+
+        jobs = self._jobs()
+        lanes = [asyncio.create_task(self._lane(jobs)) for _ in range(c.spec.clients.concurrency)]
+        background = [asyncio.create_task(self._flush_loop()), asyncio.create_task(self._progress_loop())]
+        all_lanes = asyncio.gather(*lanes)
+        try:
+            await self._wait_lanes(all_lanes, lanes)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self.pool.close()
+        return await self._finish()
+
+    async def _wait_lanes(self, all_lanes: Any, lanes: list[asyncio.Task[None]]) -> None:
+        stop_wait = asyncio.create_task(self.stop_new.wait())
+        await asyncio.wait([all_lanes, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if all_lanes.done():
+            all_lanes.result()
+            return
+        # Draining: in-flight requests get the grace period, then are abandoned (regenerated on resume).
+        _done, pending = await asyncio.wait(lanes, timeout=self.config.drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("abandoned %d in-flight requests at the end of the drain period", len(pending))
+        await asyncio.gather(*lanes, return_exceptions=True)
+
+    async def _flush_loop(self) -> None:
+        last_sync = time.monotonic()
+        while True:
+            await asyncio.sleep(self.config.flush_interval_s)
+            self.writer.flush()
+            if time.monotonic() - last_sync >= self.config.sync_interval_s:
+                last_sync = time.monotonic()
+                await asyncio.to_thread(self.writer.sync)
+
+    def _snapshot(self) -> Any:
+        p = self.tracker.snapshot()
+        p.in_flight = self.pool.in_flight
+        p.servers_up = sum(1 for e in self.pool.endpoints if e.up and e.disabled is None)
+        if p.state in ("running", "paused"):
+            p.state = "running" if p.servers_up else "paused"
+        p.message = p.summary_line() if not p.message or p.state in ("running", "paused") else p.message
+        return p
+
+    async def _publish(self, *, force: bool = False) -> None:
+        snapshot = self._snapshot()
+        self.file_sink.write(snapshot)
+        self.display.update(snapshot)
+        if self.configmap is not None:
+            await self.configmap.write(snapshot, force=force)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.progress_interval_s)
+            try:
+                await self._publish()
+            except Exception:
+                log.exception("progress update failed")
+
+    async def _finish(self) -> int:
+        c, p, writer = self.config, self.progress, self.writer
+        await asyncio.to_thread(writer.close)
+        complete = not self.remaining and self.fatal is None
+        if self.fatal is not None:
+            code, message = self.fatal
+            p.state, p.message = "failed", message
+        elif complete:
+            code = EXIT_OK
+            p.state = "compacting" if c.compact else "complete"
+            await self._publish(force=True)
+            result = await asyncio.to_thread(self._compact) if c.compact else None
+            p.state = "complete"
+            p.message = p.summary_line() + (f", {result.path.name} {result.bytes} bytes" if result else "")
+        elif self.drained:
+            code = EXIT_DRAINED
+            p.state, p.message = "drained", f"drained: {p.records_done}/{p.records_total} records; rerun resumes"
+        else:
+            code = EXIT_INCOMPLETE
+            p.state = "incomplete"
+            p.message = f"{p.records_failed} records ran out of attempts; rerun resumes them"
+        self._update_manifest_shard(p)
+        snapshot = self._snapshot()
+        self.file_sink.write(snapshot)
+        self.display.close(snapshot)
+        if self.configmap is not None:
+            await self.configmap.write(snapshot, force=True)
+            await self.configmap.close()
+        return code
+
+    def _compact(self) -> Any:
+        from datagen_operator.worker.store import compact_shard
+
+        order = ((ref.id, sample) for ref in self.plan.prompts for sample in range(self.samples))
+        result = compact_shard(self.layout, self.config.shard_index, self.config.shard_count, order)
+        if result.orphans:
+            log.warning("%d records are not in the current dataset; kept at the end of the Parquet", result.orphans)
+        self.compaction = result
+        return result
+
+    def _update_manifest_shard(self, p: Any) -> None:
+        from datagen_operator.worker.store import update_manifest
+
+        c = self.config
+        entry: dict[str, Any] = {
+            "state": p.state,
+            "counts": {
+                "prompts": p.prompts_total,
+                "malformed_lines": p.prompts_malformed,
+                "unrenderable_prompts": p.prompts_rejected,
+                "records": p.records_done,
+                "records_total": p.records_total,
+                "rejected": p.records_rejected,
+                "failed": p.records_failed,
+                "prompt_tokens": p.prompt_tokens,
+                "output_tokens": p.output_tokens,
+            },
+            "flags": dict(p.flags),
+            "updated_at": time.time(),
+        }
+        result = getattr(self, "compaction", None)
+        if result is not None:
+            entry.update(
+                parquet=str(result.path.relative_to(self.layout.root)),
+                parquet_sha256=result.sha256,
+                parquet_bytes=result.bytes,
+                parquet_rows=result.rows,
+            )
+
+        def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
+            assert manifest is not None
+            manifest.setdefault("shards", {})[f"{c.shard_index:05d}"] = entry
+            return manifest
+
+        update_manifest(self.layout, change)
+
+
+class _Stopped(Exception):
+    pass

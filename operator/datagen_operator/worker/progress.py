@@ -1,0 +1,256 @@
+"""Progress of one shard: counters, and where they go (progress.json, a ConfigMap, a bar or log lines).
+
+The snapshot is one JSON object (ShardProgress). It is written to `shards/<i>/progress.json` every
+couple of seconds, and, in a cluster, patched into the shard's own ConfigMap (`<run>-shard-<i>`,
+pre-created by the operator; the worker's Role may only get/patch those names) at most every 5 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("datagen.worker.progress")
+
+STATES = ("starting", "running", "paused", "draining", "compacting", "complete", "incomplete", "drained", "failed")
+"""paused: every server is down; incomplete: some records ran out of attempts (rerun resumes them);
+drained: stopped by SIGTERM (resumable); failed: refused to run or the servers stayed unreachable."""
+
+
+@dataclass
+class ShardProgress:
+    shard: int
+    shard_count: int
+    state: str = "starting"
+    prompts_total: int = 0
+    """Valid prompts of this shard (malformed lines not included)."""
+    prompts_done: int = 0
+    """Prompts with nothing left to do: every sample recorded or permanently rejected."""
+    prompts_malformed: int = 0
+    prompts_rejected: int = 0
+    """Prompts the chat template could not render."""
+    records_total: int = 0
+    records_done: int = 0
+    records_rejected: int = 0
+    """Records the server refused (4xx), plus the samples of unrenderable prompts."""
+    records_failed: int = 0
+    """Records that ran out of attempts in this run; the next run tries them again."""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    flags: dict[str, int] = field(default_factory=dict)
+    """Inline check flag -> records raising it (checks.record_checks)."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Retried failures by kind (http_500, timeout, connection_error, server_down...), this run."""
+    in_flight: int = 0
+    tokens_per_s: float = 0.0
+    """Output tokens per second over the last 30 s."""
+    servers_up: int = 0
+    servers_total: int = 0
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ShardProgress:
+        known = {name for name in cls.__dataclass_fields__}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def summary_line(self) -> str:
+        return (
+            f"shard {self.shard}/{self.shard_count} {self.state}: {self.prompts_done}/{self.prompts_total} prompts, "
+            f"{self.records_done}/{self.records_total} records, {self.tokens_per_s / 1000:.1f}k tok/s"
+        )
+
+
+class Tracker:
+    """Counters updated on the hot path with plain integer adds; snapshots are built on the slow path."""
+
+    def __init__(self, progress: ShardProgress, window_s: float = 30.0) -> None:
+        self.progress = progress
+        self.flags: Counter[str] = Counter(progress.flags)
+        self.errors: Counter[str] = Counter()
+        self._window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def on_record(self, prompt_tokens: int, output_tokens: int, cached_tokens: int, flags: frozenset[str]) -> None:
+        p = self.progress
+        p.records_done += 1
+        p.prompt_tokens += prompt_tokens
+        p.output_tokens += output_tokens
+        p.cached_tokens += cached_tokens
+        if flags:
+            self.flags.update(flags)
+
+    def on_retry(self, kind: str) -> None:
+        self.errors[kind] += 1
+
+    def snapshot(self, now: float | None = None) -> ShardProgress:
+        now = time.time() if now is None else now
+        p = self.progress
+        samples = self._samples
+        samples.append((now, p.output_tokens))
+        while len(samples) > 2 and samples[1][0] <= now - self._window_s:
+            samples.popleft()
+        first_t, first_tokens = samples[0]
+        p.tokens_per_s = round((p.output_tokens - first_tokens) / (now - first_t), 1) if now > first_t else 0.0
+        p.flags = dict(self.flags)
+        p.errors = dict(self.errors)
+        p.updated_at = now
+        return p
+
+
+# --- sinks -----------------------------------------------------------------------------------------
+
+
+class FileSink:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, snapshot: ShardProgress) -> None:
+        from datagen_operator.worker.store import write_atomic
+
+        # Not fsynced: progress is informational and rebuilt exactly from the records on restart.
+        write_atomic(self.path, orjson.dumps(snapshot.to_json(), option=orjson.OPT_INDENT_2), durable=False)
+
+
+def kubernetes_namespace(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    with contextlib.suppress(OSError):
+        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+    return "default"
+
+
+class ConfigMapSink:
+    """Patches `data["progress.json"]` of a ConfigMap the operator created; needs only get/patch on it.
+
+    Best effort: a failing patch is logged (once per kind of error) and never stops generation.
+    """
+
+    def __init__(self, name: str, namespace: str, min_interval_s: float = 5.0) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.min_interval_s = min_interval_s
+        self._api: Any = None
+        self._client: Any = None
+        self._last = 0.0
+        self._logged: set[str] = set()
+
+    async def _connect(self) -> Any:
+        from kubernetes_asyncio import client, config
+
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+            config.load_incluster_config()
+        else:
+            await config.load_kube_config()
+        self._client = client.ApiClient()
+        self._api = client.CoreV1Api(self._client)
+        return self._api
+
+    async def write(self, snapshot: ShardProgress, *, force: bool = False) -> bool:
+        now = time.monotonic()
+        if not force and now - self._last < self.min_interval_s:
+            return False
+        self._last = now
+        body = {"data": {"progress.json": orjson.dumps(snapshot.to_json()).decode()}}
+        try:
+            api = self._api or await self._connect()
+            await api.patch_namespaced_config_map(self.name, self.namespace, body)
+            return True
+        except Exception as error:
+            kind = type(error).__name__ + str(getattr(error, "status", ""))
+            if kind not in self._logged:
+                self._logged.add(kind)
+                log.warning("cannot patch ConfigMap %s/%s with progress: %s", self.namespace, self.name, error)
+            return False
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+
+
+class Display:
+    """A rich progress bar on a terminal; otherwise one structured log line every `log_interval_s`."""
+
+    def __init__(self, *, tty: bool | None = None, log_interval_s: float = 10.0) -> None:
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.log_interval_s = log_interval_s
+        self._last_log = 0.0
+        self._bar: Any = None
+        self._task: Any = None
+
+    def update(self, snapshot: ShardProgress) -> None:
+        if self.tty:
+            self._update_bar(snapshot)
+            return
+        now = time.monotonic()
+        if now - self._last_log >= self.log_interval_s:
+            self._last_log = now
+            log.info("progress", extra={"fields": _log_fields(snapshot)})
+
+    def _update_bar(self, snapshot: ShardProgress) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn(f"shard {snapshot.shard}/{snapshot.shard_count}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("records", total=snapshot.records_total, info="")
+        info = (
+            f"{snapshot.state} {snapshot.tokens_per_s / 1000:.1f}k tok/s in-flight {snapshot.in_flight} "
+            f"rejected {snapshot.records_rejected} retries {sum(snapshot.errors.values())}"
+        )
+        done = snapshot.records_done + snapshot.records_rejected
+        self._bar.update(self._task, completed=done, total=snapshot.records_total, info=info)
+
+    def close(self, snapshot: ShardProgress) -> None:
+        if self._bar is not None:
+            self._update_bar(snapshot)
+            self._bar.stop()
+            self._bar = None
+        log.info("finished", extra={"fields": _log_fields(snapshot)})
+
+
+def _log_fields(snapshot: ShardProgress) -> dict[str, Any]:
+    fields = snapshot.to_json()
+    return {k: v for k, v in fields.items() if k not in ("started_at", "updated_at")}
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line (for log collectors): time, level, logger, message, plus `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            body.update(fields)
+        if record.exc_info:
+            body["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(body, default=str).decode()

@@ -1,0 +1,206 @@
+"""Segments, torn-tail recovery, the resume index, compaction and the public readers (real files)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from datagen_operator.worker.store import (
+    OutputLayout,
+    ShardWriter,
+    compact_shard,
+    iter_records,
+    iter_rejects,
+    keys_path,
+    read_manifest,
+    update_manifest,
+)
+
+
+def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "id": prompt,
+        "sample": sample,
+        "input_ids": [1, 2, 3],
+        "output_ids": list(range(100, 100 + n_out)),
+        "finish_reason": {"type": "stop", "matched": 163586},
+        "prompt_tokens": 3,
+        "completion_tokens": n_out,
+        "cached_tokens": 1,
+        "latency_s": 0.5,
+        "server": "http://127.0.0.1:1",
+        "attempts": 1,
+        "has_tools": False,
+        "flags": list(flags),
+    }
+
+
+def write(layout: OutputLayout, records: list[dict[str, Any]], shard: int = 0) -> ShardWriter:
+    writer = ShardWriter(layout, shard)
+    writer.recover()
+    for item in records:
+        writer.append(item)
+    writer.close()
+    return writer
+
+
+def test_records_round_trip_and_resume_index(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a"), record("b", flags=("truncated",)), record("a", 1)])
+    writer = ShardWriter(layout, 0)
+    report = writer.recover()
+    assert report.records == 3 and report.torn_bytes == 0
+    assert writer.done == {("a", 0), ("b", 0), ("a", 1)}
+    assert writer.summary.output_tokens == 15 and writer.summary.flags == {"truncated": 1}
+    got = list(iter_records(tmp_path))
+    assert [(r["id"], r["sample"]) for r in got] == [("a", 0), ("b", 0), ("a", 1)]
+    assert got[0] == record("a")
+
+
+def test_torn_tail_is_dropped_and_the_next_run_writes_a_new_segment(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    writer = ShardWriter(layout, 0)
+    writer.recover()
+    writer.append(record("a"))
+    writer.append(record("b"))
+    writer.flush()  # in the file, but the process "dies" before close(): no keys file, no fsync
+    segment = layout.segments(0)[0]
+    with segment.open("ab") as file:
+        file.write(b'{"id":"c","sample":0,"input_ids":[1,2')  # kill -9 in the middle of a write
+    assert not keys_path(segment).exists()
+    # A reader running meanwhile never sees the partial line.
+    assert [r["id"] for r in iter_records(tmp_path)] == ["a", "b"]
+
+    again = ShardWriter(layout, 0)
+    report = again.recover()
+    assert report.torn_bytes > 0 and again.done == {("a", 0), ("b", 0)}
+    assert segment.read_bytes().endswith(b"\n") and keys_path(segment).exists()
+    again.append(record("c"))
+    again.close()
+    assert [p.name for p in layout.segments(0)] == ["segment-000001.jsonl", "segment-000002.jsonl"]
+    assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "b", "c"]
+
+
+def test_damaged_line_inside_a_segment_is_skipped_and_regenerated(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a"), record("b"), record("c")])
+    segment = layout.segments(0)[0]
+    keys_path(segment).unlink()  # as after a power loss: the segment was never sealed
+    data = segment.read_bytes().split(b"\n")
+    data[1] = b"\x00" * len(data[1])  # unsynced pages come back as zeros
+    segment.write_bytes(b"\n".join(data))
+    writer = ShardWriter(layout, 0)
+    report = writer.recover()
+    assert report.corrupt_lines == 1
+    assert writer.done == {("a", 0), ("c", 0)}
+    assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "c"]
+
+
+def test_stale_keys_file_is_not_trusted(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a")])
+    segment = layout.segments(0)[0]
+    with segment.open("ab") as file:  # grew after sealing (should not happen; must still be exact)
+        file.write(json.dumps(record("z")).encode() + b"\n")
+    writer = ShardWriter(layout, 0)
+    writer.recover()
+    assert writer.done == {("a", 0), ("z", 0)}
+
+
+def test_rejects_are_written_once_per_key_and_server_rejects_count_as_done(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    writer = ShardWriter(layout, 0)
+    writer.recover()
+    assert writer.add_reject({"key": "line:3", "kind": "malformed", "line": 3, "reason": "bad JSON"})
+    assert not writer.add_reject({"key": "line:3", "kind": "malformed", "line": 3, "reason": "bad JSON"})
+    writer.add_reject({"key": "record:x#1", "kind": "server", "id": "x", "sample": 1, "status": 400, "reason": "r"})
+    writer.close()
+    again = ShardWriter(layout, 0)
+    again.recover()
+    assert again.rejected == {("x", 1)} and again.reject_keys == {"line:3", "record:x#1"}
+    assert not again.add_reject({"key": "line:3", "kind": "malformed", "line": 3, "reason": "bad JSON"})
+    again.close()
+    assert [r["key"] for r in iter_rejects(tmp_path)] == ["line:3", "record:x#1"]
+
+
+def test_compaction_writes_dataset_order_int32_parquet_readable_everywhere(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    # Out of order, across two runs (two segments).
+    write(layout, [record("c"), record("a", 1)])
+    write(layout, [record("b", n_out=7), record("a")])
+    result = compact_shard(layout, 0, 1, [("a", 0), ("a", 1), ("b", 0), ("c", 0)])
+    assert result.rows == 4 and result.orphans == 0
+    assert layout.segments(0) == []  # compacted data replaces the segments
+    table = pq.read_table(result.path)
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("output_ids").type == pa.list_(pa.int32())
+    assert list(zip(table["id"].to_pylist(), table["sample"].to_pylist(), strict=True)) == [
+        ("a", 0), ("a", 1), ("b", 0), ("c", 0)
+    ]  # fmt: skip
+    assert table["output_ids"].to_pylist()[2] == list(range(100, 107))
+    assert json.loads(table["finish_reason"][0].as_py()) == {"type": "stop", "matched": 163586}
+
+    import datasets
+    import pandas
+
+    frame = pandas.read_parquet(result.path)
+    assert list(frame["id"]) == ["a", "a", "b", "c"] and list(frame["output_ids"][2]) == list(range(100, 107))
+    dataset = datasets.Dataset.from_parquet(str(result.path), cache_dir=str(tmp_path / "hf-cache"))
+    assert dataset[2]["output_ids"] == list(range(100, 107)) and dataset.num_rows == 4
+
+    # Readers see the same records from Parquet as from the segments.
+    got = list(iter_records(tmp_path))
+    assert [(r["id"], r["sample"]) for r in got] == [("a", 0), ("a", 1), ("b", 0), ("c", 0)]
+    assert got[0] == record("a")
+    writer = ShardWriter(layout, 0)
+    writer.recover(layout.parquet(0, 1))
+    assert len(writer.done) == 4 and writer.summary.output_tokens == 22
+
+
+def test_compaction_keeps_orphans_and_merges_new_records_into_an_earlier_parquet(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("b"), record("gone")])
+    first = compact_shard(layout, 0, 1, [("b", 0)])
+    assert first.orphans == 1 and first.rows == 2
+    write(layout, [record("a")])  # the dataset grew: a new prompt before b
+    second = compact_shard(layout, 0, 1, [("a", 0), ("b", 0)])
+    ids = pq.read_table(second.path)["id"].to_pylist()
+    assert ids == ["a", "b", "gone"]
+
+
+def test_crash_between_compaction_and_segment_removal_duplicates_nothing(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a"), record("b")])
+    saved = tmp_path / "saved"
+    shutil.copytree(layout.shard_dir(0), saved)
+    compact_shard(layout, 0, 1, [("a", 0), ("b", 0)])
+    shutil.rmtree(layout.shard_dir(0))
+    shutil.copytree(saved, layout.shard_dir(0))  # segments still there, as if removal never ran
+    assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "b"]
+    writer = ShardWriter(layout, 0)
+    writer.recover(layout.parquet(0, 1))
+    assert writer.summary.records == 2 and writer.summary.output_tokens == 10
+    again = compact_shard(layout, 0, 1, [("a", 0), ("b", 0)])
+    assert again.rows == 2
+
+
+def test_manifest_updates_are_atomic_read_modify_write(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    assert read_manifest(tmp_path) is None
+    update_manifest(layout, lambda m: {"shards": {"00000": {"state": "running", "counts": {"records": 2}}}})
+
+    def add_shard(manifest: dict[str, Any] | None) -> dict[str, Any]:
+        assert manifest is not None
+        manifest["shards"]["00001"] = {"state": "complete", "counts": {"records": 3}}
+        return manifest
+
+    update_manifest(layout, add_shard)
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None
+    assert manifest["counts"] == {"records": 5, "shards_complete": 1}
+    assert not list(tmp_path.glob(".manifest.json.*"))
