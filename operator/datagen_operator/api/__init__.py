@@ -49,4 +49,34 @@ def load_run(path: str | Path) -> DataGenRun:
     return parse_run(document)
 
 
-__all__ = ["DataGenRun", "DataGenRunSpec", "FieldError", "SpecError", "load_run", "parse_run", "parse_spec"]
+__all__ = [
+    "DataGenRun",
+    "DataGenRunSpec",
+    "FieldError",
+    "SpecError",
+    "anchor_paths",
+    "load_run",
+    "parse_run",
+    "parse_spec",
+]
+
+
+def anchor_paths(run: DataGenRun, base: Path) -> DataGenRun:
+    """A copy whose relative model, tokenizer, dataset and output paths are resolved against `base`
+    (the manifest's folder): how `datagen run` and `datagen verify` read paths on one machine."""
+
+    def anchored(path: str | None) -> str | None:
+        if path is None:
+            return None
+        candidate = Path(path).expanduser()
+        return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
+
+    spec = run.spec
+    model = spec.model.model_copy(
+        update={"path": anchored(spec.model.path), "tokenizer_path": anchored(spec.model.tokenizer_path)}
+    )
+    dataset = spec.dataset.model_copy(update={"path": anchored(spec.dataset.path)})
+    output = spec.output.model_copy(update={"path": anchored(spec.output.path)})
+    return run.model_copy(
+        update={"spec": spec.model_copy(update={"model": model, "dataset": dataset, "output": output})}
+    )

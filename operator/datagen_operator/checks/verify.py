@@ -1,0 +1,398 @@
+"""`datagen verify OUTPUT_DIR`: every check over a finished (or running) output, as a report a person reads.
+
+Flags are recomputed from the stored token ids (the worker's own flags are not trusted), completeness is
+keyed by (id, sample), prompt fidelity re-renders a sample of prompts with the recorded tokenizer and
+template, and the manifest's Parquet checksums are re-hashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from datagen_operator.api.resolve import ResolvedModel, resolve_model
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import CheckResult
+from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.canary import outcome_json
+from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
+from datagen_operator.control.observed import StepOutcome
+
+COMPLETENESS = "completeness"
+PROMPT_FIDELITY = "prompt_fidelity"
+INTEGRITY = "integrity"
+EXAMPLES_PER_FLAG = 3
+CONTEXT_TOKENS = 12
+"""Tokens shown on each side of the think boundary in an example."""
+
+
+@dataclass
+class Example:
+    id: str
+    sample: int
+    flag: str
+    excerpt: str
+
+
+@dataclass
+class VerifyReport:
+    output: str
+    records: int
+    checks: list[CheckResult]
+    examples: list[Example] = field(default_factory=list)
+    fingerprint_sha256: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def outcome(self) -> StepOutcome:
+        failed = [c for c in self.checks if not c.passed]
+        if failed:
+            return StepOutcome(
+                False, "VerificationFailed", "; ".join(f"{c.name}: {c.verdict}" for c in failed), tuple(self.checks)
+            )
+        return StepOutcome(
+            True, "Verified", f"{len(self.checks)} checks pass over {self.records} records", tuple(self.checks)
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "passed": self.passed,
+            "records": self.records,
+            "fingerprint_sha256": self.fingerprint_sha256,
+            "checks": [c.model_dump(mode="json") for c in self.checks],
+            "examples": [e.__dict__ for e in self.examples],
+        }
+
+
+def excerpt(tokenizer: Any, input_ids: list[int], output_ids: list[int], think_end_id: int | None) -> str:
+    """The prompt's tail and the output around the think end, decoded with special tokens SHOWN."""
+    if tokenizer is None:
+        return f"prompt tail ids {input_ids[-CONTEXT_TOKENS:]} | output ids {output_ids[: 2 * CONTEXT_TOKENS]}"
+    tail = tokenizer.decode(input_ids[-CONTEXT_TOKENS:], skip_special_tokens=False)
+    if think_end_id is not None and think_end_id in output_ids:
+        at = output_ids.index(think_end_id)
+        around = output_ids[max(0, at - CONTEXT_TOKENS) : at + CONTEXT_TOKENS]
+        body = tokenizer.decode(around, skip_special_tokens=False)
+        prefix = "…" if at > CONTEXT_TOKENS else ""
+    else:
+        body = tokenizer.decode(output_ids[: 2 * CONTEXT_TOKENS], skip_special_tokens=False)
+        prefix = ""
+    suffix = (
+        tokenizer.decode(output_ids[-4:], skip_special_tokens=False) if len(output_ids) > 2 * CONTEXT_TOKENS else ""
+    )
+    return f"…{tail!r} ⟶ {prefix}{body!r}" + (f" … {suffix!r}" if suffix else "")
+
+
+def _integrity(output: Path, manifest: dict[str, Any] | None) -> CheckResult:
+    from datagen_operator.worker.store import sha256_file
+
+    if manifest is None:
+        return CheckResult(name=INTEGRITY, passed=False, verdict="no manifest.json: this is not a datagen output dir")
+    bad: list[str] = []
+    shards = manifest.get("shards", {})
+    checked = 0
+    for index, entry in sorted(shards.items()):
+        if "parquet" not in entry:
+            continue
+        checked += 1
+        path = output / entry["parquet"]
+        if not path.exists():
+            bad.append(f"shard {index}: {entry['parquet']} missing")
+        elif sha256_file(path) != entry.get("parquet_sha256"):
+            bad.append(f"shard {index}: {entry['parquet']} changed since it was written (sha256 differs)")
+    if bad:
+        return CheckResult(name=INTEGRITY, passed=False, count=len(bad), total=checked, verdict="; ".join(bad))
+    return CheckResult(
+        name=INTEGRITY, passed=True, total=checked, verdict=f"{checked} Parquet shard checksum(s) match the manifest"
+    )
+
+
+def _completeness(
+    expected: list[str] | None,
+    samples: int,
+    seen: Counter[tuple[str, int]],
+    rejected: set[tuple[str, int]],
+    duplicates: int,
+) -> CheckResult:
+    if expected is None:
+        dup_note = f"; {duplicates} duplicate rows" if duplicates else ""
+        return CheckResult(
+            name=COMPLETENESS,
+            passed=duplicates == 0,
+            count=duplicates,
+            total=len(seen),
+            verdict=f"dataset not available, only uniqueness checked{dup_note}; pass --dataset to check every id",
+        )
+    wanted = {(prompt_id, s) for prompt_id in expected for s in range(samples)}
+    missing = sorted(wanted - set(seen) - rejected)
+    extra = sorted(set(seen) - wanted)
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} (id, sample) missing, e.g. {missing[:3]}: rerun to resume them")
+    if duplicates:
+        problems.append(f"{duplicates} duplicate rows")
+    if extra:
+        problems.append(f"{len(extra)} records for ids not in the dataset, e.g. {extra[:3]}")
+    if problems:
+        return CheckResult(
+            name=COMPLETENESS,
+            passed=False,
+            count=len(missing) + duplicates + len(extra),
+            total=len(wanted),
+            verdict="; ".join(problems),
+        )
+    done = len(wanted) - len(rejected & wanted)
+    note = f" ({len(rejected & wanted)} rejected by the server, listed in rejects.jsonl)" if rejected & wanted else ""
+    return CheckResult(
+        name=COMPLETENESS,
+        passed=True,
+        total=len(wanted),
+        verdict=f"every dataset id has its records exactly once: {done}/{len(wanted)}{note}",
+    )
+
+
+def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: Any) -> CheckResult:
+    if renderer is None:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            verdict="no tokenizer to re-render with: pass --tokenizer (or --no-fidelity)",
+        )
+    if not prompts:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            verdict="no dataset to re-render from: pass --dataset (or --no-fidelity)",
+        )
+    differ: list[str] = []
+    compared = 0
+    for record in sampled:
+        prompt = prompts.get(record["id"])
+        if prompt is None:
+            continue
+        compared += 1
+        fresh = renderer.render(prompt.messages, prompt.tools)
+        if list(record["input_ids"]) != fresh:
+            differ.append(record["id"])
+    if differ:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            rate=len(differ) / compared,
+            threshold=0.0,
+            count=len(differ),
+            total=compared,
+            verdict=f"stored input_ids differ from a fresh render in {len(differ)}/{compared} sampled records (e.g. {differ[:3]}): "
+            "the tokenizer or chat template changed since generation; training must use the recorded template",
+        )
+    return CheckResult(
+        name=PROMPT_FIDELITY,
+        passed=True,
+        rate=0.0,
+        threshold=0.0,
+        total=compared,
+        verdict=f"{compared} sampled prompts re-render to the stored input_ids",
+    )
+
+
+def verify_output(
+    output: Path,
+    spec: DataGenRunSpec | None,
+    *,
+    tokenizer: Any = None,
+    dataset: Path | None = None,
+    fidelity: bool = True,
+) -> VerifyReport:
+    from datagen_operator.worker.dataset import plan_shard
+    from datagen_operator.worker.render import Renderer
+    from datagen_operator.worker.store import iter_records, iter_rejects, read_manifest
+
+    manifest = read_manifest(output)
+    resolved: ResolvedModel | None = resolve_model(spec) if spec is not None else None
+    fingerprint = (manifest or {}).get("fingerprint", {})
+    thinking = resolved.thinking if resolved else bool(fingerprint.get("thinking"))
+    expect = rc.expectations_for(resolved, tokenizer) if resolved and tokenizer is not None else None
+    if expect is None and resolved is not None and resolved.preset is not None:
+        p = resolved.preset
+        expect = rc.Expectations(
+            thinking=thinking,
+            think_start_id=p.think_start.id if p.think_start else None,
+            think_end_id=p.think_end.id if p.think_end else None,
+            stop_token_ids=frozenset(t.id for t in p.stop_tokens if t.id is not None),
+            tool_marker_pairs=tuple(
+                (b.id, e.id) for b, e in p.tool_call_markers if b.id is not None and e.id is not None
+            ),
+        )
+    if expect is None:
+        raise ValueError("cannot tell what faithful records look like: pass --run RUN.yaml (and --tokenizer)")
+    samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
+    thresholds = spec.checks if spec else DataGenRunSpec.model_fields["checks"].default_factory()  # type: ignore[misc]
+
+    counts: Counter[str] = Counter()
+    seen: Counter[tuple[str, int]] = Counter()
+    examples: dict[str, list[Example]] = defaultdict(list)
+    tool_records = 0
+    rng = random.Random(0)
+    reservoir: list[dict[str, Any]] = []
+    fidelity_size = thresholds.fidelity_sample if fidelity else 0
+    for n, record in enumerate(iter_records(output)):
+        key = (record["id"], record["sample"])
+        seen[key] += 1
+        finish = record["finish_reason"]
+        if isinstance(finish, str):
+            finish = orjson.loads(finish)
+        flags = rc.inspect_record(
+            record["input_ids"],
+            record["output_ids"],
+            finish,
+            record["completion_tokens"],
+            bool(record["has_tools"]),
+            expect,
+        )
+        tool_records += bool(record["has_tools"])
+        counts.update(flags)
+        for flag in flags:
+            if len(examples[flag]) < EXAMPLES_PER_FLAG:
+                text = excerpt(tokenizer, list(record["input_ids"]), list(record["output_ids"]), expect.think_end_id)
+                examples[flag].append(Example(record["id"], record["sample"], flag, text))
+        if fidelity_size:  # reservoir sample: a fixed seed makes the report reproducible
+            if len(reservoir) < fidelity_size:
+                reservoir.append({"id": record["id"], "input_ids": record["input_ids"]})
+            elif (j := rng.randrange(n + 1)) < fidelity_size:
+                reservoir[j] = {"id": record["id"], "input_ids": record["input_ids"]}
+    rejected = {
+        (r["id"], r.get("sample", 0)) for r in iter_rejects(output) if r.get("kind") == "server" and r.get("id")
+    }
+    duplicates = _parquet_duplicates(output, manifest)
+    records = sum(seen.values())
+    tally = Tally(records=records, tool_records=tool_records, rejected=len(rejected), flags=dict(counts))
+    ctx = CheckContext(
+        thinking=thinking,
+        preset=resolved.preset.name if resolved and resolved.preset else fingerprint.get("preset"),
+        think_start=resolved.think_start if resolved else None,
+        think_end=resolved.think_end if resolved else None,
+        think_end_id=expect.think_end_id,
+        thresholds=thresholds,
+    )
+    checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
+
+    prompts: dict[str, Any] = {}
+    expected_ids: list[str] | None = None
+    dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
+    if dataset_path is not None and dataset_path.exists():
+        plan = plan_shard(dataset_path, 0, 1, spec.dataset.format if spec else "auto")
+        expected_ids = [ref.id for ref in plan.prompts]
+        if fidelity:
+            wanted = {r["id"] for r in reservoir}
+            prompts = {p.id: p for p in plan.iter_prompts() if p.id in wanted}
+    checks.append(_completeness(expected_ids, samples, seen, rejected, duplicates))
+    if fidelity:
+        renderer = Renderer(tokenizer, resolved) if tokenizer is not None and resolved is not None else None
+        checks.append(_fidelity(reservoir, prompts, renderer))
+    flat_examples = [e for flag in sorted(examples) for e in examples[flag]]
+    return VerifyReport(str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"))
+
+
+def _parquet_duplicates(output: Path, manifest: dict[str, Any] | None) -> int:
+    """Rows in the compacted Parquet beyond one per (id, sample); iter_records hides them, so count here."""
+    import pyarrow.parquet as pq
+
+    duplicates = 0
+    for path in sorted((output / "data").glob("shard-*.parquet")):
+        table = pq.read_table(path, columns=["id", "sample"])
+        keys = set(zip(table.column("id").to_pylist(), table.column("sample").to_pylist(), strict=True))
+        duplicates += table.num_rows - len(keys)
+    return duplicates
+
+
+def render_report(report: VerifyReport, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    verdict = "[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
+    console.print(f"\n[bold]datagen verify[/] {report.output}: {report.records} records — {verdict}")
+    if report.fingerprint_sha256:
+        console.print(f"fingerprint sha256 {report.fingerprint_sha256[:16]}…")
+    table = Table(show_lines=False)
+    for column in ("check", "result", "rate", "threshold", "count/total", "verdict"):
+        table.add_column(column, overflow="fold")
+    for c in report.checks:
+        table.add_row(
+            c.name,
+            "[green]pass[/]" if c.passed else "[red]FAIL[/]",
+            "-" if c.rate is None else f"{c.rate:.2%}",
+            "-" if c.threshold is None else f"{c.threshold:.2%}",
+            f"{c.count}/{c.total}",
+            c.verdict,
+        )
+    console.print(table)
+    if report.examples:
+        examples = Table(title="examples (special tokens shown)", show_lines=True)
+        for column in ("flag", "id#sample", "prompt tail ⟶ output around the think end"):
+            examples.add_column(column, overflow="fold")
+        for e in report.examples:
+            examples.add_row(e.flag, f"{e.id}#{e.sample}", e.excerpt)
+        console.print(examples)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="datagen verify", description="Check an output directory for faithfulness.")
+    parser.add_argument("output", help="the run's output directory")
+    parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml if present)")
+    parser.add_argument("--tokenizer", help="tokenizer dir (default: the run's model path)")
+    parser.add_argument("--dataset", help="dataset file (default: the run's dataset path)")
+    parser.add_argument("--no-fidelity", action="store_true", help="skip re-rendering prompts")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--termination-log", help="also write the compact verdict here (Kubernetes)")
+    args = parser.parse_args(argv)
+
+    from datagen_operator.api import SpecError, anchor_paths, load_run
+
+    output = Path(args.output)
+    if not output.is_dir():
+        print(f"error: {output}: not a directory", file=sys.stderr)
+        return 2
+    run_file = Path(args.run) if args.run else output / "run.yaml"
+    spec = None
+    try:
+        spec = anchor_paths(load_run(run_file), run_file.resolve().parent).spec if run_file.exists() else None
+    except SpecError as error:
+        print(f"error: {run_file}: {error}", file=sys.stderr)
+        return 2
+    tokenizer = None
+    tokenizer_dir = args.tokenizer or (spec.model.tokenizer_path or spec.model.path if spec else None)
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        from datagen_operator.worker.render import load_tokenizer
+
+        tokenizer = load_tokenizer(
+            tokenizer_dir, trust_remote_code=resolve_model(spec).trust_remote_code if spec else False
+        )
+    try:
+        report = verify_output(
+            output,
+            spec,
+            tokenizer=tokenizer,
+            dataset=Path(args.dataset) if args.dataset else None,
+            fidelity=not args.no_fidelity,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        render_report(report)
+    if args.termination_log:
+        Path(args.termination_log).write_bytes(outcome_json(report.outcome()))
+    return 0 if report.passed else 1
