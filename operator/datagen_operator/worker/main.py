@@ -118,16 +118,18 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
     except OSError as error:
         raise BadInput(f"cannot read the run manifest: {error}") from None
 
+    count = args.shard_count if args.shard_count is not None else spec.clients.shards
     index = args.shard_index
     if index is None:
         raw = environ.get("JOB_COMPLETION_INDEX")
+        if raw is None and count == 1:
+            raw = "0"  # one shard: nothing to choose
         if raw is None:
             raise BadInput("no --shard-index and no JOB_COMPLETION_INDEX in the environment")
         try:
             index = int(raw)
         except ValueError:
             raise BadInput(f"JOB_COMPLETION_INDEX={raw!r} is not an integer") from None
-    count = args.shard_count if args.shard_count is not None else spec.clients.shards
     if count < 1 or not 0 <= index < count:
         raise BadInput(f"shard index {index} is outside 0..{count - 1} (shard count {count})")
     dataset = Path(args.dataset or spec.dataset.path)

@@ -51,8 +51,8 @@ class ProgressCollector(Collector):
         yield flags
         yield gauge("in_flight", "Requests in flight.", p.in_flight)
         yield gauge("tokens_per_second", "Output tokens per second over the last 30 s.", p.tokens_per_s)
-        yield gauge("records_total", "Records this shard must produce.", p.records_total)
-        yield gauge("prompts_total", "Valid prompts of this shard.", p.prompts_total)
+        yield gauge("records_expected", "Records this shard must produce.", p.records_total)
+        yield gauge("prompts_expected", "Valid prompts of this shard.", p.prompts_total)
         yield gauge("prompts_done", "Prompts with nothing left to do.", p.prompts_done)
         yield gauge("servers_up", "Server endpoints in rotation.", p.servers_up)
         state = GaugeMetricFamily(f"{PREFIX}_state", "1 for the shard's current state.", labels=["shard", "state"])

@@ -202,7 +202,7 @@ class Display:
         now = time.monotonic()
         if now - self._last_log >= self.log_interval_s:
             self._last_log = now
-            log.info("progress", extra={"fields": _log_fields(snapshot)})
+            log.info("%s", snapshot.summary_line(), extra={"fields": _log_fields(snapshot)})
 
     def _update_bar(self, snapshot: ShardProgress) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -230,7 +230,7 @@ class Display:
             self._update_bar(snapshot)
             self._bar.stop()
             self._bar = None
-        log.info("finished", extra={"fields": _log_fields(snapshot)})
+        log.info("%s", snapshot.message or snapshot.summary_line(), extra={"fields": _log_fields(snapshot)})
 
 
 def _log_fields(snapshot: ShardProgress) -> dict[str, Any]:

@@ -1,0 +1,161 @@
+"""Pure decisions: retry classification, backoff, error text, stream joining, request and fingerprint building."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from datagen_operator.api import parse_spec
+from datagen_operator.api.resolve import resolve_model
+from datagen_operator.worker.client import (
+    RequestFailed,
+    RetryPolicy,
+    Verdict,
+    abort_verdict,
+    backoff_delay,
+    classify_status,
+    error_reason,
+    parse_generate_body,
+    read_incremental_stream,
+)
+from datagen_operator.worker.fingerprint import (
+    diff_fingerprints,
+    server_fingerprint,
+    tokenizer_files,
+    tokenizer_fingerprint,
+)
+from datagen_operator.worker.records import Job, generate_payload, sampling_for_sample
+from datagen_operator.worker.render import template_variables
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict"),
+    [(200, Verdict.OK), (503, Verdict.DOWN), (500, Verdict.RETRY), (502, Verdict.RETRY), (429, Verdict.RETRY),
+     (408, Verdict.RETRY), (400, Verdict.REJECT), (404, Verdict.REJECT), (422, Verdict.REJECT)],
+)  # fmt: skip
+def test_status_classification(status: int, verdict: Verdict) -> None:
+    assert classify_status(status) is verdict
+
+
+def test_backoff_is_capped_exponential_with_full_jitter() -> None:
+    policy = RetryPolicy(max_attempts=10, base_s=0.5, cap_s=4.0)
+    assert [backoff_delay(n, policy, 0.999999) for n in (1, 2, 3, 4, 5, 9)] == pytest.approx([0.5, 1, 2, 4, 4, 4], 1e-4)
+    assert backoff_delay(3, policy, 0.0) == 0.0
+    rng = random.Random(7)
+    delays = [backoff_delay(6, policy, rng.random()) for _ in range(200)]
+    assert max(delays) <= 4.0 and min(delays) < 1.0 and len({round(d, 3) for d in delays}) > 150
+
+
+def test_error_reason_reads_both_sglang_error_shapes() -> None:
+    assert error_reason(b'{"error": "unknown sampling param max_tokens"}') == "unknown sampling param max_tokens"
+    assert error_reason(b'{"error": {"message": "prompt too long", "code": 400}}') == "prompt too long"
+    assert error_reason(b"") == "(empty body)"
+    assert error_reason(b"<html>bad gateway</html>") == "<html>bad gateway</html>"
+
+
+def test_aborted_answers_are_classified_by_their_status_code() -> None:
+    assert abort_verdict({"type": "stop", "matched": 1}) is None
+    assert abort_verdict({"type": "abort", "message": "too long", "status_code": 400})[0] is Verdict.REJECT
+    assert abort_verdict({"type": "abort", "message": "shutting down", "status_code": 503})[0] is Verdict.DOWN
+    assert abort_verdict({"type": "abort", "message": "retracted"})[0] is Verdict.RETRY
+
+
+def test_generate_body_parsing() -> None:
+    ids, meta = parse_generate_body(b'{"text": "x", "output_ids": [5, 6], "meta_info": {"completion_tokens": 2}}')
+    assert ids == [5, 6] and meta == {"completion_tokens": 2}
+    with pytest.raises(RequestFailed, match="no output_ids"):
+        parse_generate_body(b'{"text": "only text"}')
+
+
+class _Content:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+def _sse(*events: dict | str) -> bytes:
+    return b"".join(b"data: " + (e.encode() if isinstance(e, str) else orjson.dumps(e)) + b"\n\n" for e in events)
+
+
+def test_incremental_stream_is_joined_across_arbitrary_chunk_boundaries() -> None:
+    body = _sse(
+        {"output_ids": [1, 2], "meta_info": {"finish_reason": None, "completion_tokens": 2}},
+        {"output_ids": [3], "meta_info": {"finish_reason": None, "completion_tokens": 3}},
+        {"output_ids": [4], "meta_info": {"finish_reason": {"type": "stop", "matched": 4}, "completion_tokens": 4}},
+        "[DONE]",
+    )
+    for size in (1, 7, 64, len(body)):
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        ids, meta = asyncio.run(read_incremental_stream(_Content(chunks)))  # type: ignore[arg-type]
+        assert ids == [1, 2, 3, 4] and meta["completion_tokens"] == 4
+
+
+def test_stream_errors_and_early_ends_are_retryable_or_permanent_as_the_server_says() -> None:
+    retryable = _sse({"output_ids": [1], "meta_info": {}}, {"error": {"message": "oom", "retryable": True}})
+    with pytest.raises(RequestFailed) as caught:
+        asyncio.run(read_incremental_stream(_Content([retryable])))  # type: ignore[arg-type]
+    assert caught.value.verdict is Verdict.RETRY
+    permanent = _sse({"error": {"message": "bad input", "retryable": False}}, "[DONE]")
+    with pytest.raises(RequestFailed) as caught:
+        asyncio.run(read_incremental_stream(_Content([permanent])))  # type: ignore[arg-type]
+    assert caught.value.verdict is Verdict.REJECT
+    cut = _sse({"output_ids": [1], "meta_info": {"finish_reason": None}})
+    with pytest.raises(RequestFailed, match="ended before"):
+        asyncio.run(read_incremental_stream(_Content([cut])))  # type: ignore[arg-type]
+
+
+def test_payload_always_has_max_new_tokens_and_per_sample_seeds() -> None:
+    sampling = {"max_new_tokens": 64, "temperature": 0.6, "sampling_seed": 10}
+    job = Job(0, "p", 2, [1, 2, 3], False)
+    body = orjson.loads(generate_payload(job, sampling, stream=False))
+    assert body == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 64, "temperature": 0.6,
+                                                                  "sampling_seed": 12}}  # fmt: skip
+    assert sampling_for_sample({"max_new_tokens": 1}, 3) == {"max_new_tokens": 1}
+    assert orjson.loads(generate_payload(job, {"max_new_tokens": 1}, stream=True))["stream"] is True
+
+
+def _resolved(preset: str | None, thinking: bool | None, **server: str):
+    spec = {"model": {"path": "/m"}, "dataset": {"path": "d"}, "output": {"path": "o"},
+            "generation": {"sampling": {"max_new_tokens": 8}}, "server": server}  # fmt: skip
+    if preset:
+        spec["model"]["preset"] = preset
+    if thinking is not None:
+        spec["generation"]["thinking"] = thinking
+    return resolve_model(parse_spec(spec))
+
+
+def test_thinking_switch_follows_the_preset() -> None:
+    assert template_variables(_resolved("kimi-k2.5", None)) == {"thinking": True}
+    assert template_variables(_resolved("kimi-k2.5", False)) == {"thinking": False}
+    assert template_variables(_resolved("qwen3", False)) == {"enable_thinking": False}
+    assert template_variables(_resolved("kimi-k2-thinking", None)) == {}
+    generic = _resolved(None, False, reasoningParser="none", toolCallParser="none")
+    assert template_variables(generic) == {"thinking": False, "enable_thinking": False}
+
+
+def test_fingerprint_ignores_addresses_and_names_what_changed(tmp_path: Path) -> None:
+    info = {"version": "0.5.23", "model_path": "/m", "tp_size": 8, "port": 30000, "host": "10.0.0.1",
+            "startup_time": 1.0, "sim_fault_rate": 0.1, "reasoning_parser": "kimi_k2"}  # fmt: skip
+    moved = {**info, "port": 30001, "host": "10.0.0.2", "startup_time": 2.0, "sim_fault_rate": 0.0}
+    assert server_fingerprint(info) == server_fingerprint(moved)
+    changed = server_fingerprint({**info, "tp_size": 4, "version": "0.5.22"})
+    lines = diff_fingerprints({"server": server_fingerprint(info)}, {"server": changed})
+    assert lines == ["server.args.tp_size: 8 -> 4", 'server.version: "0.5.23" -> "0.5.22"']
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "chat_template.jinja").write_text("a")
+    (tmp_path / "model-00001-of-00064.safetensors").write_bytes(b"\0" * 10)
+    (tmp_path / "config.json").write_text("{}")
+    assert [p.name for p in tokenizer_files(tmp_path)] == ["chat_template.jinja", "tokenizer.json"]
+    before = tokenizer_fingerprint(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("b")
+    lines = diff_fingerprints({"tokenizer": before}, {"tokenizer": tokenizer_fingerprint(tmp_path)})
+    assert len(lines) == 1 and lines[0].startswith("tokenizer.files.chat_template.jinja: ")
