@@ -1,0 +1,410 @@
+"""The local shell around control.decide: processes instead of pods, the same steps and conditions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from datagen_operator.api import DataGenRun
+from datagen_operator.api.resolve import resolve_model
+from datagen_operator.api.status import Condition
+from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.evaluate import CheckContext
+from datagen_operator.control.conditions import Event, apply_updates, transition_events
+from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.observed import (
+    Observed,
+    ProgressCounters,
+    ServerInstance,
+    ServerObservation,
+    StepOutcome,
+    WorkersObservation,
+)
+from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.engine.launch import server_argv
+from datagen_operator.local.processes import Child, free_port
+
+POLL_S = 0.5
+WORKER_GRACE_S = 30.0
+SERVER_GRACE_S = 15.0
+MAX_SERVER_RESTARTS = 3
+MAX_SHARD_RETRIES = 3
+# worker exit codes (docs/worker.md): which ones a rerun can fix and which need a person
+WORKER_OK, WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED, WORKER_INCOMPLETE = (
+    0,
+    2,
+    3,
+    4,
+    5,
+    6,
+)
+PERMANENT_WORKER_EXITS = {WORKER_BAD_INPUT: "bad input", WORKER_FINGERPRINT: "fingerprint mismatch"}
+FREE_WORKER_EXITS = {WORKER_UNREACHABLE, WORKER_DRAINED}
+"""Exits caused by a server outage or a stop: retried without counting (the Job's podFailurePolicy Ignore)."""
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def gpus_available() -> bool:
+    return shutil.which("nvidia-smi") is not None and Path("/dev/nvidia0").exists()
+
+
+def real_sglang_available() -> bool:
+    return importlib.util.find_spec("sglang") is not None and gpus_available()
+
+
+@dataclass
+class ShardSlot:
+    index: int
+    child: Child | None = None
+    done: bool = False
+    failed: str | None = None
+    retries: int = 0
+
+
+@dataclass
+class LocalRunner:
+    run: DataGenRun
+    output: Path
+    simulator: bool
+    sim_args: list[str] = field(default_factory=list)
+    console: Any = None
+    live: bool = False
+
+    def __post_init__(self) -> None:
+        self.spec = self.run.spec
+        self.resolved = resolve_model(self.spec)
+        self.logs = self.output / "logs"
+        self.run_file = self.output / "run.yaml"
+        self.conditions: list[Condition] = []
+        self.servers: list[tuple[Child, str]] = []
+        self.shards = [ShardSlot(i) for i in range(self.spec.clients.shards)]
+        self.parsers: StepOutcome | None = None
+        self.canary: StepOutcome | None = None
+        self.final: StepOutcome | None = None
+        self.final_report: Any = None
+        self.tokenizer: Any = None
+        self.stop = asyncio.Event()
+        self.decision: Decision | None = None
+        self.started = time.monotonic()
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    async def execute(self) -> int:
+        self._prepare_output()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        self.session = aiohttp.ClientSession()
+        try:
+            return await self._loop()
+        finally:
+            await self._stop_everything()
+            await self.session.close()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _loop(self) -> int:
+        context = self._check_context()
+        display = self._display()
+        with display:
+            while not self.stop.is_set():
+                observed = await self._observe()
+                decision = decide(self.spec, observed, context)
+                self._record(decision)
+                display.update(self._renderable())
+                step = decision.step
+                if step in (Step.DONE, Step.HALTED, Step.INVALID):
+                    break
+                await self._act(decision)
+                if self._server_gave_up():
+                    self._say("the server kept exiting; giving up (see its log)", "red")
+                    return EXIT_FAILED
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), POLL_S)
+        if self.stop.is_set():
+            self._say(
+                f"interrupted: stopping; rerun `datagen run` with the same manifest to resume ({self.output})", "yellow"
+            )
+            return EXIT_INTERRUPTED
+        return self._finish()
+
+    def _finish(self) -> int:
+        from datagen_operator.checks.verify import render_report
+
+        if self.final_report is not None:
+            render_report(self.final_report, self.console)
+        succeeded = next((c for c in self.conditions if c.type == "Succeeded"), None)
+        ok = succeeded is not None and succeeded.status == "True"
+        colour = "green" if ok else "red"
+        reason = succeeded.reason if succeeded else "?"
+        message = succeeded.message if succeeded else ""
+        self._say(f"Succeeded={succeeded.status if succeeded else 'Unknown'} ({reason}): {message}", colour)
+        return EXIT_SUCCEEDED if ok else EXIT_FAILED
+
+    async def _act(self, decision: Decision) -> None:
+        if decision.server_wanted and not self.servers:
+            await self._start_servers()
+        if not decision.workers_wanted:
+            await self._stop_workers()
+        if decision.step is Step.VERIFY_PARSERS:
+            self.parsers = await self._verify_parsers(decision)
+        elif decision.step is Step.RUN_CANARY:
+            self.canary = await self._run_canary()
+        elif decision.step is Step.RUN_WORKERS:
+            await self._supervise_workers(self._ready_urls())
+        elif decision.step is Step.FINAL_VERIFY:
+            await self._stop_servers()  # the GPUs are not needed to read files
+            self.final = await asyncio.to_thread(self._final_verify)
+        if not decision.server_wanted and self.servers:
+            await self._stop_servers()
+
+    # --- observation -------------------------------------------------------------------------------
+
+    async def _observe(self) -> Observed:
+        server = await self._observe_server() if self.servers else None
+        return Observed(
+            generation=1,
+            server=server,
+            parsers=self.parsers,
+            canary=self.canary,
+            workers=self._observe_workers(),
+            progress=self._observe_progress(),
+            final=self.final,
+        )
+
+    async def _observe_server(self) -> ServerObservation:
+        from datagen_operator.engine.client import is_healthy
+
+        instances = []
+        for index, (child, url) in enumerate(self.servers):
+            name = f"server-{index}"
+            if child.running:
+                ready = await is_healthy(self.session, url)
+                loading = None if ready else time.monotonic() - child.started_at
+                instances.append(
+                    ServerInstance(
+                        name, running=True, ready=ready, restarts=child.restarts, loading_seconds=loading, endpoint=url
+                    )
+                )
+                continue
+            last_exit = f"exit {child.returncode}: {child.last_log_line()}"
+            instances.append(
+                ServerInstance(name, restarts=child.restarts, last_exit=last_exit, waiting_reason="CrashLoopBackOff")
+            )
+            if child.restarts < MAX_SERVER_RESTARTS and not self.stop.is_set():
+                child.restarts += 1
+                await child.start()
+        return ServerObservation(self.spec.server.replicas, tuple(instances))
+
+    def _server_gave_up(self) -> bool:
+        return any(not c.running and c.restarts >= MAX_SERVER_RESTARTS for c, _ in self.servers)
+
+    def _observe_workers(self) -> WorkersObservation | None:
+        if all(slot.child is None and not slot.done for slot in self.shards):
+            return None
+        failed = [slot for slot in self.shards if slot.failed]
+        return WorkersObservation(
+            shards_total=len(self.shards),
+            shards_done=sum(slot.done for slot in self.shards),
+            shards_failed=len(failed),
+            active=sum(1 for slot in self.shards if slot.child is not None and slot.child.running),
+            failure_message="; ".join(f"shard {s.index}: {s.failed}" for s in failed) or None,
+        )
+
+    def _observe_progress(self) -> ProgressCounters | None:
+        from datagen_operator.worker.store import read_progress
+
+        snapshots = read_progress(self.output)
+        if not snapshots:
+            return None
+        return counters_from_snapshots(s.to_json() for s in snapshots)
+
+    def _ready_urls(self) -> list[str]:
+        return [url for child, url in self.servers if child.running]
+
+    # --- steps -------------------------------------------------------------------------------------
+
+    def _prepare_output(self) -> None:
+        self.output.mkdir(parents=True, exist_ok=True)
+        document = self.run.model_dump(mode="json", by_alias=True, exclude_none=True)
+        document.pop("status", None)
+        self.run_file.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    def _check_context(self) -> CheckContext:
+        expect = rc.expectations_for(self.resolved, self._tokenizer())
+        return CheckContext(
+            thinking=self.resolved.thinking,
+            preset=self.resolved.preset.name if self.resolved.preset else None,
+            think_start=self.resolved.think_start,
+            think_end=self.resolved.think_end,
+            think_end_id=expect.think_end_id,
+            thresholds=self.spec.checks,
+        )
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            from datagen_operator.worker.render import load_tokenizer
+
+            path = self.spec.model.tokenizer_path or self.spec.model.path
+            self.tokenizer = load_tokenizer(path, trust_remote_code=self.resolved.trust_remote_code)
+        return self.tokenizer
+
+    async def _start_servers(self) -> None:
+        for index in range(self.spec.server.replicas):
+            port = free_port()
+            argv = server_argv(self.spec, host="127.0.0.1", port=port, python=sys.executable)
+            if self.simulator:
+                # The simulator takes sglang.launch_server's own flags: only the program differs.
+                argv = [sys.executable, "-m", "datagen_operator.cli", "sim-server", *argv[3:], *self.sim_args]
+            child = Child(f"server-{index}", argv, self.logs / f"server-{index}.log")
+            await child.start()
+            self.servers.append((child, f"http://127.0.0.1:{port}"))
+        kind = "the SGLang simulator (no GPU or no sglang here)" if self.simulator else "SGLang"
+        self._say(f"started {self.spec.server.replicas} server replica(s) with {kind}; logs in {self.logs}", "cyan")
+
+    async def _verify_parsers(self, decision: Decision) -> StepOutcome:
+        from datagen_operator.checks.server_truth import verify_parsers
+        from datagen_operator.engine.client import chat_probe
+        from datagen_operator.worker.client import fetch_server_info
+
+        url = self._ready_urls()[0]
+        label = self.resolved.preset.name if self.resolved.preset else self.spec.model.path
+        try:
+            info = await fetch_server_info(self.session, url)
+            probe = None
+            if self.resolved.thinking:
+                from datagen_operator.worker.render import template_variables
+
+                model = self.spec.model.served_model_name or self.spec.model.path
+                probe = await chat_probe(self.session, url, model, template_variables(self.resolved))
+        except Exception as error:  # any failure to read the server is itself the verdict
+            return StepOutcome(False, "ProbeFailed", f"could not read the server's parsers: {error}")
+        return verify_parsers(info, probe, self.resolved, label)
+
+    async def _run_canary(self) -> StepOutcome:
+        from datagen_operator.checks.canary import run_canary
+
+        try:
+            return await run_canary(
+                self.spec,
+                self._tokenizer(),
+                Path(self.spec.dataset.path),
+                self._ready_urls(),
+                record_file=self.output / "canary.jsonl",
+            )
+        except Exception as error:  # the canary could not even run: that fails it, with the reason
+            return StepOutcome(False, "CanaryError", f"{type(error).__name__}: {error}")
+
+    async def _supervise_workers(self, urls: list[str]) -> None:
+        for slot in self.shards:
+            if slot.done or slot.failed:
+                continue
+            child = slot.child
+            if child is not None and child.running:
+                continue
+            if child is not None:
+                code = child.returncode
+                if code == WORKER_OK:
+                    slot.done = True
+                    continue
+                if code in PERMANENT_WORKER_EXITS:
+                    slot.failed = f"{PERMANENT_WORKER_EXITS[code]}: {child.last_log_line()}"
+                    continue
+                if code not in FREE_WORKER_EXITS:
+                    slot.retries += 1
+                    if slot.retries > MAX_SHARD_RETRIES:
+                        slot.failed = f"exit {code} after {MAX_SHARD_RETRIES} retries: {child.last_log_line()}"
+                        continue
+            if not urls:
+                continue
+            argv = [
+                sys.executable, "-m", "datagen_operator.cli", "worker",
+                "--run", str(self.run_file), "--output", str(self.output),
+                "--shard-index", str(slot.index), "--shard-count", str(len(self.shards)),
+            ]  # fmt: skip
+            for url in urls:
+                argv += ["--server", url]
+            slot.child = Child(f"worker-{slot.index}", argv, self.logs / f"worker-{slot.index}.log")
+            await slot.child.start()
+
+    def _final_verify(self) -> StepOutcome:
+        from datagen_operator.checks.verify import verify_output
+
+        self.final_report = verify_output(
+            self.output, self.spec, tokenizer=self._tokenizer(), dataset=Path(self.spec.dataset.path)
+        )
+        return self.final_report.outcome()
+
+    async def _stop_workers(self) -> None:
+        await asyncio.gather(
+            *(s.child.stop(WORKER_GRACE_S) for s in self.shards if s.child is not None and s.child.running)
+        )
+
+    async def _stop_servers(self) -> None:
+        await asyncio.gather(*(child.stop(SERVER_GRACE_S) for child, _ in self.servers))
+        self.servers = []
+
+    async def _stop_everything(self) -> None:
+        await self._stop_workers()
+        await self._stop_servers()
+
+    # --- what the user sees ------------------------------------------------------------------------
+
+    def _record(self, decision: Decision) -> None:
+        before = self.conditions
+        self.conditions = apply_updates(before, decision.updates, datetime.now(UTC), 1)
+        self.decision = decision
+        for event in transition_events(before, self.conditions):
+            self._event(event)
+
+    def _event(self, event: Event) -> None:
+        colour = "yellow" if event.type == "Warning" else "white"
+        self._say(event.message, colour)
+
+    def _say(self, text: str, colour: str = "white") -> None:
+        elapsed = time.monotonic() - self.started
+        self.console.print(f"[dim]{elapsed:6.1f}s[/] [{colour}]{text}[/]", highlight=False, soft_wrap=True)
+
+    def _renderable(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"DataGenRun {self.run.metadata.name}", expand=True)
+        for column in ("condition", "status", "reason", "message"):
+            table.add_column(column, overflow="fold", ratio=4 if column == "message" else None)
+        for c in self.conditions:
+            colour = {"True": "green", "False": "red"}.get(c.status, "yellow")
+            table.add_row(c.type, f"[{colour}]{c.status}[/]", c.reason, c.message)
+        return table
+
+    def _display(self) -> Any:
+        if self.live:
+            from rich.live import Live
+
+            return Live(self._renderable(), console=self.console, refresh_per_second=4, transient=True)
+        return _NoDisplay()
+
+
+class _NoDisplay:
+    """Without a terminal the events are the display."""
+
+    def __enter__(self) -> _NoDisplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, renderable: Any) -> None:
+        return None
