@@ -1,0 +1,143 @@
+"""`datagen run` end to end on the simulator: success, halts before bulk work, Ctrl-C and resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
+FAST_SIM = ["--sim-arg=--sim-mean-reasoning-tokens=48", "--sim-arg=--sim-mean-answer-tokens=32"]
+
+
+@pytest.fixture(scope="module")
+def standin() -> Path:
+    return ensure_standin_tokenizer()
+
+
+def manifest(tmp_path: Path, standin: Path, **changes: object) -> Path:
+    spec = {
+        "model": {"preset": "kimi-k2.5", "path": str(standin)},
+        "server": {"gpus": 1},
+        "dataset": {"path": str(PROMPTS)},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024, "temperature": 0.6}},
+        "clients": {"shards": 2, "concurrency": 4},
+        "output": {"path": str(tmp_path / "out")},
+        "checks": {"canaryPrompts": 2},
+    }
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = spec
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    document = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": spec}
+    target = tmp_path / "run.yaml"
+    target.write_text(yaml.safe_dump(document))
+    return target
+
+
+def datagen_run(run_file: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def dataset_ids() -> list[str]:
+    return [orjson.loads(line)["id"] for line in PROMPTS.read_bytes().splitlines() if line.strip()]
+
+
+def stored_keys(output: Path) -> list[tuple[str, int]]:
+    keys = []
+    for path in sorted((output / "data").glob("shard-*.parquet")):
+        table = pq.read_table(path, columns=["id", "sample"])
+        keys += list(zip(table.column("id").to_pylist(), table.column("sample").to_pylist(), strict=True))
+    return keys
+
+
+def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path) -> None:
+    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = tmp_path / "out"
+    assert "SGLang simulator" in result.stdout
+    for condition in ("ServerReady=True", "ParsersVerified=True", "CanaryPassed=True", "Succeeded=True"):
+        assert condition in result.stdout, result.stdout
+    assert sorted(stored_keys(out)) == sorted((i, 0) for i in dataset_ids())
+    verify = subprocess.run(
+        [sys.executable, "-m", "datagen_operator.cli", "verify", str(out), "--json"], capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    report = orjson.loads(verify.stdout)
+    assert report["passed"] and report["records"] == len(dataset_ids())
+
+
+def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: Path) -> None:
+    run_file = manifest(
+        tmp_path, standin, model__preset=None, server__reasoningParser="kimi", server__toolCallParser="kimi_k2"
+    )
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ParsersVerified=False" in result.stdout
+    assert "use kimi_k2" in result.stdout
+    assert "Succeeded=False (ParsersMismatch)" in result.stdout
+    assert not list((tmp_path / "out").glob("shards/*/*.jsonl")), "no bulk record may be written"
+
+
+def test_model_that_ignores_thinking_fails_the_canary(tmp_path: Path, standin: Path) -> None:
+    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "CanaryPassed=False" in result.stdout
+    assert "no `</think>` (163607)" in result.stdout
+    assert "Succeeded=False (CanaryFailed)" in result.stdout
+    assert not list((tmp_path / "out").glob("shards/*/*.jsonl"))
+    assert (tmp_path / "out" / "canary.jsonl").exists()
+
+
+def _children_of(output: Path) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", str(output)], capture_output=True, text=True)
+    return [pid for pid in found.stdout.split() if int(pid) != os.getpid()]
+
+
+def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin: Path) -> None:
+    run_file = manifest(tmp_path, standin, clients__concurrency=2)
+    out = tmp_path / "out"
+    slow = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *slow],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(out.glob("shards/*/*.jsonl")):
+        time.sleep(0.2)
+    assert list(out.glob("shards/*/*.jsonl")), "workers never started"
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    stdout, _ = process.communicate(timeout=90)
+    assert process.returncode == 130, stdout
+    assert "rerun" in stdout
+    assert _children_of(out) == [], "server or worker processes left behind"
+
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 0, result.stdout + result.stderr
+    keys = stored_keys(out)
+    assert len(keys) == len(set(keys)), "duplicates after resume"
+    assert sorted(keys) == sorted((i, 0) for i in dataset_ids()), "records lost after resume"
