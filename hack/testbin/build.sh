@@ -21,7 +21,8 @@ if complete; then echo "$dest"; exit 0; fi
 
 if ! command -v go >/dev/null 2>&1; then
   echo "error: Go (>= 1.25) is needed to build the test control plane (k8s ${K8S_VERSION})." >&2
-  echo "       Install it (e.g. 'apt-get install golang-go' or the go.dev tarball) and rerun 'make testbin'." >&2
+  echo "       Install it from https://go.dev/dl (or your package manager, if it has 1.25+)" >&2
+  echo "       and rerun 'make testbin'." >&2
   exit 3
 fi
 PYTHON="${PYTHON:-python3}"

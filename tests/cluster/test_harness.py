@@ -17,15 +17,15 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.harness.cluster_fixtures import ServiceAccountKubeconfig, SubjectRunner
 from tests.harness.controlplane import (
-    BUILD_SCRIPT,
     GPU_PRODUCT,
     GPU_RESOURCE,
     GPU_TOLERATION,
     Cluster,
     LocalControlPlane,
     condition_status,
-    wait_until,
 )
+from tests.harness.processes import wait_until
+from tests.harness.testbin import BUILD_SCRIPT
 
 
 def pinned_k8s_version() -> str:
@@ -62,6 +62,13 @@ def test_kube_apiserver_is_the_pinned_release(control_plane: Cluster) -> None:
     assert printed.strip() == f"Kubernetes {pinned_k8s_version()}"
     # The running server agrees with its binary.
     assert control_plane.dynamic().version["kubernetes"]["gitVersion"] == pinned_k8s_version()
+
+
+def test_failure_report_names_every_component_and_its_log(control_plane: Cluster) -> None:
+    report = control_plane.failure_report(lines=5)
+    for process in control_plane.processes:
+        assert f"--- {process.name} (running) {process.log_path}" in report
+    assert str(control_plane.logs_dir) in report
 
 
 def test_fake_gpu_nodes_look_like_a_gpu_pool(control_plane: Cluster) -> None:

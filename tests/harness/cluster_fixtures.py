@@ -19,26 +19,20 @@ import re
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from tests.harness.controlplane import (
-    CRD_DIR,
-    Cluster,
-    ClusterSettings,
-    ControlPlaneError,
-    ExistingCluster,
-    LocalControlPlane,
-    ManagedProcess,
-    ensure_testbin,
-    wait_until,
-)
+from tests.harness.controlplane import CRD_DIR, Cluster, ClusterSettings, ExistingCluster, LocalControlPlane
+from tests.harness.processes import ControlPlaneError, ManagedProcess, wait_until
+from tests.harness.testbin import BUILD_LOG, ensure_testbin
 
+T = TypeVar("T")
 CONTROL_PLANE_FIXTURE = "control_plane"
 _testbin_problem = pytest.StashKey[ControlPlaneError | None]()
 _active_cluster: Cluster | None = None  # the running one, for the failure report
 _last_started_cluster: Cluster | None = None  # for the start-up time in the terminal summary
+_start_failure_reported = False
 
 
 def _external_kubeconfig() -> Path | None:
@@ -55,12 +49,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line("checking the test control plane binaries (hack/testbin/build.sh) ...")
+        reporter.write_line(
+            "checking the test control plane binaries (hack/testbin/build.sh; a cold build takes ~15 min, "
+            f"progress in {BUILD_LOG}) ..."
+        )
     try:
         ensure_testbin()
         session.config.stash[_testbin_problem] = None
     except ControlPlaneError as problem:
         session.config.stash[_testbin_problem] = problem
+
+
+def _call_or_fail(action: Callable[[], T]) -> T:
+    """Runs `action`; a ControlPlaneError fails the test with its message alone, no traceback."""
+    try:
+        return action()
+    except ControlPlaneError as error:
+        message = str(error)
+    pytest.fail(message, pytrace=False)  # outside `except`: pytest would print the chained traceback
 
 
 @pytest.fixture(scope="session")
@@ -87,16 +93,9 @@ def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         problem = request.config.stash.get(_testbin_problem, None)
         if problem is not None:
             pytest.fail(str(problem), pytrace=False)
-        try:
-            testbin = ensure_testbin()
-        except ControlPlaneError as error:
-            pytest.fail(str(error), pytrace=False)
-        cluster = LocalControlPlane(workdir, settings, testbin=testbin)
+        cluster = LocalControlPlane(workdir, settings, testbin=_call_or_fail(ensure_testbin))
     _active_cluster = cluster
-    try:
-        cluster.start()
-    except ControlPlaneError as error:
-        pytest.fail(f"{error}\n{cluster.failure_report()}", pytrace=False)
+    _call_or_fail(cluster.start)
     _last_started_cluster = cluster
     try:
         yield cluster
@@ -125,19 +124,18 @@ def _namespace_name(test_name: str) -> str:
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, control_plane: Cluster) -> Iterator[str]:
     """A fresh namespace for one test, with its `default` ServiceAccount in place; deleted afterwards."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(control_plane.api_client())
+    namespaces = control_plane.resource("v1", "Namespace")
+    service_accounts = control_plane.resource("v1", "ServiceAccount")
     name = _namespace_name(request.node.name)
-    core.create_namespace({"metadata": {"name": name, "labels": {"datagen.dev/test": "true"}}})
+    namespaces.create(body={"metadata": {"name": name, "labels": {"datagen.dev/test": "true"}}})
     # Pods are refused until the serviceaccount controller has made `default`.
     wait_until(
-        lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
+        lambda: service_accounts.get(namespace=name, field_selector="metadata.name=default").items,
         timeout=30,
         describe=f"ServiceAccount default in {name}",
     )
     yield name
-    core.delete_namespace(name)
+    namespaces.delete(name=name)  # the namespace controller removes what is inside
 
 
 ServiceAccountKubeconfig = Callable[..., Path]
@@ -181,9 +179,15 @@ def run_as_service_account(control_plane: Cluster, namespace: str) -> Iterator[S
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    global _start_failure_reported
     report: pytest.TestReport = yield
     if report.failed and _active_cluster is not None and CONTROL_PLANE_FIXTURE in getattr(item, "fixturenames", ()):
-        report.sections.append(("control plane logs", _active_cluster.failure_report()))
+        # A failed start errors every test that follows; show the tails once, then only the folder.
+        if _last_started_cluster is None and _start_failure_reported:
+            report.sections.append(("control plane logs", str(_active_cluster.logs_dir)))
+        else:
+            report.sections.append(("control plane logs", _active_cluster.failure_report()))
+            _start_failure_reported = _last_started_cluster is None
     return report
 
 

@@ -9,35 +9,27 @@ ServiceAccount so RBAC is enforced exactly as in a cluster.
 
 from __future__ import annotations
 
-import atexit
-import base64
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
+from tests.harness.kubeconfig import read_cluster_endpoint, write_kubeconfig
 from tests.harness.pki import CertificateAuthority, KeyPair, write_service_account_signing_key
+from tests.harness.processes import ControlPlaneError, ManagedProcess, free_port, wait_until
+from tests.harness.testbin import REPO_ROOT, ensure_testbin
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "hack" / "testbin" / "build.sh"
 CRD_DIR = REPO_ROOT / "crds"
-TESTBIN_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kwok", "kubectl")
 
 # kwok manages only the nodes that carry this annotation, so it never touches real nodes.
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
@@ -66,241 +58,6 @@ CONTROLLERS = (
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"  # first address of the range
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-
-T = TypeVar("T")
-
-
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be started or used; the message says why and where the logs are."""
-
-
-class TestbinUnavailable(ControlPlaneError):
-    """The binaries are not built and cannot be built here; the message says what to install."""
-
-    __test__ = False  # not a test class, despite the name
-
-
-# --- testbin ------------------------------------------------------------------------------------
-
-
-def _testbin_complete(directory: Path) -> bool:
-    return all(os.access(directory / name, os.X_OK) for name in TESTBIN_BINARIES)
-
-
-def ensure_testbin(build_log: Path | None = None) -> Path:
-    """The folder holding the control-plane binaries, built by hack/testbin/build.sh when missing.
-
-    DATAGEN_TESTBIN_DIR points at a prebuilt folder instead. A cold build takes long (see
-    docs/testing.md), which is why `make test` runs it before pytest.
-    """
-    override = os.environ.get("DATAGEN_TESTBIN_DIR")
-    if override:
-        directory = Path(override)
-        if not _testbin_complete(directory):
-            raise TestbinUnavailable(
-                f"DATAGEN_TESTBIN_DIR={override} lacks one of {', '.join(TESTBIN_BINARIES)}; "
-                "unset it to build them with `make testbin`"
-            )
-        return directory
-    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
-    with tempfile.TemporaryFile("w+") as stderr:
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        stderr.seek(0)
-        errors = stderr.read()
-    if build_log is not None:
-        build_log.write_text(errors)
-    if result.returncode != 0:
-        missing_go = result.returncode == 3 or shutil.which("go") is None
-        hint = (
-            "Install Go >= 1.25 (https://go.dev/dl or your package manager) and run `make testbin`"
-            if missing_go
-            else "Fix the error above and run `make testbin`"
-        )
-        raise TestbinUnavailable(
-            f"the test control plane is not built and {BUILD_SCRIPT.relative_to(REPO_ROOT)} failed "
-            f"(exit {result.returncode}):\n{_tail(errors, 30)}\n{hint}, or set DATAGEN_TEST_KUBECONFIG "
-            "to run these tests against an existing cluster (docs/testing.md)."
-        )
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
-# --- processes ----------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if pytest is killed outright (no atexit), the kernel still kills
-    # the component, so no etcd or apiserver outlives the test session.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-@dataclass
-class ManagedProcess:
-    """A child in its own process group, its output in a log file; stop() ends the whole group."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    popen: subprocess.Popen[bytes]
-
-    @classmethod
-    def start(
-        cls, name: str, argv: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None
-    ) -> ManagedProcess:
-        log_path = log_dir / f"{name}.log"
-        with log_path.open("ab") as log:
-            popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-        process = cls(name, list(argv), log_path, popen)
-        _LIVE_PROCESSES.append(process)
-        return process
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, grace_seconds: float = 10.0) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(grace_seconds)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-        # Children it forked share the group; make sure none survives the leader.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        if self in _LIVE_PROCESSES:
-            _LIVE_PROCESSES.remove(self)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return _tail(self.log_path.read_text(errors="replace"), lines)
-        except FileNotFoundError:
-            return "(no log)"
-
-
-_LIVE_PROCESSES: list[ManagedProcess] = []
-
-
-@atexit.register
-def _stop_leftover_processes() -> None:
-    # Safety net for sessions that end without fixture teardown (KeyboardInterrupt, internal errors).
-    for process in reversed(list(_LIVE_PROCESSES)):
-        process.stop(grace_seconds=3)
-
-
-def _tail(text: str, lines: int) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(
-    condition: Callable[[], T | None],
-    *,
-    timeout: float,
-    describe: str,
-    watched: Iterable[ManagedProcess] = (),
-    interval: float = 0.2,
-) -> T:
-    """Polls until `condition` returns something truthy; fails early if a watched process died."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception as error:  # the last one explains a timeout
-            last_error = error
-        for process in watched:
-            if not process.alive():
-                raise ControlPlaneError(
-                    f"{process.name} exited with {process.popen.returncode} while waiting for {describe}; "
-                    f"log {process.log_path}:\n{process.log_tail()}"
-                )
-        if time.monotonic() > deadline:
-            raise ControlPlaneError(f"timed out after {timeout:.0f} s waiting for {describe}: {last_error}")
-        time.sleep(interval)
-
-
-# --- kubeconfig ---------------------------------------------------------------------------------
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def write_kubeconfig(
-    path: Path,
-    *,
-    server: str,
-    ca_pem: bytes | None,
-    user_name: str,
-    client: KeyPair | None = None,
-    token: str | None = None,
-    insecure: bool = False,
-) -> Path:
-    """A self-contained kubeconfig (certificates embedded) for one user of one cluster."""
-    cluster: dict[str, Any] = {"server": server}
-    if ca_pem is not None:
-        cluster["certificate-authority-data"] = _b64(ca_pem)
-    if insecure:
-        cluster["insecure-skip-tls-verify"] = True
-    user: dict[str, Any] = {}
-    if client is not None:
-        user["client-certificate-data"] = _b64(client.cert_pem())
-        user["client-key-data"] = _b64(client.key_pem())
-    if token is not None:
-        user["token"] = token
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": cluster}],
-        "users": [{"name": user_name, "user": user}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user_name}}],
-        "current-context": "test",
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    path.chmod(0o600)
-    return path
-
-
-@dataclass(frozen=True)
-class ClusterEndpoint:
-    server: str
-    ca_pem: bytes | None
-    insecure: bool
-
-
-def read_cluster_endpoint(kubeconfig: Path) -> ClusterEndpoint:
-    """Server and CA of the current context, so a ServiceAccount kubeconfig can reach the same cluster."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    context_name = config.get("current-context")
-    context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
-    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
-    ca_pem: bytes | None = None
-    if "certificate-authority-data" in cluster:
-        ca_pem = base64.b64decode(cluster["certificate-authority-data"])
-    elif "certificate-authority" in cluster:
-        ca_path = Path(cluster["certificate-authority"])
-        ca_pem = (ca_path if ca_path.is_absolute() else kubeconfig.parent / ca_path).read_bytes()
-    return ClusterEndpoint(cluster["server"], ca_pem, bool(cluster.get("insecure-skip-tls-verify")))
 
 
 # --- objects ------------------------------------------------------------------------------------
@@ -411,6 +168,7 @@ class Cluster:
     gpu_node_names: list[str] = field(default_factory=list, init=False)
     startup_seconds: float | None = field(default=None, init=False)
     _subjects: list[ManagedProcess] = field(default_factory=list, init=False)
+    _dynamic_clients: dict[Path, Any] = field(default_factory=dict, init=False)
 
     @property
     def logs_dir(self) -> Path:
@@ -425,11 +183,15 @@ class Cluster:
         return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
 
     def dynamic(self, kubeconfig: Path | None = None) -> Any:
-        """A `kubernetes.dynamic.DynamicClient`: plain objects, no model validation. The typed client of
-        kubernetes>=37 validates responses strictly and refuses objects that kwok fills in partially."""
+        """A `kubernetes.dynamic.DynamicClient` (one per kubeconfig): plain objects, no model validation.
+        The typed client of kubernetes>=37 validates responses strictly and refuses objects that kwok
+        fills in partially."""
         from kubernetes.dynamic import DynamicClient
 
-        return DynamicClient(self.api_client(kubeconfig))
+        path = kubeconfig or self.kubeconfig
+        if path not in self._dynamic_clients:
+            self._dynamic_clients[path] = DynamicClient(self.api_client(path))
+        return self._dynamic_clients[path]
 
     def resource(self, api_version: str, kind: str, kubeconfig: Path | None = None) -> Any:
         """The dynamic resource for `kind` (e.g. `cluster.resource("v1", "Pod").get(namespace=ns)`)."""
@@ -621,8 +383,9 @@ class LocalControlPlane(Cluster):
         )
 
     def _start_etcd(self) -> str:
-        # Data outside the kept log folder: etcd preallocates 64 MB WAL files.
-        self._etcd_data = Path(tempfile.mkdtemp(prefix="datagen-etcd-"))
+        # Removed at stop (etcd preallocates 64 MB of WAL); after a kill -9 pytest's rotation of its
+        # temporary folders removes it instead.
+        self._etcd_data = self.workdir / "etcd-data"
         client_port, peer_port = free_port(), free_port()
         client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
         etcd = ManagedProcess.start(
@@ -774,13 +537,21 @@ class LocalControlPlane(Cluster):
         self.processes.append(start_kwok(self.binary("kwok"), self.kubeconfig, self.logs_dir))
 
 
+# Without stages of its own kwok uses its default ones; an explicit file keeps a user's
+# ~/.kwok/kwok.yaml (kwok's default --config) out of the tests.
+_KWOK_CONFIG = "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions: {}\n"
+
+
 def start_kwok(binary: str, kubeconfig: Path, log_dir: Path) -> ManagedProcess:
     """kwok with its default stages (nodes Ready with leases, pods Running, Job pods Succeeded),
     limited to nodes annotated as fake."""
+    config = log_dir.parent / "kwok.yaml"
+    config.write_text(_KWOK_CONFIG)
     return ManagedProcess.start(
         "kwok",
         [
             binary,
+            f"--config={config}",
             f"--kubeconfig={kubeconfig}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION[0]}={KWOK_NODE_ANNOTATION[1]}",
@@ -806,6 +577,8 @@ class ExistingCluster(Cluster):
 
     def start(self) -> None:
         started = time.monotonic()
+        if not self.admin_kubeconfig.is_file():
+            raise ControlPlaneError(f"DATAGEN_TEST_KUBECONFIG={self.admin_kubeconfig} is not a file")
         self.kubeconfig = self.admin_kubeconfig
         try:
             if self.kwok_mode == "local":
