@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,10 +41,24 @@ def _external_kubeconfig() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def _testbin_needed() -> bool:
+    # An existing cluster needs only kwok from the testbin, and only when kwok runs here.
+    if _external_kubeconfig() is None:
+        return True
+    return os.environ.get("DATAGEN_TEST_KWOK", "local") == "local" and shutil.which("kwok") is None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Any test that needs the control plane, in whatever folder, is a `cluster` test for `-m`.
+    for item in items:
+        if CONTROL_PLANE_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # Build a cold testbin here rather than inside the fixture: a cold build takes far longer than
     # the per-test timeout, which covers fixture set-up.
-    if _external_kubeconfig() or not any(
+    if not _testbin_needed() or not any(
         CONTROL_PLANE_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items
     ):
         return

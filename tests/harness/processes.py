@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,13 +27,15 @@ class ControlPlaneError(RuntimeError):
 
 
 _PR_SET_PDEATHSIG = 1
+# Loaded before any fork: the child between fork and exec should only make the one system call.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 def _die_with_parent() -> None:
     # Runs in the child before exec: if pytest is killed outright (no atexit), the kernel still kills
     # the component, so no etcd or apiserver outlives the test session.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -57,7 +60,8 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                # The signal follows the *thread* that started the child, so only the main one asks.
+                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
             )
         process = cls(name, list(argv), log_path, popen)
         _LIVE_PROCESSES.append(process)
