@@ -29,11 +29,9 @@ VOLATILE_SERVER_KEYS: frozenset[str] = frozenset(
         "dist_init_addr", "nccl_port", "pid", "log_level", "log_level_http", "log_requests",
         "log_requests_level", "file_storage_path", "watchdog_timeout", "enable_metrics", "metrics_port",
         "incremental_streaming_output", "stream_interval", "tokenizer_worker_num", "api_key",
-        "admin_api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
+        "admin_api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "sim_speed",
     }
 )  # fmt: skip
-VOLATILE_SERVER_PREFIXES = ("sim_",)
-"""The simulator's --sim-* knobs (speed, injected faults) do not change what a model would generate."""
 
 
 def tokenizer_files(tokenizer_dir: Path) -> list[Path]:
@@ -63,7 +61,7 @@ def chat_template_sha256(template: str | dict[str, str] | None) -> str | None:
 
 
 def is_volatile_server_key(key: str) -> bool:
-    return key in VOLATILE_SERVER_KEYS or key.endswith("_port") or key.startswith(VOLATILE_SERVER_PREFIXES)
+    return key in VOLATILE_SERVER_KEYS or key.endswith("_port")
 
 
 def server_fingerprint(server_info: dict[str, Any]) -> dict[str, Any]:

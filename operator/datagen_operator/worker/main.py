@@ -595,6 +595,11 @@ class Worker:
         await self._publish(force=True)
 
         jobs = self._jobs()
+        started, tokens_before, records_before = (
+            time.perf_counter(),
+            self.progress.output_tokens,
+            self.progress.records_done,
+        )
         lanes = [asyncio.create_task(self._lane(jobs)) for _ in range(c.spec.clients.concurrency)]
         background = [asyncio.create_task(self._flush_loop()), asyncio.create_task(self._progress_loop())]
         all_lanes = asyncio.gather(*lanes)
@@ -605,6 +610,15 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await self.pool.close()
+        elapsed = time.perf_counter() - started
+        made = self.progress.output_tokens - tokens_before
+        log.info(
+            "generation phase: %d records, %d output tokens in %.2fs",
+            self.progress.records_done - records_before,
+            made,
+            elapsed,
+            extra={"fields": {"generation_s": round(elapsed, 4), "output_tokens_this_run": made}},
+        )
         return await self._finish()
 
     async def _wait_lanes(self, all_lanes: Any, lanes: list[asyncio.Task[None]]) -> None:

@@ -1,0 +1,209 @@
+"""Benchmark: `datagen worker` against a minimal aiohttp client, same simulator, same requests, one run.
+
+    .venv/bin/python bench/worker.py [--prompts 600] [--answer-tokens 4096] [--concurrency 64] [--rounds 2]
+
+Starts the SGLang simulator (one process, wire speed: no sleeps) on loopback, with fixed 4k-token
+answers (reasoning + answer, lognormal sigma 0). Then, alternating for `--rounds` rounds:
+- baseline: pre-rendered input_ids POSTed to /generate with the same sampling params and concurrency,
+  each response parsed with orjson and discarded;
+- worker: `datagen worker` as ONE subprocess into a fresh output directory with --no-compact (its
+  generation phase is timed from its own structured log), then a second invocation that only compacts.
+The best round of each is compared. Prints, last line:
+
+    worker_vs_baseline=<ratio> worker_tokens_per_s=<n> parquet_bytes_per_token=<x>
+
+and before it CPU seconds per million stored tokens (generation, compaction) and JSONL bytes per token.
+"Stored tokens" are input_ids + output_ids of every record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def start_sim(workdir: Path, answer_tokens: int) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = workdir / "sim.port"
+    half = answer_tokens // 2
+    cmd = [
+        PYTHON, "-m", "datagen_operator.cli", "sim-server", "--port", "0", "--sim-port-file", str(port_file),
+        "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-speed", "wire",
+        "--sim-mean-reasoning-tokens", str(half), "--sim-mean-answer-tokens", str(answer_tokens - half),
+        "--sim-length-sigma", "0", "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"simulator did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{int(port_file.read_text().strip())}"
+
+
+def write_dataset(path: Path, prompts: int) -> None:
+    with path.open("wb") as file:
+        for i in range(prompts):
+            question = f"Question {i}: explain, step by step, how a {i % 17}-stage pipeline keeps its data safe."
+            file.write(orjson.dumps({"id": f"q{i:06d}", "messages": [{"role": "user", "content": question}]}) + b"\n")
+
+
+def render_all(dataset: Path, tokenizer_dir: Path) -> list[list[int]]:
+    from datagen_operator.api import parse_spec
+    from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.worker.render import Renderer, load_tokenizer
+
+    spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), 8192, 1))
+    resolved = resolve_model(spec)
+    renderer = Renderer(load_tokenizer(tokenizer_dir, trust_remote_code=resolved.trust_remote_code), resolved)
+    return [renderer.render(orjson.loads(line)["messages"], None) for line in dataset.read_bytes().splitlines()]
+
+
+def _spec(dataset: Path, tokenizer_dir: Path, output: Path, max_new_tokens: int, concurrency: int) -> dict:
+    return {
+        "model": {"preset": "kimi-k2.5", "path": str(tokenizer_dir)},
+        "dataset": {"path": str(dataset)},
+        "generation": {"sampling": {"max_new_tokens": max_new_tokens, "temperature": 0.6}},
+        "clients": {"shards": 1, "concurrency": concurrency},
+        "output": {"path": str(output)},
+    }
+
+
+async def baseline(url: str, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> tuple[float, int]:
+    """The minimal client: same requests, parse each response, discard it."""
+    payloads = [
+        orjson.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.6}})
+        for ids in prompts
+    ]
+    tokens = 0
+    queue = iter(payloads)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def lane() -> None:
+            nonlocal tokens
+            for payload in queue:
+                async with session.post(
+                    url + "/generate", data=payload, headers={"Content-Type": "application/json"}
+                ) as response:
+                    body = orjson.loads(await response.read())
+                tokens += len(body["output_ids"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        return time.perf_counter() - started, tokens
+
+
+def run_worker(spec: dict, url: str, extra: list[str]) -> tuple[float, float, list[dict]]:
+    """One `datagen worker` process: (wall seconds, CPU seconds, its JSON log lines)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    result = subprocess.run(
+        [PYTHON, "-m", "datagen_operator.cli", "worker", "--spec-json", json.dumps(spec), "--output",
+         spec["output"]["path"], "--server", url, "--log-format", "json", *extra],
+        cwd=REPO, capture_output=True, check=False,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    logs = [json.loads(line) for line in result.stderr.decode().splitlines() if line.startswith("{")]
+    if result.returncode != 0:
+        raise SystemExit(f"worker exited {result.returncode}: {result.stderr.decode()[-2000:]}")
+    return wall, cpu, logs
+
+
+def generation_stats(logs: list[dict]) -> tuple[float, int]:
+    for entry in logs:
+        if "generation_s" in entry:
+            return entry["generation_s"], entry["output_tokens_this_run"]
+    raise SystemExit("the worker did not log its generation phase")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=600)
+    parser.add_argument("--answer-tokens", type=int, default=4096)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+    from datagen_operator.worker.store import OutputLayout, iter_records
+
+    tokenizer_dir = ensure_standin_tokenizer()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-worker-"))
+    sim, url = start_sim(workdir, args.answer_tokens)
+    try:
+        dataset = workdir / "prompts.jsonl"
+        write_dataset(dataset, args.prompts)
+        prompts = render_all(dataset, tokenizer_dir)
+        max_new = args.answer_tokens * 2
+        asyncio.run(baseline(url, prompts[: args.concurrency], max_new, args.concurrency))  # warm-up
+        base_rates: list[float] = []
+        worker_rates: list[float] = []
+        runs: list[dict] = []
+        for round_index in range(args.rounds):
+            seconds, tokens = asyncio.run(baseline(url, prompts, max_new, args.concurrency))
+            base_rates.append(tokens / seconds)
+            output = workdir / f"out-{round_index}"
+            spec = _spec(dataset, tokenizer_dir, output, max_new, args.concurrency)
+            wall, cpu, logs = run_worker(spec, url, ["--no-compact"])
+            gen_s, gen_tokens = generation_stats(logs)
+            worker_rates.append(gen_tokens / gen_s)
+            layout = OutputLayout(output)
+            jsonl_bytes = sum(p.stat().st_size for p in layout.segments(0))
+            c_wall, c_cpu, _ = run_worker(spec, url, [])
+            parquet = layout.parquet(0, 1)
+            stored = sum(len(r["input_ids"]) + len(r["output_ids"]) for r in iter_records(output))
+            runs.append(
+                {"wall": wall, "cpu": cpu, "jsonl": jsonl_bytes, "compact_wall": c_wall, "compact_cpu": c_cpu,
+                 "parquet": parquet.stat().st_size, "stored": stored, "gen_s": gen_s, "gen_tokens": gen_tokens}
+            )  # fmt: skip
+            print(
+                f"round {round_index}: baseline {base_rates[-1]:,.0f} tok/s, worker {worker_rates[-1]:,.0f} tok/s "
+                f"(generation {gen_s:.2f}s of {wall:.2f}s wall incl. start-up; compaction run {c_wall:.2f}s)",
+                flush=True,
+            )
+            if round_index < args.rounds - 1:
+                shutil.rmtree(output)
+        run = runs[-1]
+        stored_m = run["stored"] / 1e6
+        print(f"stored tokens per run: {run['stored']:,} ({args.prompts} records)")
+        print(
+            f"worker_cpu_s_per_million_stored_tokens={run['cpu'] / stored_m:.3f} (generation process, incl. start-up)"
+        )
+        print(f"compaction_cpu_s_per_million_stored_tokens={run['compact_cpu'] / stored_m:.3f}")
+        print(f"jsonl_bytes_per_token={run['jsonl'] / run['stored']:.3f}")
+        best_worker, best_base = max(worker_rates), max(base_rates)
+        print(f"baseline_tokens_per_s={best_base:.0f} (best of {args.rounds})")
+        print(
+            f"worker_vs_baseline={best_worker / best_base:.3f} worker_tokens_per_s={best_worker:.0f} "
+            f"parquet_bytes_per_token={run['parquet'] / run['stored']:.3f}"
+        )
+    finally:
+        sim.terminate()
+        try:
+            sim.wait(10)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    sys.exit(main())
