@@ -1,0 +1,615 @@
+"""Pure builders: the Kubernetes objects of one run, as dicts, from its spec and names. No I/O here.
+
+Every object carries the run's labels and a controller ownerReference to the DataGenRun, so the
+garbage collector removes them with the run and a restarted operator finds them again by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
+from datagen_operator.engine.launch import server_argv
+
+Manifest = dict[str, Any]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MANAGED_BY = "datagen-operator"
+RUN_LABEL = f"{API_GROUP}/run"
+COMPONENT_LABEL = f"{API_GROUP}/component"
+TEMPLATE_HASH = f"{API_GROUP}/template-hash"
+DATA_GENERATION = f"{API_GROUP}/data-generation"
+"""On the spec ConfigMap: the run generation whose data-affecting fields are applied (outcomes older are stale)."""
+SERVER_URLS = f"{API_GROUP}/server-urls"
+
+RUN_FILE_DIR = "/etc/datagen"
+RUN_FILE = f"{RUN_FILE_DIR}/run.yaml"
+DATASET_MOUNT = "/mnt/datagen/dataset"
+OUTPUT_MOUNT = "/mnt/datagen/output"
+TERMINATION_LOG = "/dev/termination-log"
+
+# The worker's exit codes (docs/worker.md) that the workers' podFailurePolicy keys on.
+WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED = 2, 3, 4, 5
+WORKER_BACKOFF_LIMIT_PER_INDEX = 3
+
+STARTUP_PERIOD_S = 10
+READINESS_TIMEOUT_S = 10
+"""A health call on a 1T-parameter model can take about a second; >= 5 s keeps readiness from flapping."""
+LIVENESS_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The DataGenRun that owns everything built here."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+# --- names -------------------------------------------------------------------------------------
+
+
+def spec_configmap_name(run: str) -> str:
+    return f"{run}-spec"
+
+
+def worker_account_name(run: str) -> str:
+    return f"{run}-worker"
+
+
+def server_name(run: str) -> str:
+    """The StatefulSet and its headless Service; pods are <run>-server-<i>."""
+    return f"{run}-server"
+
+
+def server_pod_name(run: str, index: int) -> str:
+    return f"{run}-server-{index}"
+
+
+def shard_configmap_name(run: str, index: int) -> str:
+    return f"{run}-shard-{index}"
+
+
+def canary_job_name(run: str) -> str:
+    return f"{run}-canary"
+
+
+def workers_job_name(run: str) -> str:
+    return f"{run}-workers"
+
+
+def verify_job_name(run: str) -> str:
+    return f"{run}-verify"
+
+
+def labels(run: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "datagen",
+        "app.kubernetes.io/instance": run,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        RUN_LABEL: run,
+        COMPONENT_LABEL: component,
+    }
+
+
+def selector(run: str, component: str) -> dict[str, str]:
+    return {RUN_LABEL: run, COMPONENT_LABEL: component}
+
+
+def _meta(run: RunRef, name: str, component: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": run.namespace,
+        "labels": labels(run.name, component),
+        "ownerReferences": [run.owner_reference()],
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def template_hash(obj: Any) -> str:
+    """A short stable hash of a pod template: children are patched (or Jobs recreated) only when it moves."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+# --- the applied spec: which fields may change once bulk records exist ---------------------------
+
+LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("suspend",),
+    ("checks",),
+    ("server", "replicas"),
+    ("server", "startupTimeout"),
+    ("server", "nodeSelector"),
+    ("server", "tolerations"),
+    ("server", "priorityClassName"),
+    ("clients", "concurrency"),
+    ("clients", "requestTimeout"),
+    ("clients", "maxAttempts"),
+    ("clients", "cpu"),
+    ("clients", "memory"),
+)
+"""Fields that do not change what a record contains; every other field does (model, server args, dataset,
+generation, output, shards) and is frozen once the workers have started."""
+
+
+def spec_document(spec: DataGenRunSpec) -> dict[str, Any]:
+    """The spec as normalized JSON (defaults filled in), so comparisons ignore spelling."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _without_live(document: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(document)
+    for path in LIVE_FIELDS:
+        node = out
+        for key in path[:-1]:
+            node = node.get(key, {})
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
+
+def changed_data_fields(new: dict[str, Any], applied: dict[str, Any]) -> list[str]:
+    """Dotted paths of data-affecting fields that differ between two spec documents."""
+    changed: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        elif a != b:
+            changed.append(f"spec.{path}")
+
+    walk(_without_live(new), _without_live(applied), "")
+    return changed
+
+
+def merge_live_fields(new: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """The applied spec with the new spec's live fields: what runs when data-affecting changes are refused."""
+    out = copy.deepcopy(applied)
+    for path in LIVE_FIELDS:
+        source: Any = new
+        for key in path:
+            source = source.get(key) if isinstance(source, dict) else None
+        target = out
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        if source is None:
+            target.pop(path[-1], None)
+        else:
+            target[path[-1]] = copy.deepcopy(source)
+    return out
+
+
+# --- paths inside the pods -----------------------------------------------------------------------
+
+
+def _inside(mount: str, path: str) -> str:
+    return posixpath.normpath(posixpath.join(mount, path.lstrip("/")))
+
+
+def dataset_file(spec: DataGenRunSpec) -> str:
+    """Where the pods see the dataset: inside its volume when it has one, else the path as written."""
+    return _inside(DATASET_MOUNT, spec.dataset.path) if spec.dataset.volume else spec.dataset.path
+
+
+def output_dir(spec: DataGenRunSpec) -> str:
+    return _inside(OUTPUT_MOUNT, spec.output.path) if spec.output.volume else spec.output.path
+
+
+def tokenizer_dir(spec: DataGenRunSpec) -> str:
+    """The model volume is mounted at model.path, so the tokenizer is where the spec says."""
+    return spec.model.tokenizer_path or spec.model.path
+
+
+def server_urls(run: str, namespace: str, spec: DataGenRunSpec, override: tuple[str, ...] = ()) -> list[str]:
+    """One URL per replica: its own Service's DNS name, or (tests only) the operator's override."""
+    replicas = spec.server.replicas
+    if override:
+        return [override[i % len(override)] for i in range(replicas)]
+    return [f"http://{server_pod_name(run, i)}.{namespace}.svc:{spec.server.port}" for i in range(replicas)]
+
+
+# --- volumes -------------------------------------------------------------------------------------
+
+
+def volume_source(source: VolumeSource, *, read_only: bool) -> dict[str, Any]:
+    if source.persistent_volume_claim is not None:
+        claim = source.persistent_volume_claim
+        return {"persistentVolumeClaim": {"claimName": claim.claim_name, "readOnly": read_only or claim.read_only}}
+    if source.host_path is not None:
+        return {"hostPath": {"path": source.host_path.path, "type": "Directory" if read_only else "DirectoryOrCreate"}}
+    assert source.nfs is not None
+    return {
+        "nfs": {"server": source.nfs.server, "path": source.nfs.path, "readOnly": read_only or source.nfs.read_only}
+    }
+
+
+def _model_volume(spec: DataGenRunSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if spec.model.volume is None:
+        return [], []
+    volume = {"name": "model", **volume_source(spec.model.volume, read_only=True)}
+    return [volume], [{"name": "model", "mountPath": spec.model.path, "readOnly": True}]
+
+
+def _data_volumes(
+    spec: DataGenRunSpec, *, dataset: bool, output: bool, output_writable: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Dataset and output volumes; one volume when both name the same source (one claim, two mounts)."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    output_name = None
+    if output and spec.output.volume is not None:
+        output_name = "output"
+        volumes.append({"name": "output", **volume_source(spec.output.volume, read_only=not output_writable)})
+        mounts.append({"name": "output", "mountPath": OUTPUT_MOUNT, "readOnly": not output_writable})
+    if dataset and spec.dataset.volume is not None:
+        name = output_name if output_name and spec.dataset.volume == spec.output.volume else "dataset"
+        if name == "dataset":
+            volumes.append({"name": "dataset", **volume_source(spec.dataset.volume, read_only=True)})
+        mounts.append({"name": name, "mountPath": DATASET_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _run_file_volume(run: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    volume = {
+        "name": "run",
+        "configMap": {"name": spec_configmap_name(run), "items": [{"key": "run.yaml", "path": "run.yaml"}]},
+    }
+    return volume, {"name": "run", "mountPath": RUN_FILE_DIR, "readOnly": True}
+
+
+def env_vars(env: list[EnvVar]) -> list[dict[str, Any]]:
+    """Env for the server; secrets stay references (the operator never reads a secret's value)."""
+    out: list[dict[str, Any]] = []
+    for var in env:
+        if var.value_from is not None:
+            ref = var.value_from.secret_key_ref
+            out.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            out.append({"name": var.name, "value": var.value})
+    return out
+
+
+def _resources(gpus: int | None, cpu: str | None, memory: str | None) -> dict[str, Any]:
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if gpus:
+        # Extended resources go in limits; a request, if present, must equal the limit.
+        limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(gpus)
+    if cpu:
+        requests["cpu"] = cpu
+    if memory:
+        requests["memory"] = limits["memory"] = memory
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+# --- per-run objects -----------------------------------------------------------------------------
+
+
+def run_document(run: RunRef, spec: DataGenRunSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "metadata": {"name": run.name, "namespace": run.namespace},
+        "spec": spec_document(spec),
+    }
+
+
+def spec_configmap(run: RunRef, spec: DataGenRunSpec, data_generation: int) -> Manifest:
+    """The applied run manifest: what canary, worker and verify pods read with --run /etc/datagen/run.yaml."""
+    text = yaml.safe_dump(run_document(run, spec), sort_keys=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(run, spec_configmap_name(run.name), "spec", {DATA_GENERATION: str(data_generation)}),
+        "data": {"run.yaml": text},
+    }
+
+
+def shard_configmap(run: RunRef, index: int) -> Manifest:
+    """Pre-created so the worker only needs get/patch on its own name (it writes data['progress.json'])."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(run, shard_configmap_name(run.name, index), "progress"),
+    }
+
+
+def worker_service_account(run: RunRef) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(run, worker_account_name(run.name), "worker"),
+        "automountServiceAccountToken": False,  # only the worker pods mount a token, by their own choice
+    }
+
+
+def worker_role(run: RunRef, shards: int) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(run, worker_account_name(run.name), "worker"),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [shard_configmap_name(run.name, i) for i in range(shards)],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+
+
+def worker_role_binding(run: RunRef) -> Manifest:
+    name = worker_account_name(run.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(run, name, "worker"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": run.namespace}],
+    }
+
+
+def headless_service(run: RunRef, spec: DataGenRunSpec) -> Manifest:
+    """Governs the StatefulSet (stable pod DNS) and lists every ready replica."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(run, server_name(run.name), "server"),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(run.name, "server"),
+            "ports": [{"name": "http", "port": spec.server.port, "targetPort": "http"}],
+        },
+    }
+
+
+def replica_service(run: RunRef, spec: DataGenRunSpec, index: int) -> Manifest:
+    """One Service per server pod: workers spread requests over replicas themselves (per-replica URLs)."""
+    pod = server_pod_name(run.name, index)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(run, pod, "server"),
+        "spec": {
+            "selector": {"statefulset.kubernetes.io/pod-name": pod},
+            "ports": [{"name": "http", "port": spec.server.port, "targetPort": "http"}],
+        },
+    }
+
+
+def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+    """The SGLang server: one pod per data-parallel replica, all started at once (Parallel)."""
+    server = spec.server
+    model_volumes, model_mounts = _model_volume(spec)
+    startup_failures = max(1, math.ceil(server.startup_timeout / STARTUP_PERIOD_S))
+
+    def probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": timeout,
+            "failureThreshold": failures,
+        }
+
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": server.image,
+        "command": server_argv(spec, host="0.0.0.0"),
+        "ports": [{"name": "http", "containerPort": server.port}],
+        "resources": _resources(server.gpus, server.cpu, server.memory),
+        "volumeMounts": [*model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}],
+        # No fixed initial delay: the startup probe gates the others for up to server.startupTimeout.
+        "startupProbe": probe("/health_generate", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures),
+        "readinessProbe": probe("/health_generate", 10, READINESS_TIMEOUT_S, 3),
+        "livenessProbe": probe("/health", 30, LIVENESS_TIMEOUT_S, 5),
+    }
+    if server.env:
+        container["env"] = env_vars(server.env)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # the server never talks to the API server
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "containers": [container],
+        "volumes": [
+            *model_volumes,
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": server.shm_size}},
+        ],
+    }
+    if server.node_selector:
+        pod_spec["nodeSelector"] = dict(server.node_selector)
+    if server.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in server.tolerations
+        ]
+    if server.priority_class_name:
+        pod_spec["priorityClassName"] = server.priority_class_name
+    template = {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(run, server_name(run.name), "server", {TEMPLATE_HASH: template_hash(template)}),
+        "spec": {
+            "serviceName": server_name(run.name),
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector(run.name, "server")},
+            "template": template,
+        },
+    }
+
+
+def _job(
+    run: RunRef,
+    name: str,
+    component: str,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    job_spec: dict[str, Any],
+    *,
+    service_account: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Manifest:
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # a podFailurePolicy needs it; the Job makes a new pod instead
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": service_account is not None,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account
+    template = {"metadata": {"labels": labels(run.name, component)}, "spec": pod_spec}
+    meta_annotations = {TEMPLATE_HASH: template_hash(template), **(annotations or {})}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(run, name, component, meta_annotations),
+        "spec": {**job_spec, "template": template},
+    }
+
+
+def _datagen_container(name: str, image: str, args: list[str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": image,
+        "command": ["datagen", *args],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "volumeMounts": mounts,
+    }
+
+
+def _server_args(urls: list[str]) -> list[str]:
+    return [arg for url in urls for arg in ("--server", url)]
+
+
+def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], data_generation: int) -> Manifest:
+    """The canary runs in a pod because it needs the tokenizer (model volume) and the dataset volume, which the
+    operator does not mount; its verdict comes back as the container's termination message."""
+    run_volume, run_mount = _run_file_volume(run.name)
+    model_volumes, model_mounts = _model_volume(spec)
+    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=False, output_writable=False)
+    args = [
+        "canary", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
+        *_server_args(urls), "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    container = _datagen_container("canary", image, args, [run_mount, *model_mounts, *data_mounts])
+    job_spec = {
+        "backoffLimit": 2,
+        "podFailurePolicy": {
+            "rules": [
+                # exit 1 is a verdict (written to the termination message), not a flake: no retry
+                {"action": "FailJob", "onExitCodes": {"containerName": "canary", "operator": "In", "values": [1]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]
+        },
+    }
+    return _job(
+        run,
+        canary_job_name(run.name),
+        "canary",
+        container,
+        [run_volume, *model_volumes, *data_volumes],
+        job_spec,
+        annotations={DATA_GENERATION: str(data_generation), SERVER_URLS: ",".join(urls)},
+    )
+
+
+def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], *, suspend: bool) -> Manifest:
+    """An Indexed Job, one index per shard. Outages and drains do not burn retries; bad input fails the index."""
+    run_volume, run_mount = _run_file_volume(run.name)
+    model_volumes, model_mounts = _model_volume(spec)
+    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
+    shards = spec.clients.shards
+    args = [
+        "worker", "--run", RUN_FILE, "--output", output_dir(spec), "--dataset", dataset_file(spec),
+        "--tokenizer", tokenizer_dir(spec), *_server_args(urls),
+        "--progress-configmap", f"{run.name}-shard-$(JOB_COMPLETION_INDEX)", "--log-format", "json",
+    ]  # fmt: skip
+    container = _datagen_container("worker", image, args, [run_mount, *model_mounts, *data_mounts])
+    container["env"] = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    resources = _resources(None, spec.clients.cpu, spec.clients.memory)
+    if resources:
+        container["resources"] = resources
+    on_exit = lambda action, codes: {  # noqa: E731
+        "action": action,
+        "onExitCodes": {"containerName": "worker", "operator": "In", "values": codes},
+    }
+    job_spec = {
+        "completionMode": "Indexed",
+        "completions": shards,
+        "parallelism": shards,
+        "backoffLimitPerIndex": WORKER_BACKOFF_LIMIT_PER_INDEX,
+        "suspend": suspend,
+        "podFailurePolicy": {
+            "rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                on_exit("Ignore", [WORKER_UNREACHABLE, WORKER_DRAINED]),
+                on_exit("FailIndex", [WORKER_BAD_INPUT, WORKER_FINGERPRINT]),
+            ]
+        },
+    }
+    # The grace period covers the worker's drain (--drain-timeout 25 s) and the final fsync.
+    job = _job(
+        run,
+        workers_job_name(run.name),
+        "worker",
+        container,
+        [run_volume, *model_volumes, *data_volumes],
+        job_spec,
+        service_account=worker_account_name(run.name),
+        annotations={SERVER_URLS: ",".join(urls)},
+    )
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 40
+    return job
+
+
+def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
+    """`datagen verify` over the whole output, read-only; its verdict comes back as the termination message."""
+    run_volume, run_mount = _run_file_volume(run.name)
+    model_volumes, model_mounts = _model_volume(spec)
+    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=False)
+    args = [
+        "verify", output_dir(spec), "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec),
+        "--dataset", dataset_file(spec), "--json", "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    container = _datagen_container("verify", image, args, [run_mount, *model_mounts, *data_mounts])
+    job_spec = {
+        "backoffLimit": 1,
+        "podFailurePolicy": {
+            "rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "verify", "operator": "In", "values": [1]}}
+            ]
+        },
+    }
+    return _job(
+        run, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
+    )

@@ -1,0 +1,265 @@
+"""API objects -> control.observed dataclasses. Pure: the shell lists the objects and probes the server,
+these functions only read dicts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from datagen_operator.api.status import CheckResult, Condition
+from datagen_operator.control.observed import (
+    ProgressCounters,
+    ServerInstance,
+    ServerObservation,
+    StepOutcome,
+    WorkersObservation,
+)
+from datagen_operator.control.progress import counters_from_snapshots
+
+Obj = Mapping[str, Any]
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _condition(obj: Obj, type_: str) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return condition
+    return None
+
+
+def _container_status(pod: Obj, name: str) -> Mapping[str, Any] | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == name:
+            return status
+    return None
+
+
+def _exit_text(terminated: Mapping[str, Any]) -> str:
+    why = (terminated.get("message") or terminated.get("reason") or "").strip()
+    return f"exit {terminated.get('exitCode')}" + (f": {why[-500:]}" if why else "")
+
+
+def replica_index(pod_name: str, statefulset: str) -> int | None:
+    match = re.fullmatch(re.escape(statefulset) + r"-(\d+)", pod_name)
+    return int(match[1]) if match else None
+
+
+def server_instance(
+    pod: Obj, now: datetime, endpoint: str | None, healthy: bool | None, current: bool
+) -> ServerInstance:
+    """One server pod. Ready needs the kubelet's readiness AND, when the operator probed it, the server's own
+    /health_generate: a probe that lies (or a fake kubelet) cannot make a run proceed on its own."""
+    name = pod["metadata"]["name"]
+    scheduled = _condition(pod, "PodScheduled")
+    unschedulable = scheduled is not None and scheduled.get("status") == "False"
+    container = _container_status(pod, "server") or {}
+    state = container.get("state") or {}
+    running = "running" in state
+    pod_ready = (_condition(pod, "Ready") or {}).get("status") == "True"
+    ready = pod_ready and healthy is not False and current
+    waiting = (state.get("waiting") or {}).get("reason")
+    terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
+    loading = None
+    if running and not ready:
+        started = parse_time(state["running"].get("startedAt"))
+        if started is not None:
+            loading = max(0.0, (now - started).total_seconds())
+    return ServerInstance(
+        name=name,
+        scheduled=not unschedulable,
+        unschedulable_message=(scheduled or {}).get("message") if unschedulable else None,
+        running=running,
+        ready=ready,
+        restarts=int(container.get("restartCount") or 0),
+        waiting_reason=waiting,
+        last_exit=_exit_text(terminated) if terminated else None,
+        loading_seconds=loading,
+        endpoint=endpoint,
+    )
+
+
+def server_observation(
+    pods: Iterable[Obj],
+    statefulset: Obj | None,
+    replicas: int,
+    urls: Sequence[str],
+    health: Mapping[str, bool],
+    now: datetime,
+) -> ServerObservation:
+    """Pods of the current StatefulSet revision, by replica index (leftovers of a scale-down are ignored)."""
+    if statefulset is None:
+        return ServerObservation(replicas_wanted=replicas)
+    sts_name = statefulset["metadata"]["name"]
+    revision = (statefulset.get("status") or {}).get("updateRevision")
+    instances = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        index = replica_index(pod["metadata"]["name"], sts_name)
+        if index is None or index >= replicas or (pod["metadata"].get("deletionTimestamp")):
+            continue
+        current = revision is None or pod["metadata"].get("labels", {}).get("controller-revision-hash") == revision
+        name = pod["metadata"]["name"]
+        instances.append(
+            server_instance(pod, now, urls[index] if index < len(urls) else None, health.get(name), current)
+        )
+    return ServerObservation(replicas_wanted=replicas, instances=tuple(instances))
+
+
+def pods_to_probe(pods: Iterable[Obj], statefulset: str, replicas: int) -> list[tuple[str, int]]:
+    """Server pods the kubelet calls Ready: the operator then asks the server itself."""
+    out = []
+    for pod in pods:
+        index = replica_index(pod["metadata"]["name"], statefulset)
+        if index is not None and index < replicas and (_condition(pod, "Ready") or {}).get("status") == "True":
+            out.append((pod["metadata"]["name"], index))
+    return sorted(out)
+
+
+def count_indexes(text: str | None) -> int:
+    """Job status index sets like '0-2,5' -> 4."""
+    total = 0
+    for part in (text or "").split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        total += int(high or low) - int(low) + 1
+    return total
+
+
+def job_finished(job: Obj) -> str | None:
+    """'Complete' or 'Failed' once the Job controller says so."""
+    for kind in ("Complete", "Failed"):
+        if (_condition(job, kind) or {}).get("status") == "True":
+            return kind
+    return None
+
+
+def _terminated(pod: Obj, container: str) -> Mapping[str, Any] | None:
+    status = _container_status(pod, container) or {}
+    return (status.get("state") or {}).get("terminated")
+
+
+def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> WorkersObservation | None:
+    if job is None:
+        return None
+    status = job.get("status") or {}
+    done = count_indexes(status.get("completedIndexes"))
+    failed = count_indexes(status.get("failedIndexes"))
+    finished = job_finished(job)
+    message = None
+    if failed or finished == "Failed":
+        failed = max(failed, 1)
+        condition = _condition(job, "Failed") or {}
+        exits = [
+            f"{p['metadata']['name']} {_exit_text(t)}"
+            for p in pods
+            if (t := _terminated(p, "worker")) is not None and t.get("exitCode")
+        ]
+        parts = [condition.get("message") or f"{failed} shard(s) failed after their retries", *exits[-2:]]
+        message = "; ".join(part for part in parts if part)
+    return WorkersObservation(
+        shards_total=shards,
+        shards_done=done,
+        shards_failed=failed,
+        active=int(status.get("active") or 0),
+        paused=bool((job.get("spec") or {}).get("suspend")),
+        failure_message=message,
+    )
+
+
+def shard_snapshots(configmaps: Iterable[Obj]) -> list[dict[str, Any]]:
+    out = []
+    for cm in configmaps:
+        text = (cm.get("data") or {}).get("progress.json")
+        if not text:
+            continue
+        try:
+            snapshot = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue  # a worker writes whole JSON documents; anything else is not progress
+        if isinstance(snapshot, dict):
+            out.append(snapshot)
+    return out
+
+
+def progress_counters(configmaps: Iterable[Obj]) -> ProgressCounters | None:
+    snapshots = shard_snapshots(configmaps)
+    return counters_from_snapshots(snapshots) if snapshots else None
+
+
+def fingerprint(configmaps: Iterable[Obj]) -> str | None:
+    """The data fingerprint, when the workers publish it with their progress (key `fingerprint_sha256`)."""
+    prints = {s.get("fingerprint_sha256") for s in shard_snapshots(configmaps)} - {None, ""}
+    return sorted(prints)[0] if len(prints) == 1 else None
+
+
+def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str) -> StepOutcome | None:
+    """A one-shot step's verdict from its pod's termination message (JSON from checks.canary.outcome_json).
+
+    Exit 0 without a verdict is not a pass: only the checks' own words count."""
+    from datagen_operator.checks.canary import outcome_from_json
+
+    if job is None:
+        return None
+    ended = []
+    for pod in pods:
+        terminated = _terminated(pod, container)
+        if terminated is not None:
+            ended.append((terminated.get("finishedAt") or "", terminated))
+    for _, terminated in sorted(ended, key=lambda item: item[0], reverse=True):
+        message = (terminated.get("message") or "").strip()
+        if message.startswith("{"):
+            try:
+                return outcome_from_json(message)
+            except (orjson.JSONDecodeError, KeyError, ValueError):
+                continue
+    finished = job_finished(job)
+    if finished is None:
+        return None
+    last = _exit_text(sorted(ended, key=lambda item: item[0])[-1][1]) if ended else "no pod ran"
+    if finished == "Complete":
+        return StepOutcome(
+            False, "NoVerdict", f"the {what} pod ended without a verdict in its termination message ({last})"
+        )
+    condition = _condition(job, "Failed") or {}
+    return StepOutcome(False, "Error", f"the {what} Job failed ({condition.get('reason', '')}): {last}")
+
+
+def remembered_outcome(
+    conditions: Sequence[Condition], type_: str, data_generation: int, checks: Sequence[CheckResult] = ()
+) -> StepOutcome | None:
+    """A step outcome kept in the condition itself: True/False recorded at or after the generation whose
+    data-affecting spec is applied. This is how an operator restart avoids re-running a step."""
+    for condition in conditions:
+        if condition.type != type_ or condition.status == "Unknown":
+            continue
+        if (condition.observed_generation or 0) < data_generation:
+            return None
+        return StepOutcome(condition.status == "True", condition.reason, condition.message, tuple(checks))
+    return None
+
+
+FINAL_FAITHFUL_REASONS = frozenset({"Verified", "ChecksFailed"})
+"""DataFaithful reasons that only the final verification sets (rolling checks use others)."""
+
+
+def remembered_final(
+    conditions: Sequence[Condition], data_generation: int, checks: Sequence[CheckResult]
+) -> StepOutcome | None:
+    faithful = next((c for c in conditions if c.type == "DataFaithful"), None)
+    succeeded = next((c for c in conditions if c.type == "Succeeded"), None)
+    if faithful is None or faithful.reason not in FINAL_FAITHFUL_REASONS:
+        return None
+    if (faithful.observed_generation or 0) < data_generation:
+        return None
+    passed = faithful.status == "True"
+    reason = "Verified" if passed else (succeeded.reason if succeeded else "VerificationFailed")
+    return StepOutcome(passed, reason, faithful.message, tuple(checks))

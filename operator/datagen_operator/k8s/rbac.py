@@ -1,0 +1,59 @@
+"""The operator's own permissions, as data: the Helm chart renders them, the tests bind them.
+
+Least privilege: read and create what a run owns, patch what it changes, delete only what the finalizer
+stops (workers, then the server) or replaces (a stale Job). No secrets (env secretKeyRefs pass through
+the pod spec unread), no pod deletes, no exec, no volumes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datagen_operator.api.spec import API_GROUP, PLURAL
+
+Rule = dict[str, Any]
+
+CLUSTER_RULES: tuple[Rule, ...] = (
+    {"apiGroups": [API_GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+    # ownerReferences with blockOwnerDeletion need update on the owner's finalizers subresource
+    {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
+    # observed: pods (scheduling, container states, termination messages); shard progress ConfigMaps
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["statefulsets"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # the worker Role grants get/patch on configmaps, which the operator holds itself (no escalate/bind)
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["get", "create", "patch"],
+    },
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+)
+"""Cluster-wide: runs live in any namespace."""
+
+
+def cluster_role(name: str = "datagen-operator") -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [dict(rule) for rule in CLUSTER_RULES],
+    }
+
+
+def cluster_role_binding(service_account: str, namespace: str, name: str = "datagen-operator") -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+    }

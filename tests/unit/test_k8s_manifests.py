@@ -1,0 +1,345 @@
+"""The operator's pure parts: manifest builders, observation mapping, the applied-spec rules, RBAC data."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+
+from datagen_operator.api import parse_spec
+from datagen_operator.api.status import Condition
+from datagen_operator.checks.canary import outcome_json
+from datagen_operator.control.observed import StepOutcome
+from datagen_operator.engine.launch import server_argv
+from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import observe as o
+from datagen_operator.k8s.rbac import CLUSTER_RULES, cluster_role
+from datagen_operator.k8s.settings import Settings
+
+RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+
+
+def spec_dict(**over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {
+            "preset": "kimi-k2.5",
+            "path": "/models/kimi",
+            "volume": {"persistentVolumeClaim": {"claimName": "models"}},
+        },
+        "server": {
+            "gpus": 8,
+            "replicas": 2,
+            "startupTimeout": "45m",
+            "shmSize": "64Gi",
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                {"name": "SGLANG_X", "value": "1"},
+            ],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "gpu-batch",
+        },
+        "dataset": {"path": "prompts/b1.jsonl", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 256}},
+        "clients": {"shards": 3, "concurrency": 8},
+        "output": {"path": "eagle3/b1", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
+    }
+    for key, value in over.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    return spec
+
+
+SPEC = parse_spec(spec_dict())
+
+
+def test_server_statefulset_gpus_probes_shm_model_and_placement() -> None:
+    sts = m.server_statefulset(RUN, SPEC, 2)
+    assert sts["metadata"]["ownerReferences"] == [RUN.owner_reference()]
+    assert sts["spec"]["podManagementPolicy"] == "Parallel" and sts["spec"]["replicas"] == 2
+    assert sts["spec"]["serviceName"] == "kimi-server"
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == server_argv(SPEC, host="0.0.0.0")
+    assert "--reasoning-parser" in container["command"] and "0.0.0.0" in container["command"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "8"  # equal when present
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/health_generate"
+    assert startup["failureThreshold"] * startup["periodSeconds"] == 45 * 60
+    assert "initialDelaySeconds" not in startup
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert container["readinessProbe"]["timeoutSeconds"] >= 5
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["timeoutSeconds"] >= 5
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    mounts = {v["name"]: v for v in container["volumeMounts"]}
+    assert mounts["model"] == {"name": "model", "mountPath": "/models/kimi", "readOnly": True}
+    assert mounts["dshm"]["mountPath"] == "/dev/shm"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "gpu-batch"
+    assert pod["automountServiceAccountToken"] is False
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert env["SGLANG_X"]["value"] == "1"
+
+
+def test_services_one_headless_and_one_per_replica() -> None:
+    headless = m.headless_service(RUN, SPEC)
+    assert headless["spec"]["clusterIP"] == "None"
+    one = m.replica_service(RUN, SPEC, 1)
+    assert one["metadata"]["name"] == "kimi-server-1"
+    assert one["spec"]["selector"] == {"statefulset.kubernetes.io/pod-name": "kimi-server-1"}
+    assert m.server_urls("kimi", "ml", SPEC) == [
+        "http://kimi-server-0.ml.svc:30000",
+        "http://kimi-server-1.ml.svc:30000",
+    ]
+    assert m.server_urls("kimi", "ml", SPEC, ("http://127.0.0.1:1",)) == ["http://127.0.0.1:1"] * 2
+
+
+def test_workers_job_indexed_with_failure_policy_and_least_privilege() -> None:
+    job = m.workers_job(RUN, SPEC, "img:1", ["http://a", "http://b"], suspend=False)
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 3
+    assert spec["backoffLimitPerIndex"] >= 1
+    rules = spec["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+    ignored = next(r for r in rules if r["action"] == "Ignore" and "onExitCodes" in r)["onExitCodes"]["values"]
+    assert set(ignored) == {m.WORKER_UNREACHABLE, m.WORKER_DRAINED}
+    failed = next(r for r in rules if r["action"] == "FailIndex")["onExitCodes"]["values"]
+    assert m.WORKER_BAD_INPUT in failed
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == "kimi-worker"
+    (container,) = pod["containers"]
+    args = container["command"]
+    assert args[:4] == ["datagen", "worker", "--run", "/etc/datagen/run.yaml"]
+    assert args[args.index("--output") + 1] == "/mnt/datagen/output/eagle3/b1"
+    assert args[args.index("--dataset") + 1] == "/mnt/datagen/dataset/prompts/b1.jsonl"
+    assert args[args.index("--progress-configmap") + 1] == "kimi-shard-$(JOB_COMPLETION_INDEX)"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--server"] == ["http://a", "http://b"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # dataset and output share a claim: one volume, two mounts; no GPU anywhere
+    assert "dataset" not in volumes and volumes["output"]["persistentVolumeClaim"]["readOnly"] is False
+    mounts = {v["mountPath"]: v for v in container["volumeMounts"]}
+    assert mounts["/mnt/datagen/dataset"]["readOnly"] is True and mounts["/mnt/datagen/output"]["readOnly"] is False
+    assert "nvidia.com/gpu" not in str(container.get("resources"))
+    assert m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=True)["spec"]["suspend"] is True
+
+
+def test_worker_role_allows_only_get_patch_on_its_shard_configmaps() -> None:
+    (rule,) = m.worker_role(RUN, 3)["rules"]
+    assert rule["verbs"] == ["get", "patch"]
+    assert rule["resourceNames"] == ["kimi-shard-0", "kimi-shard-1", "kimi-shard-2"]
+    binding = m.worker_role_binding(RUN)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kimi-worker", "namespace": "ml"}]
+
+
+def test_canary_and_verify_jobs_report_through_termination_messages() -> None:
+    canary = m.canary_job(RUN, SPEC, "img:1", ["http://a"], data_generation=4)
+    (container,) = canary["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["datagen", "canary"]
+    assert container["command"][-2:] == ["--termination-log", "/dev/termination-log"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert canary["metadata"]["annotations"][m.DATA_GENERATION] == "4"
+    assert canary["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    verify = m.verify_job(RUN, SPEC, "img:1")
+    (container,) = verify["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:3] == ["datagen", "verify", "/mnt/datagen/output/eagle3/b1"]
+    assert "--json" in container["command"]
+    assert all(mount["readOnly"] for mount in container["volumeMounts"])
+
+
+def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
+    from datagen_operator.api import load_run
+
+    cm = m.spec_configmap(RUN, SPEC, 3)
+    (tmp_path / "run.yaml").write_text(cm["data"]["run.yaml"])
+    assert load_run(tmp_path / "run.yaml").spec == SPEC
+    assert cm["metadata"]["annotations"][m.DATA_GENERATION] == "3"
+
+
+def test_data_fields_freeze_while_live_fields_pass() -> None:
+    applied = m.spec_document(SPEC)
+    new = m.spec_document(parse_spec(spec_dict(clients={"shards": 3, "concurrency": 64}, suspend=True)))
+    assert m.changed_data_fields(new, applied) == []
+    changed = m.spec_document(parse_spec(spec_dict(model={"path": "/models/other"}, clients={"shards": 4})))
+    assert m.changed_data_fields(changed, applied) == ["spec.clients.shards", "spec.model.path"]
+    merged = m.merge_live_fields(changed | {"suspend": True}, applied)
+    assert merged["model"]["path"] == "/models/kimi" and merged["suspend"] is True
+    assert merged["clients"]["shards"] == 3
+
+
+def test_template_hash_moves_with_the_template_only() -> None:
+    a = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=False)
+    b = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=True)
+    c = m.workers_job(RUN, SPEC, "img:1", ["http://a", "http://b"], suspend=False)
+    hashes = [j["metadata"]["annotations"][m.TEMPLATE_HASH] for j in (a, b, c)]
+    assert hashes[0] == hashes[1] != hashes[2]
+
+
+def pod(name: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"controller-revision-hash": "r1"}}, "status": status}
+
+
+STS = {"metadata": {"name": "kimi-server"}, "status": {"updateRevision": "r1"}}
+
+
+def test_unschedulable_pod_carries_the_scheduler_message() -> None:
+    p = pod(
+        "kimi-server-0",
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    )
+    observed = o.server_observation([p], STS, 1, ["http://x"], {}, NOW)
+    (instance,) = observed.instances
+    assert not instance.scheduled and "Insufficient nvidia.com/gpu" in (instance.unschedulable_message or "")
+
+
+def test_ready_needs_the_kubelet_and_the_server_itself() -> None:
+    started = (NOW - timedelta(seconds=90)).isoformat().replace("+00:00", "Z")
+    p = pod(
+        "kimi-server-0",
+        conditions=[{"type": "Ready", "status": "True"}],
+        containerStatuses=[{"name": "server", "restartCount": 0, "state": {"running": {"startedAt": started}}}],
+    )
+    assert o.server_observation([p], STS, 1, ["u"], {"kimi-server-0": True}, NOW).instances[0].ready
+    not_serving = o.server_observation([p], STS, 1, ["u"], {"kimi-server-0": False}, NOW).instances[0]
+    assert not not_serving.ready and not_serving.loading_seconds == pytest.approx(90)
+    old = {**STS, "status": {"updateRevision": "r2"}}
+    assert not o.server_observation([p], old, 1, ["u"], {"kimi-server-0": True}, NOW).instances[0].ready
+    assert o.pods_to_probe([p, pod("kimi-server-3")], "kimi-server", 1) == [("kimi-server-0", 0)]
+
+
+def test_crash_loop_shows_the_last_exit() -> None:
+    p = pod(
+        "kimi-server-0",
+        containerStatuses=[
+            {
+                "name": "server",
+                "restartCount": 4,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 2, "message": "argument --reasoning-parser: invalid choice"}},
+            }
+        ],
+    )
+    (instance,) = o.server_observation([p], STS, 1, ["u"], {}, NOW).instances
+    assert instance.waiting_reason == "CrashLoopBackOff" and instance.restarts == 4
+    assert instance.last_exit == "exit 2: argument --reasoning-parser: invalid choice"
+
+
+def test_workers_from_the_indexed_job_status() -> None:
+    job = {"spec": {"suspend": False}, "status": {"completedIndexes": "0-2,5", "active": 2}}
+    observed = o.workers_observation(job, [], 8)
+    assert observed is not None and observed.shards_done == 4 and observed.active == 2 and not observed.shards_failed
+    failed = {"spec": {}, "status": {"failedIndexes": "3"}}
+    crashed = {
+        "metadata": {"name": "w-3"},
+        "status": {
+            "containerStatuses": [
+                {"name": "worker", "state": {"terminated": {"exitCode": 2, "message": "dataset: no such file"}}}
+            ]
+        },
+    }
+    observed = o.workers_observation(failed, [crashed], 8)
+    assert observed is not None and observed.shards_failed == 1
+    assert "exit 2: dataset: no such file" in (observed.failure_message or "")
+    assert o.workers_observation(None, [], 8) is None
+
+
+def test_progress_sums_the_shard_configmaps() -> None:
+    cms = [
+        {
+            "data": {
+                "progress.json": orjson.dumps(
+                    {"prompts_total": 5, "prompts_done": 2, "records_done": 2, "state": "running", "tokens_per_s": 10.0}
+                ).decode()
+            }
+        },
+        {
+            "data": {
+                "progress.json": orjson.dumps(
+                    {
+                        "prompts_total": 5,
+                        "prompts_done": 5,
+                        "records_done": 5,
+                        "state": "complete",
+                        "tokens_per_s": 99.0,
+                    }
+                ).decode()
+            }
+        },
+        {"data": {}},
+        {"data": {"progress.json": "not json"}},
+    ]
+    counters = o.progress_counters(cms)
+    assert counters is not None
+    assert (counters.prompts_total, counters.prompts_done, counters.tally.records) == (10, 7, 7)
+    assert counters.tokens_per_second == 10.0  # finished shards do not count towards the rate
+    assert o.progress_counters([{"data": {}}]) is None
+
+
+def test_step_outcome_only_from_a_verdict() -> None:
+    verdict = StepOutcome(True, "Passed", "11/11 canary outputs pass")
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    with_message = {
+        "status": {
+            "containerStatuses": [
+                {"name": "canary", "state": {"terminated": {"exitCode": 0, "message": outcome_json(verdict).decode()}}}
+            ]
+        }
+    }
+    assert o.job_outcome(done, [with_message], "canary", "canary") == verdict
+    silent = {"status": {"containerStatuses": [{"name": "canary", "state": {"terminated": {"exitCode": 0}}}]}}
+    outcome = o.job_outcome(done, [silent], "canary", "canary")
+    assert outcome is not None and not outcome.passed and outcome.reason == "NoVerdict"
+    assert o.job_outcome({"status": {}}, [], "canary", "canary") is None
+    assert o.job_outcome(None, [], "canary", "canary") is None
+
+
+def cond(type_: str, status: str, reason: str, generation: int) -> Condition:
+    return Condition(
+        type=type_, status=status, reason=reason, message="m", last_transition_time="t", observed_generation=generation
+    )  # type: ignore[arg-type]
+
+
+def test_outcomes_remembered_in_conditions_until_the_data_spec_changes() -> None:
+    conditions = [cond("ParsersVerified", "True", "Verified", 3), cond("CanaryPassed", "Unknown", "Running", 3)]
+    remembered = o.remembered_outcome(conditions, "ParsersVerified", 2)
+    assert remembered is not None and remembered.passed and remembered.reason == "Verified"
+    assert o.remembered_outcome(conditions, "ParsersVerified", 4) is None
+    assert o.remembered_outcome(conditions, "CanaryPassed", 1) is None
+    final = [cond("DataFaithful", "True", "Verified", 5), cond("Succeeded", "True", "Completed", 5)]
+    outcome = o.remembered_final(final, 5, [])
+    assert outcome is not None and outcome.passed
+    assert o.remembered_final([cond("DataFaithful", "True", "WithinThresholds", 5)], 5, []) is None
+
+
+def test_rbac_is_least_privilege() -> None:
+    verbs = {(g, r): set(rule["verbs"]) for rule in CLUSTER_RULES for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "secrets") not in verbs
+    assert "delete" not in verbs[("", "pods")] and "delete" not in verbs[("", "configmaps")]
+    assert all("*" not in v for v in verbs.values())
+    assert cluster_role()["kind"] == "ClusterRole"
+
+
+def test_settings_from_env() -> None:
+    settings = Settings.from_env(
+        {"DATAGEN_WORKER_IMAGE": "w:2", "DATAGEN_TEST_SERVER_URLS": "http://127.0.0.1:5/, http://127.0.0.1:6"}
+    )
+    assert settings.worker_image == "w:2"
+    assert settings.test_server_urls == ("http://127.0.0.1:5", "http://127.0.0.1:6")
+    assert Settings.from_env({}).test_server_urls == ()
