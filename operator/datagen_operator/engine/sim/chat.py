@@ -1,0 +1,238 @@
+"""`/v1/chat/completions`: OpenAI request in, chat template rendered, reasoning and tool calls split out.
+
+SGLang applies the launch-time `--reasoning-parser` and `--tool-call-parser` here (and only here).
+Stream chunk boundaries differ from SGLang's (text is cut into fixed-size pieces), but the deltas
+concatenate to the non-streaming message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from datagen_operator.engine.sim.model import Completion
+from datagen_operator.engine.sim.protocol import RequestError
+from datagen_operator.engine.sim.reasoning import parse_kimi_k2_tool_calls, split_reasoning
+from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
+from datagen_operator.engine.sim.vocab import SimVocab
+
+STREAM_PIECE_CHARS = 24
+
+# OpenAI / SGLang chat fields -> /generate sampling_params keys.
+_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "seed": "sampling_seed",
+    "n": "n",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "no_stop_trim": "no_stop_trim",
+    "min_tokens": "min_new_tokens",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+}
+
+
+def openai_error(message: str, status: int = 400) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    template_vars: dict[str, Any]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    model: str | None
+    separate_reasoning: bool
+
+
+def parse_chat_request(body: object) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise RequestError("messages must be a non-empty list of objects with a role.")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise RequestError("tools must be a list.")
+    if body.get("tool_choice") == "none":
+        tools = None
+    raw = {key: body[field] for field, key in _SAMPLING_FIELDS.items() if body.get(field) is not None}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    raw["max_new_tokens"] = max_tokens
+    try:
+        params = parse_sampling_params(raw)
+    except SamplingParamsError as error:
+        raise RequestError(str(error)) from None
+    template_vars = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_vars, dict):
+        raise RequestError("chat_template_kwargs must be an object.")
+    stream_options = body.get("stream_options") or {}
+    return ChatRequest(
+        messages=messages,
+        tools=tools or None,
+        template_vars=template_vars,
+        params=params,
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(stream_options.get("include_usage", False)) if isinstance(stream_options, dict) else False,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        separate_reasoning=body.get("separate_reasoning", True) is not False,
+    )
+
+
+def render_prompt(request: ChatRequest, vocab: SimVocab) -> list[int]:
+    if vocab.chat_template is None:
+        raise RequestError("The tokenizer has no chat template; pass --chat-template.")
+    from datagen_operator.tokenizer.chat_template import render_chat  # jinja2 loads on the first chat request
+
+    try:
+        text = render_chat(
+            vocab.chat_template,
+            request.messages,
+            tools=request.tools,
+            add_generation_prompt=True,
+            **request.template_vars,
+        )
+    except Exception as error:  # a template error is the client's (its messages), reported as a 400
+        raise RequestError(f"Failed to apply the chat template: {error}") from None
+    return vocab.encode(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChoice:
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    matched_stop: int | str | None
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+def _reasoning_tokens(completion: Completion, reasoning: str | None, vocab: SimVocab) -> int:
+    if reasoning is None:
+        return 0
+    end = completion.run.find_first((vocab.think_end_id, vocab.tool_section_begin_id))
+    return end[0] if end is not None else len(vocab.encode(reasoning))
+
+
+def chat_choice(
+    completion: Completion,
+    request: ChatRequest,
+    vocab: SimVocab,
+    reasoning_parser: str | None,
+    tool_call_parser: str | None,
+    prompt_opened_think: bool,
+) -> ChatChoice:
+    parser = reasoning_parser if request.separate_reasoning else None
+    split = split_reasoning(completion.text, parser, prompt_opened_think)
+    content, calls = split.content, []
+    if tool_call_parser == "kimi_k2" and request.tools:
+        tool_split = parse_kimi_k2_tool_calls(content)
+        content, calls = tool_split.content.strip() if tool_split.tool_calls else content, tool_split.tool_calls
+    finish = completion.finish_reason
+    finish_reason = "tool_calls" if calls else str(finish["type"])
+    return ChatChoice(
+        reasoning=split.reasoning,
+        content=content or None,
+        tool_calls=calls,
+        finish_reason=finish_reason,
+        matched_stop=finish.get("matched") if finish["type"] == "stop" else None,
+        completion_tokens=len(completion.run),
+        reasoning_tokens=_reasoning_tokens(completion, split.reasoning, vocab),
+    )
+
+
+def usage(prompt_tokens: int, choices: Sequence[ChatChoice]) -> dict[str, Any]:
+    completion_tokens = sum(choice.completion_tokens for choice in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": sum(choice.reasoning_tokens for choice in choices),
+    }
+
+
+def chat_response(
+    response_id: str, created: int, model: str, prompt_tokens: int, choices: Sequence[ChatChoice]
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": index,
+                "message": {
+                    "role": "assistant",
+                    "content": choice.content,
+                    "reasoning_content": choice.reasoning,
+                    "tool_calls": choice.tool_calls or None,
+                },
+                "logprobs": None,
+                "finish_reason": choice.finish_reason,
+                "matched_stop": choice.matched_stop,
+            }
+            for index, choice in enumerate(choices)
+        ],
+        "usage": usage(prompt_tokens, choices),
+    }
+
+
+def _pieces(text: str | None) -> list[str]:
+    if not text:
+        return []
+    return [text[start : start + STREAM_PIECE_CHARS] for start in range(0, len(text), STREAM_PIECE_CHARS)]
+
+
+def chat_stream_chunks(
+    response_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    choices: Sequence[ChatChoice],
+    include_usage: bool,
+) -> Iterator[tuple[float, dict[str, Any]]]:
+    """(share of the output generated when due, chunk) for each chunk of an OpenAI chat stream."""
+
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}],
+        }
+
+    for index, choice in enumerate(choices):
+        deltas: list[dict[str, Any]] = [{"reasoning_content": piece} for piece in _pieces(choice.reasoning)]
+        deltas += [{"content": piece} for piece in _pieces(choice.content)]
+        if choice.tool_calls:
+            deltas.append({"tool_calls": choice.tool_calls})
+        yield 0.0, chunk(index, {"role": "assistant", "content": ""})
+        for number, delta in enumerate(deltas, start=1):
+            yield number / len(deltas), chunk(index, delta)
+        yield 1.0, chunk(index, {}, choice.finish_reason, matched_stop=choice.matched_stop)
+    if include_usage:
+        yield (
+            1.0,
+            {
+                "id": response_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage(prompt_tokens, choices),
+            },
+        )

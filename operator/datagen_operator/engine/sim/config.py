@@ -1,0 +1,250 @@
+"""`datagen sim-server` arguments: SGLang's own flags (as `sglang.launch_server` spells them) plus `--sim-*`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from datagen_operator.engine.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
+
+Misconfig = Literal["never-close-think", "kimi-tags", "ignore-thinking"]
+SpeedMode = Literal["wire", "gpu"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What the simulated model writes (see `model.py`)."""
+
+    seed: int = 0
+    mean_answer_tokens: float = 400.0
+    mean_reasoning_tokens: float = 800.0
+    length_sigma: float = 0.6
+    tool_call_rate: float = 0.5
+    unprompted_thinking: bool = True
+    misconfig: Misconfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """Injected failures (see `faults.py`); rates are per generation request, in [0, 1]."""
+
+    seed: int = 0
+    error_5xx_rate: float = 0.0
+    error_5xx_status: int = 500
+    reset_rate: float = 0.0
+    stream_error_rate: float = 0.0
+    abort_rate: float = 0.0
+    hang_s: float = 0.0
+    hang_rate: float = 1.0
+    crash_after_requests: int = 0
+    prompt_suffix_leak: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedConfig:
+    mode: SpeedMode = "wire"
+    tokens_per_s: float = 60.0
+    ttft_s: float = 0.2
+    batch_capacity: int = 256
+    load_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    server_args: dict[str, Any]
+    """SGLang's resolved server args as /server_info shows them (flat)."""
+    model: ModelConfig
+    faults: FaultConfig
+    speed: SpeedConfig
+    host: str
+    port: int
+    tokenizer_dir: Path | None
+    """None: use the cached stand-in tokenizer."""
+    port_file: Path | None
+    fallback_standin: bool
+
+
+def _rate(value: str) -> float:
+    rate = float(value)
+    if not 0.0 <= rate <= 1.0:
+        raise argparse.ArgumentTypeError(f"a rate must be in [0, 1], got {value}")
+    return rate
+
+
+def _non_negative_float(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="datagen sim-server",
+        description="Simulate SGLang's HTTP server on CPU (Kimi-K2 token format, no model weights).",
+        allow_abbrev=False,
+    )
+    sg = parser.add_argument_group("SGLang flags (as sglang.launch_server spells them)")
+    sg.add_argument("--model-path", "--model", dest="model_path", help="tokenizer dir (default: the stand-in)")
+    sg.add_argument("--tokenizer-path", help="tokenizer dir when it differs from --model-path")
+    sg.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    sg.add_argument("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    sg.add_argument("--mem-fraction-static", type=float)
+    sg.add_argument("--trust-remote-code", action="store_true")
+    sg.add_argument("--reasoning-parser", choices=["auto", *REASONING_PARSER_NAMES])
+    sg.add_argument("--tool-call-parser", choices=["auto", *TOOL_CALL_PARSER_NAMES])
+    sg.add_argument("--served-model-name")
+    sg.add_argument("--chat-template", help="a chat template file replacing the tokenizer's")
+    sg.add_argument("--skip-tokenizer-init", action="store_true")
+    sg.add_argument("--host", default="127.0.0.1")
+    sg.add_argument("--port", type=int, default=30000, help="0 picks a free port (simulator only)")
+    sg.add_argument("--enable-metrics", action="store_true")
+    sg.add_argument("--incremental-streaming-output", action="store_true")
+    sg.add_argument("--stream-interval", type=int, default=1)
+    sg.add_argument("--log-level", default="info")
+    sg.add_argument("--watchdog-timeout", type=float, default=300.0)
+    sg.add_argument("--context-length", type=int)
+    sg.add_argument("--random-seed", type=int)
+    sg.add_argument("--disable-radix-cache", action="store_true")
+    sg.add_argument("--nnodes", type=int, default=1)
+    sg.add_argument("--node-rank", type=int, default=0)
+    sg.add_argument("--dist-init-addr")
+
+    sim = parser.add_argument_group("simulator-only flags")
+    sim.add_argument("--sim-seed", type=int, default=0, help="model and fault seed (default 0)")
+    sim.add_argument("--sim-speed", choices=get_args(SpeedMode), default="wire", help="wire: no sleeps")
+    sim.add_argument("--sim-tokens-per-s", type=_positive_float, default=60.0, help="per request (gpu speed)")
+    sim.add_argument("--sim-ttft-s", type=_non_negative_float, default=0.2, help="time to first token (gpu)")
+    sim.add_argument("--sim-batch-capacity", type=int, default=256, help="running requests; more queue (gpu)")
+    sim.add_argument("--sim-load-seconds", type=_non_negative_float, default=0.0, help="/health 503 this long")
+    sim.add_argument("--sim-mean-answer-tokens", type=_positive_float, default=400.0)
+    sim.add_argument("--sim-mean-reasoning-tokens", type=_positive_float, default=800.0)
+    sim.add_argument("--sim-length-sigma", type=_non_negative_float, default=0.6, help="lognormal sigma; 0 fixes")
+    sim.add_argument("--sim-tool-call-rate", type=_rate, default=0.5, help="when the prompt declares tools")
+    sim.add_argument(
+        "--sim-no-unprompted-thinking",
+        action="store_true",
+        help="a prompt not ending in <think> or <think></think> gets no reasoning (default: the model opens "
+        "<think> itself, as Kimi-K2-Thinking does)",
+    )
+    sim.add_argument("--sim-misconfig", choices=get_args(Misconfig))
+    sim.add_argument("--sim-fault-5xx-rate", type=_rate, default=0.0)
+    sim.add_argument("--sim-fault-5xx-status", type=int, default=500)
+    sim.add_argument("--sim-fault-reset-rate", type=_rate, default=0.0, help="connection reset mid-response")
+    sim.add_argument("--sim-fault-stream-error-rate", type=_rate, default=0.0, help="error event mid-stream")
+    sim.add_argument("--sim-fault-abort-rate", type=_rate, default=0.0, help="finish_reason abort, partial output")
+    sim.add_argument("--sim-fault-hang-s", type=_non_negative_float, default=0.0, help="delay before answering")
+    sim.add_argument("--sim-fault-hang-rate", type=_rate, default=1.0, help="share of requests that hang")
+    sim.add_argument(
+        "--sim-crash-after-requests", type=_non_negative_int, default=0, help="exit 1 after N generation requests"
+    )
+    sim.add_argument(
+        "--sim-prompt-suffix-leak",
+        type=_non_negative_int,
+        default=0,
+        help="upstream bug: output_ids start with the last N prompt tokens (not counted in completion_tokens)",
+    )
+    sim.add_argument("--sim-port-file", type=Path, help="write the bound port here once listening")
+    sim.add_argument(
+        "--sim-fallback-standin", action="store_true", help="use the stand-in tokenizer if --model-path is missing"
+    )
+    return parser
+
+
+def _resolve_parser(name: str | None) -> str | None:
+    # `auto` guesses from the vocabulary; the simulator only serves Kimi-K2-format models.
+    return "kimi_k2" if name == "auto" else name
+
+
+def parse_settings(argv: list[str]) -> SimSettings:
+    """Parse the command line; argparse exits 2 on a bad flag or an unknown parser name."""
+    args = build_parser().parse_args(argv)
+    model_path = args.model_path
+    served_name = args.served_model_name or model_path or "kimi-k2-standin"
+    server_args: dict[str, Any] = {
+        "model_path": model_path,
+        "tokenizer_path": args.tokenizer_path or model_path,
+        "tokenizer_mode": "auto",
+        "skip_tokenizer_init": args.skip_tokenizer_init,
+        "trust_remote_code": args.trust_remote_code,
+        "served_model_name": served_name,
+        "chat_template": args.chat_template,
+        "context_length": args.context_length,
+        "host": args.host,
+        "port": args.port,
+        "tp_size": args.tp_size,
+        "dp_size": args.dp_size,
+        "mem_fraction_static": args.mem_fraction_static,
+        "reasoning_parser": _resolve_parser(args.reasoning_parser),
+        "tool_call_parser": _resolve_parser(args.tool_call_parser),
+        "enable_metrics": args.enable_metrics,
+        "incremental_streaming_output": args.incremental_streaming_output,
+        "stream_interval": args.stream_interval,
+        "log_level": args.log_level,
+        "watchdog_timeout": args.watchdog_timeout,
+        "random_seed": args.random_seed,
+        "disable_radix_cache": args.disable_radix_cache,
+        "nnodes": args.nnodes,
+        "node_rank": args.node_rank,
+        "dist_init_addr": args.dist_init_addr,
+        "launch_command": shlex.join([sys.executable, "-m", "datagen_operator.cli", "sim-server", *argv]),
+        "sim_speed": args.sim_speed,
+        "sim_seed": args.sim_seed,
+        "sim_misconfig": args.sim_misconfig,
+        "sim_prompt_suffix_leak": args.sim_prompt_suffix_leak,
+    }
+    tokenizer_dir = args.tokenizer_path or args.model_path
+    return SimSettings(
+        server_args=server_args,
+        model=ModelConfig(
+            seed=args.sim_seed,
+            mean_answer_tokens=args.sim_mean_answer_tokens,
+            mean_reasoning_tokens=args.sim_mean_reasoning_tokens,
+            length_sigma=args.sim_length_sigma,
+            tool_call_rate=args.sim_tool_call_rate,
+            unprompted_thinking=not args.sim_no_unprompted_thinking,
+            misconfig=args.sim_misconfig,
+        ),
+        faults=FaultConfig(
+            seed=args.sim_seed,
+            error_5xx_rate=args.sim_fault_5xx_rate,
+            error_5xx_status=args.sim_fault_5xx_status,
+            reset_rate=args.sim_fault_reset_rate,
+            stream_error_rate=args.sim_fault_stream_error_rate,
+            abort_rate=args.sim_fault_abort_rate,
+            hang_s=args.sim_fault_hang_s,
+            hang_rate=args.sim_fault_hang_rate,
+            crash_after_requests=args.sim_crash_after_requests,
+            prompt_suffix_leak=args.sim_prompt_suffix_leak,
+        ),
+        speed=SpeedConfig(
+            mode=args.sim_speed,
+            tokens_per_s=args.sim_tokens_per_s,
+            ttft_s=args.sim_ttft_s,
+            batch_capacity=max(1, args.sim_batch_capacity),
+            load_seconds=args.sim_load_seconds,
+        ),
+        host=args.host,
+        port=args.port,
+        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+        port_file=args.sim_port_file,
+        fallback_standin=args.sim_fallback_standin,
+    )

@@ -1,0 +1,277 @@
+"""/generate request parsing and response bodies (sglang-contract.md), as pure functions.
+
+Bodies are assembled from pre-serialized pieces: `output_ids` JSON comes straight from the token run's
+cached digits, so a 4,000-token answer costs a few slices and one `orjson.dumps` of the text.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from codecs import getincrementaldecoder
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from datagen_operator.engine.sim.model import Completion
+from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
+from datagen_operator.engine.sim.vocab import SimVocab
+
+WEIGHT_VERSION = "default"
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class RequestError(ValueError):
+    """A 400 with SGLang's body shape."""
+
+    def __init__(self, message: str, *, flat: bool = False, status: int = 400) -> None:
+        super().__init__(message)
+        self.flat = flat
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": str(self)} if self.flat else {"error": {"message": str(self)}}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateItem:
+    """One prompt (one sample) of a /generate request, validated."""
+
+    prompt: array
+    params: SamplingParams
+    rid: str
+    sample_index: int
+    max_new_tokens: int
+    """max_new_tokens clamped to the context length."""
+    index: int
+    """Position in the response array (batch order)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    items: list[GenerateItem]
+    is_batch: bool
+    stream: bool
+    return_logprob: bool
+    return_prompt_token_ids: bool
+
+
+def new_rid() -> str:
+    return os.urandom(16).hex()
+
+
+def _prompts(body: dict[str, Any], vocab: SimVocab, skip_tokenizer_init: bool) -> tuple[list[list[int]], bool]:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise RequestError("Either text or input_ids should be provided (exactly one).")
+    if input_ids is not None:
+        if not isinstance(input_ids, list) or not input_ids:
+            raise RequestError("input_ids must be a non-empty list of token ids or of lists of token ids.")
+        if isinstance(input_ids[0], list):
+            return input_ids, True
+        return [input_ids], False
+    if skip_tokenizer_init:
+        raise RequestError("text input needs the tokenizer; the server runs with --skip-tokenizer-init.")
+    if isinstance(text, str):
+        return [vocab.encode(text)], False
+    if isinstance(text, list) and text and all(isinstance(item, str) for item in text):
+        return [vocab.encode(item) for item in text], True
+    raise RequestError("text must be a string or a non-empty list of strings.")
+
+
+def _prompt_array(ids: object, vocab_size: int) -> array:
+    if not isinstance(ids, list) or not ids:
+        raise RequestError("Each prompt must be a non-empty list of token ids.")
+    try:
+        prompt = array("I", ids)
+    except (TypeError, OverflowError):
+        raise RequestError("input_ids must hold non-negative integer token ids.") from None
+    if max(prompt) >= vocab_size:
+        raise RequestError(f"Token id {max(prompt)} is out of vocabulary (size {vocab_size}).")
+    return prompt
+
+
+def _rids(rid: object, count: int, is_batch: bool) -> list[str]:
+    if rid is None:
+        return [new_rid() for _ in range(count)]
+    if isinstance(rid, str):
+        return [f"{rid}_{index}" for index in range(count)] if is_batch else [rid]
+    if isinstance(rid, list) and len(rid) == count and all(isinstance(item, str) for item in rid):
+        return list(rid)
+    raise RequestError("rid must be a string or a list of strings, one per prompt.")
+
+
+def parse_generate_request(
+    body: object, vocab: SimVocab, context_length: int, skip_tokenizer_init: bool = False
+) -> GenerateRequest:
+    """Validate a /generate body; RequestError (a 400) names the first problem."""
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object.")
+    prompts, is_batch = _prompts(body, vocab, skip_tokenizer_init)
+    raw_params = body.get("sampling_params")
+    try:
+        if isinstance(raw_params, list):
+            if not is_batch or len(raw_params) != len(prompts):
+                raise RequestError("A list of sampling_params needs a batch of as many prompts.")
+            params_list = [parse_sampling_params(raw) for raw in raw_params]
+        else:
+            params_list = [parse_sampling_params(raw_params)] * len(prompts)
+    except SamplingParamsError as error:
+        raise RequestError(str(error), flat=error.flat) from None
+    samples = max(params.n for params in params_list)
+    is_batch = is_batch or samples > 1  # n > 1 answers with a list, one entry per sample
+    rids = _rids(body.get("rid"), len(prompts) * samples if samples > 1 else len(prompts), is_batch)
+    items = []
+    for prompt_index, (ids, params) in enumerate(zip(prompts, params_list, strict=True)):
+        prompt = _prompt_array(ids, vocab.size)
+        if len(prompt) >= context_length:
+            raise RequestError(
+                f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens)."
+            )
+        room = context_length - len(prompt)
+        max_new = room if params.max_new_tokens is None else min(params.max_new_tokens, room)
+        for sample in range(params.n):
+            index = len(items)
+            rid = rids[index] if samples > 1 else rids[prompt_index]
+            items.append(GenerateItem(prompt, params, rid, sample, max_new, index))
+    return GenerateRequest(
+        items=items,
+        is_batch=is_batch,
+        stream=bool(body.get("stream", False)),
+        return_logprob=bool(body.get("return_logprob", False)),
+        return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
+    )
+
+
+def meta_info(
+    rid: str,
+    finish_reason: dict[str, Any] | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    e2e_latency: float | None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "cached_tokens": cached_tokens,
+        "reasoning_tokens": 0,  # /generate never runs the reasoning parser
+        "weight_version": WEIGHT_VERSION,
+        "num_retractions": 0,
+    }
+    if e2e_latency is not None:
+        meta["e2e_latency"] = e2e_latency
+    return meta
+
+
+def fake_logprob(token_id: int) -> float:
+    """A deterministic stand-in log probability (the simulator has no model)."""
+    return -((token_id * 2654435761) % 10007) / 10007 * 4
+
+
+def logprob_fields(prompt: Sequence[int], output_ids: Sequence[int]) -> dict[str, Any]:
+    return {
+        "input_token_logprobs": [[None if index == 0 else fake_logprob(t), t, None] for index, t in enumerate(prompt)],
+        "output_token_logprobs": [[fake_logprob(token_id), token_id, None] for token_id in output_ids],
+    }
+
+
+def leaked_prefix(prompt: array, leak: int) -> list[int]:
+    """The upstream bug (sglang 10896, 17240): the last prompt tokens reappear at the start of output_ids."""
+    return prompt[-leak:].tolist() if leak else []
+
+
+def generate_body(
+    item: GenerateItem,
+    completion: Completion,
+    meta: dict[str, Any],
+    leak: list[int],
+    request: GenerateRequest,
+) -> bytes:
+    """One non-streaming result object, serialized."""
+    ids_json = completion.run.json_ids()
+    if leak:
+        ids_json = orjson.dumps(leak)[1:-1] + (b"," + ids_json if ids_json else b"")
+    if request.return_logprob:
+        meta = {**meta, **logprob_fields(item.prompt, leak + completion.run.ids())}
+    extra = b""
+    if request.return_prompt_token_ids:
+        extra = b',"prompt_token_ids":' + orjson.dumps(item.prompt.tolist())
+    return b"".join(
+        (
+            b'{"text":',
+            orjson.dumps(completion.text),
+            b',"output_ids":[',
+            ids_json,
+            b'],"meta_info":',
+            orjson.dumps(meta),
+            extra,
+            b"}",
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    tokens: int
+    """Completion tokens generated when this event is due (for pacing)."""
+    payload: dict[str, Any]
+    final: bool
+
+
+def stream_events(
+    item: GenerateItem,
+    completion: Completion,
+    meta: dict[str, Any],
+    leak: list[int],
+    *,
+    interval: int,
+    incremental: bool,
+    batch_index: int | None,
+    vocab: SimVocab,
+) -> Iterator[StreamEvent]:
+    """SGLang's stream for one request: an event every `interval` tokens, cumulative `text` and
+    `output_ids` by default, disjoint deltas when `incremental`; the last event has finish_reason.
+    The concatenated (or last cumulative) text equals the non-streaming `text`."""
+    ids = completion.run.ids()
+    final_text = completion.text
+    table = vocab.text_bytes if item.params.skip_special_tokens else vocab.token_bytes
+    decoder = getincrementaldecoder("utf-8")("replace")
+    count = len(ids)
+    decoded_chars = sent_chars = sent_ids = 0
+    ends = [*range(interval, count, interval), count]
+    for end in ends:
+        final = end == count
+        decoded_chars += len(decoder.decode(b"".join(map(table.__getitem__, ids[sent_ids:end])), final))
+        chars = len(final_text) if final else min(decoded_chars, len(final_text))
+        if incremental:
+            text, out_ids = final_text[sent_chars:chars], ids[sent_ids:end]
+            if sent_ids == 0 and leak:
+                out_ids = leak + out_ids
+        else:
+            text, out_ids = final_text[:chars], leak + ids[:end] if leak else ids[:end]
+        payload: dict[str, Any] = {
+            "text": text,
+            "output_ids": out_ids,
+            "meta_info": {
+                **meta,
+                "finish_reason": completion.finish_reason if final else None,
+                "completion_tokens": end,
+            },
+        }
+        if batch_index is not None:
+            payload["index"] = batch_index
+        yield StreamEvent(end, payload, final)
+        sent_chars, sent_ids = chars, end
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def stream_error_payload(message: str, code: int = 500) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "InternalServerError", "code": code, "retryable": True}}

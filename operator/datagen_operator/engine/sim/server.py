@@ -1,0 +1,539 @@
+"""`datagen sim-server`: the imperative shell around the simulator's pure core (aiohttp on one event loop).
+
+Speed: `--sim-speed wire` answers as fast as it can (benchmarks); `gpu` paces each request at
+`--sim-tokens-per-s` after `--sim-ttft-s`, with at most `--sim-batch-capacity` requests generating and
+the rest queued (`sglang:num_queue_reqs`). Lifecycle: `/health` is 503 for `--sim-load-seconds` and
+while shutting down (SIGTERM/SIGINT); `--sim-crash-after-requests N` exits with status 1 right after
+answering the N-th generation request, dropping whatever else is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+from datagen_operator.engine.sim import chat, protocol
+from datagen_operator.engine.sim.config import SimSettings, parse_settings
+from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
+from datagen_operator.engine.sim.model import Completion, ThinkingMode, aborted, complete, thinking_mode
+from datagen_operator.engine.sim.prefix_cache import PrefixCache
+from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
+from datagen_operator.engine.sim.reasoning import split_reasoning
+from datagen_operator.engine.sim.vocab import SimVocab, VocabError, load_vocab
+
+if TYPE_CHECKING:
+    from datagen_operator.engine.sim.metrics import SimMetrics
+
+log = logging.getLogger("datagen.sim")
+
+DEFAULT_CONTEXT_LENGTH = 262_144
+SHUTDOWN_GRACE_S = 2.0
+STREAM_WRITE_BYTES = 64 * 1024  # coalesce stream events into writes of about this size at wire speed
+JSON = "application/json"
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type=JSON)
+
+
+def _reset_connection(request: web.Request) -> None:
+    """Close the client's connection with a TCP RST (SO_LINGER 0), as a crashed peer or proxy would."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def _flushed(request: web.Request, timeout_s: float = 1.0) -> None:
+    """Wait until the transport has handed its buffer to the kernel (so a reset comes after the data)."""
+    deadline = time.monotonic() + timeout_s
+    transport = request.transport
+    # asyncio offers no event for "write buffer empty"; poll briefly (only on fault paths).
+    while transport is not None and transport.get_write_buffer_size() and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+
+
+class Simulator:
+    def __init__(self, settings: SimSettings, vocab: SimVocab) -> None:
+        self.settings = settings
+        self.vocab = vocab
+        self.args = settings.server_args
+        self.model_name: str = self.args["served_model_name"]
+        self.context_length: int = self.args["context_length"]
+        self.started_at = time.time()
+        self.ready_at = time.monotonic() + settings.speed.load_seconds
+        self.shutting_down = False
+        self.request_number = 0
+        self.prefix_cache = None if self.args["disable_radix_cache"] else PrefixCache()
+        self.metrics: SimMetrics | None = None
+        if self.args["enable_metrics"]:
+            from datagen_operator.engine.sim.metrics import SimMetrics  # prometheus_client only when asked
+
+            self.metrics = SimMetrics(self.model_name, self.context_length)
+        self.gpu = settings.speed.mode == "gpu"
+        self.slots = asyncio.Semaphore(settings.speed.batch_capacity)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return not self.shutting_down and time.monotonic() >= self.ready_at
+
+    def _crash_if_due(self, number: int) -> None:
+        limit = self.settings.faults.crash_after_requests
+        if limit and number >= limit:
+            print(
+                f"sim-server: crashing after {number} generation requests (--sim-crash-after-requests)",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+    def _next_request(self) -> tuple[int, FaultPlan]:
+        self.request_number += 1
+        return self.request_number, plan_faults(self.settings.faults, self.request_number)
+
+    # -- info endpoints --------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready else 503)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        info = {
+            **self.args,
+            "version": PINNED_SGLANG_VERSION,
+            "startup_time": self.started_at,
+            "max_total_num_tokens": self.context_length,
+            "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {}}],
+        }
+        return _json(info)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        config = self.vocab.model_config
+        return _json(
+            {
+                "model_path": self.args["model_path"],
+                "tokenizer_path": self.args["tokenizer_path"],
+                "served_model_name": self.model_name,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": protocol.WEIGHT_VERSION,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": config.get("model_type"),
+                "architectures": config.get("architectures"),
+                "reasoning_parser": self.args["reasoning_parser"],
+                "tool_call_parser": self.args["tool_call_parser"],
+            }
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        entry = {
+            "id": self.model_name,
+            "object": "model",
+            "created": int(self.started_at),
+            "owned_by": "sglang",
+            "root": self.model_name,
+            "max_model_len": self.context_length,
+        }
+        return _json({"object": "list", "data": [entry]})
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        if self.metrics is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.prefix_cache is not None:
+            self.prefix_cache.flush()
+        return web.Response(text="Cache flushed.\n")
+
+    async def separate_reasoning(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+            return _json({"error": {"message": "text must be a string."}}, 400)
+        parser = body.get("reasoning_parser") or self.args["reasoning_parser"]
+        split = split_reasoning(body["text"], parser, prompt_opened_think=False)
+        return _json({"text": split.content, "reasoning_text": split.reasoning or ""})
+
+    @staticmethod
+    async def _json_body(request: web.Request) -> Any:
+        try:
+            return orjson.loads(await request.read())
+        except orjson.JSONDecodeError as error:
+            raise RequestError(f"Invalid JSON body: {error}") from None
+
+    # -- generation ------------------------------------------------------------------------------
+    def _complete(self, item: GenerateItem, plan: FaultPlan) -> Completion:
+        completion = complete(
+            item.prompt, item.params, item.sample_index, self.settings.model, self.vocab, item.max_new_tokens
+        )
+        if plan.abort:
+            completion = aborted(completion, "Simulated abort (--sim-fault-abort-rate)", 500)
+        return completion
+
+    def _cached_tokens(self, item: GenerateItem) -> int:
+        return self.prefix_cache.match_and_insert(item.prompt) if self.prefix_cache is not None else 0
+
+    @contextlib.asynccontextmanager
+    async def _generating(self, prompt_tokens: int, cached_tokens: int) -> AsyncIterator[None]:
+        """Hold a batch slot (gpu speed: queue when full) and keep the running/queue gauges."""
+        metrics = self.metrics
+        if not self.gpu:
+            if metrics is not None:
+                metrics.started(prompt_tokens, cached_tokens)
+            yield
+            return
+        if metrics is not None:
+            metrics.queued.inc()
+        try:
+            await self.slots.acquire()
+        finally:
+            if metrics is not None:
+                metrics.queued.dec()
+        try:
+            if metrics is not None:
+                metrics.started(prompt_tokens, cached_tokens)
+            yield
+        finally:
+            self.slots.release()
+
+    def _finished(self, prompt_tokens: int, completion_tokens: int, received: float) -> None:
+        if self.metrics is not None:
+            e2e = time.perf_counter() - received
+            ttft = min(e2e, self.settings.speed.ttft_s) if self.gpu else e2e
+            self.metrics.finished(prompt_tokens, completion_tokens, ttft, e2e)
+
+    async def _run_item(self, item: GenerateItem, completion: Completion, cached: int, received: float) -> None:
+        async with self._generating(len(item.prompt), cached):
+            if self.gpu:
+                speed = self.settings.speed
+                await asyncio.sleep(speed.ttft_s + len(completion.run) / speed.tokens_per_s)
+        self._finished(len(item.prompt), len(completion.run), received)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        received = time.perf_counter()
+        if not self.ready:
+            return _json({"error": {"message": "The server is not ready (loading or shutting down)."}}, 503)
+        number, plan = self._next_request()
+        try:
+            parsed = protocol.parse_generate_request(
+                await self._json_body(request), self.vocab, self.context_length, self.args["skip_tokenizer_init"]
+            )
+        except RequestError as error:
+            self._crash_if_due(number)
+            return _json(error.body(), error.status)
+        if plan.hang_s:
+            await asyncio.sleep(plan.hang_s)
+        if plan.http_status:
+            self._crash_if_due(number)
+            message = f"Simulated server error (--sim-fault-5xx-rate), request {number}"
+            return _json({"error": {"message": message}}, plan.http_status)
+        completions = [self._complete(item, plan) for item in parsed.items]
+        cached = [self._cached_tokens(item) for item in parsed.items]
+        if parsed.stream:
+            response = await self._stream_generate(request, parsed, completions, cached, plan, received)
+        else:
+            response = await self._generate_once(request, parsed, completions, cached, plan, received)
+        self._crash_if_due(number)
+        return response
+
+    async def _generate_once(
+        self,
+        request: web.Request,
+        parsed: GenerateRequest,
+        completions: list[Completion],
+        cached: list[int],
+        plan: FaultPlan,
+        received: float,
+    ) -> web.StreamResponse:
+        if self.gpu or self.metrics is not None:
+            await asyncio.gather(
+                *(
+                    self._run_item(item, c, k, received)
+                    for item, c, k in zip(parsed.items, completions, cached, strict=True)
+                )
+            )
+        leak = self.settings.faults.prompt_suffix_leak
+        e2e = time.perf_counter() - received
+        bodies = [
+            protocol.generate_body(
+                item,
+                completion,
+                protocol.meta_info(
+                    item.rid, completion.finish_reason, len(item.prompt), len(completion.run), cached_tokens, e2e
+                ),
+                protocol.leaked_prefix(item.prompt, leak),
+                parsed,
+            )
+            for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True)
+        ]
+        body = b"[" + b",".join(bodies) + b"]" if parsed.is_batch else bodies[0]
+        if plan.reset or self.settings.faults.crash_after_requests:
+            # Write explicitly: a reset needs half a body on the wire; a crash must not lose the answer.
+            response = web.StreamResponse(headers={"Content-Type": JSON})
+            response.content_length = len(body)
+            await response.prepare(request)
+            if plan.reset:
+                await response.write(body[: len(body) // 2])
+                await _flushed(request)
+                _reset_connection(request)
+                return response
+            await response.write(body)
+            await response.write_eof()
+            await _flushed(request)
+            return response
+        return web.Response(body=body, content_type=JSON)
+
+    async def _stream_generate(
+        self,
+        request: web.Request,
+        parsed: GenerateRequest,
+        completions: list[Completion],
+        cached: list[int],
+        plan: FaultPlan,
+        received: float,
+    ) -> web.StreamResponse:
+        leak = self.settings.faults.prompt_suffix_leak
+        interval_default = self.args["stream_interval"]
+        incremental = self.args["incremental_streaming_output"]
+        events: list[tuple[float, int, protocol.StreamEvent]] = []
+        for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True):
+            meta = protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None)
+            for event in protocol.stream_events(
+                item,
+                completion,
+                meta,
+                protocol.leaked_prefix(item.prompt, leak),
+                interval=item.params.stream_interval or interval_default,
+                incremental=incremental,
+                batch_index=item.index if parsed.is_batch else None,
+                vocab=self.vocab,
+            ):
+                events.append((self._due_s(event.tokens), item.index, event))
+        events.sort(key=lambda entry: entry[0]) if self.gpu else None
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        cut = len(events) // 2 if plan.reset or plan.stream_error else None
+        async with contextlib.AsyncExitStack() as stack:
+            for item, cached_tokens in zip(parsed.items, cached, strict=True):
+                await stack.enter_async_context(self._generating(len(item.prompt), cached_tokens))
+            buffer = bytearray()
+            start = time.perf_counter()
+            for position, (due, _, event) in enumerate(events):
+                if position == cut:
+                    break
+                if self.gpu and due > time.perf_counter() - start:
+                    if buffer:
+                        await response.write(bytes(buffer))
+                        buffer.clear()
+                    await asyncio.sleep(due - (time.perf_counter() - start))
+                if event.final:
+                    event.payload["meta_info"]["e2e_latency"] = time.perf_counter() - received
+                buffer += protocol.sse(event.payload)
+                if len(buffer) >= STREAM_WRITE_BYTES:
+                    await response.write(bytes(buffer))
+                    buffer.clear()
+            if buffer:
+                await response.write(bytes(buffer))
+        for item, completion in zip(parsed.items, completions, strict=True):
+            self._finished(len(item.prompt), len(completion.run), received)
+        if plan.reset:
+            await _flushed(request)
+            _reset_connection(request)
+            return response
+        if plan.stream_error:
+            await response.write(
+                protocol.sse(
+                    protocol.stream_error_payload("Simulated error mid-stream (--sim-fault-stream-error-rate)")
+                )
+            )
+        await response.write(protocol.SSE_DONE)
+        await response.write_eof()
+        return response
+
+    def _due_s(self, tokens: int) -> float:
+        if not self.gpu:
+            return 0.0
+        speed = self.settings.speed
+        return speed.ttft_s + tokens / speed.tokens_per_s if tokens else speed.ttft_s
+
+    # -- chat ------------------------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        received = time.perf_counter()
+        if not self.ready:
+            return _json(chat.openai_error("The server is not ready (loading or shutting down).", 503), 503)
+        number, plan = self._next_request()
+        try:
+            parsed = chat.parse_chat_request(await self._json_body(request))
+            prompt_ids = chat.render_prompt(parsed, self.vocab)
+            generate = protocol.parse_generate_request(
+                {"input_ids": prompt_ids, "sampling_params": None}, self.vocab, self.context_length
+            )
+        except RequestError as error:
+            self._crash_if_due(number)
+            return _json(chat.openai_error(str(error)), 400)
+        if plan.hang_s:
+            await asyncio.sleep(plan.hang_s)
+        if plan.http_status:
+            self._crash_if_due(number)
+            return _json(
+                chat.openai_error("Simulated server error (--sim-fault-5xx-rate)", plan.http_status), plan.http_status
+            )
+        prompt = generate.items[0].prompt
+        room = self.context_length - len(prompt)
+        max_new = room if parsed.params.max_new_tokens is None else min(parsed.params.max_new_tokens, room)
+        opened = thinking_mode(prompt, self.vocab) is ThinkingMode.PREFILLED
+        items = [
+            GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
+            for sample in range(parsed.params.n)
+        ]
+        completions = [self._complete(item, plan) for item in items]
+        cached = self._cached_tokens(items[0])
+        choices = [
+            chat.chat_choice(
+                c, parsed, self.vocab, self.args["reasoning_parser"], self.args["tool_call_parser"], opened
+            )
+            for c in completions
+        ]
+        response_id = protocol.new_rid()
+        model = parsed.model or self.model_name
+        created = int(time.time())
+        if not parsed.stream:
+            await asyncio.gather(
+                *(self._run_item(i, c, cached, received) for i, c in zip(items, completions, strict=True))
+            )
+            response = _json(chat.chat_response(response_id, created, model, len(prompt), choices))
+            self._crash_if_due(number)
+            return response
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        total_tokens = max(len(c.run) for c in completions)
+        async with self._generating(len(prompt), cached):
+            start = time.perf_counter()
+            for share, payload in chat.chat_stream_chunks(
+                response_id, created, model, len(prompt), choices, parsed.include_usage
+            ):
+                due = self._due_s(round(share * total_tokens))
+                if self.gpu and due > time.perf_counter() - start:
+                    await asyncio.sleep(due - (time.perf_counter() - start))
+                await stream.write(protocol.sse(payload))
+        self._finished(len(prompt), total_tokens, received)
+        await stream.write(protocol.SSE_DONE)
+        await stream.write_eof()
+        self._crash_if_due(number)
+        return stream
+
+
+def build_app(sim: Simulator) -> web.Application:
+    app = web.Application(client_max_size=1024**3, middlewares=[_request_errors])
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/health_generate", sim.health)
+    app.router.add_get("/server_info", sim.server_info)
+    app.router.add_get("/get_server_info", sim.server_info)
+    app.router.add_get("/model_info", sim.model_info)
+    app.router.add_get("/get_model_info", sim.model_info)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/metrics", sim.metrics_endpoint)
+    app.router.add_post("/generate", sim.generate)
+    app.router.add_post("/v1/chat/completions", sim.chat_completions)
+    app.router.add_post("/flush_cache", sim.flush_cache)
+    app.router.add_post("/separate_reasoning", sim.separate_reasoning)
+    return app
+
+
+@web.middleware
+async def _request_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as error:
+        return _json(error.body(), error.status)
+
+
+def _resolve_tokenizer_dir(settings: SimSettings) -> Path:
+    from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+
+    directory = settings.tokenizer_dir
+    if directory is None:
+        return ensure_standin_tokenizer()
+    if not (directory / "tokenizer.json").is_file() and settings.fallback_standin:
+        log.warning("%s has no tokenizer.json; using the stand-in tokenizer (--sim-fallback-standin)", directory)
+        return ensure_standin_tokenizer()
+    return directory
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(settings: SimSettings, vocab: SimVocab) -> int:
+    sim = Simulator(settings, vocab)
+    runner = web.AppRunner(
+        build_app(sim),
+        access_log=log if log.isEnabledFor(logging.DEBUG) else None,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    await runner.setup()
+    sock = _bind(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    sim.args["port"] = port
+    await web.SockSite(runner, sock).start()
+    if settings.port_file is not None:
+        staging = settings.port_file.with_name(settings.port_file.name + ".tmp")
+        staging.write_text(f"{port}\n")
+        staging.replace(settings.port_file)
+    print(f"sim-server: listening on http://{settings.host}:{port} (SGLang {PINNED_SGLANG_VERSION} API)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    sim.shutting_down = True  # /health answers 503 while in-flight requests finish
+    await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    settings = parse_settings(argv)  # exits 2 on bad flags, like sglang.launch_server
+    logging.basicConfig(level=settings.server_args["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        tokenizer_dir = _resolve_tokenizer_dir(settings)
+        chat_template = settings.server_args["chat_template"]
+        vocab = load_vocab(
+            tokenizer_dir, Path(chat_template) if chat_template and Path(chat_template).is_file() else None
+        )
+    except (VocabError, OSError) as error:
+        print(f"sim-server: {error}", file=sys.stderr)
+        return 1
+    args = settings.server_args
+    args["model_path"] = args["model_path"] or str(tokenizer_dir)
+    args["tokenizer_path"] = args["tokenizer_path"] or str(tokenizer_dir)
+    args["served_model_name"] = args["served_model_name"] or args["model_path"]
+    if args["context_length"] is None:
+        args["context_length"] = int(vocab.model_config.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH)
+    return asyncio.run(serve(settings, vocab))
