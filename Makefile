@@ -41,3 +41,25 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-output
+
+# Container images (images/): built only where a container engine answers; elsewhere it says so and fails.
+CONTAINER_ENGINE ?= docker
+IMAGE_REGISTRY ?= ghcr.io/datagen-operator
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+images:
+	@if ! $(CONTAINER_ENGINE) info >/dev/null 2>&1; then \
+	  echo "make images: no working container engine here ('$(CONTAINER_ENGINE) info' fails), so no image was built."; \
+	  echo "  Start Docker (or set CONTAINER_ENGINE=podman) and rerun; the Dockerfiles are images/Dockerfile.{operator,worker}."; \
+	  exit 1; \
+	fi
+	$(CONTAINER_ENGINE) build -f images/Dockerfile.operator -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) .
+	$(CONTAINER_ENGINE) build -f images/Dockerfile.worker -t $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) .
+
+# helm lint --strict of the chart, with its default values and every charts/datagen-operator/ci/*-values.yaml.
+.PHONY: chart-lint
+chart-lint: testbin
+	helm="$$(PYTHON=$(PY) bash hack/testbin/build.sh 2>/dev/null | tail -n 1)/helm"; \
+	"$$helm" lint --strict charts/datagen-operator && \
+	for values in charts/datagen-operator/ci/*-values.yaml; do \
+	  "$$helm" lint --strict charts/datagen-operator -f "$$values" || exit 1; \
+	done
