@@ -126,14 +126,15 @@ def _spec_schema() -> dict[str, Any]:
     server["default"] = {}  # so the server's own defaults (gpus, image, ...) are filled in and CEL sees them
     server["x-kubernetes-validations"] = [
         {
-            "rule": "!has(self.tensorParallel) || self.gpus % self.tensorParallel == 0",
+            "rule": "!has(self.tensorParallel) || !has(self.gpus) || self.gpus % self.tensorParallel == 0",
             "message": "tensorParallel must divide gpus (SGLang needs tp-size x dp-size = GPUs)",
             "fieldPath": ".tensorParallel",
             "reason": "FieldValueInvalid",
         },
         {
-            "rule": "!self.image.endsWith(':latest') && (self.image.contains('@sha256:') || "
-            "self.image.split('/')[self.image.split('/').size() - 1].contains(':'))",
+            # has(): the API server also checks the rules against the `{}` default, before nested defaults
+            "rule": "!has(self.image) || (!self.image.endsWith(':latest') && (self.image.contains('@sha256:') || "
+            "self.image.split('/')[self.image.split('/').size() - 1].contains(':')))",
             "message": "server.image must be pinned by tag or digest, never :latest",
             "fieldPath": ".image",
             "reason": "FieldValueInvalid",
