@@ -65,11 +65,12 @@ def write_dataset(path: Path, prompts: int) -> None:
 def render_all(dataset: Path, tokenizer_dir: Path) -> list[list[int]]:
     from datagen_operator.api import parse_spec
     from datagen_operator.api.resolve import resolve_model
-    from datagen_operator.worker.render import Renderer, load_tokenizer
+    from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
 
     spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), 8192, 1))
     resolved = resolve_model(spec)
-    renderer = Renderer(load_tokenizer(tokenizer_dir, trust_remote_code=resolved.trust_remote_code), resolved)
+    tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolved.trust_remote_code)
+    renderer = Renderer(tokenizer, template_variables(resolved))
     return [renderer.render(orjson.loads(line)["messages"], None) for line in dataset.read_bytes().splitlines()]
 
 

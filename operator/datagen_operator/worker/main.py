@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backoff-base", type=float, default=0.5, help="first retry delay cap (s)")
     parser.add_argument("--backoff-cap", type=float, default=30.0, help="largest retry delay (s)")
     parser.add_argument("--no-compact", action="store_true", help="leave segments; do not write Parquet at the end")
+    parser.add_argument(
+        "--render-processes",
+        type=int,
+        default=None,
+        help="helper processes that render prompts (0: in the worker process); default: half the cores, 1..4",
+    )
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
     return parser
 
@@ -90,6 +95,7 @@ class WorkerConfig:
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     compact: bool = True
+    render_processes: int = 1
     flush_interval_s: float = 0.2
     sync_interval_s: float = 2.0
     progress_interval_s: float = 2.0
@@ -100,6 +106,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
     """Validate arguments against the spec; raises BadInput naming what is wrong."""
     from datagen_operator.api import SpecError, load_run, parse_spec
     from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.worker.render import default_render_processes
 
     try:
         if args.run:
@@ -155,6 +162,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,
         compact=not args.no_compact,
+        render_processes=default_render_processes() if args.render_processes is None else max(0, args.render_processes),
     )
 
 
@@ -190,6 +198,7 @@ class Worker:
         self.stop_new = asyncio.Event()  # SIGTERM: no new requests
         self.fatal: tuple[int, str] | None = None
         self.drained = False
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * config.spec.clients.concurrency)
 
     async def run(self) -> int:
         from datagen_operator.worker.progress import ShardProgress
@@ -219,7 +228,7 @@ class Worker:
         from datagen_operator.checks.record_checks import expectations_for
         from datagen_operator.worker import client as http
         from datagen_operator.worker.dataset import DatasetError, plan_shard
-        from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer
+        from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer, template_variables
         from datagen_operator.worker.store import OutputLayout
 
         c = self.config
@@ -228,13 +237,20 @@ class Worker:
             plan = await asyncio.to_thread(plan_shard, c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
         except (DatasetError, OSError) as error:
             raise BadInput(f"dataset: {error}") from None
+        from datagen_operator.worker.render import RenderPool
+
+        variables = template_variables(c.resolved)
+        # Helpers start loading the tokenizer now, in parallel with this process.
+        self.render_pool = RenderPool(variables, c.tokenizer_dir, c.resolved.trust_remote_code, c.render_processes)
         try:
             tokenizer = await asyncio.to_thread(
                 load_tokenizer, c.tokenizer_dir, trust_remote_code=c.resolved.trust_remote_code
             )
-            renderer = Renderer(tokenizer, c.resolved)
+            renderer = Renderer(tokenizer, variables)
         except (OSError, ValueError, RenderError) as error:
+            self.render_pool.close()
             raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
+        self.render_pool.renderer = renderer
         self.expect = expectations_for(c.resolved, tokenizer)
         self.layout = OutputLayout(c.output)
         self.plan, self.renderer = plan, renderer
@@ -246,6 +262,7 @@ class Worker:
             return await self._with_session(session, tokenizer)
         finally:
             await session.close()
+            self.render_pool.close()
 
     async def _server_infos(self, session: Any, pool: Any) -> dict[str, dict[str, Any]]:
         """/server_info of every endpoint reachable now; waits (up to the deadline) for at least one."""
@@ -465,34 +482,81 @@ class Worker:
 
     # generation
 
-    def _jobs(self) -> Iterator[Any]:
-        from datagen_operator.worker.records import Job, malformed_reject
-        from datagen_operator.worker.render import RenderError
+    RENDER_BATCH = 16
 
-        plan, writer, n = self.plan, self.writer, self.samples
+    async def _feed(self, queue: asyncio.Queue[Any]) -> None:
+        """Renders prompts still to do, in dataset order, a few batches ahead, and queues their jobs.
+
+        Batches go to the render helpers concurrently; results are queued in submission order, so
+        requests leave roughly in dataset order. The queue is bounded: rendering runs only as far ahead
+        of the requests as the lanes can use.
+        """
+        from collections import deque
+
+        plan, n = self.plan, self.samples
+        ahead: deque[tuple[list[Any], asyncio.Future[list[Any]]]] = deque()
+        max_ahead = max(2, 2 * self.render_pool.processes + 1)
         handle = plan.path.open("rb") if plan.format == "jsonl" else None
         try:
+            batch: list[Any] = []
             for ref in plan.prompts:
                 if ref.id not in self.remaining:
                     continue
-                prompt = plan.load(ref, handle)
-                try:
-                    input_ids = self.renderer.render(prompt.messages, prompt.tools)
-                except RenderError as error:
-                    writer.add_reject(malformed_reject(ref.position, str(error), "", ref.id))
-                    p = self.progress
-                    p.prompts_rejected += 1
-                    p.records_rejected += self.remaining.pop(ref.id)
-                    p.prompts_done += 1
-                    continue
-                has_tools = bool(prompt.tools)
-                for sample in range(n):
-                    key = (ref.id, sample)
-                    if key not in writer.done and key not in writer.rejected:
-                        yield Job(ref.position, ref.id, sample, input_ids, has_tools)
+                batch.append(plan.load(ref, handle))
+                if len(batch) >= self.RENDER_BATCH:
+                    ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+                    batch = []
+                    while len(ahead) >= max_ahead:
+                        await self._queue_rendered(queue, *ahead.popleft(), n)
+            if batch:
+                ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+            while ahead:
+                await self._queue_rendered(queue, *ahead.popleft(), n)
+            for _ in range(self.config.spec.clients.concurrency):
+                await queue.put(None)  # one end marker per lane, after the last job
+        except Exception as error:
+            self._set_fatal(EXIT_BAD_INPUT, f"reading or rendering the dataset failed: {type(error).__name__}: {error}")
+            raise
         finally:
+            for _, future in ahead:
+                future.cancel()
             if handle is not None:
                 handle.close()
+
+    def _release_lanes(self) -> None:
+        """Wake every lane waiting for a job so it can stop: queued jobs are dropped (not recorded, so
+        the next run does them)."""
+        queue = self.queue
+        while not queue.empty():
+            queue.get_nowait()
+        for _ in range(self.config.spec.clients.concurrency):
+            queue.put_nowait(None)
+
+    async def _render(self, prompts: list[Any]) -> list[Any]:
+        return await self.render_pool.render([(prompt.messages, prompt.tools) for prompt in prompts])
+
+    async def _queue_rendered(
+        self, queue: asyncio.Queue[Any], prompts: list[Any], future: asyncio.Future[list[Any]], n: int
+    ) -> None:
+        from datagen_operator.worker.records import Job, malformed_reject
+        from datagen_operator.worker.render import ids_from_result
+
+        results = await future
+        writer = self.writer
+        for prompt, result in zip(prompts, results, strict=True):
+            if isinstance(result, str):
+                writer.add_reject(malformed_reject(prompt.position, result, "", prompt.id))
+                p = self.progress
+                p.prompts_rejected += 1
+                p.records_rejected += self.remaining.pop(prompt.id)
+                p.prompts_done += 1
+                continue
+            input_ids = ids_from_result(result)
+            has_tools = bool(prompt.tools)
+            for sample in range(n):
+                key = (prompt.id, sample)
+                if key not in writer.done and key not in writer.rejected:
+                    await queue.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools))
 
     def _finish_key(self, prompt_id: str) -> None:
         left = self.remaining.get(prompt_id, 0) - 1
@@ -537,13 +601,13 @@ class Worker:
         self.tracker.on_record(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags)
         self._finish_key(job.id)
 
-    async def _lane(self, jobs: Iterator[Any]) -> None:
+    async def _lane(self, queue: asyncio.Queue[Any]) -> None:
         """One of `concurrency` lanes: takes the next job, sends it, records it, repeats."""
         from datagen_operator.worker import client as http
 
-        while not self.stop_new.is_set() and self.fatal is None:
-            job = next(jobs, None)
-            if job is None:
+        while True:
+            job = await queue.get()
+            if job is None or self.stop_new.is_set():
                 return
             try:
                 await self._process(job)
@@ -562,6 +626,7 @@ class Worker:
             log.error("%s", message)
             self.stop_new.set()
             self.pool.stop.set()
+            self._release_lanes()
 
     def _request_drain(self, sig: signal.Signals) -> None:
         if not self.stop_new.is_set():
@@ -576,6 +641,7 @@ class Worker:
             self.stop_new.set()
             # Requests waiting in backoff or for a server stop now; those on the wire may finish.
             self.pool.stop.set()
+            self._release_lanes()
 
     async def _generate(self) -> int:
         from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, kubernetes_namespace
@@ -594,14 +660,19 @@ class Worker:
             serve_metrics(c.metrics_port, self._snapshot)
         await self._publish(force=True)
 
-        jobs = self._jobs()
+        cpu_before = time.process_time()
         started, tokens_before, records_before = (
             time.perf_counter(),
             self.progress.output_tokens,
             self.progress.records_done,
         )
-        lanes = [asyncio.create_task(self._lane(jobs)) for _ in range(c.spec.clients.concurrency)]
-        background = [asyncio.create_task(self._flush_loop()), asyncio.create_task(self._progress_loop())]
+        lanes = [asyncio.create_task(self._lane(self.queue)) for _ in range(c.spec.clients.concurrency)]
+        feeder = asyncio.create_task(self._feed(self.queue))
+        background = [
+            feeder,
+            asyncio.create_task(self._flush_loop()),
+            asyncio.create_task(self._progress_loop()),
+        ]
         all_lanes = asyncio.gather(*lanes)
         try:
             await self._wait_lanes(all_lanes, lanes)
@@ -617,7 +688,13 @@ class Worker:
             self.progress.records_done - records_before,
             made,
             elapsed,
-            extra={"fields": {"generation_s": round(elapsed, 4), "output_tokens_this_run": made}},
+            extra={
+                "fields": {
+                    "generation_s": round(elapsed, 4),
+                    "generation_cpu_s": round(time.process_time() - cpu_before, 4),
+                    "output_tokens_this_run": made,
+                }
+            },
         )
         return await self._finish()
 
