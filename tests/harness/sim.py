@@ -122,14 +122,19 @@ class SimServer:
                 raise SimStartError(f"sim-server /health not 200 within {timeout_s} s:\n{self.log_text()}")
             time.sleep(0.05)
 
+    def terminate(self) -> None:
+        """Send SIGTERM to the process group without waiting (see `stop`)."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGTERM)
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after `timeout_s`; the exit code (None if never started)."""
         process = self._process
         if process is None:
             return None
         if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -217,5 +222,7 @@ def start_sims(
             server.wait_ready(timeout_s)
         yield servers
     finally:
+        for server in servers:  # signal all first: they shut down in parallel
+            server.terminate()
         for server in servers:
             server.stop()

@@ -1,0 +1,111 @@
+"""Health, info and metrics endpoints; loading, shutdown, crash and restart."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable
+
+from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+from tests.harness.sim import SimServer, health_status
+from tests.sim.http import generate, get, post
+from tests.sim.prompts import chat_prompt
+
+
+def test_health_endpoints_answer_200_with_an_empty_body(sim: SimServer) -> None:
+    for path in ("/health", "/health_generate"):
+        reply = get(sim.url, path)
+        assert (reply.status, reply.body) == (200, b"")
+
+
+def test_server_info_is_flat_with_resolved_args(sim: SimServer) -> None:
+    info = get(sim.url, "/server_info").json()
+    assert info["reasoning_parser"] == "kimi_k2" and info["tool_call_parser"] == "kimi_k2"
+    assert info["version"] == PINNED_SGLANG_VERSION == "0.5.23"
+    assert info["port"] == sim.port and info["tp_size"] == 1 and info["dp_size"] == 1
+    assert info["enable_metrics"] is True and info["incremental_streaming_output"] is False
+    assert "sim-server" in info["launch_command"] and isinstance(info["startup_time"], float)
+    assert all(not isinstance(value, dict) for value in info.values()), "flat: no nested server_args"
+    assert get(sim.url, "/get_server_info").json() == info
+
+
+def test_server_info_shows_sglang_flags_as_given(sim_factory: Callable[..., SimServer]) -> None:
+    server = sim_factory("--tp", "8", "--dp-size", "2", "--mem-fraction-static", "0.85", "--trust-remote-code",
+                         "--served-model-name", "kimi-k2.5", "--log-level", "warning", "--watchdog-timeout", "600",
+                         "--incremental-streaming-output", "--reasoning-parser", "auto")  # fmt: skip
+    info = get(server.url, "/server_info").json()
+    assert (info["tp_size"], info["dp_size"], info["mem_fraction_static"]) == (8, 2, 0.85)
+    assert info["trust_remote_code"] is True and info["served_model_name"] == "kimi-k2.5"
+    assert info["incremental_streaming_output"] is True and info["reasoning_parser"] == "kimi_k2"
+    assert get(server.url, "/v1/models").json()["data"][0]["id"] == "kimi-k2.5"
+    assert get(server.url, "/metrics").status == 404, "no --enable-metrics"
+
+
+def test_model_info(sim: SimServer, standin_dir: object) -> None:
+    info = get(sim.url, "/model_info").json()
+    assert info["model_path"] == str(standin_dir) and info["is_generation"] is True
+    assert info["reasoning_parser"] == "kimi_k2" and info["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert get(sim.url, "/get_model_info").json() == info
+
+
+def test_metrics_use_sglang_names(sim: SimServer) -> None:
+    generate(sim.url, {"input_ids": chat_prompt("metrics"), "sampling_params": {"max_new_tokens": 16}})
+    reply = get(sim.url, "/metrics")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain")
+    text = reply.body.decode()
+    for name in (
+        "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput", "sglang:token_usage",
+        "sglang:cache_hit_rate", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+        "sglang:num_requests_total", "sglang:time_to_first_token_seconds_bucket",
+        "sglang:e2e_request_latency_seconds_count",
+    ):  # fmt: skip
+        assert re.search(rf'^{re.escape(name)}{{.*model_name="[^"]+".*}} \S+$', text, re.M), name
+    generated = float(re.search(r"^sglang:generation_tokens_total\{.*\} (\S+)$", text, re.M).group(1))
+    assert generated >= 16
+
+
+def test_loading_answers_503_with_an_empty_body(sim_factory: Callable[..., SimServer]) -> None:
+    server = sim_factory("--sim-load-seconds", "600", wait_ready=False)
+    reply = get(server.url, "/health_generate")
+    assert (reply.status, reply.body) == (503, b"")
+    assert get(server.url, "/health").status == 503
+    assert post(server.url, "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}).status == 503
+    assert get(server.url, "/server_info").status == 200, "args are known while loading"
+
+
+def test_sigterm_stops_the_server_cleanly(sim_factory: Callable[..., SimServer]) -> None:
+    server = sim_factory()
+    os.kill(server.pid, signal.SIGTERM)
+    assert server.wait_exit(10) == 0
+    assert health_status(server.url, timeout_s=1) is None
+
+
+def test_crash_after_requests_exits_after_answering_and_restarts_on_the_same_port(
+    sim_factory: Callable[..., SimServer],
+) -> None:
+    server = sim_factory("--sim-crash-after-requests", "2", *("--sim-mean-answer-tokens", "30"))
+    body = {"input_ids": chat_prompt(), "sampling_params": {"max_new_tokens": 64}}
+    first = generate(server.url, body)
+    second = generate(server.url, body)
+    assert second["output_ids"] == first["output_ids"], "the second request is answered in full"
+    assert server.wait_exit(10) == 1
+    assert "crashing after 2 generation requests" in server.log_text()
+    port = server.port
+    server.restart()
+    assert server.port == port and server.running
+    assert generate(server.url, body)["output_ids"] == first["output_ids"]
+
+
+def test_missing_model_path_exits_1_unless_falling_back(sim_factory: Callable[..., SimServer], tmp_path) -> None:
+    from tests.harness.sim import SimStartError
+
+    missing = str(tmp_path / "no-such-model")
+    try:
+        sim_factory("--model-path", missing)
+    except SimStartError as error:
+        assert "exited with 1" in str(error) and "tokenizer.json" in str(error)
+    else:
+        raise AssertionError("the simulator started without a tokenizer")
+    server = sim_factory("--model-path", missing, "--sim-fallback-standin")
+    assert get(server.url, "/server_info").json()["model_path"] == missing
