@@ -134,11 +134,11 @@ async def run_canary(
 ) -> StepOutcome:
     """Render, send, inspect, judge. Writes the canary records (not training data) to `record_file`."""
     from datagen_operator.worker.client import EndpointPool, GenerateClient, RetryPolicy, make_session
-    from datagen_operator.worker.render import Renderer
+    from datagen_operator.worker.render import Renderer, template_variables
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer)
-    renderer = Renderer(tokenizer, resolved)
+    renderer = Renderer(tokenizer, template_variables(resolved))
     prompts = canary_prompts(dataset, spec.dataset.format, spec.checks.canary_prompts)
     cap = min(spec.checks.canary_max_new_tokens, spec.generation.sampling.max_new_tokens)
     sampling = spec.generation.sampling.model_dump(exclude_none=True) | {"max_new_tokens": cap}

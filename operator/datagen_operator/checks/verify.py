@@ -214,7 +214,7 @@ def verify_output(
     fidelity: bool = True,
 ) -> VerifyReport:
     from datagen_operator.worker.dataset import plan_shard
-    from datagen_operator.worker.render import Renderer
+    from datagen_operator.worker.render import Renderer, template_variables
     from datagen_operator.worker.store import iter_records, iter_rejects, read_manifest
 
     manifest = read_manifest(output)
@@ -297,7 +297,11 @@ def verify_output(
             prompts = {p.id: p for p in plan.iter_prompts() if p.id in wanted}
     checks.append(_completeness(expected_ids, samples, seen, rejected, duplicates))
     if fidelity:
-        renderer = Renderer(tokenizer, resolved) if tokenizer is not None and resolved is not None else None
+        renderer = (
+            Renderer(tokenizer, template_variables(resolved))
+            if tokenizer is not None and resolved is not None
+            else None
+        )
         checks.append(_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(examples) for e in examples[flag]]
     return VerifyReport(str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"))
@@ -319,7 +323,10 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 140))
     verdict = "[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
     console.print(f"\n[bold]datagen verify[/] {report.output}: {report.records} records — {verdict}")
     if report.fingerprint_sha256:

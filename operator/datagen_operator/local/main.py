@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     from datagen_operator.local.runner import LocalRunner, real_sglang_available
 
     console = Console(highlight=False)
+    if not console.is_terminal:  # logs and CI: wide enough that the report's verdicts stay readable
+        console = Console(highlight=False, width=max(console.width, 140))
     try:
         run = anchor_paths(load_run(args.manifest), Path(args.manifest).resolve().parent)
     except (SpecError, FileNotFoundError) as error:

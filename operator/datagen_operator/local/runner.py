@@ -148,10 +148,8 @@ class LocalRunner:
             render_report(self.final_report, self.console)
         succeeded = next((c for c in self.conditions if c.type == "Succeeded"), None)
         ok = succeeded is not None and succeeded.status == "True"
-        colour = "green" if ok else "red"
-        reason = succeeded.reason if succeeded else "?"
-        message = succeeded.message if succeeded else ""
-        self._say(f"Succeeded={succeeded.status if succeeded else 'Unknown'} ({reason}): {message}", colour)
+        verdict = "[bold green]run succeeded[/]" if ok else "[bold red]run did not succeed[/]"
+        self._say(f"{verdict}: output in {self.output} (datagen verify {self.output})")
         return EXIT_SUCCEEDED if ok else EXIT_FAILED
 
     async def _act(self, decision: Decision) -> None:
