@@ -1,0 +1,226 @@
+"""The chart on the real control plane, the way a user runs it: the API server accepts what it renders
+(server-side dry run), `helm install`, the operator started exactly as the installed Deployment says
+(command, args, env) under the chart's ServiceAccount and RBAC, an example run reconciled to ServerReady
+against the simulator, `helm upgrade`, `helm uninstall` leaving no operator object and keeping the runs
+and their output.
+
+No image can run here (kwok fakes the nodes), so the operator runs as a local process with the rendered
+Deployment's command; the simulator on loopback answers for the server pod through the operator's
+test-only endpoint override (DATAGEN_TEST_SERVER_URLS, k8s/settings.py), which the chart never sets.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness.cluster_fixtures import SubjectRunner
+from tests.harness.controlplane import Cluster, condition_status
+from tests.harness.processes import ManagedProcess, free_port, wait_until
+from tests.harness.sim import SimServer, start_sim
+from tests.harness.testbin import REPO_ROOT
+from tests.helm.conftest import CHART, CI_VALUES, Tools
+
+EXAMPLE = REPO_ROOT / "examples" / "kimi-k2.5.yaml"
+PEERING_CRDS = CHART / "crds" / "kopf-peering.yaml"
+RUN_API = "datagen.dev/v1alpha1"
+# PodMonitor needs prometheus-operator's CRD, which this cluster does not have; the render tests check it.
+NOT_IN_THIS_CLUSTER = {"PodMonitor"}
+
+
+def documents_of(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_api_server_accepts_the_rendered_chart(tools: Tools, control_plane: Cluster, namespace: str) -> None:
+    kubeconfig = f"--kubeconfig={control_plane.kubeconfig}"
+    # The CRDs first (the peering objects need their kind), as helm does: kopf's for real, ours as a dry run.
+    tools.run("kubectl", kubeconfig, "apply", "--server-side", "-f", str(PEERING_CRDS))
+    crds = tools.run("helm", "show", "crds", str(CHART)).stdout
+    tools.run("kubectl", kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=crds)
+    for values in (None, *CI_VALUES):
+        args = ["template", f"dry-{secrets.token_hex(2)}", str(CHART), "--namespace", namespace]
+        args += ["--set", f"watch.namespace={namespace}"] + (["-f", str(values)] if values else [])
+        rendered = [d for d in documents_of(tools.run("helm", *args).stdout) if d["kind"] not in NOT_IN_THIS_CLUSTER]
+        result = tools.run(
+            "kubectl", kubeconfig, "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+            stdin=yaml.safe_dump_all(rendered),
+        )  # fmt: skip
+        kinds = {line.split("/")[0] for line in result.stdout.splitlines()}
+        assert {"deployment.apps", "serviceaccount"} <= kinds, result.stdout
+
+
+def example_run(namespace: str, data: Path, models: Path) -> dict[str, Any]:
+    """examples/kimi-k2.5.yaml as shipped, with its PVCs swapped for hostPath folders: this control plane
+    has no volume provisioner, and a folder lets the test see the output survive the uninstall."""
+    run = yaml.safe_load(EXAMPLE.read_text())
+    run["metadata"]["namespace"] = namespace
+    spec = run["spec"]
+    spec["model"]["volume"] = {"hostPath": {"path": str(models)}}
+    spec["dataset"]["volume"] = spec["output"]["volume"] = {"hostPath": {"path": str(data)}}
+    return run
+
+
+def operator_argv_and_env(deployment: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The operator container's command, args and env as the kubelet would run them, for a local process."""
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    command = list(container["command"]) + list(container.get("args", []))
+    assert command[0] == "datagen", command
+    command[0] = str(Path(sys.executable).with_name("datagen"))  # the image's entry point, from this venv
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = f"{deployment['metadata']['name']}-local"
+        else:
+            raise AssertionError(f"no local stand-in for env {var}")
+    return command, env
+
+
+def healthz(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with start_sim("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2") as server:
+        yield server
+
+
+def test_install_reconcile_upgrade_uninstall(
+    tools: Tools,
+    control_plane: Cluster,
+    namespace: str,
+    run_as_service_account: SubjectRunner,
+    sim: SimServer,
+    tmp_path: Path,
+) -> None:
+    kubeconfig = f"--kubeconfig={control_plane.kubeconfig}"
+    release = f"dg-{secrets.token_hex(2)}"
+    helm = ["--kubeconfig", str(control_plane.kubeconfig), "--namespace", namespace]
+    deployments = control_plane.resource("apps/v1", "Deployment")
+    runs = control_plane.resource(RUN_API, "DataGenRun")
+    probe_port = free_port()  # the chart's probe port, free on this machine for the local operator
+
+    # --- install: non-default probe port and a short resync, so the test is quick --------------------
+    tools.run("helm", "install", release, str(CHART), *helm, "--set", f"probes.port={probe_port}",
+              "--set", "reconcile.resyncSeconds=2")  # fmt: skip
+    status = yaml.safe_load(tools.run("helm", "status", release, *helm, "-o", "yaml").stdout)
+    assert status["info"]["status"] == "deployed" and status["version"] == 1
+    crds = control_plane.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    for crd in ("datagenruns.datagen.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        assert condition_status(crds.get(name=crd).to_dict(), "Established") == "True"
+    deployment = deployments.get(name=f"{release}-datagen-operator", namespace=namespace).to_dict()
+    service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+
+    # --- the operator, as the Deployment runs it, as the chart's ServiceAccount ------------------------
+    def start_operator(deployment: dict[str, Any]) -> ManagedProcess:
+        argv, env = operator_argv_and_env(deployment)
+        env["DATAGEN_TEST_SERVER_URLS"] = sim.url  # test-only: the server pod is a kwok fake
+        process = run_as_service_account(f"operator-{release}", argv, service_account, env=env)
+        wait_until(lambda: healthz(probe_port), timeout=30, describe="kopf's /healthz", watched=[process])
+        return process
+
+    operator = start_operator(deployment)
+    data, models = tmp_path / "data", tmp_path / "models"
+    data.mkdir(), models.mkdir()
+    statefulsets = control_plane.resource("apps/v1", "StatefulSet")
+
+    def create_run(name: str) -> tuple[str, Path]:
+        run = example_run(namespace, data, models)
+        run["metadata"]["name"] = name
+        run["spec"]["output"]["path"] = f"eagle3/{name}"
+        runs.create(body=run, namespace=namespace)
+        return name, data / "eagle3" / name
+
+    def server_ready(name: str) -> bool:
+        return condition_status(runs.get(name=name, namespace=namespace).to_dict(), "ServerReady") == "True"
+
+    def wait_ready(name: str, process: ManagedProcess) -> None:
+        wait_until(lambda: server_ready(name), timeout=60, describe=f"{name} ServerReady=True", watched=[process])
+
+    first, first_output = create_run("kimi-k25-b1")
+    wait_ready(first, operator)
+    # What the run's workers write lands in its output folder; it must outlive the run and the operator.
+    first_output.mkdir(parents=True)
+    (first_output / "manifest.json").write_text("{}")
+
+    # --- upgrade: new values reach the Deployment; the upgraded operator serves deletes and new runs --
+    tools.run("helm", "upgrade", release, str(CHART), *helm, "--reuse-values", "--set", "logLevel=debug")
+    upgraded = deployments.get(name=deployment["metadata"]["name"], namespace=namespace).to_dict()
+    assert "--verbose" in upgraded["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert yaml.safe_load(tools.run("helm", "status", release, *helm, "-o", "yaml").stdout)["version"] == 2
+    operator.stop()  # the Deployment's Recreate strategy: the old pod goes before the new one starts
+    operator = start_operator(upgraded)
+    runs.delete(name=first, namespace=namespace)  # its finalizer is the upgraded operator's to run
+
+    def gone(name: str) -> bool:
+        return not runs.get(namespace=namespace, field_selector=f"metadata.name={name}").items
+
+    wait_until(lambda: gone(first), timeout=60, describe=f"{first} deleted by the operator", watched=[operator])
+    assert (first_output / "manifest.json").read_text() == "{}"  # deleting a run keeps its data
+    second, second_output = create_run("kimi-k25-b2")
+    wait_ready(second, operator)
+    second_output.mkdir(parents=True)
+    (second_output / "manifest.json").write_text("{}")
+    server = statefulsets.get(name=f"{second}-server", namespace=namespace)
+    # The rendered RBAC covered every call the operator made. kopf's own CRD watch is refused (rbac.py
+    # grants no CRD access); kopf falls back to the resources it found at start-up.
+    refused = [
+        line
+        for line in operator.log_path.read_text().splitlines()
+        if "forbidden" in line.lower() and "customresourcedefinitions" not in line
+    ]
+    assert not refused, "\n".join(refused[:5])
+
+    # --- uninstall: no operator object left; the CRD, the run, its server and its output stay ---------
+    tools.run("helm", "uninstall", release, *helm, "--wait", "--timeout", "60s")
+    operator.stop()  # its pod went with the Deployment
+    selector = f"app.kubernetes.io/instance={release}"
+    leftovers: dict[str, Any] = {
+        "Deployment": deployments,
+        "ReplicaSet": control_plane.resource("apps/v1", "ReplicaSet"),
+        "Pod": control_plane.resource("v1", "Pod"),
+        "ServiceAccount": control_plane.resource("v1", "ServiceAccount"),
+        "ClusterRole": control_plane.resource("rbac.authorization.k8s.io/v1", "ClusterRole"),
+        "ClusterRoleBinding": control_plane.resource("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+        "Role": control_plane.resource("rbac.authorization.k8s.io/v1", "Role"),
+        "RoleBinding": control_plane.resource("rbac.authorization.k8s.io/v1", "RoleBinding"),
+        "ClusterKopfPeering": control_plane.resource("kopf.dev/v1", "ClusterKopfPeering"),
+    }
+
+    def nothing_left() -> bool:
+        return not any(resource.get(label_selector=selector).items for resource in leftovers.values())
+
+    wait_until(nothing_left, timeout=30, describe=f"no object labelled {selector}")
+    assert tools.run("helm", "status", release, *helm, check=False).returncode != 0
+    assert condition_status(crds.get(name="datagenruns.datagen.dev").to_dict(), "Established") == "True"
+    kept = runs.get(name=second, namespace=namespace).to_dict()
+    assert condition_status(kept, "ServerReady") == "True"
+    assert statefulsets.get(name=f"{second}-server", namespace=namespace).metadata.uid == server.metadata.uid
+    assert (second_output / "manifest.json").read_text() == "{}"
+    assert (first_output / "manifest.json").read_text() == "{}"
+    listed = tools.run("kubectl", kubeconfig, "-n", namespace, "get", "dgr", "-o", "name").stdout
+    assert listed.split() == [f"datagenrun.datagen.dev/{second}"]
+
+    # The operator is gone, so nobody removes its finalizer: do it, so the namespace can be deleted.
+    if kept["metadata"].get("finalizers"):
+        runs.patch(
+            body={"metadata": {"finalizers": None}},
+            name=second,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
