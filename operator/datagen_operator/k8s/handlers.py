@@ -1,0 +1,137 @@
+"""kopf handlers: a few lines each. The work is in reconcile.py (shell) over control/ (decisions).
+
+One daemon per DataGenRun runs passes; watches on the run's children (pods, Jobs, the StatefulSet, the
+ConfigMaps) keep in-memory indexes, so a pass reads no API object, and wake the run's daemon early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import aiohttp
+import kopf
+
+from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
+from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s.kube import Kube
+from datagen_operator.k8s.reconcile import OperatorContext, Reconciler, stop_children
+from datagen_operator.k8s.settings import Settings
+
+MANAGED = {"app.kubernetes.io/managed-by": m.MANAGED_BY}
+RUN = (API_GROUP, API_VERSION, PLURAL)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """A kubeconfig when one is named (tests, development), else the pod's own ServiceAccount."""
+    if os.environ.get("KUBECONFIG"):
+        return kopf.login_with_kubeconfig(**kwargs)
+    return kopf.login_with_service_account(**kwargs)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    # kopf keeps its own bookkeeping in annotations: the status belongs to the run's conditions.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+    settings.posting.level = logging.ERROR  # events are the transitions; log lines stay in the log
+    settings.watching.server_timeout = 300
+    # No CRD or namespace scanning: resources are known, namespaces are named (or all): no RBAC for either.
+    settings.scanning.disabled = True
+    operator = Settings.from_env()
+    memo.ctx = OperatorContext(operator, await Kube.connect(), aiohttp.ClientSession(), children=lambda *a: [])
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.ctx.http.close()
+    await memo.ctx.kube.close()
+
+
+def _run_key(namespace: str, labels: kopf.Labels) -> tuple[str, str]:
+    return namespace, labels.get(m.RUN_LABEL, "")
+
+
+@kopf.index("pods", labels=MANAGED)
+def run_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED)
+def run_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
+def run_statefulsets(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.index("configmaps", labels=MANAGED)
+def run_configmaps(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.on.event("pods", labels=MANAGED)
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
+@kopf.on.event("configmaps", labels=MANAGED)
+def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.wake(*_run_key(namespace, labels))
+
+
+@kopf.on.event(*RUN)
+def run_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.wake(namespace, name)
+
+
+@kopf.daemon(*RUN, cancellation_timeout=20.0)
+async def run_daemon(
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    run_pods: kopf.Index[Any, Any],
+    run_jobs: kopf.Index[Any, Any],
+    run_statefulsets: kopf.Index[Any, Any],
+    run_configmaps: kopf.Index[Any, Any],
+    **_: Any,
+) -> None:
+    ctx: OperatorContext = memo.ctx
+    indexes = {"Pod": run_pods, "Job": run_jobs, "StatefulSet": run_statefulsets, "ConfigMap": run_configmaps}
+    ctx.children = lambda kind, ns, run: list(indexes[kind].get((ns, run), ()))
+    post = lambda e: kopf.event(body, type=e.type, reason=e.reason, message=e.message)  # noqa: E731
+    reconciler = Reconciler(ctx, namespace, name, post_event=post)
+    waker = ctx.waker(namespace, name)
+    failures = 0
+    try:
+        while not stopped and not body.metadata.get("deletionTimestamp"):
+            waker.clear()
+            try:
+                await reconciler.run_pass(body)
+                failures = 0
+            except Exception:  # an API hiccup must not end the run's daemon; the next pass retries
+                failures += 1
+                logger.exception("reconcile pass failed (%d in a row)", failures)
+            delay = ctx.settings.resync_s if not failures else min(60.0, 2.0**failures)
+            stop = asyncio.ensure_future(stopped.wait())
+            wake = asyncio.ensure_future(waker.wait())
+            await asyncio.wait({stop, wake}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            wake.cancel()
+    finally:
+        ctx.wakers.pop((namespace, name), None)
+
+
+@kopf.on.delete(*RUN)
+async def run_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Workers first (they drain and sync), then the server; the output volume is never touched."""
+    waiting = await stop_children(memo.ctx.kube, namespace, name)
+    if waiting:
+        raise kopf.TemporaryError(waiting, delay=2)

@@ -1,0 +1,38 @@
+"""`datagen operator`: run the Kubernetes operator (kopf) in this process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="datagen operator",
+        description="Reconcile DataGenRuns: server, canary, workers, verification, conditions. "
+        "Configuration comes from the environment (docs/operator.md): DATAGEN_WORKER_IMAGE, ...",
+    )
+    parser.add_argument("--namespace", action="append", default=[], help="watch only these (default: all)")
+    parser.add_argument(
+        "--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument("--verbose", action="store_true")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    import kopf
+
+    import datagen_operator.k8s.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    kopf.run(
+        standalone=True,  # one operator replica; no peering objects to create
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+    )
+    return 0

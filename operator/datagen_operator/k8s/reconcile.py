@@ -1,0 +1,389 @@
+"""One pass over one run: observe (watch cache + the server's own answers), decide (control/), act
+(children), report (status, events). The kopf daemon of each run calls `Reconciler.run_pass` in a loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import yaml
+
+from datagen_operator.api import SpecError, parse_spec
+from datagen_operator.api.resolve import resolve_model
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import (
+    CANARY_PASSED,
+    PARSERS_VERIFIED,
+    SUCCEEDED,
+    DataGenRunStatus,
+    ServerStatus,
+)
+from datagen_operator.checks.evaluate import CheckContext
+from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
+from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.observed import Observed, StepOutcome
+from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import observe as o
+from datagen_operator.k8s.kube import Kube
+from datagen_operator.k8s.settings import Settings
+
+log = logging.getLogger("datagen.operator")
+
+SPEC_APPLIED = "SpecApplied"
+"""Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
+
+Lookup = Callable[[str, str, str], list[Mapping[str, Any]]]
+"""(kind, namespace, run) -> the run's children of that kind from the watch cache."""
+
+
+@dataclass
+class OperatorContext:
+    settings: Settings
+    kube: Kube
+    http: aiohttp.ClientSession
+    children: Lookup
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def waker(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        event = self.wakers.get((namespace, name))
+        if event is not None:
+            event.set()
+
+
+def check_context(spec: DataGenRunSpec) -> CheckContext:
+    """The operator has no tokenizer (it mounts no volume): the think-end id comes from the preset."""
+    resolved = resolve_model(spec)
+    preset = resolved.preset
+    return CheckContext(
+        thinking=resolved.thinking,
+        preset=preset.name if preset else None,
+        think_start=resolved.think_start,
+        think_end=resolved.think_end,
+        think_end_id=preset.think_end.id if preset and preset.think_end else None,
+        thresholds=spec.checks,
+    )
+
+
+@dataclass
+class Reconciler:
+    """The per-run shell state that survives between passes (not across operator restarts: none is needed)."""
+
+    ctx: OperatorContext
+    namespace: str
+    name: str
+    status: dict[str, Any] | None = None
+    """The status this operator last wrote; the watch may lag behind it."""
+    last_write: float = 0.0
+    created: set[str] = field(default_factory=set)
+    server_info: dict[str, Any] | None = None
+    post_event: Callable[[Event], None] = lambda event: None
+
+    # --- cache reads ---------------------------------------------------------------------------
+
+    def _children(self, kind: str) -> list[Mapping[str, Any]]:
+        return self.ctx.children(kind, self.namespace, self.name)
+
+    def _named(self, kind: str, name: str) -> Mapping[str, Any] | None:
+        return next((c for c in self._children(kind) if c["metadata"]["name"] == name), None)
+
+    def _pods(self, component: str) -> list[Mapping[str, Any]]:
+        return [p for p in self._children("Pod") if p["metadata"].get("labels", {}).get(m.COMPONENT_LABEL) == component]
+
+    # --- the pass ------------------------------------------------------------------------------
+
+    async def run_pass(self, body: Mapping[str, Any]) -> Decision:
+        meta = body["metadata"]
+        generation = int(meta.get("generation") or 1)
+        run = m.RunRef(self.name, self.namespace, meta["uid"])
+        old = DataGenRunStatus.model_validate(self.status if self.status is not None else body.get("status") or {})
+        now = datetime.now(UTC)
+        try:
+            spec = parse_spec(dict(body.get("spec") or {}))
+        except SpecError as error:
+            observed = Observed(generation=generation, spec_error=str(error))
+            decision = decide_invalid(observed)
+            await self._report(body, old, decision, generation, now, [], None)
+            return decision
+
+        spec, data_generation, refused = await self._apply_spec(run, spec, generation)
+        urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
+        observed = await self._observe(spec, generation, data_generation, old, urls, now)
+        context = check_context(spec)
+        decision = decide(spec, observed, context)
+        if decision.step == Step.VERIFY_PARSERS and observed.server and observed.server.ready_endpoints:
+            outcome = await self._verify_parsers(spec, observed.server.ready_endpoints[0])
+            if outcome is not None:
+                observed = replace(observed, parsers=outcome)
+                decision = decide(spec, observed, context)
+        await self._act(run, spec, decision, observed, urls, data_generation)
+        extra = []
+        if refused:
+            extra.append(
+                ConditionUpdate(
+                    SPEC_APPLIED,
+                    "False",
+                    "DataFieldsFrozen",
+                    f"{', '.join(refused)} changed after bulk records were written; the run keeps its applied spec "
+                    "so the output never mixes two configurations. Revert the change, or create a new run with a "
+                    "new output path.",
+                )
+            )
+        elif any(c.type == SPEC_APPLIED for c in old.conditions):
+            extra.append(ConditionUpdate(SPEC_APPLIED, "True", "Applied", "the spec in force is the one written"))
+        await self._report(body, old, decision, generation, now, extra, observed)
+        return decision
+
+    # --- spec ----------------------------------------------------------------------------------
+
+    async def _apply_spec(
+        self, run: m.RunRef, spec: DataGenRunSpec, generation: int
+    ) -> tuple[DataGenRunSpec, int, list[str]]:
+        """The spec in force, the generation of its data-affecting part, and refused data changes."""
+        name = m.spec_configmap_name(self.name)
+        cm = self._named("ConfigMap", name) or await self.ctx.kube.read("ConfigMap", self.namespace, name)
+        new = m.spec_document(spec)
+        if cm is None:
+            await self.ctx.kube.create(m.spec_configmap(run, spec, generation))
+            return spec, generation, []
+        applied = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
+        data_generation = int((cm["metadata"].get("annotations") or {}).get(m.DATA_GENERATION, generation))
+        changed = m.changed_data_fields(new, applied)
+        refused: list[str] = []
+        if changed and self._bulk_started():
+            refused = changed
+            spec = parse_spec(m.merge_live_fields(new, applied))
+            new = m.spec_document(spec)
+        elif changed:
+            data_generation = generation  # before bulk work a data change is fine: the steps run again
+        if new != applied:
+            manifest = m.spec_configmap(run, spec, data_generation)
+            await self.ctx.kube.patch(
+                "ConfigMap", self.namespace, name, {"metadata": manifest["metadata"], "data": manifest["data"]}
+            )
+        return spec, data_generation, refused
+
+    def _bulk_started(self) -> bool:
+        return self._named("Job", m.workers_job_name(self.name)) is not None
+
+    # --- observe -------------------------------------------------------------------------------
+
+    async def _observe(
+        self,
+        spec: DataGenRunSpec,
+        generation: int,
+        data_generation: int,
+        old: DataGenRunStatus,
+        urls: list[str],
+        now: datetime,
+    ) -> Observed:
+        sts_name = m.server_name(self.name)
+        server_pods = self._pods("server")
+        statefulset = self._named("StatefulSet", sts_name)
+        probe = o.pods_to_probe(server_pods, sts_name, spec.server.replicas) if statefulset is not None else []
+        answers = await asyncio.gather(*(self._healthy(urls[index]) for _, index in probe))
+        health = {pod: ok for (pod, _), ok in zip(probe, answers, strict=True)}
+        server = o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now)
+
+        checks = old.checks
+        canary_job = self._named("Job", m.canary_job_name(self.name))
+        if canary_job is not None and _annotation(canary_job, m.DATA_GENERATION) != str(data_generation):
+            canary_job = None  # made for an older spec: its verdict does not apply
+        canary = o.job_outcome(canary_job, self._pods("canary"), "canary", "canary") or o.remembered_outcome(
+            old.conditions, CANARY_PASSED, data_generation, checks
+        )
+        workers_job = self._named("Job", m.workers_job_name(self.name))
+        final = o.remembered_final(old.conditions, data_generation, checks) or o.job_outcome(
+            self._named("Job", m.verify_job_name(self.name)), self._pods("verify"), "verify", "verification"
+        )
+        return Observed(
+            generation=generation,
+            suspended=spec.suspend,
+            server=server,
+            parsers=o.remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
+            canary=canary,
+            workers=o.workers_observation(workers_job, self._pods("worker"), spec.clients.shards),
+            progress=o.progress_counters(self._children("ConfigMap")),
+            final=final,
+        )
+
+    async def _healthy(self, url: str) -> bool:
+        from datagen_operator.engine.client import is_healthy
+
+        return await is_healthy(self.ctx.http, url)
+
+    async def _verify_parsers(self, spec: DataGenRunSpec, url: str) -> StepOutcome | None:
+        """The server's own word (/server_info) and a chat probe; a failed read is retried next pass."""
+        from datagen_operator.checks.server_truth import verify_parsers
+        from datagen_operator.engine.client import chat_probe, server_info
+        from datagen_operator.worker.render import template_variables
+
+        resolved = resolve_model(spec)
+        label = resolved.preset.name if resolved.preset else spec.model.path
+        try:
+            info = await server_info(self.ctx.http, url)
+            self.server_info = info
+            probe = None
+            if resolved.thinking:
+                model = spec.model.served_model_name or spec.model.path
+                probe = await chat_probe(self.ctx.http, url, model, template_variables(resolved))
+        except Exception as error:  # the server is ready by its probes; try again on the next pass
+            log.warning("%s/%s: reading the server's parsers failed: %s", self.namespace, self.name, error)
+            return None
+        return verify_parsers(info, probe, resolved, label)
+
+    # --- act -----------------------------------------------------------------------------------
+
+    async def _ensure_once(self, manifest: m.Manifest) -> None:
+        """Objects nobody changes after creation (and the operator does not watch): created once per process."""
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        if key not in self.created:
+            await self.ctx.kube.create(manifest)
+            self.created.add(key)
+
+    async def _act(
+        self,
+        run: m.RunRef,
+        spec: DataGenRunSpec,
+        decision: Decision,
+        observed: Observed,
+        urls: list[str],
+        data_generation: int,
+    ) -> None:
+        kube = self.ctx.kube
+        shards = spec.clients.shards
+        for manifest in (m.worker_service_account(run), m.worker_role(run, shards), m.worker_role_binding(run)):
+            await self._ensure_once(manifest)
+        for index in range(shards):
+            cm = m.shard_configmap(run, index)
+            if self._named("ConfigMap", cm["metadata"]["name"]) is None:
+                await self._ensure_once(cm)
+        await self._ensure_once(m.headless_service(run, spec))
+        for index in range(spec.server.replicas):
+            await self._ensure_once(m.replica_service(run, spec, index))
+        # A scale-down leaves Services of replicas that no longer exist.
+        sts = self._named("StatefulSet", m.server_name(self.name))
+        had = int((sts or {}).get("spec", {}).get("replicas") or 0)
+        for index in range(spec.server.replicas, had):
+            await kube.delete("Service", self.namespace, m.server_pod_name(self.name, index))
+            self.created.discard(f"Service/{m.server_pod_name(self.name, index)}")
+
+        replicas = spec.server.replicas if decision.server_wanted else 0
+        if sts is not None or decision.server_wanted:
+            await kube.ensure(m.server_statefulset(run, spec, replicas), sts, patch={"spec": {"replicas": replicas}})
+
+        image = spec.clients.image or self.ctx.settings.worker_image
+        canary = self._named("Job", m.canary_job_name(self.name))
+        stale_canary = canary is not None and _annotation(canary, m.DATA_GENERATION) != str(data_generation)
+        if canary is not None and (stale_canary or (decision.step == Step.SUSPENDED and not o.job_finished(canary))):
+            await kube.delete("Job", self.namespace, m.canary_job_name(self.name))
+        elif decision.step == Step.RUN_CANARY and canary is None and observed.server:
+            ready = list(observed.server.ready_endpoints) or urls
+            await kube.create(m.canary_job(run, spec, image, ready, data_generation))
+
+        workers = self._named("Job", m.workers_job_name(self.name))
+        if workers is None and decision.workers_wanted:
+            await kube.create(m.workers_job(run, spec, image, urls, suspend=False))
+        elif workers is not None and not o.job_finished(workers):
+            if _annotation(workers, m.SERVER_URLS) != ",".join(urls):
+                # The server list changed (replicas): workers drain, a new Job resumes every shard.
+                await kube.delete("Job", self.namespace, m.workers_job_name(self.name))
+            elif bool(workers["spec"].get("suspend")) != (not decision.workers_wanted):
+                await kube.patch(
+                    "Job",
+                    self.namespace,
+                    m.workers_job_name(self.name),
+                    {"spec": {"suspend": not decision.workers_wanted}},
+                )
+
+        if decision.step == Step.FINAL_VERIFY and self._named("Job", m.verify_job_name(self.name)) is None:
+            await kube.create(m.verify_job(run, spec, image))
+
+    # --- report --------------------------------------------------------------------------------
+
+    async def _report(
+        self,
+        body: Mapping[str, Any],
+        old: DataGenRunStatus,
+        decision: Decision,
+        generation: int,
+        now: datetime,
+        extra: Iterable[ConditionUpdate],
+        observed: Observed | None,
+    ) -> None:
+        conditions = apply_updates(old.conditions, [*decision.updates, *extra], now, generation)
+        server = None
+        if observed is not None and observed.server is not None:
+            info = self.server_info or {}
+            server = ServerStatus(
+                endpoints=list(observed.server.ready_endpoints),
+                ready_replicas=len(observed.server.ready_endpoints),
+                replicas=observed.server.replicas_wanted if decision.server_wanted else 0,
+                version=info.get("version") or (old.server.version if old.server else None),
+                reasoning_parser=info.get("reasoning_parser") or (old.server.reasoning_parser if old.server else None),
+                tool_call_parser=info.get("tool_call_parser") or (old.server.tool_call_parser if old.server else None),
+            )
+        finished = decision.step in (Step.DONE, Step.HALTED, Step.INVALID)
+        status = DataGenRunStatus(
+            observed_generation=generation,
+            phase=decision.phase,
+            conditions=conditions,
+            progress=decision.progress,
+            checks=list(decision.checks),
+            fingerprint=o.fingerprint(self._children("ConfigMap")) or old.fingerprint,
+            server=server,
+            started_at=old.started_at or rfc3339(now),
+            completed_at=(old.completed_at or rfc3339(now)) if finished else None,
+        )
+        new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        before = old.model_dump(mode="json", by_alias=True, exclude_none=True)
+        loop_time = asyncio.get_running_loop().time()
+        only_progress = _without_progress(new) == _without_progress(before)
+        if only_progress and (new == before or loop_time - self.last_write < self.ctx.settings.progress_write_s):
+            return
+        # Merge patch: keys set to None clear what this pass no longer reports.
+        patch = {**{key: None for key in before if key not in new}, **new}
+        await self.ctx.kube.patch_status(self.namespace, self.name, patch)
+        self.status, self.last_write = new, loop_time
+        for event in transition_events(old.conditions, conditions):
+            self.post_event(event)
+
+
+def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k != "progress"}
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+
+
+def decide_invalid(observed: Observed) -> Decision:
+    """What decide() says for a spec that does not parse (it needs a parsed spec for everything else)."""
+    update = ConditionUpdate(SUCCEEDED, "False", "InvalidSpec", observed.spec_error or "invalid spec")
+    return Decision(Step.INVALID, "Invalid", False, False, (update,))
+
+
+async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
+    """The finalizer's work, one step per call: None when done, else what it waits for.
+
+    Workers stop before the server so they drain (SIGTERM: finish in-flight, fsync) instead of failing on a
+    vanished server. The garbage collector removes the rest through owner references; no volume is touched."""
+    for job in (m.workers_job_name(name), m.canary_job_name(name), m.verify_job_name(name)):
+        existing = await kube.read("Job", namespace, job)
+        if existing is not None:
+            if not (existing.get("metadata") or {}).get("deletionTimestamp"):
+                await kube.delete("Job", namespace, job, propagation="Foreground")
+            return f"waiting for Job {job} and its pods to stop"
+    sts = await kube.read("StatefulSet", namespace, m.server_name(name))
+    if sts is not None:
+        if not (sts.get("metadata") or {}).get("deletionTimestamp"):
+            await kube.delete("StatefulSet", namespace, m.server_name(name), propagation="Foreground")
+        return "waiting for the server pods to stop"
+    return None

@@ -1,0 +1,219 @@
+"""The operator on the real control plane: kopf's KopfRunner in this process, logged in as its own
+ServiceAccount bound to k8s/rbac.py's rules; a test kubelet for CPU pods; the simulator on loopback."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from datagen_operator.k8s.rbac import CLUSTER_RULES
+from tests.harness.controlplane import GPU_TOLERATION, Cluster
+from tests.operator.kubelet import PodRunner
+
+GROUP, VERSION, PLURAL = "datagen.dev", "v1alpha1", "datagenruns"
+PROMPTS = [
+    {"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue, in {i} words?"}]}
+    for i in range(24)
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="module")
+def kubelet(control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
+    node = PodRunner(control_plane, tmp_path_factory.mktemp("kubelet")).start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
+def standin_tokenizer() -> Path:
+    from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+
+    return ensure_standin_tokenizer()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return data
+
+
+def run_manifest(name: str, data_dir: Path, tokenizer: Path, **sections: dict[str, Any] | bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"preset": "kimi-k2.5", "path": "/models/standin", "volume": {"hostPath": {"path": str(tokenizer)}}},
+        "server": {"gpus": 8, "startupTimeout": "10m", "tolerations": [GPU_TOLERATION]},
+        "dataset": {"path": "prompts.jsonl", "volume": {"hostPath": {"path": str(data_dir)}}},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 384}},
+        "clients": {"shards": 2, "concurrency": 4},
+        "output": {"path": f"out/{name}", "volume": {"hostPath": {"path": str(data_dir)}}},
+        "checks": {"canaryPrompts": 2, "canaryMaxNewTokens": 384},
+    }
+    for key, value in sections.items():
+        spec[key] = {**spec[key], **value} if isinstance(value, dict) and key in spec else value
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DataGenRun", "metadata": {"name": name}, "spec": spec}
+
+
+@dataclass
+class Runs:
+    """The test's view of DataGenRuns in one namespace (as the admin)."""
+
+    cluster: Cluster
+    namespace: str
+
+    def __post_init__(self) -> None:
+        api = self.cluster.api_client()
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.apps = client.AppsV1Api(api)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, manifest)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec})
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        conditions = (self.get(name).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == type_), None)
+
+    def wait(
+        self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 90.0
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            last = self.condition(name, type_)
+            if last and last["status"] == status and (reason is None or last["reason"] == reason):
+                return last
+            time.sleep(0.3)
+        conditions = (self.get(name).get("status") or {}).get("conditions")
+        raise AssertionError(f"{type_}={status} ({reason}) not reached in {timeout}s; last {last}; all {conditions}")
+
+    def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def events(self, name: str) -> list[Any]:
+        return self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+
+    def job(self, name: str) -> Any | None:
+        try:
+            return self.batch.read_namespaced_job(name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def kubectl_get_wide(self, log: Path) -> str:
+        kubectl = shutil.which("kubectl") or str(Path(self.cluster.binary("kubectl")))  # type: ignore[attr-defined]
+        out = subprocess.run(
+            [kubectl, f"--kubeconfig={self.cluster.kubeconfig}", "-n", self.namespace, "get", "dgr", "-o", "wide"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        with log.open("a") as handle:
+            handle.write(out + "\n")
+        return out
+
+
+@pytest.fixture
+def runs(control_plane: Cluster, namespace: str) -> Runs:
+    return Runs(control_plane, namespace)
+
+
+@dataclass
+class OperatorHandle:
+    runner: Any
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.__exit__(None, None, None)
+            self.runner = None
+
+
+OperatorFactory = Callable[..., OperatorHandle]
+
+
+@pytest.fixture
+def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorFactory]:
+    """`(server_urls) -> handle`: the operator in-process as ServiceAccount datagen-operator of the test's
+    namespace, bound to a ClusterRole with exactly k8s/rbac.py's rules. Call again after `.stop()` to restart."""
+    from kopf.testing import KopfRunner
+
+    rbac = client.RbacAuthorizationV1Api(control_plane.api_client())
+    role = f"datagen-operator-{namespace}"
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": [dict(r) for r in CLUSTER_RULES]})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "datagen-operator", "namespace": namespace}],
+        }
+    )
+    kubeconfig = control_plane.kubeconfig_for_service_account(namespace, "datagen-operator")
+    handles: list[OperatorHandle] = []
+
+    def start(server_urls: list[str]) -> OperatorHandle:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
+        monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
+        monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
+        monkeypatch.setenv("DATAGEN_WORKER_IMAGE", "datagen-operator/datagen:test")
+        runner = KopfRunner(
+            ["run", "--standalone", "--namespace", namespace, "-m", "datagen_operator.k8s.handlers"],
+            timeout=60,
+        )
+        runner.__enter__()
+        handle = OperatorHandle(runner)
+        handles.append(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        handle.stop()
+    for call in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+        try:
+            call(role)
+        except ApiException:
+            pass
+
+
+def new_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(2)}"
+
+
+def dump(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False)

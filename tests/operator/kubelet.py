@@ -1,0 +1,332 @@
+"""The test plays kubelet where kwok does not: a CPU node for the canary, worker and verify pods.
+
+kwok (fast stages) marks every Job pod Succeeded at once with exit 0 and no termination message, which
+would let a Job "finish" without its program ever running. So the test registers its own Node (without
+kwok's annotation, so kwok leaves it alone; without the GPU taint, so the CPU pods land here) and runs
+each pod bound to it as a real local process:
+
+- the container's command with Kubernetes' $(VAR) expansion (env values, fieldRefs such as the Job's
+  completion index annotation, metadata.namespace);
+- mounts mapped to local paths: hostPath volumes to their paths, ConfigMap volumes materialised from the
+  API, /dev/termination-log to a file whose content becomes the termination message;
+- a pod whose ServiceAccount token is mounted gets KUBECONFIG for a TokenRequest token of that account, so
+  the worker patches its progress ConfigMap under its real Role;
+- the pod's status is written the way a kubelet writes it: Running + Ready, then Succeeded/Failed with the
+  container's exit code and termination message; a deleted pod's process gets SIGTERM, then the pod goes.
+
+Server pods stay on kwok's GPU nodes; the simulator on loopback answers for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.harness.controlplane import Cluster
+
+VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+DATAGEN = str(Path(sys.executable).with_name("datagen"))
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class LocalPod:
+    name: str
+    namespace: str
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    termination_log: Path
+    log_path: Path
+    fallback_to_logs: bool
+    started: str
+
+
+@dataclass
+class PodRunner:
+    cluster: Cluster
+    workdir: Path
+    node: str = field(default_factory=lambda: f"test-kubelet-{secrets.token_hex(3)}")
+    pods: dict[tuple[str, str], LocalPod] = field(default_factory=dict)
+    finished: set[tuple[str, str]] = field(default_factory=set)
+    history: list[tuple[str, str, int]] = field(default_factory=list)
+    """(namespace, pod, exit code) of every process this kubelet ran."""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.api = self.cluster.api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.coordination = client.CoordinationV1Api(self.api)
+
+    # --- the node -------------------------------------------------------------------------------
+
+    def start(self) -> PodRunner:
+        self.core.create_node(
+            {
+                "metadata": {
+                    "name": self.node,
+                    "labels": {"kubernetes.io/hostname": self.node, "datagen.dev/test-kubelet": "true"},
+                }
+            }
+        )
+        self._heartbeat()
+        self._thread = threading.Thread(target=self._loop, name="test-kubelet", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for pod in list(self.pods.values()):
+            _terminate(pod.process, 5)
+        with contextlib.suppress(ApiException):
+            self.core.delete_node(self.node)
+
+    def _heartbeat(self) -> None:
+        stamp = now()
+        capacity = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+        self.core.patch_node_status(
+            self.node,
+            {
+                "status": {
+                    "capacity": capacity,
+                    "allocatable": capacity,
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test kubelet",
+                         "lastHeartbeatTime": stamp, "lastTransitionTime": stamp},
+                    ],
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "nodeInfo": {"kubeletVersion": "v1.35.4", "architecture": "amd64", "operatingSystem": "linux",
+                                 "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "test",
+                                 "containerRuntimeVersion": "local://", "kubeProxyVersion": ""},
+                }
+            },
+        )  # fmt: skip
+        lease = {
+            "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": 40,
+                "renewTime": datetime.now(UTC).isoformat(),
+            },
+        }
+        try:
+            self.coordination.replace_namespaced_lease(self.node, "kube-node-lease", lease)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self.coordination.create_namespaced_lease("kube-node-lease", lease)
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        last_beat = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - last_beat > 5:
+                    self._heartbeat()
+                    last_beat = time.monotonic()
+                self._sync()
+            except Exception as error:  # keep playing kubelet; the test sees the effects
+                print(f"test kubelet: {error!r}", file=sys.stderr)
+            self._stop.wait(0.25)
+
+    def _sync(self) -> None:
+        listed = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
+        seen = set()
+        for pod in listed:
+            key = (pod.metadata.namespace, pod.metadata.name)
+            seen.add(key)
+            if pod.metadata.deletion_timestamp is not None:
+                self._delete(key)
+            elif key in self.pods:
+                self._check_exit(key)
+            elif key not in self.finished and pod.status.phase == "Pending":
+                self._run(pod)
+        for key in list(self.pods):
+            if key not in seen:
+                _terminate(self.pods.pop(key).process, 5)
+
+    def _delete(self, key: tuple[str, str]) -> None:
+        if key in self.finished and key not in self.pods:
+            return
+        local = self.pods.pop(key, None)
+        self.finished.add(key)
+
+        def stop_then_remove() -> None:
+            if local is not None:
+                _terminate(local.process, 30)  # SIGTERM: the worker drains and syncs its files
+                self.history.append((key[0], key[1], local.process.returncode))
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_pod(key[1], key[0], grace_period_seconds=0)
+
+        threading.Thread(target=stop_then_remove, daemon=True).start()
+
+    # --- one pod --------------------------------------------------------------------------------
+
+    def _run(self, pod: Any) -> None:
+        namespace, name = pod.metadata.namespace, pod.metadata.name
+        (container,) = pod.spec.containers
+        workdir = self.workdir / namespace / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        termination_log = workdir / "termination-log"
+        paths = {container.termination_message_path or "/dev/termination-log": str(termination_log)}
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        for mount in container.volume_mounts or []:
+            volume = volumes.get(mount.name)
+            if volume is None:
+                continue
+            if volume.host_path is not None:
+                paths[mount.mount_path] = volume.host_path.path
+            elif volume.config_map is not None:
+                target = workdir / "configmaps" / mount.name
+                target.mkdir(parents=True, exist_ok=True)
+                data = self.core.read_namespaced_config_map(volume.config_map.name, namespace).data or {}
+                for item in volume.config_map.items or [client.V1KeyToPath(key=k, path=k) for k in data]:
+                    (target / item.path).write_text(data.get(item.key, ""))
+                paths[mount.mount_path] = str(target)
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
+        for key in ("XDG_CACHE_HOME", "DATAGEN_TOKENIZER_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        for var in container.env or []:
+            env[var.name] = self._env_value(pod, var, env)
+        if pod.spec.automount_service_account_token and pod.spec.service_account_name:
+            env["KUBECONFIG"] = str(
+                self.cluster.kubeconfig_for_service_account(namespace, pod.spec.service_account_name, create=False)
+            )
+        argv = [_expand(arg, env) for arg in [*(container.command or []), *(container.args or [])]]
+        argv = [_map_path(arg, paths) for arg in argv]
+        if argv and argv[0] == "datagen":
+            argv[0] = DATAGEN
+        log_path = workdir / "container.log"
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+            )
+        started = now()
+        key = (namespace, name)
+        self.pods[key] = LocalPod(
+            name, namespace, process, workdir, termination_log, log_path,
+            container.termination_message_policy == "FallbackToLogsOnError", started,
+        )  # fmt: skip
+        self._write_status(
+            pod,
+            "Running",
+            {"running": {"startedAt": started}},
+            ready=True,
+        )
+
+    def _env_value(self, pod: Any, var: Any, env: dict[str, str]) -> str:
+        if var.value is not None:
+            return _expand(var.value, env)
+        ref = var.value_from.field_ref if var.value_from else None
+        if ref is None:
+            raise RuntimeError(f"test kubelet cannot resolve env {var.name} (secrets are not read here)")
+        path = ref.field_path
+        if path == "metadata.namespace":
+            return str(pod.metadata.namespace)
+        if path == "metadata.name":
+            return str(pod.metadata.name)
+        match = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
+        if match:
+            source = pod.metadata.annotations if match[1] == "annotations" else pod.metadata.labels
+            return str((source or {}).get(match[2], ""))
+        raise RuntimeError(f"test kubelet cannot resolve fieldRef {path}")
+
+    def _check_exit(self, key: tuple[str, str]) -> None:
+        local = self.pods[key]
+        code = local.process.poll()
+        if code is None:
+            return
+        del self.pods[key]
+        self.finished.add(key)
+        exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128+N, as a kubelet reports
+        message = local.termination_log.read_text(errors="replace") if local.termination_log.exists() else ""
+        if not message and exit_code and local.fallback_to_logs:
+            message = "\n".join(local.log_path.read_text(errors="replace").splitlines()[-20:])[-2048:]
+        self.history.append((key[0], key[1], exit_code))
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                      "startedAt": local.started, "finishedAt": now()}  # fmt: skip
+        if message:
+            terminated["message"] = message[-4096:]
+        try:
+            pod = self.core.read_namespaced_pod(key[1], key[0])
+        except ApiException:
+            return
+        self._write_status(pod, "Succeeded" if exit_code == 0 else "Failed", {"terminated": terminated}, ready=False)
+
+    def _write_status(self, pod: Any, phase: str, state: dict[str, Any], *, ready: bool) -> None:
+        stamp = now()
+        (container,) = pod.spec.containers
+        conditions = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
+            {"type": "ContainersReady", "status": str(ready), "lastTransitionTime": stamp},
+            {"type": "Ready", "status": str(ready), "lastTransitionTime": stamp},
+        ]
+        status = {
+            "phase": phase,
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "startTime": stamp,
+            "conditions": conditions,
+            "containerStatuses": [
+                {"name": container.name, "image": container.image, "imageID": "", "ready": ready,
+                 "restartCount": 0, "started": phase == "Running", "state": state},
+            ],
+        }  # fmt: skip
+        with contextlib.suppress(ApiException):
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+
+    # --- test hooks -----------------------------------------------------------------------------
+
+    def running(self, namespace: str, prefix: str) -> list[LocalPod]:
+        return [p for (ns, name), p in list(self.pods.items()) if ns == namespace and name.startswith(prefix)]
+
+    def kill(self, local: LocalPod) -> None:
+        """A crash: SIGKILL, no drain (the kubelet reports exit 137)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(local.process.pid, signal.SIGKILL)
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    return VAR.sub(lambda match: env.get(match[1], match[0]), text)
+
+
+def _map_path(arg: str, paths: dict[str, str]) -> str:
+    for mount in sorted(paths, key=len, reverse=True):
+        if arg == mount or arg.startswith(mount.rstrip("/") + "/"):
+            return paths[mount] + arg[len(mount) :]
+    return arg
+
+
+def _terminate(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)

@@ -1,0 +1,173 @@
+"""The operator end to end on a real API server, scheduler, controller-manager and kwok, as its own
+ServiceAccount. The test plays kubelet only where kwok does not (see kubelet.py); the simulator on loopback
+answers for the server pods through the test-only endpoint override (DATAGEN_TEST_SERVER_URLS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.harness.sim import start_sim
+from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
+from tests.operator.kubelet import PodRunner
+
+KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
+SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "300", "--sim-ttft-s", "0.05")
+
+
+def parquet_records(output: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(path).num_rows for path in output.rglob("*.parquet"))
+
+
+def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path, tmp_path: Path
+) -> None:
+    name = new_name("story")
+    with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
+        handle = operator([sim.url])
+        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+
+        # The server pod lands on a kwok GPU node; the operator asks the server itself before it trusts it.
+        ready = runs.wait(name, "ServerReady", "True", "Ready")
+        assert "/health_generate" in ready["message"]
+        sts = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
+        container = sts.spec.template.spec.containers[0]
+        assert container.resources.limits["nvidia.com/gpu"] == "8"
+        assert "--reasoning-parser" in container.command
+        assert runs.wait(name, "ParsersVerified", "True", "Verified")["message"].startswith("SGLang")
+        assert runs.wait(name, "CanaryPassed", "True", "Passed", timeout=120)
+        runs.wait(name, "Progressing", "True", "Running", timeout=60)
+        log = tmp_path / "kubectl-get-dgr.log"
+        runs.kubectl_get_wide(log)
+
+        # A worker crashes (SIGKILL, exit 137): the Job retries its index and the new pod resumes it.
+        crashed = runs.wait_for("a running worker", lambda: kubelet.running(runs.namespace, f"{name}-workers-"))[0]
+        kubelet.kill(crashed)
+        runs.wait_for("the crash recorded", lambda: any(code == 137 for _, _, code in kubelet.history))
+
+        # The operator restarts mid-run: it re-adopts its children by name and duplicates nothing.
+        handle.stop()
+        jobs_before = {j.metadata.name: j.metadata.uid for j in runs.batch.list_namespaced_job(runs.namespace).items}
+        operator([sim.url])
+
+        done = runs.wait(name, "Succeeded", "True", "Completed", timeout=180)
+        runs.kubectl_get_wide(log)
+        jobs_after = {j.metadata.name: j.metadata.uid for j in runs.batch.list_namespaced_job(runs.namespace).items}
+        assert {k: v for k, v in jobs_after.items() if k in jobs_before} == jobs_before
+        assert set(jobs_after) == {f"{name}-canary", f"{name}-workers", f"{name}-verify"}
+
+    status = runs.get(name)["status"]
+    assert status["progress"]["promptsDone"] == status["progress"]["promptsTotal"] == 24
+    assert "24/24 prompts" in done["message"]
+    assert runs.condition(name, "DataFaithful")["status"] == "True"  # type: ignore[index]
+    assert parquet_records(data_dir / "out" / name) == 24
+    # the end of the run releases the GPUs
+    assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
+    workers = runs.job(f"{name}-workers")
+    assert workers is not None and workers.status.failed >= 1 and workers.status.succeeded == 2
+    reasons = {e.reason for e in runs.events(name)}
+    assert {"ServerReadyReady", "ParsersVerifiedVerified", "CanaryPassedPassed", "SucceededCompleted"} <= reasons
+    wide = log.read_text()
+    print(wide)
+    assert "True" in wide.splitlines()[-2] and "24/24 prompts" in wide
+
+
+def test_not_enough_gpus_shows_the_schedulers_words(
+    runs: Runs, operator: OperatorFactory, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    name = new_name("big")
+    operator(["http://127.0.0.1:9"])
+    runs.create(run_manifest(name, data_dir, standin_tokenizer, server={"gpus": 16, "tensorParallel": 16}))
+    condition = runs.wait(name, "ServerReady", "False", "Unschedulable", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in condition["message"]
+    assert runs.job(f"{name}-canary") is None and runs.job(f"{name}-workers") is None
+
+
+def test_parser_mismatch_halts_before_any_bulk_work(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    name = new_name("kimi-tags")
+    with start_sim(
+        "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
+    ) as sim:
+        operator([sim.url])
+        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+        verdict = runs.wait(name, "ParsersVerified", "False", "Mismatch", timeout=60)
+        assert "kimi_k2" in verdict["message"]
+        halted = runs.wait(name, "Succeeded", "False", "ParsersMismatch")
+        assert halted["message"] == verdict["message"]
+    assert runs.job(f"{name}-canary") is None and runs.job(f"{name}-workers") is None
+    runs.wait_for(
+        "the GPUs released",
+        lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
+    )
+    assert not (data_dir / "out" / name).exists()
+
+
+def test_suspend_resume_refused_change_and_deletion_keeping_the_data(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    name = new_name("pause")
+    with start_sim(*KIMI, "--sim-speed", "gpu", "--sim-tokens-per-s", "150", tokenizer_dir=standin_tokenizer) as sim:
+        operator([sim.url])
+        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+        runs.wait(name, "Progressing", "True", "Running", timeout=150)
+        runs.wait_for("records written", lambda: any((data_dir / "out" / name).rglob("*.jsonl*")))
+
+        # A data-affecting change after bulk records exist is refused; the run keeps its applied spec.
+        runs.patch_spec(name, {"model": {"path": "/models/other"}})
+        refused = runs.wait(name, "SpecApplied", "False", "DataFieldsFrozen")
+        assert "spec.model.path" in refused["message"]
+        runs.patch_spec(name, {"model": {"path": "/models/standin"}})
+        runs.wait(name, "SpecApplied", "True", "Applied")
+
+        runs.patch_spec(name, {"suspend": True})
+        runs.wait(name, "ServerReady", "False", "Suspended")
+        runs.wait_for(
+            "the server scaled to zero and the workers suspended",
+            lambda: (
+                runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
+                and runs.job(f"{name}-workers").spec.suspend
+            ),
+        )
+        runs.wait_for("the worker processes stopped", lambda: not kubelet.running(runs.namespace, f"{name}-workers-"))
+        runs.patch_spec(name, {"suspend": False})
+        runs.wait(name, "Progressing", "True", "Running", timeout=60)
+        runs.wait_for("workers running again", lambda: kubelet.running(runs.namespace, f"{name}-workers-"), 60)
+
+        # Deletion mid-run: workers stop first, then the server; the output stays on its volume.
+        runs.delete(name)
+
+        def gone() -> bool:
+            try:
+                runs.get(name)
+            except ApiException as error:
+                return error.status == 404
+            return False
+
+        runs.wait_for("the run deleted (finalizer done)", gone, 90)
+    assert runs.job(f"{name}-workers") is None
+    assert any((data_dir / "out" / name).rglob("*")), "the output must survive the run's deletion"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"server": {"gpus": 8, "tensorParallel": 3}}, "spec.server.tensorParallel"),
+        ({"server": {"reasoningParser": "kimi"}}, "spec.server.reasoningParser"),
+        ({"server": {"image": "lmsysorg/sglang:latest"}}, "spec.server.image"),
+        ({"generation": {"sampling": {"max_new_tokens": 0}}}, "spec.generation.sampling.max_new_tokens"),
+    ],
+)
+def test_invalid_manifests_are_refused_by_the_api_server(
+    runs: Runs, data_dir: Path, standin_tokenizer: Path, change: dict, field: str
+) -> None:
+    manifest = run_manifest(new_name("bad"), data_dir, standin_tokenizer, **change)
+    with pytest.raises(ApiException) as refused:
+        runs.create(manifest)
+    assert refused.value.status == 422
+    assert field in refused.value.body
