@@ -94,6 +94,29 @@ def healthz(port: int) -> bool:
         return False
 
 
+def start_local_operator(
+    run_as_service_account: SubjectRunner,
+    deployment: dict[str, Any],
+    sim: SimServer,
+    probe_port: int,
+    namespace: str,
+) -> ManagedProcess:
+    """The installed Deployment's operator as a local process, as its ServiceAccount; waits for /healthz."""
+    argv, env = operator_argv_and_env(deployment)
+    env["DATAGEN_TEST_SERVER_URLS"] = sim.url  # test-only: the server pod is a kwok fake
+    service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    name = f"operator-{deployment['metadata']['name']}"
+    process = run_as_service_account(name, argv, service_account, namespace=namespace, env=env)
+    wait_until(lambda: healthz(probe_port), timeout=30, describe="kopf's /healthz", watched=[process])
+    return process
+
+
+def refused_calls(process: ManagedProcess) -> list[str]:
+    """403s in the operator's log: each one is a call the rendered RBAC does not grant (kopf's own CRD and
+    namespace scanning is off in the operator, so it asks for neither)."""
+    return [line for line in process.log_path.read_text().splitlines() if "forbidden" in line.lower()]
+
+
 @pytest.fixture
 def sim() -> Iterator[SimServer]:
     with start_sim("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2") as server:
@@ -124,15 +147,10 @@ def test_install_reconcile_upgrade_uninstall(
     for crd in ("datagenruns.datagen.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         assert condition_status(crds.get(name=crd).to_dict(), "Established") == "True"
     deployment = deployments.get(name=f"{release}-datagen-operator", namespace=namespace).to_dict()
-    service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
 
     # --- the operator, as the Deployment runs it, as the chart's ServiceAccount ------------------------
     def start_operator(deployment: dict[str, Any]) -> ManagedProcess:
-        argv, env = operator_argv_and_env(deployment)
-        env["DATAGEN_TEST_SERVER_URLS"] = sim.url  # test-only: the server pod is a kwok fake
-        process = run_as_service_account(f"operator-{release}", argv, service_account, env=env)
-        wait_until(lambda: healthz(probe_port), timeout=30, describe="kopf's /healthz", watched=[process])
-        return process
+        return start_local_operator(run_as_service_account, deployment, sim, probe_port, namespace)
 
     operator = start_operator(deployment)
     data, models = tmp_path / "data", tmp_path / "models"
@@ -177,13 +195,7 @@ def test_install_reconcile_upgrade_uninstall(
     second_output.mkdir(parents=True)
     (second_output / "manifest.json").write_text("{}")
     server = statefulsets.get(name=f"{second}-server", namespace=namespace)
-    # The rendered RBAC covered every call the operator made. kopf's own CRD watch is refused (rbac.py
-    # grants no CRD access); kopf falls back to the resources it found at start-up.
-    refused = [
-        line
-        for line in operator.log_path.read_text().splitlines()
-        if "forbidden" in line.lower() and "customresourcedefinitions" not in line
-    ]
+    refused = refused_calls(operator)  # the rendered RBAC covered every call the operator made
     assert not refused, "\n".join(refused[:5])
 
     # --- uninstall: no operator object left; the CRD, the run, its server and its output stay ---------
@@ -224,3 +236,76 @@ def test_install_reconcile_upgrade_uninstall(
             namespace=namespace,
             content_type="application/merge-patch+json",
         )
+
+
+def test_namespaced_install_serves_and_may_touch_only_its_namespace(
+    tools: Tools,
+    control_plane: Cluster,
+    namespace: str,
+    run_as_service_account: SubjectRunner,
+    sim: SimServer,
+    tmp_path: Path,
+) -> None:
+    """ci/namespaced-values.yaml: the operator in the release namespace serves runs in another one, with
+    a Role there and nothing cluster-wide."""
+    namespaces = control_plane.resource("v1", "Namespace")
+    watched = f"{namespace}-runs"
+    namespaces.create(body={"metadata": {"name": watched, "labels": {"datagen.dev/test": "true"}}})
+    runs = control_plane.resource(RUN_API, "DataGenRun")
+    release, probe_port = f"ns-{secrets.token_hex(2)}", free_port()
+    helm = ["--kubeconfig", str(control_plane.kubeconfig), "--namespace", namespace]
+    values = ["-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", f"watch.namespace={watched}"]
+    # no PodMonitor: this cluster has no prometheus-operator CRDs
+    values += ["--set", f"probes.port={probe_port}", "--set", "metrics.podMonitor.enabled=false"]
+    tools.run("helm", "install", release, str(CHART), *helm, *values)
+    try:
+        deployment = control_plane.resource("apps/v1", "Deployment").get(
+            name=f"{release}-datagen-operator", namespace=namespace
+        )
+        operator = start_local_operator(run_as_service_account, deployment.to_dict(), sim, probe_port, namespace)
+        data, models = tmp_path / "data", tmp_path / "models"
+        data.mkdir(), models.mkdir()
+        elsewhere = example_run(namespace, data, models)  # the release namespace is not watched
+        runs.create(body=elsewhere, namespace=namespace)
+        served = example_run(watched, data, models)
+        runs.create(body=served, namespace=watched)
+        name = served["metadata"]["name"]
+
+        def ready() -> bool:
+            return condition_status(runs.get(name=name, namespace=watched).to_dict(), "ServerReady") == "True"
+
+        wait_until(ready, timeout=60, describe=f"{watched}/{name} ServerReady=True", watched=[operator])
+        ignored = runs.get(name=elsewhere["metadata"]["name"], namespace=namespace).to_dict()
+        assert not ignored.get("status") and not ignored["metadata"].get("finalizers")
+        assert not refused_calls(operator), refused_calls(operator)[:5]
+
+        # What the ServiceAccount may do, asked of the API server itself.
+        account = control_plane.kubeconfig_for_service_account(namespace, "datagen-controller", create=False)
+
+        def can(*args: str) -> bool:
+            result = tools.run("kubectl", f"--kubeconfig={account}", "auth", "can-i", *args, check=False)
+            return result.stdout.strip() == "yes"
+
+        assert can("patch", "datagenruns.datagen.dev/status", "-n", watched)
+        assert can("create", "statefulsets.apps", "-n", watched)
+        assert not can("list", "datagenruns.datagen.dev", "-n", namespace)
+        assert not can("list", "datagenruns.datagen.dev", "--all-namespaces")
+        assert not can("get", "secrets", "-n", watched)
+        assert not can("delete", "pods", "-n", watched)
+
+        tools.run("helm", "uninstall", release, *helm, "--wait", "--timeout", "60s")
+        operator.stop()
+        roles = control_plane.resource("rbac.authorization.k8s.io/v1", "Role")
+        assert not roles.get(namespace=watched, label_selector=f"app.kubernetes.io/instance={release}").items
+        assert runs.get(name=name, namespace=watched)  # the run stays
+    finally:
+        for run_namespace in (namespace, watched):
+            for run in runs.get(namespace=run_namespace).items:
+                if run.metadata.finalizers:  # nobody serves them any more
+                    runs.patch(
+                        body={"metadata": {"finalizers": None}},
+                        name=run.metadata.name,
+                        namespace=run_namespace,
+                        content_type="application/merge-patch+json",
+                    )
+        namespaces.delete(name=watched)
