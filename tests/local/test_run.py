@@ -100,13 +100,22 @@ def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: 
     assert not list((tmp_path / "out").glob("shards/*/*.jsonl")), "no bulk record may be written"
 
 
-def test_model_that_ignores_thinking_fails_the_canary(tmp_path: Path, standin: Path) -> None:
+def test_model_that_ignores_thinking_fails_the_parser_probe(tmp_path: Path, standin: Path) -> None:
     result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "CanaryPassed=False" in result.stdout
-    assert "no `</think>` (163607)" in result.stdout
-    assert "Succeeded=False (CanaryFailed)" in result.stdout
+    assert "ParsersVerified=False" in result.stdout
+    assert "did not write </think>" in result.stdout
     assert not list((tmp_path / "out").glob("shards/*/*.jsonl"))
+
+
+def test_prompt_suffix_leak_fails_the_canary(tmp_path: Path, standin: Path) -> None:
+    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-prompt-suffix-leak=3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ParsersVerified=True" in result.stdout
+    assert "CanaryPassed=False" in result.stdout
+    assert "prompt-suffix tokens" in result.stdout
+    assert "Succeeded=False (CanaryFailed)" in result.stdout
+    assert not list((tmp_path / "out").glob("shards/*/*.jsonl")), "no bulk record may be written"
     assert (tmp_path / "out" / "canary.jsonl").exists()
 
 

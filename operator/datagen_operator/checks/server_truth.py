@@ -78,7 +78,11 @@ def verify_parsers(
         elif leaked_tags:
             problems.append(f"a chat probe found {', '.join(leaked_tags)} inside content: the reasoning split is off")
         elif not content.strip() and not probe.get("tool_calls"):
-            problems.append("a chat probe got reasoning but an empty answer: raise the probe budget or check the model")
+            problems.append(
+                f"a chat probe got all of its output as reasoning_content and no content: {model_label} did not write "
+                f"{resolved.think_end or 'a think end'}; it may ignore thinking (an instruct model under a thinking "
+                "preset?) or never close its reasoning; check model.path and the preset"
+            )
 
     version = info.get("version", "?")
     if problems:
