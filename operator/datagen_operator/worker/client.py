@@ -384,12 +384,12 @@ class GenerateClient:
 
 
 def _retry_kind(status: int | None, reason: str) -> str:
+    if reason.startswith("aborted"):
+        return "aborted"
     if status is not None:
         return f"http_{status}"
     if reason.startswith("timed out"):
         return "timeout"
-    if reason.startswith("aborted"):
-        return "aborted"
     if reason.startswith("stream"):
         return "stream_error"
     return "connection_error"
