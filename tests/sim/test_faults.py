@@ -6,7 +6,6 @@ import asyncio
 import http.client
 import re
 import socket
-from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -103,10 +102,8 @@ def test_ignore_thinking_misconfig_never_reasons(fleet: dict[str, SimServer]) ->
     assert "</think>" not in decode(ids)
 
 
-def test_gpu_speed_queues_requests_beyond_the_batch_capacity(sim_factory: Callable[..., SimServer]) -> None:
-    server = sim_factory("--sim-speed", "gpu", "--sim-batch-capacity", "1", "--sim-tokens-per-s", "100",
-                         "--sim-ttft-s", "0", "--enable-metrics", "--sim-mean-answer-tokens", "1000",
-                         "--sim-length-sigma", "0")  # fmt: skip
+def test_gpu_speed_queues_requests_beyond_the_batch_capacity(fleet: dict[str, SimServer]) -> None:
+    server = fleet["gpu"]  # batch capacity 1, 100 tokens/s per request
     body = {"input_ids": chat_prompt(thinking=False), "sampling_params": {"max_new_tokens": 30}}
 
     def gauge(name: str) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 
 import pytest
 
@@ -69,11 +68,11 @@ def test_output_is_deterministic_per_prompt_and_seed(sim: SimServer) -> None:
     assert one(sim, prompt, sampling_seed=1)["output_ids"] == seeded[0]
 
 
-def test_answer_lengths_follow_the_configured_mean(sim_factory: Callable[..., SimServer]) -> None:
-    server = sim_factory("--sim-mean-answer-tokens", "100", "--sim-length-sigma", "0.5")
-    lengths = [len(one(server, chat_prompt(f"q{index}", thinking=False))["output_ids"]) - 1 for index in range(150)]
-    assert 80 < statistics.mean(lengths) < 120
-    assert min(lengths) < 70 and max(lengths) > 140, "lognormal: a spread, not a constant"
+def test_answer_lengths_follow_the_configured_mean(sim: SimServer) -> None:
+    # The session simulator runs with --sim-mean-answer-tokens 60 and the default lognormal sigma 0.6.
+    lengths = [len(one(sim, chat_prompt(f"q{index}", thinking=False))["output_ids"]) - 1 for index in range(150)]
+    assert 48 < statistics.mean(lengths) < 72
+    assert min(lengths) < 35 and max(lengths) > 100, "lognormal: a spread, not a constant"
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -104,9 +103,8 @@ def test_text_prompt_is_tokenized(sim: SimServer) -> None:
 # -- finish reasons and limits ------------------------------------------------------------------
 
 
-def test_max_new_tokens_defaults_to_128(sim_factory: Callable[..., SimServer]) -> None:
-    server = sim_factory("--sim-mean-answer-tokens", "2000", "--sim-length-sigma", "0")
-    result = generate(server.url, {"input_ids": chat_prompt(thinking=False)})
+def test_max_new_tokens_defaults_to_128(sim: SimServer) -> None:
+    result = generate(sim.url, {"input_ids": chat_prompt(thinking=False), "sampling_params": {"ignore_eos": True}})
     assert result["meta_info"]["finish_reason"] == {"type": "length", "length": 128}
     assert len(result["output_ids"]) == result["meta_info"]["completion_tokens"] == 128
 
@@ -153,11 +151,11 @@ def test_min_new_tokens_delays_the_stop(sim: SimServer) -> None:
     assert len(result["output_ids"]) >= 300 and result["output_ids"][-1] == IM_END
 
 
-def test_context_length_limits_prompt_and_output(sim_factory: Callable[..., SimServer]) -> None:
-    server = sim_factory("--context-length", "64", "--sim-mean-answer-tokens", "500", "--sim-length-sigma", "0")
-    result = generate(server.url, {"input_ids": [100] * 40, "sampling_params": {"max_new_tokens": 1000}})
-    assert result["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
-    too_long = post(server.url, "/generate", {"input_ids": [100] * 64})
+def test_context_length_limits_prompt_and_output(sim: SimServer) -> None:
+    context = 262_144  # the stand-in's max_position_embeddings
+    body = {"input_ids": [100] * (context - 24), "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    assert generate(sim.url, body)["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
+    too_long = post(sim.url, "/generate", {"input_ids": [100] * context})
     assert too_long.status == 400 and "context length" in too_long.json()["error"]["message"]
 
 

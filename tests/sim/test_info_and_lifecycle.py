@@ -6,9 +6,12 @@ import os
 import re
 import signal
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
-from tests.harness.sim import SimServer, health_status
+from tests.harness.sim import SimServer, SimStartError, health_status
 from tests.sim.http import generate, get, post
 from tests.sim.prompts import chat_prompt
 
@@ -30,14 +33,13 @@ def test_server_info_is_flat_with_resolved_args(sim: SimServer) -> None:
     assert get(sim.url, "/get_server_info").json() == info
 
 
-def test_server_info_shows_sglang_flags_as_given(sim_factory: Callable[..., SimServer]) -> None:
-    server = sim_factory("--tp", "8", "--dp-size", "2", "--mem-fraction-static", "0.85", "--trust-remote-code",
-                         "--served-model-name", "kimi-k2.5", "--log-level", "warning", "--watchdog-timeout", "600",
-                         "--incremental-streaming-output", "--reasoning-parser", "auto")  # fmt: skip
+def test_server_info_shows_sglang_flags_as_given(fleet: dict[str, SimServer]) -> None:
+    server = fleet["incremental"]
     info = get(server.url, "/server_info").json()
     assert (info["tp_size"], info["dp_size"], info["mem_fraction_static"]) == (8, 2, 0.85)
     assert info["trust_remote_code"] is True and info["served_model_name"] == "kimi-k2.5"
-    assert info["incremental_streaming_output"] is True and info["reasoning_parser"] == "kimi_k2"
+    assert info["incremental_streaming_output"] is True and info["reasoning_parser"] == "kimi_k2", "auto resolved"
+    assert info["log_level"] == "warning" and info["watchdog_timeout"] == 600
     assert get(server.url, "/v1/models").json()["data"][0]["id"] == "kimi-k2.5"
     assert get(server.url, "/metrics").status == 404, "no --enable-metrics"
 
@@ -97,15 +99,12 @@ def test_crash_after_requests_exits_after_answering_and_restarts_on_the_same_por
     assert generate(server.url, body)["output_ids"] == first["output_ids"]
 
 
-def test_missing_model_path_exits_1_unless_falling_back(sim_factory: Callable[..., SimServer], tmp_path) -> None:
-    from tests.harness.sim import SimStartError
+def test_missing_model_path_exits_1(sim_factory: Callable[..., SimServer], tmp_path: Path) -> None:
+    with pytest.raises(SimStartError, match=r"exited with 1[\s\S]*tokenizer\.json"):
+        sim_factory("--model-path", str(tmp_path / "no-such-model"))
 
-    missing = str(tmp_path / "no-such-model")
-    try:
-        sim_factory("--model-path", missing)
-    except SimStartError as error:
-        assert "exited with 1" in str(error) and "tokenizer.json" in str(error)
-    else:
-        raise AssertionError("the simulator started without a tokenizer")
-    server = sim_factory("--model-path", missing, "--sim-fallback-standin")
-    assert get(server.url, "/server_info").json()["model_path"] == missing
+
+def test_missing_model_path_can_fall_back_to_the_standin(fleet: dict[str, SimServer]) -> None:
+    server = fleet["fallback"]
+    assert get(server.url, "/server_info").json()["model_path"] == "/nonexistent/kimi-k2.5"
+    assert generate(server.url, {"input_ids": chat_prompt(), "sampling_params": {"max_new_tokens": 3}})

@@ -60,9 +60,12 @@ class SimMetrics:
         self._cached_total += cached_tokens
         self.prompt_tokens.inc(prompt_tokens)
 
-    def finished(self, prompt_tokens: int, completion_tokens: int, ttft_s: float, e2e_s: float) -> None:
+    def stopped(self, prompt_tokens: int) -> None:
+        """A request left the running batch (finished or aborted)."""
         self.running.dec()
         self._running_tokens -= prompt_tokens
+
+    def finished(self, prompt_tokens: int, completion_tokens: int, ttft_s: float, e2e_s: float) -> None:
         self.generation_tokens.inc(completion_tokens)
         self.requests.inc()
         self.ttft.observe(ttft_s)

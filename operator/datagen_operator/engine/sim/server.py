@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import signal
@@ -193,26 +195,26 @@ class Simulator:
 
     @contextlib.asynccontextmanager
     async def _generating(self, prompt_tokens: int, cached_tokens: int) -> AsyncIterator[None]:
-        """Hold a batch slot (gpu speed: queue when full) and keep the running/queue gauges."""
+        """Hold a batch slot (gpu speed: queue when full) and keep the running/queue gauges right even when
+        the client disconnects (which cancels the handler)."""
         metrics = self.metrics
-        if not self.gpu:
+        if self.gpu:
             if metrics is not None:
-                metrics.started(prompt_tokens, cached_tokens)
-            yield
-            return
+                metrics.queued.inc()
+            try:
+                await self.slots.acquire()
+            finally:
+                if metrics is not None:
+                    metrics.queued.dec()
         if metrics is not None:
-            metrics.queued.inc()
+            metrics.started(prompt_tokens, cached_tokens)
         try:
-            await self.slots.acquire()
-        finally:
-            if metrics is not None:
-                metrics.queued.dec()
-        try:
-            if metrics is not None:
-                metrics.started(prompt_tokens, cached_tokens)
             yield
         finally:
-            self.slots.release()
+            if metrics is not None:
+                metrics.stopped(prompt_tokens)
+            if self.gpu:
+                self.slots.release()
 
     def _finished(self, prompt_tokens: int, completion_tokens: int, received: float) -> None:
         if self.metrics is not None:
@@ -311,32 +313,35 @@ class Simulator:
         received: float,
     ) -> web.StreamResponse:
         leak = self.settings.faults.prompt_suffix_leak
-        interval_default = self.args["stream_interval"]
         incremental = self.args["incremental_streaming_output"]
-        events: list[tuple[float, int, protocol.StreamEvent]] = []
+        streams = []
+        total_events = 0
         for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True):
-            meta = protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None)
-            for event in protocol.stream_events(
+            interval = item.params.stream_interval or self.args["stream_interval"]
+            total_events += protocol.stream_event_count(len(completion.run), interval)
+            events = protocol.stream_events(
                 item,
                 completion,
-                meta,
+                protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None),
                 protocol.leaked_prefix(item.prompt, leak),
-                interval=item.params.stream_interval or interval_default,
+                interval=interval,
                 incremental=incremental,
                 batch_index=item.index if parsed.is_batch else None,
                 vocab=self.vocab,
-            ):
-                events.append((self._due_s(event.tokens), item.index, event))
-        events.sort(key=lambda entry: entry[0]) if self.gpu else None
+            )
+            streams.append((self._due_s(event.tokens), item.index, event) for event in events)
+        # Generated lazily (a cumulative stream of a long answer is O(n^2) bytes); a batch interleaves
+        # its requests' events by due time at gpu speed.
+        merged = heapq.merge(*streams, key=lambda entry: entry[0]) if self.gpu else itertools.chain(*streams)
+        cut = total_events // 2 if plan.reset or plan.stream_error else None
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        cut = len(events) // 2 if plan.reset or plan.stream_error else None
         async with contextlib.AsyncExitStack() as stack:
             for item, cached_tokens in zip(parsed.items, cached, strict=True):
                 await stack.enter_async_context(self._generating(len(item.prompt), cached_tokens))
             buffer = bytearray()
             start = time.perf_counter()
-            for position, (due, _, event) in enumerate(events):
+            for position, (due, _, event) in enumerate(merged):
                 if position == cut:
                     break
                 if self.gpu and due > time.perf_counter() - start:
@@ -344,9 +349,11 @@ class Simulator:
                         await response.write(bytes(buffer))
                         buffer.clear()
                     await asyncio.sleep(due - (time.perf_counter() - start))
-                if event.final:
+                if event.payload is not None:  # the final event of a request
                     event.payload["meta_info"]["e2e_latency"] = time.perf_counter() - received
-                buffer += protocol.sse(event.payload)
+                    buffer += protocol.sse(event.payload)
+                else:
+                    buffer += event.data
                 if len(buffer) >= STREAM_WRITE_BYTES:
                     await response.write(bytes(buffer))
                     buffer.clear()
@@ -359,11 +366,8 @@ class Simulator:
             _reset_connection(request)
             return response
         if plan.stream_error:
-            await response.write(
-                protocol.sse(
-                    protocol.stream_error_payload("Simulated error mid-stream (--sim-fault-stream-error-rate)")
-                )
-            )
+            message = "Simulated error mid-stream (--sim-fault-stream-error-rate)"
+            await response.write(protocol.sse(protocol.stream_error_payload(message)))
         await response.write(protocol.SSE_DONE)
         await response.write_eof()
         return response
@@ -496,6 +500,7 @@ async def serve(settings: SimSettings, vocab: SimVocab) -> int:
         build_app(sim),
         access_log=log if log.isEnabledFor(logging.DEBUG) else None,
         handle_signals=False,
+        handler_cancellation=True,  # a client that disconnects aborts its request, as in SGLang
         shutdown_timeout=SHUTDOWN_GRACE_S,
     )
     await runner.setup()
