@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from datagen_operator.api.resolve import ResolvedModel
+import aiohttp
+
+from datagen_operator.api.resolve import ResolvedModel, resolve_model
+from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.control.observed import StepOutcome
 from datagen_operator.engine.sglang_names import REASONING_PARSER_TAGS
@@ -95,3 +98,23 @@ def verify_parsers(
         f"{resolved.tool_call_parser or 'none'}{probed}"
     )
     return StepOutcome(True, "Verified", message, (CheckResult(name=PARSERS, passed=True, total=1, verdict=message),))
+
+
+async def verify_running_server(session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec) -> StepOutcome:
+    """The I/O around verify_parsers, shared by the operator and the local runner: /server_info, then a chat
+    probe through the server's own template and parser (thinking runs)."""
+    from datagen_operator.engine.client import chat_probe
+    from datagen_operator.worker.client import fetch_server_info
+    from datagen_operator.worker.render import template_variables
+
+    resolved = resolve_model(spec)
+    label = resolved.preset.name if resolved.preset else spec.model.path
+    try:
+        info = await fetch_server_info(session, url)
+        probe = None
+        if resolved.thinking:
+            model = spec.model.served_model_name or spec.model.path
+            probe = await chat_probe(session, url, model, template_variables(resolved))
+    except Exception as error:  # failing to read the server is itself the verdict
+        return StepOutcome(False, "ProbeFailed", f"could not read the server's parsers at {url}: {error}")
+    return verify_parsers(info, probe, resolved, label)

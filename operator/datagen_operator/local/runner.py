@@ -98,6 +98,7 @@ class LocalRunner:
         self.tokenizer: Any = None
         self.stop = asyncio.Event()
         self.decision: Decision | None = None
+        self.canary_task: asyncio.Task[StepOutcome] | None = None
         self.started = time.monotonic()
 
     # --- the loop ----------------------------------------------------------------------------------
@@ -158,9 +159,15 @@ class LocalRunner:
         if not decision.workers_wanted:
             await self._stop_workers()
         if decision.step is Step.VERIFY_PARSERS:
-            self.parsers = await self._verify_parsers(decision)
+            # The canary needs only a ready server too: run it alongside the parser check so the verdict
+            # comes one probe sooner; decide() still reads the parsers first and halts on them.
+            if self.canary_task is None:
+                self.canary_task = asyncio.create_task(self._run_canary())
+            self.parsers = await self._verify_parsers()
         elif decision.step is Step.RUN_CANARY:
-            self.canary = await self._run_canary()
+            if self.canary_task is None:
+                self.canary_task = asyncio.create_task(self._run_canary())
+            self.canary = await self.canary_task
         elif decision.step is Step.RUN_WORKERS:
             await self._supervise_workers(self._ready_urls())
         elif decision.step is Step.FINAL_VERIFY:
@@ -273,24 +280,10 @@ class LocalRunner:
         kind = "the SGLang simulator (no GPU or no sglang here)" if self.simulator else "SGLang"
         self._say(f"started {self.spec.server.replicas} server replica(s) with {kind}; logs in {self.logs}", "cyan")
 
-    async def _verify_parsers(self, decision: Decision) -> StepOutcome:
-        from datagen_operator.checks.server_truth import verify_parsers
-        from datagen_operator.engine.client import chat_probe
-        from datagen_operator.worker.client import fetch_server_info
+    async def _verify_parsers(self) -> StepOutcome:
+        from datagen_operator.checks.server_truth import verify_running_server
 
-        url = self._ready_urls()[0]
-        label = self.resolved.preset.name if self.resolved.preset else self.spec.model.path
-        try:
-            info = await fetch_server_info(self.session, url)
-            probe = None
-            if self.resolved.thinking:
-                from datagen_operator.worker.render import template_variables
-
-                model = self.spec.model.served_model_name or self.spec.model.path
-                probe = await chat_probe(self.session, url, model, template_variables(self.resolved))
-        except Exception as error:  # any failure to read the server is itself the verdict
-            return StepOutcome(False, "ProbeFailed", f"could not read the server's parsers: {error}")
-        return verify_parsers(info, probe, self.resolved, label)
+        return await verify_running_server(self.session, self._ready_urls()[0], self.spec)
 
     async def _run_canary(self) -> StepOutcome:
         from datagen_operator.checks.canary import run_canary
@@ -356,6 +349,10 @@ class LocalRunner:
         self.servers = []
 
     async def _stop_everything(self) -> None:
+        if self.canary_task is not None and not self.canary_task.done():
+            self.canary_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.canary_task
         await self._stop_workers()
         await self._stop_servers()
 
