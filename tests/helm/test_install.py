@@ -15,6 +15,7 @@ import secrets
 import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,38 @@ def refused_calls(process: ManagedProcess) -> list[str]:
     return [line for line in process.log_path.read_text().splitlines() if "forbidden" in line.lower()]
 
 
+@dataclass
+class Leftovers:
+    """What a test leaves to tear down even when it fails: releases to uninstall, then namespaces whose
+    runs lost their operator (their finalizer is stripped so the namespace can go), extra namespaces."""
+
+    releases: list[tuple[str, str]] = field(default_factory=list)
+    run_namespaces: list[str] = field(default_factory=list)
+    extra_namespaces: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def leftovers(tools: Tools, control_plane: Cluster) -> Iterator[Leftovers]:
+    found = Leftovers()
+    yield found
+    kubeconfig = str(control_plane.kubeconfig)
+    for release, namespace in found.releases:
+        tools.run("helm", "uninstall", release, "--kubeconfig", kubeconfig, "-n", namespace, "--ignore-not-found",
+                  check=False)  # fmt: skip
+    runs = control_plane.resource(RUN_API, "DataGenRun")
+    for namespace in found.run_namespaces:
+        for run in runs.get(namespace=namespace).items:
+            if run.metadata.finalizers:  # nobody serves them any more
+                runs.patch(
+                    body={"metadata": {"finalizers": None}},
+                    name=run.metadata.name,
+                    namespace=namespace,
+                    content_type="application/merge-patch+json",
+                )
+    for namespace in found.extra_namespaces:
+        control_plane.resource("v1", "Namespace").delete(name=namespace)
+
+
 @pytest.fixture
 def sim() -> Iterator[SimServer]:
     with start_sim("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2") as server:
@@ -130,6 +163,7 @@ def test_install_reconcile_upgrade_uninstall(
     run_as_service_account: SubjectRunner,
     sim: SimServer,
     tmp_path: Path,
+    leftovers: Leftovers,
 ) -> None:
     kubeconfig = f"--kubeconfig={control_plane.kubeconfig}"
     release = f"dg-{secrets.token_hex(2)}"
@@ -137,6 +171,8 @@ def test_install_reconcile_upgrade_uninstall(
     deployments = control_plane.resource("apps/v1", "Deployment")
     runs = control_plane.resource(RUN_API, "DataGenRun")
     probe_port = free_port()  # the chart's probe port, free on this machine for the local operator
+    leftovers.releases.append((release, namespace))
+    leftovers.run_namespaces.append(namespace)
 
     # --- install: non-default probe port and a short resync, so the test is quick --------------------
     tools.run("helm", "install", release, str(CHART), *helm, "--set", f"probes.port={probe_port}",
@@ -228,15 +264,6 @@ def test_install_reconcile_upgrade_uninstall(
     listed = tools.run("kubectl", kubeconfig, "-n", namespace, "get", "dgr", "-o", "name").stdout
     assert listed.split() == [f"datagenrun.datagen.dev/{second}"]
 
-    # The operator is gone, so nobody removes its finalizer: do it, so the namespace can be deleted.
-    if kept["metadata"].get("finalizers"):
-        runs.patch(
-            body={"metadata": {"finalizers": None}},
-            name=second,
-            namespace=namespace,
-            content_type="application/merge-patch+json",
-        )
-
 
 def test_namespaced_install_serves_and_may_touch_only_its_namespace(
     tools: Tools,
@@ -245,67 +272,59 @@ def test_namespaced_install_serves_and_may_touch_only_its_namespace(
     run_as_service_account: SubjectRunner,
     sim: SimServer,
     tmp_path: Path,
+    leftovers: Leftovers,
 ) -> None:
     """ci/namespaced-values.yaml: the operator in the release namespace serves runs in another one, with
     a Role there and nothing cluster-wide."""
     namespaces = control_plane.resource("v1", "Namespace")
     watched = f"{namespace}-runs"
     namespaces.create(body={"metadata": {"name": watched, "labels": {"datagen.dev/test": "true"}}})
+    leftovers.extra_namespaces.append(watched)
     runs = control_plane.resource(RUN_API, "DataGenRun")
     release, probe_port = f"ns-{secrets.token_hex(2)}", free_port()
     helm = ["--kubeconfig", str(control_plane.kubeconfig), "--namespace", namespace]
     values = ["-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", f"watch.namespace={watched}"]
     # no PodMonitor: this cluster has no prometheus-operator CRDs
     values += ["--set", f"probes.port={probe_port}", "--set", "metrics.podMonitor.enabled=false"]
+    leftovers.releases.append((release, namespace))
+    leftovers.run_namespaces += [namespace, watched]
     tools.run("helm", "install", release, str(CHART), *helm, *values)
-    try:
-        deployment = control_plane.resource("apps/v1", "Deployment").get(
-            name=f"{release}-datagen-operator", namespace=namespace
-        )
-        operator = start_local_operator(run_as_service_account, deployment.to_dict(), sim, probe_port, namespace)
-        data, models = tmp_path / "data", tmp_path / "models"
-        data.mkdir(), models.mkdir()
-        elsewhere = example_run(namespace, data, models)  # the release namespace is not watched
-        runs.create(body=elsewhere, namespace=namespace)
-        served = example_run(watched, data, models)
-        runs.create(body=served, namespace=watched)
-        name = served["metadata"]["name"]
+    deployment = control_plane.resource("apps/v1", "Deployment").get(
+        name=f"{release}-datagen-operator", namespace=namespace
+    )
+    operator = start_local_operator(run_as_service_account, deployment.to_dict(), sim, probe_port, namespace)
+    data, models = tmp_path / "data", tmp_path / "models"
+    data.mkdir(), models.mkdir()
+    elsewhere = example_run(namespace, data, models)  # the release namespace is not watched
+    runs.create(body=elsewhere, namespace=namespace)
+    served = example_run(watched, data, models)
+    runs.create(body=served, namespace=watched)
+    name = served["metadata"]["name"]
 
-        def ready() -> bool:
-            return condition_status(runs.get(name=name, namespace=watched).to_dict(), "ServerReady") == "True"
+    def ready() -> bool:
+        return condition_status(runs.get(name=name, namespace=watched).to_dict(), "ServerReady") == "True"
 
-        wait_until(ready, timeout=60, describe=f"{watched}/{name} ServerReady=True", watched=[operator])
-        ignored = runs.get(name=elsewhere["metadata"]["name"], namespace=namespace).to_dict()
-        assert not ignored.get("status") and not ignored["metadata"].get("finalizers")
-        assert not refused_calls(operator), refused_calls(operator)[:5]
+    wait_until(ready, timeout=60, describe=f"{watched}/{name} ServerReady=True", watched=[operator])
+    ignored = runs.get(name=elsewhere["metadata"]["name"], namespace=namespace).to_dict()
+    assert not ignored.get("status") and not ignored["metadata"].get("finalizers")
+    assert not refused_calls(operator), refused_calls(operator)[:5]
 
-        # What the ServiceAccount may do, asked of the API server itself.
-        account = control_plane.kubeconfig_for_service_account(namespace, "datagen-controller", create=False)
+    # What the ServiceAccount may do, asked of the API server itself.
+    account = control_plane.kubeconfig_for_service_account(namespace, "datagen-controller", create=False)
 
-        def can(*args: str) -> bool:
-            result = tools.run("kubectl", f"--kubeconfig={account}", "auth", "can-i", *args, check=False)
-            return result.stdout.strip() == "yes"
+    def can(*args: str) -> bool:
+        result = tools.run("kubectl", f"--kubeconfig={account}", "auth", "can-i", *args, check=False)
+        return result.stdout.strip() == "yes"
 
-        assert can("patch", "datagenruns.datagen.dev/status", "-n", watched)
-        assert can("create", "statefulsets.apps", "-n", watched)
-        assert not can("list", "datagenruns.datagen.dev", "-n", namespace)
-        assert not can("list", "datagenruns.datagen.dev", "--all-namespaces")
-        assert not can("get", "secrets", "-n", watched)
-        assert not can("delete", "pods", "-n", watched)
+    assert can("patch", "datagenruns.datagen.dev/status", "-n", watched)
+    assert can("create", "statefulsets.apps", "-n", watched)
+    assert not can("list", "datagenruns.datagen.dev", "-n", namespace)
+    assert not can("list", "datagenruns.datagen.dev", "--all-namespaces")
+    assert not can("get", "secrets", "-n", watched)
+    assert not can("delete", "pods", "-n", watched)
 
-        tools.run("helm", "uninstall", release, *helm, "--wait", "--timeout", "60s")
-        operator.stop()
-        roles = control_plane.resource("rbac.authorization.k8s.io/v1", "Role")
-        assert not roles.get(namespace=watched, label_selector=f"app.kubernetes.io/instance={release}").items
-        assert runs.get(name=name, namespace=watched)  # the run stays
-    finally:
-        for run_namespace in (namespace, watched):
-            for run in runs.get(namespace=run_namespace).items:
-                if run.metadata.finalizers:  # nobody serves them any more
-                    runs.patch(
-                        body={"metadata": {"finalizers": None}},
-                        name=run.metadata.name,
-                        namespace=run_namespace,
-                        content_type="application/merge-patch+json",
-                    )
-        namespaces.delete(name=watched)
+    tools.run("helm", "uninstall", release, *helm, "--wait", "--timeout", "60s")
+    operator.stop()
+    roles = control_plane.resource("rbac.authorization.k8s.io/v1", "Role")
+    assert not roles.get(namespace=watched, label_selector=f"app.kubernetes.io/instance={release}").items
+    assert runs.get(name=name, namespace=watched)  # the run stays
