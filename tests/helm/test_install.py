@@ -48,7 +48,7 @@ def test_api_server_accepts_the_rendered_chart(tools: Tools, control_plane: Clus
     tools.run("kubectl", kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=crds)
     for values in (None, *CI_VALUES):
         args = ["template", f"dry-{secrets.token_hex(2)}", str(CHART), "--namespace", namespace]
-        args += ["--set", f"watch.namespace={namespace}"] + (["-f", str(values)] if values else [])
+        args += ["--set", f"watch.namespaces={{{namespace}}}"] + (["-f", str(values)] if values else [])
         rendered = [d for d in documents_of(tools.run("helm", *args).stdout) if d["kind"] not in NOT_IN_THIS_CLUSTER]
         result = tools.run(
             "kubectl", kubeconfig, "apply", "--dry-run=server", "-n", namespace, "-f", "-",
@@ -283,7 +283,7 @@ def test_namespaced_install_serves_and_may_touch_only_its_namespace(
     runs = control_plane.resource(RUN_API, "DataGenRun")
     release, probe_port = f"ns-{secrets.token_hex(2)}", free_port()
     helm = ["--kubeconfig", str(control_plane.kubeconfig), "--namespace", namespace]
-    values = ["-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", f"watch.namespace={watched}"]
+    values = ["-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", f"watch.namespaces={{{watched}}}"]
     # no PodMonitor: this cluster has no prometheus-operator CRDs
     values += ["--set", f"probes.port={probe_port}", "--set", "metrics.podMonitor.enabled=false"]
     leftovers.releases.append((release, namespace))

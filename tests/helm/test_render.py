@@ -53,29 +53,37 @@ def test_lint_strict_with_default_and_ci_values(tools: Tools) -> None:
         assert "0 chart(s) failed" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize(
-    ("values", "kinds"),
-    [
-        ([], ("ClusterRole", "ClusterRoleBinding")),
-        ([NAMESPACED], ("Role", "RoleBinding")),
-    ],
-    ids=["cluster", "namespace"],
-)
-def test_rbac_is_exactly_the_operators_rules(tools: Tools, values: list[Path], kinds: tuple[str, str]) -> None:
-    documents = tools.template(values=values, namespace="ops")
-    role, binding = one(documents, kinds[0]), one(documents, kinds[1])
+def test_cluster_rbac_is_exactly_the_operators_rules(tools: Tools) -> None:
+    documents = tools.template(namespace="ops")
+    role, binding = one(documents, "ClusterRole"), one(documents, "ClusterRoleBinding")
     expected = [dict(rule) for rule in rbac.CLUSTER_RULES]
     assert canonical(role["rules"]) == canonical(expected), rules_diff(role["rules"], expected)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": kinds[0],
+        "kind": "ClusterRole",
         "name": role["metadata"]["name"],
     }
-    (subject,) = binding["subjects"]
     service_account = one(documents, "ServiceAccount")
-    assert subject == {"kind": "ServiceAccount", "name": service_account["metadata"]["name"], "namespace": "ops"}
-    # Nothing else grants anything.
-    assert not by_kind(documents, "ClusterRole" if kinds[0] == "Role" else "Role")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": service_account["metadata"]["name"], "namespace": "ops"}
+    ]
+    assert not by_kind(documents, "Role") and not by_kind(documents, "RoleBinding")  # nothing else grants
+
+
+def test_namespaced_rbac_is_the_same_rules_in_each_watched_namespace(tools: Tools) -> None:
+    documents = tools.template(values=[NAMESPACED], namespace="ops")
+    roles, bindings = by_kind(documents, "Role"), by_kind(documents, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    expected = [dict(rule) for rule in rbac.CLUSTER_RULES]
+    for role in roles:
+        assert canonical(role["rules"]) == canonical(expected), rules_diff(role["rules"], expected)
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        # the operator's own ServiceAccount, in the release namespace
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "datagen-controller", "namespace": "ops"}]
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    assert not [d["kind"] for d in documents if d["kind"] in cluster_scoped]
 
 
 def test_peering_adds_only_kopfs_peering_rule(tools: Tools) -> None:
@@ -85,10 +93,11 @@ def test_peering_adds_only_kopfs_peering_rule(tools: Tools) -> None:
     assert canonical(role["rules"]) == canonical(expected), rules_diff(role["rules"], expected)
     peering = one(documents, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "datagen-operator-ha"
+    # A namespaced operator peers in each namespace it serves.
     namespaced = tools.template("--set", "peering.enabled=true", values=[NAMESPACED], namespace="ops")
-    assert one(namespaced, "KopfPeering")["metadata"]["namespace"] == "ops"
-    ns_rules = one(namespaced, "Role")["rules"]
-    assert {**KOPF_PEERING_RULE, "resources": ["kopfpeerings"]} in ns_rules
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(namespaced, "KopfPeering")) == ["team-a", "team-b"]
+    for role in by_kind(namespaced, "Role"):
+        assert {**KOPF_PEERING_RULE, "resources": ["kopfpeerings"]} in role["rules"]
 
 
 def test_no_peering_object_or_rule_with_one_replica(tools: Tools) -> None:
@@ -148,21 +157,20 @@ def test_operator_accepts_the_rendered_args(tools: Tools, values: Path) -> None:
         pytest.xfail("`datagen operator` has no --peering yet, so replicas > 1 cannot start (kopf peering)")
     args = parser.parse_args(container["args"])
     if values == NAMESPACED:
-        assert args.namespace == ["ops"] and args.verbose
+        assert args.namespace == ["team-a", "team-b"] and args.verbose
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["DATAGEN_WATCH_NAMESPACE"] == "ops"
+        assert "DATAGEN_WATCH_NAMESPACE" not in env  # the operator's setting names one namespace only
         assert env["DATAGEN_WORKER_IMAGE"] == "registry.example.com/ml/datagen:0.1.0-cuda"
         assert container["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
 
 
-def test_namespaced_scope_grants_nothing_cluster_wide(tools: Tools) -> None:
-    documents = tools.template("--set", "watch.namespace=team-a", values=[NAMESPACED], namespace="ops")
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
-    assert not [d["kind"] for d in documents if d["kind"] in cluster_scoped]
-    assert one(documents, "Role")["metadata"]["namespace"] == "team-a"
-    assert one(documents, "RoleBinding")["subjects"][0]["namespace"] == "ops"  # the operator's own SA
-    assert "--namespace=team-a" in operator_container(documents)["args"]
-    assert one(documents, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+def test_one_watched_namespace_defaults_to_the_release_namespace(tools: Tools) -> None:
+    documents = tools.template("--set", "watch.scope=namespaces", "--set", "metrics.podMonitor.enabled=true")
+    assert one(documents, "Role")["metadata"]["namespace"] == "datagen-system"
+    container = operator_container(documents)
+    assert "--namespace=datagen-system" in container["args"]
+    assert {"name": "DATAGEN_WATCH_NAMESPACE", "value": "datagen-system"} in container["env"]
+    assert one(documents, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["datagen-system"]}
 
 
 def test_no_hooks_so_uninstall_runs_nothing_against_the_data(tools: Tools) -> None:
@@ -176,6 +184,7 @@ def test_no_hooks_so_uninstall_runs_nothing_against_the_data(tools: Tools) -> No
     ("setting", "complaint"),
     [
         ("watch.scope=everywhere", "watch.scope"),
+        ("watch.namespaces={Team_A}", "watch.namespaces"),
         ("logLevel=trace", "logLevel"),
         ("replica=2", "replica"),  # a typo is refused, not ignored
         ("image.digest=latest", "image.digest"),

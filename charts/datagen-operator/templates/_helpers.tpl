@@ -41,10 +41,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The one namespace the operator watches, or "" for all namespaces. */}}
-{{- define "datagen-operator.watchNamespace" -}}
-{{- if eq .Values.watch.scope "namespace" }}
-{{- default .Release.Namespace .Values.watch.namespace }}
+{{/* The namespaces the operator watches, as a JSON list (`fromJsonArray`); empty: all namespaces. */}}
+{{- define "datagen-operator.watchNamespaces" -}}
+{{- if eq .Values.watch.scope "namespaces" }}
+{{- default (list .Release.Namespace) .Values.watch.namespaces | uniq | toJson }}
+{{- else }}
+{{- list | toJson }}
 {{- end }}
 {{- end }}
 
