@@ -143,8 +143,8 @@ def test_thinking_switch_follows_the_preset() -> None:
 
 def test_fingerprint_ignores_addresses_and_names_what_changed(tmp_path: Path) -> None:
     info = {"version": "0.5.23", "model_path": "/m", "tp_size": 8, "port": 30000, "host": "10.0.0.1",
-            "startup_time": 1.0, "sim_fault_rate": 0.1, "reasoning_parser": "kimi_k2"}  # fmt: skip
-    moved = {**info, "port": 30001, "host": "10.0.0.2", "startup_time": 2.0, "sim_fault_rate": 0.0}
+            "startup_time": 1.0, "sim_speed": "wire", "reasoning_parser": "kimi_k2"}  # fmt: skip
+    moved = {**info, "port": 30001, "host": "10.0.0.2", "startup_time": 2.0, "sim_speed": "gpu"}
     assert server_fingerprint(info) == server_fingerprint(moved)
     changed = server_fingerprint({**info, "tp_size": 4, "version": "0.5.22"})
     lines = diff_fingerprints({"server": server_fingerprint(info)}, {"server": changed})
@@ -159,3 +159,27 @@ def test_fingerprint_ignores_addresses_and_names_what_changed(tmp_path: Path) ->
     (tmp_path / "chat_template.jinja").write_text("b")
     lines = diff_fingerprints({"tokenizer": before}, {"tokenizer": tokenizer_fingerprint(tmp_path)})
     assert len(lines) == 1 and lines[0].startswith("tokenizer.files.chat_template.jinja: ")
+
+
+def test_endpoint_choice_is_least_in_flight_with_ties_rotating() -> None:
+    from datagen_operator.worker.client import EndpointPool
+
+    async def scenario() -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool(["http://a", "http://b/", "http://c"], session, unreachable_after_s=1)
+            a, b, c = pool.endpoints
+            assert b.url == "http://b"
+            picks = [pool.pick() for _ in range(6)]
+            assert {p.url for p in picks} == {"http://a", "http://b", "http://c"}  # ties rotate
+            a.in_flight, b.in_flight, c.in_flight = 3, 1, 2
+            assert pool.pick() is b
+            b.up = False
+            assert pool.pick() is c
+            c.disabled = "server changed"
+            assert pool.pick() is a
+            a.up = False
+            assert pool.pick() is None and not pool.any_up
+
+    asyncio.run(scenario())

@@ -230,31 +230,32 @@ def test_requests_spread_over_endpoints_and_continue_when_one_goes_away(tmp_path
     items = prompts(60)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
     first, second = sims["plain"], sims["second"]  # this test stops `second`: no other test uses it
-    if True:
-        both = tmp_path / "both"
-        assert run_inprocess(spec(dataset, both), [first.url, second.url]) == EXIT_OK
-        served = [r["server"] for r in check_records(both, items, servers={first.url, second.url})]
-        assert min(served.count(first.url), served.count(second.url)) >= 15  # spread, not all on one
+    both = tmp_path / "both"
+    assert run_inprocess(spec(dataset, both), [first.url, second.url]) == EXIT_OK
+    served = [r["server"] for r in check_records(both, items, servers={first.url, second.url})]
+    assert set(served) == {first.url, second.url}  # least-in-flight picks both (tested exactly in test_policy)
 
-        one_left = tmp_path / "one-left"
+    one_left = tmp_path / "one-left"
+    more = prompts(150)
+    more_dataset = write_dataset(tmp_path / "more.jsonl", more)
 
-        def stop_second_mid_run() -> None:
-            path = OutputLayout(one_left).progress(0)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if path.exists() and orjson.loads(path.read_bytes()).get("records_done", 0) >= 1:
-                    break
-                time.sleep(0.005)
-            second.stop()
+    def stop_second_mid_run() -> None:
+        layout = OutputLayout(one_left)
+        deadline = time.monotonic() + 60
+        while not (layout.shard_dir(0).is_dir() and layout.segments(0)) and time.monotonic() < deadline:
+            time.sleep(0.002)  # the first records are on disk: the run is under way
+        second.stop()
 
-        stopper = threading.Thread(target=stop_second_mid_run)
-        stopper.start()
-        try:
-            document = spec(dataset, one_left, **{"clients.maxAttempts": 2})
-            assert run_inprocess(document, [first.url, second.url]) == EXIT_OK
-        finally:
-            stopper.join()
-        check_records(one_left, items, servers={first.url, second.url})
+    stopper = threading.Thread(target=stop_second_mid_run)
+    stopper.start()
+    try:
+        document = spec(more_dataset, one_left, **{"clients.maxAttempts": 2})
+        assert run_inprocess(document, [first.url, second.url]) == EXIT_OK
+    finally:
+        stopper.join()
+    records = check_records(one_left, more, servers={first.url, second.url})
+    assert progress(one_left)["errors"].get("server_down", 0) > 0  # it noticed, paused that endpoint
+    assert {r["server"] for r in records} == {first.url, second.url}
 
 
 def test_server_crash_and_restart_mid_run_loses_nothing_and_spends_no_attempts(tmp_path: Path) -> None:
