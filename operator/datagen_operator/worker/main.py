@@ -273,11 +273,15 @@ class Worker:
         while True:
             infos: dict[str, dict[str, Any]] = {}
             errors: list[str] = []
-            for endpoint in pool.endpoints:
-                try:
-                    infos[endpoint.url] = await http.fetch_server_info(session, endpoint.url)
-                except Exception as error:  # any failure here means 'not reachable yet'
-                    errors.append(f"{endpoint.url}: {error or type(error).__name__}")
+            answers = await asyncio.gather(
+                *(http.fetch_server_info(session, endpoint.url) for endpoint in pool.endpoints),
+                return_exceptions=True,
+            )
+            for endpoint, answer in zip(pool.endpoints, answers, strict=True):
+                if isinstance(answer, BaseException):  # any failure here means 'not reachable yet'
+                    errors.append(f"{endpoint.url}: {answer or type(answer).__name__}")
+                else:
+                    infos[endpoint.url] = answer
             if infos:
                 for endpoint in pool.endpoints:
                     if endpoint.url not in infos:
@@ -348,9 +352,8 @@ class Worker:
         self._claim_output(fingerprint)
 
         writer = ShardWriter(self.layout, c.shard_index)
-        report = await asyncio.to_thread(
-            writer.recover, self.layout.parquet(c.shard_index, c.shard_count) if c.compact else None
-        )
+        # The compacted Parquet counts as recorded even in a --no-compact run.
+        report = await asyncio.to_thread(writer.recover, self.layout.parquet(c.shard_index, c.shard_count))
         if report.torn_bytes or report.corrupt_lines:
             log.warning(
                 "recovered shard %d: dropped a torn tail of %d bytes and %d damaged lines; they will be regenerated",
@@ -749,7 +752,8 @@ class Worker:
     async def _finish(self) -> int:
         c, p, writer = self.config, self.progress, self.writer
         await asyncio.to_thread(writer.close)
-        complete = not self.remaining and self.fatal is None
+        # A drained worker does not start compacting (it could outlast the grace period); the next run does.
+        complete = not self.remaining and self.fatal is None and not self.drained
         if self.fatal is not None:
             code, message = self.fatal
             p.state, p.message = "failed", message
@@ -757,9 +761,15 @@ class Worker:
             code = EXIT_OK
             p.state = "compacting" if c.compact else "complete"
             await self._publish(force=True)
-            result = await asyncio.to_thread(self._compact) if c.compact else None
-            p.state = "complete"
-            p.message = p.summary_line() + (f", {result.path.name} {result.bytes} bytes" if result else "")
+            try:
+                result = await asyncio.to_thread(self._compact) if c.compact else None
+            except OSError as error:
+                code = EXIT_INCOMPLETE
+                p.state, p.message = "incomplete", f"compaction failed ({error}); segments kept, rerun compacts"
+                log.error("%s", p.message)
+            else:
+                p.state = "complete"
+                p.message = p.summary_line() + (f", {result.path.name} {result.bytes} bytes" if result else "")
         elif self.drained:
             code = EXIT_DRAINED
             p.state, p.message = "drained", f"drained: {p.records_done}/{p.records_total} records; rerun resumes"
