@@ -525,7 +525,10 @@ async def serve(settings: SimSettings, vocab: SimVocab) -> int:
 
 def main(argv: list[str]) -> int:
     settings = parse_settings(argv)  # exits 2 on bad flags, like sglang.launch_server
-    logging.basicConfig(level=settings.server_args["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
+    level = logging.getLevelName(str(settings.server_args["log_level"]).upper())
+    logging.basicConfig(
+        level=level if isinstance(level, int) else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
     try:
         tokenizer_dir = _resolve_tokenizer_dir(settings)
         chat_template = settings.server_args["chat_template"]
