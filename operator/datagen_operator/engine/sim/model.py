@@ -5,6 +5,10 @@ What it writes (kimi-k2-format.md): with the prompt ending in `<think>` (thinkin
 With `<think></think>` (thinking off) the answer comes directly. Any other prompt tail: the model opens
 `<think>` itself (as Kimi-K2-Thinking does) unless `unprompted_thinking` is off.
 
+Misconfigured models (`--sim-misconfig`): `never-close-think` writes reasoning and answer with no
+`</think>`; `kimi-tags` writes the old format's `◁think▷`/`◁/think▷` as text instead of the think tokens;
+`ignore-thinking` never reasons, whatever the prompt asks.
+
 Outputs are deterministic per (prompt ids, sampling_seed, sample index, sim seed); temperature is
 ignored. Text comes from fixed corpora sliced at random sentence starts, so there is no per-token Python
 work on the hot path: lists are sliced and joined in C.
@@ -52,7 +56,7 @@ class Completion:
     """The completion tokens (what completion_tokens counts), including a matched stop token."""
     finish_reason: dict[str, Any]
     text: str
-    """`ids` decoded with skip_special_tokens as asked, a matched stop trimmed unless no_stop_trim."""
+    """`run` decoded with skip_special_tokens as asked, a matched stop trimmed unless no_stop_trim."""
 
 
 def prompt_array(prompt_ids: Sequence[int]) -> array:
