@@ -1,6 +1,6 @@
 """Benchmark: `datagen worker` against a minimal aiohttp client, same simulator, same requests, one run.
 
-    .venv/bin/python bench/worker.py [--prompts 600] [--answer-tokens 4096] [--concurrency 64] [--rounds 2]
+    .venv/bin/python bench/worker.py [--prompts 1500] [--answer-tokens 4096] [--concurrency 64] [--rounds 2]
 
 Starts the SGLang simulator (one process, wire speed: no sleeps) on loopback, with fixed 4k-token
 answers (reasoning + answer, lognormal sigma 0). Then, alternating for `--rounds` rounds:
@@ -136,7 +136,7 @@ def generation_stats(logs: list[dict]) -> tuple[float, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=600)
+    parser.add_argument("--prompts", type=int, default=1500)
     parser.add_argument("--answer-tokens", type=int, default=4096)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)

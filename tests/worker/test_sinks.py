@@ -133,3 +133,65 @@ def test_json_log_lines_carry_fields() -> None:
     record.fields = {"shard": 2}
     line = orjson.loads(JsonLogFormatter().format(record))
     assert line["msg"] == "hello x" and line["shard"] == 2 and line["level"] == "info"
+
+
+def test_display_bar_on_a_terminal_and_log_lines_otherwise(caplog: pytest.LogCaptureFixture) -> None:
+    from datagen_operator.worker.progress import Display
+
+    snapshot = _snapshot()
+    bar = Display(tty=True)
+    bar.update(snapshot)
+    snapshot.records_done = 10
+    bar.close(snapshot)
+    logging.getLogger("datagen").propagate = True
+    with caplog.at_level(logging.INFO, logger="datagen.worker.progress"):
+        plain = Display(tty=False, log_interval_s=3600)
+        plain.update(snapshot)
+        plain.update(snapshot)  # inside the interval: no second line
+    lines = [r for r in caplog.records if r.getMessage().startswith("shard 3/8")]
+    assert len(lines) == 1 and lines[0].fields["records_done"] == 10  # type: ignore[attr-defined]
+
+
+def test_worker_patches_its_own_shard_configmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from tests.harness.sim import start_sim
+    from tests.worker.simrun import SIM_FLAGS, prompts, run_inprocess, spec, standin, write_dataset
+
+    requests: list[dict[str, Any]] = []
+    ready = threading.Event()
+    stop: asyncio.Future[None] | None = None
+    loop = asyncio.new_event_loop()
+    port_box: list[int] = []
+
+    def serve() -> None:
+        nonlocal stop
+        asyncio.set_event_loop(loop)
+        runner, port = loop.run_until_complete(_fake_apiserver(requests, 200))
+        port_box.append(port)
+        stop = loop.create_future()
+        ready.set()
+        loop.run_until_complete(stop)
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "kubeconfig", port_box[0])))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    try:
+        dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(6))
+        document = spec(dataset, tmp_path / "out", **{"clients.shards": 2})
+        with start_sim(*SIM_FLAGS, tokenizer_dir=standin()) as server:
+            code = run_inprocess(
+                document, [server.url], "--shard-index", "1", "--progress-configmap", "demo-shard-{index}",
+                "--progress-namespace", "team-a",
+            )  # fmt: skip
+        assert code == 0
+    finally:
+        loop.call_soon_threadsafe(lambda: stop is not None and not stop.done() and stop.set_result(None))
+        thread.join(10)
+    paths = {r["path"] for r in requests}
+    assert paths == {"/api/v1/namespaces/team-a/configmaps/demo-shard-1"}
+    last = ShardProgress.from_json(orjson.loads(requests[-1]["body"]["data"]["progress.json"]))
+    assert last.state == "complete" and last.shard == 1 and last.records_done == last.records_total > 0

@@ -148,16 +148,18 @@ class ConfigMapSink:
         self.min_interval_s = min_interval_s
         self._api: Any = None
         self._client: Any = None
-        self._last = 0.0
+        self._last = float("-inf")
         self._logged: set[str] = set()
 
     async def _connect(self) -> Any:
         from kubernetes_asyncio import client, config
 
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig:
             config.load_incluster_config()
         else:
-            await config.load_kube_config()
+            # Explicit: the library reads $KUBECONFIG once, at import time.
+            await config.load_kube_config(config_file=kubeconfig.split(os.pathsep)[0] if kubeconfig else None)
         self._client = client.ApiClient()
         self._api = client.CoreV1Api(self._client)
         return self._api
@@ -191,7 +193,7 @@ class Display:
     def __init__(self, *, tty: bool | None = None, log_interval_s: float = 10.0) -> None:
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.log_interval_s = log_interval_s
-        self._last_log = 0.0
+        self._last_log = float("-inf")  # the first update always logs
         self._bar: Any = None
         self._task: Any = None
 

@@ -168,6 +168,7 @@ class RenderPool:
         self.executor: Any = None
         self.processes = processes
         self._mismatch_logged = False
+        self._ready: list[Any] = []
         if processes > 0:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -178,14 +179,15 @@ class RenderPool:
                 initializer=_init_render_process,
                 initargs=(str(tokenizer_dir), trust_remote_code, variables),
             )
-            for _ in range(processes):  # start them now: they load the tokenizer while the worker starts
-                self.executor.submit(int)
+            # Start them now: they load the tokenizer while the worker starts. Until one has, the worker
+            # renders in its own process rather than wait (a cold start must not stall the first requests).
+            self._ready = [self.executor.submit(int) for _ in range(processes)]
 
     async def render(self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]) -> list[RenderResult]:
         import asyncio
         from concurrent.futures.process import BrokenProcessPool
 
-        if self.executor is not None:
+        if self.executor is not None and (self.renderer is None or any(f.done() for f in self._ready)):
             try:
                 results, mismatch = await asyncio.get_running_loop().run_in_executor(
                     self.executor, _render_batch_in_process, items
