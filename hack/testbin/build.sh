@@ -26,6 +26,7 @@ if ! command -v go >/dev/null 2>&1; then
   exit 3
 fi
 PYTHON="${PYTHON:-python3}"
+case "$PYTHON" in */*) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;; esac  # we cd below
 mkdir -p "$dest"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
