@@ -63,10 +63,10 @@ def run_manifest(name: str, data_dir: Path, tokenizer: Path, **sections: dict[st
         "model": {"preset": "kimi-k2.5", "path": "/models/standin", "volume": {"hostPath": {"path": str(tokenizer)}}},
         "server": {"gpus": 8, "startupTimeout": "10m", "tolerations": [GPU_TOLERATION]},
         "dataset": {"path": "prompts.jsonl", "volume": {"hostPath": {"path": str(data_dir)}}},
-        "generation": {"thinking": True, "sampling": {"max_new_tokens": 384}},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024}},
         "clients": {"shards": 2, "concurrency": 4},
         "output": {"path": f"out/{name}", "volume": {"hostPath": {"path": str(data_dir)}}},
-        "checks": {"canaryPrompts": 2, "canaryMaxNewTokens": 384},
+        "checks": {"canaryPrompts": 2, "canaryMaxNewTokens": 1024},
     }
     for key, value in sections.items():
         spec[key] = {**spec[key], **value} if isinstance(value, dict) and key in spec else value
@@ -114,7 +114,19 @@ class Runs:
                 return last
             time.sleep(0.3)
         conditions = (self.get(name).get("status") or {}).get("conditions")
-        raise AssertionError(f"{type_}={status} ({reason}) not reached in {timeout}s; last {last}; all {conditions}")
+        raise AssertionError(
+            f"{type_}={status} ({reason}) not reached in {timeout}s; last {last}; all {conditions}\n{self.describe()}"
+        )
+
+    def describe(self) -> str:
+        """Pods and Jobs of the namespace, for failure messages."""
+        lines = []
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            conditions = [(c.type, c.status, c.reason, c.message) for c in pod.status.conditions or []]
+            lines.append(f"pod {pod.metadata.name} node={pod.spec.node_name} phase={pod.status.phase} {conditions}")
+        for job in self.batch.list_namespaced_job(self.namespace).items:
+            lines.append(f"job {job.metadata.name} suspend={job.spec.suspend} status={job.status.to_dict()}")
+        return "\n".join(lines)
 
     def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
         deadline = time.monotonic() + timeout

@@ -129,7 +129,7 @@ class PodRunner:
             },
         }
         try:
-            self.coordination.replace_namespaced_lease(self.node, "kube-node-lease", lease)
+            self.coordination.patch_namespaced_lease(self.node, "kube-node-lease", {"spec": lease["spec"]})
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -142,11 +142,14 @@ class PodRunner:
         while not self._stop.is_set():
             try:
                 if time.monotonic() - last_beat > 5:
-                    self._heartbeat()
                     last_beat = time.monotonic()
+                    self._heartbeat()
+            except Exception as error:
+                print(f"test kubelet heartbeat: {error!r}"[:500], file=sys.stderr)
+            try:
                 self._sync()
             except Exception as error:  # keep playing kubelet; the test sees the effects
-                print(f"test kubelet: {error!r}", file=sys.stderr)
+                print(f"test kubelet: {error!r} {getattr(error, 'body', '')}"[:2000], file=sys.stderr)
             self._stop.wait(0.25)
 
     def _sync(self) -> None:

@@ -13,8 +13,10 @@ from tests.harness.sim import start_sim
 from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
 from tests.operator.kubelet import PodRunner
 
-KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
-SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "300", "--sim-ttft-s", "0.05")
+KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-answer-tokens", "40",
+        "--sim-mean-reasoning-tokens", "60")  # fmt: skip
+SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "40", "--sim-ttft-s", "0.05")
+"""About 2.5 s per request: the run lasts long enough to crash a worker and restart the operator mid-run."""
 
 
 def parquet_records(output: Path) -> int:
@@ -112,7 +114,7 @@ def test_suspend_resume_refused_change_and_deletion_keeping_the_data(
     runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
     name = new_name("pause")
-    with start_sim(*KIMI, "--sim-speed", "gpu", "--sim-tokens-per-s", "150", tokenizer_dir=standin_tokenizer) as sim:
+    with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
         runs.create(run_manifest(name, data_dir, standin_tokenizer))
         runs.wait(name, "Progressing", "True", "Running", timeout=150)

@@ -37,6 +37,9 @@ log = logging.getLogger("datagen.operator")
 SPEC_APPLIED = "SpecApplied"
 """Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
 
+HALT_REASONS = frozenset({"ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"})
+"""Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
+
 Lookup = Callable[[str, str, str], list[Mapping[str, Any]]]
 """(kind, namespace, run) -> the run's children of that kind from the watch cache."""
 
@@ -115,6 +118,11 @@ class Reconciler:
 
         spec, data_generation, refused = await self._apply_spec(run, spec, generation)
         urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
+        sticky = self._halted(old, generation)
+        if sticky is not None:
+            # A halt stands until the spec changes: decide() would first ask for the server again.
+            await self._act(run, spec, sticky, Observed(generation=generation), urls, data_generation)
+            return sticky
         observed = await self._observe(spec, generation, data_generation, old, urls, now)
         context = check_context(spec)
         decision = decide(spec, observed, context)
@@ -140,6 +148,14 @@ class Reconciler:
             extra.append(ConditionUpdate(SPEC_APPLIED, "True", "Applied", "the spec in force is the one written"))
         await self._report(body, old, decision, generation, now, extra, observed)
         return decision
+
+    def _halted(self, old: DataGenRunStatus, generation: int) -> Decision | None:
+        succeeded = next((c for c in old.conditions if c.type == SUCCEEDED), None)
+        if succeeded is None or succeeded.status != "False" or succeeded.reason not in HALT_REASONS:
+            return None
+        if succeeded.observed_generation != generation:
+            return None
+        return Decision(Step.HALTED, old.phase or "Halted", False, False, (), tuple(old.checks), old.progress)
 
     # --- spec ----------------------------------------------------------------------------------
 
