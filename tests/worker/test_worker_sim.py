@@ -321,3 +321,25 @@ def test_inline_flags_are_counted_from_the_shared_checks(tmp_path: Path, sims) -
     assert counts["token_count_mismatch"] == counts["prompt_suffix_leak"] == 8
     assert read_manifest(output)["shards"]["00000"]["flags"]["token_count_mismatch"] == 8
     assert raw_segment_keys(output) == {}  # compacted: segments gone
+
+
+def test_parquet_dataset_and_more_samples_later_extend_the_same_output(tmp_path: Path, sim) -> None:
+    import pyarrow as pa
+
+    items = prompts(8)
+    table = pa.table(
+        {
+            "id": [item["id"] for item in items],
+            "messages": [item["messages"] for item in items],
+            "tools": [json.dumps(item["tools"]) if item.get("tools") else None for item in items],
+        }
+    )
+    dataset = tmp_path / "prompts.parquet"
+    pq.write_table(table, dataset)
+    output = tmp_path / "out"
+    assert run_inprocess(spec(dataset, output), [sim.url]) == EXIT_OK
+    check_records(output, items)
+    assert run_inprocess(spec(dataset, output, **{"generation.samplesPerPrompt": 3}), [sim.url]) == EXIT_OK
+    check_records(output, items, samples=3)
+    table = pq.read_table(OutputLayout(output).parquet(0, 1))
+    assert table["sample"].to_pylist()[:3] == [0, 1, 2]  # merged into dataset order, samples together

@@ -78,8 +78,9 @@ def build_fingerprint(
     sampling: dict[str, Any],
     preset: str | None,
     thinking: bool,
-    samples_per_prompt: int,
 ) -> dict[str, Any]:
+    """Samples per prompt is deliberately not part of it: raising it later extends a run (sample k is
+    sent with seed + k either way)."""
     return {
         "tokenizer": tokenizer,
         "chat_template_sha256": chat_template,
@@ -87,7 +88,6 @@ def build_fingerprint(
         "sampling": dict(sorted(sampling.items())),
         "preset": preset,
         "thinking": thinking,
-        "samples_per_prompt": samples_per_prompt,
     }
 
 

@@ -347,7 +347,6 @@ class Worker:
             sampling=self.sampling,
             preset=c.resolved.preset.name if c.resolved.preset else None,
             thinking=c.resolved.thinking,
-            samples_per_prompt=self.samples,
         )
         self._claim_output(fingerprint)
 
