@@ -288,6 +288,8 @@ class EndpointPool:
 
 # --- /generate -------------------------------------------------------------------------------------
 
+OUTAGES_PER_ATTEMPT = 10
+
 # Errors that mean the server process is not there (as opposed to a request that went wrong).
 _REFUSED = (aiohttp.ClientConnectorError,)
 _RESET = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError)
@@ -324,6 +326,7 @@ class GenerateClient:
         """POST the payload until it succeeds, is rejected, or runs out of attempts."""
         attempts = 0  # tries that count against max_attempts
         tries = 0  # every request sent (what the record reports)
+        outages = 0
         while True:
             endpoint = await self.pool.acquire()
             tries += 1
@@ -351,7 +354,11 @@ class GenerateClient:
             if verdict is Verdict.DOWN:
                 self.on_retry("server_down")
                 self.pool.mark_down(endpoint, reason)
-                continue
+                outages += 1
+                # An outage is free, but a server whose /health is fine while /generate keeps answering 503
+                # would loop forever: every OUTAGES_PER_ATTEMPT-th outage of one request costs an attempt.
+                if outages % OUTAGES_PER_ATTEMPT:
+                    continue
             attempts += 1
             self.on_retry(_retry_kind(status, reason))
             if attempts >= self.policy.max_attempts:
