@@ -374,6 +374,8 @@ class LocalRunner:
         self.console.print(f"[dim]{elapsed:6.1f}s[/] [{colour}]{text}[/]", highlight=False, soft_wrap=True)
 
     def _renderable(self) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
         from rich.table import Table
 
         table = Table(title=f"DataGenRun {self.run.metadata.name}", expand=True)
@@ -382,7 +384,16 @@ class LocalRunner:
         for c in self.conditions:
             colour = {"True": "green", "False": "red"}.get(c.status, "yellow")
             table.add_row(c.type, f"[{colour}]{c.status}[/]", c.reason, c.message)
-        return table
+        progress = self.decision.progress if self.decision is not None else None
+        if progress is None or not progress.prompts_total:
+            return table
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(
+            ProgressBar(total=progress.prompts_total, completed=progress.prompts_done, width=50),
+            progress.summary,
+            f"shards {progress.shards_done}/{progress.shards_total}",
+        )
+        return Group(table, bar)
 
     def _display(self) -> Any:
         if self.live:
