@@ -3,6 +3,7 @@ ServiceAccount bound to k8s/rbac.py's rules; a test kubelet for CPU pods; the si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shutil
@@ -217,10 +218,8 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
     for handle in handles:
         handle.stop()
     for call in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
-        try:
+        with contextlib.suppress(ApiException):
             call(role)
-        except ApiException:
-            pass
 
 
 def new_name(prefix: str) -> str:

@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    if not args.verbose:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one "succeeded" line per child event
     kopf.run(
         standalone=True,  # one operator replica; no peering objects to create
         clusterwide=not args.namespace,

@@ -502,7 +502,8 @@ def _datagen_container(name: str, image: str, args: list[str], mounts: list[dict
         "image": image,
         "command": ["datagen", *args],
         "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "File",
+        # The verdict file when the program wrote one; else the log's tail (a crash explains itself).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
 

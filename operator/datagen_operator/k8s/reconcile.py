@@ -85,7 +85,7 @@ class Reconciler:
     status: dict[str, Any] | None = None
     """The status this operator last wrote; the watch may lag behind it."""
     last_write: float = 0.0
-    created: set[str] = field(default_factory=set)
+    created: dict[str, str] = field(default_factory=dict)
     server_info: dict[str, Any] | None = None
     post_event: Callable[[Event], None] = lambda event: None
 
@@ -258,11 +258,14 @@ class Reconciler:
     # --- act -----------------------------------------------------------------------------------
 
     async def _ensure_once(self, manifest: m.Manifest) -> None:
-        """Objects nobody changes after creation (and the operator does not watch): created once per process."""
+        """Objects the operator does not watch: created (or brought up to date) once per process and content."""
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
-        if key not in self.created:
-            await self.ctx.kube.create(manifest)
-            self.created.add(key)
+        digest = m.template_hash(manifest)
+        if self.created.get(key) != digest:
+            if not await self.ctx.kube.create(manifest):
+                meta = manifest["metadata"]
+                await self.ctx.kube.patch(manifest["kind"], meta["namespace"], meta["name"], manifest)
+            self.created[key] = digest
 
     async def _act(
         self,
@@ -289,7 +292,7 @@ class Reconciler:
         had = int((sts or {}).get("spec", {}).get("replicas") or 0)
         for index in range(spec.server.replicas, had):
             await kube.delete("Service", self.namespace, m.server_pod_name(self.name, index))
-            self.created.discard(f"Service/{m.server_pod_name(self.name, index)}")
+            self.created.pop(f"Service/{m.server_pod_name(self.name, index)}", None)
 
         replicas = spec.server.replicas if decision.server_wanted else 0
         if sts is not None or decision.server_wanted:
@@ -361,7 +364,7 @@ class Reconciler:
         new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         before = old.model_dump(mode="json", by_alias=True, exclude_none=True)
         loop_time = asyncio.get_running_loop().time()
-        only_progress = _without_progress(new) == _without_progress(before)
+        only_progress = _signature(new) == _signature(before)
         if only_progress and (new == before or loop_time - self.last_write < self.ctx.settings.progress_write_s):
             return
         # Merge patch: keys set to None clear what this pass no longer reports.
@@ -372,8 +375,12 @@ class Reconciler:
             self.post_event(event)
 
 
-def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in status.items() if k != "progress"}
+def _signature(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes a status write urgent: everything but progress numbers and condition messages (a loading
+    timer, a token rate). Those ride along with the next write, or go out every progress_write_s."""
+    out = {k: v for k, v in status.items() if k not in ("progress", "conditions")}
+    out["conditions"] = [{k: v for k, v in c.items() if k != "message"} for c in status.get("conditions") or []]
+    return out
 
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
