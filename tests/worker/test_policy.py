@@ -66,8 +66,8 @@ def test_aborted_answers_are_classified_by_their_status_code() -> None:
 
 
 def test_generate_body_parsing() -> None:
-    ids, meta = parse_generate_body(b'{"text": "x", "output_ids": [5, 6], "meta_info": {"completion_tokens": 2}}')
-    assert ids == [5, 6] and meta == {"completion_tokens": 2}
+    ids, meta, raw = parse_generate_body(b'{"text": "x", "output_ids": [5, 6], "meta_info": {"completion_tokens": 2}}')
+    assert ids == [5, 6] and meta == {"completion_tokens": 2} and raw == b"[5, 6]"
     with pytest.raises(RequestFailed, match="no output_ids"):
         parse_generate_body(b'{"text": "only text"}')
 
@@ -183,3 +183,34 @@ def test_endpoint_choice_is_least_in_flight_with_ties_rotating() -> None:
             assert pool.pick() is None and not pool.any_up
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"text":"a \\"output_ids\\": [9]","output_ids":[1,22,333],"meta_info":{}}',
+        b'{"output_ids" : [ 1, 22 ,333 ],"meta_info":{"finish_reason":null}}',
+        b'{"meta_info":{"x":1},"output_ids":[1,22,333]}',
+    ],
+)
+def test_output_ids_bytes_are_cut_out_exactly(body: bytes) -> None:
+    ids, _, raw = parse_generate_body(body)
+    assert ids == [1, 22, 333] and raw is not None and orjson.loads(raw) == ids
+
+
+def test_output_ids_bytes_that_do_not_match_are_not_used() -> None:
+    from datagen_operator.worker.client import int_array_text
+
+    assert int_array_text(b'{"output_ids":[1,2,3]}', [1, 2, 4]) is None
+    assert int_array_text(b'{"output_ids":[1,2,3]}', [1, 2]) is None
+    assert int_array_text(b'{"output_ids":[]}', []) == b"[]"
+    assert int_array_text(b'{"output_ids":[7]}', [7]) == b"[7]"
+    assert int_array_text(b'{"ids":[7]}', [7]) is None
+
+
+def test_encoded_record_line_is_the_same_json_either_way() -> None:
+    from datagen_operator.worker.records import encode_record
+
+    record = {"id": "x", "sample": 0, "input_ids": [1], "output_ids": [5, 6], "flags": []}
+    spliced = encode_record(record, b"[5, 6]")
+    assert spliced.endswith(b"}\n") and orjson.loads(spliced) == orjson.loads(encode_record(record)) == record

@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -138,10 +138,12 @@ class Endpoint:
     disabled: str | None = None
     """Why this endpoint is permanently out of rotation (its /server_info differs from the run's)."""
     probe: asyncio.Task[None] | None = None
+    generate_url: Any = field(init=False, repr=False)
 
-    @property
-    def generate_url(self) -> str:
-        return self.url + "/generate"
+    def __post_init__(self) -> None:
+        from yarl import URL
+
+        self.generate_url = URL(self.url + "/generate")  # parsed once, not per request
 
 
 Verifier = Callable[[Endpoint], Awaitable[str | None]]
@@ -302,6 +304,8 @@ class Reply:
     server: str
     attempts: int
     latency_s: float
+    output_ids_json: bytes | None = None
+    """`output_ids` as the server encoded them (non-streaming answers), to store without re-encoding."""
 
 
 class GenerateClient:
@@ -332,9 +336,9 @@ class GenerateClient:
             tries += 1
             started = time.monotonic()
             try:
-                output_ids, meta = await self._post(endpoint, payload)
+                output_ids, meta, raw = await self._post(endpoint, payload)
                 endpoint.served += 1
-                return Reply(output_ids, meta, endpoint.url, tries, time.monotonic() - started)
+                return Reply(output_ids, meta, endpoint.url, tries, time.monotonic() - started, raw)
             except RequestFailed as failure:
                 verdict, reason, status = failure.verdict, failure.reason, failure.status
             except _REFUSED as error:
@@ -370,7 +374,7 @@ class GenerateClient:
             if self.pool.stop.is_set():
                 raise Drained()
 
-    async def _post(self, endpoint: Endpoint, payload: bytes) -> tuple[list[int], dict[str, Any]]:
+    async def _post(self, endpoint: Endpoint, payload: bytes) -> tuple[list[int], dict[str, Any], bytes | None]:
         async with self.pool.session.post(
             endpoint.generate_url,
             data=payload,
@@ -380,14 +384,15 @@ class GenerateClient:
             if response.status != 200:
                 body = await response.read()
                 raise RequestFailed(classify_status(response.status), error_reason(body), response.status)
+            raw: bytes | None = None
             if self.stream:
                 output_ids, meta = await read_incremental_stream(response.content)
             else:
-                output_ids, meta = parse_generate_body(await response.read())
+                output_ids, meta, raw = parse_generate_body(await response.read())
         aborted = abort_verdict(meta.get("finish_reason"))
         if aborted is not None:
             raise RequestFailed(aborted[0], aborted[1], meta["finish_reason"].get("status_code"))
-        return output_ids, meta
+        return output_ids, meta, raw
 
 
 def _retry_kind(status: int | None, reason: str) -> str:
@@ -402,7 +407,8 @@ def _retry_kind(status: int | None, reason: str) -> str:
     return "connection_error"
 
 
-def parse_generate_body(body: bytes) -> tuple[list[int], dict[str, Any]]:
+def parse_generate_body(body: bytes) -> tuple[list[int], dict[str, Any], bytes | None]:
+    """(output_ids, meta_info, the JSON text of output_ids as sent, or None if it cannot be cut out)."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as error:
@@ -412,7 +418,50 @@ def parse_generate_body(body: bytes) -> tuple[list[int], dict[str, Any]]:
     if not isinstance(obj, dict) or not isinstance(obj.get("output_ids"), list):
         raise RequestFailed(Verdict.RETRY, "response has no output_ids list")
     meta = obj.get("meta_info")
-    return obj["output_ids"], meta if isinstance(meta, dict) else {}
+    ids = obj["output_ids"]
+    return ids, meta if isinstance(meta, dict) else {}, int_array_text(body, ids)
+
+
+_OUTPUT_IDS_KEY = b'"output_ids"'
+
+
+def _skip_space(data: bytes, at: int) -> int:
+    while data[at : at + 1] in (b" ", b"\n", b"\r", b"\t"):
+        at += 1
+    return at
+
+
+def int_array_text(body: bytes, ids: list[int]) -> bytes | None:
+    """The bytes of the `output_ids` array in `body`, verified against the parsed `ids`.
+
+    Storing these bytes as they came saves re-encoding thousands of ints per record. A quote cannot
+    appear unescaped inside a JSON string, so the key found is a real key (SGLang's answer has no other
+    `output_ids`); the slice (up to the first `]`) must also start and end with the parsed ids' first
+    and last element. Counting its commas would cost as much as re-encoding.
+    """
+    at = body.find(_OUTPUT_IDS_KEY)
+    if at < 0:
+        return None
+    start = _skip_space(body, at + len(_OUTPUT_IDS_KEY))
+    if body[start : start + 1] != b":":
+        return None
+    start = _skip_space(body, start + 1)
+    end = body.find(b"]", start)
+    if body[start : start + 1] != b"[" or end < 0:
+        return None
+    raw = body[start : end + 1]
+    if not ids:
+        return raw if not raw[1:-1].strip() else None
+    if len(raw) < 2 * len(ids) + 1:  # each element needs a digit and a separator
+        return None
+    first_end = raw.find(b",") if len(ids) > 1 else len(raw) - 1
+    last_start = raw.rfind(b",") + 1 if len(ids) > 1 else 1
+    try:
+        if int(raw[1:first_end]) != ids[0] or int(raw[last_start:-1]) != ids[-1]:
+            return None
+    except ValueError:
+        return None
+    return raw
 
 
 async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[list[int], dict[str, Any]]:

@@ -72,6 +72,15 @@ def build_record(job: Job, answer: Answer, flags: frozenset[str]) -> dict[str, A
     }
 
 
+def encode_record(record: dict[str, Any], output_ids_json: bytes | None = None) -> bytes:
+    """The segment line. With the server's own encoding of output_ids at hand, the (large) array is
+    copied as bytes instead of re-encoded; it then comes last in the line."""
+    if output_ids_json is None:
+        return orjson.dumps(record) + b"\n"
+    head = orjson.dumps({key: value for key, value in record.items() if key != "output_ids"})
+    return head[:-1] + b',"output_ids":' + output_ids_json + b"}\n"
+
+
 def server_reject(job: Job, status: int, reason: str, server: str, attempts: int) -> dict[str, Any]:
     return {
         "key": f"record:{job.id}#{job.sample}",

@@ -205,8 +205,9 @@ class RenderPool:
         return render_batch(self.renderer, items)[0]
 
     def close(self) -> None:
+        """Stop the helpers and reap them (they are idle or finish one batch: milliseconds)."""
         if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor = None
 
 

@@ -188,7 +188,8 @@ class Summary:
         self.prompt_tokens += prompt_tokens
         self.output_tokens += output_tokens
         self.cached_tokens += cached_tokens
-        self.flags.update(flags)
+        if flags:
+            self.flags.update(flags)
 
     def add_record(self, record: dict[str, Any]) -> None:
         self.add(len(record["input_ids"]), len(record["output_ids"]), record.get("cached_tokens") or 0, record["flags"])
@@ -341,6 +342,7 @@ class ShardWriter:
         self.rejected: set[Key] = set()
         self.reject_keys: set[str] = set()
         self.summary = Summary()
+        """What `recover` found on disk (the worker's progress tracker counts from there on)."""
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._segment: Path | None = None
@@ -348,7 +350,7 @@ class ShardWriter:
         self._size = 0
         self._entries: list[tuple[str, int, int, int]] = []
         self._segment_summary = Summary()
-        self._pending: list[tuple[str, int, int, dict[str, Any]]] = []
+        self._pending: list[tuple[str, int, int, tuple[int, int, int, list[str]]]] = []
         self._rejects_fd = -1
         self._dirty = False
 
@@ -416,14 +418,21 @@ class ShardWriter:
         self._segment_summary = Summary()
         fsync_dir(self.dir)
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Buffer one record (id and sample first so a line is easy to read by eye)."""
-        line = orjson.dumps(record) + b"\n"
-        self._pending.append((record["id"], record["sample"], len(line), record))
+    def append(self, record: dict[str, Any], line: bytes | None = None) -> None:
+        """Buffer one record; `line` is its encoding when the caller has it (records.encode_record)."""
+        if line is None:
+            line = orjson.dumps(record) + b"\n"
+        # Keep only counts until the flush: holding whole records would keep their token lists alive.
+        counts = (
+            len(record["input_ids"]),
+            len(record["output_ids"]),
+            record.get("cached_tokens") or 0,
+            record["flags"],
+        )
+        self._pending.append((record["id"], record["sample"], len(line), counts))
         self._buffer.append(line)
         self._buffered += len(line)
         self.done.add((record["id"], record["sample"]))
-        self.summary.add_record(record)
 
     @property
     def buffered_bytes(self) -> int:
@@ -440,9 +449,9 @@ class ShardWriter:
             written = os.write(self._fd, view)
             view = view[written:]
         offset = self._size
-        for prompt_id, sample, length, record in self._pending:
+        for prompt_id, sample, length, counts in self._pending:
             self._entries.append((prompt_id, sample, offset, length))
-            self._segment_summary.add_record(record)
+            self._segment_summary.add(*counts)
             offset += length
         self._size = offset
         self._buffer.clear()
