@@ -197,65 +197,56 @@ def _termination(tally: Tally) -> CheckResult:
     )
 
 
-def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n = tally.records
-    truncated = tally.count(rc.TRUNCATED)
-    rate = _rate(truncated, n)
-    passed = rate <= ctx.thresholds.max_truncation_rate
-    verdict = (
-        f"{_frac(truncated, n)} outputs hit max_new_tokens"
-        if passed
-        else f"{_frac(truncated, n)} outputs hit max_new_tokens (finish `length`), above {ctx.thresholds.max_truncation_rate:.0%}: "
-        "raise generation.sampling.max_new_tokens"
-    )
+def _rate_check(
+    name: str, count: int, total: int, threshold: float, passed_verdict: str, failed_verdict: str
+) -> CheckResult:
+    """A check that passes while count/total stays at or under the threshold."""
+    rate = _rate(count, total)
+    passed = rate <= threshold
     return CheckResult(
-        name=TRUNCATION,
+        name=name,
         passed=passed,
         rate=rate,
-        threshold=ctx.thresholds.max_truncation_rate,
-        count=truncated,
-        total=n,
-        verdict=verdict,
+        threshold=threshold,
+        count=count,
+        total=total,
+        verdict=passed_verdict if passed else failed_verdict,
+    )
+
+
+def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
+    n, truncated, limit = tally.records, tally.count(rc.TRUNCATED), ctx.thresholds.max_truncation_rate
+    return _rate_check(
+        TRUNCATION,
+        truncated,
+        n,
+        limit,
+        f"{_frac(truncated, n)} outputs hit max_new_tokens",
+        f"{_frac(truncated, n)} outputs hit max_new_tokens (finish `length`), above {limit:.0%}: "
+        "raise generation.sampling.max_new_tokens",
     )
 
 
 def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n = tally.tool_records
-    bad = tally.count(rc.UNBALANCED_TOOL_CALLS)
-    rate = _rate(bad, n)
-    passed = rate <= ctx.thresholds.max_error_rate
-    verdict = (
-        f"tool-call sections balanced in {_frac(n - bad, n)} outputs with tools"
-        if passed
-        else f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools: the model's tool format and the "
-        "chat template disagree"
-    )
-    return CheckResult(
-        name=TOOL_CALLS,
-        passed=passed,
-        rate=rate,
-        threshold=ctx.thresholds.max_error_rate,
-        count=bad,
-        total=n,
-        verdict=verdict,
+    n, bad = tally.tool_records, tally.count(rc.UNBALANCED_TOOL_CALLS)
+    return _rate_check(
+        TOOL_CALLS,
+        bad,
+        n,
+        ctx.thresholds.max_error_rate,
+        f"tool-call sections balanced in {_frac(n - bad, n)} outputs with tools",
+        f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools: the model's tool format and the "
+        "chat template disagree",
     )
 
 
 def _server_errors(tally: Tally, ctx: CheckContext) -> CheckResult:
-    total = tally.records + tally.rejected
-    rate = _rate(tally.rejected, total)
-    passed = rate <= ctx.thresholds.max_error_rate
-    verdict = (
-        f"{_frac(tally.rejected, total)} requests rejected by the server"
-        if passed
-        else f"{_frac(tally.rejected, total)} requests rejected by the server (HTTP 4xx); their reasons are in rejects.jsonl"
-    )
-    return CheckResult(
-        name=SERVER_ERRORS,
-        passed=passed,
-        rate=rate,
-        threshold=ctx.thresholds.max_error_rate,
-        count=tally.rejected,
-        total=total,
-        verdict=verdict,
+    total, rejected = tally.records + tally.rejected, tally.rejected
+    return _rate_check(
+        SERVER_ERRORS,
+        rejected,
+        total,
+        ctx.thresholds.max_error_rate,
+        f"{_frac(rejected, total)} requests rejected by the server",
+        f"{_frac(rejected, total)} requests rejected by the server (HTTP 4xx); their reasons are in rejects.jsonl",
     )
