@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.harness.sim import start_sim
+from tests.harness.sim import start_sim, start_sims
 from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
 from tests.operator.kubelet import PodRunner
 
@@ -19,19 +19,25 @@ SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "40", "--sim-ttft-s", "0.05"
 """About 2.5 s per request: the run lasts long enough to crash a worker and restart the operator mid-run."""
 
 
-def parquet_records(output: Path) -> int:
+def parquet_servers(output: Path) -> list[str]:
+    """The `server` column of every record: which replica answered."""
     import pyarrow.parquet as pq
 
-    return sum(pq.read_metadata(path).num_rows for path in output.rglob("*.parquet"))
+    return [
+        s
+        for path in sorted(output.rglob("*.parquet"))
+        for s in pq.read_table(path, columns=["server"])["server"].to_pylist()
+    ]
 
 
 def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
-    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path, tmp_path: Path
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
     name = new_name("story")
-    with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
-        handle = operator([sim.url])
-        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    with start_sims([(*KIMI, *SLOW), (*KIMI, *SLOW)], tokenizer_dir=standin_tokenizer) as sims:
+        urls = [sim.url for sim in sims]  # two data-parallel replicas, one simulator each
+        handle = operator(urls)
+        runs.create(run_manifest(name, data_dir, standin_tokenizer, server={"replicas": 2}))
 
         # The server pod lands on a kwok GPU node; the operator asks the server itself before it trusts it.
         ready = runs.wait(name, "ServerReady", "True", "Ready")
@@ -40,10 +46,15 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
         container = sts.spec.template.spec.containers[0]
         assert container.resources.limits["nvidia.com/gpu"] == "8"
         assert "--reasoning-parser" in container.command
+        assert "2/2 replica(s) ready" in ready["message"]
+        pods = runs.core.list_namespaced_pod(runs.namespace, label_selector="datagen.dev/component=server").items
+        assert sorted(p.metadata.name for p in pods) == [f"{name}-server-0", f"{name}-server-1"]
+        services = {s.metadata.name for s in runs.core.list_namespaced_service(runs.namespace).items}
+        assert {f"{name}-server", f"{name}-server-0", f"{name}-server-1"} <= services
         assert runs.wait(name, "ParsersVerified", "True", "Verified")["message"].startswith("SGLang")
         assert runs.wait(name, "CanaryPassed", "True", "Passed", timeout=120)
         runs.wait(name, "Progressing", "True", "Running", timeout=60)
-        log = tmp_path / "kubectl-get-dgr.log"
+        log = runs.cluster.logs_dir / "kubectl-get-dgr.log"
         runs.kubectl_get_wide(log)
 
         # A worker crashes (SIGKILL, exit 137): the Job retries its index and the new pod resumes it.
@@ -54,7 +65,7 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
         # The operator restarts mid-run: it re-adopts its children by name and duplicates nothing.
         handle.stop()
         jobs_before = {j.metadata.name: j.metadata.uid for j in runs.batch.list_namespaced_job(runs.namespace).items}
-        operator([sim.url])
+        operator(urls)
 
         done = runs.wait(name, "Succeeded", "True", "Completed", timeout=180)
         runs.kubectl_get_wide(log)
@@ -66,7 +77,8 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
     assert status["progress"]["promptsDone"] == status["progress"]["promptsTotal"] == 24
     assert "24/24 prompts" in done["message"]
     assert runs.condition(name, "DataFaithful")["status"] == "True"  # type: ignore[index]
-    assert parquet_records(data_dir / "out" / name) == 24
+    servers = parquet_servers(data_dir / "out" / name)
+    assert len(servers) == 24 and set(servers) == set(urls), "workers spread over both replicas"
     # the end of the run releases the GPUs
     assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
     workers = runs.job(f"{name}-workers")

@@ -262,7 +262,8 @@ class Reconciler:
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
         digest = m.template_hash(manifest)
         if self.created.get(key) != digest:
-            if not await self.ctx.kube.create(manifest):
+            # A ServiceAccount never changes (and the operator may not patch one); the rest is updated.
+            if not await self.ctx.kube.create(manifest) and manifest["kind"] != "ServiceAccount":
                 meta = manifest["metadata"]
                 await self.ctx.kube.patch(manifest["kind"], meta["namespace"], meta["name"], manifest)
             self.created[key] = digest
