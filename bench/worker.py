@@ -61,6 +61,12 @@ def start_sim(workdir: Path, answer_tokens: int) -> tuple[subprocess.Popen[bytes
     return proc, f"http://127.0.0.1:{int(port_file.read_text().strip())}"
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def write_dataset(path: Path, prompts: int) -> None:
     with path.open("wb") as file:
         for i in range(prompts):
@@ -165,13 +171,15 @@ def main() -> int:
         worker_rates: list[float] = []
         runs: list[dict] = []
         for round_index in range(args.rounds):
-            cpu_before = time.process_time()
+            cpu_before, sim_before = time.process_time(), process_cpu_s(sim.pid)
             seconds, tokens = asyncio.run(baseline(url, prompts, max_new, args.concurrency))
-            base_cpu = time.process_time() - cpu_before
+            base_cpu, base_sim_cpu = time.process_time() - cpu_before, process_cpu_s(sim.pid) - sim_before
             base_rates.append(tokens / seconds)
             output = workdir / f"out-{round_index}"
             spec = _spec(dataset, tokenizer_dir, output, max_new, args.concurrency)
+            sim_before = process_cpu_s(sim.pid)
             wall, cpu, logs = run_worker(spec, url, ["--no-compact"])
+            worker_sim_cpu = process_cpu_s(sim.pid) - sim_before
             gen_s, gen_cpu, gen_tokens = generation_stats(logs)
             worker_rates.append(gen_tokens / gen_s)
             layout = OutputLayout(output)
@@ -182,7 +190,8 @@ def main() -> int:
             runs.append(
                 {"wall": wall, "cpu": cpu, "jsonl": jsonl_bytes, "compact_wall": c_wall, "compact_cpu": c_cpu,
                  "parquet": parquet.stat().st_size, "stored": stored, "gen_s": gen_s, "gen_tokens": gen_tokens,
-                 "gen_cpu": gen_cpu, "base_cpu": base_cpu, "base_tokens": tokens}
+                 "gen_cpu": gen_cpu, "base_cpu": base_cpu, "base_tokens": tokens, "base_sim_cpu": base_sim_cpu,
+                 "worker_sim_cpu": worker_sim_cpu}
             )  # fmt: skip
             print(
                 f"round {round_index}: baseline {base_rates[-1]:,.0f} tok/s, worker {worker_rates[-1]:,.0f} tok/s "
@@ -202,6 +211,11 @@ def main() -> int:
             f"generation_cpu_s_per_million_output_tokens={run['gen_cpu'] / (run['gen_tokens'] / 1e6):.3f} "
             f"(worker event loop during generation; baseline client: "
             f"{run['base_cpu'] / (run['base_tokens'] / 1e6):.3f})"
+        )
+        print(
+            f"simulator_cpu_s_per_million_output_tokens: serving the baseline "
+            f"{run['base_sim_cpu'] / (run['base_tokens'] / 1e6):.3f}, serving the worker "
+            f"{run['worker_sim_cpu'] / (run['gen_tokens'] / 1e6):.3f} (same machine, {os.cpu_count()} cores)"
         )
         print(f"compaction_cpu_s_per_million_stored_tokens={run['compact_cpu'] / stored_m:.3f} (incl. start-up)")
         print(f"jsonl_bytes_per_token={run['jsonl'] / run['stored']:.3f}")

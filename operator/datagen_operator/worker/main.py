@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="datagen worker",
         description="Generate one shard of a DataGenRun: render prompts, call SGLang /generate, record token ids.",
+        epilog="exit codes:\n" + __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] + "\nSee docs/worker.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="DataGenRun manifest (YAML)")
