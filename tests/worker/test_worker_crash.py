@@ -104,15 +104,15 @@ def test_kill_9_at_ten_random_points_then_resume_loses_and_duplicates_nothing(tm
     assert (state["state"], state["records_done"], state["records_total"]) == ("complete", 600, 600)
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_resumable(tmp_path: Path) -> None:
-    items = prompts(40)
+def test_sigterm_drains_in_flight_requests_and_a_second_signal_abandons_them(tmp_path: Path) -> None:
+    items = prompts(32)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
     output = tmp_path / "out"
     layout = OutputLayout(output)
     document = spec(dataset, output, **{"clients.concurrency": 8})
     log = tmp_path / "worker.log"
-    # ~40 tokens at 50 tokens/s: each request is on the wire for about a second.
-    with start_sim(*SIM_FLAGS, *PACED, "--sim-tokens-per-s", "50", tokenizer_dir=standin()) as server:
+    # ~40 tokens at 40 tokens/s: each request is on the wire for about a second.
+    with start_sim(*SIM_FLAGS, *PACED, "--sim-tokens-per-s", "40", tokenizer_dir=standin()) as server:
         worker = spawn(document, [server.url], "--drain-timeout", "20", "--no-compact", log=log)
         try:
             _wait_for_new_segment(layout, 0, worker, log)
@@ -125,20 +125,33 @@ def test_sigterm_drains_in_flight_requests_and_exits_resumable(tmp_path: Path) -
                 worker.kill()
         text = log.read_text()
         assert code == EXIT_DRAINED, text[-3000:]
-        assert drain_s < 10, "in-flight requests take ~1 s; the drain should not wait for the whole run"
+        assert drain_s < 10, "in-flight requests take ~1 s; the drain must not wait for the whole run"
         assert "abandoned" not in text  # every request on the wire finished and was recorded
         state = progress(output)
         assert state["state"] == "drained" and state["in_flight"] == 0
-        assert 0 < state["records_done"] < 40
+        assert 0 < state["records_done"] < 32
         segments = layout.segments(0)
         assert segments and all(keys_path(segment).exists() for segment in segments)  # sealed, synced
-        drained_records = len(raw_segment_keys(output))
-        assert drained_records == state["records_done"]
+        assert len(raw_segment_keys(output)) == state["records_done"]
         last = [orjson.loads(line) for line in text.splitlines() if line.startswith("{")][-1]
         assert last["state"] == "drained"
 
+        # A second signal stops waiting: requests on the wire are abandoned (and done again next time).
+        worker = spawn(document, [server.url], "--drain-timeout", "20", "--no-compact", log=log)
+        try:
+            _wait_for_new_segment(layout, len(segments), worker, log)
+            worker.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(30) == EXIT_DRAINED
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert "abandoning the requests in flight now" in log.read_text()
+        assert "abandoned" in log.read_text().split("abandoning the requests in flight now", 1)[1]
+
         assert run_inprocess(document, [server.url], "--no-compact") == EXIT_OK
         counts = raw_segment_keys(output)
-        assert len(counts) == 40 and max(counts.values()) == 1
+        assert len(counts) == 32 and max(counts.values()) == 1
         assert run_inprocess(document, [server.url]) == EXIT_OK
     check_records(output, items)

@@ -201,6 +201,7 @@ class Worker:
         self.stop_new = asyncio.Event()  # SIGTERM: no new requests
         self.fatal: tuple[int, str] | None = None
         self.drained = False
+        self.abandon = asyncio.Event()  # a second SIGTERM/SIGINT: stop waiting for requests in flight
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * config.spec.clients.concurrency)
 
     async def run(self) -> int:
@@ -309,15 +310,14 @@ class Worker:
         from datagen_operator.worker.store import ShardWriter
 
         c = self.config
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._request_drain, sig)
-
         self.server_fp: dict[str, Any] | None = None
         pool = http.EndpointPool(
             c.servers, session, unreachable_after_s=c.server_timeout_s, verify=self._verifier(session), stop=None
         )
         self.pool = pool
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_drain, sig)
         try:
             infos = await self._server_infos(session, pool)
         except http.ServerUnreachable as error:
@@ -635,6 +635,10 @@ class Worker:
             self._release_lanes()
 
     def _request_drain(self, sig: signal.Signals) -> None:
+        if self.drained and not self.abandon.is_set():
+            log.warning("%s again: abandoning the requests in flight now", sig.name)
+            self.abandon.set()
+            return
         if not self.stop_new.is_set():
             log.warning(
                 "%s: draining (no new requests; %d in flight get %.0fs)",
@@ -716,8 +720,14 @@ class Worker:
         if all_lanes.done():
             all_lanes.result()
             return
-        # Draining: in-flight requests get the grace period, then are abandoned (regenerated on resume).
-        _done, pending = await asyncio.wait(lanes, timeout=self.config.drain_timeout_s)
+        # Draining: in-flight requests get the grace period (or until a second signal), then are abandoned
+        # (regenerated on resume).
+        abandon = asyncio.create_task(self.abandon.wait())
+        await asyncio.wait(
+            [all_lanes, abandon], timeout=self.config.drain_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        abandon.cancel()
+        pending = [task for task in lanes if not task.done()]
         for task in pending:
             task.cancel()
         if pending:
