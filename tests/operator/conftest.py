@@ -138,6 +138,14 @@ class Runs:
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}")
 
+    def pod_ip(self, name: str) -> str | None:
+        try:
+            return self.core.read_namespaced_pod(name, self.namespace).status.pod_ip
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     def events(self, name: str) -> list[Any]:
         return self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
 

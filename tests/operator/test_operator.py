@@ -101,6 +101,38 @@ def test_not_enough_gpus_shows_the_schedulers_words(
     assert runs.job(f"{name}-canary") is None and runs.job(f"{name}-workers") is None
 
 
+def test_crash_looping_server_shows_why(
+    runs: Runs, operator: OperatorFactory, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    name = new_name("oom")
+    operator(["http://127.0.0.1:9"])
+    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    pod = f"{name}-server-0"
+    runs.wait_for("kwok to run the server pod", lambda: runs.pod_ip(pod))
+    # Playing the kubelet of a server that dies while loading (kwok has no crashes).
+    stamp = "2026-11-29T09:00:00Z"
+    runs.core.patch_namespaced_pod_status(
+        pod,
+        runs.namespace,
+        {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": stamp}],
+                "containerStatuses": [
+                    {
+                        "name": "server", "image": "lmsysorg/sglang:v0.5.23", "imageID": "", "ready": False,
+                        "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": stamp,
+                                                     "finishedAt": stamp, "message": "torch.OutOfMemoryError: CUDA out of memory"}},
+                    }
+                ],
+            }
+        },
+    )  # fmt: skip
+    condition = runs.wait(name, "ServerReady", "False", "CrashLoop", timeout=30)
+    assert "CUDA out of memory" in condition["message"] and "restarted 3 time(s)" in condition["message"]
+    assert runs.wait(name, "Succeeded", "Unknown", "Running")
+
+
 def test_parser_mismatch_halts_before_any_bulk_work(
     runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
