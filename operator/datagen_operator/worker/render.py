@@ -6,6 +6,7 @@ template's thinking switch is passed here, and the ids go to /generate as they a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -126,6 +127,8 @@ def _init_render_process(tokenizer_dir: str, trust_remote_code: bool, variables:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the worker, which drains and stops us
+    with contextlib.suppress(OSError):
+        os.nice(5)  # the event loop is the critical path; rendering runs ahead in the slack
     _process_renderer = Renderer(load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code), variables)
 
 
