@@ -343,3 +343,34 @@ def test_settings_from_env() -> None:
     assert settings.worker_image == "w:2"
     assert settings.test_server_urls == ("http://127.0.0.1:5", "http://127.0.0.1:6")
     assert Settings.from_env({}).test_server_urls == ()
+
+
+def test_status_writes_are_urgent_only_for_transitions() -> None:
+    from datagen_operator.k8s.reconcile import _signature
+
+    base = {
+        "phase": "Starting",
+        "conditions": [{"type": "ServerReady", "status": "False", "reason": "Loading", "message": "loading: 1m"}],
+        "progress": {"summary": "0/10 prompts"},
+    }
+    later = {
+        **base,
+        "conditions": [{**base["conditions"][0], "message": "loading: 2m"}],
+        "progress": {"summary": "1/10"},
+    }
+    assert _signature(later) == _signature(base)
+    moved = {**base, "conditions": [{**base["conditions"][0], "status": "True", "reason": "Ready"}]}
+    assert _signature(moved) != _signature(base)
+
+
+def test_invalid_spec_decision_and_check_context() -> None:
+    from datagen_operator.control.decide import Step
+    from datagen_operator.control.observed import Observed
+    from datagen_operator.k8s.reconcile import check_context, decide_invalid
+
+    decision = decide_invalid(Observed(generation=2, spec_error="spec.server.extraArgs[0]: managed"))
+    assert decision.step == Step.INVALID and not decision.server_wanted
+    (update,) = decision.updates
+    assert (update.type, update.status, update.reason) == ("Succeeded", "False", "InvalidSpec")
+    context = check_context(SPEC)
+    assert context.thinking and context.think_end == "</think>" and context.think_end_id is not None
