@@ -204,3 +204,27 @@ def test_manifest_updates_are_atomic_read_modify_write(tmp_path: Path) -> None:
     assert manifest is not None
     assert manifest["counts"] == {"records": 5, "shards_complete": 1}
     assert not list(tmp_path.glob(".manifest.json.*"))
+
+
+def test_a_reader_racing_a_compaction_still_sees_every_record(tmp_path: Path) -> None:
+    from datagen_operator.worker import store
+
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a"), record("b")])
+    write(layout, [record("c")])
+    real = store._segment_records
+    calls = 0
+
+    def compact_after_first_segment(segment: Path):  # the compaction lands between two segment reads
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("c", 0)])
+        yield from real(segment)
+
+    store._segment_records = compact_after_first_segment
+    try:
+        ids = sorted(r["id"] for r in iter_records(tmp_path))
+    finally:
+        store._segment_records = real
+    assert ids == ["a", "b", "c"]

@@ -759,18 +759,27 @@ def _shard_indices(layout: OutputLayout) -> list[int]:
 def iter_shard_records(output_dir: str | Path, shard_index: int) -> Iterator[dict[str, Any]]:
     layout = OutputLayout(Path(output_dir))
     seen: set[Key] = set()
-    for parquet in sorted(layout.data_dir.glob(f"shard-{shard_index:05d}-of-*.parquet")):
-        for record in _parquet_records(parquet):
-            key = (record["id"], record["sample"])
-            if key not in seen:
-                seen.add(key)
-                yield record
-    for segment in layout.segments(shard_index):
+
+    def from_parquet() -> Iterator[dict[str, Any]]:
+        for parquet in sorted(layout.data_dir.glob(f"shard-{shard_index:05d}-of-*.parquet")):
+            for record in _parquet_records(parquet):
+                key = (record["id"], record["sample"])
+                if key not in seen:
+                    seen.add(key)
+                    yield record
+
+    had_parquet = any(layout.data_dir.glob(f"shard-{shard_index:05d}-of-*.parquet"))
+    yield from from_parquet()
+    segments = layout.segments(shard_index)
+    for segment in segments:
         for record in _segment_records(segment):
             key = (record["id"], record["sample"])
             if key not in seen:
                 seen.add(key)
                 yield record
+    if not had_parquet and any(not segment.exists() for segment in segments):
+        # A compaction finished while we read: what vanished with the segments is in the Parquet now.
+        yield from from_parquet()
 
 
 def iter_records(output_dir: str | Path) -> Iterator[dict[str, Any]]:
