@@ -374,3 +374,12 @@ def test_invalid_spec_decision_and_check_context() -> None:
     assert (update.type, update.status, update.reason) == ("Succeeded", "False", "InvalidSpec")
     context = check_context(SPEC)
     assert context.thinking and context.think_end == "</think>" and context.think_end_id is not None
+
+
+def test_print_rbac_for_the_chart(capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from datagen_operator.k8s.main import main
+
+    assert main(["--print-rbac"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == cluster_role()

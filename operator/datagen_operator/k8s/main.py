@@ -17,11 +17,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
     )
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument(
+        "--print-rbac", action="store_true", help="print the operator's ClusterRole (k8s/rbac.py) as YAML and exit"
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.print_rbac:
+        import yaml
+
+        from datagen_operator.k8s.rbac import cluster_role
+
+        print(yaml.safe_dump(cluster_role(), sort_keys=False), end="")
+        return 0
     import kopf
 
     import datagen_operator.k8s.handlers  # noqa: F401  (registers the handlers)

@@ -102,8 +102,10 @@ class Reconciler:
 
     # --- the pass ------------------------------------------------------------------------------
 
-    async def run_pass(self, body: Mapping[str, Any]) -> Decision:
+    async def run_pass(self, body: Mapping[str, Any]) -> Decision | None:
         meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            return None  # the finalizer's turn: nothing may be (re)created now
         generation = int(meta.get("generation") or 1)
         run = m.RunRef(self.name, self.namespace, meta["uid"])
         old = DataGenRunStatus.model_validate(self.status if self.status is not None else body.get("status") or {})
