@@ -223,6 +223,9 @@ def test_resume_into_a_different_fingerprint_is_refused_naming_the_change(
     assert "server.args.tp_size: 1 -> 4" in text
     assert "sharded 1 ways" in text
     assert (output / "manifest.json").read_bytes() == manifest_before
+    state = progress(output)  # the refusal is visible, the counters of the finished run are kept
+    assert state["state"] == "failed" and "sharded 1 ways" in state["message"]  # the last refusal
+    assert state["records_done"] == state["records_total"] == 4
 
 
 def test_requests_spread_over_endpoints_and_continue_when_one_goes_away(tmp_path: Path) -> None:

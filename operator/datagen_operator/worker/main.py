@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -219,13 +220,20 @@ class Worker:
             return self._fail(EXIT_FINGERPRINT_MISMATCH, str(error))
 
     def _fail(self, code: int, message: str) -> int:
-        from datagen_operator.worker.progress import FileSink
+        from datagen_operator.worker.progress import FileSink, ShardProgress
         from datagen_operator.worker.store import OutputLayout
 
-        self.progress.state, self.progress.message = "failed", message
         layout = OutputLayout(self.config.output)
+        path = layout.progress(self.config.shard_index)
         if layout.shard_dir(self.config.shard_index).is_dir():
-            FileSink(layout.progress(self.config.shard_index)).write(self.progress)
+            # Before generation the counters are not loaded: keep the last run's, change only the state.
+            snapshot = self.progress
+            if self.progress.records_total == 0 and path.exists():
+                with contextlib.suppress(orjson.JSONDecodeError, TypeError):
+                    snapshot = ShardProgress.from_json(orjson.loads(path.read_bytes()))
+            snapshot.state, snapshot.message, snapshot.in_flight = "failed", message, 0
+            snapshot.updated_at = time.time()
+            FileSink(path).write(snapshot)
         return code
 
     async def _run(self) -> int:
