@@ -173,9 +173,20 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
 def setup_logging(mode: str) -> None:
     from datagen_operator.worker.progress import JsonLogFormatter
 
-    handler = logging.StreamHandler(sys.stderr)
     use_json = mode == "json" or (mode == "auto" and not sys.stderr.isatty())
-    handler.setFormatter(JsonLogFormatter() if use_json else logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler: logging.Handler
+    if use_json:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLogFormatter())
+    elif sys.stderr.isatty():
+        from rich.logging import RichHandler
+
+        from datagen_operator.worker.progress import terminal_console
+
+        handler = RichHandler(console=terminal_console(), show_path=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     root = logging.getLogger("datagen")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)

@@ -187,6 +187,20 @@ class ConfigMapSink:
                 await self._client.close()
 
 
+_console: Any = None
+
+
+def terminal_console() -> Any:
+    """One rich Console on stderr shared by the progress bar and the log handler, so log lines print
+    above the bar instead of through it."""
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        _console = Console(stderr=True)
+    return _console
+
+
 class Display:
     """A rich progress bar on a terminal; otherwise one structured log line every `log_interval_s`."""
 
@@ -216,6 +230,7 @@ class Display:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
+                console=terminal_console(),
                 transient=False,
             )
             self._bar.start()
