@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--namespace", action="append", default=[], help="watch only these (default: all)")
     parser.add_argument(
         "--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument(
+        "--peering",
+        default=None,
+        help="kopf peering object name for several replicas (one active, the others paused); default: standalone",
     )
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument(
@@ -41,10 +47,17 @@ def main(argv: list[str]) -> int:
     )
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one "succeeded" line per child event
+    from datagen_operator.k8s.settings import Settings
+
+    watch = Settings.from_env().namespace
+    namespaces = args.namespace or ([watch] if watch else [])
     kopf.run(
-        standalone=True,  # one operator replica; no peering objects to create
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
+        # One replica needs no peering; several peer under one name and only the highest priority works.
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=secrets.randbelow(1_000_000) + 1 if args.peering else None,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
         liveness_endpoint=args.liveness,
     )
     return 0
