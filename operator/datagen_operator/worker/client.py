@@ -188,6 +188,9 @@ class EndpointPool:
         return 0.0 if self._all_down_since is None else time.monotonic() - self._all_down_since
 
     def pick(self) -> Endpoint | None:
+        if len(self.endpoints) == 1:  # the common case, on every request
+            only = self.endpoints[0]
+            return only if only.up and only.disabled is None else None
         candidates = [e for e in self.endpoints if e.up and e.disabled is None]
         if not candidates:
             return None

@@ -26,6 +26,18 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.checks.record_checks import inspect_record
+from datagen_operator.worker import client as http
+from datagen_operator.worker.records import (
+    Answer,
+    Job,
+    build_record,
+    encode_record,
+    generate_payload,
+    malformed_reject,
+    server_reject,
+)
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FINGERPRINT_MISMATCH = 3
@@ -249,7 +261,6 @@ class Worker:
 
     async def _run(self) -> int:
         from datagen_operator.checks.record_checks import expectations_for
-        from datagen_operator.worker import client as http
         from datagen_operator.worker.dataset import DatasetError, plan_shard
         from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer, template_variables
         from datagen_operator.worker.store import OutputLayout
@@ -289,7 +300,6 @@ class Worker:
 
     async def _server_infos(self, session: Any, pool: Any) -> dict[str, dict[str, Any]]:
         """/server_info of every endpoint reachable now; waits (up to the deadline) for at least one."""
-        from datagen_operator.worker import client as http
 
         deadline = time.monotonic() + self.config.server_timeout_s
         delay = 0.5
@@ -319,7 +329,6 @@ class Worker:
             delay = min(delay * 1.5, 5.0)
 
     async def _with_session(self, session: Any, tokenizer: Any) -> int:
-        from datagen_operator.worker import client as http
         from datagen_operator.worker.fingerprint import (
             build_fingerprint,
             chat_template_sha256,
@@ -395,7 +404,6 @@ class Worker:
 
     def _verifier(self, session: Any) -> Any:
         """Re-check a server that (re)appears: a restart with other args must not feed this output."""
-        from datagen_operator.worker import client as http
         from datagen_operator.worker.fingerprint import diff_fingerprints, server_fingerprint
 
         async def verify(endpoint: Any) -> str | None:
@@ -446,7 +454,6 @@ class Worker:
 
     def _init_progress(self, recovered: int) -> None:
         from datagen_operator.worker.progress import ShardProgress, Tracker
-        from datagen_operator.worker.records import malformed_reject
 
         c, plan, writer, n = self.config, self.plan, self.writer, self.samples
         for line in plan.malformed:
@@ -506,7 +513,7 @@ class Worker:
 
     # generation
 
-    RENDER_BATCH = 16
+    RENDER_BATCH = 32
 
     async def _feed(self, queue: asyncio.Queue[Any]) -> None:
         """Renders prompts still to do, in dataset order, a few batches ahead, and queues their jobs.
@@ -562,7 +569,6 @@ class Worker:
     async def _queue_rendered(
         self, queue: asyncio.Queue[Any], prompts: list[Any], future: asyncio.Future[list[Any]], n: int
     ) -> None:
-        from datagen_operator.worker.records import Job, malformed_reject
         from datagen_operator.worker.render import ids_from_result
 
         results = await future
@@ -590,25 +596,8 @@ class Worker:
         else:
             self.remaining[prompt_id] = left
 
-    async def _process(self, job: Any) -> None:
-        from datagen_operator.checks.record_checks import inspect_record
-        from datagen_operator.worker import client as http
-        from datagen_operator.worker.records import Answer, build_record, encode_record, generate_payload, server_reject
-
-        payload = generate_payload(job, self.sampling, stream=self.client.stream)
-        try:
-            reply = await self.client.generate(payload)
-        except http.Rejected as rejected:
-            self.writer.add_reject(
-                server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
-            )
-            self.progress.records_rejected += 1
-            self._finish_key(job.id)
-            return
-        except http.GaveUp as gave_up:
-            log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
-            self.progress.records_failed += 1
-            return
+    def _record(self, job: Job, reply: http.Reply) -> None:
+        """Check, encode and buffer one answer (synchronous: nothing here waits)."""
         meta = reply.meta_info
         flags = inspect_record(
             job.input_ids,
@@ -620,22 +609,36 @@ class Worker:
         )
         answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
         record = build_record(job, answer, flags)
-        self.writer.append(record, encode_record(record, reply.output_ids_json))
-        if self.writer.buffered_bytes >= 1 << 20:
-            self.writer.flush()
+        writer = self.writer
+        writer.append(record, encode_record(record, reply.output_ids_json))
+        if writer.buffered_bytes >= 1 << 20:
+            writer.flush()
         self.tracker.on_record(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags)
+        self._finish_key(job.id)
+
+    def _rejected(self, job: Job, rejected: http.Rejected) -> None:
+        self.writer.add_reject(
+            server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
+        )
+        self.progress.records_rejected += 1
         self._finish_key(job.id)
 
     async def _lane(self, queue: asyncio.Queue[Any]) -> None:
         """One of `concurrency` lanes: takes the next job, sends it, records it, repeats."""
-        from datagen_operator.worker import client as http
-
+        client, sampling = self.client, self.sampling
         while True:
             job = await queue.get()
             if job is None or self.stop_new.is_set():
                 return
             try:
-                await self._process(job)
+                reply = await client.generate(generate_payload(job, sampling, stream=client.stream))
+            except http.Rejected as rejected:
+                self._rejected(job, rejected)
+                continue
+            except http.GaveUp as gave_up:
+                log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
+                self.progress.records_failed += 1
+                continue
             except http.Drained:
                 return
             except http.ServerUnreachable as error:
@@ -644,6 +647,7 @@ class Worker:
             except http.EndpointsRejected as error:
                 self._set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
                 return
+            self._record(job, reply)
 
     def _set_fatal(self, code: int, message: str) -> None:
         if self.fatal is None:
