@@ -41,6 +41,7 @@ def spec_dict(**over: Any) -> dict[str, Any]:
             "nodeSelector": {"nvidia.com/gpu.present": "true"},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "priorityClassName": "gpu-batch",
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
         },
         "dataset": {"path": "prompts/b1.jsonl", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
         "generation": {"thinking": True, "sampling": {"max_new_tokens": 256}},
@@ -83,6 +84,7 @@ def test_server_statefulset_gpus_probes_shm_model_and_placement() -> None:
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["priorityClassName"] == "gpu-batch"
+    assert pod["affinity"] == {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     assert pod["automountServiceAccountToken"] is False
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}

@@ -50,6 +50,8 @@ def _structural(node: Any) -> Any:
     node.pop("title", None)
     if node.get("additionalProperties") is False:  # unknown fields: pruned and warned by the API server
         node.pop("additionalProperties")
+    if node.get("additionalProperties") is True:  # free-form (affinity): said by preserve-unknown-fields
+        node.pop("additionalProperties")
     if "const" in node:
         node["enum"] = [node.pop("const")]
     if "exclusiveMinimum" in node and not isinstance(node["exclusiveMinimum"], bool):

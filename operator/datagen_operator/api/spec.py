@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -162,6 +162,11 @@ class ServerSpec(SpecModel):
     env: list[EnvVar] = Field(default_factory=list)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Kubernetes affinity for the server pods (nodeAffinity, podAntiAffinity, ...), passed through.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
     priority_class_name: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

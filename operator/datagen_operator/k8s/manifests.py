@@ -142,6 +142,7 @@ LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("server", "startupTimeout"),
     ("server", "nodeSelector"),
     ("server", "tolerations"),
+    ("server", "affinity"),
     ("server", "priorityClassName"),
     ("clients", "concurrency"),
     ("clients", "requestTimeout"),
@@ -449,6 +450,8 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
         pod_spec["tolerations"] = [
             t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in server.tolerations
         ]
+    if server.affinity:
+        pod_spec["affinity"] = dict(server.affinity)
     if server.priority_class_name:
         pod_spec["priorityClassName"] = server.priority_class_name
     template = {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
