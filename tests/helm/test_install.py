@@ -33,7 +33,7 @@ EXAMPLE = REPO_ROOT / "examples" / "kimi-k2.5.yaml"
 PEERING_CRDS = CHART / "crds" / "kopf-peering.yaml"
 RUN_API = "datagen.dev/v1alpha1"
 # PodMonitor needs prometheus-operator's CRD, which this cluster does not have; the render tests check it.
-NOT_IN_THIS_CLUSTER = {"PodMonitor"}
+NOT_IN_THIS_CLUSTER = {"PodMonitor", "ServiceMonitor"}  # prometheus-operator's kinds: no such CRDs here
 
 
 def documents_of(text: str) -> list[dict[str, Any]]:
@@ -176,7 +176,7 @@ def test_install_reconcile_upgrade_uninstall(
 
     # --- install: non-default probe port and a short resync, so the test is quick --------------------
     tools.run("helm", "install", release, str(CHART), *helm, "--set", f"probes.port={probe_port}",
-              "--set", "reconcile.resyncSeconds=2")  # fmt: skip
+              "--set", f"metrics.operator.port={free_port()}", "--set", "reconcile.resyncSeconds=2")  # fmt: skip
     status = yaml.safe_load(tools.run("helm", "status", release, *helm, "-o", "yaml").stdout)
     assert status["info"]["status"] == "deployed" and status["version"] == 1
     crds = control_plane.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -286,6 +286,7 @@ def test_namespaced_install_serves_and_may_touch_only_its_namespace(
     values = ["-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", f"watch.namespaces={{{watched}}}"]
     # no PodMonitor: this cluster has no prometheus-operator CRDs
     values += ["--set", f"probes.port={probe_port}", "--set", "metrics.podMonitor.enabled=false"]
+    values += ["--set", f"metrics.operator.port={free_port()}"]
     leftovers.releases.append((release, namespace))
     leftovers.run_namespaces += [namespace, watched]
     tools.run("helm", "install", release, str(CHART), *helm, *values)

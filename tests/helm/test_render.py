@@ -126,7 +126,7 @@ def test_deployment_runs_datagen_operator_with_kopfs_probe(tools: Tools) -> None
     args = build_parser().parse_args(container["args"])  # the operator's own parser accepts them
     assert args.liveness == "http://0.0.0.0:18080/healthz"
     assert args.namespace == []  # all namespaces
-    assert container["ports"] == [{"name": "probes", "containerPort": 18080, "protocol": "TCP"}]
+    assert container["ports"][0] == {"name": "probes", "containerPort": 18080, "protocol": "TCP"}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "probes"}
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
@@ -194,3 +194,17 @@ def test_schema_refuses_mistakes(tools: Tools, setting: str, complaint: str) -> 
     result = tools.run("helm", "template", "dg", str(CHART), "--set", setting, check=False)
     assert result.returncode != 0, f"--set {setting} was accepted"
     assert complaint.split(".")[-1] in result.stderr, result.stderr
+
+
+def test_operator_metrics_service_and_optional_service_monitor(tools: Tools) -> None:
+    documents = tools.template("--set", "metrics.operator.serviceMonitor.enabled=true")
+    container = operator_container(documents)
+    assert "--metrics-port=9090" in container["args"]
+    assert build_parser().parse_args(container["args"]).metrics_port == 9090
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    service = next(d for d in documents if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics"))
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert one(documents, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    plain = tools.template("--set", "metrics.operator.enabled=false")
+    assert not any(a.startswith("--metrics-port") for a in operator_container(plain)["args"])
+    assert not [d for d in plain if d["kind"] in ("ServiceMonitor",) or d["metadata"]["name"].endswith("-metrics")]

@@ -16,6 +16,7 @@ import kopf
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import metrics
 from datagen_operator.k8s.kube import Kube
 from datagen_operator.k8s.reconcile import OperatorContext, Reconciler, stop_children
 from datagen_operator.k8s.settings import Settings
@@ -135,3 +136,4 @@ async def run_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> N
     waiting = await stop_children(memo.ctx.kube, namespace, name)
     if waiting:
         raise kopf.TemporaryError(waiting, delay=2)
+    metrics.forget_run(namespace, name)

@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="kopf peering object name for several replicas (one active, the others paused); default: standalone",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (default: none)"
+    )
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument(
         "--print-rbac", action="store_true", help="print the operator's ClusterRole (k8s/rbac.py) as YAML and exit"
@@ -49,6 +52,10 @@ def main(argv: list[str]) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one "succeeded" line per child event
     from datagen_operator.k8s.settings import Settings
 
+    if args.metrics_port is not None:
+        from datagen_operator.k8s import metrics
+
+        metrics.serve(args.metrics_port)
     watch = Settings.from_env().namespace
     namespaces = args.namespace or ([watch] if watch else [])
     kopf.run(

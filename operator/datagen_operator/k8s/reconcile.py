@@ -28,6 +28,7 @@ from datagen_operator.control.conditions import ConditionUpdate, Event, apply_up
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import Observed, StepOutcome
 from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import metrics
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.kube import Kube
 from datagen_operator.k8s.settings import Settings
@@ -366,6 +367,7 @@ class Reconciler:
         )
         new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         before = old.model_dump(mode="json", by_alias=True, exclude_none=True)
+        metrics.observe_status(self.namespace, self.name, new)
         loop_time = asyncio.get_running_loop().time()
         only_progress = _signature(new) == _signature(before)
         if only_progress and (new == before or loop_time - self.last_write < self.ctx.settings.progress_write_s):
@@ -374,6 +376,10 @@ class Reconciler:
         patch = {**{key: None for key in before if key not in new}, **new}
         await self.ctx.kube.patch_status(self.namespace, self.name, patch)
         self.status, self.last_write = new, loop_time
+        for condition in conditions:
+            previous = next((c for c in old.conditions if c.type == condition.type), None)
+            if previous is None or (previous.status, previous.reason) != (condition.status, condition.reason):
+                metrics.count_transition(condition.type, condition.status, condition.reason)
         for event in transition_events(old.conditions, conditions):
             self.post_event(event)
 

@@ -1,0 +1,33 @@
+"""The operator's Prometheus metrics mirror a run's status and forget deleted runs."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from datagen_operator.k8s import metrics
+
+
+def exposition() -> str:
+    return generate_latest(metrics.REGISTRY).decode()
+
+
+def test_status_is_mirrored_and_forgotten() -> None:
+    status = {
+        "conditions": [{"type": "ServerReady", "status": "True"}, {"type": "CanaryPassed", "status": "False"}],
+        "progress": {"promptsTotal": 100, "promptsDone": 40, "records": 40, "tokensPerSecond": 5100.0},
+    }
+    metrics.observe_status("llm", "run-a", status)
+    text = exposition()
+    assert 'datagen_run_condition{name="run-a",namespace="llm",status="True",type="ServerReady"} 1.0' in text
+    assert 'datagen_run_condition{name="run-a",namespace="llm",status="False",type="CanaryPassed"} 1.0' in text
+    assert 'datagen_run_condition{name="run-a",namespace="llm",status="Unknown",type="Succeeded"} 1.0' in text
+    assert 'datagen_run_prompts_done{name="run-a",namespace="llm"} 40.0' in text
+    assert 'datagen_run_tokens_per_second{name="run-a",namespace="llm"} 5100.0' in text
+    metrics.forget_run("llm", "run-a")
+    assert 'name="run-a"' not in exposition()
+
+
+def test_transitions_are_counted() -> None:
+    metrics.count_transition("CanaryPassed", "False", "Failed")
+    metrics.count_transition("CanaryPassed", "False", "Failed")
+    assert 'datagen_condition_transitions_total{reason="Failed",status="False",type="CanaryPassed"} 2.0' in exposition()
