@@ -11,9 +11,15 @@ Part 1 times the gate the runners use (parser check and canary side by side) fro
 
 from __future__ import annotations
 
+import sys
+
+# `python bench/NAME.py` puts bench/ first on sys.path, where bench/operator.py (the operator benchmark)
+# would shadow the standard library's `operator`.
+if sys.path and sys.path[0].rstrip("/").endswith("bench"):
+    sys.path.pop(0)
+
 import asyncio
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -18,10 +18,16 @@ This is the ceiling the worker benchmark (bench/worker.py) can reach against the
 
 from __future__ import annotations
 
+import sys
+
+# `python bench/NAME.py` puts bench/ first on sys.path, where bench/operator.py (the operator benchmark)
+# would shadow the standard library's `operator`.
+if sys.path and sys.path[0].rstrip("/").endswith("bench"):
+    sys.path.pop(0)
+
 import argparse
 import asyncio
 import os
-import sys
 import time
 from pathlib import Path
 
