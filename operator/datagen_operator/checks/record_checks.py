@@ -152,18 +152,27 @@ def inspect_record(
     return frozenset(flags)
 
 
+def _find(ids: Sequence[int], token: int | None, stop: int | None = None) -> int:
+    """Index of `token` in ids[:stop], or -1; one C-level scan, no copy (this runs on every record)."""
+    if token is None:
+        return -1
+    try:
+        return ids.index(token, 0, len(ids) if stop is None else stop)
+    except ValueError:
+        return -1
+
+
 def _check_reasoning(
     input_ids: Sequence[int], output_ids: Sequence[int], kind: str | None, expect: Expectations, flags: set[str]
 ) -> None:
     end_id, start_id = expect.think_end_id, expect.think_start_id
-    outputs = list(output_ids)
-    end_at = outputs.index(end_id) if end_id in outputs else -1
+    end_at = _find(output_ids, end_id)
     if expect.thinking and start_id is not None and list(input_ids[-2:]) == [start_id, end_id]:
         flags.add(PROMPT_CLOSES_THINK)
     if not expect.thinking:
         # The prompt already closed an empty think block: any think tag in the output is reasoning
         # the run did not ask for (the template and the model disagree).
-        if end_at >= 0 or (start_id is not None and start_id in outputs):
+        if end_at >= 0 or _find(output_ids, start_id) >= 0:
             flags.add(UNEXPECTED_REASONING)
         return
     if end_at < 0:
@@ -174,10 +183,11 @@ def _check_reasoning(
     # The opener is either the last prompt token (the template prefills it) or early in the output.
     if start_id is None or (input_ids and input_ids[-1] == start_id):
         reasoning_from = 0
-    elif start_id in outputs[:end_at]:
-        reasoning_from = outputs.index(start_id) + 1
     else:
-        flags.add(NO_THINK_START)
-        return
+        opened_at = _find(output_ids, start_id, end_at)
+        if opened_at < 0:
+            flags.add(NO_THINK_START)
+            return
+        reasoning_from = opened_at + 1
     if end_at - reasoning_from <= 0:
         flags.add(EMPTY_REASONING)
