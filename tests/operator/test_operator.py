@@ -4,6 +4,7 @@ answers for the server pods through the test-only endpoint override (DATAGEN_TES
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,8 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
     assert status["progress"]["promptsDone"] == status["progress"]["promptsTotal"] == 24
     assert "24/24 prompts" in done["message"]
     assert runs.condition(name, "DataFaithful")["status"] == "True"  # type: ignore[index]
+    manifest = json.loads((data_dir / "out" / name / "manifest.json").read_text())
+    assert status["fingerprint"] == manifest["fingerprint_sha256"], "the data fingerprint reaches the status"
     servers = parquet_servers(data_dir / "out" / name)
     assert len(servers) == 24 and set(servers) == set(urls), "workers spread over both replicas"
     # the end of the run releases the GPUs

@@ -228,7 +228,9 @@ def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
 
 
 def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n, bad = tally.tool_records, tally.count(rc.UNBALANCED_TOOL_CALLS)
+    # Workers' counters do not carry how many records offered tools: then all records are the
+    # denominator (a lower rate, never a false alarm); verify and the canary count them exactly.
+    n, bad = tally.tool_records or tally.records, tally.count(rc.UNBALANCED_TOOL_CALLS)
     return _rate_check(
         TOOL_CALLS,
         bad,

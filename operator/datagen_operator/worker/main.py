@@ -425,6 +425,7 @@ class Worker:
 
         c = self.config
         digest = fingerprint_sha256(fingerprint)
+        self.progress.fingerprint_sha256 = digest
 
         def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
             if manifest is None:
@@ -469,6 +470,7 @@ class Worker:
             records_total=len(plan.prompts) * n,
             servers_total=len(c.servers),
             started_at=self.progress.started_at,
+            fingerprint_sha256=self.progress.fingerprint_sha256,
         )
         # Counts are rebuilt exactly from what is on disk, never from an older progress.json.
         summary = writer.summary

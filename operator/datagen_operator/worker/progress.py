@@ -59,6 +59,8 @@ class ShardProgress:
     started_at: float = 0.0
     updated_at: float = 0.0
     message: str = ""
+    fingerprint_sha256: str = ""
+    """The output's data fingerprint (manifest.json), so the operator can show it in status."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
