@@ -100,21 +100,33 @@ def verify_parsers(
     return StepOutcome(True, "Verified", message, (CheckResult(name=PARSERS, passed=True, total=1, verdict=message),))
 
 
-async def verify_running_server(session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec) -> StepOutcome:
-    """The I/O around verify_parsers, shared by the operator and the local runner: /server_info, then a chat
-    probe through the server's own template and parser (thinking runs)."""
+def model_label(spec: DataGenRunSpec) -> str:
+    """How verdicts name the model: its preset, or its path when there is none."""
+    return spec.model.preset or spec.model.path
+
+
+async def read_running_server(
+    session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """/server_info, and in thinking runs a chat probe through the server's own template and parser.
+    Raises when the server cannot be read."""
     from datagen_operator.engine.client import chat_probe
     from datagen_operator.worker.client import fetch_server_info
     from datagen_operator.worker.render import template_variables
 
     resolved = resolve_model(spec)
-    label = resolved.preset.name if resolved.preset else spec.model.path
+    info = await fetch_server_info(session, url)
+    probe = None
+    if resolved.thinking:
+        model = spec.model.served_model_name or spec.model.path
+        probe = await chat_probe(session, url, model, template_variables(resolved))
+    return info, probe
+
+
+async def verify_running_server(session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec) -> StepOutcome:
+    """ParsersVerified for a server that answers health checks; failing to read it is itself the verdict."""
     try:
-        info = await fetch_server_info(session, url)
-        probe = None
-        if resolved.thinking:
-            model = spec.model.served_model_name or spec.model.path
-            probe = await chat_probe(session, url, model, template_variables(resolved))
-    except Exception as error:  # failing to read the server is itself the verdict
+        info, probe = await read_running_server(session, url, spec)
+    except Exception as error:  # any way of not answering counts: the verdict carries it
         return StepOutcome(False, "ProbeFailed", f"could not read the server's parsers at {url}: {error}")
-    return verify_parsers(info, probe, resolved, label)
+    return verify_parsers(info, probe, resolve_model(spec), model_label(spec))

@@ -1,7 +1,7 @@
-"""Small reads from a running SGLang server: health, /server_info, and a chat-completions probe.
+"""Small reads from a running SGLang server: health and a chat-completions probe.
 
-Bulk /generate traffic lives in worker/; this module serves readiness and the parser verification,
-shared by the operator and the local runner.
+Bulk /generate traffic and /server_info live in worker/client.py; this module serves readiness and the
+parser verification, shared by the operator and the local runner.
 """
 
 from __future__ import annotations
@@ -22,17 +22,6 @@ async def is_healthy(session: aiohttp.ClientSession, base_url: str, path: str = 
             return response.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
-
-
-async def server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
-    """/server_info (SGLang >= 0.5.10), falling back to the deprecated /get_server_info."""
-    for path in ("/server_info", "/get_server_info"):
-        async with session.get(base_url + path, timeout=aiohttp.ClientTimeout(total=30)) as response:
-            if response.status == 404:
-                continue
-            response.raise_for_status()
-            return await response.json()
-    raise RuntimeError(f"{base_url} has neither /server_info nor /get_server_info")
 
 
 PROBE_QUESTION = "Is 221 a prime number? Think it through, then answer yes or no."

@@ -240,23 +240,15 @@ class Reconciler:
 
     async def _verify_parsers(self, spec: DataGenRunSpec, url: str) -> StepOutcome | None:
         """The server's own word (/server_info) and a chat probe; a failed read is retried next pass."""
-        from datagen_operator.checks.server_truth import verify_parsers
-        from datagen_operator.engine.client import chat_probe, server_info
-        from datagen_operator.worker.render import template_variables
+        from datagen_operator.checks.server_truth import model_label, read_running_server, verify_parsers
 
-        resolved = resolve_model(spec)
-        label = resolved.preset.name if resolved.preset else spec.model.path
         try:
-            info = await server_info(self.ctx.http, url)
-            self.server_info = info
-            probe = None
-            if resolved.thinking:
-                model = spec.model.served_model_name or spec.model.path
-                probe = await chat_probe(self.ctx.http, url, model, template_variables(resolved))
+            info, probe = await read_running_server(self.ctx.http, url, spec)
         except Exception as error:  # the server is ready by its probes; try again on the next pass
             log.warning("%s/%s: reading the server's parsers failed: %s", self.namespace, self.name, error)
             return None
-        return verify_parsers(info, probe, resolved, label)
+        self.server_info = info
+        return verify_parsers(info, probe, resolve_model(spec), model_label(spec))
 
     # --- act -----------------------------------------------------------------------------------
 
