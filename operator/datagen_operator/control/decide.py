@@ -69,6 +69,8 @@ def human_rate(tokens_per_second: float) -> str:
 def progress_of(counters: ProgressCounters | None, shards_total: int, shards_done: int) -> Progress:
     c = counters or ProgressCounters()
     summary = f"{c.prompts_done}/{c.prompts_total} prompts, {human_rate(c.tokens_per_second)} tok/s"
+    if not c.prompts_total:
+        summary = "workers starting"
     if c.tally.rejected or c.malformed:
         summary += f", {c.tally.rejected + c.malformed} set aside"
     return Progress(
