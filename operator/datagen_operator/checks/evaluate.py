@@ -142,30 +142,23 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
 
 
 def _token_counts(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n = tally.records
-    bad = tally.count(rc.TOKEN_COUNT_MISMATCH)
-    leaks = tally.count(rc.PROMPT_SUFFIX_LEAK)
-    rate = _rate(bad, n)
-    passed = rate <= ctx.thresholds.max_token_mismatch_rate
-    if passed:
-        verdict = f"len(output_ids) == completion_tokens in {_frac(n - bad, n)} records"
-    elif leaks:
-        verdict = (
+    n, bad, leaks = tally.records, tally.count(rc.TOKEN_COUNT_MISMATCH), tally.count(rc.PROMPT_SUFFIX_LEAK)
+    if leaks:
+        failed = (
             f"output_ids start with prompt-suffix tokens in {_frac(leaks, n)} records (the upstream SGLang bug of "
             "issues 10896/17240): use an SGLang version with the fix; the affected records are not training data"
         )
     else:
-        verdict = (
+        failed = (
             f"len(output_ids) != completion_tokens in {_frac(bad, n)} records: the server's token accounting is off"
         )
-    return CheckResult(
-        name=TOKEN_COUNTS,
-        passed=passed,
-        rate=rate,
-        threshold=ctx.thresholds.max_token_mismatch_rate,
-        count=bad,
-        total=n,
-        verdict=verdict,
+    return _rate_check(
+        TOKEN_COUNTS,
+        bad,
+        n,
+        ctx.thresholds.max_token_mismatch_rate,
+        f"len(output_ids) == completion_tokens in {_frac(n - bad, n)} records",
+        failed,
     )
 
 
