@@ -37,3 +37,19 @@ REASONING_PARSER_TAGS: dict[str, tuple[str, str]] = {
     "glm45": ("<think>", "</think>"),
     "minimax": ("<think>", "</think>"),
 }
+
+# Names SGLang rewrites while resolving its arguments (`handle_deprecated_args` in
+# `sglang/srt/arg_groups/serving_hook.py`); `/server_info` reports the resolved name. The contract tests run
+# SGLang's own resolution over every name of the lists above and fail when this table drifts from it.
+RESOLVED_TOOL_CALL_PARSERS: dict[str, str] = {"qwen25": "qwen", "glm45": "glm"}
+RESOLVED_REASONING_PARSERS: dict[str, str] = {}
+
+
+def resolved_tool_call_parser(name: str | None) -> str | None:
+    """The name `/server_info` reports for `--tool-call-parser name`."""
+    return None if name is None else RESOLVED_TOOL_CALL_PARSERS.get(name, name)
+
+
+def resolved_reasoning_parser(name: str | None) -> str | None:
+    """The name `/server_info` reports for `--reasoning-parser name`."""
+    return None if name is None else RESOLVED_REASONING_PARSERS.get(name, name)
