@@ -8,7 +8,7 @@ from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary import CanaryRecord, judge_canary, outcome_from_json, outcome_json
 from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
-from datagen_operator.checks.server_truth import verify_parsers
+from datagen_operator.checks.server_truth import probe_budgets, verify_parsers
 from datagen_operator.control.progress import counters_from_snapshots
 from tests.unit.test_api import kimi_run, with_changes
 
@@ -110,11 +110,42 @@ def test_server_with_the_old_kimi_parser() -> None:
 
 def test_chat_probe_proves_the_split() -> None:
     info = {"reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2", "version": "0.5.23"}
-    good = {"reasoning_content": "221 = 13 * 17", "content": "No."}
+    good = {"message": {"reasoning_content": "221 = 13 * 17", "content": "No."}, "finish_reason": "stop"}
     assert verify_parsers(info, good, KIMI, "kimi-k2.5").passed
-    glued = {"reasoning_content": None, "content": "221 = 13 * 17</think>No."}
+    glued = {"message": {"reasoning_content": None, "content": "221 = 13 * 17</think>No."}, "finish_reason": "stop"}
     outcome = verify_parsers(info, glued, KIMI, "kimi-k2.5")
     assert not outcome.passed and "empty reasoning_content" in outcome.message and "</think>" in outcome.message
+
+
+def test_a_cut_probe_reply_is_inconclusive_never_a_mismatch() -> None:
+    info = {"reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2", "version": "0.5.23"}
+    cut = {"message": {"reasoning_content": "221 = 13 * 17 so", "content": None}, "finish_reason": "length"}
+    outcome = verify_parsers(info, cut, KIMI, "kimi-k2.5")
+    assert outcome.passed and "cut at its max_tokens" in outcome.message
+
+
+def test_a_model_problem_is_left_to_the_canary() -> None:
+    """All-reasoning or no-reasoning replies with the right parser are the model's, not the parser's."""
+    info = {"reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2", "version": "0.5.23"}
+    never_closed = {"message": {"reasoning_content": "221 = 13 * 17. No.", "content": None}, "finish_reason": "stop"}
+    no_reasoning = {"message": {"reasoning_content": None, "content": "No."}, "finish_reason": "stop"}
+    assert "never closed its reasoning" in verify_parsers(info, never_closed, KIMI, "kimi-k2.5").message
+    assert "holds no reasoning" in verify_parsers(info, no_reasoning, KIMI, "kimi-k2.5").message
+    assert verify_parsers(info, never_closed, KIMI, "kimi-k2.5").passed
+
+
+def test_parser_names_are_compared_as_sglang_resolves_them() -> None:
+    qwen3 = resolve_model(parse_run(with_changes("spec.model.preset", "qwen3")).spec)
+    assert qwen3.tool_call_parser == "qwen25"
+    info = {"reasoning_parser": "qwen3", "tool_call_parser": "qwen", "version": "0.5.23"}
+    assert verify_parsers(info, None, qwen3, "qwen3").passed
+    info_wrong = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes", "version": "0.5.23"}
+    assert not verify_parsers(info_wrong, None, qwen3, "qwen3").passed
+
+
+def test_probe_budgets_retry_with_the_runs_budget() -> None:
+    assert probe_budgets(16384) == (4096, 16384)
+    assert probe_budgets(1024) == (1024,)
 
 
 def test_explicit_kimi_parser_without_preset_is_caught_by_the_probe() -> None:
@@ -123,7 +154,7 @@ def test_explicit_kimi_parser_without_preset_is_caught_by_the_probe() -> None:
     document["spec"]["server"].update(reasoningParser="kimi", toolCallParser="kimi_k2")
     resolved = resolve_model(parse_run(document).spec)
     info = {"reasoning_parser": "kimi", "tool_call_parser": "kimi_k2"}
-    probe = {"reasoning_content": None, "content": "<think>221 = 13 * 17</think>No."}
+    probe = {"message": {"reasoning_content": None, "content": "<think>221 = 13 * 17</think>No."}}
     outcome = verify_parsers(info, probe, resolved, "/models/kimi")
     assert not outcome.passed and "use kimi_k2" in outcome.message and "`kimi` (◁think▷)" in outcome.message
 

@@ -6,7 +6,11 @@ from dataclasses import dataclass
 
 from datagen_operator.api.errors import FieldError, SpecError
 from datagen_operator.api.spec import NO_PARSER, DataGenRunSpec
-from datagen_operator.engine.sglang_names import REASONING_PARSER_TAGS
+from datagen_operator.engine.sglang_names import (
+    REASONING_PARSER_TAGS,
+    resolved_reasoning_parser,
+    resolved_tool_call_parser,
+)
 from datagen_operator.presets import Preset, get_preset, preset_names, presets
 
 
@@ -100,7 +104,8 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
 def _contradictions(preset: Preset, reasoning: str | None, tools: str | None) -> list[FieldError]:
     errors: list[FieldError] = []
     wanted_reasoning = preset.reasoning_parser or NO_PARSER
-    if reasoning is not None and reasoning != wanted_reasoning:
+    # Names are compared as SGLang resolves them: `qwen` is what `qwen25` becomes, so both are right.
+    if reasoning is not None and resolved_reasoning_parser(reasoning) != resolved_reasoning_parser(wanted_reasoning):
         why = ""
         if reasoning in REASONING_PARSER_TAGS and preset.think_start is not None:
             tag = REASONING_PARSER_TAGS[reasoning][0]
@@ -115,7 +120,7 @@ def _contradictions(preset: Preset, reasoning: str | None, tools: str | None) ->
             )
         )
     wanted_tools = preset.tool_call_parser or NO_PARSER
-    if tools is not None and tools != wanted_tools:
+    if tools is not None and resolved_tool_call_parser(tools) != resolved_tool_call_parser(wanted_tools):
         errors.append(
             FieldError(
                 "spec.server.toolCallParser",

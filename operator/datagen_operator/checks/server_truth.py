@@ -13,7 +13,11 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.control.observed import StepOutcome
-from datagen_operator.engine.sglang_names import REASONING_PARSER_TAGS
+from datagen_operator.engine.sglang_names import (
+    REASONING_PARSER_TAGS,
+    resolved_reasoning_parser,
+    resolved_tool_call_parser,
+)
 
 PARSERS = "parsers"
 
@@ -33,16 +37,14 @@ def _suggest(content: str, tool_parser: str | None) -> str | None:
     return matching[0] if matching else None
 
 
-def verify_parsers(
-    info: dict[str, Any], probe: dict[str, Any] | None, resolved: ResolvedModel, model_label: str
-) -> StepOutcome:
-    """Compare /server_info with the resolved parsers; then read the chat probe's message (thinking runs)."""
+def _name_problems(info: dict[str, Any], resolved: ResolvedModel, model_label: str) -> list[str]:
+    """/server_info's parsers against the run's, both as SGLang resolves them (`qwen25` runs as `qwen`)."""
     problems: list[str] = []
     running_reasoning = info.get("reasoning_parser") or None
     running_tools = info.get("tool_call_parser") or None
-    expected_start = resolved.think_start or "<think>"
-
-    if running_reasoning != resolved.reasoning_parser:
+    wanted_reasoning = resolved_reasoning_parser(resolved.reasoning_parser)
+    wanted_tools = resolved_tool_call_parser(resolved.tool_call_parser)
+    if running_reasoning != wanted_reasoning:
         if running_reasoning is None:
             problems.append(
                 f"the server runs without --reasoning-parser: chat completions return reasoning_content null and "
@@ -51,53 +53,79 @@ def verify_parsers(
         else:
             problems.append(
                 f"the server's reasoning parser is {_describe(running_reasoning)} but {model_label} writes "
-                f"{expected_start}; use {resolved.reasoning_parser or 'none'}"
+                f"{resolved.think_start or '<think>'}; use {resolved.reasoning_parser or 'none'}"
             )
-    if running_tools != resolved.tool_call_parser:
+    if running_tools != wanted_tools:
         problems.append(
             f"the server's tool-call parser is `{running_tools}` but {model_label} needs "
             f"`{resolved.tool_call_parser}`; use --tool-call-parser {resolved.tool_call_parser}"
         )
+    return problems
 
+
+def _read_probe(
+    probe: dict[str, Any], resolved: ResolvedModel, running_reasoning: str | None, model_label: str
+) -> tuple[str | None, str]:
+    """(a parser problem or None, what the probe showed). Only a split the parser got wrong is a problem here:
+    a model that does not reason, never closes its reasoning or was cut short is the canary's to name, on raw
+    token ids, where the template and the model can be told apart."""
+    message = probe.get("message") or {}
+    reasoning = message.get("reasoning_content") or ""
+    content = message.get("content") or ""
+    known_tags = {tag for pair in REASONING_PARSER_TAGS.values() for tag in pair}
+    known_tags |= {tag for tag in (resolved.think_start, resolved.think_end) if tag}
+    leaked_tags = sorted(tag for tag in known_tags if tag in content)
+    if leaked_tags and not reasoning.strip():
+        suggestion = _suggest(content, resolved.tool_call_parser)
+        fix = f"use {suggestion}" if suggestion and suggestion != running_reasoning else "check the model's think tags"
+        return (
+            f"a chat probe got empty reasoning_content and {', '.join(leaked_tags)} inside content: the server's "
+            f"reasoning parser {_describe(running_reasoning)} does not match what {model_label} writes; {fix}",
+            "",
+        )
+    if leaked_tags:
+        return f"a chat probe found {', '.join(leaked_tags)} inside content: the reasoning split is off", ""
+    if probe.get("finish_reason") == "length":
+        return (
+            None,
+            "the chat probe's reply was cut at its max_tokens before it ended (inconclusive; the canary judges)",
+        )
+    if not reasoning.strip():
+        return None, "the chat probe's reply holds no reasoning and no think tags (the canary judges the model)"
+    if not content.strip() and not message.get("tool_calls"):
+        return None, "the chat probe's reply never closed its reasoning (the canary judges the model)"
+    return None, "a chat probe split reasoning_content from content"
+
+
+def verify_parsers(
+    info: dict[str, Any], probe: dict[str, Any] | None, resolved: ResolvedModel, model_label: str
+) -> StepOutcome:
+    """Compare /server_info with the resolved parsers; then read the chat probe's choice (thinking runs)."""
+    problems = _name_problems(info, resolved, model_label)
+    shown = ""
     if probe is not None and resolved.thinking and not problems:
-        reasoning = probe.get("reasoning_content") or ""
-        content = probe.get("content") or ""
-        known_tags = {tag for pair in REASONING_PARSER_TAGS.values() for tag in pair}
-        known_tags |= {tag for tag in (resolved.think_start, resolved.think_end) if tag}
-        leaked_tags = sorted(tag for tag in known_tags if tag in content)
-        if not reasoning.strip():
-            suggestion = _suggest(content, running_tools)
-            fix = (
-                f"use {suggestion}"
-                if suggestion and suggestion != running_reasoning
-                else "check the model's think tags"
-            )
-            problems.append(
-                "a chat probe got empty reasoning_content"
-                + (f" and {', '.join(leaked_tags)} inside content" if leaked_tags else "")
-                + f": the server's reasoning parser {_describe(running_reasoning)} does not match what {model_label} "
-                f"writes; {fix}"
-            )
-        elif leaked_tags:
-            problems.append(f"a chat probe found {', '.join(leaked_tags)} inside content: the reasoning split is off")
-        elif not content.strip() and not probe.get("tool_calls"):
-            problems.append(
-                f"a chat probe got all of its output as reasoning_content and no content: {model_label} did not write "
-                f"{resolved.think_end or 'a think end'}; it may ignore thinking (an instruct model under a thinking "
-                "preset?) or never close its reasoning; check model.path and the preset"
-            )
-
-    version = info.get("version", "?")
+        problem, shown = _read_probe(probe, resolved, info.get("reasoning_parser") or None, model_label)
+        if problem:
+            problems.append(problem)
     if problems:
         message = "; ".join(problems)
         check = CheckResult(name=PARSERS, passed=False, count=len(problems), total=1, verdict=message)
         return StepOutcome(False, "Mismatch", message, (check,))
-    probed = " and a chat probe split reasoning_content from content" if probe is not None and resolved.thinking else ""
     message = (
-        f"SGLang {version} runs reasoning parser {resolved.reasoning_parser or 'none'} and tool-call parser "
-        f"{resolved.tool_call_parser or 'none'}{probed}"
+        f"SGLang {info.get('version', '?')} runs reasoning parser {resolved.reasoning_parser or 'none'} and "
+        f"tool-call parser {resolved.tool_call_parser or 'none'}" + (f"; {shown}" if shown else "")
     )
     return StepOutcome(True, "Verified", message, (CheckResult(name=PARSERS, passed=True, total=1, verdict=message),))
+
+
+PROBE_FIRST_MAX_TOKENS = 4096
+"""Most probe replies end well within this; a reasoning model cut here is asked again with the run's budget."""
+
+
+def probe_budgets(max_new_tokens: int) -> tuple[int, ...]:
+    """The chat probe's max_tokens, tried in order while the reply is cut (`finish_reason: length`)."""
+    first = min(PROBE_FIRST_MAX_TOKENS, max_new_tokens)
+    return (first,) if first == max_new_tokens else (first, max_new_tokens)
 
 
 def model_label(spec: DataGenRunSpec) -> str:
@@ -108,8 +136,8 @@ def model_label(spec: DataGenRunSpec) -> str:
 async def read_running_server(
     session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """/server_info, and in thinking runs a chat probe through the server's own template and parser.
-    Raises when the server cannot be read."""
+    """/server_info, and in thinking runs a chat probe through the server's own template and parser (its
+    choice: message and finish_reason). Raises when the server cannot be read."""
     from datagen_operator.engine.client import chat_probe
     from datagen_operator.worker.client import fetch_server_info
     from datagen_operator.worker.render import template_variables
@@ -119,7 +147,10 @@ async def read_running_server(
     probe = None
     if resolved.thinking:
         model = spec.model.served_model_name or spec.model.path
-        probe = await chat_probe(session, url, model, template_variables(resolved))
+        for budget in probe_budgets(spec.generation.sampling.max_new_tokens):
+            probe = await chat_probe(session, url, model, template_variables(resolved), budget)
+            if probe.get("finish_reason") != "length":
+                break
     return info, probe
 
 

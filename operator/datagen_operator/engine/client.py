@@ -27,24 +27,31 @@ async def is_healthy(session: aiohttp.ClientSession, base_url: str, path: str = 
 PROBE_QUESTION = "Is 221 a prime number? Think it through, then answer yes or no."
 
 
-async def chat_probe(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    model: str,
-    template_kwargs: dict[str, Any],
-    max_tokens: int = 1024,
-) -> dict[str, Any]:
-    """One chat completion through the server's own template and reasoning parser; returns the message."""
-    body = {
+def chat_probe_body(model: str, template_kwargs: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The parser probe's request: one question through the server's own template and reasoning parser."""
+    return {
         "model": model,
         "messages": [{"role": "user", "content": PROBE_QUESTION}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "chat_template_kwargs": template_kwargs,
     }
-    timeout = aiohttp.ClientTimeout(total=300)
+
+
+async def chat_probe(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    template_kwargs: dict[str, Any],
+    max_tokens: int,
+) -> dict[str, Any]:
+    """One chat completion; returns the choice (`message`, `finish_reason`), so a cut reply is never judged
+    as a whole one."""
+    body = chat_probe_body(model, template_kwargs, max_tokens)
+    timeout = aiohttp.ClientTimeout(total=max(300.0, max_tokens / 20))  # slow GPUs still finish long replies
     async with session.post(base_url + "/v1/chat/completions", json=body, timeout=timeout) as response:
         payload = await response.json(content_type=None)
         if response.status != 200:
             raise RuntimeError(f"chat completions probe got HTTP {response.status}: {payload}")
-    return payload["choices"][0]["message"]
+    choice: dict[str, Any] = payload["choices"][0]
+    return choice
