@@ -226,7 +226,7 @@ def verify_output(
         p = resolved.preset
         expect = rc.Expectations(
             thinking=thinking,
-            think_start_id=p.think_start.id if p.think_start else None,
+            think_start_ids=(p.think_start.id,) if p.think_start and p.think_start.id is not None else (),
             think_end_id=p.think_end.id if p.think_end else None,
             stop_token_ids=frozenset(t.id for t in p.stop_tokens if t.id is not None),
             tool_marker_pairs=tuple(
