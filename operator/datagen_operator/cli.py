@@ -14,9 +14,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "presets": ("datagen_operator.api.commands", "presets_main", "list the model presets"),
     "sim-server": ("datagen_operator.engine.sim.server", "main", "run the SGLang simulator (CPU, no model)"),
     "standin-tokenizer": (
-        "datagen_operator.tokenizer.standin",
-        "main",
-        "build the Kimi-K2-format stand-in tokenizer directory",
+        "datagen_operator.tokenizer.kimi_tiktoken",
+        "standin_tokenizer_main",
+        "build the Kimi-K2-format stand-in tokenizer directory (--kimi-tiktoken: the real K2.5 layout)",
     ),
     "worker": ("datagen_operator.worker.main", "main", "generate one shard (what worker pods run)"),
     "canary": ("datagen_operator.checks.canary", "main", "run the canary against running servers"),
