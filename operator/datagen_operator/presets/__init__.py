@@ -34,6 +34,8 @@ class Preset(_Frozen):
     name: str
     description: str
     family: str
+    standin: str
+    """The stand-in tokenizer (tokenizer/families.py) that reproduces this model's vocabulary and format."""
     reasoning_parser: str | None
     tool_call_parser: str | None
     reasoning_format: Literal["think-tags", "harmony", "none"]
