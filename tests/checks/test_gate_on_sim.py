@@ -52,6 +52,16 @@ async def _parsers(url: str, spec: DataGenRunSpec) -> StepOutcome:
         return await verify_running_server(session, url, spec)
 
 
+def sim_request_count(url: str) -> int:
+    """Generation requests the simulator served, from its Prometheus counter."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics") as response:
+        text = response.read().decode()
+    line = next(line for line in text.splitlines() if line.startswith("sglang:num_requests_total"))
+    return int(float(line.rsplit(" ", 1)[1]))
+
+
 def parsers_outcome(url: str, spec: DataGenRunSpec) -> StepOutcome:
     return asyncio.run(_parsers(url, spec))
 
@@ -91,17 +101,20 @@ def test_server_launched_with_the_old_kimi_parser(standin: Path) -> None:
 @pytest.mark.parametrize(
     ("misconfig", "expected"),
     [
-        ("never-close-think", "no `</think>` (163607)"),
-        ("kimi-tags", "no `</think>` (163607)"),
-        ("ignore-thinking", "no `</think>` (163607)"),
+        ("never-close-think", "kimi-k2.5 reasons but never closes its reasoning"),
+        ("kimi-tags", "kimi-k2.5 reasons but never closes its reasoning"),
+        ("ignore-thinking", "kimi-k2.5 ignores thinking"),
     ],
 )
-def test_misconfigured_models_fail_the_canary(standin: Path, misconfig: str, expected: str) -> None:
+def test_misconfigured_models_fail_the_canary_with_the_true_cause(standin: Path, misconfig: str, expected: str) -> None:
+    """The prompt prefills `<think>`, so neither misconfigured model writes a tag: the verdict comes from the
+    same prompts sent with the think block closed, and it is the first thing the message says."""
     spec = spec_for(standin)
     with start_sim(*KIMI_FLAGS, *SHORT, "--sim-misconfig", misconfig) as sim:
         outcome = canary_outcome(sim.url, spec, standin)
     assert not outcome.passed
-    assert expected in outcome.message, outcome.message
+    assert outcome.message.startswith(expected), outcome.message
+    assert outcome.checks[1].name == "model_thinking"
 
 
 def test_prompt_rendered_with_thinking_off_fails_the_canary(standin: Path, tmp_path: Path) -> None:
@@ -121,9 +134,62 @@ def test_prompt_rendered_with_thinking_off_fails_the_canary(standin: Path, tmp_p
     with start_sim(*KIMI_FLAGS, *SHORT) as sim:
         outcome = canary_outcome(sim.url, spec, model_dir)
     assert not outcome.passed
-    assert "no `</think>` (163607) in 7/7 outputs" in outcome.message
-    assert "the prompts end with `<think></think>`: thinking is off in the rendered template" in outcome.message
+    assert outcome.message.startswith(
+        "7/7 rendered prompts end with an empty think block `<think></think>`: the chat template rendered thinking OFF"
+    ), outcome.message
     assert "set generation.thinking: true" in outcome.message
+    assert outcome.checks[0].name == "chat_template" and not outcome.checks[0].passed
+
+
+def test_template_that_drops_the_prefill_is_named(standin: Path, tmp_path: Path) -> None:
+    """The model opens `<think>` itself, so every output check passes: only the prompts show the template is not
+    kimi-k2.5's."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(standin, model_dir)
+    template_file = model_dir / "chat_template.jinja"
+    template = template_file.read_text()
+    prefill = "{%- else -%}\n        <think>\n"
+    assert prefill in template
+    template_file.write_text(template.replace(prefill, "{%- else -%}\n"))
+    spec = spec_for(model_dir)
+    with start_sim(*KIMI_FLAGS, *SHORT) as sim:
+        outcome = canary_outcome(sim.url, spec, model_dir)
+    assert not outcome.passed
+    assert outcome.message.startswith(
+        "7/7 rendered prompts do not end with `<think>` although kimi-k2.5's chat template"
+    )
+    assert [c.name for c in outcome.checks if not c.passed] == ["chat_template"]
+
+
+def test_long_reasoning_cut_by_the_canary_cap_is_asked_again_with_the_runs_budget(standin: Path) -> None:
+    spec = spec_for(standin)
+    spec = spec.model_copy(update={"checks": spec.checks.model_copy(update={"canary_max_new_tokens": 64})})
+    with start_sim(*KIMI_FLAGS, "--sim-mean-reasoning-tokens", "400", "--sim-length-sigma", "0") as sim:
+        outcome = canary_outcome(sim.url, spec, standin)
+        requests = sim_request_count(sim.url)
+    assert outcome.passed, outcome.message
+    assert requests == 2 * 7, "each of the 7 cut outputs is sent once more, with the run's max_new_tokens"
+
+
+def test_prompts_the_template_cannot_render_or_the_server_refuses_are_set_aside(standin: Path, tmp_path: Path) -> None:
+    dataset = tmp_path / "prompts.jsonl"
+    lines = [
+        {"id": "fine-1", "messages": [{"role": "user", "content": "Hello"}]},
+        {"id": "too-long", "messages": [{"role": "user", "content": "word " * 3000}]},
+        {"id": "fine-2", "messages": [{"role": "user", "content": "Hi again"}]},
+    ]
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    spec = spec_for(standin)
+    spec = spec.model_copy(
+        update={
+            "dataset": spec.dataset.model_copy(update={"path": str(dataset)}),
+            "checks": spec.checks.model_copy(update={"canary_prompts": 2}),
+        }
+    )
+    with start_sim(*KIMI_FLAGS, *SHORT, "--context-length", "4096") as sim:
+        outcome = canary_outcome(sim.url, spec, standin)
+    assert outcome.passed, outcome.message
+    assert "set aside 1 prompt(s): too-long (refused by the server: HTTP 400" in outcome.message
 
 
 def test_prompt_suffix_leak_fails_the_canary(standin: Path) -> None:

@@ -13,7 +13,7 @@ STOP = {"type": "stop", "matched": IM_END}
 
 KIMI = Expectations(
     thinking=True,
-    think_start_id=THINK,
+    think_start_ids=(THINK,),
     think_end_id=END_THINK,
     stop_token_ids=frozenset({IM_END}),
     tool_marker_pairs=((SECTION_BEGIN, SECTION_END),),
@@ -52,7 +52,7 @@ def test_no_opener_anywhere() -> None:
 
 
 def test_prompt_rendered_with_thinking_off_in_a_thinking_run() -> None:
-    assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING) == {rc.PROMPT_CLOSES_THINK, rc.NO_THINK_END}
+    assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING) == {rc.PROMPT_CLOSES_THINK, rc.NO_THINK_START}
 
 
 def test_non_thinking_run() -> None:
@@ -85,3 +85,47 @@ def test_unbalanced_tool_calls_only_counted_when_tools_were_offered() -> None:
 def test_finish_reason_as_json_string_shape() -> None:
     assert rc.finish_type({"type": "length", "length": 5}) == "length"
     assert rc.finish_type(None) is None
+
+
+# Qwen3-2507 thinking: the template ends the prompt with `<think>` and a newline token.
+Q_THINK, Q_END_THINK, Q_IM_END, Q_NEWLINE = 151667, 151668, 151645, 198
+QWEN_2507 = Expectations(
+    thinking=True,
+    think_start_ids=(Q_THINK,),
+    think_end_id=Q_END_THINK,
+    stop_token_ids=frozenset({Q_IM_END}),
+    prompt_prefills_opener=True,
+    prompt_tail_skip_ids=frozenset({Q_NEWLINE}),
+)
+
+
+def test_opener_followed_by_a_newline_still_counts_as_prefilled() -> None:
+    prompt = [151644, 77091, Q_NEWLINE, Q_THINK, Q_NEWLINE]
+    output = [5, 6, Q_END_THINK, Q_NEWLINE, 7, Q_IM_END]
+    assert flags(output, prompt=prompt, expect=QWEN_2507) == frozenset()
+    assert rc.prompt_opens_think(prompt, QWEN_2507)
+    closed = [*prompt, Q_NEWLINE, Q_END_THINK, Q_NEWLINE, Q_NEWLINE]
+    assert rc.prompt_closes_think(closed, QWEN_2507)
+
+
+# gpt-oss harmony: reasoning is the analysis channel, opened by three tokens and closed by <|end|>.
+CHANNEL, MESSAGE, END, START, RETURN = 200005, 200008, 200007, 200006, 200002
+ANALYSIS, FINAL, ASSISTANT = 35644, 17196, 173781
+HARMONY = Expectations(
+    thinking=True,
+    think_start_ids=(CHANNEL, ANALYSIS, MESSAGE),
+    think_end_id=END,
+    stop_token_ids=frozenset({RETURN, 200012}),
+)
+HARMONY_PROMPT = [START, 1, 2, END, START, ASSISTANT]
+
+
+def test_harmony_reasoning_in_the_analysis_channel() -> None:
+    faithful = [CHANNEL, ANALYSIS, MESSAGE, 5, 6, END, START, ASSISTANT, CHANNEL, FINAL, MESSAGE, 7, RETURN]
+    assert flags(faithful, prompt=HARMONY_PROMPT, expect=HARMONY) == frozenset()
+    no_analysis = [CHANNEL, FINAL, MESSAGE, 7, RETURN]
+    assert flags(no_analysis, prompt=HARMONY_PROMPT, expect=HARMONY) == {rc.NO_THINK_START}
+    never_ended = [CHANNEL, ANALYSIS, MESSAGE, 5, 6, 7, RETURN]
+    assert flags(never_ended, prompt=HARMONY_PROMPT, expect=HARMONY) == {rc.NO_THINK_END}
+    empty = [CHANNEL, ANALYSIS, MESSAGE, END, START, ASSISTANT, CHANNEL, FINAL, MESSAGE, 7, RETURN]
+    assert flags(empty, prompt=HARMONY_PROMPT, expect=HARMONY) == {rc.EMPTY_REASONING}

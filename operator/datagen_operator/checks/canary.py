@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,13 @@ from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
+from datagen_operator.checks.server_truth import model_label
+from datagen_operator.checks.template_check import TemplateExpectation, judge_template
 from datagen_operator.control.observed import StepOutcome
+from datagen_operator.engine.requests import generate_body, sampling_params
 
 CANARY = "canary"
+MODEL_THINKING = "model_thinking"
 TERMINATION_LOG_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a container's termination message."""
 
@@ -66,6 +71,14 @@ class CanaryRecord:
         return {**self.__dict__, "flags": sorted(self.flags)}
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """A prompt the canary could not use (the template cannot render it, or the server refused it)."""
+
+    id: str
+    reason: str
+
+
 def canary_context(resolved: ResolvedModel, expect: rc.Expectations, thresholds: ChecksSpec) -> CheckContext:
     return CheckContext(
         thinking=resolved.thinking,
@@ -77,14 +90,56 @@ def canary_context(resolved: ResolvedModel, expect: rc.Expectations, thresholds:
     )
 
 
-def judge_canary(records: list[CanaryRecord], ctx: CheckContext, capped: bool) -> StepOutcome:
+IGNORES_THINKING_RATIO = 1.5
+"""Outputs with the think block open less than this much longer than with it closed: no reasoning happened."""
+
+
+@dataclass(frozen=True)
+class ThinkingControl:
+    """Mean completion tokens of outputs that never closed their reasoning, and of the same prompts sent with
+    the think block already closed (the model told not to think)."""
+
+    open_tokens: float
+    closed_tokens: float
+
+
+def judge_thinking_control(control: ThinkingControl, ctx: CheckContext, model_label: str) -> CheckResult:
+    """Tell "never closes its reasoning" from "does not reason at all" when the template prefills the opener
+    (then neither writes the opener, and both lack the closer)."""
+    ratio = control.open_tokens / max(control.closed_tokens, 1.0)
+    end = f"`{ctx.think_end}` ({ctx.think_end_id})"
+    if ratio < IGNORES_THINKING_RATIO:
+        verdict = (
+            f"{model_label} ignores thinking: outputs are about as long with the think block open as with it closed "
+            f"(x{ratio:.1f}) and none writes {end}; the weights at model.path are not a thinking model (an "
+            "instruct model under a thinking preset?); check model.path and model.preset"
+        )
+    else:
+        verdict = (
+            f"{model_label} reasons but never closes its reasoning: outputs are x{ratio:.1f} longer with the think "
+            f"block open than closed, and none writes {end}; the model's think end differs from the preset's (check "
+            "model.preset or model.thinkTokens against the model's tokenizer)"
+        )
+    return CheckResult(name=MODEL_THINKING, passed=False, total=1, verdict=verdict)
+
+
+def judge_canary(
+    records: list[CanaryRecord],
+    ctx: CheckContext,
+    capped: bool,
+    first: tuple[CheckResult, ...] = (),
+    set_aside: tuple[SetAside, ...] = (),
+) -> StepOutcome:
     """Every raw-token check must pass on every canary record (no thresholds: the canary is small).
 
-    Truncation is forgiven when the canary capped max_new_tokens below the run's, but at least one output
-    must reach the think end in a thinking run, or the canary proves nothing.
+    `first` holds verdicts on causes upstream of the outputs (the template, the model's thinking): they come
+    first in the message, so the true cause is read first. Truncation is forgiven when the canary capped
+    max_new_tokens below the run's, but at least one output must reach the think end in a thinking run, or
+    the canary proves nothing.
     """
     if not records:
-        return StepOutcome(False, "NoPrompts", "the canary had no prompt to send (empty dataset?)")
+        why = f"; set aside: {_describe_set_aside(set_aside)}" if set_aside else " (empty dataset?)"
+        return StepOutcome(False, "NoPrompts", f"the canary had no prompt it could send{why}")
     counts: Counter[str] = Counter(flag for record in records for flag in record.flags)
     tally = Tally(records=len(records), tool_records=sum(r.has_tools for r in records), flags=dict(counts))
     strict = ctx.thresholds.model_copy(
@@ -96,7 +151,7 @@ def judge_canary(records: list[CanaryRecord], ctx: CheckContext, capped: bool) -
         }
     )
     strict_ctx = CheckContext(**{**ctx.__dict__, "thresholds": strict})
-    checks = evaluate(tally, strict_ctx)
+    checks = [*first, *evaluate(tally, strict_ctx)]
     reached = sum(1 for r in records if ctx.think_end_id is not None and ctx.think_end_id in r.output_ids)
     if ctx.thinking and ctx.think_end_id is not None and reached == 0 and all(c.passed for c in checks):
         checks.append(
@@ -104,84 +159,188 @@ def judge_canary(records: list[CanaryRecord], ctx: CheckContext, capped: bool) -
                 name="canary_conclusive",
                 passed=False,
                 total=len(records),
-                verdict=f"no output reached `{ctx.think_end}` within checks.canaryMaxNewTokens; raise it so the "
-                "canary sees a whole reasoning block",
+                verdict=f"no output reached `{ctx.think_end}` even with the run's max_new_tokens; raise "
+                "generation.sampling.max_new_tokens so a whole reasoning block fits",
             )
         )
     failed = [c for c in checks if not c.passed]
     n = len(records)
+    aside = f"; set aside {_describe_set_aside(set_aside)}" if set_aside else ""
     if failed:
-        return StepOutcome(False, "Failed", "; ".join(c.verdict for c in failed), tuple(checks))
+        return StepOutcome(False, "Failed", "; ".join(c.verdict for c in failed) + aside, tuple(checks))
     what = "reasoning closed, " if ctx.thinking and ctx.think_end else ""
-    return StepOutcome(True, "Passed", f"{n}/{n} canary outputs pass ({what}token counts, termination)", tuple(checks))
+    message = f"{n}/{n} canary outputs pass ({what}token counts, termination){aside}"
+    return StepOutcome(True, "Passed", message, tuple(checks))
 
 
-def canary_prompts(dataset: Path, dataset_format: str, count: int) -> list[dict[str, Any]]:
-    """The first `count` valid dataset prompts (dataset order), then the built-in probes."""
+def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
+    shown = ", ".join(f"{s.id} ({s.reason[:120]})" for s in set_aside[:limit])
+    more = f" and {len(set_aside) - limit} more" if len(set_aside) > limit else ""
+    return f"{len(set_aside)} prompt(s): {shown}{more}"
+
+
+def iter_canary_prompts(dataset: Path, dataset_format: str) -> Iterator[dict[str, Any]]:
+    """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed)."""
     from datagen_operator.worker.dataset import plan_shard
 
+    yield from (dict(p) for p in PROBES)
     plan = plan_shard(dataset, 0, 1, dataset_format)  # type: ignore[arg-type]
-    chosen = []
     for prompt in plan.iter_prompts():
-        if len(chosen) >= count:
-            break
-        chosen.append({"id": prompt.id, "messages": prompt.messages, "tools": prompt.tools})
-    return chosen + [dict(p) for p in PROBES]
+        yield {"id": prompt.id, "messages": prompt.messages, "tools": prompt.tools}
+
+
+def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc.Expectations) -> CanaryRecord:
+    meta = reply.meta_info
+    has_tools = bool(prompt.get("tools"))
+    flags = rc.inspect_record(
+        input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect
+    )
+    return CanaryRecord(
+        prompt["id"], input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"),
+        has_tools, flags,
+    )  # fmt: skip
 
 
 async def run_canary(
-    spec: DataGenRunSpec, tokenizer: Any, dataset: Path, servers: list[str], record_file: Path | None = None
+    spec: DataGenRunSpec,
+    tokenizer: Any,
+    dataset: Path,
+    servers: list[str],
+    record_file: Path | None = None,
+    model_dir: Path | None = None,
 ) -> StepOutcome:
-    """Render, send, inspect, judge. Writes the canary records (not training data) to `record_file`."""
-    from datagen_operator.worker.client import EndpointPool, GenerateClient, RetryPolicy, make_session
-    from datagen_operator.worker.render import Renderer, template_variables
+    """Render, send, inspect, judge. Writes the canary records (not training data) to `record_file`.
+
+    A prompt the template cannot render or the server refuses is set aside (named in the verdict) and the
+    next one is drawn; outputs cut by the canary's cap before any reasoning closed are sent again with the
+    run's budget, so a long reasoner is never judged on a cut answer.
+    """
+    from datagen_operator.worker.client import EndpointPool, GenerateClient, Rejected, RetryPolicy, make_session
+    from datagen_operator.worker.render import Renderer, RenderError, template_variables
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer)
+    model_eos = rc.read_model_eos_ids(model_dir or Path(spec.model.tokenizer_path or spec.model.path))
+    expect = rc.expectations_for(resolved, tokenizer, model_eos)
+    ctx = canary_context(resolved, expect, spec.checks)
     renderer = Renderer(tokenizer, template_variables(resolved))
-    prompts = canary_prompts(dataset, spec.dataset.format, spec.checks.canary_prompts)
-    cap = min(spec.checks.canary_max_new_tokens, spec.generation.sampling.max_new_tokens)
-    sampling = spec.generation.sampling.model_dump(exclude_none=True) | {"max_new_tokens": cap}
-    rendered = [(p, renderer.render(p["messages"], p.get("tools"))) for p in prompts]
+    wanted = spec.checks.canary_prompts + len(PROBES)
+    run_budget = spec.generation.sampling.max_new_tokens
+    cap = min(spec.checks.canary_max_new_tokens, run_budget)
+    sampling = spec.generation.sampling.model_dump(exclude_none=True)
+    capped_params = sampling_params(sampling, expect.stop_token_ids, max_new_tokens=cap)
+    full_params = sampling_params(sampling, expect.stop_token_ids)
+    prompts = iter_canary_prompts(dataset, spec.dataset.format)
+    set_aside: list[SetAside] = []
+    records: list[CanaryRecord] = []
 
-    session = make_session(len(rendered), len(servers))
+    session = make_session(wanted, len(servers))
     try:
         pool = EndpointPool(servers, session, unreachable_after_s=spec.clients.request_timeout)
         client = GenerateClient(
             pool, policy=RetryPolicy(max_attempts=3), request_timeout_s=spec.clients.request_timeout, stream=False
         )
 
-        async def one(prompt: dict[str, Any], input_ids: list[int]) -> CanaryRecord:
-            body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling})
-            reply = await client.generate(body)
-            meta = reply.meta_info
-            has_tools = bool(prompt.get("tools"))
-            flags = rc.inspect_record(
-                input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect
-            )
-            return CanaryRecord(
-                prompt["id"],
-                input_ids,
-                reply.output_ids,
-                meta.get("finish_reason"),
-                meta.get("completion_tokens"),
-                has_tools,
-                flags,
-            )
+        async def one(prompt: dict[str, Any], input_ids: list[int], params: dict[str, Any]) -> CanaryRecord | None:
+            try:
+                reply = await client.generate(generate_body(input_ids, params))
+            except Rejected as refusal:
+                set_aside.append(SetAside(prompt["id"], f"refused by the server: HTTP {refusal.status} {refusal}"))
+                return None
+            return _record(prompt, input_ids, reply, expect)
 
-        records = await asyncio.gather(*(one(p, ids) for p, ids in rendered))
+        sent: list[tuple[dict[str, Any], list[int]]] = []
+        exhausted = False
+        while len(records) < wanted and not exhausted:
+            batch: list[tuple[dict[str, Any], list[int]]] = []
+            while len(records) + len(batch) < wanted:
+                prompt = next(prompts, None)
+                if prompt is None:
+                    exhausted = True
+                    break
+                try:
+                    batch.append((prompt, renderer.render(prompt["messages"], prompt.get("tools"))))
+                except RenderError as error:
+                    set_aside.append(SetAside(prompt["id"], str(error)))
+            results = await asyncio.gather(*(one(p, ids, capped_params) for p, ids in batch))
+            records += [r for r in results if r is not None]
+            sent += [item for item, r in zip(batch, results, strict=True) if r is not None]
+
+        capped = cap < run_budget
+        if capped and _inconclusive(records, ctx):
+            # Every output was cut before its reasoning closed: ask again with the run's own budget.
+            again = [(i, p, ids) for i, ((p, ids), r) in enumerate(zip(sent, records, strict=True)) if _cut(r)]
+            redone = await asyncio.gather(*(one(p, ids, full_params) for _, p, ids in again))
+            for (index, _, _), record in zip(again, redone, strict=True):
+                if record is not None:
+                    records[index] = record
+            capped = False
+        first = [judge_template([r.input_ids for r in records], expect, _template_expectation(resolved, spec))]
+        if _never_closed(records, expect):
+            first.append(
+                judge_thinking_control(
+                    await _thinking_control(records, expect, one, capped_params if capped else full_params),
+                    ctx,
+                    model_label(spec),
+                )
+            )
         await pool.close()
     finally:
         await session.close()
     if record_file is not None:
-        await asyncio.to_thread(_write_records, record_file, list(records))
-    ctx = canary_context(resolved, expect, spec.checks)
-    return judge_canary(list(records), ctx, capped=cap < spec.generation.sampling.max_new_tokens)
+        await asyncio.to_thread(_write_records, record_file, records, set_aside)
+    return judge_canary(records, ctx, capped=capped, first=tuple(first), set_aside=tuple(set_aside))
 
 
-def _write_records(path: Path, records: list[CanaryRecord]) -> None:
+def _cut(record: CanaryRecord) -> bool:
+    return rc.finish_type(record.finish_reason) == "length"
+
+
+def _inconclusive(records: list[CanaryRecord], ctx: CheckContext) -> bool:
+    """A thinking run where no output reached the think end and some were cut by the canary's cap."""
+    if not ctx.thinking or ctx.think_end_id is None:
+        return False
+    return not any(ctx.think_end_id in r.output_ids for r in records) and any(_cut(r) for r in records)
+
+
+def _never_closed(records: list[CanaryRecord], expect: rc.Expectations) -> bool:
+    """Outputs lack the closer while the prompt prefilled the opener: the one case raw tags cannot explain."""
+    return any(rc.NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect) for r in records)
+
+
+async def _thinking_control(
+    records: list[CanaryRecord], expect: rc.Expectations, send: Any, params: dict[str, Any], limit: int = 4
+) -> ThinkingControl:
+    """Send up to `limit` never-closed prompts again with the think block closed by hand, and compare lengths."""
+    open_records = [r for r in records if rc.NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect)]
+    open_records = open_records[:limit]
+    assert expect.think_end_id is not None
+    closed = await asyncio.gather(
+        *(
+            send({"id": f"{r.id}:closed", "messages": []}, [*r.input_ids, expect.think_end_id], params)
+            for r in open_records
+        )
+    )
+    closed_lengths = [len(c.output_ids) for c in closed if c is not None]
+    return ThinkingControl(
+        open_tokens=sum(len(r.output_ids) for r in open_records) / len(open_records),
+        closed_tokens=sum(closed_lengths) / max(len(closed_lengths), 1),
+    )
+
+
+def _template_expectation(resolved: ResolvedModel, spec: DataGenRunSpec) -> TemplateExpectation:
+    return TemplateExpectation(
+        model_label=model_label(spec),
+        think_start=resolved.think_start,
+        think_end=resolved.think_end,
+        switch=resolved.preset.thinking.switch if resolved.preset else None,
+    )
+
+
+def _write_records(path: Path, records: list[CanaryRecord], set_aside: list[SetAside]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r.as_json()) + b"\n" for r in records))
+    lines = [orjson.dumps(r.as_json()) for r in records]
+    lines += [orjson.dumps({"id": s.id, "set_aside": s.reason}) for s in set_aside]
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
 
 
 def outcome_json(outcome: StepOutcome) -> bytes:

@@ -7,8 +7,10 @@ skip_special_tokens and can hide or show tags that the ids say otherwise.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from datagen_operator.api.resolve import ResolvedModel
@@ -48,18 +50,27 @@ class TokenLookup(Protocol):
 
     def convert_tokens_to_ids(self, tokens: str) -> int | None: ...
 
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+PROMPT_TAIL_WHITESPACE: tuple[str, ...] = ("\n", "\n\n", " ")
+"""Texts a template may write after the think opener or closer (Qwen3-2507 ends the prompt `<think>\n`)."""
+
 
 @dataclass(frozen=True)
 class Expectations:
     """What a faithful record of this run looks like, in token ids."""
 
     thinking: bool
-    think_start_id: int | None
+    think_start_ids: tuple[int, ...]
+    """The opener as ids: one token (`<think>`), or several (harmony's `<|channel|>analysis<|message|>`)."""
     think_end_id: int | None
     stop_token_ids: frozenset[int]
     tool_marker_pairs: tuple[tuple[int, int], ...] = ()
     prompt_prefills_opener: bool = False
     suffix_leak_window: int = 8
+    prompt_tail_skip_ids: frozenset[int] = frozenset()
+    """Whitespace tokens a template may put after the opener or closer at the end of the prompt."""
 
 
 def _token_id(tokenizer: TokenLookup, text: str, fixed: int | None) -> int | None:
@@ -70,14 +81,35 @@ def _token_id(tokenizer: TokenLookup, text: str, fixed: int | None) -> int | Non
     return token_id
 
 
-def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup) -> Expectations:
-    """Expectations from the resolved model knowledge, with ids looked up in the run's tokenizer."""
+def _opener_ids(tokenizer: TokenLookup, text: str, fixed: int | None) -> tuple[int, ...]:
+    """A one-token opener by its id; a longer one (harmony's channel header) as the ids it encodes to."""
+    token_id = _token_id(tokenizer, text, fixed)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if token_id is not None and token_id != unk:
+        return (token_id,)
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _single_token_ids(tokenizer: TokenLookup, texts: tuple[str, ...]) -> frozenset[int]:
+    encoded = (tokenizer.encode(text, add_special_tokens=False) for text in texts)
+    return frozenset(ids[0] for ids in encoded if len(ids) == 1)
+
+
+def expectations_for(
+    resolved: ResolvedModel, tokenizer: TokenLookup, model_eos_ids: frozenset[int] = frozenset()
+) -> Expectations:
+    """Expectations from the resolved model knowledge, with ids looked up in the run's tokenizer.
+
+    Stop ids are what SGLang stops at: the preset's, the model's config and generation_config
+    `eos_token_id` (`model_eos_ids`, see `read_model_eos_ids`), and the tokenizer's eos only when nothing
+    else names one (Kimi's tokenizer eos `[EOS]` is not what the model writes; `<|im_end|>` is).
+    """
     preset = resolved.preset
     start_fixed = preset.think_start.id if preset and preset.think_start else None
     end_fixed = preset.think_end.id if preset and preset.think_end else None
-    think_start = _token_id(tokenizer, resolved.think_start, start_fixed) if resolved.think_start else None
+    think_start = _opener_ids(tokenizer, resolved.think_start, start_fixed) if resolved.think_start else ()
     think_end = _token_id(tokenizer, resolved.think_end, end_fixed) if resolved.think_end else None
-    stops: set[int] = set()
+    stops: set[int] = set(model_eos_ids)
     pairs: list[tuple[int, int]] = []
     if preset is not None:
         for token in preset.stop_tokens:
@@ -93,12 +125,26 @@ def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup) -> Expecta
         stops.add(eos)
     return Expectations(
         thinking=resolved.thinking,
-        think_start_id=think_start,
+        think_start_ids=think_start,
         think_end_id=think_end,
         stop_token_ids=frozenset(stops),
         tool_marker_pairs=tuple(pairs),
         prompt_prefills_opener=bool(preset and preset.thinking.prompt_prefills_opener),
+        prompt_tail_skip_ids=_single_token_ids(tokenizer, PROMPT_TAIL_WHITESPACE),
     )
+
+
+def read_model_eos_ids(model_dir: Path) -> frozenset[int]:
+    """`eos_token_id` of config.json and generation_config.json: ids SGLang stops at (sglang-contract.md)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        try:
+            value = json.loads((model_dir / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        values = value if isinstance(value, list) else [value]
+        ids |= {item for item in values if isinstance(item, int) and not isinstance(item, bool)}
+    return frozenset(ids)
 
 
 def finish_type(finish_reason: Any) -> str | None:
@@ -152,42 +198,81 @@ def inspect_record(
     return frozenset(flags)
 
 
-def _find(ids: Sequence[int], token: int | None, stop: int | None = None) -> int:
-    """Index of `token` in ids[:stop], or -1; one C-level scan, no copy (this runs on every record)."""
+def _find(ids: Sequence[int], token: int | None, start: int = 0, stop: int | None = None) -> int:
+    """Index of `token` in ids[start:stop], or -1; one C-level scan, no copy (this runs on every record)."""
     if token is None:
         return -1
     try:
-        return ids.index(token, 0, len(ids) if stop is None else stop)
+        return ids.index(token, start, len(ids) if stop is None else stop)
     except ValueError:
         return -1
+
+
+def _find_seq(ids: Sequence[int], seq: tuple[int, ...], stop: int | None = None) -> int:
+    """Index of the id sequence `seq` in ids[:stop], or -1."""
+    if not seq:
+        return -1
+    at = _find(ids, seq[0], 0, stop)
+    while at >= 0 and tuple(ids[at : at + len(seq)]) != seq:
+        at = _find(ids, seq[0], at + 1, stop)
+    return at
+
+
+def _tail_end(ids: Sequence[int], end: int, skip: frozenset[int]) -> int:
+    while end > 0 and ids[end - 1] in skip:
+        end -= 1
+    return end
+
+
+def _ends_with(ids: Sequence[int], end: int, seq: tuple[int, ...]) -> bool:
+    return bool(seq) and end >= len(seq) and tuple(ids[end - len(seq) : end]) == seq
+
+
+def prompt_opens_think(input_ids: Sequence[int], expect: Expectations) -> bool:
+    """The rendered prompt ends with the think opener, whitespace tokens after it allowed."""
+    return _ends_with(
+        input_ids, _tail_end(input_ids, len(input_ids), expect.prompt_tail_skip_ids), expect.think_start_ids
+    )
+
+
+def prompt_closes_think(input_ids: Sequence[int], expect: Expectations) -> bool:
+    """The rendered prompt ends with an empty think block (`<think></think>`, `<think>\n\n</think>\n\n`)."""
+    if expect.think_end_id is None:
+        return False
+    end = _tail_end(input_ids, len(input_ids), expect.prompt_tail_skip_ids)
+    if end == 0 or input_ids[end - 1] != expect.think_end_id:
+        return False
+    return _ends_with(input_ids, _tail_end(input_ids, end - 1, expect.prompt_tail_skip_ids), expect.think_start_ids)
 
 
 def _check_reasoning(
     input_ids: Sequence[int], output_ids: Sequence[int], kind: str | None, expect: Expectations, flags: set[str]
 ) -> None:
-    end_id, start_id = expect.think_end_id, expect.think_start_id
-    end_at = _find(output_ids, end_id)
-    if expect.thinking and start_id is not None and list(input_ids[-2:]) == [start_id, end_id]:
+    end_id, opener = expect.think_end_id, expect.think_start_ids
+    if expect.thinking and prompt_closes_think(input_ids, expect):
         flags.add(PROMPT_CLOSES_THINK)
     if not expect.thinking:
         # The prompt already closed an empty think block: any think tag in the output is reasoning
         # the run did not ask for (the template and the model disagree).
-        if end_at >= 0 or _find(output_ids, start_id) >= 0:
+        if _find(output_ids, end_id) >= 0 or _find_seq(output_ids, opener) >= 0:
             flags.add(UNEXPECTED_REASONING)
         return
+    # The opener is either at the end of the prompt (the template prefills it) or written by the model.
+    if not opener or prompt_opens_think(input_ids, expect):
+        reasoning_from = 0
+    else:
+        opened_at = _find_seq(output_ids, opener)
+        if opened_at < 0:
+            # No opener anywhere: the model did not think (a cut answer may simply not have reached it).
+            if kind != "length" or _find(output_ids, end_id) >= 0:
+                flags.add(NO_THINK_START)
+            return
+        reasoning_from = opened_at + len(opener)
+    end_at = _find(output_ids, end_id, reasoning_from)
     if end_at < 0:
         # A truncated answer may stop inside the reasoning: that is truncation, not a missing closer.
         if kind != "length":
             flags.add(NO_THINK_END)
         return
-    # The opener is either the last prompt token (the template prefills it) or early in the output.
-    if start_id is None or (input_ids and input_ids[-1] == start_id):
-        reasoning_from = 0
-    else:
-        opened_at = _find(output_ids, start_id, end_at)
-        if opened_at < 0:
-            flags.add(NO_THINK_START)
-            return
-        reasoning_from = opened_at + 1
     if end_at - reasoning_from <= 0:
         flags.add(EMPTY_REASONING)
