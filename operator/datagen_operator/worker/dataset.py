@@ -4,6 +4,14 @@ Shard assignment hashes the prompt id (blake2b, not Python's salted `hash`), so 
 and machine agrees, and two lines with the same id always land in the same shard, where the second
 one is set aside as a duplicate. A line without a usable id is owned by shard `line % count`, so
 exactly one shard reports it.
+
+Ids are JSON strings. An integer id is refused per line (cause `bad_id`): the output keys records by a
+string id (Parquet column, resume keys, rejects, verify), so a silent `str()` would make integer 1 and
+string "1" the same prompt. A Parquet `id` column of an integer type is the exception: a column holds
+one type, so its ids cannot collide, and they are read as their decimal strings.
+
+A line set aside here carries a `cause` (see CAUSES) and a human reason; `check_dataset` refuses a
+dataset with no valid prompt before anything is launched.
 """
 
 from __future__ import annotations
@@ -18,6 +26,18 @@ from typing import Any, Literal
 import orjson
 
 DatasetFormat = Literal["auto", "jsonl", "parquet"]
+
+# Why a dataset line is set aside (the `cause` of its rejects.jsonl entry).
+BAD_JSON = "bad_json"
+NOT_OBJECT = "not_object"
+BAD_ID = "bad_id"
+DUPLICATE_ID = "duplicate_id"
+BAD_MESSAGES = "bad_messages"
+INVALID_TOOLS = "invalid_tools"
+CAUSES = (BAD_JSON, NOT_OBJECT, BAD_ID, DUPLICATE_ID, BAD_MESSAGES, INVALID_TOOLS)
+
+UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +67,7 @@ class MalformedLine:
     reason: str
     excerpt: str
     id: str | None = None
+    cause: str = BAD_JSON
 
     @property
     def key(self) -> str:
@@ -55,6 +76,18 @@ class MalformedLine:
 
 class DatasetError(Exception):
     """The dataset as a whole cannot be read (missing file, unknown format)."""
+
+
+class EmptyDataset(DatasetError):
+    """The dataset has no valid prompt: a run over it would launch a server to generate nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why one prompt object is unusable: a `cause` from CAUSES and a reason a person can act on."""
+
+    cause: str
+    reason: str
 
 
 def shard_of_id(prompt_id: str, shard_count: int) -> int:
@@ -66,28 +99,102 @@ def shard_of_line(position: int, shard_count: int) -> int:
     return position % shard_count
 
 
-def validate_prompt(obj: Any) -> tuple[str | None, str | None]:
-    """(id, None) for a usable prompt object, else (id-if-any, reason)."""
+def validate_prompt(obj: Any) -> tuple[str | None, Problem | None]:
+    """(id, None) for a usable prompt object, else (id-if-any, the problem)."""
     if not isinstance(obj, dict):
-        return None, f"expected a JSON object, got {type(obj).__name__}"
+        return None, Problem(NOT_OBJECT, f"expected a JSON object, got {_json_type(obj)}")
     raw_id = obj.get("id")
     if raw_id is None:
-        return None, "missing id"
-    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
-        return None, f"id must be a string or integer, got {type(raw_id).__name__}"
-    prompt_id = str(raw_id)
-    if not prompt_id:
-        return None, "empty id"
+        return None, Problem(BAD_ID, "missing id")
+    if not isinstance(raw_id, str):
+        hint = f'; write it as "id": "{raw_id}"' if isinstance(raw_id, int) and not isinstance(raw_id, bool) else ""
+        return None, Problem(
+            BAD_ID,
+            f"id must be a JSON string, got {_json_type(raw_id)} {orjson.dumps(raw_id).decode()[:40]} "
+            f'(ids are stored as strings, so integer 1 and string "1" would be one prompt){hint}',
+        )
+    if not raw_id:
+        return None, Problem(BAD_ID, "empty id")
     messages = obj.get("messages")
     if not isinstance(messages, list) or not messages:
-        return prompt_id, "empty or missing messages"
+        return raw_id, Problem(BAD_MESSAGES, "empty or missing messages")
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            return prompt_id, f"messages[{index}] is not an object with a role"
-    tools = obj.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        return prompt_id, "tools must be a list"
-    return prompt_id, None
+            return raw_id, Problem(BAD_MESSAGES, f"messages[{index}] is not an object with a role")
+    tools_reason = tools_problem(obj.get("tools"))
+    if tools_reason is not None:
+        return raw_id, Problem(INVALID_TOOLS, tools_reason)
+    return raw_id, None
+
+
+def tools_problem(tools: Any) -> str | None:
+    """Why `tools` would not reach the model as SGLang's chat endpoint would send it, or None.
+
+    The rule is SGLang's `Tool`/`Function` request models (entrypoints/openai/protocol.py): each entry
+    an object with `function: {name: str, description?: str, parameters?: object, strict?: bool}`.
+    Stricter than SGLang in two places, both because the chat templates and tool-call parsers only
+    understand function tools with a JSON-schema object: `type` must be "function" (SGLang accepts any
+    string, then renders a tool no template can declare), and `parameters`, when given, must be a schema
+    of type object (`properties` an object, `required` a list of strings).
+    """
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return f"tools must be a list, got {_json_type(tools)}"
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            return f"{where} must be an object, got {_json_type(tool)}"
+        if tool.get("type") != "function":
+            return f'{where}.type must be "function", got {orjson.dumps(tool.get("type")).decode()[:40]}'
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            return f"{where}.function must be an object, got {_json_type(function)}"
+        name = function.get("name")
+        if not isinstance(name, str) or not name.strip():
+            return f"{where}.function.name must be a non-empty string, got {orjson.dumps(name).decode()[:40]}"
+        if function.get("description") is not None and not isinstance(function["description"], str):
+            return f"{where}.function.description must be a string, got {_json_type(function['description'])}"
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
+            return f"{where}.function.strict must be true or false, got {_json_type(function['strict'])}"
+        schema_reason = _parameters_problem(function.get("parameters"))
+        if schema_reason is not None:
+            return f"{where}.function.parameters {schema_reason}"
+    return None
+
+
+def _parameters_problem(parameters: Any) -> str | None:
+    if parameters is None:
+        return None  # SGLang and the templates accept a function without parameters
+    if not isinstance(parameters, dict):
+        return f"must be a JSON-schema object, got {_json_type(parameters)}"
+    if parameters.get("type", "object") != "object":
+        return f'must have "type": "object", got {orjson.dumps(parameters.get("type")).decode()[:40]}'
+    if not isinstance(parameters.get("properties", {}), dict):
+        return f"properties must be an object, got {_json_type(parameters['properties'])}"
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(item, str) for item in required):
+        return "required must be a list of property names"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a value's type, as a dataset author would call it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
 
 
 def _excerpt(raw: bytes | str, limit: int = 200) -> str:
@@ -107,6 +214,8 @@ class ShardPlan:
     malformed: list[MalformedLine]
     lines_total: int
     _rows: dict[int, dict[str, Any]]
+    valid_lines_total: int = 0
+    """Valid prompt lines in the whole dataset (every shard's, duplicates included): 0 means empty."""
 
     def load(self, ref: PromptRef, handle: Any = None) -> Prompt:
         """The full prompt; `handle` is an open binary file of a JSONL dataset (saves reopening)."""
@@ -148,10 +257,12 @@ class _Assigner:
         self.seen: set[str] = set()
         self.prompts: list[PromptRef] = []
         self.malformed: list[MalformedLine] = []
+        self.valid_lines = 0
 
     def take(self, position: int, obj: Any, raw: bytes | str, offset: int, length: int) -> bool:
         """Record the line if this shard owns it; True when it is a valid prompt of this shard."""
-        prompt_id, reason = validate_prompt(obj)
+        prompt_id, problem = validate_prompt(obj)
+        self.valid_lines += problem is None
         owner = (
             shard_of_id(prompt_id, self.shard_count)
             if prompt_id is not None
@@ -159,10 +270,10 @@ class _Assigner:
         )
         if owner != self.shard_index:
             return False
-        if reason is None and prompt_id in self.seen:
-            reason = f"duplicate id {prompt_id!r} (first occurrence kept)"
-        if reason is not None:
-            self.malformed.append(MalformedLine(position, reason, _excerpt(raw), prompt_id))
+        if problem is None and prompt_id in self.seen:
+            problem = Problem(DUPLICATE_ID, f"duplicate id {prompt_id!r} (first occurrence kept)")
+        if problem is not None:
+            self.malformed.append(MalformedLine(position, problem.reason, _excerpt(raw), prompt_id, problem.cause))
             return False
         assert prompt_id is not None
         self.seen.add(prompt_id)
@@ -171,7 +282,7 @@ class _Assigner:
 
     def bad_line(self, position: int, reason: str, raw: bytes | str) -> None:
         if shard_of_line(position, self.shard_count) == self.shard_index:
-            self.malformed.append(MalformedLine(position, reason, _excerpt(raw)))
+            self.malformed.append(MalformedLine(position, reason, _excerpt(raw), None, BAD_JSON))
 
 
 def plan_shard(path: str | Path, shard_index: int, shard_count: int, declared: DatasetFormat = "auto") -> ShardPlan:
@@ -185,14 +296,68 @@ def plan_shard(path: str | Path, shard_index: int, shard_count: int, declared: D
     assigner = _Assigner(shard_index, shard_count)
     rows: dict[int, dict[str, Any]] = {}
     lines_total = _scan_jsonl(path, assigner) if fmt == "jsonl" else _scan_parquet(path, assigner, rows)
-    return ShardPlan(path, fmt, shard_index, shard_count, assigner.prompts, assigner.malformed, lines_total, rows)
+    return ShardPlan(
+        path, fmt, shard_index, shard_count, assigner.prompts, assigner.malformed, lines_total, rows,
+        valid_lines_total=assigner.valid_lines,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSummary:
+    """What a dataset holds, counted before anything is launched."""
+
+    path: str
+    format: str
+    lines: int
+    prompts: int
+    """Valid prompts with a unique id: what the run will generate for."""
+    set_aside: dict[str, int]
+    """cause -> lines set aside (CAUSES)."""
+    examples: dict[str, str]
+    """cause -> the first such line's number and reason."""
+
+
+def dataset_summary(path: str | Path, declared: DatasetFormat = "auto") -> DatasetSummary:
+    """Count the valid prompts and the lines set aside, by cause (reads the whole dataset once)."""
+    plan = plan_shard(path, 0, 1, declared)
+    set_aside: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for line in plan.malformed:
+        set_aside[line.cause] = set_aside.get(line.cause, 0) + 1
+        examples.setdefault(line.cause, f"line {line.position + 1}: {line.reason}")
+    return DatasetSummary(str(plan.path), plan.format, plan.lines_total, len(plan.prompts), set_aside, examples)
+
+
+def check_dataset(path: str | Path, declared: DatasetFormat = "auto") -> DatasetSummary:
+    """The summary of a usable dataset; EmptyDataset (naming spec.dataset.path) when it has no valid prompt,
+    DatasetError when it cannot be read. For the runners to call before a server is launched."""
+    summary = dataset_summary(path, declared)
+    if summary.prompts == 0:
+        raise EmptyDataset(empty_dataset_message(summary))
+    return summary
+
+
+def empty_dataset_message(summary: DatasetSummary) -> str:
+    if not summary.set_aside:
+        return f"spec.dataset.path {summary.path}: the dataset is empty ({summary.lines} lines, no prompt)"
+    causes = "; ".join(
+        f"{count} {cause} (e.g. {summary.examples[cause]})" for cause, count in sorted(summary.set_aside.items())
+    )
+    return f"spec.dataset.path {summary.path}: no valid prompt in {summary.lines} lines; set aside: {causes}"
 
 
 def _scan_jsonl(path: Path, assigner: _Assigner) -> int:
     position = 0
     offset = 0
     with path.open("rb") as file:
+        if file.read(2) in _UTF16_BOMS:
+            raise DatasetError(f"dataset {path} is UTF-16 (byte order mark); JSONL must be UTF-8")
+        file.seek(0)
         for line in file:
+            if position == 0 and line.startswith(UTF8_BOM):
+                # Editors on Windows write one; the first prompt starts after it.
+                line = line[len(UTF8_BOM) :]
+                offset = len(UTF8_BOM)
             length = len(line)
             stripped = line.strip()
             if stripped:
@@ -227,6 +392,9 @@ def _scan_parquet(path: Path, assigner: _Assigner, rows: dict[int, dict[str, Any
 
 def _normalise_parquet_row(obj: dict[str, Any]) -> dict[str, Any]:
     """Parquet has no free-form JSON: messages or tools may be stored as JSON strings, structs add nulls."""
+    raw_id = obj.get("id")
+    if isinstance(raw_id, int) and not isinstance(raw_id, bool):
+        obj["id"] = str(raw_id)  # an integer column: one type for every row, so no collision (module doc)
     for key in ("messages", "tools"):
         value = obj.get(key)
         if isinstance(value, str | bytes):

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,19 @@ import orjson
 from datagen_operator.checks.record_checks import inspect_record
 from datagen_operator.worker import client as http
 from datagen_operator.worker.records import (
+    TOO_LONG,
+    UNRENDERABLE,
     Answer,
+    ContextLimit,
     Job,
     build_record,
+    context_limit,
     encode_record,
     generate_payload,
     malformed_reject,
     server_reject,
+    too_long_reason,
+    too_long_reject,
 )
 
 EXIT_OK = 0
@@ -261,7 +268,7 @@ class Worker:
 
     async def _run(self) -> int:
         from datagen_operator.checks.record_checks import expectations_for
-        from datagen_operator.worker.dataset import DatasetError, plan_shard
+        from datagen_operator.worker.dataset import DatasetError, check_dataset, plan_shard
         from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer, template_variables
         from datagen_operator.worker.store import OutputLayout
 
@@ -269,6 +276,9 @@ class Worker:
         spec = c.spec
         try:
             plan = await asyncio.to_thread(plan_shard, c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
+            if plan.valid_lines_total == 0:
+                # No shard has anything to do: refuse (exit 2) naming why each line was set aside.
+                await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
         except (DatasetError, OSError) as error:
             raise BadInput(f"dataset: {error}") from None
         from datagen_operator.worker.render import RenderPool
@@ -362,6 +372,12 @@ class Worker:
                 changes = "; ".join(diff_fingerprints(first, other))
                 raise FingerprintMismatch(f"servers {first_url} and {url} differ: {changes}")
         self.server_fp = first
+        self.context_limit = context_limit(infos.values())
+        log.info(
+            "server context: %s tokens (prompt + max_new_tokens), inputs under %s tokens",
+            self.context_limit.context_length or "unknown",
+            self.context_limit.max_input or "unknown",
+        )
         stream = bool(c.spec.generation.stream)
         if stream and not infos[first_url].get("incremental_streaming_output", False):
             log.warning(
@@ -458,15 +474,25 @@ class Worker:
 
         c, plan, writer, n = self.config, self.plan, self.writer, self.samples
         for line in plan.malformed:
-            writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id))
-        unrenderable = {ref.position for ref in plan.prompts if f"line:{ref.position}" in writer.reject_keys}
+            writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id, line.cause))
+        # Prompts set aside by an earlier run (unrenderable, too long) stay set aside: never sent again.
+        set_aside = {
+            ref.position: writer.set_aside[f"line:{ref.position}"]
+            for ref in plan.prompts
+            if f"line:{ref.position}" in writer.set_aside
+        }
+        causes = Counter(line.cause for line in plan.malformed)
+        # Written before causes existed, an unrenderable prompt's entry says only "malformed".
+        causes.update(cause if cause == TOO_LONG else UNRENDERABLE for cause in set_aside.values())
         p = ShardProgress(
             shard=c.shard_index,
             shard_count=c.shard_count,
             state="running",
             prompts_total=len(plan.prompts),
             prompts_malformed=len(plan.malformed),
-            prompts_rejected=len(unrenderable),
+            prompts_rejected=causes[UNRENDERABLE],
+            prompts_too_long=causes[TOO_LONG],
+            set_aside=dict(causes),
             records_total=len(plan.prompts) * n,
             servers_total=len(c.servers),
             started_at=self.progress.started_at,
@@ -482,8 +508,8 @@ class Worker:
         p.flags = dict(summary.flags)
         self.remaining: dict[str, int] = {}
         for ref in plan.prompts:
-            if ref.position in unrenderable:
-                p.records_rejected += n
+            if ref.position in set_aside:
+                p.records_set_aside += n
                 p.prompts_done += 1
                 continue
             left = 0
@@ -499,7 +525,6 @@ class Worker:
                 self.remaining[ref.id] = left
             else:
                 p.prompts_done += 1
-        self.unrenderable = unrenderable
         self.progress = p
         self.tracker = Tracker(p)
         log.info(
@@ -575,20 +600,36 @@ class Worker:
 
         results = await future
         writer = self.writer
+        limit: ContextLimit = self.context_limit
+        max_new_tokens = int(self.sampling["max_new_tokens"])
         for prompt, result in zip(prompts, results, strict=True):
             if isinstance(result, str):
-                writer.add_reject(malformed_reject(prompt.position, result, "", prompt.id))
-                p = self.progress
-                p.prompts_rejected += 1
-                p.records_rejected += self.remaining.pop(prompt.id)
-                p.prompts_done += 1
+                self._set_aside(prompt.id, malformed_reject(prompt.position, result, "", prompt.id, UNRENDERABLE))
                 continue
             input_ids = ids_from_result(result)
+            # Checked here, before sending: SGLang would answer 400 (or cut the answer) for every sample.
+            too_long = too_long_reason(len(input_ids), max_new_tokens, limit)
+            if too_long is not None:
+                self._set_aside(prompt.id, too_long_reject(prompt.position, prompt.id, too_long))
+                continue
             has_tools = bool(prompt.tools)
             for sample in range(n):
                 key = (prompt.id, sample)
                 if key not in writer.done and key not in writer.rejected:
                     await queue.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools))
+
+    def _set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
+        """A prompt that is never sent: recorded once in rejects.jsonl, all its samples counted apart from
+        server errors, the prompt done."""
+        self.writer.add_reject(entry)
+        p, cause = self.progress, entry["cause"]
+        if cause == TOO_LONG:
+            p.prompts_too_long += 1
+        else:
+            p.prompts_rejected += 1
+        p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
+        p.records_set_aside += self.remaining.pop(prompt_id)
+        p.prompts_done += 1
 
     def _finish_key(self, prompt_id: str) -> None:
         left = self.remaining.get(prompt_id, 0) - 1
@@ -849,14 +890,17 @@ class Worker:
                 "prompts": p.prompts_total,
                 "malformed_lines": p.prompts_malformed,
                 "unrenderable_prompts": p.prompts_rejected,
+                "too_long_prompts": p.prompts_too_long,
                 "records": p.records_done,
                 "records_total": p.records_total,
                 "rejected": p.records_rejected,
+                "set_aside_records": p.records_set_aside,
                 "failed": p.records_failed,
                 "prompt_tokens": p.prompt_tokens,
                 "output_tokens": p.output_tokens,
             },
             "flags": dict(p.flags),
+            "set_aside": dict(p.set_aside),
             "updated_at": time.time(),
         }
         result = getattr(self, "compaction", None)

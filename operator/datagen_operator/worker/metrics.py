@@ -34,11 +34,20 @@ class ProgressCollector(Collector):
             return family
 
         yield counter("records", "Records written (resumed ones included).", p.records_done)
-        yield counter("records_rejected", "Records refused by the server (4xx) or unrenderable.", p.records_rejected)
+        yield counter("records_rejected", "Records refused by the server (4xx).", p.records_rejected)
+        yield counter(
+            "records_set_aside", "Samples of prompts set aside unsent (unrenderable, too long).", p.records_set_aside
+        )
         yield counter("records_failed", "Records that ran out of attempts in this run.", p.records_failed)
         yield counter("prompt_tokens", "Prompt tokens of written records.", p.prompt_tokens)
         yield counter("output_tokens", "Output tokens of written records.", p.output_tokens)
         yield counter("malformed_lines", "Dataset lines set aside as malformed.", p.prompts_malformed)
+        set_aside = CounterMetricFamily(
+            f"{PREFIX}_prompts_set_aside", "Prompts set aside unsent, by cause.", labels=["shard", "cause"]
+        )
+        for cause, count in sorted(p.set_aside.items()):
+            set_aside.add_metric([str(p.shard), cause], count)
+        yield set_aside
         errors = CounterMetricFamily(f"{PREFIX}_errors", "Retried request failures by kind.", labels=["shard", "kind"])
         for kind, count in sorted(p.errors.items()):
             errors.add_metric([str(p.shard), kind], count)

@@ -36,12 +36,19 @@ class ShardProgress:
     prompts_done: int = 0
     """Prompts with nothing left to do: every sample recorded or permanently rejected."""
     prompts_malformed: int = 0
+    """Dataset lines set aside when the dataset was read (bad JSON, id, messages, tools; duplicates)."""
     prompts_rejected: int = 0
-    """Prompts the chat template could not render."""
+    """Prompts the chat template could not render (set aside, never sent)."""
+    prompts_too_long: int = 0
+    """Prompts whose tokens + max_new_tokens exceed the server's context (set aside before sending)."""
+    set_aside: dict[str, int] = field(default_factory=dict)
+    """cause -> prompts set aside: the dataset causes (worker.dataset.CAUSES), `unrenderable`, `too_long`."""
     records_total: int = 0
     records_done: int = 0
     records_rejected: int = 0
-    """Records the server refused (4xx), plus the samples of unrenderable prompts."""
+    """Records the server refused (4xx): the server errors."""
+    records_set_aside: int = 0
+    """Samples of prompts set aside after the dataset was read (unrenderable, too long): not server errors."""
     records_failed: int = 0
     """Records that ran out of attempts in this run; the next run tries them again."""
     prompt_tokens: int = 0
@@ -71,9 +78,11 @@ class ShardProgress:
         return cls(**{key: value for key, value in data.items() if key in known})
 
     def summary_line(self) -> str:
+        set_aside = sum(self.set_aside.values())
         return (
             f"shard {self.shard}/{self.shard_count} {self.state}: {self.prompts_done}/{self.prompts_total} prompts, "
             f"{self.records_done}/{self.records_total} records, {self.tokens_per_s / 1000:.1f}k tok/s"
+            + (f", {set_aside} prompts set aside" if set_aside else "")
         )
 
 
@@ -239,9 +248,9 @@ class Display:
             self._task = self._bar.add_task("records", total=snapshot.records_total, info="")
         info = (
             f"{snapshot.state} {snapshot.tokens_per_s / 1000:.1f}k tok/s in-flight {snapshot.in_flight} "
-            f"rejected {snapshot.records_rejected} retries {sum(snapshot.errors.values())}"
+            f"rejected {snapshot.records_rejected} set aside {sum(snapshot.set_aside.values())} retries {sum(snapshot.errors.values())}"
         )
-        done = snapshot.records_done + snapshot.records_rejected
+        done = snapshot.records_done + snapshot.records_rejected + snapshot.records_set_aside
         self._bar.update(self._task, completed=done, total=snapshot.records_total, info=info)
 
     def close(self, snapshot: ShardProgress) -> None:

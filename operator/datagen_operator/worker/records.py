@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+# Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
+# worker.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
+UNRENDERABLE = "unrenderable"
+TOO_LONG = "too_long"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,73 @@ def server_reject(job: Job, status: int, reason: str, server: str, attempts: int
     }
 
 
-def malformed_reject(position: int, reason: str, excerpt: str, prompt_id: str | None) -> dict[str, Any]:
-    return {"key": f"line:{position}", "kind": "malformed", "line": position, "id": prompt_id, "reason": reason,
-            "excerpt": excerpt}  # fmt: skip
+def malformed_reject(position: int, reason: str, excerpt: str, prompt_id: str | None, cause: str) -> dict[str, Any]:
+    """A dataset line set aside (bad JSON, id, messages, tools) or a prompt the template cannot render."""
+    return {"key": f"line:{position}", "kind": "malformed", "cause": cause, "line": position, "id": prompt_id,
+            "reason": reason, "excerpt": excerpt}  # fmt: skip
+
+
+def too_long_reject(position: int, prompt_id: str, reason: str) -> dict[str, Any]:
+    return {"key": f"line:{position}", "kind": TOO_LONG, "cause": TOO_LONG, "line": position, "id": prompt_id,
+            "reason": reason}  # fmt: skip
+
+
+def reject_cause(entry: Mapping[str, Any]) -> str:
+    """The cause of a rejects.jsonl entry; entries written before causes existed have only a kind."""
+    return str(entry.get("cause") or entry.get("kind") or "unknown")
+
+
+# --- the server's context -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLimit:
+    """What SGLang refuses for length, read from /server_info.
+
+    `context_length`: the tokenizer manager answers 400 "Requested token count exceeds the model's maximum
+    context length" when `len(input_ids) + max_new_tokens` is above it. `/server_info` reports it only when
+    the server was launched with --context-length; otherwise it is derived from `max_req_input_len`
+    (= min(context, KV pool) - 1 - 5 in tp_worker.py): `max_req_input_len + 6` is the context when the KV
+    pool is not the bound, and when it is, the scheduler would silently cap max_new_tokens below it (a cut
+    answer), so the prompt is set aside either way.
+    `max_input`: the scheduler refuses an input of `max_req_input_len` tokens or more.
+    """
+
+    context_length: int | None
+    max_input: int | None
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def context_limit(infos: Iterable[Mapping[str, Any]]) -> ContextLimit:
+    """The tightest limit over the replicas' /server_info (`max_req_input_len` depends on each one's
+    free GPU memory at start-up, so replicas can differ)."""
+    contexts: list[int] = []
+    inputs: list[int] = []
+    for info in infos:
+        declared = _positive_int(info.get("context_length"))
+        max_input = _positive_int(info.get("max_req_input_len"))
+        if max_input is not None:
+            inputs.append(max_input)
+        if declared is not None:
+            contexts.append(declared)
+        elif max_input is not None:
+            contexts.append(max_input + 6)
+    return ContextLimit(min(contexts, default=None), min(inputs, default=None))
+
+
+def too_long_reason(prompt_tokens: int, max_new_tokens: int, limit: ContextLimit) -> str | None:
+    """Why the server would refuse (or cut) this request for its length, or None when it fits."""
+    if limit.max_input is not None and prompt_tokens >= limit.max_input:
+        return (
+            f"the prompt has {prompt_tokens} tokens; the server takes fewer than {limit.max_input} "
+            "(max_req_input_len in /server_info)"
+        )
+    if limit.context_length is not None and prompt_tokens + max_new_tokens > limit.context_length:
+        return (
+            f"{prompt_tokens} prompt tokens + max_new_tokens {max_new_tokens} = {prompt_tokens + max_new_tokens} "
+            f"exceeds the server's context length of {limit.context_length} tokens"
+        )
+    return None

@@ -341,6 +341,8 @@ class ShardWriter:
         self.done: set[Key] = set()
         self.rejected: set[Key] = set()
         self.reject_keys: set[str] = set()
+        self.set_aside: dict[str, str] = {}
+        """line:<n> -> cause, for every line set aside (dataset lines, unrenderable and too-long prompts)."""
         self.summary = Summary()
         """What `recover` found on disk (the worker's progress tracker counts from there on)."""
         self._buffer: list[bytes] = []
@@ -401,9 +403,7 @@ class ShardWriter:
                 continue
             if not isinstance(entry, dict):
                 continue
-            self.reject_keys.add(str(entry.get("key")))
-            if entry.get("kind") == "server" and isinstance(entry.get("id"), str):
-                self.rejected.add((entry["id"], int(entry.get("sample", 0))))
+            self._index_reject(entry)
 
     # appending
 
@@ -491,10 +491,18 @@ class ShardWriter:
                 self.layout.rejects(self.shard_index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
             )
         os.write(self._rejects_fd, orjson.dumps(entry) + b"\n")
-        self.reject_keys.add(key)
-        if entry.get("kind") == "server":
-            self.rejected.add((entry["id"], entry["sample"]))
+        self._index_reject(entry)
         return True
+
+    def _index_reject(self, entry: dict[str, Any]) -> None:
+        from datagen_operator.worker.records import reject_cause
+
+        key = str(entry.get("key"))
+        self.reject_keys.add(key)
+        if entry.get("kind") == "server" and isinstance(entry.get("id"), str):
+            self.rejected.add((entry["id"], int(entry.get("sample", 0))))
+        elif key.startswith("line:"):
+            self.set_aside[key] = reject_cause(entry)
 
     def close(self) -> None:
         """Flush, fsync and seal: the clean end of a run (drain, completion)."""

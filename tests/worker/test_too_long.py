@@ -1,0 +1,159 @@
+"""Prompts longer than the server's context are set aside as `too_long` BEFORE sending.
+
+SGLang answers 400 ("Requested token count exceeds the model's maximum context length") when
+`len(input_ids) + max_new_tokens` is above its context; the worker reads the context from /server_info
+and never sends such a request. A counting proxy between the worker and the simulator proves it: it sees
+every /generate request, whatever the simulator does with an over-long one (shorten it or refuse it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from aiohttp import ClientSession, web
+
+from datagen_operator.worker.main import EXIT_OK
+from datagen_operator.worker.records import ContextLimit, context_limit, too_long_reason
+from datagen_operator.worker.store import iter_rejects, read_manifest
+from tests.harness.sim import start_sim
+from tests.worker.simrun import SIM_FLAGS, check_records, progress, prompts, run_inprocess, spec, standin, write_dataset
+
+# --- the rule, pure -------------------------------------------------------------------------------
+
+
+def test_context_is_read_from_server_info_tightest_replica_first() -> None:
+    assert context_limit([{"context_length": 4096}]) == ContextLimit(4096, None)
+    # Without --context-length SGLang reports only max_req_input_len = context - 6 (KV pool not binding).
+    assert context_limit([{"context_length": None, "max_req_input_len": 262138}]) == ContextLimit(262144, 262138)
+    # Replicas size their KV pools from free memory: the smallest wins.
+    replicas = [{"max_req_input_len": 8000}, {"max_req_input_len": 7000}, {"context_length": 9000}]
+    assert context_limit(replicas) == ContextLimit(7006, 7000)
+    assert context_limit([{"context_length": True, "max_req_input_len": "8"}]) == ContextLimit(None, None)
+
+
+def test_too_long_is_input_plus_max_new_tokens_above_the_context() -> None:
+    limit = ContextLimit(context_length=1000, max_input=None)
+    assert too_long_reason(488, 512, limit) is None  # exactly the context: SGLang accepts it
+    reason = too_long_reason(489, 512, limit)
+    assert reason == (
+        "489 prompt tokens + max_new_tokens 512 = 1001 exceeds the server's context length of 1000 tokens"
+    )
+    # The scheduler's own bound on the input alone.
+    assert "fewer than 900" in (too_long_reason(900, 1, ContextLimit(None, 900)) or "")
+    assert too_long_reason(899, 1, ContextLimit(None, 900)) is None
+    # Nothing known: nothing set aside (the server's 400, if any, is still recorded as a server reject).
+    assert too_long_reason(10**9, 10**9, ContextLimit(None, None)) is None
+
+
+# --- the worker against the simulator -------------------------------------------------------------
+
+
+class CountingProxy:
+    """Forwards every request to `upstream` and records the prompt length of each /generate request."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.generate_lengths: list[int] = []
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.path == "/generate":
+            self.generate_lengths.append(len(orjson.loads(body)["input_ids"]))
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=body or None, headers=headers
+        ) as reply:
+            data = await reply.read()
+            return web.Response(status=reply.status, body=data, content_type=reply.content_type)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            self._session = ClientSession()
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.url = f"http://127.0.0.1:{port}"
+            self._started.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    def __enter__(self) -> CountingProxy:
+        self._thread.start()
+        assert self._started.wait(10), "proxy did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            await self._session.close()
+            await self._runner.cleanup()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def short_context_proxy() -> Iterator[CountingProxy]:
+    """A simulator with a 600-token context, behind a counting proxy."""
+    with (
+        start_sim(*SIM_FLAGS, "--context-length", "600", tokenizer_dir=standin()) as sim,
+        CountingProxy(sim.url) as proxy,
+    ):
+        yield proxy
+
+
+def test_a_prompt_over_the_context_is_set_aside_unsent_and_stays_so_on_resume(
+    tmp_path: Path, short_context_proxy: CountingProxy
+) -> None:
+    proxy = short_context_proxy
+    items = prompts(8, tools_every=0)
+    items[3]["messages"][-1]["content"] = "a long question " * 40  # ~130 tokens: 130 + 512 > 600
+    dataset = write_dataset(tmp_path / "prompts.jsonl", items)
+    output = tmp_path / "out"
+    document = spec(dataset, output, **{"generation.samplesPerPrompt": 2, "generation.sampling.max_new_tokens": 512})
+
+    before = len(proxy.generate_lengths)
+    assert run_inprocess(document, [proxy.url]) == EXIT_OK
+    sent = proxy.generate_lengths[before:]
+    # 7 prompts x 2 samples sent; the long one never was (every sent prompt is short).
+    assert len(sent) == 14 and max(sent) < 60, sent
+    check_records(output, [item for i, item in enumerate(items) if i != 3], samples=2)
+
+    [reject] = list(iter_rejects(output))
+    assert (reject["kind"], reject["cause"], reject["id"], reject["line"]) == ("too_long", "too_long", "p0003", 3)
+    assert "exceeds the server's context length of 600 tokens" in reject["reason"]
+    state = progress(output)
+    assert state["state"] == "complete"
+    assert (state["prompts_too_long"], state["prompts_rejected"], state["set_aside"]) == (1, 0, {"too_long": 1})
+    # Counted apart from server errors: records_rejected is what the server_errors check reads.
+    assert (state["records_done"], state["records_set_aside"], state["records_rejected"]) == (14, 2, 0)
+    assert (state["prompts_done"], state["prompts_total"]) == (8, 8)
+    manifest = read_manifest(output)
+    assert manifest is not None
+    assert manifest["counts"]["too_long_prompts"] == 1 and manifest["counts"]["rejected"] == 0
+
+    # A rerun sends nothing, writes no new reject and reports the same set-aside counts.
+    before = len(proxy.generate_lengths)
+    assert run_inprocess(document, [proxy.url]) == EXIT_OK
+    assert len(proxy.generate_lengths) == before
+    assert len(list(iter_rejects(output))) == 1
+    again = progress(output)
+    assert (again["prompts_too_long"], again["records_set_aside"], again["records_rejected"]) == (1, 2, 0)
