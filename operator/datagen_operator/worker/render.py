@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,22 @@ def load_tokenizer(tokenizer_dir: str | Path, *, trust_remote_code: bool) -> Any
     return AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=trust_remote_code, local_files_only=True)
 
 
+def backend_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """The tokenizer's own encoder for rendered text, without transformers' Python layer: the Rust backend
+    of a fast tokenizer, or the `tiktoken.Encoding` a tiktoken-backed remote-code tokenizer keeps as `.model`
+    (Kimi-K2's `TikTokenTokenizer`, which has no tokenizer.json). None: render through transformers only."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch"):
+        return lambda text: backend.encode(text, add_special_tokens=False).ids
+    model = getattr(tokenizer, "model", None)
+    if type(model).__module__.split(".")[0] == "tiktoken":
+        return lambda text: model.encode(text, allowed_special="all")  # added tokens in the text are ids
+    return None
+
+
 class Renderer:
     """Renders with `apply_chat_template` (the model's own template and variables), tokenizing the text
-    directly with the Rust backend where there is one: same ids, a third of the CPU.
+    directly with the tokenizer's backend where there is one (`backend_encoder`): same ids, a third of the CPU.
 
     The fast path is checked against the reference (`apply_chat_template(tokenize=True)`) on the first
     `CHECK_FIRST` prompts and every `CHECK_EVERY`th after; one difference switches to the reference for
@@ -58,8 +72,7 @@ class Renderer:
         self.chat_template: str | None = getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
             raise RenderError("the tokenizer has no chat template; pre-tokenized prompts need the model's own template")
-        backend = getattr(tokenizer, "_tokenizer", None)
-        self._backend = backend if backend is not None and hasattr(backend, "encode_batch") else None
+        self._backend = backend_encoder(tokenizer)
         self.rendered = 0
         self.fast_path_mismatch: str | None = None
 
@@ -85,7 +98,7 @@ class Renderer:
             )
         except Exception as error:
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
-        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        ids: list[int] = self._backend(text)
         if self.rendered <= self.CHECK_FIRST or self.rendered % self.CHECK_EVERY == 0:
             expected = self.reference(messages, tools)
             if expected != ids:
