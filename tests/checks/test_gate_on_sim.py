@@ -164,7 +164,8 @@ def test_template_that_drops_the_prefill_is_named(standin: Path, tmp_path: Path)
 def test_long_reasoning_cut_by_the_canary_cap_is_asked_again_with_the_runs_budget(standin: Path) -> None:
     spec = spec_for(standin)
     spec = spec.model_copy(update={"checks": spec.checks.model_copy(update={"canary_max_new_tokens": 64})})
-    with start_sim(*KIMI_FLAGS, "--sim-mean-reasoning-tokens", "400", "--sim-length-sigma", "0") as sim:
+    flags = ("--sim-mean-reasoning-tokens", "400", "--sim-length-sigma", "0", "--enable-metrics")
+    with start_sim(*KIMI_FLAGS, *flags) as sim:
         outcome = canary_outcome(sim.url, spec, standin)
         requests = sim_request_count(sim.url)
     assert outcome.passed, outcome.message
