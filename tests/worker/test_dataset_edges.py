@@ -1,0 +1,224 @@
+"""Dataset edges: a UTF-8 BOM, tool schemas SGLang's chat endpoint would not accept, integer ids, an empty
+dataset; and, in a worker run, that every line set aside is never sent and does not count as a server error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datagen_operator.worker.dataset import (
+    BAD_ID,
+    BAD_JSON,
+    INVALID_TOOLS,
+    DatasetError,
+    EmptyDataset,
+    check_dataset,
+    dataset_summary,
+    plan_shard,
+)
+from datagen_operator.worker.main import EXIT_BAD_INPUT, EXIT_OK
+from datagen_operator.worker.store import iter_rejects
+from tests.worker.simrun import TOOLS, check_records, progress, prompts, run_inprocess, spec, write_dataset
+from tests.worker.test_too_long import CountingProxy
+
+BOM = b"\xef\xbb\xbf"
+
+
+def _prompt(prompt_id: Any, **extra: Any) -> dict[str, Any]:
+    return {"id": prompt_id, "messages": [{"role": "user", "content": f"q {prompt_id}"}], **extra}
+
+
+def _jsonl(path: Path, lines: list[dict[str, Any] | bytes], prefix: bytes = b"") -> Path:
+    body = b"".join((line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines)
+    path.write_bytes(prefix + body)
+    return path
+
+
+# --- BOM ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_utf8_bom_keeps_the_first_prompt(tmp_path: Path, shards: int) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [_prompt(f"p{i}") for i in range(5)], prefix=BOM)
+    plans = [plan_shard(path, index, shards) for index in range(shards)]
+    assert sorted(ref.id for plan in plans for ref in plan.prompts) == [f"p{i}" for i in range(5)]
+    assert [m for plan in plans for m in plan.malformed] == []
+    first = next(prompt for plan in plans for prompt in plan.iter_prompts() if prompt.id == "p0")
+    assert (first.position, first.messages) == (0, [{"role": "user", "content": "q p0"}])
+
+
+def test_a_utf16_file_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(orjson.dumps(_prompt("p0")).decode().encode("utf-16"))
+    with pytest.raises(DatasetError, match="UTF-16"):
+        plan_shard(path, 0, 1)
+
+
+# --- tools ----------------------------------------------------------------------------------------
+
+GOOD_FUNCTION = {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}
+INVALID_TOOLS_CASES: list[tuple[Any, str]] = [
+    ({"type": "function", "function": GOOD_FUNCTION}, "tools must be a list, got object"),
+    (["get_weather"], "tools[0] must be an object, got string"),
+    ([{"function": GOOD_FUNCTION}], 'tools[0].type must be "function", got null'),
+    ([{"type": "retrieval", "function": GOOD_FUNCTION}], 'tools[0].type must be "function", got "retrieval"'),
+    ([{"type": "function"}], "tools[0].function must be an object, got null"),
+    ([{"type": "function", "function": {"parameters": {}}}], "tools[0].function.name must be a non-empty string"),
+    ([{"type": "function", "function": {"name": 7}}], "tools[0].function.name must be a non-empty string, got 7"),
+    ([{"type": "function", "function": {"name": " "}}], "tools[0].function.name must be a non-empty string"),
+    ([{"type": "function", "function": {"name": "f", "description": 3}}], "function.description must be a string"),
+    ([{"type": "function", "function": {"name": "f", "strict": "yes"}}], "function.strict must be true or false"),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": ["x"]}}],
+        "tools[0].function.parameters must be a JSON-schema object, got array",
+    ),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+        'tools[0].function.parameters must have "type": "object", got "string"',
+    ),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": ["x"]}}}],
+        "parameters properties must be an object, got array",
+    ),
+    (
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": [1]}}}],
+        "parameters required must be a list of property names",
+    ),
+    ([*TOOLS, {"type": "function", "function": {}}], "tools[1].function.name must be a non-empty string"),
+]
+VALID_TOOLS_CASES: list[Any] = [
+    TOOLS,
+    [{"type": "function", "function": {"name": "f"}}],  # SGLang: parameters optional
+    [{"type": "function", "function": {"name": "f", "parameters": {}, "description": None, "strict": True}}],
+    [{"type": "function", "function": {"name": "f", "parameters": None}, "extra": 1}],  # unknown keys ignored
+    [],  # no tools
+    None,
+]
+
+
+@pytest.mark.parametrize(("tools", "reason"), INVALID_TOOLS_CASES)
+def test_an_invalid_tool_schema_is_set_aside_with_its_reason(tmp_path: Path, tools: Any, reason: str) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [_prompt("ok"), _prompt("bad", tools=tools)])
+    plan = plan_shard(path, 0, 1)
+    assert [ref.id for ref in plan.prompts] == ["ok"]
+    [line] = plan.malformed
+    assert (line.position, line.id, line.cause) == (1, "bad", INVALID_TOOLS)
+    assert reason in line.reason, line.reason
+
+
+@pytest.mark.parametrize("tools", VALID_TOOLS_CASES)
+def test_a_tool_schema_sglang_accepts_is_kept(tmp_path: Path, tools: Any) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [_prompt("ok", tools=tools)])
+    plan = plan_shard(path, 0, 1)
+    assert [ref.id for ref in plan.prompts] == ["ok"] and plan.malformed == []
+    [prompt] = plan.iter_prompts()
+    assert prompt.tools == (tools or None)
+
+
+# --- ids ------------------------------------------------------------------------------------------
+
+
+def test_integer_ids_are_refused_so_they_never_collide_with_string_ids(tmp_path: Path) -> None:
+    # Integer 1 first: it used to become "1" and push the real "1" aside as a duplicate.
+    lines = [_prompt(1), _prompt("1"), _prompt(2), _prompt(1.5), _prompt(True), _prompt("2")]
+    plans = [plan_shard(_jsonl(tmp_path / "d.jsonl", lines), index, 2) for index in range(2)]
+    kept = sorted((ref.position, ref.id) for plan in plans for ref in plan.prompts)
+    assert kept == [(1, "1"), (5, "2")]
+    refused = sorted((m.position, m.cause, m.reason) for plan in plans for m in plan.malformed)
+    assert [(position, cause) for position, cause, _ in refused] == [(0, BAD_ID), (2, BAD_ID), (3, BAD_ID), (4, BAD_ID)]
+    reasons = {position: reason for position, _, reason in refused}
+    assert reasons[0].startswith("id must be a JSON string, got integer 1 ")
+    assert reasons[0].endswith('write it as "id": "1"')
+    assert reasons[3].startswith("id must be a JSON string, got number 1.5")
+    assert reasons[4].startswith("id must be a JSON string, got boolean true")
+
+
+def test_a_parquet_integer_id_column_is_read_as_strings(tmp_path: Path) -> None:
+    # One type per column: integer ids there cannot collide with string ids.
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": [3, 1, 2], "messages": [[{"role": "user", "content": "q"}]] * 3}), path)
+    plan = plan_shard(path, 0, 1)
+    assert [ref.id for ref in plan.prompts] == ["3", "1", "2"] and plan.malformed == []
+
+
+# --- empty dataset --------------------------------------------------------------------------------
+
+
+def test_an_empty_dataset_is_refused_naming_spec_dataset_path(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(BOM + b"\n\n")
+    with pytest.raises(EmptyDataset, match=rf"^spec.dataset.path {empty}: the dataset is empty \(2 lines"):
+        check_dataset(empty)
+
+    useless = _jsonl(tmp_path / "bad.jsonl", [_prompt(1), _prompt(2), b"{oops"])
+    with pytest.raises(EmptyDataset) as raised:
+        check_dataset(useless)
+    message = str(raised.value)
+    assert message.startswith(f"spec.dataset.path {useless}: no valid prompt in 3 lines; set aside: ")
+    assert "2 bad_id (e.g. line 1: id must be a JSON string, got integer 1" in message
+    assert "1 bad_json (e.g. line 3: bad JSON" in message
+
+    summary = check_dataset(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(1), b"[]"]))
+    assert (summary.lines, summary.prompts, summary.set_aside) == (3, 1, {BAD_ID: 1, "not_object": 1})
+    assert dataset_summary(useless).set_aside == {BAD_ID: 2, BAD_JSON: 1}
+
+
+def test_the_worker_refuses_an_empty_dataset_before_any_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = _jsonl(tmp_path / "d.jsonl", [_prompt(1), _prompt(2)])
+    document = spec(dataset, tmp_path / "out")
+    # Nothing listens on port 9: a worker that got past the dataset would wait for the server, then exit 4.
+    assert run_inprocess(document, ["http://127.0.0.1:9"], "--server-timeout", "3") == EXIT_BAD_INPUT
+    assert f"spec.dataset.path {dataset}: no valid prompt in 2 lines" in capsys.readouterr().err
+
+
+# --- in a worker run ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proxy() -> Any:
+    from tests.harness.sim import start_sim
+    from tests.worker.simrun import SIM_FLAGS, standin
+
+    with start_sim(*SIM_FLAGS, tokenizer_dir=standin()) as sim, CountingProxy(sim.url) as counting:
+        yield counting
+
+
+def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resume(tmp_path: Path, proxy) -> None:
+    good = prompts(6)
+    bad: dict[int, bytes] = {
+        2: orjson.dumps(_prompt("bad-tools", tools=[{"type": "function", "function": {"name": ""}}])),
+        3: orjson.dumps(_prompt(7)),
+        # The template reads content parts with .get(): a bare number cannot be rendered.
+        5: orjson.dumps({"id": "unrenderable", "messages": [{"role": "user", "content": [5]}]}),
+    }
+    dataset = write_dataset(tmp_path / "prompts.jsonl", good, bad)
+    dataset.write_bytes(BOM + dataset.read_bytes())
+    output = tmp_path / "out"
+    document = spec(dataset, output, **{"generation.samplesPerPrompt": 2})
+
+    before = len(proxy.generate_lengths)
+    assert run_inprocess(document, [proxy.url]) == EXIT_OK
+    assert len(proxy.generate_lengths) - before == 12  # 6 good prompts x 2 samples, nothing else
+    check_records(output, good, samples=2)  # the first line (after the BOM) included
+
+    causes = sorted((r["cause"], r["id"]) for r in iter_rejects(output))
+    assert causes == [("bad_id", None), ("invalid_tools", "bad-tools"), ("unrenderable", "unrenderable")]
+    state = progress(output)
+    assert state["set_aside"] == {"bad_id": 1, "invalid_tools": 1, "unrenderable": 1}
+    assert (state["prompts_malformed"], state["prompts_rejected"], state["prompts_too_long"]) == (2, 1, 0)
+    # The unrenderable prompt's samples are set aside, not server errors (records_rejected feeds server_errors).
+    assert (state["records_done"], state["records_set_aside"], state["records_rejected"]) == (12, 2, 0)
+    assert (state["prompts_done"], state["prompts_total"], state["state"]) == (7, 7, "complete")
+
+    before = len(proxy.generate_lengths)
+    assert run_inprocess(document, [proxy.url]) == EXIT_OK
+    assert len(proxy.generate_lengths) == before
+    assert len(list(iter_rejects(output))) == 3
+    assert progress(output)["set_aside"] == state["set_aside"]
