@@ -143,12 +143,14 @@ def test_thinking_switch_follows_the_preset() -> None:
 
 def test_fingerprint_ignores_addresses_and_names_what_changed(tmp_path: Path) -> None:
     info = {"version": "0.5.23", "model_path": "/m", "tp_size": 8, "port": 30000, "host": "10.0.0.1",
-            "startup_time": 1.0, "sim_speed": "wire", "reasoning_parser": "kimi_k2"}  # fmt: skip
-    moved = {**info, "port": 30001, "host": "10.0.0.2", "startup_time": 2.0, "sim_speed": "gpu"}
-    assert server_fingerprint(info) == server_fingerprint(moved)
-    changed = server_fingerprint({**info, "tp_size": 4, "version": "0.5.22"})
+            "startup_time": 1.0, "sim_speed": "wire", "reasoning_parser": "kimi_k2", "quantization": None,
+            "max_total_num_tokens": 812_000}  # fmt: skip
+    moved = {**info, "port": 30001, "host": "10.0.0.2", "startup_time": 2.0, "sim_speed": "gpu", "tp_size": 4,
+             "max_total_num_tokens": 790_112, "some_new_flag": True}  # fmt: skip
+    assert server_fingerprint(info) == server_fingerprint(moved), "replicas and restarts of the same data"
+    changed = server_fingerprint({**info, "quantization": "fp8", "version": "0.5.22"})
     lines = diff_fingerprints({"server": server_fingerprint(info)}, {"server": changed})
-    assert lines == ["server.args.tp_size: 8 -> 4", 'server.version: "0.5.23" -> "0.5.22"']
+    assert lines == ['server.args.quantization: null -> "fp8"', 'server.version: "0.5.23" -> "0.5.22"']
 
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "chat_template.jinja").write_text("a")

@@ -2,7 +2,7 @@
 
 Chat-template drift between generation and training silently corrupts drafter data (field notes 5), so
 every output records the sha256 of the tokenizer files and of the chat template, the server's version
-and data-relevant args (from its own /server_info), the sampling params, preset and thinking switch.
+and data-affecting args (from its own /server_info), the sampling params, preset and thinking switch.
 A worker refuses to resume into an output whose fingerprint differs, and says what changed.
 """
 
@@ -22,15 +22,12 @@ TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
 )  # fmt: skip
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 
-# /server_info keys that differ between replicas or restarts without changing what is generated.
-VOLATILE_SERVER_KEYS: frozenset[str] = frozenset(
-    {
-        "host", "port", "startup_time", "launch_command", "internal_states", "random_seed", "node_rank",
-        "dist_init_addr", "nccl_port", "pid", "log_level", "log_level_http", "log_requests",
-        "log_requests_level", "file_storage_path", "watchdog_timeout", "enable_metrics", "metrics_port",
-        "incremental_streaming_output", "stream_interval", "tokenizer_worker_num", "api_key",
-        "admin_api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "sim_speed",
-    }
+# /server_info keys that change which tokens the model writes; everything else (addresses, timestamps,
+# parallelism, memory sizes measured from free GPU memory at start, parsers the native /generate never runs)
+# differs between replicas and restarts with the same data, and must not refuse a resume.
+DATA_SERVER_KEYS: tuple[str, ...] = (
+    "revision", "dtype", "quantization", "kv_cache_dtype", "context_length", "chat_template",
+    "json_model_override_args", "enable_deterministic_inference", "skip_tokenizer_init",
 )  # fmt: skip
 
 
@@ -60,13 +57,9 @@ def chat_template_sha256(template: str | dict[str, str] | None) -> str | None:
     return sha256_bytes(data)
 
 
-def is_volatile_server_key(key: str) -> bool:
-    return key in VOLATILE_SERVER_KEYS or key.endswith("_port")
-
-
 def server_fingerprint(server_info: dict[str, Any]) -> dict[str, Any]:
-    """Version and data-relevant args; replica addresses, timestamps and runtime stats left out."""
-    args = {k: v for k, v in sorted(server_info.items()) if k != "version" and not is_volatile_server_key(k)}
+    """The server's version and its data-affecting args (an allowlist: an unknown key never refuses a resume)."""
+    args = {key: server_info.get(key) for key in DATA_SERVER_KEYS}
     return {"version": server_info.get("version"), "args": args}
 
 
