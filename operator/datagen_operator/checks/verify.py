@@ -11,6 +11,7 @@ import argparse
 import random
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ class VerifyReport:
     checks: list[CheckResult]
     examples: list[Example] = field(default_factory=list)
     fingerprint_sha256: str | None = None
+    set_aside: dict[str, int] = field(default_factory=dict)
+    """cause -> dataset lines or prompts set aside unsent (listed in rejects.jsonl)."""
 
     @property
     def passed(self) -> bool:
@@ -71,6 +74,7 @@ class VerifyReport:
             "fingerprint_sha256": self.fingerprint_sha256,
             "checks": [c.model_dump(mode="json") for c in self.checks],
             "examples": [e.__dict__ for e in self.examples],
+            "set_aside": dict(self.set_aside),
         }
 
 
@@ -117,12 +121,63 @@ def _integrity(output: Path, manifest: dict[str, Any] | None) -> CheckResult:
     )
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """What the worker set aside instead of generating: never sent, never a reason to rerun."""
+
+    prompts: dict[str, str]
+    """id -> cause, for valid dataset prompts set aside by the worker (unrenderable, too long)."""
+    causes: dict[str, int]
+    """cause -> lines or prompts, dataset-level causes included."""
+
+    def summary(self) -> str:
+        return ", ".join(f"{count} {cause}" for cause, count in sorted(self.causes.items()))
+
+
+def account_set_aside(
+    dataset_prompts: Iterable[tuple[int, str]] | None,
+    dataset_causes: Iterable[str] | None,
+    rejects: Iterable[Mapping[str, Any]],
+) -> SetAside:
+    """Match the workers' rejects.jsonl to the dataset.
+
+    `dataset_prompts`: (line, id) of every valid prompt, `dataset_causes`: the cause of every dataset line
+    set aside when read (both None without the dataset). A valid prompt is set aside when a `line:<n>`
+    entry for its own line carries its id (a duplicate's entry carries the kept prompt's id, on
+    another line). Entries written before causes existed say only `malformed`: for a valid prompt that
+    can only be the template failing to render it.
+    """
+    from datagen_operator.worker.records import TOO_LONG, UNRENDERABLE, reject_cause
+
+    by_line = {
+        entry.get("line"): entry
+        for entry in rejects
+        if entry.get("kind") != "server" and str(entry.get("key", "")).startswith("line:")
+    }
+    prompts: dict[str, str] = {}
+    if dataset_prompts is None:
+        causes = Counter(reject_cause(entry) for entry in by_line.values())
+        for entry in by_line.values():
+            if reject_cause(entry) in (TOO_LONG, UNRENDERABLE) and isinstance(entry.get("id"), str):
+                prompts[entry["id"]] = reject_cause(entry)
+        return SetAside(prompts, dict(causes))
+    for line, prompt_id in dataset_prompts:
+        entry = by_line.get(line)
+        if entry is not None and entry.get("id") == prompt_id:
+            cause = reject_cause(entry)
+            prompts[prompt_id] = cause if cause == TOO_LONG else UNRENDERABLE
+    causes = Counter(dataset_causes or ())
+    causes.update(prompts.values())
+    return SetAside(prompts, dict(causes))
+
+
 def _completeness(
     expected: list[str] | None,
     samples: int,
     seen: Counter[tuple[str, int]],
     rejected: set[tuple[str, int]],
     duplicates: int,
+    set_aside: SetAside | None = None,
 ) -> CheckResult:
     if expected is None:
         dup_note = f"; {duplicates} duplicate rows" if duplicates else ""
@@ -134,7 +189,10 @@ def _completeness(
             verdict=f"dataset not available, only uniqueness checked{dup_note}; pass --dataset to check every id",
         )
     wanted = {(prompt_id, s) for prompt_id in expected for s in range(samples)}
-    missing = sorted(wanted - set(seen) - rejected)
+    aside = set_aside or SetAside({}, {})
+    # Set-aside prompts are accounted, not missing: a rerun would set them aside again.
+    unsent = {(prompt_id, s) for prompt_id in aside.prompts for s in range(samples)}
+    missing = sorted(wanted - set(seen) - rejected - unsent)
     extra = sorted(set(seen) - wanted)
     problems = []
     if missing:
@@ -151,8 +209,13 @@ def _completeness(
             total=len(wanted),
             verdict="; ".join(problems),
         )
-    done = len(wanted) - len(rejected & wanted)
-    note = f" ({len(rejected & wanted)} rejected by the server, listed in rejects.jsonl)" if rejected & wanted else ""
+    done = len(wanted & set(seen))
+    notes = []
+    if rejected & wanted:
+        notes.append(f"{len(rejected & wanted)} rejected by the server")
+    if aside.causes:
+        notes.append(f"set aside unsent: {aside.summary()}")
+    note = f" ({'; '.join(notes)}; listed in rejects.jsonl)" if notes else ""
     return CheckResult(
         name=COMPLETENESS,
         passed=True,
@@ -270,9 +333,8 @@ def verify_output(
                 reservoir.append({"id": record["id"], "input_ids": record["input_ids"]})
             elif (j := rng.randrange(n + 1)) < fidelity_size:
                 reservoir[j] = {"id": record["id"], "input_ids": record["input_ids"]}
-    rejected = {
-        (r["id"], r.get("sample", 0)) for r in iter_rejects(output) if r.get("kind") == "server" and r.get("id")
-    }
+    all_rejects = list(iter_rejects(output))
+    rejected = {(r["id"], r.get("sample", 0)) for r in all_rejects if r.get("kind") == "server" and r.get("id")}
     duplicates = _parquet_duplicates(output, manifest)
     records = sum(seen.values())
     tally = Tally(records=records, tool_records=tool_records, rejected=len(rejected), flags=dict(counts))
@@ -288,14 +350,19 @@ def verify_output(
 
     prompts: dict[str, Any] = {}
     expected_ids: list[str] | None = None
+    dataset_prompts: list[tuple[int, str]] | None = None
+    dataset_causes: list[str] | None = None
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
     if dataset_path is not None and dataset_path.exists():
         plan = plan_shard(dataset_path, 0, 1, spec.dataset.format if spec else "auto")
         expected_ids = [ref.id for ref in plan.prompts]
+        dataset_prompts = [(ref.position, ref.id) for ref in plan.prompts]
+        dataset_causes = [line.cause for line in plan.malformed]
         if fidelity:
             wanted = {r["id"] for r in reservoir}
             prompts = {p.id: p for p in plan.iter_prompts() if p.id in wanted}
-    checks.append(_completeness(expected_ids, samples, seen, rejected, duplicates))
+    set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
+    checks.append(_completeness(expected_ids, samples, seen, rejected, duplicates, set_aside))
     if fidelity:
         renderer = (
             Renderer(tokenizer, template_variables(resolved))
@@ -304,7 +371,9 @@ def verify_output(
         )
         checks.append(_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(examples) for e in examples[flag]]
-    return VerifyReport(str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"))
+    return VerifyReport(
+        str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
+    )
 
 
 def _parquet_duplicates(output: Path, manifest: dict[str, Any] | None) -> int:
@@ -344,6 +413,9 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
             c.verdict,
         )
     console.print(table)
+    if report.set_aside:
+        causes = ", ".join(f"{cause} {count}" for cause, count in sorted(report.set_aside.items()))
+        console.print(f"set aside, never sent (reasons in shards/*/rejects.jsonl): {causes}")
     if report.examples:
         examples = Table(title="examples (special tokens shown)", show_lines=True)
         for column in ("flag", "id#sample", "prompt tail ⟶ output around the think end"):
