@@ -1,16 +1,12 @@
 """The parser names we emit exist in the pinned SGLang release, read from its own wheel.
 
-The wheel is downloaded once (`pip download --no-deps sglang==X`) into a cache outside the repo; the
-name files are dependency-free modules loaded with importlib, never by importing `sglang` (which pulls
-in torch).
+The wheel comes from `tests/contract/wheel.py` (downloaded once into a cache outside the repo); the
+name files are dependency-free modules loaded with importlib, without importing `sglang`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -31,27 +27,6 @@ NAME_FILES = {
 }
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("DATAGEN_WHEEL_CACHE") or Path.home() / ".cache" / "datagen-operator" / "wheels"
-    return Path(root) / f"sglang-{PINNED_SGLANG_VERSION}"
-
-
-@pytest.fixture(scope="session")
-def sglang_wheel() -> Path:
-    cache = _cache_dir()
-    wheels = sorted(cache.glob("sglang-*.whl"))
-    if not wheels:
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(cache),
-             f"sglang=={PINNED_SGLANG_VERSION}"],
-            check=True,
-        )  # fmt: skip
-        wheels = sorted(cache.glob("sglang-*.whl"))
-    assert wheels, f"no sglang {PINNED_SGLANG_VERSION} wheel in {cache}"
-    return wheels[-1]
-
-
 def _load_names(wheel: Path, member: str, tmp: Path) -> ModuleType:
     with zipfile.ZipFile(wheel) as archive:
         target = tmp / Path(member).name
@@ -64,16 +39,16 @@ def _load_names(wheel: Path, member: str, tmp: Path) -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def wheel_names(sglang_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+def wheel_names(sglang_wheel_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     tmp = tmp_path_factory.mktemp("sglang-names")
     return {
-        "reasoning": _load_names(sglang_wheel, NAME_FILES["reasoning"], tmp).REASONING_PARSER_NAMES,
-        "tools": _load_names(sglang_wheel, NAME_FILES["tools"], tmp).TOOL_CALL_PARSER_NAMES,
+        "reasoning": _load_names(sglang_wheel_path, NAME_FILES["reasoning"], tmp).REASONING_PARSER_NAMES,
+        "tools": _load_names(sglang_wheel_path, NAME_FILES["tools"], tmp).TOOL_CALL_PARSER_NAMES,
     }
 
 
-def test_wheel_is_the_pinned_version(sglang_wheel: Path) -> None:
-    assert sglang_wheel.name.startswith(f"sglang-{PINNED_SGLANG_VERSION}-")
+def test_wheel_is_the_pinned_version(sglang_wheel_path: Path) -> None:
+    assert sglang_wheel_path.name.startswith(f"sglang-{PINNED_SGLANG_VERSION}-")
 
 
 def test_our_copy_of_the_names_matches_the_wheel(wheel_names: dict[str, list[str]]) -> None:

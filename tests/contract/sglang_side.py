@@ -1,0 +1,177 @@
+"""SGLang's own code, run in a child process that imports it from the unpacked pinned wheel.
+
+Everything here executes in the process started by `conftest.sglang` (see there for why it is a separate
+process): `load` imports SGLang once behind the stubs of `sglang_stubs`, and each other function runs one of
+SGLang's code paths on plain data and returns plain data. Nothing of SGLang's is copied: the code paths are
+SGLang's functions and methods, called as the server calls them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from typing import Any
+
+_STATE: dict[str, Any] = {}
+
+
+def load(source_root: str, model_dir: str) -> None:
+    """Import SGLang's argument, request and parser modules; publish the args of one resolved launch.
+
+    transformers is imported (and asked for torch) BEFORE the stubs exist, so it runs as it does on a
+    machine without torch: configuration and tokenizers only, never models.
+    """
+    from transformers.utils import import_utils
+
+    import_utils.is_torch_available()
+    from tests.contract.sglang_stubs import install_stubs
+
+    install_stubs()
+    sys.path.insert(0, source_root)
+    from sglang.srt import server_args
+
+    _STATE["server_args"] = server_args
+    # The request path reads the process-wide resolved args (`get_exec()`, `get_serving()`), as the tokenizer
+    # manager's process has them: publish those of a plain launch on the stand-in model.
+    published = server_args.prepare_server_args(["--model-path", model_dir])
+    published.resolve_once()
+    server_args.set_global_server_args_for_tokenizer(published)
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+def resolve_launch(argv: list[str]) -> dict[str, Any]:
+    """`sglang serve` on `argv` (flags only): SGLang's CLI parser, then its resolution, as `launch_server` runs
+    them. An argparse refusal comes back as {"exit": code}; otherwise the resolved values."""
+    server_args = _STATE["server_args"]
+    try:
+        parsed = server_args.prepare_server_args(argv)
+    except SystemExit as refusal:
+        return {"exit": refusal.code}
+    parsed.resolve_once()
+    resolved = parsed.resolved_dict()
+    keys = ("reasoning_parser", "tool_call_parser", "tp_size", "dp_size", "model_path", "trust_remote_code",
+            "mem_fraction_static", "served_model_name", "enable_metrics", "incremental_streaming_output")  # fmt: skip
+    return {key: resolved[key] for key in keys}
+
+
+def _tokenizer_manager(context_length: int, vocab_size: int) -> Any:
+    """The parts of a TokenizerManager its request validation reads, with SGLang's own methods bound to it."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    manager = types.SimpleNamespace(
+        context_len=context_length,
+        num_reserved_tokens=0,  # compute_num_reserved_tokens() without speculative decoding
+        allow_auto_truncate=False,
+        validate_total_tokens=True,
+        model_config=types.SimpleNamespace(
+            vocab_size=vocab_size, context_len=context_length, joint_head_config=None, pointer_head=None
+        ),
+    )
+    for method in ("_validate_one_request", "_validate_joint_schema_request", "_validate_token_ids_logprob",
+                   "_validate_for_matryoshka_dim"):  # fmt: skip
+        setattr(manager, method, types.MethodType(getattr(TokenizerManager, method), manager))
+    return manager
+
+
+class _CharTokenizer:
+    """`SamplingParams.normalize` only measures stop strings with the tokenizer (to size its stop buffer)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(char) for char in text]
+
+
+def sampling_verdict(params: dict[str, Any], vocab_size: int) -> str | None:
+    """What the tokenizer manager does with one request's sampling_params: construct, normalize, verify.
+    Returns SGLang's error text, or None when accepted."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    try:
+        sampling = SamplingParams(**params)
+        sampling.normalize(_CharTokenizer())
+        sampling.verify(vocab_size)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
+
+
+def contract_verdict(body: Any) -> str | None:
+    """The HTTP contract gate of `/generate` (`entrypoints/api_contract.py`): a 400 `{"error": text}`."""
+    from sglang.srt.entrypoints.api_contract import generate_contract_error
+
+    return generate_contract_error(body)
+
+
+def generate_verdict(body: dict[str, Any], context_length: int, vocab_size: int) -> dict[str, Any] | None:
+    """SGLang's answer to a `/generate` body before any generation: None when admitted, else the
+    {"status", "body"} of its refusal. The steps of `http_server.generate_request` and
+    `TokenizerManager.generate_request` in their order: contract gate, batch normalisation, length
+    validation, sampling params."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    error = contract_verdict(body)
+    if error is not None:
+        return {"status": 400, "body": {"error": error}}
+    manager = _tokenizer_manager(context_length, vocab_size)
+    try:
+        request = GenerateReqInput(**body)
+        request.normalize_batch_and_arguments()
+        items = [request] if request.is_single else [request[index] for index in range(request.batch_size)]
+        for item in items:
+            manager._validate_one_request(item, list(item.input_ids))
+            refusal = sampling_verdict(dict(item.sampling_params or {}), vocab_size)
+            if refusal is not None:
+                raise ValueError(refusal)
+    except ValueError as error:
+        return {"status": 400, "body": {"error": {"message": str(error)}}}
+    return None
+
+
+def chat_split(
+    *,
+    reasoning_parser: str | None,
+    tool_call_parser: str | None,
+    chat_template: str,
+    chat_template_kwargs: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+    text: str,
+) -> dict[str, Any]:
+    """The chat endpoint's non-streaming split of a decoded output, as `serving_chat` does it: the reasoning
+    parser forced when the template or the request says the output starts inside reasoning, then the
+    function-call parser over what is left (unless the answer already started)."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+    from sglang.srt.parser.template_detection import detect_reasoning_pattern
+
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "x"}], tools=tools or None,
+        chat_template_kwargs=chat_template_kwargs,
+    )  # fmt: skip
+    template_forces, reasoning_config = detect_reasoning_pattern(chat_template)
+    serving = types.SimpleNamespace(
+        reasoning_parser=reasoning_parser,
+        tool_call_parser=tool_call_parser,
+        template_manager=types.SimpleNamespace(force_reasoning=template_forces, reasoning_config=reasoning_config),
+        _reasoning_detector=(
+            ReasoningParser(model_type=reasoning_parser, stream_reasoning=False).detector if reasoning_parser else None
+        ),
+    )
+    reasoning, answer_started = None, False
+    tools_active = bool(tool_call_parser and request.tools)
+    if reasoning_parser:
+        force = template_forces or OpenAIServingChat._get_reasoning_from_request(serving, request)
+        parser = ReasoningParser(
+            model_type=reasoning_parser, stream_reasoning=False, force_reasoning=force, request=request,
+            tool_call_parser_active=tools_active,
+        )  # fmt: skip
+        reasoning, text = parser.parse_non_stream(text)
+        answer_started = OpenAIServingChat._answer_started(parser)
+    calls: list[dict[str, Any]] = []
+    if tools_active and not answer_started:
+        function_parser = FunctionCallParser(request.tools, tool_call_parser)
+        if function_parser.has_tool_call(text):
+            text, call_infos = function_parser.parse_non_stream(text)
+            calls = [{"name": call.name, "arguments": call.parameters} for call in call_infos]
+    return {"reasoning_content": reasoning, "content": text, "tool_calls": calls}

@@ -1,0 +1,87 @@
+"""SGLang's own CLI parser and argument resolution accept the launch command we build, for every preset.
+
+Resolution (`ServerArgs.resolve_once`, as `launch_server.run_server` calls it) reads the model directory's
+config.json (model type, context length) and, through the stub torch, the GPU count and free memory
+(tests/contract/sglang_stubs.py: an 8 x H200 server). The model path is the Kimi-K2 stand-in for every
+preset: resolution's parser handling does not depend on the model family.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from datagen_operator.api import parse_run
+from datagen_operator.engine.launch import server_argv
+from datagen_operator.engine.sglang_names import (
+    RESOLVED_REASONING_PARSERS,
+    RESOLVED_TOOL_CALL_PARSERS,
+    REASONING_PARSER_NAMES,
+    TOOL_CALL_PARSER_NAMES,
+    resolved_reasoning_parser,
+    resolved_tool_call_parser,
+)
+from datagen_operator.presets import get_preset, preset_names
+from tests.contract import sglang_side
+from tests.contract.conftest import SGLang
+from tests.unit.test_api import EXAMPLES
+
+# (tensorParallel, stream) on 8 GPUs: one TP-8 server, and TP-4 x DP-2 with streaming workers.
+LAYOUTS = {"tp8": (8, False), "tp4-dp2": (4, True)}
+
+
+def _run_document(preset: str, tensor_parallel: int, stream: bool) -> dict[str, Any]:
+    document = copy.deepcopy(yaml.safe_load((EXAMPLES / "kimi-k2.5.yaml").read_text()))
+    document["spec"]["model"]["preset"] = preset
+    document["spec"]["server"].update({"gpus": 8, "tensorParallel": tensor_parallel})
+    document["spec"]["generation"]["stream"] = stream
+    document["spec"]["generation"]["thinking"] = get_preset(preset).thinking.supported
+    return document
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("preset", preset_names())
+def test_sglang_accepts_and_resolves_our_launch_command(sglang: SGLang, preset: str, layout: str) -> None:
+    tensor_parallel, stream = LAYOUTS[layout]
+    spec = parse_run(_run_document(preset, tensor_parallel, stream)).spec
+    argv = server_argv(spec, model_path=str(sglang.model_dir))
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+
+    resolved = sglang.call(sglang_side.resolve_launch, argv[3:])
+
+    assert "exit" not in resolved, f"SGLang's parser refused {argv[3:]}"
+    expected = get_preset(preset)
+    assert resolved["reasoning_parser"] == resolved_reasoning_parser(expected.reasoning_parser)
+    assert resolved["tool_call_parser"] == resolved_tool_call_parser(expected.tool_call_parser)
+    assert (resolved["tp_size"], resolved["dp_size"]) == (spec.server.tp_size, spec.server.dp_size)
+    assert resolved["incremental_streaming_output"] is stream
+
+
+def test_sglang_refuses_a_parser_name_it_does_not_know(sglang: SGLang) -> None:
+    # The check above can fail: an unknown name is an argparse error (exit 2), not a resolved value.
+    argv = ["--model-path", str(sglang.model_dir), "--reasoning-parser", "kimi-k2"]
+    assert sglang.call(sglang_side.resolve_launch, argv) == {"exit": 2}
+
+
+def _resolutions(sglang: SGLang, flag: str, names: tuple[str, ...], key: str) -> dict[str, str]:
+    """Each name as SGLang's resolution leaves it, keeping only the names it rewrites."""
+    rewritten = {}
+    for name in names:
+        resolved = sglang.call(sglang_side.resolve_launch, ["--model-path", str(sglang.model_dir), flag, name])
+        assert "exit" not in resolved, f"SGLang refused {flag} {name}"
+        if resolved[key] != name:
+            rewritten[name] = resolved[key]
+    return rewritten
+
+
+def test_our_resolved_tool_call_parser_table_is_sglangs(sglang: SGLang) -> None:
+    rewritten = _resolutions(sglang, "--tool-call-parser", TOOL_CALL_PARSER_NAMES, "tool_call_parser")
+    assert rewritten == RESOLVED_TOOL_CALL_PARSERS
+
+
+def test_our_resolved_reasoning_parser_table_is_sglangs(sglang: SGLang) -> None:
+    rewritten = _resolutions(sglang, "--reasoning-parser", REASONING_PARSER_NAMES, "reasoning_parser")
+    assert rewritten == RESOLVED_REASONING_PARSERS
