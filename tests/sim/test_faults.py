@@ -93,7 +93,7 @@ def test_kimi_tags_misconfig_writes_old_kimi_tags(fleet: dict[str, SimServer]) -
     )
     assert unprompted["text"].startswith("◁think▷") and THINK not in unprompted["output_ids"]
     reasoning = post(fleet["kimi_tags"].url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
-    assert reasoning.json()["choices"][0]["message"]["content"] is None, "kimi_k2 takes it all for reasoning"
+    assert reasoning.json()["choices"][0]["message"]["content"] == "", "kimi_k2 takes it all for reasoning"
 
 
 def test_ignore_thinking_misconfig_never_reasons(fleet: dict[str, SimServer]) -> None:

@@ -1,21 +1,27 @@
 """`/v1/chat/completions`: OpenAI request in, chat template rendered, reasoning and tool calls split out.
 
-SGLang applies the launch-time `--reasoning-parser` and `--tool-call-parser` here (and only here).
+SGLang applies the launch-time `--reasoning-parser` and `--tool-call-parser` here (and only here), on text
+decoded with special tokens kept when the request has tools or the model is gpt-oss (serving_chat.py).
 Stream chunk boundaries differ from SGLang's (text is cut into fixed-size pieces), but the deltas
 concatenate to the non-streaming message.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datagen_operator.engine.sim.formats import read_tool_calls
 from datagen_operator.engine.sim.model import Completion
 from datagen_operator.engine.sim.protocol import RequestError
-from datagen_operator.engine.sim.reasoning import parse_kimi_k2_tool_calls, split_reasoning
+from datagen_operator.engine.sim.reasoning import DETECTORS, force_reasoning, split_reasoning
 from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
 from datagen_operator.engine.sim.vocab import SimVocab
+
+KIMI_K2_TOOL_PARSER = "kimi_k2"
+GPT_OSS_MODEL_TYPE = "gpt_oss"
 
 STREAM_PIECE_CHARS = 24
 
@@ -55,7 +61,7 @@ class ChatRequest:
     separate_reasoning: bool
 
 
-def parse_chat_request(body: object) -> ChatRequest:
+def parse_chat_request(body: object, vocab: SimVocab | None = None) -> ChatRequest:
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object.")
     messages = body.get("messages")
@@ -67,6 +73,10 @@ def parse_chat_request(body: object) -> ChatRequest:
     if body.get("tool_choice") == "none":
         tools = None
     raw = {key: body[field] for field, key in _SAMPLING_FIELDS.items() if body.get(field) is not None}
+    # Tool calls and harmony channels are special tokens: SGLang keeps them in the decoded text.
+    gpt_oss = vocab is not None and vocab.model_config.get("model_type") == GPT_OSS_MODEL_TYPE
+    if tools or gpt_oss:
+        raw["skip_special_tokens"] = False
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     raw["max_new_tokens"] = max_tokens
     try:
@@ -121,8 +131,13 @@ class ChatChoice:
 def _reasoning_tokens(completion: Completion, reasoning: str | None, vocab: SimVocab) -> int:
     if reasoning is None:
         return 0
-    end = completion.run.find_first((vocab.think_end_id, vocab.tool_section_begin_id))
+    end_id = vocab.runs.think_end_id
+    end = completion.run.find_first((end_id,)) if end_id is not None else None
     return end[0] if end is not None else len(vocab.encode(reasoning))
+
+
+def _history_tool_calls(messages: Sequence[dict[str, Any]]) -> int:
+    return sum(len(message.get("tool_calls") or ()) for message in messages if message.get("role") == "assistant")
 
 
 def chat_choice(
@@ -131,24 +146,37 @@ def chat_choice(
     vocab: SimVocab,
     reasoning_parser: str | None,
     tool_call_parser: str | None,
-    prompt_opened_think: bool,
 ) -> ChatChoice:
-    parser = reasoning_parser if request.separate_reasoning else None
-    split = split_reasoning(completion.text, parser, prompt_opened_think)
-    content, calls = split.content, []
-    if tool_call_parser == "kimi_k2" and request.tools:
-        tool_split = parse_kimi_k2_tool_calls(content)
-        content, calls = tool_split.content.strip() if tool_split.tool_calls else content, tool_split.tool_calls
-    finish = completion.finish_reason
-    finish_reason = "tool_calls" if calls else str(finish["type"])
+    """The message SGLang builds from one completion: reasoning split, then tool calls from what remains."""
+    text, reasoning = completion.text, None
+    if reasoning_parser in DETECTORS and request.separate_reasoning:
+        forced = force_reasoning(reasoning_parser, vocab.chat_template, request.template_vars)
+        split = split_reasoning(text, reasoning_parser, forced)
+        reasoning, text = split.reasoning, split.content
+    calls: list[dict[str, Any]] = []
+    finish = dict(completion.finish_reason)
+    if tool_call_parser and request.tools:
+        parsed = read_tool_calls(tool_call_parser, text, request.tools)
+        text = parsed.normal_text
+        history = _history_tool_calls(request.messages)
+        for index, call in enumerate(parsed.calls):
+            call_id = (
+                f"functions.{call.name}:{history + index}"
+                if tool_call_parser == KIMI_K2_TOOL_PARSER
+                else f"call_{uuid.uuid4().hex[:24]}"
+            )
+            function = {"name": call.name, "arguments": call.arguments}
+            calls.append({"id": call_id, "index": index, "type": "function", "function": function})
+        if calls and finish["type"] == "stop":
+            finish = {"type": "tool_calls", "matched": None}
     return ChatChoice(
-        reasoning=split.reasoning,
-        content=content or None,
+        reasoning=reasoning,
+        content=text,
         tool_calls=calls,
-        finish_reason=finish_reason,
-        matched_stop=finish.get("matched") if finish["type"] == "stop" else None,
+        finish_reason=str(finish["type"]),
+        matched_stop=finish.get("matched") if finish["type"] in ("stop", "tool_calls") else None,
         completion_tokens=len(completion.run),
-        reasoning_tokens=_reasoning_tokens(completion, split.reasoning, vocab),
+        reasoning_tokens=_reasoning_tokens(completion, reasoning, vocab),
     )
 
 

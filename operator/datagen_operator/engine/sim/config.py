@@ -10,8 +10,12 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from datagen_operator.engine.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
+from datagen_operator.tokenizer.families import FAMILIES
 
 Misconfig = Literal["never-close-think", "kimi-tags", "ignore-thinking"]
+# SGLang 0.5.23 `DetokenizerManager.trim_matched_stop` keeps this id (gpt-oss's <|call|>) when the tool-call
+# parser is gpt-oss, so the parser still sees the end of the call.
+GPT_OSS_CALL_ID = 200_012
 SpeedMode = Literal["wire", "gpu"]
 
 
@@ -26,6 +30,8 @@ class ModelConfig:
     tool_call_rate: float = 0.5
     unprompted_thinking: bool = True
     misconfig: Misconfig | None = None
+    kept_stop_id: int | None = None
+    """A stop token SGLang's detokenizer keeps in `text` (gpt-oss's <|call|> under --tool-call-parser gpt-oss)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +69,9 @@ class SimSettings:
     host: str
     port: int
     tokenizer_dir: Path | None
-    """None: use the cached stand-in tokenizer."""
+    """None: use the cached stand-in tokenizer of `family` (default Kimi-K2)."""
+    family: str | None
+    """The model family (tokenizer/families.py); None: the stand-in's own, or detected from the vocabulary."""
     port_file: Path | None
     fallback_standin: bool
 
@@ -99,7 +107,7 @@ def _non_negative_int(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="datagen sim-server",
-        description="Simulate SGLang's HTTP server on CPU (Kimi-K2 token format, no model weights).",
+        description="Simulate SGLang's HTTP server on CPU (the model family's token format, no model weights).",
         allow_abbrev=False,
     )
     sg = parser.add_argument_group("SGLang flags (as sglang.launch_server spells them)")
@@ -142,10 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--sim-no-unprompted-thinking",
         action="store_true",
-        help="a prompt not ending in <think> or <think></think> gets no reasoning (default: the model opens "
-        "<think> itself, as Kimi-K2-Thinking does)",
+        help="a prompt whose tail neither opens reasoning nor turns it off gets none (default: a thinking model "
+        "opens it itself, as Kimi-K2-Thinking does)",
     )
     sim.add_argument("--sim-misconfig", choices=get_args(Misconfig))
+    sim.add_argument(
+        "--sim-family",
+        choices=sorted(FAMILIES),
+        help="the model family the tokenizer belongs to (default: a stand-in's own, else detected from its tokens)",
+    )
     sim.add_argument("--sim-fault-5xx-rate", type=_rate, default=0.0)
     sim.add_argument("--sim-fault-5xx-status", type=int, default=500)
     sim.add_argument("--sim-fault-reset-rate", type=_rate, default=0.0, help="connection reset mid-response")
@@ -222,6 +235,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             tool_call_rate=args.sim_tool_call_rate,
             unprompted_thinking=not args.sim_no_unprompted_thinking,
             misconfig=args.sim_misconfig,
+            kept_stop_id=GPT_OSS_CALL_ID if args.tool_call_parser == "gpt-oss" else None,
         ),
         faults=FaultConfig(
             seed=args.sim_seed,
@@ -245,6 +259,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         host=args.host,
         port=args.port,
         tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+        family=args.sim_family,
         port_file=args.sim_port_file,
         fallback_standin=args.sim_fallback_standin,
     )

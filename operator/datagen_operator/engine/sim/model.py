@@ -1,13 +1,18 @@
-"""The simulated model: a pure function from (prompt ids, sampling params, seeds) to Kimi-K2 output tokens.
+"""The simulated model: a pure function from (prompt ids, sampling params, seeds) to its family's output tokens.
 
-What it writes (kimi-k2-format.md): with the prompt ending in `<think>` (thinking on), reasoning tokens,
-`</think>`, an answer, sometimes a tool-call section when the prompt declared tools, then `<|im_end|>`.
-With `<think></think>` (thinking off) the answer comes directly. Any other prompt tail: the model opens
-`<think>` itself (as Kimi-K2-Thinking does) unless `unprompted_thinking` is off.
+What it writes (the family's ChatFormat, tokenizer/families.py): when the prompt tail opened reasoning (Kimi's
+`<think>`, Qwen3-2507's and DeepSeek-R1's `<think>` + newline), reasoning tokens, the closer (`</think>`,
+`\n</think>\n\n`, ...), an answer, sometimes a tool call in the family's format when the prompt declared tools,
+then the stop token. With an empty reasoning block at the tail (thinking off) the answer comes directly. Any
+other tail: the model decides; a thinking model opens reasoning itself (`<think>`, or harmony's analysis
+channel) unless `unprompted_thinking` is off. Harmony (gpt-oss): `<|channel|>analysis<|message|>` reasoning
+`<|end|><|start|>assistant<|channel|>final<|message|>` answer `<|return|>`, or a commentary-channel tool
+call ending `<|call|>`.
 
-Misconfigured models (`--sim-misconfig`): `never-close-think` writes reasoning and answer with no
-`</think>`; `kimi-tags` writes the old format's `◁think▷`/`◁/think▷` as text instead of the think tokens;
-`ignore-thinking` never reasons, whatever the prompt asks.
+Misconfigured models (`--sim-misconfig`), for every reasoning family: `never-close-think` writes reasoning and
+answer with no closer (harmony: no `<|end|>` and no final-channel header after the analysis); `ignore-thinking`
+never reasons, whatever the prompt asks (harmony: no analysis channel); `kimi-tags` writes the old Kimi
+format's `◁think▷`/`◁/think▷` as text instead of the family's reasoning markers.
 
 Outputs are deterministic per (prompt ids, sampling_seed, sample index, sim seed); temperature is
 ignored. Text comes from fixed corpora sliced at random sentence starts, so there is no per-token Python
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import math
 import random
 import struct
@@ -28,26 +32,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datagen_operator.engine.sim import formats
 from datagen_operator.engine.sim.config import ModelConfig
+from datagen_operator.engine.sim.formats import DeclaredTool, ToolCall
 from datagen_operator.engine.sim.sampling import SamplingParams
 from datagen_operator.engine.sim.tokens import Span, TokenRun
 from datagen_operator.engine.sim.vocab import Corpus, SimVocab
 
-KIMI_OLD_OPEN_TAG = "◁think▷"
-KIMI_OLD_CLOSE_TAG = "◁/think▷"
 _MAX_LENGTH_FACTOR = 20  # cap lognormal draws at 20x the mean
 
 
 class ThinkingMode(enum.Enum):
-    PREFILLED = "prefilled"  # prompt ends with <think>: output is reasoning, </think>, answer
-    OFF = "off"  # prompt ends with <think></think>: answer only
+    PREFILLED = "prefilled"  # the prompt opened reasoning: output is reasoning, closer, answer
+    OFF = "off"  # the prompt ends with an empty reasoning block: answer only
     UNPROMPTED = "unprompted"  # any other tail: the model decides
-
-
-@dataclass(frozen=True, slots=True)
-class DeclaredTool:
-    name: str
-    parameters: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +62,16 @@ def prompt_array(prompt_ids: Sequence[int]) -> array:
     return array("I", prompt_ids)
 
 
+def _ends_with(prompt: array, tail: array) -> bool:
+    return len(prompt) >= len(tail) and prompt[len(prompt) - len(tail) :] == tail
+
+
 def thinking_mode(prompt_ids: Sequence[int], vocab: SimVocab) -> ThinkingMode:
-    if prompt_ids and prompt_ids[-1] == vocab.think_id:
+    """What the family's prompt tail asks for (Qwen3-2507's opener is followed by a newline token)."""
+    prompt = prompt_ids if isinstance(prompt_ids, array) else prompt_array(prompt_ids)
+    if any(_ends_with(prompt, tail) for tail in vocab.runs.prefill_tails):
         return ThinkingMode.PREFILLED
-    if len(prompt_ids) >= 2 and prompt_ids[-2] == vocab.think_id and prompt_ids[-1] == vocab.think_end_id:
+    if any(_ends_with(prompt, tail) for tail in vocab.runs.off_tails):
         return ThinkingMode.OFF
     return ThinkingMode.UNPROMPTED
 
@@ -78,33 +82,9 @@ def request_seed(prompt: array, sampling_seed: int | None, sim_seed: int, sample
     return int.from_bytes(digest.digest(), "little")
 
 
-def _find_ids(haystack: array, needle: bytes, start: int = 0) -> int:
-    """Index of the id sequence `needle` (array bytes) in `haystack`, or -1; byte search in C."""
-    data = haystack.tobytes()
-    position = data.find(needle, start * 4)
-    while position != -1 and position % 4:
-        position = data.find(needle, position + 1)
-    return -1 if position == -1 else position // 4
-
-
 def declared_tools(prompt: array, vocab: SimVocab) -> tuple[DeclaredTool, ...]:
-    """Tools the template declared in the prompt (`<|im_system|>tool_declare<|im_middle|>[json]<|im_end|>`)."""
-    header = _find_ids(prompt, vocab.marker_bytes)
-    if header == -1:
-        return ()
-    start = header + len(vocab.tool_declare_marker)
-    end = _find_ids(prompt, array("I", [vocab.im_end_id]).tobytes(), start)
-    try:
-        declared = json.loads(vocab.decode(prompt[start : end if end != -1 else len(prompt)]))
-    except ValueError:
-        return ()
-    tools = []
-    for entry in declared if isinstance(declared, list) else ():
-        function = entry.get("function", entry) if isinstance(entry, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            parameters = function.get("parameters")
-            tools.append(DeclaredTool(function["name"], parameters if isinstance(parameters, dict) else {}))
-    return tuple(tools)
+    """Tools the family's template declared in the prompt (decoded in C: a join over the byte table)."""
+    return formats.declared_tools(vocab.chat, vocab.decode(prompt, skip_special_tokens=False))
 
 
 def draw_length(rng: random.Random, mean: float, sigma: float) -> int:
@@ -160,16 +140,11 @@ def example_arguments(rng: random.Random, parameters: dict[str, Any]) -> dict[st
     }
 
 
-def tool_call_section(rng: random.Random, tools: Sequence[DeclaredTool], vocab: SimVocab) -> list[int]:
-    """`<|tool_calls_section_begin|>` one or two calls `<|tool_calls_section_end|>` (Kimi-K2 format)."""
-    section = [vocab.tool_section_begin_id]
-    for index in range(1 if rng.random() < 0.8 else 2):
-        tool = rng.choice(tools)
-        arguments = json.dumps(example_arguments(rng, tool.parameters), ensure_ascii=False)
-        section += [vocab.tool_call_begin_id, *vocab.encode(f"functions.{tool.name}:{index}")]
-        section += [vocab.tool_call_argument_begin_id, *vocab.encode(arguments), vocab.tool_call_end_id]
-    section.append(vocab.tool_section_end_id)
-    return section
+def tool_calls(rng: random.Random, tools: Sequence[DeclaredTool], single: bool) -> list[ToolCall]:
+    """One call, sometimes two (when the format allows several per turn), with arguments fitting the schemas."""
+    count = 1 if single or rng.random() < 0.8 else 2
+    chosen = [rng.choice(tools) for _ in range(count)]
+    return [ToolCall(tool.name, example_arguments(rng, tool.parameters)) for tool in chosen]
 
 
 def natural_output(
@@ -180,18 +155,18 @@ def natural_output(
     vocab: SimVocab,
     min_new_tokens: int = 0,
 ) -> TokenRun:
-    """What the model writes when nothing stops it early; always ends with `<|im_end|>`."""
-    thinks = mode is ThinkingMode.PREFILLED or (mode is ThinkingMode.UNPROMPTED and config.unprompted_thinking)
-    if config.misconfig == "ignore-thinking":
-        thinks = False
-    opener = TokenRun()
-    closer = vocab.single(vocab.think_end_id)
+    """What the model writes when nothing stops it early; always ends with the family's stop token."""
+    chat, runs = vocab.chat, vocab.runs
+    reasons = chat.reasoning != "none" and config.misconfig != "ignore-thinking"
+    thinks = reasons and (
+        mode is ThinkingMode.PREFILLED
+        or (mode is ThinkingMode.UNPROMPTED and config.unprompted_thinking and chat.thinks_unprompted)
+    )
+    opener = runs.think_open if mode is ThinkingMode.UNPROMPTED else TokenRun()
+    closer = runs.think_close
     if config.misconfig == "kimi-tags":
-        closer = vocab.run(vocab.encode(KIMI_OLD_CLOSE_TAG))
-        if mode is ThinkingMode.UNPROMPTED:
-            opener = vocab.run(vocab.encode(KIMI_OLD_OPEN_TAG))
-    elif mode is ThinkingMode.UNPROMPTED:
-        opener = vocab.single(vocab.think_id)
+        opener = runs.old_open if mode is ThinkingMode.UNPROMPTED else TokenRun()
+        closer = runs.old_close
     if config.misconfig == "never-close-think":
         closer = TokenRun()
 
@@ -199,13 +174,28 @@ def natural_output(
     if thinks:
         reasoning = take(vocab.reasoning, rng, draw_length(rng, config.mean_reasoning_tokens, config.length_sigma))
         parts += (opener, reasoning, closer)
+    # Harmony opens the answer as a new message (think-tag formats write nothing here); a model that never
+    # ended its reasoning goes on in the same message.
+    if not thinks:
+        leads = runs.answer_open_first
+    elif len(closer):
+        leads = runs.answer_open
+    else:
+        leads = TokenRun()
     calls_tool = bool(tools) and rng.random() < config.tool_call_rate
     answer_mean = min(config.mean_answer_tokens, 40.0) if calls_tool else config.mean_answer_tokens
     answer_length = draw_length(rng, answer_mean, config.length_sigma)
-    section = vocab.run(tool_call_section(rng, tools, vocab)) if calls_tool else TokenRun()
+    section, stop = TokenRun(), runs.answer_stop
+    if calls_tool:
+        single = chat.tool_call_format in formats.SINGLE_CALL_FORMATS
+        text = formats.write_tool_calls(chat, tool_calls(rng, tools, single), first=not parts)
+        section, stop = vocab.run(vocab.encode(text)), runs.tool_stop
+        if single:  # harmony: the call is the next message, in place of the final answer
+            leads, answer_length = TokenRun(), 0
     # min_new_tokens suppresses the stop token until reached: the answer grows to fit.
-    answer_length = max(answer_length, min_new_tokens - sum(map(len, parts)) - len(section) - 1)
-    parts += (take(vocab.answer, rng, answer_length), section, vocab.single(vocab.im_end_id))
+    fixed = sum(map(len, parts)) + len(leads) + len(section) + len(stop)
+    answer_length = max(answer_length, min_new_tokens - fixed)
+    parts += (leads, take(vocab.answer, rng, answer_length), section, stop)
     return TokenRun.concat(parts)
 
 
@@ -229,8 +219,13 @@ def _first_stop_string(
     return len(ids) - 1, stop, position
 
 
-def finish_output(natural: TokenRun, params: SamplingParams, vocab: SimVocab, max_new_tokens: int) -> Completion:
-    """Cut the natural output where SGLang would: length first, then stop tokens, then stop strings."""
+def finish_output(
+    natural: TokenRun, params: SamplingParams, vocab: SimVocab, max_new_tokens: int, kept_stop_id: int | None = None
+) -> Completion:
+    """Cut the natural output where SGLang would: length first, then stop tokens, then stop strings.
+
+    A matched stop token is trimmed from `text` unless no_stop_trim, or it is `kept_stop_id` (SGLang keeps
+    gpt-oss's `<|call|>` for the tool-call parser)."""
     window = natural.prefix(max_new_tokens)
     skip = params.skip_special_tokens
     token_stop = None
@@ -248,7 +243,8 @@ def finish_output(natural: TokenRun, params: SamplingParams, vocab: SimVocab, ma
     elif token_stop is not None and token_stop[0] + 1 < max_new_tokens:
         index, stop_id = token_stop
         run = window.prefix(index + 1)
-        text = run.text(skip) if params.no_stop_trim else window.prefix(index).text(skip)
+        trimmed = not params.no_stop_trim and stop_id != kept_stop_id
+        text = window.prefix(index).text(skip) if trimmed else run.text(skip)
         return Completion(run, {"type": "stop", "matched": stop_id}, text)
     return Completion(window, {"type": "length", "length": max_new_tokens}, window.text(skip))
 
@@ -267,8 +263,8 @@ def complete(
     tools = declared_tools(prompt, vocab)
     natural = natural_output(rng, mode, tools, config, vocab, params.min_new_tokens)
     if params.ignore_eos and len(natural) < max_new_tokens:
-        natural += take(vocab.answer, rng, max_new_tokens - len(natural))  # it talks on past <|im_end|>
-    return finish_output(natural, params, vocab, max_new_tokens)
+        natural += take(vocab.answer, rng, max_new_tokens - len(natural))  # it talks on past its stop token
+    return finish_output(natural, params, vocab, max_new_tokens, config.kept_stop_id)
 
 
 def aborted(completion: Completion, message: str, status_code: int) -> Completion:

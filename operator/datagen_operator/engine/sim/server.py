@@ -31,7 +31,7 @@ from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
 from datagen_operator.engine.sim import chat, protocol
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
-from datagen_operator.engine.sim.model import Completion, ThinkingMode, aborted, complete, thinking_mode
+from datagen_operator.engine.sim.model import Completion, aborted, complete
 from datagen_operator.engine.sim.prefix_cache import PrefixCache
 from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
 from datagen_operator.engine.sim.reasoning import split_reasoning
@@ -171,7 +171,7 @@ class Simulator:
         if not isinstance(body, dict) or not isinstance(body.get("text"), str):
             return _json({"error": {"message": "text must be a string."}}, 400)
         parser = body.get("reasoning_parser") or self.args["reasoning_parser"]
-        split = split_reasoning(body["text"], parser, prompt_opened_think=False)
+        split = split_reasoning(body["text"], parser, forced=False)
         return _json({"text": split.content, "reasoning_text": split.reasoning or ""})
 
     @staticmethod
@@ -385,7 +385,7 @@ class Simulator:
             return _json(chat.openai_error("The server is not ready (loading or shutting down).", 503), 503)
         number, plan = self._next_request()
         try:
-            parsed = chat.parse_chat_request(await self._json_body(request))
+            parsed = chat.parse_chat_request(await self._json_body(request), self.vocab)
             prompt_ids = chat.render_prompt(parsed, self.vocab)
             generate = protocol.parse_generate_request(
                 {"input_ids": prompt_ids, "sampling_params": None}, self.vocab, self.context_length
@@ -403,7 +403,6 @@ class Simulator:
         prompt = generate.items[0].prompt
         room = self.context_length - len(prompt)
         max_new = room if parsed.params.max_new_tokens is None else min(parsed.params.max_new_tokens, room)
-        opened = thinking_mode(prompt, self.vocab) is ThinkingMode.PREFILLED
         items = [
             GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
             for sample in range(parsed.params.n)
@@ -411,9 +410,7 @@ class Simulator:
         completions = [self._complete(item, plan) for item in items]
         cached = self._cached_tokens(items[0])
         choices = [
-            chat.chat_choice(
-                c, parsed, self.vocab, self.args["reasoning_parser"], self.args["tool_call_parser"], opened
-            )
+            chat.chat_choice(c, parsed, self.vocab, self.args["reasoning_parser"], self.args["tool_call_parser"])
             for c in completions
         ]
         response_id = protocol.new_rid()
@@ -473,14 +470,16 @@ async def _request_errors(
 
 
 def _resolve_tokenizer_dir(settings: SimSettings) -> Path:
-    from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+    from datagen_operator.tokenizer.standin import DEFAULT_FAMILY, ensure_standin_tokenizer
 
     directory = settings.tokenizer_dir
+    family = settings.family or DEFAULT_FAMILY
     if directory is None:
-        return ensure_standin_tokenizer()
-    if not (directory / "tokenizer.json").is_file() and settings.fallback_standin:
-        log.warning("%s has no tokenizer.json; using the stand-in tokenizer (--sim-fallback-standin)", directory)
-        return ensure_standin_tokenizer()
+        return ensure_standin_tokenizer(family=family)
+    has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
+    if not has_tokenizer and settings.fallback_standin:
+        log.warning("%s has no tokenizer; using the %s stand-in tokenizer (--sim-fallback-standin)", directory, family)
+        return ensure_standin_tokenizer(family=family)
     return directory
 
 
@@ -533,7 +532,9 @@ def main(argv: list[str]) -> int:
         tokenizer_dir = _resolve_tokenizer_dir(settings)
         chat_template = settings.server_args["chat_template"]
         vocab = load_vocab(
-            tokenizer_dir, Path(chat_template) if chat_template and Path(chat_template).is_file() else None
+            tokenizer_dir,
+            Path(chat_template) if chat_template and Path(chat_template).is_file() else None,
+            settings.family,
         )
     except (VocabError, OSError) as error:
         print(f"sim-server: {error}", file=sys.stderr)
