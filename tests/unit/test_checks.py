@@ -80,7 +80,7 @@ def test_canary_fails_on_any_raw_token_problem() -> None:
 
 def test_canary_that_never_sees_a_think_end_is_inconclusive() -> None:
     outcome = judge_canary([record((rc.TRUNCATED,), output=(1, 2, 3))] * 3, CTX, capped=True)
-    assert not outcome.passed and "canaryMaxNewTokens" in outcome.message
+    assert not outcome.passed and "raise generation.sampling.max_new_tokens" in outcome.message
 
 
 def test_canary_verdict_survives_the_termination_message() -> None:

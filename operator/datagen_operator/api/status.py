@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 # Condition types. Each is owned by one decision in control/ and rolled up into Succeeded.
+INPUTS_VERIFIED = "InputsVerified"
 SERVER_READY = "ServerReady"
 PARSERS_VERIFIED = "ParsersVerified"
 CANARY_PASSED = "CanaryPassed"
@@ -15,6 +16,7 @@ DATA_FAITHFUL = "DataFaithful"
 PROGRESSING = "Progressing"
 SUCCEEDED = "Succeeded"
 CONDITION_TYPES: tuple[str, ...] = (
+    INPUTS_VERIFIED,
     SERVER_READY,
     PARSERS_VERIFIED,
     CANARY_PASSED,

@@ -2,7 +2,8 @@
 
 The operator and the local runner both call `decide` on every pass and only differ in how they carry out
 the step (pods and Jobs vs processes). Steps run in order, each gated on the one before:
-server ready -> parsers verified -> canary passed -> workers -> final verification -> done.
+inputs verified (preflight) -> server ready -> parsers verified -> canary passed -> workers -> final verification
+-> done.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
     DATA_FAITHFUL,
+    INPUTS_VERIFIED,
     PARSERS_VERIFIED,
     PROGRESSING,
     SERVER_READY,
@@ -33,6 +35,7 @@ MIN_RECORDS_FOR_ROLLING_CHECKS = 16
 class Step(StrEnum):
     INVALID = "Invalid"
     SUSPENDED = "Suspended"
+    PREFLIGHT = "Preflight"
     WAIT_FOR_SERVER = "WaitForServer"
     VERIFY_PARSERS = "VerifyParsers"
     RUN_CANARY = "RunCanary"
@@ -128,9 +131,33 @@ def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> D
         )
         return Decision(Step.SUSPENDED, "Suspended", False, False, updates, progress=progress)
 
+    started = workers is not None
+    # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
+    # that got further before the preflight existed (an operator upgrade) is not sent back to it.
+    begun = observed.parsers is not None or observed.canary is not None or started
+    begun = begun or bool(observed.server and observed.server.instances)
+    preflight = observed.preflight
+    if preflight is None and not begun:
+        updates_ = (
+            _u(INPUTS_VERIFIED, "Unknown", "Checking", "checking the dataset, tokenizer and output before a server"),
+            _u(SERVER_READY, "False", "NotStarted", "the server starts once the inputs are verified"),
+            _u(PROGRESSING, "False", "Waiting", "waiting for the preflight"),
+            _u(SUCCEEDED, "Unknown", "Running", "preflight running"),
+        )
+        return Decision(Step.PREFLIGHT, "Preflight", False, False, updates_, progress=progress)
+    if preflight is not None and not preflight.passed:
+        updates_ = (
+            _u(INPUTS_VERIFIED, "False", preflight.reason, preflight.message),
+            _u(SERVER_READY, "False", "NotStarted", "no server was started: the inputs failed the preflight"),
+            _u(PROGRESSING, "False", "Halted", "no GPU time was used"),
+            _u(SUCCEEDED, "False", "PreflightFailed", preflight.message),
+        )
+        return Decision(Step.HALTED, "Halted", False, False, updates_, preflight.checks, progress)
+
     server = server_verdict(observed.server, spec.server.startup_timeout)
     updates: list[ConditionUpdate] = [server.condition]
-    started = workers is not None
+    if preflight is not None:
+        updates.insert(0, _u(INPUTS_VERIFIED, "True", preflight.reason, preflight.message))
     if server.fatal:
         updates.append(_u(SUCCEEDED, "False", "ServerFailed", server.condition.message))
         return Decision(Step.HALTED, "Failed", False, False, tuple(updates), progress=progress)

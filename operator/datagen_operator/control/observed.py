@@ -41,7 +41,7 @@ class ServerObservation:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """The result of a one-shot step (parser verification, canary, final verification)."""
+    """The result of a one-shot step (preflight, parser verification, canary, final verification)."""
 
     passed: bool
     reason: str
@@ -78,6 +78,7 @@ class Observed:
     generation: int
     spec_error: str | None = None
     suspended: bool = False
+    preflight: StepOutcome | None = None
     server: ServerObservation | None = None
     parsers: StepOutcome | None = None
     canary: StepOutcome | None = None

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.spec import SamplingParams
+
 
 def sampling_params(sampling: Mapping[str, Any], stop_token_ids: Iterable[int], **overrides: Any) -> dict[str, Any]:
     """The run's sampling (`spec.generation.sampling`, dumped without unset keys) plus the stop ids."""
@@ -20,6 +22,11 @@ def sampling_params(sampling: Mapping[str, Any], stop_token_ids: Iterable[int], 
     if stops:
         params["stop_token_ids"] = stops
     return params
+
+
+def run_sampling(spec_sampling: SamplingParams, stop_token_ids: Iterable[int]) -> dict[str, Any]:
+    """The run's sampling_params as every request (and the data fingerprint) carries them."""
+    return sampling_params(spec_sampling.model_dump(exclude_none=True), stop_token_ids)
 
 
 def generate_body(input_ids: list[int], params: Mapping[str, Any]) -> bytes:

@@ -91,6 +91,7 @@ class LocalRunner:
         self.conditions: list[Condition] = []
         self.servers: list[tuple[Child, str]] = []
         self.shards = [ShardSlot(i) for i in range(self.spec.clients.shards)]
+        self.preflight: StepOutcome | None = None
         self.parsers: StepOutcome | None = None
         self.canary: StepOutcome | None = None
         self.final: StepOutcome | None = None
@@ -158,7 +159,9 @@ class LocalRunner:
             await self._start_servers()
         if not decision.workers_wanted:
             await self._stop_workers()
-        if decision.step is Step.VERIFY_PARSERS:
+        if decision.step is Step.PREFLIGHT:
+            self.preflight = await asyncio.to_thread(self._run_preflight)
+        elif decision.step is Step.VERIFY_PARSERS:
             # The canary needs only a ready server too: run it alongside the parser check so the verdict
             # comes one probe sooner; decide() still reads the parsers first and halts on them.
             if self.canary_task is None:
@@ -182,6 +185,7 @@ class LocalRunner:
         server = await self._observe_server() if self.servers else None
         return Observed(
             generation=1,
+            preflight=self.preflight,
             server=server,
             parsers=self.parsers,
             canary=self.canary,
@@ -279,6 +283,15 @@ class LocalRunner:
             self.servers.append((child, f"http://127.0.0.1:{port}"))
         kind = "the SGLang simulator (no GPU or no sglang here)" if self.simulator else "SGLang"
         self._say(f"started {self.spec.server.replicas} server replica(s) with {kind}; logs in {self.logs}", "cyan")
+
+    def _run_preflight(self) -> StepOutcome:
+        from datagen_operator.checks.preflight import run_preflight
+
+        tokenizer_dir = Path(self.spec.model.tokenizer_path or self.spec.model.path)
+        try:
+            return run_preflight(self.spec, self._tokenizer(), tokenizer_dir, Path(self.spec.dataset.path), self.output)
+        except Exception as error:  # e.g. a tokenizer that does not load: that fails the preflight, with the reason
+            return StepOutcome(False, "PreflightError", f"{type(error).__name__}: {error}")
 
     async def _verify_parsers(self) -> StepOutcome:
         from datagen_operator.checks.server_truth import verify_running_server

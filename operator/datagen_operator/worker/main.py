@@ -267,7 +267,8 @@ class Worker:
         return code
 
     async def _run(self) -> int:
-        from datagen_operator.checks.record_checks import expectations_for
+        from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
+        from datagen_operator.engine.requests import run_sampling
         from datagen_operator.worker.dataset import DatasetError, check_dataset, plan_shard
         from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer, template_variables
         from datagen_operator.worker.store import OutputLayout
@@ -295,10 +296,10 @@ class Worker:
             self.render_pool.close()
             raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
         self.render_pool.renderer = renderer
-        self.expect = expectations_for(c.resolved, tokenizer)
+        self.expect = expectations_for(c.resolved, tokenizer, read_model_eos_ids(Path(c.tokenizer_dir)))
         self.layout = OutputLayout(c.output)
         self.plan, self.renderer = plan, renderer
-        self.sampling = spec.generation.sampling.model_dump(exclude_none=True)
+        self.sampling = run_sampling(spec.generation.sampling, self.expect.stop_token_ids)
         self.samples = spec.generation.samples_per_prompt
 
         session = http.make_session(spec.clients.concurrency, len(c.servers))
