@@ -26,9 +26,11 @@ from typing import Any, Final
 import tiktoken
 
 from datagen_operator.tokenizer import kimi_tokens, standin
-from datagen_operator.tokenizer.chat_template import TEMPLATE_RESOURCE, kimi_k2_chat_template
+from datagen_operator.tokenizer.chat_template import TEMPLATE_RESOURCE
+from datagen_operator.tokenizer.families import get_family
 
 STANDIN_NAME: Final = "kimi-k2.5-tiktoken-standin"
+FAMILY: Final = "kimi-k2"  # the tokenizer.json stand-in family whose vocabulary, template and configs it keeps
 STANDIN_VERSION: Final = 1
 TOKENIZATION_RESOURCE: Final = "kimi_tiktoken_tokenization.py"
 TOKENIZATION_FILE: Final = "tokenization_kimi.py"  # the real model directory's name for its tokenizer module
@@ -129,19 +131,19 @@ def _json_bytes(value: Any) -> bytes:
 
 def standin_files() -> dict[str, bytes]:
     """Every file of the directory, by name."""
-    ranks = mergeable_ranks(standin.tokenizer_json())
+    family = get_family(FAMILY)
+    ranks = mergeable_ranks(standin.tokenizer_json(family))
     return {
-        "chat_template.jinja": kimi_k2_chat_template().encode("utf-8"),
+        "chat_template.jinja": standin.chat_template(family).encode("utf-8"),
         "tiktoken.model": tiktoken_model(ranks),
         TOKENIZATION_FILE: tokenization_source(),
         "tokenizer_config.json": _json_bytes(tokenizer_config()),
-        "config.json": _json_bytes(standin.model_config()),
-        "generation_config.json": _json_bytes(
-            {"bos_token_id": kimi_tokens.BOS.id, "eos_token_id": kimi_tokens.IM_END.id}
-        ),
+        "config.json": _json_bytes(standin.model_config(family)),
+        "generation_config.json": _json_bytes(dict(family.generation_config)),
         "datagen_standin.json": _json_bytes(
             {
                 "name": STANDIN_NAME,
+                "family": FAMILY,
                 "version": STANDIN_VERSION,
                 "source_hash": source_hash(),
                 "note": "Stand-in for the Kimi-K2.5 tokenizer directory: tiktoken.model + remote code, synthetic BPE.",
