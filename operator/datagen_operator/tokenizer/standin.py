@@ -97,6 +97,9 @@ def tokenizer_json(family: Family = FAMILIES[DEFAULT_FAMILY]) -> dict[str, Any]:
     vocab = {token: free_ids[index] for index, (token, _) in enumerate(learnt)}
     vocab.update({f"filler{token_id}": token_id for token_id in free_ids[len(learnt) :]})
     assert len(vocab) + len(added) == family.tokenizer_size
+    # Added tokens among the regular ids (DeepSeek's 0..2) must be in the model's vocabulary too, as in the
+    # real files: `tokenizers` gives an added token that is not an id past the model's vocabulary.
+    vocab.update({token.content: token.id for token in added if token.id < free_ids[-1]})
     document["model"]["vocab"] = vocab
     document["added_tokens"] = [
         {
