@@ -75,7 +75,8 @@ def _tokenizer_manager(context_length: int, vocab_size: int) -> Any:
 
 
 class _CharTokenizer:
-    """`SamplingParams.normalize` only measures stop strings with the tokenizer (to size its stop buffer)."""
+    """A tokenizer of one id per character. `SamplingParams.normalize` only measures stop strings with it (to
+    size its stop buffer); text prompts are tokenized with it (the tests' simulator side uses the same)."""
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [ord(char) for char in text]
@@ -118,7 +119,9 @@ def generate_verdict(body: dict[str, Any], context_length: int, vocab_size: int)
         request.normalize_batch_and_arguments()
         items = [request] if request.is_single else [request[index] for index in range(request.batch_size)]
         for item in items:
-            manager._validate_one_request(item, list(item.input_ids))
+            # input_ids win over text (`_tokenize_one_request`); text goes through the tokenizer.
+            input_ids = list(item.input_ids) if item.input_ids is not None else _CharTokenizer().encode(item.text)
+            manager._validate_one_request(item, input_ids)
             refusal = sampling_verdict(dict(item.sampling_params or {}), vocab_size)
             if refusal is not None:
                 raise ValueError(refusal)
@@ -175,3 +178,15 @@ def chat_split(
             text, call_infos = function_parser.parse_non_stream(text)
             calls = [{"name": call.name, "arguments": call.parameters} for call in call_infos]
     return {"reasoning_content": reasoning, "content": text, "tool_calls": calls}
+
+
+def chat_request_verdict(body: dict[str, Any]) -> str | None:
+    """FastAPI's validation of a `/v1/chat/completions` body: SGLang's `ChatCompletionRequest` model."""
+    import pydantic
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    try:
+        ChatCompletionRequest.model_validate(body)
+    except pydantic.ValidationError as error:
+        return str(error)
+    return None

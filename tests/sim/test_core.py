@@ -148,7 +148,7 @@ def test_sampling_params_defaults_and_parsing() -> None:
         ({"temperature": "hot"}, True),
         ({"top_p": 1.5}, False),
         ({"min_p": -0.1}, False),
-        ({"n": 0}, False),
+        ({"repetition_penalty": 2.5}, False),
         ({"stop": [1]}, True),
         ({"ignore_eos": "yes"}, True),
         ({"top_k": 0}, False),

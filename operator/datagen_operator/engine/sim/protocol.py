@@ -16,7 +16,14 @@ from typing import Any, NamedTuple
 import orjson
 
 from datagen_operator.engine.sim.model import Completion
-from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
+from datagen_operator.engine.sim.sampling import (
+    SamplingParams,
+    SamplingParamsError,
+    check_contract,
+    check_kind,
+    parse_sampling_params,
+    shown,
+)
 from datagen_operator.engine.sim.vocab import SimVocab
 
 WEIGHT_VERSION = "default"
@@ -62,13 +69,52 @@ def new_rid() -> str:
     return os.urandom(16).hex()
 
 
+# The top-level keys the simulator reads, with their JSON kind in SGLang's request schema (`sglang/api/v1`).
+BODY_KINDS: dict[str, str] = {
+    "text": "str_or_list", "stream": "bool", "rid": "str_or_list", "return_logprob": "bool_or_list",
+    "return_prompt_token_ids": "bool",
+}  # fmt: skip
+
+
+def _check_body_contract(body: dict[str, Any]) -> None:
+    """SGLang's HTTP contract gate: a value of the wrong JSON type is a flat 400, before anything else."""
+    try:
+        for key, kind in BODY_KINDS.items():
+            if body.get(key) is not None:
+                check_kind(body[key], kind)
+        input_ids = body.get("input_ids")
+        if input_ids is not None:
+            if not isinstance(input_ids, list):
+                raise RequestError(
+                    f"invalid type: {shown(input_ids)}, expected a value or an array of values for TokenIdsOrList",
+                    flat=True,
+                )
+            # [] and [number, ...] are one prompt; anything else is a batch of prompts.
+            one_prompt = not input_ids or (isinstance(input_ids[0], int | float) and not isinstance(input_ids[0], bool))
+            for ids in [input_ids] if one_prompt else input_ids:
+                check_kind(ids, "int_list")
+        raw_params = body.get("sampling_params")
+        if isinstance(raw_params, list):
+            for raw in raw_params:
+                check_contract(raw)
+        elif raw_params is not None and not isinstance(raw_params, dict):
+            raise RequestError(
+                f"invalid type: {shown(raw_params)}, expected a value or an array of values for SamplingParamsOrList",
+                flat=True,
+            )
+        elif raw_params is not None:
+            check_contract(raw_params)
+    except SamplingParamsError as error:
+        raise RequestError(str(error), flat=True) from None
+
+
 def _prompts(body: dict[str, Any], vocab: SimVocab, skip_tokenizer_init: bool) -> tuple[list[list[int]], bool]:
     text, input_ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (input_ids is None):
-        raise RequestError("Either text or input_ids should be provided (exactly one).")
-    if input_ids is not None:
-        if not isinstance(input_ids, list) or not input_ids:
-            raise RequestError("input_ids must be a non-empty list of token ids or of lists of token ids.")
+    if text is None and input_ids is None:
+        raise RequestError("Either text, input_ids or input_embeds should be provided.")
+    if input_ids is not None:  # input_ids win over text, as in SGLang's tokenizer manager
+        if not input_ids:
+            raise RequestError("input_ids cannot be empty.")
         if isinstance(input_ids[0], list):
             return input_ids, True
         return [input_ids], False
@@ -93,6 +139,24 @@ def _prompt_array(ids: object, vocab_size: int) -> array:
     return prompt
 
 
+def _check_length(prompt_tokens: int, raw_params: object, context_length: int) -> None:
+    """SGLang refuses (never shortens) a prompt that fills the context, or an explicit max_new_tokens that
+    would overrun it; texts as `TokenizerManager._validate_one_request` words them. An absent or null
+    max_new_tokens is not checked there (the answer then stops at the context)."""
+    if prompt_tokens >= context_length:
+        raise RequestError(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
+    max_new_tokens = raw_params.get("max_new_tokens") if isinstance(raw_params, dict) else None
+    if max_new_tokens is not None and max_new_tokens + prompt_tokens > context_length:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
+            f"You requested a total of {max_new_tokens + prompt_tokens} tokens: {prompt_tokens} tokens from the "
+            f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of tokens "
+            "in the input messages or the completion to fit within the limit."
+        )
+
+
 def _rids(rid: object, count: int, is_batch: bool) -> list[str]:
     if rid is None:
         return [new_rid() for _ in range(count)]
@@ -109,27 +173,30 @@ def parse_generate_request(
     """Validate a /generate body; RequestError (a 400) names the first problem."""
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object.")
+    _check_body_contract(body)
     prompts, is_batch = _prompts(body, vocab, skip_tokenizer_init)
     raw_params = body.get("sampling_params")
-    try:
-        if isinstance(raw_params, list):
-            if not is_batch or len(raw_params) != len(prompts):
-                raise RequestError("A list of sampling_params needs a batch of as many prompts.")
-            params_list = [parse_sampling_params(raw) for raw in raw_params]
-        else:
-            params_list = [parse_sampling_params(raw_params)] * len(prompts)
-    except SamplingParamsError as error:
-        raise RequestError(str(error), flat=error.flat) from None
+    if isinstance(raw_params, list):
+        if not is_batch or len(raw_params) != len(prompts):
+            raise RequestError("A list of sampling_params needs a batch of as many prompts.")
+        raw_list = raw_params
+    else:
+        raw_list = [raw_params] * len(prompts)
+    # Per prompt, in SGLang's order: the length check (tokenizer manager), then SamplingParams.verify.
+    params_list = []
+    for ids, raw in zip(prompts, raw_list, strict=True):
+        prompt = _prompt_array(ids, vocab.size)
+        _check_length(len(prompt), raw, context_length)
+        try:
+            params_list.append(parse_sampling_params(raw))
+        except SamplingParamsError as error:
+            raise RequestError(str(error), flat=error.flat) from None
     samples = max(params.n for params in params_list)
     is_batch = is_batch or samples > 1  # n > 1 answers with a list, one entry per sample
     rids = _rids(body.get("rid"), len(prompts) * samples if samples > 1 else len(prompts), is_batch)
     items = []
     for prompt_index, (ids, params) in enumerate(zip(prompts, params_list, strict=True)):
         prompt = _prompt_array(ids, vocab.size)
-        if len(prompt) >= context_length:
-            raise RequestError(
-                f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens)."
-            )
         room = context_length - len(prompt)
         max_new = room if params.max_new_tokens is None else min(params.max_new_tokens, room)
         for sample in range(params.n):
