@@ -226,17 +226,20 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    # Ranges are those of SGLang 0.5.23's SamplingParams.verify, which refuses a request outside them
+    # (tests/contract/test_spec_sampling.py holds them to SGLang's own code). One deliberate difference:
+    # max_new_tokens 0 is accepted by SGLang but makes no data.
     max_new_tokens: int = Field(ge=1, description="Always sent: SGLang's default is only 128.")
-    temperature: float | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, description="-1 (the whole vocabulary) or at least 1.")
     min_p: float | None = Field(default=None, ge=0, le=1)
-    min_new_tokens: int | None = Field(default=None, ge=0)
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    min_new_tokens: int | None = Field(default=None, ge=0, description="At most max_new_tokens.")
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=2, description="1.0 is no penalty.")
     stop_token_ids: list[int] | None = None
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
 
     @model_validator(mode="before")
     @classmethod
@@ -244,6 +247,16 @@ class SamplingParams(BaseModel):
         if isinstance(data, dict) and "max_tokens" in data:
             raise ValueError("max_tokens is OpenAI's name and SGLang 0.5.23 rejects it; write max_new_tokens")
         return data
+
+    @model_validator(mode="after")
+    def _sglang_cross_field_bounds(self) -> SamplingParams:
+        # SGLang turns temperature 0 into greedy sampling (top_k 1) before checking top_k.
+        greedy = self.temperature is not None and self.temperature < 1e-6
+        if self.top_k == 0 and not greedy:
+            raise ValueError("top_k must be -1 (the whole vocabulary) or at least 1; SGLang refuses 0")
+        if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be at most max_new_tokens ({self.max_new_tokens})")
+        return self
 
 
 class GenerationSpec(SpecModel):
