@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datagen_operator.engine.sim.reasoning import harmony_events
 from datagen_operator.tokenizer.families import ChatFormat, ToolCallFormat
 
 
@@ -204,24 +205,28 @@ def _read_glm45(text: str, tools: dict[str, dict[str, Any]]) -> ParsedToolCalls:
 
 
 _HARMONY_TOOL = re.compile(
-    r"<\|start\|>assistant<\|channel\|>commentary to=([a-zA-Z_][a-zA-Z0-9_.-]*)\s*<\|constrain\|>json<\|message\|>(.*?)<\|call\|>",
-    re.DOTALL,
+    r"to=([a-zA-Z_][a-zA-Z0-9_.-]*)\s*<\|constrain\|>json<\|message\|>(.*?)(?:<\|call\|>|$)", re.DOTALL
 )
 
 
 def _read_harmony(text: str, tools: dict[str, dict[str, Any]]) -> ParsedToolCalls:
-    """The gpt-oss detector over the reasoning parser's normal text, which keeps each call block raw."""
+    """The gpt-oss detector: harmony events again over the reasoning parser's normal text (which keeps each
+    call block raw); calls from tool-call events, the normal events joined by spaces."""
     if "<|start|>assistant<|channel|>commentary" not in text:
         return ParsedToolCalls(text, [])
-    calls = []
-    for target, body in _HARMONY_TOOL.findall(text):
-        try:
-            arguments = json.loads(body) if body.strip() else {}
-        except ValueError:
-            continue
-        calls += _known(target.split(".")[-1], arguments, tools)
-    normal = " ".join(part for part in _HARMONY_TOOL.split(text)[::3]).strip()
-    return ParsedToolCalls(normal, calls)
+    events, rest = harmony_events(text)
+    events += harmony_events(rest)[0]
+    calls, normal = [], []
+    for kind, content in events:
+        if kind == "normal":
+            normal.append(content)
+        elif kind == "tool_call" and (match := _HARMONY_TOOL.search(content)) is not None:
+            try:
+                arguments = json.loads(match.group(2)) if match.group(2).strip() else {}
+            except ValueError:
+                continue
+            calls += _known(match.group(1).split(".")[-1], arguments, tools)
+    return ParsedToolCalls(" ".join(normal).strip(), calls)
 
 
 READERS: dict[ToolCallFormat, Callable[[str, dict[str, dict[str, Any]]], ParsedToolCalls]] = {

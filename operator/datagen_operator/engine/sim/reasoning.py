@@ -214,7 +214,9 @@ def _harmony_block(text: str, tokens: list[tuple[str, int, int]], at: int) -> tu
     return "normal", content, end_at + 1
 
 
-def _harmony_events(text: str) -> tuple[list[tuple[str, str]], str]:
+def harmony_events(text: str) -> tuple[list[tuple[str, str]], str]:
+    """(event type, content) of each harmony message parsed so far, and the text held back for the next parse;
+    a tool call's content is its raw block, from `<|start|>` through `<|call|>`."""
     events: list[tuple[str, str]] = []
     tokens = _harmony_tokens(text)
     index = 0
@@ -265,8 +267,8 @@ def _split_harmony(text: str) -> ReasoningSplit:
     """GptOssDetector.detect_and_parse: parse, then flush what was held back."""
     if "<|channel|>" not in text and "<|start|>" not in text:
         return ReasoningSplit(None, "")  # the text fallback strategy is not modelled; it finds no channels here
-    events, rest = _harmony_events(text)
-    events += _harmony_events(rest)[0]
+    events, rest = harmony_events(text)
+    events += harmony_events(rest)[0]
     reasoning = "".join(content for kind, content in events if kind == "reasoning")
     content = "".join(content for kind, content in events if kind in ("normal", "tool_call"))
     return ReasoningSplit(reasoning or None, content)
