@@ -100,12 +100,29 @@ def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: 
     assert not list((tmp_path / "out").glob("shards/*/*.jsonl")), "no bulk record may be written"
 
 
-def test_model_that_ignores_thinking_fails_the_parser_probe(tmp_path: Path, standin: Path) -> None:
+def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, standin: Path) -> None:
+    """The parsers are right (ParsersVerified=True); the canary names the model as the cause."""
     result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "ParsersVerified=False" in result.stdout
-    assert "did not write </think>" in result.stdout
+    assert "ParsersVerified=True" in result.stdout
+    assert "CanaryPassed=False" in result.stdout
+    assert "kimi-k2.5 ignores thinking" in result.stdout
+    assert "Succeeded=False (CanaryFailed)" in result.stdout
     assert not list((tmp_path / "out").glob("shards/*/*.jsonl"))
+
+
+def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin: Path) -> None:
+    run_file = manifest(tmp_path, standin)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    document = yaml.safe_load(run_file.read_text())
+    document["spec"]["dataset"]["path"] = str(tmp_path / "empty.jsonl")
+    run_file.write_text(yaml.safe_dump(document))
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "InputsVerified=False" in result.stdout
+    assert "Succeeded=False (PreflightFailed)" in result.stdout
+    assert "the dataset is empty" in result.stdout
+    assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
 
 
 def test_prompt_suffix_leak_fails_the_canary(tmp_path: Path, standin: Path) -> None:

@@ -170,3 +170,11 @@ def test_counters_from_worker_snapshots() -> None:
     assert (counters.prompts_total, counters.prompts_done, counters.completion_tokens) == (15, 9, 900)
     assert counters.tokens_per_second == 100.0  # finished shards no longer produce
     assert counters.tally == Tally(records=9, tool_records=2, rejected=1, flags={rc.TRUNCATED: 3})
+
+
+def test_set_aside_prompts_of_every_cause_are_counted() -> None:
+    snapshots = [
+        {"state": "running", "prompts_malformed": 1, "set_aside": {"bad_json": 1, "too_long": 2, "unrenderable": 1}},
+        {"state": "running", "prompts_malformed": 3},  # a worker from before set_aside was published
+    ]
+    assert counters_from_snapshots(snapshots).malformed == 4 + 3

@@ -51,6 +51,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # Every 4th request (by the simulator's count) refused with a 400, as SGLang refuses a bad request.
     "refuse_400": (*SIM_FLAGS, "--sim-fault-5xx-rate", "0.3", "--sim-fault-5xx-status", "400", "--sim-seed", "4"),
     "tp4": (*SIM_FLAGS, "--tp-size", "4"),
+    "short_context": (*SIM_FLAGS, "--context-length", "65536"),
     "suffix_leak": (*SIM_FLAGS, "--sim-prompt-suffix-leak", "2"),
 }
 
@@ -221,19 +222,21 @@ def test_resume_into_a_different_fingerprint_is_refused_naming_the_change(
     assert run_inprocess(other_sampling, [sim.url]) == EXIT_FINGERPRINT_MISMATCH
     other_thinking = spec(dataset, output, **{"generation.thinking": False})
     assert run_inprocess(other_thinking, [sim.url]) == EXIT_FINGERPRINT_MISMATCH
-    assert run_inprocess(spec(dataset, output), [sims["tp4"].url]) == EXIT_FINGERPRINT_MISMATCH
+    assert run_inprocess(spec(dataset, output), [sims["short_context"].url]) == EXIT_FINGERPRINT_MISMATCH
     assert run_inprocess(spec(dataset, output, **{"clients.shards": 2}), [sim.url], "--shard-index", "0") == (
         EXIT_FINGERPRINT_MISMATCH
     )
     text = capsys.readouterr().err
     assert "sampling.temperature: 0.6 -> 0.9" in text
     assert "thinking: true -> false" in text
-    assert "server.args.tp_size: 1 -> 4" in text
+    assert "server.args.context_length: null -> 65536" in text
     assert "sharded 1 ways" in text
     assert (output / "manifest.json").read_bytes() == manifest_before
     state = progress(output)  # the refusal is visible, the counters of the finished run are kept
     assert state["state"] == "failed" and "sharded 1 ways" in state["message"]  # the last refusal
     assert state["records_done"] == state["records_total"] == 4
+    # Parallelism is not data: the same run resumes (nothing left to do) on a tp 4 server.
+    assert run_inprocess(spec(dataset, output), [sims["tp4"].url]) == EXIT_OK
 
 
 def test_requests_spread_over_endpoints_and_continue_when_one_goes_away(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ def counters_from_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> ProgressC
         prompts_total += int(s.get("prompts_total", 0))
         prompts_done += int(s.get("prompts_done", 0))
         completion += int(s.get("output_tokens", 0))
-        malformed += int(s.get("prompts_malformed", 0))
+        # `set_aside` counts every cause (malformed lines, unrenderable, too long); older workers only malformed.
+        set_aside = s.get("set_aside")
+        malformed += sum(map(int, set_aside.values())) if set_aside else int(s.get("prompts_malformed", 0))
         records += int(s.get("records_done", 0))
         rejected += int(s.get("records_rejected", 0))
         tool_records += int(s.get("tool_records", 0))
