@@ -167,3 +167,11 @@ def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin: Pa
     keys = stored_keys(out)
     assert len(keys) == len(set(keys)), "duplicates after resume"
     assert sorted(keys) == sorted((i, 0) for i in dataset_ids()), "records lost after resume"
+
+    # The same output with other sampling is refused before a server is started (on GPUs: before a model load).
+    changed = manifest(tmp_path, standin, clients__concurrency=2, generation__sampling__temperature=0.9)
+    refused = datagen_run(changed, *FAST_SIM)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "InputsVerified=False" in refused.stdout and "FingerprintMismatch" in refused.stdout
+    assert "sampling.temperature: 0.6 -> 0.9" in refused.stdout
+    assert "started 1 server replica" not in refused.stdout

@@ -158,3 +158,38 @@ def test_last_transition_time_moves_only_on_status_change_and_events_follow() ->
     assert by_type["ServerReady"].last_transition_time == "2026-01-01T00:00:00Z"
     events = transition_events(second, third)
     assert any(e.reason == "ParsersVerifiedPassed" and e.type == "Normal" for e in events)
+
+
+def test_a_new_run_starts_with_the_preflight_and_no_server() -> None:
+    s = spec()
+    d = decide(s, Observed(1, server=ServerObservation(1)), context(s))
+    assert d.step is Step.PREFLIGHT and not d.server_wanted and not d.workers_wanted
+    assert conditions(d)["InputsVerified"] == ("Unknown", "Checking")
+    assert conditions(d)["ServerReady"] == ("False", "NotStarted")
+
+
+def test_a_failed_preflight_halts_before_any_server() -> None:
+    s = spec()
+    empty = StepOutcome(
+        False, "DatasetUnusable", "spec.dataset.path /d.jsonl: the dataset is empty (1 lines, no prompt)"
+    )
+    d = decide(s, Observed(1, preflight=empty, server=ServerObservation(1)), context(s))
+    assert d.step is Step.HALTED and not d.server_wanted
+    assert conditions(d)["InputsVerified"] == ("False", "DatasetUnusable")
+    assert conditions(d)["Succeeded"] == ("False", "PreflightFailed")
+    (succeeded,) = [u for u in d.updates if u.type == "Succeeded"]
+    assert "the dataset is empty" in succeeded.message
+
+
+def test_a_passed_preflight_asks_for_the_server_and_stays_reported() -> None:
+    s = spec()
+    d = decide(s, Observed(1, preflight=PASS, server=ServerObservation(1)), context(s))
+    assert d.step is Step.WAIT_FOR_SERVER and d.server_wanted
+    assert conditions(d)["InputsVerified"] == ("True", "Passed")
+
+
+def test_a_run_begun_before_the_preflight_existed_is_not_sent_back() -> None:
+    s = spec()
+    d = decide(s, Observed(1, server=READY, parsers=PASS), context(s))
+    assert d.step is Step.RUN_CANARY and d.server_wanted
+    assert "InputsVerified" not in conditions(d)

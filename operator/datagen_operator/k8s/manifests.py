@@ -89,6 +89,10 @@ def shard_configmap_name(run: str, index: int) -> str:
     return f"{run}-shard-{index}"
 
 
+def preflight_job_name(run: str) -> str:
+    return f"{run}-preflight"
+
+
 def canary_job_name(run: str) -> str:
     return f"{run}-canary"
 
@@ -513,6 +517,38 @@ def _datagen_container(name: str, image: str, args: list[str], mounts: list[dict
 
 def _server_args(urls: list[str]) -> list[str]:
     return [arg for url in urls for arg in ("--server", url)]
+
+
+def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation: int) -> Manifest:
+    """The inputs checked before the server is created (no GPU): dataset, tokenizer, an existing output's
+    fingerprint. Read-only mounts; the verdict comes back as the termination message."""
+    run_volume, run_mount = _run_file_volume(run.name)
+    model_volumes, model_mounts = _model_volume(spec)
+    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=False)
+    args = [
+        "preflight", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
+        "--output", output_dir(spec), "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    container = _datagen_container("preflight", image, args, [run_mount, *model_mounts, *data_mounts])
+    job_spec = {
+        "backoffLimit": 2,
+        "podFailurePolicy": {
+            "rules": [
+                # exit 1 is a verdict (written to the termination message), not a flake: no retry
+                {"action": "FailJob", "onExitCodes": {"containerName": "preflight", "operator": "In", "values": [1]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]
+        },
+    }
+    return _job(
+        run,
+        preflight_job_name(run.name),
+        "preflight",
+        container,
+        [run_volume, *model_volumes, *data_volumes],
+        job_spec,
+        annotations={DATA_GENERATION: str(data_generation)},
+    )
 
 
 def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], data_generation: int) -> Manifest:

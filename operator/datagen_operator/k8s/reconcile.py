@@ -18,6 +18,7 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
+    INPUTS_VERIFIED,
     PARSERS_VERIFIED,
     SUCCEEDED,
     DataGenRunStatus,
@@ -38,7 +39,9 @@ log = logging.getLogger("datagen.operator")
 SPEC_APPLIED = "SpecApplied"
 """Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
 
-HALT_REASONS = frozenset({"ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"})
+HALT_REASONS = frozenset(
+    {"PreflightFailed", "ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"}
+)
 """Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 
 Lookup = Callable[[str, str, str], list[Mapping[str, Any]]]
@@ -212,6 +215,12 @@ class Reconciler:
         server = o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now)
 
         checks = old.checks
+        preflight_job = self._named("Job", m.preflight_job_name(self.name))
+        if preflight_job is not None and _annotation(preflight_job, m.DATA_GENERATION) != str(data_generation):
+            preflight_job = None  # made for an older spec: its verdict does not apply
+        preflight = o.job_outcome(
+            preflight_job, self._pods("preflight"), "preflight", "preflight"
+        ) or o.remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks)
         canary_job = self._named("Job", m.canary_job_name(self.name))
         if canary_job is not None and _annotation(canary_job, m.DATA_GENERATION) != str(data_generation):
             canary_job = None  # made for an older spec: its verdict does not apply
@@ -225,6 +234,7 @@ class Reconciler:
         return Observed(
             generation=generation,
             suspended=spec.suspend,
+            preflight=preflight,
             server=server,
             parsers=o.remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
             canary=canary,
@@ -295,6 +305,12 @@ class Reconciler:
             await kube.ensure(m.server_statefulset(run, spec, replicas), sts, patch={"spec": {"replicas": replicas}})
 
         image = spec.clients.image or self.ctx.settings.worker_image
+        preflight = self._named("Job", m.preflight_job_name(self.name))
+        if preflight is not None and _annotation(preflight, m.DATA_GENERATION) != str(data_generation):
+            await kube.delete("Job", self.namespace, m.preflight_job_name(self.name))
+        elif decision.step == Step.PREFLIGHT and preflight is None:
+            await kube.create(m.preflight_job(run, spec, image, data_generation))
+
         canary = self._named("Job", m.canary_job_name(self.name))
         stale_canary = canary is not None and _annotation(canary, m.DATA_GENERATION) != str(data_generation)
         if canary is not None and (stale_canary or (decision.step == Step.SUSPENDED and not o.job_finished(canary))):
@@ -399,7 +415,7 @@ async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
 
     Workers stop before the server so they drain (SIGTERM: finish in-flight, fsync) instead of failing on a
     vanished server. The garbage collector removes the rest through owner references; no volume is touched."""
-    for job in (m.workers_job_name(name), m.canary_job_name(name), m.verify_job_name(name)):
+    for job in (m.workers_job_name(name), m.preflight_job_name(name), m.canary_job_name(name), m.verify_job_name(name)):
         existing = await kube.read("Job", namespace, job)
         if existing is not None:
             if not (existing.get("metadata") or {}).get("deletionTimestamp"):
