@@ -63,3 +63,21 @@ def test_host_port_and_model_path_overrides() -> None:
     assert flag_value(argv, "--host") == "127.0.0.1"
     assert flag_value(argv, "--port") == "31000"
     assert flag_value(argv, "--model-path") == "/tmp/m"
+
+
+def test_a_server_side_chat_template_is_refused_naming_the_fix() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_run(with_changes("spec.server.extraArgs", ["--chat-template", "/t.jinja"]))
+    (error,) = caught.value.errors
+    assert error.field == "spec.server.extraArgs[0]"
+    assert "the workers render prompts with the template in the model directory" in error.message
+
+
+def test_a_sampling_seed_turns_on_deterministic_inference() -> None:
+    """SGLang ignores sampling_seed without --enable-deterministic-inference (sglang-contract.md)."""
+    assert "--enable-deterministic-inference" not in server_argv(parse_run(kimi_run()).spec)
+    seeded = parse_run(with_changes("spec.generation.sampling.sampling_seed", 7)).spec
+    assert server_argv(seeded).count("--enable-deterministic-inference") == 1
+    explicit = with_changes("spec.generation.sampling.sampling_seed", 7)
+    explicit["spec"]["server"]["extraArgs"] = ["--enable-deterministic-inference"]
+    assert server_argv(parse_run(explicit).spec).count("--enable-deterministic-inference") == 1

@@ -239,7 +239,13 @@ class SamplingParams(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, le=2, description="1.0 is no penalty.")
     stop_token_ids: list[int] | None = None
-    sampling_seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    sampling_seed: int | None = Field(
+        default=None,
+        ge=-(2**63),
+        le=2**63 - 1,
+        description="Reproducible samples: the server is then launched with --enable-deterministic-inference "
+        "(SGLang ignores the seed without it); sample k of a prompt is sent with seed + k.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -20,11 +20,25 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 )  # fmt: skip
 
 
+# Flags refused because they would split what the server does from what the data records.
+REFUSED_FLAGS: dict[str, str] = {
+    "--chat-template": (
+        "changes only the server's chat endpoint: the workers render prompts with the template in the model "
+        "directory, so the parser probe and the data would use different templates; put the template in the "
+        "model directory (chat_template.jinja) or in model.tokenizerPath instead"
+    ),
+}
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+"""SGLang uses `sampling_seed` only with this flag (and then seeds unseeded requests with 42)."""
+
+
 def extra_arg_errors(extra_args: list[str]) -> list[FieldError]:
     errors = []
     for index, arg in enumerate(extra_args):
         flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
+        if flag in REFUSED_FLAGS:
+            errors.append(FieldError(f"spec.server.extraArgs[{index}]", f"{flag} {REFUSED_FLAGS[flag]}"))
+        elif flag in MANAGED_FLAGS:
             errors.append(
                 FieldError(
                     f"spec.server.extraArgs[{index}]",
@@ -68,5 +82,7 @@ def server_argv(
     if spec.generation.stream:
         argv.append("--incremental-streaming-output")
     argv += ["--log-level", server.log_level]
+    if spec.generation.sampling.sampling_seed is not None and DETERMINISTIC_FLAG not in server.extra_args:
+        argv.append(DETERMINISTIC_FLAG)  # without it SGLang ignores the seed: the spec's seed would be a lie
     argv += server.extra_args
     return argv
