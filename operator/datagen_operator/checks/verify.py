@@ -431,6 +431,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml if present)")
     parser.add_argument("--tokenizer", help="tokenizer dir (default: the run's model path)")
     parser.add_argument("--dataset", help="dataset file (default: the run's dataset path)")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load a tokenizer that ships its own code (Kimi's tiktoken class); default: what the run's preset says",
+    )
     parser.add_argument("--no-fidelity", action="store_true", help="skip re-rendering prompts")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--termination-log", help="also write the compact verdict here (Kubernetes)")
@@ -454,9 +459,12 @@ def main(argv: list[str]) -> int:
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
         from datagen_operator.worker.render import load_tokenizer
 
-        tokenizer = load_tokenizer(
-            tokenizer_dir, trust_remote_code=resolve_model(spec).trust_remote_code if spec else False
-        )
+        trust = args.trust_remote_code or (resolve_model(spec).trust_remote_code if spec else False)
+        try:
+            tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust)
+        except ValueError as error:  # e.g. remote code without --trust-remote-code: say so, no traceback
+            print(f"error: tokenizer {tokenizer_dir}: {error}", file=sys.stderr)
+            return 2
     try:
         report = verify_output(
             output,
