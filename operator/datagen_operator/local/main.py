@@ -9,6 +9,19 @@ from pathlib import Path
 from datagen_operator.api import SpecError, anchor_paths, load_run
 
 
+def build_preset_standin(preset_name: str, model_dir: Path) -> Path:
+    """The stand-in tokenizer directory of a preset, in the layout its real model directory has."""
+    from datagen_operator.presets import get_preset
+
+    if get_preset(preset_name).standin_layout == "kimi-tiktoken":
+        from datagen_operator.tokenizer.kimi_tiktoken import build_kimi_tiktoken_standin
+
+        return build_kimi_tiktoken_standin(model_dir)
+    from datagen_operator.tokenizer.standin import ensure_standin
+
+    return ensure_standin(preset_name, model_dir)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="datagen run",
@@ -44,20 +57,23 @@ def main(argv: list[str]) -> int:
         output_spec = run.spec.output.model_copy(update={"path": str(args.output.resolve())})
         run = run.model_copy(update={"spec": run.spec.model_copy(update={"output": output_spec})})
     model_dir = Path(run.spec.model.tokenizer_path or run.spec.model.path)
-    if not model_dir.is_dir():
-        console.print(
-            f"[red]model.path {model_dir} does not exist.[/] For a simulator run, build the Kimi-K2-format stand-in "
-            f"tokenizer there: datagen standin-tokenizer --out {model_dir}"
-        )
-        return 2
     use_real = args.sglang or (not args.simulator and real_sglang_available())
     if args.sglang and not real_sglang_available():
         console.print("[red]--sglang: sglang is not installed or no NVIDIA GPU is visible[/]")
         return 2
+    if not model_dir.is_dir():
+        preset = run.spec.model.preset
+        if use_real or preset is None:
+            how = f"; for a simulator run: datagen standin-tokenizer --preset PRESET --out {model_dir}"
+            console.print(f"[red]model.path {model_dir} does not exist.[/]" + ("" if use_real else how))
+            return 2
+        # A simulator run needs only a tokenizer of the preset's family: build the stand-in there, once.
+        console.print(f"[cyan]model.path {model_dir} does not exist: building the {preset} stand-in tokenizer there[/]")
+        build_preset_standin(preset, model_dir)
     if not use_real:
         console.print(
             "[bold yellow]No GPU with sglang here: using the SGLang simulator (datagen sim-server).[/] "
-            "It serves SGLang 0.5.23's API with a synthetic Kimi-K2-format model; the data is NOT model output."
+            "It serves SGLang 0.5.23's API with a synthetic model of the preset's format; the data is NOT model output."
         )
     runner = LocalRunner(
         run,

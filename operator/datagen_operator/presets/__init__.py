@@ -36,6 +36,9 @@ class Preset(_Frozen):
     family: str
     standin: str
     """The stand-in tokenizer (tokenizer/families.py) that reproduces this model's vocabulary and format."""
+    standin_layout: Literal["tokenizer-json", "kimi-tiktoken"] = "tokenizer-json"
+    """How the real model directory ships its tokenizer: `kimi-tiktoken` is tiktoken.model plus remote code
+    (tokenizer/kimi_tiktoken.py builds that shape), so runs exercise the real loading path."""
     reasoning_parser: str | None
     tool_call_parser: str | None
     reasoning_format: Literal["think-tags", "harmony", "none"]
