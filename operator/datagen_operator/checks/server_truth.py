@@ -56,9 +56,10 @@ def _name_problems(info: dict[str, Any], resolved: ResolvedModel, model_label: s
                 f"{resolved.think_start or '<think>'}; use {resolved.reasoning_parser or 'none'}"
             )
     if running_tools != wanted_tools:
+        runs_as = f" (SGLang runs it as `{wanted_tools}`)" if wanted_tools != resolved.tool_call_parser else ""
         problems.append(
             f"the server's tool-call parser is `{running_tools}` but {model_label} needs "
-            f"`{resolved.tool_call_parser}`; use --tool-call-parser {resolved.tool_call_parser}"
+            f"`{resolved.tool_call_parser}`{runs_as}; use --tool-call-parser {resolved.tool_call_parser}"
         )
     return problems
 
