@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,7 +69,10 @@ def test_metrics_use_sglang_names(sim: SimServer) -> None:
 
 
 def test_loading_answers_503_with_an_empty_body(sim_factory: Callable[..., SimServer]) -> None:
-    server = sim_factory("--sim-load-seconds", "600", wait_ready=False)
+    # The port refuses connections for the first half of the load (tests/sim/test_fidelity.py), then warms up.
+    server = sim_factory("--sim-load-seconds", "8", wait_ready=False)
+    while health_status(server.url, timeout_s=1) is None:
+        time.sleep(0.05)
     reply = get(server.url, "/health_generate")
     assert (reply.status, reply.body) == (503, b"")
     assert get(server.url, "/health").status == 503

@@ -6,6 +6,7 @@ cached digits, so a 4,000-token answer costs a few slices and one `orjson.dumps`
 
 from __future__ import annotations
 
+import hashlib
 import os
 from array import array
 from codecs import getincrementaldecoder
@@ -372,5 +373,54 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def stream_error_payload(message: str, code: int = 500) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "InternalServerError", "code": code, "retryable": True}}
+def stream_error_payload(message: str, code: int = 400) -> dict[str, Any]:
+    """The event SGLang streams when a request fails mid-stream (a ValueError in `http_server.generate_request`),
+    before `[DONE]`: always `invalid_request_error`, never retryable."""
+    return {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
+
+
+def abort_response(finish_reason: dict[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
+    """How a non-streaming request that the scheduler aborted with an HTTP status is answered
+    (`TokenizerManager._handle_abort_finish_reason`): a 400 as `{"error": {"message"}}`, any other status as
+    FastAPI's HTTPException through SGLang's handler (an `ErrorResponse`). None: answered as a normal result."""
+    if not finish_reason or finish_reason.get("type") != "abort":
+        return None
+    status = finish_reason.get("status_code")
+    if status is None or not 400 <= status < 600:
+        return None
+    message = finish_reason.get("message") or ""
+    if status == 400:
+        return status, {"error": {"message": message}}
+    return status, {"object": "error", "message": message, "type": str(status), "param": None, "code": status}
+
+
+# KV-cache capacity in tokens, measured from free GPU memory at start-up: a multiple of the context, plus
+# up to this fraction more that differs between replicas and restarts as real measurements do.
+KV_CAPACITY_CONTEXTS = 4
+KV_CAPACITY_JITTER = 0.02
+# SGLang reserves these tokens below min(context, KV capacity) - 1 for the longest input (`tp_worker.py`).
+MAX_INPUT_MARGIN = 5
+
+
+def kv_capacity(context_length: int, replica_key: str) -> int:
+    """`max_total_num_tokens` of one replica: seeded by `replica_key` (port and seed), so replicas differ."""
+    digest = hashlib.blake2b(replica_key.encode(), digest_size=8).digest()
+    share = int.from_bytes(digest, "little") / 2**64
+    return KV_CAPACITY_CONTEXTS * context_length + int(context_length * KV_CAPACITY_JITTER * share)
+
+
+def input_length_refusal(request: GenerateRequest, max_input: int) -> RequestError | None:
+    """The scheduler's own length check (`validate_input_length`), after the tokenizer manager's: an input of
+    `max_req_input_len` tokens or more is aborted with status 400 (a 400 body, or an abort chunk when streaming)."""
+    for item in request.items:
+        if len(item.prompt) >= max_input:
+            return RequestError(
+                f"Input length ({len(item.prompt)} tokens) exceeds the maximum allowed length ({max_input} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate."
+            )
+    return None
+
+
+def max_req_input_len(context_length: int, capacity: int) -> int:
+    """The longest input the scheduler admits (minus one): `min(context - 1, capacity - 1) - 5`."""
+    return min(context_length - 1, capacity - 1) - MAX_INPUT_MARGIN

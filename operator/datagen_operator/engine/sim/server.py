@@ -2,8 +2,10 @@
 
 Speed: `--sim-speed wire` answers as fast as it can (benchmarks); `gpu` paces each request at
 `--sim-tokens-per-s` after `--sim-ttft-s`, with at most `--sim-batch-capacity` requests generating and
-the rest queued (`sglang:num_queue_reqs`). Lifecycle: `/health` is 503 for `--sim-load-seconds` and
-while shutting down (SIGTERM/SIGINT); `--sim-crash-after-requests N` exits with status 1 right after
+the rest queued (`sglang:num_queue_reqs`). Lifecycle, as SGLang: for the first half of `--sim-load-seconds`
+the weights load and the port refuses connections (it is bound, so the port file names it); for the second
+half the server warms up and `/health`, `/health_generate` and generation answer 503 with an empty body,
+as they do while shutting down (SIGTERM/SIGINT); `--sim-crash-after-requests N` exits with status 1 right after
 answering the N-th generation request, dropping whatever else is in flight.
 """
 
@@ -27,7 +29,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+from datagen_operator.engine.sglang_names import (
+    PINNED_SGLANG_VERSION,
+    resolved_reasoning_parser,
+    resolved_tool_call_parser,
+)
 from datagen_operator.engine.sim import chat, protocol
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
@@ -79,7 +85,10 @@ class Simulator:
         self.vocab = vocab
         self.args = settings.server_args
         self.model_name: str = self.args["served_model_name"]
-        self.context_length: int = self.args["context_length"]
+        # `context_length` in args stays what the launch said (null unless --context-length), as SGLang reports it.
+        self.context_length: int = self.args["context_length"] or int(
+            vocab.model_config.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH
+        )
         self.started_at = time.time()
         self.ready_at = time.monotonic() + settings.speed.load_seconds
         self.shutting_down = False
@@ -116,12 +125,25 @@ class Simulator:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready else 503)
 
+    @property
+    def kv_capacity(self) -> int:
+        """Measured from "free GPU memory" at start-up: differs per replica (port) and seed."""
+        return protocol.kv_capacity(self.context_length, f"{self.args['port']}:{self.args.get('sim_seed', 0)}")
+
+    @property
+    def max_req_input_len(self) -> int:
+        return protocol.max_req_input_len(self.context_length, self.kv_capacity)
+
     async def server_info(self, request: web.Request) -> web.Response:
         info = {
             **self.args,
+            # Parser names as SGLang's argument resolution leaves them (qwen25 -> qwen, glm45 -> glm).
+            "reasoning_parser": resolved_reasoning_parser(self.args["reasoning_parser"]),
+            "tool_call_parser": resolved_tool_call_parser(self.args["tool_call_parser"]),
             "version": PINNED_SGLANG_VERSION,
             "startup_time": self.started_at,
-            "max_total_num_tokens": self.context_length,
+            "max_total_num_tokens": self.kv_capacity,
+            "max_req_input_len": self.max_req_input_len,
             "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {}}],
         }
         return _json(info)
@@ -232,7 +254,7 @@ class Simulator:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         received = time.perf_counter()
         if not self.ready:
-            return _json({"error": {"message": "The server is not ready (loading or shutting down)."}}, 503)
+            return web.Response(status=503)  # warming up or shutting down: an empty body, as /health
         number, plan = self._next_request()
         try:
             parsed = protocol.parse_generate_request(
@@ -247,7 +269,13 @@ class Simulator:
             self._crash_if_due(number)
             message = f"Simulated server error (--sim-fault-5xx-rate), request {number}"
             return _json({"error": {"message": message}}, plan.http_status)
+        refusal = protocol.input_length_refusal(parsed, self.max_req_input_len)  # the scheduler's check
+        if refusal is not None and not parsed.stream:
+            return _json(refusal.body(), refusal.status)
         completions = [self._complete(item, plan) for item in parsed.items]
+        if refusal is not None:  # a stream carries the abort as its one result chunk, with no output
+            finish = {"type": "abort", "message": str(refusal), "status_code": refusal.status}
+            completions = [Completion(c.run.prefix(0), finish, "") for c in completions]
         cached = [self._cached_tokens(item) for item in parsed.items]
         if parsed.stream:
             response = await self._stream_generate(request, parsed, completions, cached, plan, received)
@@ -272,6 +300,10 @@ class Simulator:
                     for item, c, k in zip(parsed.items, completions, cached, strict=True)
                 )
             )
+        for completion in completions:  # a scheduler abort with an HTTP status fails the whole request
+            abort = protocol.abort_response(completion.finish_reason)
+            if abort is not None:
+                return _json(abort[1], abort[0])
         leak = self.settings.faults.prompt_suffix_leak
         e2e = time.perf_counter() - received
         bodies = [
@@ -484,11 +516,11 @@ def _resolve_tokenizer_dir(settings: SimSettings) -> Path:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """Bound, not yet listening: connections are refused until `listen()`, as while SGLang loads weights."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(1024)
     sock.setblocking(False)
     return sock
 
@@ -506,11 +538,13 @@ async def serve(settings: SimSettings, vocab: SimVocab) -> int:
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     sim.args["port"] = port
-    await web.SockSite(runner, sock).start()
     if settings.port_file is not None:
         staging = settings.port_file.with_name(settings.port_file.name + ".tmp")
         staging.write_text(f"{port}\n")
         staging.replace(settings.port_file)
+    await asyncio.sleep(settings.speed.load_seconds / 2)  # loading weights: the port refuses connections
+    sock.listen(1024)
+    await web.SockSite(runner, sock).start()  # warming up until sim.ready_at: 503s
     print(f"sim-server: listening on http://{settings.host}:{port} (SGLang {PINNED_SGLANG_VERSION} API)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -543,6 +577,4 @@ def main(argv: list[str]) -> int:
     args["model_path"] = args["model_path"] or str(tokenizer_dir)
     args["tokenizer_path"] = args["tokenizer_path"] or str(tokenizer_dir)
     args["served_model_name"] = args["served_model_name"] or args["model_path"]
-    if args["context_length"] is None:
-        args["context_length"] = int(vocab.model_config.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH)
     return asyncio.run(serve(settings, vocab))
