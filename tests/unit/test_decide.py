@@ -193,3 +193,12 @@ def test_a_run_begun_before_the_preflight_existed_is_not_sent_back() -> None:
     d = decide(s, Observed(1, server=READY, parsers=PASS), context(s))
     assert d.step is Step.RUN_CANARY and d.server_wanted
     assert "InputsVerified" not in conditions(d)
+
+
+def test_progress_of_a_finished_run_shows_no_rate() -> None:
+    from datagen_operator.control.decide import progress_of
+
+    running = ProgressCounters(prompts_total=10, prompts_done=4, tokens_per_second=1500.0)
+    assert progress_of(running, 2, 0).summary == "4/10 prompts, 1.5k tok/s"
+    finished = ProgressCounters(prompts_total=10, prompts_done=10, tokens_per_second=0.0)
+    assert progress_of(finished, 2, 2).summary == "10/10 prompts"

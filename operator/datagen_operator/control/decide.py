@@ -71,7 +71,9 @@ def human_rate(tokens_per_second: float) -> str:
 
 def progress_of(counters: ProgressCounters | None, shards_total: int, shards_done: int) -> Progress:
     c = counters or ProgressCounters()
-    summary = f"{c.prompts_done}/{c.prompts_total} prompts, {human_rate(c.tokens_per_second)} tok/s"
+    summary = f"{c.prompts_done}/{c.prompts_total} prompts"
+    if c.prompts_done < c.prompts_total or c.tokens_per_second:  # a finished run has no rate to show
+        summary += f", {human_rate(c.tokens_per_second)} tok/s"
     if not c.prompts_total:
         summary = "workers starting"
     if c.tally.rejected or c.malformed:
