@@ -116,7 +116,7 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
         )
     elif missing_end:
         causes.append(
-            "the model never closed its reasoning: check the chat template (the prompt must end with "
+            "the reasoning was never closed, or never happened: check the chat template (the prompt must end with "
             f"`{ctx.think_start}` or let the model open it), max_new_tokens, and that the model is a thinking model"
         )
     if empty:
