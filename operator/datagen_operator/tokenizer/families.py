@@ -74,6 +74,9 @@ class ChatFormat:
     tool_declare_open: str = ""
     tool_declare_close: str = ""
     """Text around the tools the template declares (the simulator reads them to make tool calls)."""
+    tool_declare_gate: str = ""
+    """Tokens every prompt that declares tools holds, bounded by added tokens so they encode the same anywhere:
+    the simulator decodes a prompt to look for tools only when their ids occur (cheap on the hot path)."""
     vocabulary_markers: tuple[str, ...] = ()
     """Token contents that identify this family's vocabulary (for a directory that names no family)."""
 
@@ -135,6 +138,7 @@ _KIMI_FORMAT = ChatFormat(
     thinks_unprompted=True,
     tool_call_format="kimi_k2",
     tool_declare_open="<|im_system|>tool_declare<|im_middle|>",
+    tool_declare_gate="<|im_system|>tool_declare<|im_middle|>",
     tool_declare_close="<|im_end|>",
     vocabulary_markers=("<|im_middle|>", "<|tool_calls_section_begin|>"),
 )
@@ -197,6 +201,7 @@ _QWEN_FORMAT = ChatFormat(
     tool_declare_open="\n<tools>\n",
     tool_declare_close="\n</tools>",
     vocabulary_markers=("<|im_start|>", "<tool_call>", "<think>"),
+    tool_declare_gate="<tool_call>",
 )
 _QWEN_CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -291,6 +296,7 @@ _DEEPSEEK_R1 = Family(
         tool_call_format="deepseek_v3",
         tool_declare_open="## Tools\n",
         tool_declare_close="\n## End of tools",
+        tool_declare_gate="<｜tool▁calls▁begin｜>",
         vocabulary_markers=("<｜Assistant｜>", "<｜tool▁calls▁begin｜>"),
     ),
 )
@@ -345,6 +351,7 @@ _GLM45 = Family(
         tool_declare_open="\n<tools>\n",
         tool_declare_close="\n</tools>",
         vocabulary_markers=("<|assistant|>", "<|observation|>", "<arg_key>"),
+        tool_declare_gate="<arg_key>",
     ),
 )
 
@@ -396,6 +403,7 @@ _GPT_OSS = Family(
         tool_declaration="typescript",
         tool_declare_open="namespace functions {",
         tool_declare_close="} // namespace functions",
+        tool_declare_gate="<|start|>developer<|message|>",
         vocabulary_markers=("<|channel|>", "<|message|>", "<|start|>"),
     ),
 )

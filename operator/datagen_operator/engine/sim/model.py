@@ -82,8 +82,21 @@ def request_seed(prompt: array, sampling_seed: int | None, sim_seed: int, sample
     return int.from_bytes(digest.digest(), "little")
 
 
+def _holds(prompt: array, needle: array) -> bool:
+    """Whether `prompt` holds the id sequence `needle`: a byte search in C, aligned to whole ids."""
+    data, pattern = prompt.tobytes(), needle.tobytes()
+    position = data.find(pattern)
+    while position != -1 and position % needle.itemsize:
+        position = data.find(pattern, position + 1)
+    return position != -1
+
+
 def declared_tools(prompt: array, vocab: SimVocab) -> tuple[DeclaredTool, ...]:
-    """Tools the family's template declared in the prompt (decoded in C: a join over the byte table)."""
+    """Tools the family's template declared in the prompt. Decoding the prompt costs about 0.1 us a token, so
+    it is decoded only when it holds the ids every tool declaration holds."""
+    gate = vocab.runs.tool_gate
+    if gate and not _holds(prompt, gate):
+        return ()
     return formats.declared_tools(vocab.chat, vocab.decode(prompt, skip_special_tokens=False))
 
 

@@ -129,6 +129,8 @@ class FamilyRuns:
     off_tails: tuple[array, ...]
     think_end_id: int | None
     """The closing tag's id (reasoning_tokens counts the tokens before it)."""
+    tool_gate: array
+    """Ids every prompt declaring tools holds (an empty array: always look)."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def _format_texts() -> list[str]:
     for family in families.FAMILIES.values():
         chat = family.chat
         texts |= {chat.think_open, chat.think_close, chat.answer_open, chat.answer_open_first}
-        texts |= {chat.answer_stop, chat.tool_stop, *chat.prefill_tails, *chat.off_tails}
+        texts |= {chat.answer_stop, chat.tool_stop, chat.tool_declare_gate, *chat.prefill_tails, *chat.off_tails}
     return sorted(text for text in texts if text)
 
 
@@ -385,6 +387,7 @@ def _family_runs(
         prefill_tails=tuple(array("I", format_ids[tail]) for tail in chat.prefill_tails),
         off_tails=tuple(array("I", format_ids[tail]) for tail in chat.off_tails),
         think_end_id=close_tags[0] if close_tags else None,
+        tool_gate=array("I", format_ids[chat.tool_declare_gate] if chat.tool_declare_gate else []),
     )
 
 
