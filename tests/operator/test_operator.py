@@ -40,6 +40,10 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
         handle = operator(urls)
         runs.create(run_manifest(name, data_dir, standin_tokenizer, server={"replicas": 2}))
 
+        # The inputs are checked by a CPU pod before any GPU is asked for.
+        inputs = runs.wait(name, "InputsVerified", "True", "Passed", timeout=60)
+        assert "24 prompts" in inputs["message"] and "is new" in inputs["message"]
+
         # The server pod lands on a kwok GPU node; the operator asks the server itself before it trusts it.
         ready = runs.wait(name, "ServerReady", "True", "Ready")
         assert "/health_generate" in ready["message"]
@@ -72,7 +76,7 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
         runs.kubectl_get_wide(log)
         jobs_after = {j.metadata.name: j.metadata.uid for j in runs.batch.list_namespaced_job(runs.namespace).items}
         assert {k: v for k, v in jobs_after.items() if k in jobs_before} == jobs_before
-        assert set(jobs_after) == {f"{name}-canary", f"{name}-workers", f"{name}-verify"}
+        assert set(jobs_after) == {f"{name}-preflight", f"{name}-canary", f"{name}-workers", f"{name}-verify"}
 
     status = runs.get(name)["status"]
     assert status["progress"]["promptsDone"] == status["progress"]["promptsTotal"] == 24
@@ -87,14 +91,16 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
     workers = runs.job(f"{name}-workers")
     assert workers is not None and workers.status.failed >= 1 and workers.status.succeeded == 2
     reasons = {e.reason for e in runs.events(name)}
-    assert {"ServerReadyReady", "ParsersVerifiedVerified", "CanaryPassedPassed", "SucceededCompleted"} <= reasons
+    assert {
+        "InputsVerifiedPassed", "ServerReadyReady", "ParsersVerifiedVerified", "CanaryPassedPassed", "SucceededCompleted"
+    } <= reasons  # fmt: skip
     wide = log.read_text()
     print(wide)
     assert "True" in wide.splitlines()[-2] and "24/24 prompts" in wide
 
 
 def test_not_enough_gpus_shows_the_schedulers_words(
-    runs: Runs, operator: OperatorFactory, data_dir: Path, standin_tokenizer: Path
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
     name = new_name("big")
     operator(["http://127.0.0.1:9"])
@@ -105,7 +111,7 @@ def test_not_enough_gpus_shows_the_schedulers_words(
 
 
 def test_crash_looping_server_shows_why(
-    runs: Runs, operator: OperatorFactory, data_dir: Path, standin_tokenizer: Path
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
     name = new_name("oom")
     operator(["http://127.0.0.1:9"])
@@ -134,6 +140,22 @@ def test_crash_looping_server_shows_why(
     condition = runs.wait(name, "ServerReady", "False", "CrashLoop", timeout=30)
     assert "CUDA out of memory" in condition["message"] and "restarted 3 time(s)" in condition["message"]
     assert runs.wait(name, "Succeeded", "Unknown", "Running")
+
+
+def test_an_empty_dataset_halts_before_any_server_pod(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    name = new_name("empty")
+    operator(["http://127.0.0.1:9"])
+    (data_dir / "empty.jsonl").write_text("\n")
+    runs.create(run_manifest(name, data_dir, standin_tokenizer, dataset={"path": "empty.jsonl"}))
+    halted = runs.wait(name, "Succeeded", "False", "PreflightFailed", timeout=90)
+    assert "the dataset is empty" in halted["message"]
+    assert runs.condition(name, "InputsVerified")["reason"] == "DatasetUnusable"  # type: ignore[index]
+    assert runs.condition(name, "ServerReady")["reason"] == "NotStarted"  # type: ignore[index]
+    with pytest.raises(ApiException):
+        runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
+    assert runs.job(f"{name}-canary") is None and runs.job(f"{name}-workers") is None
 
 
 def test_parser_mismatch_halts_before_any_bulk_work(
