@@ -177,7 +177,8 @@ def chat_split(
         if function_parser.has_tool_call(text):
             text, call_infos = function_parser.parse_non_stream(text)
             calls = [{"name": call.name, "arguments": call.parameters} for call in call_infos]
-    return {"reasoning_content": reasoning, "content": text, "tool_calls": calls}
+    # The response message as serving_chat builds it: content never null, empty reasoning reported as null.
+    return {"reasoning_content": reasoning or None, "content": text or "", "tool_calls": calls}
 
 
 def chat_request_verdict(body: dict[str, Any]) -> str | None:
@@ -190,3 +191,36 @@ def chat_request_verdict(body: dict[str, Any]) -> str | None:
     except pydantic.ValidationError as error:
         return str(error)
     return None
+
+
+def _tokenizer(model_dir: str, trust_remote_code: bool) -> Any:
+    cache = _STATE.setdefault("tokenizers", {})
+    if model_dir not in cache:
+        from transformers import AutoTokenizer
+
+        cache[model_dir] = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    return cache[model_dir]
+
+
+def chat_output_text(
+    *,
+    model_dir: str,
+    trust_remote_code: bool,
+    tool_call_parser: str | None,
+    output_ids: list[int],
+    finish_reason: dict[str, Any] | None,
+    skip_special_tokens: bool,
+) -> str:
+    """The text the chat endpoint's parsers receive for `output_ids`: the detokenizer's own stop trimming
+    (`DetokenizerManager.trim_matched_stop`: the matched stop token goes, unless it closes a tool call),
+    then decoding as it decodes."""
+    from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+    from sglang.srt.parser.response_template import tool_close_token_ids
+
+    tokenizer = _tokenizer(model_dir, trust_remote_code)
+    detokenizer = types.SimpleNamespace(
+        is_tool_call_parser_gpt_oss=tool_call_parser == "gpt-oss",
+        tool_close_token_ids=tool_close_token_ids(tool_call_parser, tokenizer),
+    )
+    trimmed = DetokenizerManager.trim_matched_stop(detokenizer, list(output_ids), finish_reason, False)
+    return str(tokenizer.decode(trimmed, skip_special_tokens=skip_special_tokens))

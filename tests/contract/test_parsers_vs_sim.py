@@ -1,0 +1,145 @@
+"""SGLang's own reasoning parser and function-call detector split the simulator's raw output as the
+simulator's chat endpoint does, for every preset.
+
+For each preset a simulator speaks the preset's family with the preset's parsers. A prompt is sent twice:
+to `/v1/chat/completions` (the simulator's split) and, rendered with the model's template as the workers do,
+to `/generate` with the same budget and seed (the raw output ids). SGLang's detokenizer trims and decodes
+the ids as its chat endpoint has them decoded (special tokens kept when tools are declared or for gpt-oss),
+and SGLang's parsers split the text as `serving_chat` runs them (tests/contract/sglang_side.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datagen_operator.presets import Preset, get_preset, preset_names
+from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+from datagen_operator.worker.render import Renderer, load_tokenizer
+from tests.contract import sglang_side
+from tests.contract.conftest import SGLang
+from tests.harness.sim import SimServer, start_sim
+from tests.sim.http import post
+
+BUDGET = 1024
+SEEDS = (1, 2, 3)
+SHORT = ("--sim-mean-answer-tokens", "40", "--sim-mean-reasoning-tokens", "60")
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {
+    "plain": ([{"role": "user", "content": "Is 221 a prime number?"}], None),
+    "tools": ([{"role": "user", "content": "What is the weather in Paris?"}], [WEATHER_TOOL]),
+}
+
+
+def _thinking_modes(preset: Preset) -> list[bool]:
+    """Both modes where the template has a switch; otherwise the preset's only mode."""
+    return [True, False] if preset.thinking.switch else [preset.thinking.default]
+
+
+@pytest.fixture(scope="module")
+def preset_sim(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """One simulator per preset, started on first use (module scope: all cases of a preset share it)."""
+    started: dict[str, dict[str, Any]] = {}
+
+    def for_preset(name: str) -> dict[str, Any]:
+        if name not in started:
+            preset = get_preset(name)
+            model_dir = ensure_standin_tokenizer(family=preset.family)
+            flags = ["--sim-family", preset.family, "--sim-tool-call-rate", "1", *SHORT]
+            for flag, value in (("--reasoning-parser", preset.reasoning_parser),
+                                ("--tool-call-parser", preset.tool_call_parser)):  # fmt: skip
+                if value:
+                    flags += [flag, value]
+            server = start_sim(*flags, tokenizer_dir=model_dir)
+            tokenizer = load_tokenizer(model_dir, trust_remote_code=preset.trust_remote_code)
+            started[name] = {"server": server, "tokenizer": tokenizer, "model_dir": model_dir}
+        return started[name]
+
+    yield for_preset  # type: ignore[misc]
+    for entry in started.values():
+        entry["server"].stop()
+
+
+def _simulator_message(server: SimServer, body: dict[str, Any]) -> dict[str, Any]:
+    reply = post(server.url, "/v1/chat/completions", body)
+    assert reply.status == 200, reply.body
+    message = reply.json()["choices"][0]["message"]
+    calls = [
+        {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+        for call in message.get("tool_calls") or []
+    ]
+    return {"reasoning_content": message.get("reasoning_content"), "content": message.get("content"),
+            "tool_calls": calls}  # fmt: skip
+
+
+def _raw_output(server: SimServer, input_ids: list[int], seed: int) -> tuple[list[int], dict[str, Any]]:
+    params = {"max_new_tokens": BUDGET, "sampling_seed": seed}
+    reply = post(server.url, "/generate", {"input_ids": input_ids, "sampling_params": params})
+    assert reply.status == 200, reply.body
+    result = reply.json()
+    return result["output_ids"], result["meta_info"]["finish_reason"]
+
+
+def _arguments(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool-call arguments compared as JSON values (both sides serialise them as JSON text)."""
+    return [{**call, "arguments": json.loads(call["arguments"])} for call in calls]
+
+
+CASES = [
+    (preset, conversation, thinking)
+    for preset in preset_names()
+    for conversation in CONVERSATIONS
+    for thinking in _thinking_modes(get_preset(preset))
+]
+
+
+@pytest.mark.parametrize(("preset", "conversation", "thinking"), CASES)
+def test_simulator_splits_chat_output_as_sglangs_parsers_do(
+    sglang: SGLang, preset_sim: Any, preset: str, conversation: str, thinking: bool
+) -> None:
+    definition = get_preset(preset)
+    entry = preset_sim(preset)
+    server, tokenizer, model_dir = entry["server"], entry["tokenizer"], Path(entry["model_dir"])
+    messages, tools = CONVERSATIONS[conversation]
+    switch = definition.thinking.switch
+    template_kwargs = {switch: thinking} if switch else {}
+    input_ids = Renderer(tokenizer, template_kwargs).render(messages, tools)
+    keep_special = bool(tools) or definition.family == "gpt-oss"
+    for seed in SEEDS:
+        body = {"model": "m", "messages": messages, "max_tokens": BUDGET, "seed": seed,
+                "chat_template_kwargs": template_kwargs} | ({"tools": tools} if tools else {})  # fmt: skip
+        simulated = _simulator_message(server, body)
+        output_ids, finish_reason = _raw_output(server, input_ids, seed)
+        text = sglang.call(
+            sglang_side.chat_output_text,
+            model_dir=str(model_dir),
+            trust_remote_code=definition.trust_remote_code,
+            tool_call_parser=definition.tool_call_parser,
+            output_ids=output_ids,
+            finish_reason=finish_reason,
+            skip_special_tokens=not keep_special,
+        )
+        expected = sglang.call(
+            sglang_side.chat_split,
+            reasoning_parser=definition.reasoning_parser,
+            tool_call_parser=definition.tool_call_parser,
+            chat_template=tokenizer.chat_template,
+            chat_template_kwargs=template_kwargs or None,
+            tools=tools,
+            text=text,
+        )
+        assert {**simulated, "tool_calls": _arguments(simulated["tool_calls"])} == {
+            **expected,
+            "tool_calls": _arguments(expected["tool_calls"]),
+        }, f"seed {seed}, model {model_dir.name}, raw output: {text!r}"
