@@ -52,19 +52,21 @@ def preset_sim(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """One simulator per preset, started on first use (module scope: all cases of a preset share it)."""
     started: dict[str, dict[str, Any]] = {}
 
-    def for_preset(name: str) -> dict[str, Any]:
-        if name not in started:
+    def for_preset(name: str, misconfig: str | None = None) -> dict[str, Any]:
+        key = f"{name}/{misconfig}"
+        if key not in started:
             preset = get_preset(name)
             model_dir = ensure_standin_tokenizer(family=preset.family)
             flags = ["--sim-family", preset.family, "--sim-tool-call-rate", "1", *SHORT]
+            flags += ["--sim-misconfig", misconfig] if misconfig else []
             for flag, value in (("--reasoning-parser", preset.reasoning_parser),
                                 ("--tool-call-parser", preset.tool_call_parser)):  # fmt: skip
                 if value:
                     flags += [flag, value]
             server = start_sim(*flags, tokenizer_dir=model_dir)
             tokenizer = load_tokenizer(model_dir, trust_remote_code=preset.trust_remote_code)
-            started[name] = {"server": server, "tokenizer": tokenizer, "model_dir": model_dir}
-        return started[name]
+            started[key] = {"server": server, "tokenizer": tokenizer, "model_dir": model_dir}
+        return started[key]
 
     yield for_preset  # type: ignore[misc]
     for entry in started.values():
@@ -108,8 +110,24 @@ CASES = [
 def test_simulator_splits_chat_output_as_sglangs_parsers_do(
     sglang: SGLang, preset_sim: Any, preset: str, conversation: str, thinking: bool
 ) -> None:
+    _assert_same_split(sglang, preset_sim(preset), preset, conversation, thinking)
+
+
+# The model misbehaviours the gate must catch, as the simulator plays them: the split of such output is
+# what the parser probe judges, so it too must be SGLang's.
+MISCONFIGS = ("never-close-think", "ignore-thinking")
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("misconfig", MISCONFIGS)
+def test_misbehaving_output_is_split_as_sglang_splits_it(
+    sglang: SGLang, preset_sim: Any, misconfig: str, conversation: str
+) -> None:
+    _assert_same_split(sglang, preset_sim("kimi-k2.5", misconfig), "kimi-k2.5", conversation, True)
+
+
+def _assert_same_split(sglang: SGLang, entry: dict[str, Any], preset: str, conversation: str, thinking: bool) -> None:
     definition = get_preset(preset)
-    entry = preset_sim(preset)
     server, tokenizer, model_dir = entry["server"], entry["tokenizer"], Path(entry["model_dir"])
     messages, tools = CONVERSATIONS[conversation]
     switch = definition.thinking.switch
