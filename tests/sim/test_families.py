@@ -39,9 +39,9 @@ _VOCABS: dict[str, SimVocab] = {}
 
 
 def vocab_for(preset: Preset) -> SimVocab:
-    if preset.standin not in _VOCABS:
-        _VOCABS[preset.standin] = load_vocab(ensure_standin_tokenizer(family=preset.standin))
-    return _VOCABS[preset.standin]
+    if preset.family not in _VOCABS:
+        _VOCABS[preset.family] = load_vocab(ensure_standin_tokenizer(family=preset.family))
+    return _VOCABS[preset.family]
 
 
 def ids_of(vocab: SimVocab, text: str) -> list[int]:
@@ -238,7 +238,7 @@ def test_every_preset_over_http() -> None:
     """/generate answers in the family's raw tokens; the chat endpoint splits them with the preset's parsers."""
     chosen = sorted(presets().values(), key=lambda preset: preset.name)
     flag_sets = [
-        [*_server_flags(preset), "--model-path", str(ensure_standin_tokenizer(family=preset.standin))]
+        [*_server_flags(preset), "--model-path", str(ensure_standin_tokenizer(family=preset.family))]
         for preset in chosen
     ]
     with start_sims(flag_sets) as servers:

@@ -126,7 +126,7 @@ def test_generation_config_lists_the_stop_ids(family_name: str, eos: list[int]) 
 def test_preset_ids_are_the_stand_ins(preset_name: str) -> None:
     """A preset's given ids are its stand-in's; a null id is one the tokenizer resolves to a single token."""
     preset = presets()[preset_name]
-    family = FAMILIES[preset.standin]
+    family = FAMILIES[preset.family]
     ids = {token.content: token.id for token in family.added_tokens()}
     refs = [
         preset.think_start,

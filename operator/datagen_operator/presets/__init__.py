@@ -34,8 +34,7 @@ class Preset(_Frozen):
     name: str
     description: str
     family: str
-    standin: str
-    """The stand-in tokenizer (tokenizer/families.py) that reproduces this model's vocabulary and format."""
+    """The model family (tokenizer/families.py): vocabulary, chat format, and the stand-in tokenizer tests use."""
     standin_layout: Literal["tokenizer-json", "kimi-tiktoken"] = "tokenizer-json"
     """How the real model directory ships its tokenizer: `kimi-tiktoken` is tiktoken.model plus remote code
     (tokenizer/kimi_tiktoken.py builds that shape), so runs exercise the real loading path."""

@@ -221,7 +221,7 @@ def ensure_standin(preset_name: str, out_dir: Path | None = None) -> Path:
     to `out_dir` unless it already holds the current build."""
     from datagen_operator.presets import get_preset  # presets import pydantic; the builder alone does not
 
-    family = get_preset(preset_name).standin
+    family = get_preset(preset_name).family
     if out_dir is None:
         return ensure_standin_tokenizer(family=family)
     return out_dir if _is_current(out_dir, family) else build_standin_tokenizer(out_dir, family)
@@ -266,7 +266,7 @@ def main(argv: list[str]) -> int:
         from datagen_operator.presets import get_preset
 
         try:
-            family = get_preset(args.preset).standin
+            family = get_preset(args.preset).family
         except KeyError as error:
             parser.error(str(error.args[0]))
     path = build_standin_tokenizer(args.out, family) if args.out else ensure_standin_tokenizer(args.cache_dir, family)

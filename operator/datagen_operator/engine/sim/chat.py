@@ -110,7 +110,7 @@ def render_prompt(request: ChatRequest, vocab: SimVocab) -> list[int]:
             request.messages,
             tools=request.tools,
             add_generation_prompt=True,
-            **request.template_vars,
+            **{**vocab.special_tokens, **request.template_vars},  # transformers passes bos_token & co.
         )
     except Exception as error:  # a template error is the client's (its messages), reported as a 400
         raise RequestError(f"Failed to apply the chat template: {error}") from None

@@ -149,6 +149,8 @@ class SimVocab:
     reasoning: Corpus
     answer: Corpus
     model_config: dict[str, Any]
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    """bos_token, eos_token, ... as transformers passes them to the chat template."""
     _singles: dict[int, TokenRun] = field(default_factory=dict, repr=False)
 
     @property
@@ -340,6 +342,18 @@ def _chat_template(directory: Path, override: Path | None) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _special_tokens(directory: Path) -> dict[str, str]:
+    """The named special tokens of tokenizer_config.json (strings or AddedToken dicts), by name."""
+    config = _read_json(directory / "tokenizer_config.json")
+    named = {}
+    for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            named[name] = value
+    return named
+
+
 def _as_id_set(value: Any) -> set[int]:
     if isinstance(value, int):
         return {value}
@@ -410,11 +424,9 @@ def load_vocab(directory: Path, chat_template_file: Path | None = None, family: 
                for token_id in format_ids[text][-1:]}  # fmt: skip
     eos_ids |= _as_id_set(model_config.get("eos_token_id"))
     eos_ids |= _as_id_set(_read_json(directory / "generation_config.json").get("eos_token_id"))
-    eos_token = _read_json(directory / "tokenizer_config.json").get("eos_token")
-    if isinstance(eos_token, dict):  # an AddedToken written out as a dict
-        eos_token = eos_token.get("content")
-    if isinstance(eos_token, str) and eos_token in added:
-        eos_ids.add(added[eos_token])
+    special_tokens = _special_tokens(directory)
+    if special_tokens.get("eos_token") in added:
+        eos_ids.add(added[special_tokens["eos_token"]])
 
     def corpus_of(name: str) -> Corpus:
         corpus_ids, starts = tables[name]
@@ -437,4 +449,5 @@ def load_vocab(directory: Path, chat_template_file: Path | None = None, family: 
         reasoning=corpus_of("reasoning"),
         answer=corpus_of("answer"),
         model_config=model_config,
+        special_tokens=special_tokens,
     )
