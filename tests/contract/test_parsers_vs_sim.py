@@ -22,11 +22,11 @@ from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from datagen_operator.worker.render import Renderer, load_tokenizer
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
-from tests.harness.sim import SimServer, start_sim
+from tests.harness.sim import SimServer
 from tests.sim.http import post
 
 BUDGET = 1024
-SEEDS = (1, 2, 3)
+SEEDS = (1, 2)
 SHORT = ("--sim-mean-answer-tokens", "40", "--sim-mean-reasoning-tokens", "60")
 WEATHER_TOOL = {
     "type": "function",
@@ -47,30 +47,58 @@ def _thinking_modes(preset: Preset) -> list[bool]:
     return [True, False] if preset.thinking.switch else [preset.thinking.default]
 
 
+# The Kimi misbehaviours the gate must catch, as the simulator plays them: the split of such output is what
+# the parser probe judges, so it too must be SGLang's.
+MISCONFIG_PRESET = "kimi-k2.5"
+MISCONFIGS = ("never-close-think", "ignore-thinking")
+
+
+def _sim_flags(preset: Preset, misconfig: str | None) -> list[str]:
+    flags = ["--sim-family", preset.family, "--sim-tool-call-rate", "1", *SHORT]
+    flags += ["--sim-misconfig", misconfig] if misconfig else []
+    for flag, value in (
+        ("--reasoning-parser", preset.reasoning_parser),
+        ("--tool-call-parser", preset.tool_call_parser),
+    ):
+        if value:
+            flags += [flag, value]
+    return flags
+
+
 @pytest.fixture(scope="module")
-def preset_sim(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """One simulator per preset, started on first use (module scope: all cases of a preset share it)."""
-    started: dict[str, dict[str, Any]] = {}
-
-    def for_preset(name: str, misconfig: str | None = None) -> dict[str, Any]:
-        key = f"{name}/{misconfig}"
-        if key not in started:
-            preset = get_preset(name)
+def preset_sim() -> Iterator[Any]:
+    """One simulator per preset (and per Kimi misbehaviour), all spawned at once so their start-ups overlap;
+    a test waits only for its own. A preset whose stand-in cannot be built fails its own tests."""
+    wanted = [(name, None) for name in preset_names()] + [(MISCONFIG_PRESET, m) for m in MISCONFIGS]
+    entries: dict[tuple[str, str | None], dict[str, Any] | Exception] = {}
+    for name, misconfig in wanted:
+        preset = get_preset(name)
+        try:
             model_dir = ensure_standin_tokenizer(family=preset.family)
-            flags = ["--sim-family", preset.family, "--sim-tool-call-rate", "1", *SHORT]
-            flags += ["--sim-misconfig", misconfig] if misconfig else []
-            for flag, value in (("--reasoning-parser", preset.reasoning_parser),
-                                ("--tool-call-parser", preset.tool_call_parser)):  # fmt: skip
-                if value:
-                    flags += [flag, value]
-            server = start_sim(*flags, tokenizer_dir=model_dir)
-            tokenizer = load_tokenizer(model_dir, trust_remote_code=preset.trust_remote_code)
-            started[key] = {"server": server, "tokenizer": tokenizer, "model_dir": model_dir}
-        return started[key]
+        except (KeyError, OSError) as error:
+            entries[(name, misconfig)] = error
+            continue
+        server = SimServer(_sim_flags(preset, misconfig), tokenizer_dir=model_dir)
+        server.spawn()
+        entries[(name, misconfig)] = {"server": server, "model_dir": model_dir, "preset": preset}
 
-    yield for_preset  # type: ignore[misc]
-    for entry in started.values():
-        entry["server"].stop()
+    def ready(name: str, misconfig: str | None = None) -> dict[str, Any]:
+        entry = entries[(name, misconfig)]
+        if isinstance(entry, Exception):
+            raise entry
+        if "tokenizer" not in entry:
+            entry["server"].wait_ready(timeout_s=120)
+            entry["tokenizer"] = load_tokenizer(entry["model_dir"], trust_remote_code=entry["preset"].trust_remote_code)
+        return entry
+
+    try:
+        yield ready
+    finally:
+        servers = [entry["server"] for entry in entries.values() if isinstance(entry, dict)]
+        for server in servers:  # signal all first: they shut down in parallel
+            server.terminate()
+        for server in servers:
+            server.stop()
 
 
 def _simulator_message(server: SimServer, body: dict[str, Any]) -> dict[str, Any]:
@@ -113,17 +141,12 @@ def test_simulator_splits_chat_output_as_sglangs_parsers_do(
     _assert_same_split(sglang, preset_sim(preset), preset, conversation, thinking)
 
 
-# The model misbehaviours the gate must catch, as the simulator plays them: the split of such output is
-# what the parser probe judges, so it too must be SGLang's.
-MISCONFIGS = ("never-close-think", "ignore-thinking")
-
-
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
 @pytest.mark.parametrize("misconfig", MISCONFIGS)
 def test_misbehaving_output_is_split_as_sglang_splits_it(
     sglang: SGLang, preset_sim: Any, misconfig: str, conversation: str
 ) -> None:
-    _assert_same_split(sglang, preset_sim("kimi-k2.5", misconfig), "kimi-k2.5", conversation, True)
+    _assert_same_split(sglang, preset_sim(MISCONFIG_PRESET, misconfig), MISCONFIG_PRESET, conversation, True)
 
 
 def _assert_same_split(sglang: SGLang, entry: dict[str, Any], preset: str, conversation: str, thinking: bool) -> None:
