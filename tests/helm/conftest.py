@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness.controlplane import Cluster
+from tests.harness.kubelet import PodRunner
 from tests.harness.processes import ControlPlaneError
 from tests.harness.testbin import REPO_ROOT, ensure_testbin
 
@@ -54,6 +56,14 @@ class Tools:
         files = [arg for path in values for arg in ("-f", str(path))]
         out = self.run("helm", "template", release, str(CHART), "--namespace", namespace, *files, *args).stdout
         return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def kubelet(control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
+    """Runs the runs' CPU pods (the preflight) as local processes; kwok runs the GPU ones."""
+    node = PodRunner(control_plane, tmp_path_factory.mktemp("kubelet")).start()
+    yield node
+    node.stop()
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ import yaml
 
 from tests.harness.cluster_fixtures import SubjectRunner
 from tests.harness.controlplane import Cluster, condition_status
+from tests.harness.kubelet import PodRunner
 from tests.harness.processes import ManagedProcess, free_port, wait_until
 from tests.harness.sim import SimServer, start_sim
 from tests.harness.testbin import REPO_ROOT
@@ -60,12 +61,21 @@ def test_api_server_accepts_the_rendered_chart(tools: Tools, control_plane: Clus
 
 def example_run(namespace: str, data: Path, models: Path) -> dict[str, Any]:
     """examples/kimi-k2.5.yaml as shipped, with its PVCs swapped for hostPath folders: this control plane
-    has no volume provisioner, and a folder lets the test see the output survive the uninstall."""
+    has no volume provisioner, and a folder lets the test see the output survive the uninstall. The folders
+    hold what the preflight reads: the Kimi-K2.5 stand-in (tiktoken + remote code) and prompts."""
+    from datagen_operator.tokenizer.kimi_tiktoken import build_kimi_tiktoken_standin
+
     run = yaml.safe_load(EXAMPLE.read_text())
     run["metadata"]["namespace"] = namespace
     spec = run["spec"]
     spec["model"]["volume"] = {"hostPath": {"path": str(models)}}
     spec["dataset"]["volume"] = spec["output"]["volume"] = {"hostPath": {"path": str(data)}}
+    if not (models / "tiktoken.model").exists():
+        build_kimi_tiktoken_standin(models)
+    prompts = data / spec["dataset"]["path"]
+    if not prompts.exists():
+        prompts.parent.mkdir(parents=True, exist_ok=True)
+        prompts.write_bytes((REPO_ROOT / "examples" / "prompts" / "quickstart.jsonl").read_bytes())
     return run
 
 
@@ -162,6 +172,7 @@ def test_install_reconcile_upgrade_uninstall(
     namespace: str,
     run_as_service_account: SubjectRunner,
     sim: SimServer,
+    kubelet: PodRunner,
     tmp_path: Path,
     leftovers: Leftovers,
 ) -> None:
@@ -271,6 +282,7 @@ def test_namespaced_install_serves_and_may_touch_only_its_namespace(
     namespace: str,
     run_as_service_account: SubjectRunner,
     sim: SimServer,
+    kubelet: PodRunner,
     tmp_path: Path,
     leftovers: Leftovers,
 ) -> None:

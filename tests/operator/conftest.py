@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from datagen_operator.k8s.rbac import CLUSTER_RULES
 from tests.harness.controlplane import GPU_TOLERATION, Cluster
-from tests.operator.kubelet import PodRunner
+from tests.harness.kubelet import PodRunner
 
 GROUP, VERSION, PLURAL = "datagen.dev", "v1alpha1", "datagenruns"
 PROMPTS = [

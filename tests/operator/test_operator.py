@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim, start_sims
 from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
-from tests.operator.kubelet import PodRunner
 
 KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-answer-tokens", "40",
         "--sim-mean-reasoning-tokens", "60")  # fmt: skip
