@@ -67,6 +67,9 @@ class PodRunner:
     finished: set[tuple[str, str]] = field(default_factory=set)
     history: list[tuple[str, str, int]] = field(default_factory=list)
     """(namespace, pod, exit code) of every process this kubelet ran."""
+    only_label: str | None = None
+    """Run only pods carrying this label (others scheduled here stay Pending), e.g. to leave a chart's
+    operator Deployment to the test, which runs it itself."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -162,11 +165,14 @@ class PodRunner:
                 self._delete(key)
             elif key in self.pods:
                 self._check_exit(key)
-            elif key not in self.finished and pod.status.phase == "Pending":
+            elif key not in self.finished and pod.status.phase == "Pending" and self._runs(pod):
                 self._run(pod)
         for key in list(self.pods):
             if key not in seen:
                 _terminate(self.pods.pop(key).process, 5)
+
+    def _runs(self, pod: Any) -> bool:
+        return self.only_label is None or self.only_label in (pod.metadata.labels or {})
 
     def _delete(self, key: tuple[str, str]) -> None:
         if key in self.finished and key not in self.pods:

@@ -60,8 +60,9 @@ class Tools:
 
 @pytest.fixture(scope="module")
 def kubelet(control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
-    """Runs the runs' CPU pods (the preflight) as local processes; kwok runs the GPU ones."""
-    node = PodRunner(control_plane, tmp_path_factory.mktemp("kubelet")).start()
+    """Runs the runs' CPU pods (the preflight) as local processes; kwok runs the GPU ones. The chart's operator
+    pod is left Pending: the test runs the operator itself, as that pod would."""
+    node = PodRunner(control_plane, tmp_path_factory.mktemp("kubelet"), only_label="datagen.dev/component").start()
     yield node
     node.stop()
 
