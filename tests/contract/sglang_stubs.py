@@ -1,12 +1,16 @@
 """Stand-ins for the GPU-only packages SGLang imports, so its Python runs on a CPU test machine.
 
-Only the imports that cannot be installed here (CUDA builds) or that SGLang's argument, request and parser
-modules import without using are stubbed; every pure-Python dependency is the real package (the `dev` extra).
+Only GPU-only imports, and two that SGLang's argument, request and parser modules import without using, are
+stubbed; every other dependency is the real package (the `dev` extra of pyproject.toml). transformers is real
+and runs as on a machine without torch (tests/contract/sglang_side.py imports it before the stubs exist).
 
 Stubbed import roots (everything below them too):
-- `torch`, `triton`: CUDA builds. The stub `torch` answers as an 8-GPU H200 server (CUDA 12.9, compute
-  capability 9.0, no ROCm/NPU/XPU/MUSA/MPS attributes), so SGLang's platform discovery picks its CUDA
-  platform as it does on the servers we launch; memory probes answer 141 GiB free of 141 GiB.
+- `torch`, `torchvision`, `triton`: the stub `torch` answers as an 8-GPU H200 server (CUDA 12.9, compute
+  capability 9.0, 141 GiB free of 141 GiB, no ROCm/NPU/XPU/MUSA/MPS attributes), so SGLang's platform
+  discovery picks its CUDA platform and argument resolution sizes memory as on the servers we launch.
+- `sgl_kernel`, `tvm_ffi`: SGLang's compiled kernels and their FFI; only imported.
+- `xgrammar`, `compressed_tensors`: depend on torch; only imported (xgrammar's types appear in pydantic
+  models, so a stub type validates as "any").
 - `zmq`: the IPC transport between SGLang's processes; only imported.
 - `IPython`: a debugging helper imported at module level.
 
