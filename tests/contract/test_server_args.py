@@ -17,9 +17,9 @@ import yaml
 from datagen_operator.api import parse_run
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.engine.sglang_names import (
+    REASONING_PARSER_NAMES,
     RESOLVED_REASONING_PARSERS,
     RESOLVED_TOOL_CALL_PARSERS,
-    REASONING_PARSER_NAMES,
     TOOL_CALL_PARSER_NAMES,
     resolved_reasoning_parser,
     resolved_tool_call_parser,
