@@ -131,8 +131,9 @@ def test_faults_are_retried_until_every_record_is_good(tmp_path: Path, sims) -> 
     assert run_inprocess(document, [sims["faults"].url]) == EXIT_OK
     records = check_records(output, items)
     errors = progress(output)["errors"]
+    # SGLang answers a non-streaming abort with its error status (an ErrorResponse body, not a 200 carrying
+    # finish_reason abort), so the simulator's aborts arrive here as HTTP 500s, retried like them.
     assert errors.get("http_500", 0) > 0, errors
-    assert errors.get("aborted", 0) > 0, errors
     assert errors.get("timeout", 0) > 0, errors
     assert errors.get("connection_error", 0) + errors.get("server_down", 0) > 0, errors
     assert max(r["attempts"] for r in records) > 1
