@@ -103,6 +103,21 @@ def test_thinking_off_has_no_reasoning(name: str) -> None:
     assert preset.think_start is not None and preset.think_start.id not in output
 
 
+@pytest.mark.parametrize("name", THINKING)
+def test_a_prompt_that_closes_the_reasoning_gets_the_answer_only(name: str) -> None:
+    """The canary's control: the same prompt with the closer appended (thinking told to stop)."""
+    preset = presets()[name]
+    vocab, prompt, _ = generate(preset)
+    closed = [*prompt, vocab.runs.think_end_id]
+    assert thinking_mode(closed, vocab) is ThinkingMode.OFF
+    for misconfig in (None, "never-close-think"):
+        config = ModelConfig(mean_reasoning_tokens=300, mean_answer_tokens=20, length_sigma=0, misconfig=misconfig)
+        params = parse_chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).params
+        answer = complete(prompt_array(closed), params, 0, config, vocab, 5000).run
+        opened = complete(prompt_array(prompt), params, 0, config, vocab, 5000).run
+        assert len(answer) < 60 < 300 < len(opened)
+
+
 def test_qwen3_2507_reads_the_opener_before_the_newline_token() -> None:
     preset = presets()["qwen3-thinking-2507"]
     vocab, prompt, output = generate(preset)

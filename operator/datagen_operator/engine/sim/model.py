@@ -71,7 +71,9 @@ def thinking_mode(prompt_ids: Sequence[int], vocab: SimVocab) -> ThinkingMode:
     prompt = prompt_ids if isinstance(prompt_ids, array) else prompt_array(prompt_ids)
     if any(_ends_with(prompt, tail) for tail in vocab.runs.prefill_tails):
         return ThinkingMode.PREFILLED
-    if any(_ends_with(prompt, tail) for tail in vocab.runs.off_tails):
+    # An empty reasoning block, or any prompt that ends by closing the reasoning: the model answers.
+    closer = vocab.runs.think_end_id
+    if any(_ends_with(prompt, tail) for tail in vocab.runs.off_tails) or (prompt and prompt[-1] == closer):
         return ThinkingMode.OFF
     return ThinkingMode.UNPROMPTED
 
