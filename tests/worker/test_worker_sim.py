@@ -139,13 +139,17 @@ def test_faults_are_retried_until_every_record_is_good(tmp_path: Path, sims) -> 
     assert max(r["attempts"] for r in records) > 1
 
 
-def test_streaming_joins_incremental_deltas_and_retries_stream_errors(tmp_path: Path, sims) -> None:
+def test_streaming_joins_incremental_deltas_and_sets_aside_stream_errors(tmp_path: Path, sims) -> None:
+    """SGLang's in-stream error is a request it refuses (`retryable: false`): set aside with its reason,
+    never retried; every other prompt is joined from its deltas exactly once."""
     items = prompts(24)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
     document = spec(dataset, tmp_path / "out", **{"generation.stream": True})
     assert run_inprocess(document, [sims["stream"].url]) == EXIT_OK
-    check_records(tmp_path / "out", items)
-    assert progress(tmp_path / "out")["errors"].get("stream_error", 0) > 0
+    rejected = {r["id"] for r in iter_rejects(tmp_path / "out")}
+    assert rejected and all("stream error" in r["reason"] for r in iter_rejects(tmp_path / "out"))
+    check_records(tmp_path / "out", [item for item in items if item["id"] not in rejected])
+    assert progress(tmp_path / "out")["records_rejected"] == len(rejected)
 
 
 def test_stream_requested_from_a_cumulative_server_falls_back_to_plain_requests(
