@@ -104,3 +104,20 @@ def test_non_streaming_abort_is_an_http_error_as_sglang_answers_it(fleet: dict[s
     assert reply.json() == {
         "object": "error", "message": reply.json()["message"], "type": "500", "param": None, "code": 500
     }  # fmt: skip
+
+
+def test_deterministic_inference_seeds_unseeded_requests_with_42(sim_factory: Callable[..., SimServer]) -> None:
+    """SGLang gives an unseeded request seed 42 under --enable-deterministic-inference (sampling_batch_info.py)."""
+    server = sim_factory("--enable-deterministic-inference", *SHORT)
+    prompt = chat_prompt()
+
+    def output(**sampling: int) -> list[int]:
+        reply = post(
+            server.url, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 64, **sampling}}
+        )
+        assert reply.status == 200
+        ids: list[int] = reply.json()["output_ids"]
+        return ids
+
+    assert output() == output(sampling_seed=42)
+    assert output() != output(sampling_seed=7)

@@ -123,7 +123,8 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
         causes.append(f"empty reasoning before {end} in {_frac(empty, n)} outputs: the model skipped thinking")
     if no_start:
         causes.append(
-            f"`{ctx.think_start}` is neither the last prompt token nor in the output in {_frac(no_start, n)} records"
+            f"`{ctx.think_start}` never opened in {_frac(no_start, n)} outputs (nor at the end of the prompt): the model "
+            "does not think (an instruct model under a thinking preset?); check model.path and model.preset"
         )
     verdict = (
         f"reasoning captured in {_frac(n - bad, n)} outputs (threshold {ctx.thresholds.min_reasoning_rate:.0%})"

@@ -32,6 +32,8 @@ class ModelConfig:
     misconfig: Misconfig | None = None
     kept_stop_id: int | None = None
     """A stop token SGLang's detokenizer keeps in `text` (gpt-oss's <|call|> under --tool-call-parser gpt-oss)."""
+    default_sampling_seed: int | None = None
+    """The seed of an unseeded request: 42 under --enable-deterministic-inference, as SGLang's sampling batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--context-length", type=int)
     sg.add_argument("--random-seed", type=int)
     sg.add_argument("--disable-radix-cache", action="store_true")
+    sg.add_argument("--enable-deterministic-inference", action="store_true", help="unseeded requests use seed 42")
     sg.add_argument("--nnodes", type=int, default=1)
     sg.add_argument("--node-rank", type=int, default=0)
     sg.add_argument("--dist-init-addr")
@@ -236,6 +239,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             unprompted_thinking=not args.sim_no_unprompted_thinking,
             misconfig=args.sim_misconfig,
             kept_stop_id=GPT_OSS_CALL_ID if args.tool_call_parser == "gpt-oss" else None,
+            default_sampling_seed=42 if args.enable_deterministic_inference else None,
         ),
         faults=FaultConfig(
             seed=args.sim_seed,

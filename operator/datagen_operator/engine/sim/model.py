@@ -273,7 +273,8 @@ def complete(
     max_new_tokens: int,
 ) -> Completion:
     """The model's completion of `prompt` (already validated), cut at `max_new_tokens` (already clamped)."""
-    rng = random.Random(request_seed(prompt, params.sampling_seed, config.seed, sample_index))
+    seed = params.sampling_seed if params.sampling_seed is not None else config.default_sampling_seed
+    rng = random.Random(request_seed(prompt, seed, config.seed, sample_index))
     mode = thinking_mode(prompt, vocab)
     tools = declared_tools(prompt, vocab)
     natural = natural_output(rng, mode, tools, config, vocab, params.min_new_tokens)
