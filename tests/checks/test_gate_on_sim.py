@@ -198,3 +198,18 @@ def test_prompt_suffix_leak_fails_the_canary(standin: Path) -> None:
         outcome = canary_outcome(sim.url, spec_for(standin), standin)
     assert not outcome.passed
     assert "prompt-suffix tokens" in outcome.message
+
+
+def test_a_model_that_opens_but_never_closes_its_reasoning_is_named(tmp_path: Path) -> None:
+    """Kimi-K2-Thinking writes `<think>` itself: an opener without a closer needs no control to be named."""
+    from datagen_operator.tokenizer.standin import ensure_standin
+
+    model_dir = ensure_standin("kimi-k2-thinking")
+    spec = spec_for(model_dir)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"preset": "kimi-k2-thinking"})})
+    with start_sim(*KIMI_FLAGS, *SHORT, "--sim-misconfig", "never-close-think", tokenizer_dir=model_dir) as sim:
+        outcome = canary_outcome(sim.url, spec, model_dir)
+    assert not outcome.passed
+    assert outcome.message.startswith("kimi-k2-thinking opens `<think>` but never closes its reasoning"), (
+        outcome.message
+    )

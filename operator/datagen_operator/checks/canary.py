@@ -123,6 +123,16 @@ def judge_thinking_control(control: ThinkingControl, ctx: CheckContext, model_la
     return CheckResult(name=MODEL_THINKING, passed=False, total=1, verdict=verdict)
 
 
+def opened_but_never_closed(ctx: CheckContext, model_label: str) -> CheckResult:
+    """The model wrote the opener itself and no closer: it reasons, and never ends its reasoning."""
+    verdict = (
+        f"{model_label} opens `{ctx.think_start}` but never closes its reasoning: no output writes `{ctx.think_end}` "
+        f"({ctx.think_end_id}); the model's think end differs from the preset's (check model.preset or "
+        "model.thinkTokens against the model's tokenizer)"
+    )
+    return CheckResult(name=MODEL_THINKING, passed=False, total=1, verdict=verdict)
+
+
 def judge_canary(
     records: list[CanaryRecord],
     ctx: CheckContext,
@@ -283,6 +293,8 @@ async def run_canary(
                     model_label(spec),
                 )
             )
+        elif any(rc.NO_THINK_END in r.flags for r in records):
+            first.append(opened_but_never_closed(ctx, model_label(spec)))
         await pool.close()
     finally:
         await session.close()
