@@ -1,7 +1,7 @@
 """SGLang's own request validation on the requests we send, and on a corpus the simulator must judge alike.
 
 The bodies are built by the functions the worker (`worker.records.generate_payload` over
-`engine.requests.run_sampling`), the canary (`engine.requests.sampling_params` + `generate_body`) and the
+`engine.requests.run_sampling`), the canary (`engine.requests.run_sampling` + `generate_body`) and the
 parser probe (`engine.client.chat_probe_body`) use. SGLang's side runs its HTTP contract gate, its batch
 normalisation, the tokenizer manager's length validation and `SamplingParams` construction, `normalize()` and
 `verify()` (tests/contract/sglang_side.py).
@@ -16,7 +16,7 @@ import pytest
 
 from datagen_operator.api.spec import SamplingParams as SpecSampling
 from datagen_operator.engine.client import chat_probe_body
-from datagen_operator.engine.requests import generate_body, run_sampling, sampling_params
+from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.engine.sim.protocol import RequestError, parse_generate_request
 from datagen_operator.engine.sim.sampling import SamplingParamsError, parse_sampling_params
 from datagen_operator.presets import get_preset, preset_names
@@ -49,7 +49,6 @@ def _bodies(preset: str, spec_sampling: dict[str, Any]) -> dict[str, dict[str, A
     spec = SpecSampling.model_validate(spec_sampling)
     stops = _stop_ids(preset)
     run = run_sampling(spec, stops)
-    dumped = spec.model_dump(exclude_none=True)
     bodies = {
         f"worker-sample{sample}-{'stream' if stream else 'whole'}": generate_payload(
             Job(position=0, id="p", sample=sample, input_ids=PROMPT, has_tools=False), run, stream=stream
@@ -57,8 +56,8 @@ def _bodies(preset: str, spec_sampling: dict[str, Any]) -> dict[str, dict[str, A
         for sample in (0, 1)
         for stream in (False, True)
     }
-    bodies["canary-capped"] = generate_body(PROMPT, sampling_params(dumped, stops, max_new_tokens=512))
-    bodies["canary-full"] = generate_body(PROMPT, sampling_params(dumped, stops))
+    bodies["canary-capped"] = generate_body(PROMPT, {**run, "max_new_tokens": 512})
+    bodies["canary-full"] = generate_body(PROMPT, run)
     return {name: orjson.loads(body) for name, body in bodies.items()}
 
 

@@ -23,7 +23,7 @@ from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import TemplateExpectation, judge_template
 from datagen_operator.control.observed import StepOutcome
-from datagen_operator.engine.requests import generate_body, sampling_params
+from datagen_operator.engine.requests import generate_body, run_sampling
 
 CANARY = "canary"
 MODEL_THINKING = "model_thinking"
@@ -236,9 +236,8 @@ async def run_canary(
     wanted = spec.checks.canary_prompts + len(PROBES)
     run_budget = spec.generation.sampling.max_new_tokens
     cap = min(spec.checks.canary_max_new_tokens, run_budget)
-    sampling = spec.generation.sampling.model_dump(exclude_none=True)
-    capped_params = sampling_params(sampling, expect.stop_token_ids, max_new_tokens=cap)
-    full_params = sampling_params(sampling, expect.stop_token_ids)
+    full_params = run_sampling(spec.generation.sampling, expect.stop_token_ids)
+    capped_params = {**full_params, "max_new_tokens": cap}
     prompts = iter_canary_prompts(dataset, spec.dataset.format)
     set_aside: list[SetAside] = []
     records: list[CanaryRecord] = []

@@ -15,18 +15,14 @@ import orjson
 from datagen_operator.api.spec import SamplingParams
 
 
-def sampling_params(sampling: Mapping[str, Any], stop_token_ids: Iterable[int], **overrides: Any) -> dict[str, Any]:
-    """The run's sampling (`spec.generation.sampling`, dumped without unset keys) plus the stop ids."""
-    params = {key: value for key, value in sampling.items() if value is not None} | overrides
+def run_sampling(spec_sampling: SamplingParams, stop_token_ids: Iterable[int]) -> dict[str, Any]:
+    """The run's sampling_params as every request (and the data fingerprint) carries them: the spec's keys
+    that are set, and the stop ids the records are checked against."""
+    params: dict[str, Any] = spec_sampling.model_dump(exclude_none=True)
     stops = sorted({*params.get("stop_token_ids", ()), *stop_token_ids})
     if stops:
         params["stop_token_ids"] = stops
     return params
-
-
-def run_sampling(spec_sampling: SamplingParams, stop_token_ids: Iterable[int]) -> dict[str, Any]:
-    """The run's sampling_params as every request (and the data fingerprint) carries them."""
-    return sampling_params(spec_sampling.model_dump(exclude_none=True), stop_token_ids)
 
 
 def generate_body(input_ids: list[int], params: Mapping[str, Any]) -> bytes:
