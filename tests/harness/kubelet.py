@@ -70,6 +70,11 @@ class PodRunner:
     only_label: str | None = None
     """Run only pods carrying this label (others scheduled here stay Pending), e.g. to leave a chart's
     operator Deployment to the test, which runs it itself."""
+    node_paths: dict[str, str] = field(default_factory=dict)
+    """hostPath prefixes mapped to local folders, as kind's extraMounts map a node's folders to the host
+    (e.g. {"/dev-cluster": "<repo>/.dev-cluster"}); a hostPath under no prefix is used as it is."""
+    token_seconds: int = 3600
+    """Lifetime of the ServiceAccount tokens given to pods (a long-lived dev cluster wants more)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -198,14 +203,11 @@ class PodRunner:
         workdir.mkdir(parents=True, exist_ok=True)
         termination_log = workdir / "termination-log"
         paths = {container.termination_message_path or "/dev/termination-log": str(termination_log)}
+        paths.update(host_path_mounts(pod, self.node_paths))
         volumes = {v.name: v for v in pod.spec.volumes or []}
         for mount in container.volume_mounts or []:
             volume = volumes.get(mount.name)
-            if volume is None:
-                continue
-            if volume.host_path is not None:
-                paths[mount.mount_path] = volume.host_path.path
-            elif volume.config_map is not None:
+            if volume is not None and volume.config_map is not None:
                 target = workdir / "configmaps" / mount.name
                 target.mkdir(parents=True, exist_ok=True)
                 data = self.core.read_namespaced_config_map(volume.config_map.name, namespace).data or {}
@@ -220,10 +222,12 @@ class PodRunner:
             env[var.name] = self._env_value(pod, var, env)
         if pod.spec.automount_service_account_token and pod.spec.service_account_name:
             env["KUBECONFIG"] = str(
-                self.cluster.kubeconfig_for_service_account(namespace, pod.spec.service_account_name, create=False)
+                self.cluster.kubeconfig_for_service_account(
+                    namespace, pod.spec.service_account_name, create=False, expiration_seconds=self.token_seconds
+                )
             )
         argv = [_expand(arg, env) for arg in [*(container.command or []), *(container.args or [])]]
-        argv = [_map_path(arg, paths) for arg in argv]
+        argv = [map_path(arg, paths) for arg in argv]
         if argv and argv[0] == "datagen":
             argv[0] = DATAGEN
         log_path = workdir / "container.log"
@@ -321,7 +325,20 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return VAR.sub(lambda match: env.get(match[1], match[0]), text)
 
 
-def _map_path(arg: str, paths: dict[str, str]) -> str:
+def host_path_mounts(pod: Any, node_paths: dict[str, str]) -> dict[str, str]:
+    """{mountPath: local folder} for the hostPath volumes the pod's (single) container mounts."""
+    volumes = {v.name: v for v in pod.spec.volumes or []}
+    (container,) = pod.spec.containers
+    mounts = {}
+    for mount in container.volume_mounts or []:
+        volume = volumes.get(mount.name)
+        if volume is not None and volume.host_path is not None:
+            mounts[mount.mount_path] = map_path(volume.host_path.path, node_paths)
+    return mounts
+
+
+def map_path(arg: str, paths: dict[str, str]) -> str:
+    """`arg` with its longest matching path prefix (a key of `paths`) replaced by that prefix's value."""
     for mount in sorted(paths, key=len, reverse=True):
         if arg == mount or arg.startswith(mount.rstrip("/") + "/"):
             return paths[mount] + arg[len(mount) :]

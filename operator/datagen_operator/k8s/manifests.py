@@ -231,7 +231,11 @@ def server_urls(run: str, namespace: str, spec: DataGenRunSpec, override: tuple[
     """One URL per replica: its own Service's DNS name, or (tests only) the operator's override."""
     replicas = spec.server.replicas
     if override:
-        return [override[i % len(override)] for i in range(replicas)]
+        # {namespace} and {pod} let one loopback router stand in for every server pod (hack/dev-cluster.py).
+        return [
+            override[i % len(override)].replace("{namespace}", namespace).replace("{pod}", server_pod_name(run, i))
+            for i in range(replicas)
+        ]
     return [f"http://{server_pod_name(run, i)}.{namespace}.svc:{spec.server.port}" for i in range(replicas)]
 
 
