@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from datagen_operator.api import parse_run
 from datagen_operator.api.spec import DataGenRunSpec
@@ -202,3 +205,69 @@ def test_progress_of_a_finished_run_shows_no_rate() -> None:
     assert progress_of(running, 2, 0).summary == "4/10 prompts, 1.5k tok/s"
     finished = ProgressCounters(prompts_total=10, prompts_done=10, tokens_per_second=0.0)
     assert progress_of(finished, 2, 2).summary == "10/10 prompts"
+
+
+def server_ready(decision) -> tuple[str, str]:
+    return conditions(decision)["ServerReady"]
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        None,
+        ServerObservation(1),  # the pod is gone
+        ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=3),)),  # stopping, not ready
+        READY,
+    ],
+    ids=["no-statefulset", "no-pod", "not-ready", "still-ready"],
+)
+def test_finished_workers_release_the_server_and_never_ask_for_it_back(server) -> None:
+    # The pass after the release sees the server stopping: it must not scale it up again (a model reload).
+    s = spec()
+    observed = replace(running(Tally(records=100), done=8), server=server)
+    d = decide(s, observed, context(s))
+    assert d.step is Step.FINAL_VERIFY and not d.server_wanted and not d.workers_wanted
+    assert server_ready(d) == ("False", "Released")
+    assert conditions(d)["ParsersVerified"] == ("True", "Passed") and conditions(d)["CanaryPassed"] == (
+        "True",
+        "Passed",
+    )
+    assert conditions(d)["Succeeded"] == ("Unknown", "Verifying")
+
+
+def test_a_failed_shard_is_not_a_finished_run() -> None:
+    s = spec()
+    observed = replace(
+        running(Tally(records=100), done=8), workers=WorkersObservation(8, shards_done=8, shards_failed=1)
+    )
+    d = decide(s, observed, context(s))
+    assert d.step is Step.HALTED and conditions(d)["Succeeded"] == ("False", "WorkersFailed")
+
+
+WRONG = StepOutcome(False, "Failed", "no </think>")
+HALTS = {
+    "ParsersMismatch": Observed(1, preflight=PASS, server=READY, parsers=WRONG),
+    "CanaryFailed": Observed(1, preflight=PASS, server=READY, parsers=PASS, canary=WRONG),
+    "ChecksFailed": running(Tally(records=50, flags={rc.NO_THINK_END: 10})),
+    "WorkersFailed": replace(running(Tally(records=5)), workers=WorkersObservation(8, shards_failed=1)),
+    "ServerFailed": Observed(
+        1, preflight=PASS, server=ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=1e6),))
+    ),
+    "PreflightFailed": Observed(1, preflight=WRONG),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(HALTS))
+def test_every_halt_reads_server_ready_false(reason: str) -> None:
+    s = spec()
+    d = decide(s, HALTS[reason], context(s))
+    assert d.step is Step.HALTED and not d.server_wanted
+    assert conditions(d)["Succeeded"] == ("False", reason)
+    assert server_ready(d)[0] == "False", "a halted run's StatefulSet goes to 0 replicas"
+
+
+def test_a_run_with_a_verdict_reads_server_ready_false_even_if_the_server_still_answers() -> None:
+    s = spec()
+    done = replace(running(Tally(records=100), done=8), final=PASS)
+    d = decide(s, done, context(s))
+    assert d.step is Step.DONE and server_ready(d) == ("False", "Released")

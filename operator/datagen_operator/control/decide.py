@@ -8,7 +8,7 @@ inputs verified (preflight) -> server ready -> parsers verified -> canary passed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from datagen_operator.api.spec import DataGenRunSpec
@@ -25,7 +25,7 @@ from datagen_operator.api.status import (
 )
 from datagen_operator.checks.evaluate import CheckContext, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.observed import Observed, ProgressCounters
+from datagen_operator.control.observed import Observed, ProgressCounters, StepOutcome
 from datagen_operator.control.server import server_verdict
 
 MIN_RECORDS_FOR_ROLLING_CHECKS = 16
@@ -92,6 +92,21 @@ def progress_of(counters: ProgressCounters | None, shards_total: int, shards_don
 
 
 def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> Decision:
+    return _server_released_reads_false(_decide(spec, observed, context))
+
+
+def _server_released_reads_false(decision: Decision) -> Decision:
+    """One rule for every step that releases the server (halts, the end, final verification): ServerReady
+    cannot stay True over a server that is being scaled to zero, whatever the last look at it said."""
+    if decision.server_wanted:
+        return decision
+    why = {Step.FINAL_VERIFY: "all shards done", Step.DONE: "run finished"}.get(decision.step, "run halted")
+    released = _u(SERVER_READY, "False", "Released", f"{why}; server stopped and GPUs released")
+    updates = tuple(released if u.type == SERVER_READY and u.status == "True" else u for u in decision.updates)
+    return replace(decision, updates=updates)
+
+
+def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> Decision:
     halt_on_failure = spec.checks.on_failure == "Halt"
     shards = spec.clients.shards
     workers = observed.workers
@@ -156,10 +171,18 @@ def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> D
         )
         return Decision(Step.HALTED, "Halted", False, False, updates_, preflight.checks, progress)
 
-    server = server_verdict(observed.server, spec.server.startup_timeout)
-    updates: list[ConditionUpdate] = [server.condition]
+    updates: list[ConditionUpdate] = []
     if preflight is not None:
-        updates.insert(0, _u(INPUTS_VERIFIED, "True", preflight.reason, preflight.message))
+        updates.append(_u(INPUTS_VERIFIED, "True", preflight.reason, preflight.message))
+    if workers is not None and not workers.shards_failed and workers.shards_done >= workers.shards_total:
+        # Every record is written: the final verification reads files only. The server is released and not
+        # looked at again, so a server that is stopping can never ask for itself back (a model reload).
+        updates.append(_u(SERVER_READY, "False", "Released", "all shards done; server stopped and GPUs released"))
+        updates += [_u(c, "True" if o.passed else "False", o.reason, o.message) for c, o in _outcomes(observed)]
+        return _final_verify(observed, context, halt_on_failure, progress, updates)
+
+    server = server_verdict(observed.server, spec.server.startup_timeout)
+    updates.append(server.condition)
     if server.fatal:
         updates.append(_u(SUCCEEDED, "False", "ServerFailed", server.condition.message))
         return Decision(Step.HALTED, "Failed", False, False, tuple(updates), progress=progress)
@@ -209,6 +232,50 @@ def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> D
         return Decision(Step.HALTED, "Halted", False, False, tuple(updates), canary.checks, progress)
 
     # Bulk generation with rolling checks over the workers' counters.
+    faithful, checks = _rolling_checks(observed, context, updates)
+    if not faithful and halt_on_failure:
+        return _checks_failed(progress, updates, checks)
+
+    if workers is not None and workers.shards_failed:
+        message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
+        updates.append(_u(PROGRESSING, "False", "WorkersFailed", message))
+        updates.append(_u(SUCCEEDED, "False", "WorkersFailed", f"{message}; the output is kept and a rerun resumes"))
+        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), checks, progress)
+    updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
+    updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
+    return Decision(Step.RUN_WORKERS, "Running", True, True, tuple(updates), checks, progress)
+
+
+def _outcomes(observed: Observed) -> list[tuple[str, StepOutcome]]:
+    """The remembered parser and canary verdicts, to keep reporting once the server is gone."""
+    pairs = ((PARSERS_VERIFIED, observed.parsers), (CANARY_PASSED, observed.canary))
+    return [(condition, outcome) for condition, outcome in pairs if outcome is not None]
+
+
+def _final_verify(
+    observed: Observed, context: CheckContext, halt_on_failure: bool, progress: Progress, updates: list[ConditionUpdate]
+) -> Decision:
+    faithful, checks = _rolling_checks(observed, context, updates)
+    if not faithful and halt_on_failure:
+        return _checks_failed(progress, updates, checks)
+    total = observed.workers.shards_total if observed.workers else 0
+    updates.append(_u(PROGRESSING, "True", "Verifying", f"all {total} shards done; final verification"))
+    updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
+    return Decision(Step.FINAL_VERIFY, "Verifying", False, False, tuple(updates), checks, progress)
+
+
+def _checks_failed(progress: Progress, updates: list[ConditionUpdate], checks: tuple[CheckResult, ...]) -> Decision:
+    updates.append(
+        _u(PROGRESSING, "False", "Halted", f"workers paused at {progress.summary}; fix and update the spec to resume")
+    )
+    updates.append(_u(SUCCEEDED, "False", "ChecksFailed", "rolling checks crossed a threshold (see DataFaithful)"))
+    return Decision(Step.HALTED, "Halted", False, False, tuple(updates), checks, progress)
+
+
+def _rolling_checks(
+    observed: Observed, context: CheckContext, updates: list[ConditionUpdate]
+) -> tuple[bool, tuple[CheckResult, ...]]:
+    """DataFaithful over the records so far (appended to `updates`): (faithful, the checks)."""
     checks: tuple[CheckResult, ...] = ()
     tally = observed.progress.tally if observed.progress else None
     if tally is None or tally.records < MIN_RECORDS_FOR_ROLLING_CHECKS:
@@ -234,32 +301,7 @@ def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> D
             updates.append(
                 _u(DATA_FAITHFUL, "False", "ThresholdCrossed", "; ".join(f"{c.name}: {c.verdict}" for c in failed))
             )
-    if not faithful and halt_on_failure:
-        updates.append(
-            _u(
-                PROGRESSING,
-                "False",
-                "Halted",
-                f"workers paused at {progress.summary}; fix and update the spec to resume",
-            )
-        )
-        updates.append(_u(SUCCEEDED, "False", "ChecksFailed", "rolling checks crossed a threshold (see DataFaithful)"))
-        return Decision(Step.HALTED, "Halted", False, False, tuple(updates), checks, progress)
-
-    if workers is not None and workers.shards_failed:
-        message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
-        updates.append(_u(PROGRESSING, "False", "WorkersFailed", message))
-        updates.append(_u(SUCCEEDED, "False", "WorkersFailed", f"{message}; the output is kept and a rerun resumes"))
-        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), checks, progress)
-    if workers is not None and workers.shards_done >= workers.shards_total:
-        updates.append(
-            _u(PROGRESSING, "True", "Verifying", f"all {workers.shards_total} shards done; final verification")
-        )
-        updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
-        return Decision(Step.FINAL_VERIFY, "Verifying", False, False, tuple(updates), checks, progress)
-    updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
-    updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
-    return Decision(Step.RUN_WORKERS, "Running", True, True, tuple(updates), checks, progress)
+    return faithful, checks
 
 
 def _waiting_for(observed: Observed, what: str, started: bool, parsers: bool = True) -> list[ConditionUpdate]:
