@@ -155,7 +155,9 @@ def test_canary_and_verify_jobs_report_through_termination_messages() -> None:
     (container,) = verify["spec"]["template"]["spec"]["containers"]
     assert container["command"][:3] == ["datagen", "verify", "/mnt/datagen/output/eagle3/b1"]
     assert "--json" in container["command"]
-    assert all(mount["readOnly"] for mount in container["volumeMounts"])
+    # everything it reads is read-only; only its HOME (an emptyDir) is writable
+    writable = [mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly")]
+    assert writable == [m.SCRATCH_HOME]
 
 
 def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
@@ -385,3 +387,108 @@ def test_print_rbac_for_the_chart(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["--print-rbac"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == cluster_role()
+
+
+# --- placement, resources, security --------------------------------------------------------------
+
+
+def datagen_pods(spec: Any) -> dict[str, dict[str, Any]]:
+    """The pod spec of every CPU pod the operator creates for a run, by component."""
+    jobs = {
+        "preflight": m.preflight_job(RUN, spec, "img:1", 1),
+        "canary": m.canary_job(RUN, spec, "img:1", ["http://a"], 1),
+        "worker": m.workers_job(RUN, spec, "img:1", ["http://a"], suspend=False),
+        "verify": m.verify_job(RUN, spec, "img:1"),
+    }
+    return {name: job["spec"]["template"]["spec"] for name, job in jobs.items()}
+
+
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_cpu_pods_meet_the_restricted_standard_as_uid_10001_with_a_writable_home_only() -> None:
+    for name, pod_spec in datagen_pods(SPEC).items():
+        security = pod_spec["securityContext"]
+        assert security["runAsNonRoot"] is True and security["runAsUser"] == security["runAsGroup"] == 10001, name
+        assert security["fsGroup"] == 10001 and security["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        (container,) = pod_spec["containers"]
+        assert container["securityContext"] == {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True}, name
+        volumes = {v["name"]: v for v in pod_spec["volumes"]}
+        # restricted allows only these volume types; the spec's volumes here are PVCs
+        assert all(set(v) - {"name"} <= {"persistentVolumeClaim", "configMap", "emptyDir"} for v in volumes.values())
+        scratch = next(mount for mount in container["volumeMounts"] if mount["mountPath"] == m.SCRATCH_HOME)
+        assert "emptyDir" in volumes[scratch["name"]], name
+        env = {var["name"]: var.get("value") for var in container["env"]}
+        assert env["HOME"] == env["TMPDIR"] == m.SCRATCH_HOME, name
+
+
+def test_server_pod_is_restricted_except_run_as_root_and_guaranteed() -> None:
+    pod_spec = m.server_statefulset(RUN, SPEC, 1)["spec"]["template"]["spec"]
+    assert pod_spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert "runAsNonRoot" not in str(pod_spec)  # the SGLang image runs as root (docs/operator.md)
+    (container,) = pod_spec["containers"]
+    assert container["securityContext"] == {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": False}
+    resources = container["resources"]
+    # Guaranteed: requests == limits for every resource, cpu and memory included
+    assert resources["requests"] == resources["limits"]
+    assert resources["limits"] == {"nvidia.com/gpu": "8", "cpu": "32", "memory": f"{64 + 8 * 32}Gi"}
+    own = parse_spec(spec_dict(server={"cpu": "48", "memory": "900Gi", "gpus": 4, "tensorParallel": 4}))
+    limits = m.server_statefulset(RUN, own, 1)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "4", "cpu": "48", "memory": "900Gi"}
+
+
+@pytest.mark.parametrize(("shm", "memory"), [("64Gi", "320Gi"), ("512Mi", "257Gi"), ("1Ti", "1280Gi")])
+def test_default_server_memory_leaves_room_for_the_memory_backed_shm(shm: str, memory: str) -> None:
+    spec = parse_spec(spec_dict(server={"shmSize": shm}))
+    assert m.server_resources(spec)["limits"]["memory"] == memory
+
+
+def test_runtime_class_and_model_sub_path_reach_every_pod_that_mounts_the_model() -> None:
+    spec = parse_spec(
+        spec_dict(server={"runtimeClassName": "nvidia"}, model={"path": "/models/kimi", "subPath": "kimi-k2.5"})
+    )
+    server = m.server_statefulset(RUN, spec, 1)["spec"]["template"]["spec"]
+    assert server["runtimeClassName"] == "nvidia"
+    pods = {"server": server, **datagen_pods(spec)}
+    for name, pod_spec in pods.items():
+        (container,) = pod_spec["containers"]
+        (model,) = [mount for mount in container["volumeMounts"] if mount["name"] == "model"]
+        assert model == {"name": "model", "mountPath": "/models/kimi", "readOnly": True, "subPath": "kimi-k2.5"}, name
+    assert "runtimeClassName" not in datagen_pods(spec)["worker"]
+    assert "subPath" not in str(m.server_statefulset(RUN, SPEC, 1))
+
+
+@pytest.mark.parametrize("sub_path", ["/abs", "../up", "a/../b", "a/./b", ".hidden", "a//b", "a/"])
+def test_model_sub_path_cannot_leave_the_volume(sub_path: str) -> None:
+    from datagen_operator.api import SpecError
+
+    with pytest.raises((SpecError, ValueError)):
+        parse_spec(spec_dict(model={"subPath": sub_path}))
+
+
+def test_client_placement_and_resources_reach_every_cpu_pod_and_never_the_server() -> None:
+    toleration = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+    spec = parse_spec(
+        spec_dict(clients={"nodeSelector": {"pool": "cpu"}, "tolerations": [toleration], "cpu": "2", "memory": "8Gi"})
+    )
+    for name, pod_spec in datagen_pods(spec).items():
+        assert pod_spec["nodeSelector"] == {"pool": "cpu"} and pod_spec["tolerations"] == [toleration], name
+        (container,) = pod_spec["containers"]
+        # Burstable: cpu may burst (tokenizing), memory is capped at its request
+        assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    server = m.server_statefulset(RUN, spec, 1)["spec"]["template"]["spec"]
+    assert server["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert [t["key"] for t in server["tolerations"]] == ["nvidia.com/gpu"]
+    # placement of the CPU pods changes no record: live, like clients.cpu
+    applied = m.spec_document(SPEC)
+    assert m.changed_data_fields(m.spec_document(spec), applied) == []
+
+
+def test_canary_keeps_its_records_in_the_output() -> None:
+    pod_spec = m.canary_job(RUN, SPEC, "img:1", ["http://a"], 1)["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    args = container["command"]
+    assert args[args.index("--records") + 1] == "/mnt/datagen/output/eagle3/b1/canary.jsonl"
+    mounts = {mount["mountPath"]: mount for mount in container["volumeMounts"]}
+    assert mounts["/mnt/datagen/output"]["readOnly"] is False
+    assert mounts["/mnt/datagen/dataset"]["readOnly"] is True

@@ -24,6 +24,9 @@ NO_PARSER = "none"
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SUB_PATH_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
+"""A relative folder path whose segments never start with a dot: no '..' escape (RE2 has no lookahead)."""
 
 
 class SpecModel(BaseModel):
@@ -127,6 +130,12 @@ class ModelSpec(SpecModel):
     think_tokens: ThinkTokens | None = Field(
         default=None, description="Think tags for a model without a preset; presets already know theirs."
     )
+    sub_path: str | None = Field(
+        default=None,
+        pattern=SUB_PATH_PATTERN,
+        description="Folder inside the model volume to mount at model.path (one shared volume, one folder per "
+        "model). Relative; no '.' or '..' segments.",
+    )
 
 
 class ServerSpec(SpecModel):
@@ -168,6 +177,12 @@ class ServerSpec(SpecModel):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     priority_class_name: str | None = None
+    runtime_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="RuntimeClass of the server pods (e.g. `nvidia` where the GPU runtime is not the default).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("image")
@@ -287,6 +302,12 @@ class ClientsSpec(SpecModel):
     max_attempts: int = Field(default=8, ge=1, le=100, description="Tries per record for retryable errors.")
     cpu: str | None = None
     memory: str | None = None
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels for the preflight, canary, worker and verify pods (CPU)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations of the preflight, canary, worker and verify pods."
+    )
 
 
 class OutputSpec(SpecModel):

@@ -35,6 +35,20 @@ RUN_FILE = f"{RUN_FILE_DIR}/run.yaml"
 DATASET_MOUNT = "/mnt/datagen/dataset"
 OUTPUT_MOUNT = "/mnt/datagen/output"
 TERMINATION_LOG = "/dev/termination-log"
+CANARY_RECORDS = "canary.jsonl"
+"""In the output folder, as `datagen run` writes it: the canary's records, kept whether it passed or not."""
+
+# --- security: every pod the operator creates -----------------------------------------------------
+WORKER_UID = 10001
+"""The datagen image's user and group (images/Dockerfile.worker); fsGroup makes the output writable for it."""
+SCRATCH_HOME = "/home/datagen"
+"""The datagen pods' HOME on an emptyDir, the one writable place besides the output (the root filesystem is
+read-only): transformers writes a remote-code tokenizer's modules under $HOME/.cache/huggingface/modules."""
+SCRATCH_SIZE = "2Gi"
+SERVER_CPU_PER_GPU = 4
+SERVER_MEMORY_PER_GPU_GI = 32
+"""Default server requests per GPU when server.cpu/memory are unset; memory comes on top of shmSize, because
+the memory-backed /dev/shm counts against the pod's memory limit."""
 
 # The worker's exit codes (docs/worker.md) that the workers' podFailurePolicy keys on.
 WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED = 2, 3, 4, 5
@@ -153,6 +167,8 @@ LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("clients", "maxAttempts"),
     ("clients", "cpu"),
     ("clients", "memory"),
+    ("clients", "nodeSelector"),
+    ("clients", "tolerations"),
 )
 """Fields that do not change what a record contains; every other field does (model, server args, dataset,
 generation, output, shards) and is frozen once the workers have started."""
@@ -258,7 +274,10 @@ def _model_volume(spec: DataGenRunSpec) -> tuple[list[dict[str, Any]], list[dict
     if spec.model.volume is None:
         return [], []
     volume = {"name": "model", **volume_source(spec.model.volume, read_only=True)}
-    return [volume], [{"name": "model", "mountPath": spec.model.path, "readOnly": True}]
+    mount: dict[str, Any] = {"name": "model", "mountPath": spec.model.path, "readOnly": True}
+    if spec.model.sub_path:
+        mount["subPath"] = spec.model.sub_path  # one shared models volume, one folder per model
+    return [volume], [mount]
 
 
 def _data_volumes(
@@ -300,22 +319,64 @@ def env_vars(env: list[EnvVar]) -> list[dict[str, Any]]:
     return out
 
 
-def _resources(gpus: int | None, cpu: str | None, memory: str | None) -> dict[str, Any]:
-    limits: dict[str, str] = {}
-    requests: dict[str, str] = {}
-    if gpus:
-        # Extended resources go in limits; a request, if present, must equal the limit.
-        limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(gpus)
-    if cpu:
-        requests["cpu"] = cpu
-    if memory:
-        requests["memory"] = limits["memory"] = memory
+def client_resources(cpu: str | None, memory: str | None) -> dict[str, Any]:
+    """The CPU pods (Burstable): cpu requested but not capped (tokenizing bursts), memory capped at its request."""
     out: dict[str, Any] = {}
-    if limits:
-        out["limits"] = limits
-    if requests:
-        out["requests"] = requests
+    if cpu:
+        out.setdefault("requests", {})["cpu"] = cpu
+    if memory:
+        out.setdefault("requests", {})["memory"] = memory
+        out.setdefault("limits", {})["memory"] = memory
     return out
+
+
+def _gibibytes(quantity: str) -> float:
+    units = {"Ki": 2**-20, "Mi": 2**-10, "Gi": 1, "Ti": 2**10, "Pi": 2**20, "k": 1e3 / 2**30, "M": 1e6 / 2**30,
+             "G": 1e9 / 2**30, "T": 1e12 / 2**30, "P": 1e15 / 2**30}  # fmt: skip
+    number = quantity.rstrip("KMGTPik")
+    return float(number) * units.get(quantity[len(number) :], 2**-30)
+
+
+def server_resources(spec: DataGenRunSpec) -> dict[str, Any]:
+    """QoS class Guaranteed on purpose (requests == limits for GPUs, cpu and memory): the kubelet evicts and
+    OOM-kills a Guaranteed pod last, and only Guaranteed pods get exclusive cores from a static CPU manager,
+    aligned to the GPUs' NUMA node by the Topology Manager. A lost server costs a model load on every GPU."""
+    server = spec.server
+    cpu = server.cpu or str(SERVER_CPU_PER_GPU * server.gpus)
+    memory = server.memory or f"{math.ceil(_gibibytes(server.shm_size)) + SERVER_MEMORY_PER_GPU_GI * server.gpus}Gi"
+    # Extended resources go in limits; a request, if present, must equal the limit.
+    amounts = {GPU_RESOURCE: str(server.gpus), "cpu": cpu, "memory": memory}
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def _no_privileges(*, read_only_root: bool) -> dict[str, Any]:
+    """Container securityContext: what the `restricted` Pod Security Standard asks of every container."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": read_only_root,
+    }
+
+
+def datagen_pod_security() -> dict[str, Any]:
+    """Pod securityContext of the preflight, canary, worker and verify pods: `restricted`, as the image's user.
+    fsGroup makes a PVC's output folder group-writable for it (OnRootMismatch: no recursive chown of a full
+    volume on every start; hostPath and NFS volumes ignore fsGroup, see docs/operator.md)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": WORKER_UID,
+        "runAsGroup": WORKER_UID,
+        "fsGroup": WORKER_UID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def server_pod_security() -> dict[str, Any]:
+    """The SGLang pod: `restricted` except runAsNonRoot. The lmsysorg/sglang image has no USER (it runs as root),
+    installs SGLang editable under /sgl-workspace and keeps its downloaded kernels under /root/.cache; another
+    uid would lose them. Root without capabilities, escalation or a writable host path is as close as it gets."""
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
 # --- per-run objects -----------------------------------------------------------------------------
@@ -433,7 +494,8 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
         "image": server.image,
         "command": server_argv(spec, host="0.0.0.0"),
         "ports": [{"name": "http", "containerPort": server.port}],
-        "resources": _resources(server.gpus, server.cpu, server.memory),
+        "resources": server_resources(spec),
+        "securityContext": _no_privileges(read_only_root=False),  # JIT kernel caches write into the image
         "volumeMounts": [*model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}],
         # No fixed initial delay: the startup probe gates the others for up to server.startupTimeout.
         "startupProbe": probe("/health_generate", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures),
@@ -446,6 +508,7 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
         "automountServiceAccountToken": False,  # the server never talks to the API server
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
+        "securityContext": server_pod_security(),
         "containers": [container],
         "volumes": [
             *model_volumes,
@@ -462,6 +525,8 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
         pod_spec["affinity"] = dict(server.affinity)
     if server.priority_class_name:
         pod_spec["priorityClassName"] = server.priority_class_name
+    if server.runtime_class_name:
+        pod_spec["runtimeClassName"] = server.runtime_class_name
     template = {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
     return {
         "apiVersion": "apps/v1",
@@ -477,8 +542,22 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
     }
 
 
+def client_placement(spec: DataGenRunSpec) -> dict[str, Any]:
+    """nodeSelector and tolerations of every CPU pod of the run (preflight, canary, workers, verify)."""
+    clients = spec.clients
+    placement: dict[str, Any] = {}
+    if clients.node_selector:
+        placement["nodeSelector"] = dict(clients.node_selector)
+    if clients.tolerations:
+        placement["tolerations"] = [
+            t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in clients.tolerations
+        ]
+    return placement
+
+
 def _job(
     run: RunRef,
+    spec: DataGenRunSpec,
     name: str,
     component: str,
     container: dict[str, Any],
@@ -492,8 +571,10 @@ def _job(
         "restartPolicy": "Never",  # a podFailurePolicy needs it; the Job makes a new pod instead
         "enableServiceLinks": False,
         "automountServiceAccountToken": service_account is not None,
+        "securityContext": datagen_pod_security(),
         "containers": [container],
-        "volumes": volumes,
+        "volumes": [*volumes, {"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_SIZE}}],
+        **client_placement(spec),
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
@@ -507,16 +588,24 @@ def _job(
     }
 
 
-def _datagen_container(name: str, image: str, args: list[str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
+def _datagen_container(
+    name: str, image: str, args: list[str], mounts: list[dict[str, Any]], spec: DataGenRunSpec
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
         "name": name,
         "image": image,
         "command": ["datagen", *args],
+        "env": [{"name": "HOME", "value": SCRATCH_HOME}, {"name": "TMPDIR", "value": SCRATCH_HOME}],
         "terminationMessagePath": TERMINATION_LOG,
         # The verdict file when the program wrote one; else the log's tail (a crash explains itself).
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts,
+        "securityContext": _no_privileges(read_only_root=True),
+        "volumeMounts": [*mounts, {"name": "scratch", "mountPath": SCRATCH_HOME}],
     }
+    resources = client_resources(spec.clients.cpu, spec.clients.memory)
+    if resources:
+        container["resources"] = resources
+    return container
 
 
 def _server_args(urls: list[str]) -> list[str]:
@@ -533,7 +622,7 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
         "preflight", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
         "--output", output_dir(spec), "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
-    container = _datagen_container("preflight", image, args, [run_mount, *model_mounts, *data_mounts])
+    container = _datagen_container("preflight", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 2,
         "podFailurePolicy": {
@@ -546,6 +635,7 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
     }
     return _job(
         run,
+        spec,
         preflight_job_name(run.name),
         "preflight",
         container,
@@ -560,12 +650,14 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
     operator does not mount; its verdict comes back as the container's termination message."""
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
-    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=False, output_writable=False)
+    # The output is mounted writable so the canary's records stay with the data, passed or failed.
+    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
     args = [
         "canary", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
-        *_server_args(urls), "--termination-log", TERMINATION_LOG,
+        *_server_args(urls), "--records", posixpath.join(output_dir(spec), CANARY_RECORDS),
+        "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
-    container = _datagen_container("canary", image, args, [run_mount, *model_mounts, *data_mounts])
+    container = _datagen_container("canary", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 2,
         "podFailurePolicy": {
@@ -578,6 +670,7 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
     }
     return _job(
         run,
+        spec,
         canary_job_name(run.name),
         "canary",
         container,
@@ -598,11 +691,8 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "--tokenizer", tokenizer_dir(spec), *_server_args(urls),
         "--progress-configmap", f"{run.name}-shard-$(JOB_COMPLETION_INDEX)", "--log-format", "json",
     ]  # fmt: skip
-    container = _datagen_container("worker", image, args, [run_mount, *model_mounts, *data_mounts])
-    container["env"] = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
-    resources = _resources(None, spec.clients.cpu, spec.clients.memory)
-    if resources:
-        container["resources"] = resources
+    container = _datagen_container("worker", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     on_exit = lambda action, codes: {  # noqa: E731
         "action": action,
         "onExitCodes": {"containerName": "worker", "operator": "In", "values": codes},
@@ -624,6 +714,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
     # The grace period covers the worker's drain (--drain-timeout 25 s) and the final fsync.
     job = _job(
         run,
+        spec,
         workers_job_name(run.name),
         "worker",
         container,
@@ -645,7 +736,7 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         "verify", output_dir(spec), "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec),
         "--dataset", dataset_file(spec), "--json", "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
-    container = _datagen_container("verify", image, args, [run_mount, *model_mounts, *data_mounts])
+    container = _datagen_container("verify", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 1,
         "podFailurePolicy": {
@@ -655,5 +746,5 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         },
     }
     return _job(
-        run, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
+        run, spec, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
     )
