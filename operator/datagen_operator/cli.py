@@ -24,6 +24,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("datagen_operator.checks.verify", "main", "check an output directory for faithfulness"),
     "run": ("datagen_operator.local.main", "main", "run a DataGenRun on this machine"),
     "operator": ("datagen_operator.k8s.main", "main", "run the Kubernetes operator"),
+    "release-finalizers": (
+        "datagen_operator.k8s.release",
+        "main",
+        "let runs be deleted when the operator is gone (removes its finalizer)",
+    ),
 }
 
 

@@ -492,3 +492,15 @@ def test_canary_keeps_its_records_in_the_output() -> None:
     mounts = {mount["mountPath"]: mount for mount in container["volumeMounts"]}
     assert mounts["/mnt/datagen/output"]["readOnly"] is False
     assert mounts["/mnt/datagen/dataset"]["readOnly"] is True
+
+
+def test_release_removes_only_the_operators_finalizer_guarded_by_a_test() -> None:
+    from datagen_operator.k8s.release import FINALIZER, finalizer_removal
+
+    assert FINALIZER == "datagen.dev/finalizer"
+    assert finalizer_removal(["other.io/keep"]) is None
+    patch = finalizer_removal(["other.io/keep", FINALIZER])
+    assert patch == [
+        {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]

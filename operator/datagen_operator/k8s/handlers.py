@@ -19,6 +19,7 @@ from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import metrics
 from datagen_operator.k8s.kube import Kube
 from datagen_operator.k8s.reconcile import OperatorContext, Reconciler, stop_children
+from datagen_operator.k8s.release import FINALIZER
 from datagen_operator.k8s.settings import Settings
 
 MANAGED = {"app.kubernetes.io/managed-by": m.MANAGED_BY}
@@ -35,7 +36,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     # kopf keeps its own bookkeeping in annotations: the status belongs to the run's conditions.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)

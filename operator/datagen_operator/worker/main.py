@@ -110,6 +110,8 @@ class WorkerConfig:
     shard_count: int
     dataset: Path
     tokenizer_dir: Path
+    run_file: Path | None = None
+    """The --run manifest, kept in the output as run.yaml (what `datagen verify OUTPUT` reads)."""
     progress_configmap: str | None = None
     progress_namespace: str | None = None
     metrics_port: int | None = None
@@ -177,6 +179,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         shard_count=count,
         dataset=dataset,
         tokenizer_dir=tokenizer_dir,
+        run_file=Path(args.run) if args.run else None,
         progress_configmap=configmap,
         progress_namespace=args.progress_namespace,
         metrics_port=args.metrics_port,
@@ -397,6 +400,7 @@ class Worker:
             thinking=c.resolved.thinking,
         )
         self._claim_output(fingerprint)
+        self._keep_run_file()
 
         writer = ShardWriter(self.layout, c.shard_index)
         # The compacted Parquet counts as recorded even in a --no-compact run.
@@ -469,6 +473,16 @@ class Worker:
             return manifest
 
         update_manifest(self.layout, change)
+
+    def _keep_run_file(self) -> None:
+        """OUTPUT/run.yaml, as `datagen run` writes it, once the output is ours (fingerprint claimed). Every
+        shard writes the same applied manifest; the rename makes each write whole."""
+        source, target = self.config.run_file, self.config.output / "run.yaml"
+        if source is None or (target.exists() and target.samefile(source)):
+            return
+        staging = target.with_name(f".run.yaml.{self.config.shard_index}.tmp")
+        staging.write_bytes(source.read_bytes())
+        os.replace(staging, target)
 
     def _init_progress(self, recovered: int) -> None:
         from datagen_operator.worker.progress import ShardProgress, Tracker
