@@ -69,7 +69,12 @@ def test_server_statefulset_gpus_probes_shm_model_and_placement() -> None:
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "8"  # equal when present
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/health_generate"
-    assert startup["failureThreshold"] * startup["periodSeconds"] == 45 * 60
+    # server.startupTimeout is the operator's to enforce: it never touches the pod template (a live field)
+    assert startup["failureThreshold"] * startup["periodSeconds"] >= 7 * 24 * 3600
+    slower = m.server_statefulset(
+        RUN, SPEC.model_copy(update={"server": SPEC.server.model_copy(update={"startup_timeout": 99999})}), 2
+    )
+    assert slower["spec"]["template"] == sts["spec"]["template"]
     assert "initialDelaySeconds" not in startup
     assert container["readinessProbe"]["httpGet"]["path"] == "/health_generate"
     assert container["readinessProbe"]["timeoutSeconds"] >= 5

@@ -55,6 +55,10 @@ WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED = 2, 3,
 WORKER_BACKOFF_LIMIT_PER_INDEX = 3
 
 STARTUP_PERIOD_S = 10
+STARTUP_PROBE_BACKSTOP_S = 7 * 24 * 3600
+"""The kubelet's startup budget, a backstop for when the operator is gone. server.startupTimeout is enforced
+by the operator (it halts the run and releases the GPUs), so it stays out of the pod template: raising it
+during a load takes effect at once, and a load is never cut short by a kubelet restart (another load)."""
 READINESS_TIMEOUT_S = 10
 """A health call on a 1T-parameter model can take about a second; >= 5 s keeps readiness from flapping."""
 LIVENESS_TIMEOUT_S = 10
@@ -479,7 +483,7 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
     """The SGLang server: one pod per data-parallel replica, all started at once (Parallel)."""
     server = spec.server
     model_volumes, model_mounts = _model_volume(spec)
-    startup_failures = max(1, math.ceil(server.startup_timeout / STARTUP_PERIOD_S))
+    startup_failures = math.ceil(STARTUP_PROBE_BACKSTOP_S / STARTUP_PERIOD_S)
 
     def probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
         return {
@@ -497,7 +501,7 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
         "resources": server_resources(spec),
         "securityContext": _no_privileges(read_only_root=False),  # JIT kernel caches write into the image
         "volumeMounts": [*model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}],
-        # No fixed initial delay: the startup probe gates the others for up to server.startupTimeout.
+        # No fixed initial delay: the startup probe gates the others while the model loads.
         "startupProbe": probe("/health_generate", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures),
         "readinessProbe": probe("/health_generate", 10, READINESS_TIMEOUT_S, 3),
         "livenessProbe": probe("/health", 30, LIVENESS_TIMEOUT_S, 5),

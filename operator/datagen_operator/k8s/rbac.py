@@ -35,7 +35,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "resources": ["roles", "rolebindings"],
         "verbs": ["get", "create", "patch"],
     },
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    # events: posted about runs; listed (by involved object) to read a controller's FailedCreate refusal
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["list", "create", "patch"]},
 )
 """Cluster-wide: runs live in any namespace."""
 
