@@ -178,3 +178,13 @@ def test_set_aside_prompts_of_every_cause_are_counted() -> None:
         {"state": "running", "prompts_malformed": 3},  # a worker from before set_aside was published
     ]
     assert counters_from_snapshots(snapshots).malformed == 4 + 3
+
+
+def test_thinking_control_reads_the_median_length_ratio() -> None:
+    from datagen_operator.checks.canary import ThinkingControl, judge_thinking_control
+
+    answers_only = ThinkingControl((0.8, 1.1, 1.3, 9.0))  # one unusually long answer decides nothing
+    assert "ignores thinking" in judge_thinking_control(answers_only, CTX, "kimi-k2.5").verdict
+    reasoning = ThinkingControl((6.5, 8.0, 0.9, 7.2))
+    verdict = judge_thinking_control(reasoning, CTX, "kimi-k2.5").verdict
+    assert "reasons but never closes its reasoning" in verdict and "x6.8" in verdict  # median of 6.5 and 7.2

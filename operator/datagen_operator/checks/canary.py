@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -90,23 +91,28 @@ def canary_context(resolved: ResolvedModel, expect: rc.Expectations, thresholds:
     )
 
 
-IGNORES_THINKING_RATIO = 1.5
-"""Outputs with the think block open less than this much longer than with it closed: no reasoning happened."""
+IGNORES_THINKING_RATIO = 1.8
+"""Outputs with the think block open less than this much longer than with it closed: no reasoning happened.
+(Reasoning models write several times their answer's length; one model's two answers vary by far less.)"""
 
 
 @dataclass(frozen=True)
 class ThinkingControl:
-    """Mean completion tokens of outputs that never closed their reasoning, and of the same prompts sent with
-    the think block already closed (the model told not to think)."""
+    """For each output that never closed its reasoning: its length over the length of the same prompt's
+    output with the think block closed by hand (the model told not to think)."""
 
-    open_tokens: float
-    closed_tokens: float
+    length_ratios: tuple[float, ...]
+
+    @property
+    def ratio(self) -> float:
+        """The median ratio: one unusually long or short answer does not decide the verdict."""
+        return statistics.median(self.length_ratios) if self.length_ratios else 1.0
 
 
 def judge_thinking_control(control: ThinkingControl, ctx: CheckContext, model_label: str) -> CheckResult:
     """Tell "never closes its reasoning" from "does not reason at all" when the template prefills the opener
     (then neither writes the opener, and both lack the closer)."""
-    ratio = control.open_tokens / max(control.closed_tokens, 1.0)
+    ratio = control.ratio
     end = f"`{ctx.think_end}` ({ctx.think_end_id})"
     if ratio < IGNORES_THINKING_RATIO:
         verdict = (
@@ -319,9 +325,10 @@ def _never_closed(records: list[CanaryRecord], expect: rc.Expectations) -> bool:
 
 
 async def _thinking_control(
-    records: list[CanaryRecord], expect: rc.Expectations, send: Any, params: dict[str, Any], limit: int = 4
+    records: list[CanaryRecord], expect: rc.Expectations, send: Any, params: dict[str, Any], limit: int = 8
 ) -> ThinkingControl:
-    """Send up to `limit` never-closed prompts again with the think block closed by hand, and compare lengths."""
+    """Send up to `limit` never-closed prompts again with the think block closed by hand, and compare each
+    output's length with its own prompt's."""
     open_records = [r for r in records if rc.NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect)]
     open_records = open_records[:limit]
     assert expect.think_end_id is not None
@@ -331,11 +338,12 @@ async def _thinking_control(
             for r in open_records
         )
     )
-    closed_lengths = [len(c.output_ids) for c in closed if c is not None]
-    return ThinkingControl(
-        open_tokens=sum(len(r.output_ids) for r in open_records) / len(open_records),
-        closed_tokens=sum(closed_lengths) / max(len(closed_lengths), 1),
+    ratios = tuple(
+        len(r.output_ids) / max(len(c.output_ids), 1)
+        for r, c in zip(open_records, closed, strict=True)
+        if c is not None
     )
+    return ThinkingControl(ratios)
 
 
 def _template_expectation(resolved: ResolvedModel, spec: DataGenRunSpec) -> TemplateExpectation:
