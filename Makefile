@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv testbin test test-fast lint demo crd bench images clean
+.PHONY: venv testbin test test-fast lint demo dev-cluster crd bench images clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +36,17 @@ crd: venv
 demo: venv
 	bash hack/demo.sh
 
+# The operator on this machine until Ctrl-C: control plane, fake GPU nodes, a CPU node running pods as
+# processes, the chart installed with helm, a simulator per server pod (hack/dev-cluster.py).
+DEV_CLUSTER_ARGS ?=
+dev-cluster: venv testbin
+	$(PY) hack/dev-cluster.py $(DEV_CLUSTER_ARGS)
+
 bench: venv
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache demo-output
+	rm -rf $(VENV) .pytest_cache .ruff_cache demo-output .dev-cluster
 
 # Container images (images/): built only where a container engine answers; elsewhere it says so and fails.
 CONTAINER_ENGINE ?= docker

@@ -203,7 +203,7 @@ class PodRunner:
         workdir.mkdir(parents=True, exist_ok=True)
         termination_log = workdir / "termination-log"
         paths = {container.termination_message_path or "/dev/termination-log": str(termination_log)}
-        paths.update(host_path_mounts(pod, self.node_paths))
+        paths.update(host_path_mounts(self.api.sanitize_for_serialization(pod), self.node_paths))
         volumes = {v.name: v for v in pod.spec.volumes or []}
         for mount in container.volume_mounts or []:
             volume = volumes.get(mount.name)
@@ -325,15 +325,16 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return VAR.sub(lambda match: env.get(match[1], match[0]), text)
 
 
-def host_path_mounts(pod: Any, node_paths: dict[str, str]) -> dict[str, str]:
-    """{mountPath: local folder} for the hostPath volumes the pod's (single) container mounts."""
-    volumes = {v.name: v for v in pod.spec.volumes or []}
-    (container,) = pod.spec.containers
+def host_path_mounts(pod: dict[str, Any], node_paths: dict[str, str]) -> dict[str, str]:
+    """{mountPath: local folder} for the hostPath volumes the container of `pod` (a plain object, as the
+    API serves it) mounts, each hostPath mapped through `node_paths`."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    (container,) = pod["spec"]["containers"]
     mounts = {}
-    for mount in container.volume_mounts or []:
-        volume = volumes.get(mount.name)
-        if volume is not None and volume.host_path is not None:
-            mounts[mount.mount_path] = map_path(volume.host_path.path, node_paths)
+    for mount in container.get("volumeMounts") or []:
+        host_path = volumes.get(mount["name"], {}).get("hostPath")
+        if host_path is not None:
+            mounts[mount["mountPath"]] = map_path(host_path["path"], node_paths)
     return mounts
 
 

@@ -67,12 +67,15 @@ class SimServer:
         tokenizer_dir: Path | None = None,
         env: dict[str, str] | None = None,
         port: int = 0,
+        workdir: Path | None = None,
     ) -> None:
         self.flags = tuple(flags)
         self.tokenizer_dir = tokenizer_dir
         self.env = env
         self.port = port
-        self._workdir = Path(tempfile.mkdtemp(prefix="datagen-sim-"))
+        # Holds the log and the port file; a fresh temporary folder unless the caller keeps its own.
+        self._workdir = workdir or Path(tempfile.mkdtemp(prefix="datagen-sim-"))
+        self._workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self._workdir / "sim.log"
         self._process: subprocess.Popen[bytes] | None = None
 
