@@ -12,6 +12,7 @@ import yaml
 from datagen_operator.api import SpecError, load_run, parse_run
 from datagen_operator.api.duration import format_duration, parse_duration
 from datagen_operator.api.resolve import resolve_model
+from tests.schema_corpus import MUTATIONS, Mutation, validate_verdict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -82,7 +83,7 @@ def test_unknown_field_is_refused_with_its_path() -> None:
 def test_tensor_parallel_must_divide_gpus() -> None:
     errors = errors_of(with_changes("spec.server.tensorParallel", 3))
     (field, message), *_ = errors.items()
-    assert field == "spec.server"
+    assert field == "spec.server.tensorParallel"  # where the CRD's CEL rule reports it too
     assert "tensorParallel 3 does not divide gpus 8" in message
 
 
@@ -109,7 +110,7 @@ def test_ranges_are_checked(path: str, value: Any, field: str) -> None:
 
 def test_openai_max_tokens_is_explained() -> None:
     document = with_changes("spec.generation.sampling", {"max_tokens": 100})
-    message = errors_of(document)["spec.generation.sampling"]
+    message = errors_of(document)["spec.generation.sampling.max_tokens"]
     assert "max_new_tokens" in message
 
 
@@ -173,3 +174,29 @@ def test_preset_defaults_apply() -> None:
     assert resolved.reasoning_parser == "kimi_k2" and resolved.tool_call_parser == "kimi_k2"
     assert resolved.thinking and resolved.trust_remote_code
     assert resolved.think_end == "</think>"
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
+def test_validate_verdict_on_the_schema_corpus(mutation: Mutation) -> None:
+    # The API server's side of the same corpus: tests/operator/test_schema_corpus.py.
+    fields = validate_verdict(mutation.manifest())
+    assert fields == ({mutation.refused_at} if mutation.refused_at else set())
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.server.gpus", "8"),
+        ("spec.generation.thinking", "yes"),
+        ("spec.suspend", "false"),
+        ("spec.clients.requestTimeout", 3600),
+        ("spec.checks.minReasoningRate", "0.9"),
+    ],
+)
+def test_types_are_strict_as_the_crd(path: str, value: Any) -> None:
+    assert path in errors_of(with_changes(path, value))
+
+
+def test_snake_case_spelling_of_a_camel_case_field_is_unknown() -> None:
+    document = with_changes("spec.clients.max_attempts", 3)
+    assert "unknown field" in errors_of(document)["spec.clients.max_attempts"]

@@ -71,5 +71,6 @@ def test_descriptions_and_cel_rules_are_present() -> None:
     assert "kimi_k2" in server["properties"]["reasoningParser"]["enum"]
     assert "description" in spec_schema["properties"]["model"]["properties"]["preset"]
     rules = " ".join(rule["rule"] for rule in spec_schema["x-kubernetes-validations"])
-    assert '"kimi-k2.5": "kimi_k2"' in rules
+    assert '"kimi-k2.5": ["kimi_k2"]' in rules
+    assert '"qwen3": ["qwen", "qwen25"]' in rules  # spellings SGLang runs as one parser are all accepted
     assert spec_schema["properties"]["server"]["properties"]["startupTimeout"]["default"] == "45m"

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from datagen_operator.api.errors import FieldError, SpecError, field_errors
+from datagen_operator.api.errors import UNKNOWN_FIELD, FieldError, SpecError, field_errors
 from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
 
 
@@ -18,9 +18,14 @@ def parse_run(document: dict[str, Any]) -> DataGenRun:
     from datagen_operator.engine.launch import extra_arg_errors
 
     try:
-        run = DataGenRun.model_validate(document)
+        # As the CRD's OpenAPI schema: no coercion ("8" is not 8, "yes" is not true) and only the wire
+        # (camelCase) names; Python code may still build models by attribute name.
+        run = DataGenRun.model_validate(document, strict=True, by_alias=True, by_name=False)
     except ValidationError as error:
-        raise SpecError(field_errors(error)) from None
+        errors = field_errors(error)
+        # Unknown fields alone, as the API server reports them (it refuses them before validating anything;
+        # a misspelled key's "missing" twin is no news).
+        raise SpecError([e for e in errors if e.message.startswith(UNKNOWN_FIELD)] or errors) from None
     errors = extra_arg_errors(run.spec.server.extra_args)
     try:
         resolve_model(run.spec)

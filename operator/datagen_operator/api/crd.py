@@ -7,6 +7,12 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.names import (
+    NAME_CHARACTERS_MESSAGE,
+    RUN_NAME_PATTERN,
+    max_run_name_length,
+    name_length_message,
+)
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, NO_PARSER, PLURAL, DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -16,7 +22,12 @@ from datagen_operator.api.status import (
     SUCCEEDED,
     DataGenRunStatus,
 )
-from datagen_operator.engine.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
+from datagen_operator.engine.sglang_names import (
+    REASONING_PARSER_NAMES,
+    TOOL_CALL_PARSER_NAMES,
+    resolved_reasoning_parser,
+    resolved_tool_call_parser,
+)
 from datagen_operator.presets import preset_names, presets
 
 SHORT_NAMES = ["dgr"]
@@ -78,12 +89,27 @@ def _cel_list(values: list[str]) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
 
+def _same_parser(wanted: str | None, names: tuple[str, ...], resolved: Any) -> list[str]:
+    """Every spelling SGLang runs as the preset's parser (`qwen25` and `qwen` are one parser), as resolve.py
+    compares them."""
+    wanted = wanted or NO_PARSER
+    return sorted(n for n in (*names, NO_PARSER) if resolved(n) == resolved(wanted))
+
+
 def _spec_rules() -> list[dict[str, str]]:
-    """Cross-field rules the API server can enforce itself, generated from the preset data."""
+    """Cross-field rules the API server can enforce itself, generated from the preset data; the same rules
+    as resolve.py's (a unit test and tests/operator/test_schema_corpus.py hold them to one verdict)."""
     table = presets()
-    reasoning = {name: p.reasoning_parser or NO_PARSER for name, p in table.items()}
-    tools = {name: p.tool_call_parser or NO_PARSER for name, p in table.items()}
+    reasoning = {
+        name: _same_parser(p.reasoning_parser, REASONING_PARSER_NAMES, resolved_reasoning_parser)
+        for name, p in table.items()
+    }
+    tools = {
+        name: _same_parser(p.tool_call_parser, TOOL_CALL_PARSER_NAMES, resolved_tool_call_parser)
+        for name, p in table.items()
+    }
     no_thinking = [name for name, p in table.items() if not p.thinking.supported]
+    always_thinking = [name for name, p in table.items() if p.thinking.supported and p.thinking.switch is None]
     cel_map = lambda m: "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(m.items())) + "}"  # noqa: E731
     return [
         {
@@ -95,7 +121,7 @@ def _spec_rules() -> list[dict[str, str]]:
         },
         {
             "rule": f"!has(self.model.preset) || !has(self.server.reasoningParser) || "
-            f"{cel_map(reasoning)}[self.model.preset] == self.server.reasoningParser",
+            f"self.server.reasoningParser in {cel_map(reasoning)}[self.model.preset]",
             "message": "server.reasoningParser contradicts the preset (e.g. kimi looks for ◁think▷ but kimi-k2.5 "
             "writes <think>); leave it unset or use the preset's parser (`datagen presets`)",
             "fieldPath": ".server.reasoningParser",
@@ -103,7 +129,7 @@ def _spec_rules() -> list[dict[str, str]]:
         },
         {
             "rule": f"!has(self.model.preset) || !has(self.server.toolCallParser) || "
-            f"{cel_map(tools)}[self.model.preset] == self.server.toolCallParser",
+            f"self.server.toolCallParser in {cel_map(tools)}[self.model.preset]",
             "message": "server.toolCallParser contradicts the preset; leave it unset or use the preset's parser",
             "fieldPath": ".server.toolCallParser",
             "reason": "FieldValueInvalid",
@@ -113,6 +139,20 @@ def _spec_rules() -> list[dict[str, str]]:
             "has(self.generation.thinking) && self.generation.thinking)",
             "message": "this preset has no thinking mode; set generation.thinking: false or use a thinking preset",
             "fieldPath": ".generation.thinking",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!(has(self.model.preset) && self.model.preset in {_cel_list(always_thinking)} && "
+            "has(self.generation.thinking) && !self.generation.thinking)",
+            "message": "this preset always thinks (its template has no switch); remove generation.thinking: false",
+            "fieldPath": ".generation.thinking",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "has(self.model.preset) || !has(self.generation.thinking) || !self.generation.thinking || "
+            f"!has(self.server.reasoningParser) || self.server.reasoningParser != {json.dumps(NO_PARSER)}",
+            "message": "thinking is on but no reasoning parser is set; name one",
+            "fieldPath": ".server.reasoningParser",
             "reason": "FieldValueInvalid",
         },
     ]
@@ -126,22 +166,6 @@ def _spec_schema() -> dict[str, Any]:
     server["properties"]["reasoningParser"]["enum"] = [*sorted(REASONING_PARSER_NAMES), NO_PARSER]
     server["properties"]["toolCallParser"]["enum"] = [*sorted(TOOL_CALL_PARSER_NAMES), NO_PARSER]
     server["default"] = {}  # so the server's own defaults (gpus, image, ...) are filled in and CEL sees them
-    server["x-kubernetes-validations"] = [
-        {
-            "rule": "!has(self.tensorParallel) || !has(self.gpus) || self.gpus % self.tensorParallel == 0",
-            "message": "tensorParallel must divide gpus (SGLang needs tp-size x dp-size = GPUs)",
-            "fieldPath": ".tensorParallel",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            # has(): the API server also checks the rules against the `{}` default, before nested defaults
-            "rule": "!has(self.image) || (!self.image.endsWith(':latest') && (self.image.contains('@sha256:') || "
-            "self.image.split('/')[self.image.split('/').size() - 1].contains(':')))",
-            "message": "server.image must be pinned by tag or digest, never :latest",
-            "fieldPath": ".image",
-            "reason": "FieldValueInvalid",
-        },
-    ]
     for section in ("clients", "checks"):
         props[section]["default"] = {}
     one_volume = lambda: {  # noqa: E731  (a fresh dict each time: no YAML anchors in the output)
@@ -156,6 +180,15 @@ def _spec_schema() -> dict[str, Any]:
     ]
     schema["x-kubernetes-validations"] = _spec_rules()
     return schema
+
+
+def _metadata_schema() -> dict[str, Any]:
+    """metadata.name as the run's children need it (the API server alone allows any DNS subdomain)."""
+    rules = [
+        {"rule": f"self.size() <= {max_run_name_length()}", "message": name_length_message()},
+        {"rule": f"self.matches({json.dumps(RUN_NAME_PATTERN)})", "message": NAME_CHARACTERS_MESSAGE},
+    ]
+    return {"type": "object", "properties": {"name": {"type": "string", "x-kubernetes-validations": rules}}}
 
 
 def _condition_column(name: str, condition: str, priority: int = 0) -> dict[str, Any]:
@@ -230,7 +263,7 @@ def crd_manifest() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": _metadata_schema(),
                                 "spec": _spec_schema(),
                                 "status": status_schema,
                             },

@@ -38,8 +38,9 @@ def format_duration(seconds: float) -> str:
 
 
 def _validate(value: Any) -> float:
-    if not isinstance(value, str | int | float):
-        raise ValueError("a duration is a string like '45m' or '90s'")
+    # A bare number is refused (as by the CRD's string pattern): 3600 could mean seconds or milliseconds.
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a duration; write it as a string with a unit, like '45m' or '90s'")
     return parse_duration(value)
 
 

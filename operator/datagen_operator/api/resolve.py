@@ -81,7 +81,8 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         thinking = bool(spec.generation.thinking)
         tags = REASONING_PARSER_TAGS.get(reasoning or "", ("<think>", "</think>"))
         think_start, think_end = (model.think_tokens.start, model.think_tokens.end) if model.think_tokens else tags
-        if thinking and reasoning is None:
+        # Only an explicit `none`: parsers left unset are already named above (as the CRD's rule does).
+        if thinking and server.reasoning_parser == NO_PARSER:
             errors.append(
                 FieldError("spec.server.reasoningParser", "thinking is on but no reasoning parser is set; name one")
             )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from datagen_operator.api.duration import Duration
+from datagen_operator.api.errors import cross_field_error
+from datagen_operator.api.names import run_name_problem
 from datagen_operator.engine.sglang_names import (
     DEFAULT_SGLANG_IMAGE,
     REASONING_PARSER_NAMES,
@@ -23,7 +25,7 @@ NO_PARSER = "none"
 """Explicitly no parser (a model without reasoning or tool calls); distinct from 'unset, use the preset'."""
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+CPU_PATTERN = QUANTITY_PATTERN + "|^[0-9]+m$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SUB_PATH_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
 """A relative folder path whose segments never start with a dot: no '..' escape (RE2 has no lookahead)."""
@@ -139,6 +141,28 @@ class ModelSpec(SpecModel):
 
 
 class ServerSpec(SpecModel):
+    # The CRD's rules for this object, beside the validators that check the same for `datagen validate`.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.tensorParallel) || !has(self.gpus) || self.gpus % self.tensorParallel == 0",
+                    "message": "tensorParallel must divide gpus (SGLang needs tp-size x dp-size = GPUs)",
+                    "fieldPath": ".tensorParallel",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    # has(): the API server also checks the rules against the `{}` default, before nested defaults
+                    "rule": "!has(self.image) || (!self.image.endsWith(':latest') && (self.image.contains('@sha256:')"
+                    " || self.image.split('/')[self.image.split('/').size() - 1].contains(':')))",
+                    "message": "server.image must be pinned by tag or digest, never :latest",
+                    "fieldPath": ".image",
+                    "reason": "FieldValueInvalid",
+                },
+            ]
+        }
+    )
+
     image: str = Field(
         default=DEFAULT_SGLANG_IMAGE,
         pattern=r"^\S+$",
@@ -166,7 +190,7 @@ class ServerSpec(SpecModel):
     )
     port: int = Field(default=30000, ge=1024, le=65535)
     shm_size: str = Field(default="64Gi", pattern=QUANTITY_PATTERN, description="Memory-backed /dev/shm size.")
-    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN + "|^[0-9]+m$")
+    cpu: str | None = Field(default=None, pattern=CPU_PATTERN)
     memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
     env: list[EnvVar] = Field(default_factory=list)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -206,9 +230,10 @@ class ServerSpec(SpecModel):
     @model_validator(mode="after")
     def _tp_divides_gpus(self) -> ServerSpec:
         if self.gpus % self.tp_size:
-            raise ValueError(
+            raise cross_field_error(
+                "tensorParallel",
                 f"tensorParallel {self.tp_size} does not divide gpus {self.gpus}: SGLang needs "
-                f"tp-size x dp-size = GPUs; set tensorParallel to a divisor of {self.gpus}"
+                f"tp-size x dp-size = GPUs; set tensorParallel to a divisor of {self.gpus}",
             )
         return self
 
@@ -239,7 +264,26 @@ class DatasetSpec(SpecModel):
 class SamplingParams(BaseModel):
     """SGLang /generate sampling_params, spelled as SGLang spells them (max_new_tokens, not max_tokens)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        json_schema_extra={  # the CRD's rules; _sglang_cross_field_bounds checks the same for `datagen validate`
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.top_k) || self.top_k != 0 || (has(self.temperature) && self.temperature < 1e-6)",
+                    "message": "top_k must be -1 (the whole vocabulary) or at least 1; SGLang refuses 0",
+                    "fieldPath": ".top_k",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "!has(self.min_new_tokens) || self.min_new_tokens <= self.max_new_tokens",
+                    "message": "min_new_tokens must be at most max_new_tokens",
+                    "fieldPath": ".min_new_tokens",
+                    "reason": "FieldValueInvalid",
+                },
+            ]
+        },
+    )
 
     # Ranges are those of SGLang 0.5.23's SamplingParams.verify, which refuses a request outside them
     # (tests/contract/test_spec_sampling.py holds them to SGLang's own code). One deliberate difference:
@@ -262,21 +306,16 @@ class SamplingParams(BaseModel):
         "(SGLang ignores the seed without it); sample k of a prompt is sent with seed + k.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _explain_openai_names(cls, data: object) -> object:
-        if isinstance(data, dict) and "max_tokens" in data:
-            raise ValueError("max_tokens is OpenAI's name and SGLang 0.5.23 rejects it; write max_new_tokens")
-        return data
-
     @model_validator(mode="after")
     def _sglang_cross_field_bounds(self) -> SamplingParams:
         # SGLang turns temperature 0 into greedy sampling (top_k 1) before checking top_k.
         greedy = self.temperature is not None and self.temperature < 1e-6
         if self.top_k == 0 and not greedy:
-            raise ValueError("top_k must be -1 (the whole vocabulary) or at least 1; SGLang refuses 0")
+            raise cross_field_error("top_k", "top_k must be -1 (the whole vocabulary) or at least 1; SGLang refuses 0")
         if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(f"min_new_tokens must be at most max_new_tokens ({self.max_new_tokens})")
+            raise cross_field_error(
+                "min_new_tokens", f"min_new_tokens must be at most max_new_tokens ({self.max_new_tokens})"
+            )
         return self
 
 
@@ -300,8 +339,8 @@ class ClientsSpec(SpecModel):
         default="1h", validate_default=True, description="Per-request timeout (long answers take minutes)."
     )
     max_attempts: int = Field(default=8, ge=1, le=100, description="Tries per record for retryable errors.")
-    cpu: str | None = None
-    memory: str | None = None
+    cpu: str | None = Field(default=None, pattern=CPU_PATTERN)
+    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels for the preflight, canary, worker and verify pods (CPU)."
     )
@@ -345,8 +384,16 @@ class DataGenRunSpec(SpecModel):
 
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=52)]
+    name: str
     namespace: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _children_can_be_named(cls, value: str) -> str:
+        problem = run_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class DataGenRun(BaseModel):

@@ -1,0 +1,66 @@
+"""What a run's name must be so that every object the operator creates for it can exist.
+
+The API server alone accepts any DNS subdomain (dots, up to 253 characters) as a custom resource's
+name; the run's children are stricter. The limit is computed from k8s/manifests.py's child names, so
+a new or longer child name changes it (and the generated CRD, which a unit test keeps in sync).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+LABEL_VALUE_MAX = 63
+"""Label values, DNS-1035 Service names and pod hostnames: at most 63 characters."""
+REVISION_HASH_SUFFIX = len("-") + 10
+"""The StatefulSet controller labels each server pod controller-revision-hash=<statefulset>-<hash of up to
+10 characters>; longer than 63 and it can never create the pod (kubernetes#64023)."""
+RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""DNS-1035 label: the per-replica Services are named <run>-server-<i>, and Service names may not
+contain dots or start with a digit."""
+
+
+@cache
+def max_run_name_length() -> int:
+    """The longest run name whose every child name and label fits in 63 characters."""
+    from datagen_operator.api.spec import ClientsSpec, ServerSpec
+    from datagen_operator.k8s import manifests as m
+
+    last_replica = _maximum(ServerSpec, "replicas") - 1
+    last_shard = _maximum(ClientsSpec, "shards") - 1
+    longest_suffix = max(
+        len(m.server_name("")) + REVISION_HASH_SUFFIX,  # server pods' controller-revision-hash label
+        len(m.server_pod_name("", last_replica)),  # per-replica Service; the pods' pod-name label
+        len(m.workers_job_name("")) + len(f"-{last_shard}"),  # Indexed Job pod hostname <job>-<index>
+        *(len(job("")) for job in (m.preflight_job_name, m.canary_job_name, m.verify_job_name)),  # job-name label
+    )
+    return LABEL_VALUE_MAX - longest_suffix
+
+
+NAME_CHARACTERS_MESSAGE = (
+    "must be lowercase letters, digits and '-', start with a letter and end with a letter or digit "
+    "(no dots: the run's Services, <name>-server-<i>, are DNS-1035 labels)"
+)
+
+
+def name_length_message() -> str:
+    return (
+        f"at most {max_run_name_length()} characters, so that the children's names and labels "
+        f"(<name>-server-<revision hash> on the server pods) fit in {LABEL_VALUE_MAX}: shorten the name"
+    )
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a run's name (the same messages as the CRD's rules on metadata.name), or None."""
+    if len(name) > max_run_name_length():
+        return name_length_message()
+    if not re.fullmatch(RUN_NAME_PATTERN, name):
+        return NAME_CHARACTERS_MESSAGE
+    return None
+
+
+def _maximum(model: type, field: str) -> int:
+    for constraint in model.model_fields[field].metadata:  # type: ignore[attr-defined]
+        if hasattr(constraint, "le"):
+            return int(constraint.le)
+    raise ValueError(f"{model.__name__}.{field} has no upper bound")

@@ -1,0 +1,265 @@
+"""A mutation corpus of DataGenRun manifests: the examples, each broken (or bent) one way, and the
+field that must be named when it is refused. `datagen validate` and the API server must agree on all.
+
+Used by tests/unit/test_api.py (validate alone, no server) and tests/operator/test_schema_corpus.py
+(validate against the real API server).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from datagen_operator.api import SpecError, parse_run
+from datagen_operator.api.names import max_run_name_length
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+BASE_FILES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "presets").glob("*.yaml"))
+
+DELETE = object()
+"""As a value: remove the key."""
+
+
+@dataclass(frozen=True)
+class Rename:
+    """As a value: move the key's value to `to` (the snake_case spelling of a camelCase key, say)."""
+
+    to: str
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    base: str
+    """An example, relative to examples/."""
+    changes: tuple[tuple[str, Any], ...]
+    """(dotted path, value | DELETE | Rename) applied in order."""
+    refused_at: str | None
+    """The field both must name; None: both must accept."""
+    server_accepts: bool = False
+    """The one deliberate difference: a rule the operator (parse_spec) enforces after the API server
+    stored the run, as a Succeeded=False InvalidSpec condition; `datagen validate` refuses it up front."""
+
+    def manifest(self) -> dict[str, Any]:
+        document = yaml.safe_load((EXAMPLES / self.base).read_text())
+        for path, value in self.changes:
+            *parents, leaf = path.split(".")
+            node = document
+            for part in parents:
+                node = node.setdefault(part, {})
+            if value is DELETE:
+                del node[leaf]
+            elif isinstance(value, Rename):
+                node[value.to] = node.pop(leaf)
+            else:
+                node[leaf] = copy.deepcopy(value)
+        return document
+
+
+def mutate(id_: str, base: str, refused_at: str | None, *changes: tuple[str, Any]) -> Mutation:
+    return Mutation(id_, base, changes, refused_at)
+
+
+KIMI, QUICK, MISCONFIGURED = "kimi-k2.5.yaml", "quickstart.yaml", "misconfigured.yaml"
+QWEN3, GPT_OSS, R1 = "presets/qwen3.yaml", "presets/gpt-oss.yaml", "presets/deepseek-r1.yaml"
+K2_INSTRUCT, K2_THINKING, GLM = "presets/kimi-k2-instruct.yaml", "presets/kimi-k2-thinking.yaml", "presets/glm-4.5.yaml"
+LONGEST_NAME = "r" * max_run_name_length()
+
+MUTATIONS: list[Mutation] = [
+    # the examples as they are
+    *(Mutation(f"example {p.relative_to(EXAMPLES)}", str(p.relative_to(EXAMPLES)), (), None) for p in BASE_FILES),
+    # wrong types (a YAML string or number where the schema says otherwise)
+    mutate("gpus as a string", KIMI, "spec.server.gpus", ("spec.server.gpus", "8")),
+    mutate("thinking as yes", QWEN3, "spec.generation.thinking", ("spec.generation.thinking", "yes")),
+    mutate("suspend as a string", QUICK, "spec.suspend", ("spec.suspend", "false")),
+    mutate("requestTimeout as seconds", KIMI, "spec.clients.requestTimeout", ("spec.clients.requestTimeout", 3600)),
+    mutate("startupTimeout as seconds", QUICK, "spec.server.startupTimeout", ("spec.server.startupTimeout", 2700)),
+    mutate("shards fractional", KIMI, "spec.clients.shards", ("spec.clients.shards", 2.5)),
+    mutate("rate as a string", KIMI, "spec.checks.minReasoningRate", ("spec.checks.minReasoningRate", "0.9")),
+    mutate(
+        "temperature as bool",
+        R1,
+        "spec.generation.sampling.temperature",
+        ("spec.generation.sampling.temperature", True),
+    ),
+    mutate("extraArgs as a string", QUICK, "spec.server.extraArgs", ("spec.server.extraArgs", "--foo")),
+    mutate(
+        "nodeSelector value a number", KIMI, "spec.server.nodeSelector.pool", ("spec.server.nodeSelector", {"pool": 1})
+    ),
+    mutate(
+        "stop_token_ids of strings",
+        QWEN3,
+        "spec.generation.sampling.stop_token_ids[0]",
+        ("spec.generation.sampling.stop_token_ids", ["1"]),
+    ),
+    mutate("model as a string", QUICK, "spec.model", ("spec.model", "kimi")),
+    # unknown keys, snake_case spellings of camelCase keys
+    mutate("unknown server key", KIMI, "spec.server.gpuCount", ("spec.server.gpuCount", 8)),
+    mutate("unknown spec section", QUICK, "spec.scheduling", ("spec.scheduling", {"queue": "a"})),
+    mutate("max_attempts snake_case", KIMI, "spec.clients.max_attempts", ("spec.clients.max_attempts", 3)),
+    mutate(
+        "tensor_parallel snake_case",
+        KIMI,
+        "spec.server.tensor_parallel",
+        ("spec.server.tensorParallel", Rename("tensor_parallel")),
+    ),
+    mutate(
+        "canary_prompts snake_case",
+        GLM,
+        "spec.checks.canary_prompts",
+        ("spec.checks.canaryPrompts", Rename("canary_prompts")),
+    ),
+    mutate(
+        "claim_name snake_case",
+        KIMI,
+        "spec.model.volume.persistentVolumeClaim.claim_name",
+        ("spec.model.volume.persistentVolumeClaim.readOnly", DELETE),
+        ("spec.model.volume.persistentVolumeClaim.claimName", Rename("claim_name")),
+        ("spec.model.volume.persistentVolumeClaim.readOnly", True),
+    ),
+    mutate(
+        "max_tokens (OpenAI's name)",
+        QWEN3,
+        "spec.generation.sampling.max_tokens",
+        ("spec.generation.sampling.max_tokens", 100),
+    ),
+    # numbers out of range
+    mutate("gpus 0", KIMI, "spec.server.gpus", ("spec.server.gpus", 0)),
+    mutate("gpus 65", GPT_OSS, "spec.server.gpus", ("spec.server.gpus", 65)),
+    mutate("replicas 0", KIMI, "spec.server.replicas", ("spec.server.replicas", 0)),
+    mutate("port 80", QUICK, "spec.server.port", ("spec.server.port", 80)),
+    mutate("memFractionStatic 0", KIMI, "spec.server.memFractionStatic", ("spec.server.memFractionStatic", 0)),
+    mutate("memFractionStatic 1.5", KIMI, "spec.server.memFractionStatic", ("spec.server.memFractionStatic", 1.5)),
+    mutate("minReasoningRate 1.5", KIMI, "spec.checks.minReasoningRate", ("spec.checks.minReasoningRate", 1.5)),
+    mutate("samplesPerPrompt 0", QWEN3, "spec.generation.samplesPerPrompt", ("spec.generation.samplesPerPrompt", 0)),
+    mutate("concurrency 5000", QUICK, "spec.clients.concurrency", ("spec.clients.concurrency", 5000)),
+    mutate("shards 10001", KIMI, "spec.clients.shards", ("spec.clients.shards", 10001)),
+    mutate("top_p 0", R1, "spec.generation.sampling.top_p", ("spec.generation.sampling.top_p", 0)),
+    mutate(
+        "max_new_tokens 0",
+        QUICK,
+        "spec.generation.sampling.max_new_tokens",
+        ("spec.generation.sampling.max_new_tokens", 0),
+    ),
+    mutate("canaryMaxNewTokens 8", QUICK, "spec.checks.canaryMaxNewTokens", ("spec.checks.canaryMaxNewTokens", 8)),
+    mutate("memFractionStatic 1 (an integer number)", KIMI, None, ("spec.server.memFractionStatic", 1)),
+    # patterns and enums
+    mutate("shmSize lots", KIMI, "spec.server.shmSize", ("spec.server.shmSize", "lots")),
+    mutate("clients.cpu lots", KIMI, "spec.clients.cpu", ("spec.clients.cpu", "lots")),
+    mutate("clients.memory 1 GB", KIMI, "spec.clients.memory", ("spec.clients.memory", "1 GB")),
+    mutate("clients.cpu 500m", KIMI, None, ("spec.clients.cpu", "500m"), ("spec.clients.memory", "2Gi")),
+    mutate("onFailure Ignore", KIMI, "spec.checks.onFailure", ("spec.checks.onFailure", "Ignore")),
+    mutate("logLevel trace", QUICK, "spec.server.logLevel", ("spec.server.logLevel", "trace")),
+    mutate("unknown preset", QUICK, "spec.model.preset", ("spec.model.preset", "llama-5")),
+    mutate(
+        "unknown reasoning parser",
+        MISCONFIGURED,
+        "spec.server.reasoningParser",
+        ("spec.server.reasoningParser", "kimi-k2"),
+    ),
+    mutate(
+        "servedModelName with a space", KIMI, "spec.model.servedModelName", ("spec.model.servedModelName", "my model")
+    ),
+    mutate(
+        "env name starting with a digit",
+        KIMI,
+        "spec.server.env[0].name",
+        ("spec.server.env", [{"name": "1BAD", "value": "x"}]),
+    ),
+    # durations
+    mutate("startupTimeout 45 (no unit)", KIMI, "spec.server.startupTimeout", ("spec.server.startupTimeout", "45")),
+    mutate("requestTimeout 1d", KIMI, "spec.clients.requestTimeout", ("spec.clients.requestTimeout", "1d")),
+    mutate("startupTimeout empty", QUICK, "spec.server.startupTimeout", ("spec.server.startupTimeout", "")),
+    mutate("startupTimeout 1h30m", QUICK, None, ("spec.server.startupTimeout", "1h30m")),
+    # names: what every child object (pods, Services, Jobs, labels) can carry
+    mutate("name with a dot", QUICK, "metadata.name", ("metadata.name", "quick.start")),
+    mutate("name uppercase", QUICK, "metadata.name", ("metadata.name", "QuickStart")),
+    mutate("name starting with a digit", QUICK, "metadata.name", ("metadata.name", "1quickstart")),
+    mutate("name one too long", QUICK, "metadata.name", ("metadata.name", LONGEST_NAME + "r")),
+    mutate("name 52 characters", QUICK, "metadata.name", ("metadata.name", "r" * 52)),
+    mutate("name at the limit", KIMI, None, ("metadata.name", LONGEST_NAME)),
+    # cross-field rules (CEL in the CRD)
+    mutate("tensorParallel 3 of 8 gpus", KIMI, "spec.server.tensorParallel", ("spec.server.tensorParallel", 3)),
+    mutate("tensorParallel 4 of 8 gpus", KIMI, None, ("spec.server.tensorParallel", 4)),
+    mutate("image :latest", KIMI, "spec.server.image", ("spec.server.image", "lmsysorg/sglang:latest")),
+    mutate("image without a tag", QUICK, "spec.server.image", ("spec.server.image", "registry:5000/sglang")),
+    mutate("image by digest", QUICK, None, ("spec.server.image", "lmsysorg/sglang@sha256:" + "0" * 64)),
+    mutate("no preset, no parsers", QUICK, "spec.model.preset", ("spec.model.preset", DELETE)),
+    mutate(
+        "reasoningParser contradicts preset",
+        KIMI,
+        "spec.server.reasoningParser",
+        ("spec.server.reasoningParser", "kimi"),
+    ),
+    mutate(
+        "toolCallParser contradicts preset",
+        KIMI,
+        "spec.server.toolCallParser",
+        ("spec.server.toolCallParser", "qwen25"),
+    ),
+    mutate("toolCallParser qwen for qwen25 (same parser)", QWEN3, None, ("spec.server.toolCallParser", "qwen")),
+    mutate(
+        "thinking on a non-thinking preset", K2_INSTRUCT, "spec.generation.thinking", ("spec.generation.thinking", True)
+    ),
+    mutate(
+        "thinking off on an always-thinking preset",
+        K2_THINKING,
+        "spec.generation.thinking",
+        ("spec.generation.thinking", False),
+    ),
+    mutate(
+        "thinking without a reasoning parser",
+        MISCONFIGURED,
+        "spec.server.reasoningParser",
+        ("spec.server.reasoningParser", "none"),
+    ),
+    mutate("volume without a source", KIMI, "spec.dataset.volume", ("spec.dataset.volume", {})),
+    mutate(
+        "volume with two sources",
+        KIMI,
+        "spec.model.volume",
+        ("spec.model.volume.hostPath", {"path": "/models"}),
+    ),
+    mutate(
+        "env with value and valueFrom",
+        KIMI,
+        "spec.server.env[0]",
+        ("spec.server.env", [{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+    ),
+    mutate("top_k 0 without greedy", R1, "spec.generation.sampling.top_k", ("spec.generation.sampling.top_k", 0)),
+    mutate(
+        "top_k 0 with temperature 0 (greedy)",
+        R1,
+        None,
+        ("spec.generation.sampling.top_k", 0),
+        ("spec.generation.sampling.temperature", 0),
+    ),
+    mutate(
+        "min_new_tokens above max_new_tokens",
+        QUICK,
+        "spec.generation.sampling.min_new_tokens",
+        ("spec.generation.sampling.min_new_tokens", 9000),
+    ),
+    # extraArgs naming a flag the operator manages: left to the operator's InvalidSpec condition, so that
+    # path stays reachable (tests/operator/test_operator.py) -- not a CEL rule.
+    Mutation(
+        "extraArgs with a managed flag",
+        KIMI,
+        (("spec.server.extraArgs", ["--tp-size=4"]),),
+        "spec.server.extraArgs[0]",
+        server_accepts=True,
+    ),
+]
+
+
+def validate_verdict(manifest: dict[str, Any]) -> set[str]:
+    """The fields `datagen validate` names (empty: accepted)."""
+    try:
+        parse_run(manifest)
+    except SpecError as error:
+        return {e.field for e in error.errors}
+    return set()
