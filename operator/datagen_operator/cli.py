@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "canary": ("datagen_operator.checks.canary", "main", "run the canary against running servers"),
     "verify": ("datagen_operator.checks.verify", "main", "check an output directory for faithfulness"),
     "run": ("datagen_operator.local.main", "main", "run a DataGenRun on this machine"),
+    "export": ("datagen_operator.export.run", "main", "write a run's exact tokens in a trainer's format"),
     "operator": ("datagen_operator.k8s.main", "main", "run the Kubernetes operator"),
     "release-finalizers": (
         "datagen_operator.k8s.release",

@@ -1,0 +1,286 @@
+"""`datagen export OUTPUT --format speculators|trl|text --out DIR`: the I/O shell around `formats`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from datagen_operator.export import FORMATS
+from datagen_operator.export.formats import (
+    OVER_LENGTH_POLICIES,
+    Selection,
+    completion_counts,
+    effective_flags,
+    exclusion_reason,
+    finish_type,
+    is_over_length,
+    join_tokens,
+    list_lengths,
+    row_metadata,
+    speculators_row,
+    text_row,
+    trl_schema,
+    trl_table,
+)
+from datagen_operator.export.manifest import (
+    MANIFEST_NAME,
+    ExportTally,
+    build_manifest,
+    describe_source,
+    write_manifest,
+)
+from datagen_operator.export.reader import BATCH_ROWS, iter_source_batches
+from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
+from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    export_format: str
+    selection: Selection = field(default_factory=Selection)
+    last_turn_only: bool = False
+    part_bytes: int = DEFAULT_PART_BYTES
+    batch_rows: int = BATCH_ROWS
+
+    def to_json(self) -> dict[str, Any]:
+        selection = asdict(self.selection)
+        selection["exclude_flags"] = sorted(self.selection.exclude_flags)
+        return {
+            **selection,
+            "last_turn_only": self.last_turn_only,
+            # Token formats always supervise the completion only: that IS the last assistant turn.
+            "last_turn_only_applies": self.export_format == "text",
+            "part_bytes": self.part_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    decode: Callable[[list[int]], str]
+    encode: Callable[[str], list[int]]
+    vocab_size: int | None
+
+
+def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
+    from datagen_operator.worker.render import backend_encoder
+
+    # No special tokens added: the decoded text already holds the template's own (BOS included, if any).
+    encode = backend_encoder(tokenizer) or (lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return TextCodec(decode, encode, len(tokenizer))
+
+
+def export_output(
+    output_dir: str | Path, out_dir: str | Path, options: ExportOptions, codec: TextCodec | None = None
+) -> dict[str, Any]:
+    """Export every record of the run once (minus what the selection leaves out); returns the manifest."""
+    output_dir, out_dir = Path(output_dir), Path(out_dir)
+    if options.export_format not in FORMATS:
+        raise ValueError(f"unknown format {options.export_format!r}; one of {', '.join(FORMATS)}")
+    if options.export_format == "text" and codec is None:
+        raise ValueError("the text format needs the run's tokenizer")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = describe_source(output_dir)
+    tally, frequency = ExportTally(), TokenFrequency()
+    selection = options.selection
+    parts: JsonlParts | ParquetParts = (
+        ParquetParts(out_dir, trl_schema(), options.part_bytes)
+        if options.export_format == "trl"
+        else JsonlParts(out_dir, options.part_bytes)
+    )
+    for batch in iter_source_batches(output_dir, options.batch_rows):
+        records = batch.records
+        tally.records_read += records.num_rows
+        prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
+        finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
+        flags = records.column("flags").to_pylist()
+        lengths = (list_lengths(records.column("input_ids")) + list_lengths(records.column("output_ids"))).tolist()
+        keep: list[int] = []
+        for row, (prompt_id, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
+            reason = exclusion_reason(effective_flags(flags[row] or (), finishes[row]), lengths[row], selection)
+            if reason is None:
+                keep.append(row)
+            else:
+                tally.leave_out(reason, prompt_id, sample)
+        if not keep:
+            continue
+        kept = records if len(keep) == records.num_rows else records.take(pa.array(keep, type=pa.int64()))
+        joined = join_tokens(kept.column("input_ids"), kept.column("output_ids"))
+        prompt_tokens, completion_tokens = (
+            kept.column("prompt_tokens").to_pylist(),
+            kept.column("completion_tokens").to_pylist(),
+        )
+        metadata = [
+            row_metadata(
+                finishes[row],
+                prompt_tokens[i],
+                completion_tokens[i],
+                flags[row] or [],
+                unfinished=batch.unfinished,
+                over_length=is_over_length(lengths[row], selection),
+            )
+            for i, row in enumerate(keep)
+        ]
+        tokens = int(joined.offsets[-1])
+        frequency.add(completion_counts(joined))
+        tally.rows_written += len(keep)
+        tally.tokens_written += tokens
+        tally.prompt_tokens += int(joined.prompt_lengths.sum())
+        tally.completion_tokens += int(joined.completion_lengths.sum())
+        tally.rows_unfinished += len(keep) if batch.unfinished else 0
+        tally.rows_over_length_kept += sum(m["over_length"] for m in metadata)
+        if options.export_format == "trl":
+            assert isinstance(parts, ParquetParts)
+            parts.write_table(trl_table(kept.column("id"), kept.column("sample"), joined, metadata), tokens)
+            continue
+        assert isinstance(parts, JsonlParts)
+        lines = []
+        for i, row in enumerate(keep):
+            ids, loss_mask = joined.row(i)
+            if options.export_format == "speculators":
+                lines.append(speculators_row(prompt_ids[row], samples[row], ids, loss_mask, metadata[i]))
+            else:
+                assert codec is not None
+                line = text_row(
+                    prompt_ids[row], samples[row], ids, int(joined.prompt_lengths[i]), metadata[i],
+                    decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only,
+                )  # fmt: skip
+                tally.roundtrip_failed += b'"roundtrip_ok":false' in line
+                lines.append(line)
+        parts.write_lines(lines, tokens)
+    written = parts.close()
+    token_freq = frequency.write(out_dir, codec.vocab_size if codec else None)
+    manifest = build_manifest(
+        export_format=options.export_format,
+        source=source,
+        options=options.to_json(),
+        tally=tally,
+        parts=[part.to_json() for part in written],
+        token_freq=token_freq,
+    )
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+
+def clear_previous_export(out_dir: Path) -> None:
+    """Only what an export writes: a user's other files in DIR are never touched."""
+    for path in [*out_dir.glob(PART_GLOB), *out_dir.glob(f".{PART_GLOB}.tmp")]:
+        path.unlink()
+    for name in (MANIFEST_NAME, NPY_NAME, JSON_NAME):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str | None, trust_remote_code: bool) -> Any:
+    """The run's tokenizer: --tokenizer, else the run's model.tokenizerPath / model.path (OUTPUT/run.yaml);
+    trust_remote_code as the run's preset says (Kimi's tiktoken tokenizer ships its own code)."""
+    from datagen_operator.api import anchor_paths, load_run
+    from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.worker.render import load_tokenizer
+
+    run_file = run_file or output / "run.yaml"
+    spec = anchor_paths(load_run(run_file), run_file.resolve().parent).spec if run_file.exists() else None
+    directory = tokenizer_dir or (spec.model.tokenizer_path or spec.model.path if spec else None)
+    if not directory or not Path(directory).is_dir():
+        raise ValueError(f"no tokenizer directory (got {directory!r}): pass --tokenizer DIR")
+    trust = trust_remote_code or (resolve_model(spec).trust_remote_code if spec else False)
+    return load_tokenizer(directory, trust_remote_code=trust)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="datagen export",
+        description="Write a run's exact token records in a trainer's format (docs/export.md).",
+    )
+    parser.add_argument("output", help="the run's output directory")
+    parser.add_argument("--format", required=True, choices=FORMATS, dest="export_format")
+    parser.add_argument("--out", required=True, help="directory for the parts, export-manifest.json and token_freq.*")
+    parser.add_argument(
+        "--max-length", type=int, help="rows longer than this (prompt + completion) follow --over-length"
+    )
+    parser.add_argument(
+        "--over-length",
+        choices=OVER_LENGTH_POLICIES,
+        default="drop",
+        help="drop over-long rows, or keep them whole with metadata.over_length (never cut: the stop token is last)",
+    )
+    parser.add_argument(
+        "--exclude-flags", default="", help="comma-separated record flags to leave out, e.g. truncated,aborted"
+    )
+    parser.add_argument(
+        "--last-turn-only",
+        action="store_true",
+        help="text format: prompt/completion columns so only the generated turn is supervised (token formats always are)",
+    )
+    parser.add_argument(
+        "--part-bytes", type=int, default=DEFAULT_PART_BYTES, help="start a new part file beyond this size"
+    )
+    parser.add_argument("--tokenizer", help="tokenizer dir for --format text (default: the run's model path)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="default: what the run's preset says")
+    parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from datagen_operator.checks.record_checks import ALL_FLAGS
+
+    output, out_dir = Path(args.output), Path(args.out)
+    exclude = frozenset(flag.strip() for flag in args.exclude_flags.split(",") if flag.strip())
+    problems = []
+    if not output.is_dir():
+        problems.append(f"{output}: not a directory")
+    if unknown := sorted(exclude - set(ALL_FLAGS)):
+        problems.append(f"--exclude-flags: unknown {', '.join(unknown)}; known: {', '.join(ALL_FLAGS)}")
+    if args.max_length is not None and args.max_length < 1:
+        problems.append("--max-length must be positive")
+    if out_dir.resolve() == output.resolve():
+        problems.append("--out must not be the run's output directory")
+    if ((out_dir / MANIFEST_NAME).exists() or any(out_dir.glob(PART_GLOB))) and not args.overwrite:
+        problems.append(f"{out_dir} holds an export already: pass --overwrite to replace it")
+    codec = None
+    if not problems and args.export_format == "text":
+        try:
+            codec = codec_from_tokenizer(
+                load_run_tokenizer(output, Path(args.run) if args.run else None, args.tokenizer, args.trust_remote_code)
+            )
+        except (ValueError, OSError) as error:
+            problems.append(f"tokenizer: {error}")
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.overwrite and out_dir.is_dir():
+        clear_previous_export(out_dir)
+    options = ExportOptions(
+        export_format=args.export_format,
+        selection=Selection(exclude, args.max_length, args.over_length),
+        last_turn_only=args.last_turn_only,
+        part_bytes=args.part_bytes,
+    )
+    manifest = export_output(output, out_dir, options, codec)
+    summary = {
+        "out": str(out_dir),
+        "format": args.export_format,
+        **manifest["counts"],
+        "left_out_by": manifest["left_out"],
+    }
+    if not manifest["source"]["complete"]:
+        summary["note"] = "the run is not complete: rows from uncompacted shards carry metadata.unfinished"
+    sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    return EXIT_OK

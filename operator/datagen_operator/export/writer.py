@@ -1,0 +1,130 @@
+"""Output files of a bounded size: a new part starts once the current one reaches `max_bytes`.
+
+Parts are written under a temporary name and renamed when closed, so a `part-*` file is always whole;
+the export manifest, written last, lists them (its presence means the export finished).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from datagen_operator.worker.store import fsync_dir, sha256_file
+
+DEFAULT_PART_BYTES = 512 * 1024 * 1024
+PART_GLOB = "part-*"
+
+
+@dataclass
+class PartInfo:
+    name: str
+    rows: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    sha256: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "rows": self.rows, "tokens": self.tokens, "bytes": self.bytes, "sha256": self.sha256}
+
+
+class _RollingParts:
+    suffix = ""
+
+    def __init__(self, directory: Path, max_bytes: int = DEFAULT_PART_BYTES) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.parts: list[PartInfo] = []
+        self._current: PartInfo | None = None
+
+    def _path(self, part: PartInfo, *, temporary: bool = False) -> Path:
+        return self.directory / (f".{part.name}.tmp" if temporary else part.name)
+
+    def _start(self) -> PartInfo:
+        part = PartInfo(f"part-{len(self.parts):05d}{self.suffix}")
+        self.parts.append(part)
+        self._current = part
+        self._open(self._path(part, temporary=True))
+        return part
+
+    def _finish(self) -> None:
+        part = self._current
+        if part is None:
+            return
+        self._close()
+        temporary, final = self._path(part, temporary=True), self._path(part)
+        with temporary.open("rb") as file:
+            os.fsync(file.fileno())
+        os.replace(temporary, final)
+        part.bytes, part.sha256 = final.stat().st_size, sha256_file(final)
+        self._current = None
+
+    def _account(self, rows: int, tokens: int, size_now: int) -> None:
+        assert self._current is not None
+        self._current.rows += rows
+        self._current.tokens += tokens
+        if size_now >= self.max_bytes:
+            self._finish()
+
+    def close(self) -> list[PartInfo]:
+        self._finish()
+        fsync_dir(self.directory)
+        return self.parts
+
+    # per file type
+    def _open(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+class JsonlParts(_RollingParts):
+    suffix = ".jsonl"
+    WRITE_BUFFER = 8 * 1024 * 1024
+
+    def _open(self, path: Path) -> None:
+        self._file = path.open("wb", buffering=self.WRITE_BUFFER)
+        self._size = 0
+
+    def _close(self) -> None:
+        self._file.close()
+
+    def write_lines(self, lines: list[bytes], tokens: int) -> None:
+        """Lines of one batch (each ends in a newline) go into one part; a part may exceed max_bytes by one batch."""
+        if not lines:
+            return
+        if self._current is None:
+            self._start()
+        data = b"".join(lines)
+        self._file.write(data)
+        self._size += len(data)
+        self._account(len(lines), tokens, self._size)
+
+
+class ParquetParts(_RollingParts):
+    suffix = ".parquet"
+
+    def __init__(self, directory: Path, schema: pa.Schema, max_bytes: int = DEFAULT_PART_BYTES) -> None:
+        super().__init__(directory, max_bytes)
+        self.schema = schema
+
+    def _open(self, path: Path) -> None:
+        self._path_open = path
+        self._writer = pq.ParquetWriter(path, self.schema, compression="zstd", use_dictionary=["id", "finish_reason"])
+
+    def _close(self) -> None:
+        self._writer.close()
+
+    def write_table(self, table: pa.Table, tokens: int) -> None:
+        """One row group per call: the file on disk grows with each, which is what the size bound reads."""
+        if table.num_rows == 0:
+            return
+        if self._current is None:
+            self._start()
+        self._writer.write_table(table)
+        self._account(table.num_rows, tokens, self._path_open.stat().st_size)
