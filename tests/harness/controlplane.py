@@ -45,6 +45,7 @@ CONTROLLERS = (
     "deployment-controller",
     "replicaset-controller",
     "statefulset-controller",
+    "persistentvolume-binder-controller",  # binds claims to pre-made (hostPath) volumes; no provisioner
     "serviceaccount-token-controller",
     "serviceaccount-controller",
     "node-lifecycle-controller",

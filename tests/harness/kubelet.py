@@ -7,8 +7,9 @@ each pod bound to it as a real local process:
 
 - the container's command with Kubernetes' $(VAR) expansion (env values, fieldRefs such as the Job's
   completion index annotation, metadata.namespace);
-- mounts mapped to local paths: hostPath volumes to their paths, ConfigMap volumes materialised from the
-  API, /dev/termination-log to a file whose content becomes the termination message;
+- mounts mapped to local paths: hostPath volumes to their paths, claims to their hostPath PersistentVolume,
+  (subPath honoured), emptyDirs to a folder of the pod's, ConfigMap volumes materialised from the API,
+  /dev/termination-log to a file whose content becomes the termination message; env values are mapped too;
 - a pod whose ServiceAccount token is mounted gets KUBECONFIG for a TokenRequest token of that account, so
   the worker patches its progress ConfigMap under its real Role;
 - the pod's status is written the way a kubelet writes it: Running + Ready, then Succeeded/Failed with the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import re
 import secrets
 import signal
@@ -214,12 +216,24 @@ class PodRunner:
                 for item in volume.config_map.items or [client.V1KeyToPath(key=k, path=k) for k in data]:
                     (target / item.path).write_text(data.get(item.key, ""))
                 paths[mount.mount_path] = str(target)
+            elif volume is not None and volume.empty_dir is not None:
+                target = workdir / "emptydirs" / mount.name
+                target.mkdir(parents=True, exist_ok=True)
+                paths[mount.mount_path] = str(target)
+            elif volume is not None and volume.persistent_volume_claim is not None:
+                # a claim bound to a hostPath PersistentVolume (the test control plane has no provisioner)
+                claim = self.core.read_namespaced_persistent_volume_claim(
+                    volume.persistent_volume_claim.claim_name, namespace
+                )
+                host = self.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path
+                local = map_path(host, self.node_paths)
+                paths[mount.mount_path] = posixpath.join(local, mount.sub_path) if mount.sub_path else local
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
         for key in ("XDG_CACHE_HOME", "DATAGEN_TOKENIZER_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
             if key in os.environ:
                 env[key] = os.environ[key]
         for var in container.env or []:
-            env[var.name] = self._env_value(pod, var, env)
+            env[var.name] = map_path(self._env_value(pod, var, env), paths)  # e.g. HOME on an emptyDir
         if pod.spec.automount_service_account_token and pod.spec.service_account_name:
             env["KUBECONFIG"] = str(
                 self.cluster.kubeconfig_for_service_account(
@@ -334,7 +348,8 @@ def host_path_mounts(pod: dict[str, Any], node_paths: dict[str, str]) -> dict[st
     for mount in container.get("volumeMounts") or []:
         host_path = volumes.get(mount["name"], {}).get("hostPath")
         if host_path is not None:
-            mounts[mount["mountPath"]] = map_path(host_path["path"], node_paths)
+            local = map_path(host_path["path"], node_paths)
+            mounts[mount["mountPath"]] = posixpath.join(local, mount["subPath"]) if mount.get("subPath") else local
     return mounts
 
 
