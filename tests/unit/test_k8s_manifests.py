@@ -509,3 +509,20 @@ def test_release_removes_only_the_operators_finalizer_guarded_by_a_test() -> Non
         {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
         {"op": "remove", "path": "/metadata/finalizers/1"},
     ]
+
+
+def test_one_node_claims_shared_across_nodes_are_warned_about() -> None:
+    from datagen_operator.k8s.storage import access_mode_warnings, shared_claims
+
+    # SPEC: models claim (server + CPU pods), data claim for dataset and output with 3 shards
+    assert set(shared_claims(SPEC)) == {"models", "data"}
+    assert "3 worker shards write the output" in shared_claims(SPEC)["data"]
+    fine = {"models": ["ReadOnlyMany"], "data": ["ReadWriteMany"]}
+    assert access_mode_warnings(SPEC, fine) == []
+    (warning,) = access_mode_warnings(SPEC, {**fine, "data": ["ReadWriteOnce"]})
+    assert warning.startswith("PersistentVolumeClaim data is ReadWriteOnce") and "Multi-Attach" in warning
+    (warning,) = access_mode_warnings(SPEC, {**fine, "models": ["ReadWriteOncePod"]})
+    assert "the server (GPU node) and the CPU pods" in warning
+    assert access_mode_warnings(SPEC, {"models": ["ReadOnlyMany"]}) == []  # a missing claim: no guess
+    one_shard = parse_spec(spec_dict(clients={"shards": 1}))
+    assert set(shared_claims(one_shard)) == {"models"}  # one worker: RWO output is fine

@@ -21,6 +21,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     # observed: pods (scheduling, container states, termination messages); shard progress ConfigMaps
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # the access modes of the claims a run names (k8s/storage.py); never their content
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
     {
