@@ -33,6 +33,8 @@ class ServerInstance:
 class ServerObservation:
     replicas_wanted: int
     instances: tuple[ServerInstance, ...] = ()
+    refused: str | None = None
+    """Why a replica could not even be created, in the refuser's words (a quota, an admission policy)."""
 
     @property
     def ready_endpoints(self) -> tuple[str, ...]:

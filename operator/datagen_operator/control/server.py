@@ -30,12 +30,16 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
     def verdict(status: str, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
         return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)  # type: ignore[arg-type]
 
-    if observed is None or not observed.instances:
-        wanted = observed.replicas_wanted if observed else 1
-        return verdict("False", "Creating", f"creating {wanted} server replica(s)")
+    if observed is None:
+        return verdict("False", "Creating", "creating 1 server replica(s)")
     instances = observed.instances
     wanted = observed.replicas_wanted
     ready = [i for i in instances if i.ready]
+    if observed.refused and not ready:
+        # Not fatal: a quota frees up, a policy is fixed; the controller keeps retrying and so does the run.
+        return verdict("False", "Refused", observed.refused)
+    if not instances:
+        return verdict("False", "Creating", f"creating {wanted} server replica(s)")
 
     unschedulable = [i for i in instances if not i.scheduled and i.unschedulable_message]
     if unschedulable and not ready:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from typing import Any
 
 import aiohttp
@@ -23,6 +24,10 @@ from datagen_operator.k8s.release import FINALIZER
 from datagen_operator.k8s.settings import Settings
 
 MANAGED = {"app.kubernetes.io/managed-by": m.MANAGED_BY}
+REPORTING_COMPONENT = "datagen-operator"
+"""The events' source and reportingComponent."""
+STOP_WAIT_S = 300.0
+"""How long deletion waits in one go for the children to stop before kopf retries it (and logs an error)."""
 RUN = (API_GROUP, API_VERSION, PLURAL)
 
 
@@ -41,6 +46,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
     settings.posting.level = logging.ERROR  # events are the transitions; log lines stay in the log
+    # `kubectl describe` shows who said it ("From"): the operator, not the framework under it.
+    settings.posting.reporting_component = REPORTING_COMPONENT
+    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
+    settings.posting.event_name_prefix = f"{REPORTING_COMPONENT}-"
     settings.watching.server_timeout = 300
     # No CRD or namespace scanning: resources are known, namespaces are named (or all): no RBAC for either.
     settings.scanning.disabled = True
@@ -132,9 +141,18 @@ async def run_daemon(
 
 
 @kopf.on.delete(*RUN)
-async def run_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """Workers first (they drain and sync), then the server; the output volume is never touched."""
-    waiting = await stop_children(memo.ctx.kube, namespace, name)
-    if waiting:
-        raise kopf.TemporaryError(waiting, delay=2)
+async def run_deleted(name: str, namespace: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Workers first (they drain and sync), then the server; the output volume is never touched.
+
+    Waiting for pods to stop is the normal course of a deletion: it is waited out here and logged at INFO.
+    Only a wait past STOP_WAIT_S becomes kopf's retry (an error: something keeps the pods alive)."""
+    deadline = asyncio.get_running_loop().time() + STOP_WAIT_S
+    said = None
+    while waiting := await stop_children(memo.ctx.kube, namespace, name):
+        if waiting != said:
+            logger.info(waiting)
+            said = waiting
+        if asyncio.get_running_loop().time() > deadline:
+            raise kopf.TemporaryError(f"still {waiting} after {STOP_WAIT_S:.0f} s", delay=10)
+        await asyncio.sleep(1.0)
     metrics.forget_run(namespace, name)

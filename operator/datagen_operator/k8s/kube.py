@@ -3,6 +3,7 @@ writes, deletes. Nothing else in the operator talks to the API server (kopf's wa
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -118,6 +119,11 @@ class Kube:
         elif patch and not _contains(existing, patch):
             await self.patch(manifest["kind"], meta["namespace"], meta["name"], patch)
 
+    async def events_about(self, namespace: str, uid: str) -> list[Mapping[str, Any]]:
+        """Events whose involved object is `uid` (a controller's FailedCreate holds the API server's refusal)."""
+        listed = await self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}")
+        return self.api.sanitize_for_serialization(listed).get("items") or []
+
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.writes += 1
         await self.custom.patch_namespaced_custom_object_status(
@@ -129,6 +135,21 @@ class Kube:
             {"status": status},
             _content_type="application/merge-patch+json",
         )
+
+
+REFUSED = frozenset({400, 403, 422})
+"""Invalid (422), bad request (400), forbidden by a quota, admission or RBAC (403): the same write fails again
+until someone changes something. Anything else (conflicts, timeouts, 5xx) is worth a plain retry."""
+
+
+def refusal(error: ApiException) -> str | None:
+    """The API server's own words when it refuses a write, else None."""
+    if error.status not in REFUSED:
+        return None
+    try:
+        return str(json.loads(error.body).get("message") or error.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(error.body or error.reason)
 
 
 def _contains(obj: Any, subset: Any) -> bool:

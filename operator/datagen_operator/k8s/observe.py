@@ -94,6 +94,7 @@ def server_observation(
     urls: Sequence[str],
     health: Mapping[str, bool],
     now: datetime,
+    refused: str | None = None,
 ) -> ServerObservation:
     """Pods of the current StatefulSet revision, by replica index (leftovers of a scale-down are ignored)."""
     if statefulset is None:
@@ -110,7 +111,42 @@ def server_observation(
         instances.append(
             server_instance(pod, now, urls[index] if index < len(urls) else None, health.get(name), current)
         )
-    return ServerObservation(replicas_wanted=replicas, instances=tuple(instances))
+    return ServerObservation(replicas_wanted=replicas, instances=tuple(instances), refused=refused)
+
+
+def _event_order(event: Obj) -> tuple[str, int]:
+    series = (event.get("series") or {}).get("lastObservedTime")
+    when = series or event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or ""
+    version = (event.get("metadata") or {}).get("resourceVersion") or "0"
+    return str(when), int(version) if version.isdigit() else 0
+
+
+def creation_refusal(events: Iterable[Obj]) -> str | None:
+    """A controller's (StatefulSet, Job) newest pod-creation event, when it is a refusal: the message holds
+    the API server's words ('pods "x" is forbidden: exceeded quota: ...'). A later SuccessfulCreate clears it."""
+    creations = [e for e in events if e.get("reason") in ("SuccessfulCreate", "FailedCreate")]
+    if not creations:
+        return None
+    newest = max(creations, key=_event_order)
+    return str(newest.get("message") or "pod creation refused") if newest["reason"] == "FailedCreate" else None
+
+
+def statefulset_short(statefulset: Obj, pods: Iterable[Obj]) -> bool:
+    """Fewer live pods than replicas: only then is it worth asking why (one events read)."""
+    wanted = int((statefulset.get("spec") or {}).get("replicas") or 0)
+    return len([p for p in pods if not p["metadata"].get("deletionTimestamp")]) < wanted
+
+
+def job_without_pods(job: Obj) -> bool:
+    """A running, unsuspended Job with no active pod: only then is it worth asking why (one events read)."""
+    if job_finished(job) or (job.get("spec") or {}).get("suspend"):
+        return False
+    return not (job.get("status") or {}).get("active")
+
+
+def holds_a_node(pods: Iterable[Obj]) -> bool:
+    """A server pod bound to a node holds its GPUs and loads (or has loaded) the model: replacing it costs a load."""
+    return any((p.get("spec") or {}).get("nodeName") and not p["metadata"].get("deletionTimestamp") for p in pods)
 
 
 def pods_to_probe(pods: Iterable[Obj], statefulset: str, replicas: int) -> list[tuple[str, int]]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api import SpecError, parse_spec
 from datagen_operator.api.resolve import resolve_model
@@ -31,13 +32,15 @@ from datagen_operator.control.observed import Observed, StepOutcome
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import metrics
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.kube import Kube
+from datagen_operator.k8s.kube import Kube, refusal
 from datagen_operator.k8s.settings import Settings
 
 log = logging.getLogger("datagen.operator")
 
 SPEC_APPLIED = "SpecApplied"
 """Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
+CHILDREN_ACCEPTED = "ChildrenAccepted"
+"""Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
 
 HALT_REASONS = frozenset(
     {"PreflightFailed", "ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"}
@@ -92,6 +95,10 @@ class Reconciler:
     created: dict[str, str] = field(default_factory=dict)
     server_info: dict[str, Any] | None = None
     post_event: Callable[[Event], None] = lambda event: None
+    refused_writes: dict[str, str] = field(default_factory=dict)
+    """'Kind/name' -> the API server's words, for writes it refused; cleared when the same write succeeds."""
+    refused_pods: dict[str, str] = field(default_factory=dict)
+    """'Job/name' -> why its controller could not create a pod (FailedCreate), as of this pass."""
 
     # --- cache reads ---------------------------------------------------------------------------
 
@@ -152,6 +159,7 @@ class Reconciler:
             )
         elif any(c.type == SPEC_APPLIED for c in old.conditions):
             extra.append(ConditionUpdate(SPEC_APPLIED, "True", "Applied", "the spec in force is the one written"))
+        extra += children_accepted({**self.refused_writes, **self.refused_pods}, old)
         await self._report(body, old, decision, generation, now, extra, observed)
         return decision
 
@@ -212,7 +220,14 @@ class Reconciler:
         probe = o.pods_to_probe(server_pods, sts_name, spec.server.replicas) if statefulset is not None else []
         answers = await asyncio.gather(*(self._healthy(urls[index]) for _, index in probe))
         health = {pod: ok for (pod, _), ok in zip(probe, answers, strict=True)}
-        server = o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now)
+        server_refused = None
+        if statefulset is not None and o.statefulset_short(statefulset, server_pods):
+            server_refused = await self._pod_refusal(statefulset)
+        server = o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now, server_refused)
+        self.refused_pods = {}
+        for job in self._children("Job"):
+            if o.job_without_pods(job) and (words := await self._pod_refusal(job)):
+                self.refused_pods[f"Job/{job['metadata']['name']}"] = words
 
         checks = old.checks
         preflight_job = self._named("Job", m.preflight_job_name(self.name))
@@ -243,6 +258,10 @@ class Reconciler:
             final=final,
         )
 
+    async def _pod_refusal(self, controller: Mapping[str, Any]) -> str | None:
+        """Why the StatefulSet or Job controller could not create a pod, from its FailedCreate event."""
+        return o.creation_refusal(await self.ctx.kube.events_about(self.namespace, controller["metadata"]["uid"]))
+
     async def _healthy(self, url: str) -> bool:
         from datagen_operator.engine.client import is_healthy
 
@@ -262,15 +281,41 @@ class Reconciler:
 
     # --- act -----------------------------------------------------------------------------------
 
+    async def _write(self, kind: str, name: str, write: Callable[[], Awaitable[Any]]) -> bool:
+        """One write to the API server. A refusal (invalid, quota, admission, RBAC) is kept in the API server's
+        words for ChildrenAccepted and the pass goes on; anything else raises (the next pass retries)."""
+        key = f"{kind}/{name}"
+        try:
+            await write()
+        except ApiException as error:
+            words = refusal(error)
+            if words is None:
+                raise
+            if self.refused_writes.get(key) != words:
+                log.warning("%s/%s: the API server refused %s: %s", self.namespace, self.name, key, words)
+            self.refused_writes[key] = words
+            return False
+        self.refused_writes.pop(key, None)
+        return True
+
+    async def _create(self, manifest: m.Manifest) -> bool:
+        return await self._write(manifest["kind"], manifest["metadata"]["name"], lambda: self.ctx.kube.create(manifest))
+
     async def _ensure_once(self, manifest: m.Manifest) -> None:
         """Objects the operator does not watch: created (or brought up to date) once per process and content."""
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
         digest = m.template_hash(manifest)
-        if self.created.get(key) != digest:
+        if self.created.get(key) == digest:
+            return
+        kube = self.ctx.kube
+
+        async def create_or_update() -> None:
             # A ServiceAccount never changes (and the operator may not patch one); the rest is updated.
-            if not await self.ctx.kube.create(manifest) and manifest["kind"] != "ServiceAccount":
+            if not await kube.create(manifest) and manifest["kind"] != "ServiceAccount":
                 meta = manifest["metadata"]
-                await self.ctx.kube.patch(manifest["kind"], meta["namespace"], meta["name"], manifest)
+                await kube.patch(manifest["kind"], meta["namespace"], meta["name"], manifest)
+
+        if await self._write(manifest["kind"], manifest["metadata"]["name"], create_or_update):
             self.created[key] = digest
 
     async def _act(
@@ -302,14 +347,22 @@ class Reconciler:
 
         replicas = spec.server.replicas if decision.server_wanted else 0
         if sts is not None or decision.server_wanted:
-            await kube.ensure(m.server_statefulset(run, spec, replicas), sts, patch={"spec": {"replicas": replicas}})
+            wanted: Mapping[str, Any] = with_restart_hash(m.server_statefulset(run, spec, replicas))
+            if sts is not None and o.holds_a_node(self._pods("server")) and not needs_restart(wanted, sts):
+                # Only live fields moved while a server holds its GPUs (a model load): the running template
+                # stays, only the replica count may move; the change reaches the next server start.
+                wanted = sts
+            scale = {"spec": {"replicas": replicas}}
+            await self._write(
+                "StatefulSet", m.server_name(self.name), lambda: kube.ensure(dict(wanted), sts, patch=scale)
+            )
 
         image = spec.clients.image or self.ctx.settings.worker_image
         preflight = self._named("Job", m.preflight_job_name(self.name))
         if preflight is not None and _annotation(preflight, m.DATA_GENERATION) != str(data_generation):
             await kube.delete("Job", self.namespace, m.preflight_job_name(self.name))
         elif decision.step == Step.PREFLIGHT and preflight is None:
-            await kube.create(m.preflight_job(run, spec, image, data_generation))
+            await self._create(m.preflight_job(run, spec, image, data_generation))
 
         canary = self._named("Job", m.canary_job_name(self.name))
         stale_canary = canary is not None and _annotation(canary, m.DATA_GENERATION) != str(data_generation)
@@ -317,11 +370,11 @@ class Reconciler:
             await kube.delete("Job", self.namespace, m.canary_job_name(self.name))
         elif decision.step == Step.RUN_CANARY and canary is None and observed.server:
             ready = list(observed.server.ready_endpoints) or urls
-            await kube.create(m.canary_job(run, spec, image, ready, data_generation))
+            await self._create(m.canary_job(run, spec, image, ready, data_generation))
 
         workers = self._named("Job", m.workers_job_name(self.name))
         if workers is None and decision.workers_wanted:
-            await kube.create(m.workers_job(run, spec, image, urls, suspend=False))
+            await self._create(m.workers_job(run, spec, image, urls, suspend=False))
         elif workers is not None and not o.job_finished(workers):
             if _annotation(workers, m.SERVER_URLS) != ",".join(urls):
                 # The server list changed (replicas): workers drain, a new Job resumes every shard.
@@ -335,7 +388,7 @@ class Reconciler:
                 )
 
         if decision.step == Step.FINAL_VERIFY and self._named("Job", m.verify_job_name(self.name)) is None:
-            await kube.create(m.verify_job(run, spec, image))
+            await self._create(m.verify_job(run, spec, image))
 
     # --- report --------------------------------------------------------------------------------
 
@@ -393,11 +446,48 @@ class Reconciler:
 
 
 def _signature(status: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes a status write urgent: everything but progress numbers and condition messages (a loading
-    timer, a token rate). Those ride along with the next write, or go out every progress_write_s."""
-    out = {k: v for k, v in status.items() if k not in ("progress", "conditions")}
+    """What makes a status write urgent: everything but numbers and messages (a loading timer, a token rate,
+    a check's rate over more records). Those ride along with the next write, or go out every progress_write_s;
+    a check that flips (passed) or a condition that changes (status, reason) goes out at once."""
+    out = {k: v for k, v in status.items() if k not in ("progress", "conditions", "checks")}
     out["conditions"] = [{k: v for k, v in c.items() if k != "message"} for c in status.get("conditions") or []]
+    out["checks"] = [(c.get("name"), c.get("passed")) for c in status.get("checks") or []]
     return out
+
+
+def children_accepted(refused: Mapping[str, str], old: DataGenRunStatus) -> list[ConditionUpdate]:
+    """ChildrenAccepted: False while the API server refuses a child or a Job's pod, in its own words; True once
+    none is refused (only when it was shown before: a run that never had a refusal carries no such condition)."""
+    if refused:
+        message = "; ".join(f"{key}: {words}" for key, words in sorted(refused.items()))
+        return [ConditionUpdate(CHILDREN_ACCEPTED, "False", "Refused", message[:2000])]
+    if any(c.type == CHILDREN_ACCEPTED for c in old.conditions):
+        return [
+            ConditionUpdate(CHILDREN_ACCEPTED, "True", "Accepted", "the API server accepted every child of the run")
+        ]
+    return []
+
+
+RESTART_HASH = f"{m.API_GROUP}/restart-hash"
+LIVE_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
+"""The server pod template's live parts (spec.server's placement): a running server keeps the template it
+started with; a change reaches the next server start (or at once, while no server pod holds a node)."""
+
+
+def with_restart_hash(statefulset: m.Manifest) -> m.Manifest:
+    """The StatefulSet annotated with the hash of what needs a server restart (its template without live fields)."""
+    template = statefulset["spec"]["template"]
+    pod_spec = {k: v for k, v in template["spec"].items() if k not in LIVE_POD_FIELDS}
+    annotations = {
+        **statefulset["metadata"].get("annotations", {}),
+        RESTART_HASH: m.template_hash({**template, "spec": pod_spec}),
+    }
+    return {**statefulset, "metadata": {**statefulset["metadata"], "annotations": annotations}}
+
+
+def needs_restart(wanted: m.Manifest, existing: Mapping[str, Any]) -> bool:
+    """A change beyond the live fields (image, args, resources, volumes): the server must restart for it."""
+    return _annotation(wanted, RESTART_HASH) != _annotation(existing, RESTART_HASH)
 
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str | None:

@@ -1,0 +1,189 @@
+"""What a user sees, counted: server pod creations per run, the status writes of a run, refusals named on the
+run, ServerReady after a halt, and who the events come from. The story tests check that runs end well; these
+check how often things happen on the way (each server pod creation is a model load on GPUs)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datagen_operator.k8s.kube import Kube
+from tests.harness.kubelet import PodRunner
+from tests.harness.sim import start_sim
+from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
+from tests.operator.test_operator import KIMI
+
+PROGRESS_WRITE_S = 2.0
+"""The operator fixture's DATAGEN_PROGRESS_WRITE_SECONDS."""
+SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "25", "--sim-ttft-s", "0.05")
+"""About 4 s per request: long enough to change a live field on a loaded server and to see progress writes."""
+
+
+def server_pod_events(runs: Runs, name: str, reason: str) -> int:
+    """How often the StatefulSet controller did `reason` (SuccessfulCreate: a server pod, i.e. a model load)."""
+    return sum(e.count or 1 for e in runs.events(f"{name}-server") if e.reason == reason)
+
+
+def server_pod(runs: Runs, name: str) -> Any:
+    return runs.core.read_namespaced_pod(f"{name}-server-0", runs.namespace)
+
+
+@pytest.fixture
+def status_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str, dict[str, Any]]]:
+    """(monotonic time, run, status) of every status write the in-process operator makes."""
+    writes: list[tuple[float, str, dict[str, Any]]] = []
+    original = Kube.patch_status
+
+    async def recording(self: Kube, namespace: str, name: str, status: Any) -> None:
+        writes.append((time.monotonic(), name, dict(status)))
+        await original(self, namespace, name, status)
+
+    monkeypatch.setattr(Kube, "patch_status", recording)
+    return writes
+
+
+def urgent_part(status: dict[str, Any]) -> Any:
+    """What a user would call news: any field but numbers and messages (a token rate, a check's rate)."""
+    rest = {k: v for k, v in status.items() if k not in ("progress", "conditions", "checks")}
+    conditions = [
+        (c["type"], c["status"], c["reason"], c.get("observedGeneration")) for c in status.get("conditions") or []
+    ]
+    checks = [(c["name"], c["passed"]) for c in status.get("checks") or []]
+    return rest, conditions, checks
+
+
+def test_one_server_pod_per_run_through_live_changes_verification_and_release(
+    runs: Runs,
+    operator: OperatorFactory,
+    kubelet: PodRunner,
+    data_dir: Path,
+    standin_tokenizer: Path,
+    status_writes: list[tuple[float, str, dict[str, Any]]],
+) -> None:
+    name = new_name("counted")
+    with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
+        operator([sim.url])
+        runs.create(run_manifest(name, data_dir, standin_tokenizer, clients={"shards": 3, "concurrency": 2}))
+        runs.wait(name, "Progressing", "True", "Running", timeout=150)
+        loaded = server_pod(runs, name)
+        sts_before = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
+
+        # Live fields on a loaded server: the operator's own budget and the placement of the NEXT server start.
+        toleration = {"key": "datagen.dev/test-only", "operator": "Exists", "effect": "NoSchedule"}
+        tolerations = [*run_manifest(name, data_dir, standin_tokenizer)["spec"]["server"]["tolerations"], toleration]
+        changed = runs.patch_spec(name, {"server": {"startupTimeout": "20m", "tolerations": tolerations}})
+        generation = changed["metadata"]["generation"]
+        runs.wait_for(
+            "the change observed",
+            lambda: runs.get(name)["status"].get("observedGeneration") == generation,
+        )
+        time.sleep(3)  # a few more passes (resync 1 s) to give a wrong patch its chance
+        assert server_pod(runs, name).metadata.uid == loaded.metadata.uid, "a live field restarted the server"
+        sts = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
+        assert sts.spec.template == sts_before.spec.template, "the running template waits for the next start"
+
+        done = runs.wait(name, "Succeeded", "True", "Completed", timeout=180)
+        assert "24/24 prompts" in done["message"]
+        released = runs.wait(name, "ServerReady", "False", "Released")
+        assert "GPUs released" in released["message"]
+        runs.wait_for(
+            "the server pod gone",
+            lambda: (
+                not runs.core.list_namespaced_pod(runs.namespace, label_selector="datagen.dev/component=server").items
+            ),
+        )
+
+    # One model load per run: created once, deleted once (the release), never scaled back up for verification.
+    assert server_pod_events(runs, name, "SuccessfulCreate") == 1
+    assert server_pod_events(runs, name, "SuccessfulDelete") == 1
+    assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
+
+    # Status writes: news goes out at once; numbers-only writes are spaced by progress_write_s.
+    ours = [(t, s) for t, run, s in status_writes if run == name]
+    progress_only = [
+        later - earlier
+        for (earlier, before), (later, after) in itertools.pairwise(ours)
+        if urgent_part(before) == urgent_part(after)
+    ]
+    print(f"{len(ours)} status writes, {len(progress_only)} progress-only, gaps {sorted(progress_only)}")
+    assert progress_only, "a 3-shard run of ~15 s makes progress-only writes"
+    assert min(progress_only) >= PROGRESS_WRITE_S - 0.05
+    duration = ours[-1][0] - ours[0][0]
+    assert len(progress_only) <= duration / PROGRESS_WRITE_S + 1
+
+    # Events come from the operator under its own name, not from the framework.
+    events = runs.events(name)
+    assert events and {(e.source.component, e.reporting_component) for e in events} == {
+        ("datagen-operator", "datagen-operator")
+    }
+
+
+def test_a_halted_run_reads_server_ready_false_with_one_server_pod(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    name = new_name("halted")
+    with start_sim(
+        "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
+    ) as sim:
+        operator([sim.url])
+        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+        runs.wait(name, "Succeeded", "False", "ParsersMismatch", timeout=90)
+    server = runs.condition(name, "ServerReady")
+    assert server is not None and (server["status"], server["reason"]) == ("False", "Released"), server
+    runs.wait_for(
+        "the GPUs released",
+        lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
+    )
+    time.sleep(2)  # passes over a halted run must not bring the server back
+    assert server_pod_events(runs, name, "SuccessfulCreate") == 1
+    assert runs.get(name)["status"]["server"]["replicas"] == 0
+
+
+def quota(runs: Runs, hard: dict[str, str]) -> str:
+    """A ResourceQuota with its usage computed. The test control plane runs no quota controller, so the test
+    writes the status the controller would (nothing used yet); the API server's admission enforces it."""
+    name = new_name("quota")
+    runs.core.create_namespaced_resource_quota(runs.namespace, {"metadata": {"name": name}, "spec": {"hard": hard}})
+    used = dict.fromkeys(hard, "0")
+    runs.core.patch_namespaced_resource_quota_status(name, runs.namespace, {"status": {"hard": hard, "used": used}})
+    return name
+
+
+def warnings(runs: Runs, name: str, reason: str) -> list[Any]:
+    return [e for e in runs.events(name) if e.reason == reason and e.type == "Warning"]
+
+
+def test_a_server_pod_refused_by_a_quota_is_named_on_the_run(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    quota(runs, {"requests.nvidia.com/gpu": "0"})
+    name = new_name("no-gpus")
+    operator(["http://127.0.0.1:9"])
+    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    refused = runs.wait(name, "ServerReady", "False", "Refused", timeout=90)
+    # The API server's own words, as the StatefulSet controller got them.
+    assert "exceeded quota" in refused["message"] and "requests.nvidia.com/gpu" in refused["message"]
+    assert f'pods "{name}-server-0" is forbidden' in refused["message"]
+    runs.wait_for("a warning event on the run", lambda: warnings(runs, name, "ServerReadyRefused"))
+
+
+def test_a_job_refused_by_the_api_server_is_named_on_the_run_and_clears(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    no_jobs = quota(runs, {"count/jobs.batch": "0"})
+    name = new_name("no-jobs")
+    operator(["http://127.0.0.1:9"])
+    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    refused = runs.wait(name, "ChildrenAccepted", "False", "Refused", timeout=30)
+    assert f"Job/{name}-preflight" in refused["message"] and "exceeded quota" in refused["message"]
+    assert f'jobs.batch "{name}-preflight" is forbidden' in refused["message"]
+    runs.wait_for("a warning event on the run", lambda: warnings(runs, name, "ChildrenAcceptedRefused"))
+
+    # The refusal goes away, the run goes on, and says so.
+    runs.core.delete_namespaced_resource_quota(no_jobs, runs.namespace)
+    runs.wait(name, "ChildrenAccepted", "True", "Accepted", timeout=60)
+    runs.wait(name, "InputsVerified", "True", "Passed", timeout=90)
