@@ -48,18 +48,34 @@ bench: venv
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-output .dev-cluster
 
-# Container images (images/): built only where a container engine answers; elsewhere it says so and fails.
-CONTAINER_ENGINE ?= docker
+# Container images (images/), with CONTAINER_ENGINE=docker|podman|nerdctl or, unset, the first of those
+# that answers `<engine> info`. Where none does it says so and fails. CI pushes them on tags
+# (.github/workflows/images.yml).
+CONTAINER_ENGINE ?=
+CONTAINER_ENGINES := docker podman nerdctl
 IMAGE_REGISTRY ?= ghcr.io/datagen-operator
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 images:
-	@if ! $(CONTAINER_ENGINE) info >/dev/null 2>&1; then \
-	  echo "make images: no working container engine here ('$(CONTAINER_ENGINE) info' fails), so no image was built."; \
-	  echo "  Start Docker (or set CONTAINER_ENGINE=podman) and rerun; the Dockerfiles are images/Dockerfile.{operator,worker}."; \
-	  exit 1; \
-	fi
-	$(CONTAINER_ENGINE) build -f images/Dockerfile.operator -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) .
-	$(CONTAINER_ENGINE) build -f images/Dockerfile.worker -t $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) .
+	@engine="$(CONTAINER_ENGINE)"; \
+	if [ -n "$$engine" ]; then \
+	  if ! "$$engine" info >/dev/null 2>&1; then \
+	    echo "make images: CONTAINER_ENGINE=$$engine does not work here ('$$engine info' fails); start it, or unset CONTAINER_ENGINE to use the first of $(CONTAINER_ENGINES) that works." >&2; \
+	    exit 1; \
+	  fi; \
+	else \
+	  for candidate in $(CONTAINER_ENGINES); do \
+	    if command -v "$$candidate" >/dev/null 2>&1 && "$$candidate" info >/dev/null 2>&1; then engine=$$candidate; break; fi; \
+	  done; \
+	  if [ -z "$$engine" ]; then \
+	    echo "make images: no working container engine here: none of $(CONTAINER_ENGINES) is installed and answers '<engine> info', so no image was built." >&2; \
+	    echo "  Install or start one (e.g. Docker Desktop, 'systemctl start docker', 'podman machine start') and rerun; the Dockerfiles are images/Dockerfile.{operator,worker}." >&2; \
+	    exit 1; \
+	  fi; \
+	fi; \
+	echo "make images: building with $$engine"; \
+	set -x; \
+	"$$engine" build -f images/Dockerfile.operator -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) . && \
+	"$$engine" build -f images/Dockerfile.worker -t $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) .
 
 # helm lint --strict of the chart, with its default values and every charts/datagen-operator/ci/*-values.yaml.
 .PHONY: chart-lint
