@@ -7,6 +7,8 @@ Exit codes (the operator's podFailurePolicy keys on them; see docs/worker.md):
   4  servers unreachable past --server-timeout
   5  drained after SIGTERM/SIGINT: in-flight requests finished or abandoned, files synced; rerun resumes
   6  incomplete: some records ran out of attempts; rerun resumes exactly those
+  7  output volume failed (full, over quota, read-only, I/O error): requests stopped at once, whole records
+     kept; free space or grow the volume and rerun (retrying on the same volume cannot help)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ EXIT_FINGERPRINT_MISMATCH = 3
 EXIT_SERVER_UNREACHABLE = 4
 EXIT_DRAINED = 5
 EXIT_INCOMPLETE = 6
+EXIT_OUTPUT_VOLUME = 7
 
 log = logging.getLogger("datagen.worker")
 
@@ -97,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="helper processes that render prompts (0: in the worker process); default: half the cores, 1..4",
     )
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
+    parser.add_argument("--termination-log", help="on failure, write the cause here (Kubernetes: /dev/termination-log)")
     return parser
 
 
@@ -124,6 +128,7 @@ class WorkerConfig:
     flush_interval_s: float = 0.2
     sync_interval_s: float = 2.0
     progress_interval_s: float = 2.0
+    termination_log: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -189,6 +194,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         backoff_cap_s=args.backoff_cap,
         compact=not args.no_compact,
         render_processes=default_render_processes() if args.render_processes is None else max(0, args.render_processes),
+        termination_log=Path(args.termination_log) if args.termination_log else None,
     )
 
 
@@ -237,6 +243,9 @@ class Worker:
         self.drained = False
         self.abandon = asyncio.Event()  # a second SIGTERM/SIGINT: stop waiting for requests in flight
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * config.spec.clients.concurrency)
+        self.volume_error: OSError | None = None
+        self.unwritten = 0
+        """Answers that reached this worker but not the volume (buffered at the failure, or arriving after)."""
 
     async def run(self) -> int:
         from datagen_operator.worker.progress import ShardProgress
@@ -251,23 +260,53 @@ class Worker:
         except FingerprintMismatch as error:
             log.error("%s", error)
             return self._fail(EXIT_FINGERPRINT_MISMATCH, str(error))
+        except OSError as error:
+            from datagen_operator.worker.store import VOLUME_REASONS, is_volume_error
 
-    def _fail(self, code: int, message: str) -> int:
+            if not is_volume_error(error):
+                raise
+            # Failed before generation (the manifest, the reserve): nothing was generated.
+            message, reason = self._volume_text(error), VOLUME_REASONS[error.errno]
+            return self._fail(EXIT_OUTPUT_VOLUME, message, reason)
+
+    def _volume_text(self, error: OSError) -> str:
+        from datagen_operator.worker.store import VOLUME_REASONS, free_bytes, volume_failure_text
+
+        p, output = self.progress, self.config.output
+        reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
+        return volume_failure_text(reason, output, free_bytes(output), error, p.records_done, p.records_total)
+
+    def _fail(self, code: int, message: str, reason: str = "") -> int:
         from datagen_operator.worker.progress import FileSink, ShardProgress
         from datagen_operator.worker.store import OutputLayout
 
+        self._tell_cause(message)
         layout = OutputLayout(self.config.output)
         path = layout.progress(self.config.shard_index)
         if layout.shard_dir(self.config.shard_index).is_dir():
             # Before generation the counters are not loaded: keep the last run's, change only the state.
             snapshot = self.progress
             if self.progress.records_total == 0 and path.exists():
-                with contextlib.suppress(orjson.JSONDecodeError, TypeError):
+                with contextlib.suppress(orjson.JSONDecodeError, TypeError, OSError):
                     snapshot = ShardProgress.from_json(orjson.loads(path.read_bytes()))
             snapshot.state, snapshot.message, snapshot.in_flight = "failed", message, 0
+            snapshot.failure_reason = reason
             snapshot.updated_at = time.time()
-            FileSink(path).write(snapshot)
+            try:
+                FileSink(path).write(snapshot)
+            except OSError as error:
+                log.error("cannot write %s: %s", path, error)
         return code
+
+    def _tell_cause(self, message: str) -> None:
+        """The failure's cause where a failing output volume cannot hide it: stderr (one plain line, before
+        any log handler that may write to that volume) and the termination message."""
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"datagen worker shard {self.config.shard_index}: {message}\n")
+            sys.stderr.flush()
+        if self.config.termination_log is not None:
+            with contextlib.suppress(OSError):
+                self.config.termination_log.write_text(message[-4000:])  # the kubelet keeps 4096 bytes
 
     async def _run(self) -> int:
         from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
@@ -349,7 +388,7 @@ class Worker:
             server_fingerprint,
             tokenizer_fingerprint,
         )
-        from datagen_operator.worker.store import ShardWriter
+        from datagen_operator.worker.store import ShardWriter, remove_stale_temporaries
 
         c = self.config
         self.server_fp: dict[str, Any] | None = None
@@ -399,12 +438,17 @@ class Worker:
             preset=c.resolved.preset.name if c.resolved.preset else None,
             thinking=c.resolved.thinking,
         )
+        removed = remove_stale_temporaries(self.layout, c.shard_index)
+        if removed:
+            log.info("removed %d temporary files an earlier run left behind", removed)
         self._claim_output(fingerprint)
         self._keep_run_file()
 
         writer = ShardWriter(self.layout, c.shard_index)
         # The compacted Parquet counts as recorded even in a --no-compact run.
         report = await asyncio.to_thread(writer.recover, self.layout.parquet(c.shard_index, c.shard_count))
+        # Room for a true progress.json and manifest entry should the volume fill up (freed then).
+        writer.hold_reserve()
         if report.torn_bytes or report.corrupt_lines:
             log.warning(
                 "recovered shard %d: dropped a torn tail of %d bytes and %d damaged lines; they will be regenerated",
@@ -421,7 +465,10 @@ class Worker:
             stream=stream,
             on_retry=self.tracker.on_retry,
         )
-        return await self._generate()
+        try:
+            return await self._generate()
+        finally:
+            writer.release_reserve()
 
     def _verifier(self, session: Any) -> Any:
         """Re-check a server that (re)appears: a restart with other args must not feed this output."""
@@ -488,6 +535,8 @@ class Worker:
         from datagen_operator.worker.progress import ShardProgress, Tracker
 
         c, plan, writer, n = self.config, self.plan, self.writer, self.samples
+        # What earlier runs set aside: the rolling checks judge only what this run adds (docs/checks.md).
+        aside_before = Counter(TOO_LONG if cause == TOO_LONG else "malformed" for cause in writer.set_aside.values())
         for line in plan.malformed:
             writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id, line.cause))
         # Prompts set aside by an earlier run (unrenderable, too long) stay set aside: never sent again.
@@ -513,15 +562,44 @@ class Worker:
             started_at=self.progress.started_at,
             fingerprint_sha256=self.progress.fingerprint_sha256,
         )
-        # Counts are rebuilt exactly from what is on disk, never from an older progress.json.
-        summary = writer.summary
+        self.remaining = self._count_from_disk(p, set(set_aside))
+        p.baseline = {
+            "records": p.records_done,
+            "rejected": p.records_rejected,
+            "malformed": aside_before["malformed"],
+            "too_long": aside_before[TOO_LONG],
+            "flags": dict(p.flags),
+        }
+        self.progress = p
+        self.tracker = Tracker(p)
+        log.info(
+            "shard %d/%d: %d prompts (%d malformed lines set aside), %d of %d records already recorded",
+            c.shard_index,
+            c.shard_count,
+            len(plan.prompts),
+            len(plan.malformed),
+            p.records_done,
+            p.records_total,
+            extra={"fields": {"recovered_records": recovered}},
+        )
+
+    def _count_from_disk(self, p: Any, set_aside: set[int]) -> dict[str, int]:
+        """Set p's counts exactly from what the writer holds on disk (never from an older progress.json);
+        returns the samples left per prompt id."""
+        from datagen_operator.worker.store import Summary
+
+        plan, writer, n = self.plan, self.writer, self.samples
+        summary = Summary()
+        summary.merge(writer.summary)
+        summary.merge(writer.written)
         p.prompt_tokens, p.output_tokens, p.cached_tokens = (
             summary.prompt_tokens,
             summary.output_tokens,
             summary.cached_tokens,
         )
         p.flags = dict(summary.flags)
-        self.remaining: dict[str, int] = {}
+        p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
+        remaining: dict[str, int] = {}
         for ref in plan.prompts:
             if ref.position in set_aside:
                 p.records_set_aside += n
@@ -537,21 +615,10 @@ class Worker:
                 else:
                     left += 1
             if left:
-                self.remaining[ref.id] = left
+                remaining[ref.id] = left
             else:
                 p.prompts_done += 1
-        self.progress = p
-        self.tracker = Tracker(p)
-        log.info(
-            "shard %d/%d: %d prompts (%d malformed lines set aside), %d of %d records already recorded",
-            c.shard_index,
-            c.shard_count,
-            len(plan.prompts),
-            len(plan.malformed),
-            p.records_done,
-            p.records_total,
-            extra={"fields": {"recovered_records": recovered}},
-        )
+        return remaining
 
     # generation
 
@@ -636,7 +703,8 @@ class Worker:
     def _set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
         """A prompt that is never sent: recorded once in rejects.jsonl, all its samples counted apart from
         server errors, the prompt done."""
-        self.writer.add_reject(entry)
+        if not self._write(self.writer.add_reject, entry):
+            return
         p, cause = self.progress, entry["cause"]
         if cause == TOO_LONG:
             p.prompts_too_long += 1
@@ -669,17 +737,40 @@ class Worker:
         record = build_record(job, answer, flags)
         writer = self.writer
         writer.append(record, encode_record(record, reply.output_ids_json))
-        if writer.buffered_bytes >= 1 << 20:
-            writer.flush()
+        if writer.buffered_bytes >= 1 << 20 and not self._write(writer.flush):
+            return
         self.tracker.on_record(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags)
         self._finish_key(job.id)
 
     def _rejected(self, job: Job, rejected: http.Rejected) -> None:
-        self.writer.add_reject(
-            server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
-        )
+        entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
+        if not self._write(self.writer.add_reject, entry):
+            return
         self.progress.records_rejected += 1
         self._finish_key(job.id)
+
+    def _write(self, write: Any, *args: Any) -> bool:
+        """Run one write to the output volume; False (and the shard stopping) when the volume failed."""
+        from datagen_operator.worker.store import is_volume_error
+
+        if self.volume_error is not None:
+            return False
+        try:
+            write(*args)
+        except OSError as error:
+            if not is_volume_error(error):
+                raise
+            self._volume_failed(error)
+            return False
+        return True
+
+    def _volume_failed(self, error: OSError) -> None:
+        """The volume cannot take more: stop every request now (answers could not be kept), keep what is
+        whole, and leave the cause for _finish to report."""
+        self.volume_error = error
+        self.unwritten += getattr(error, "unwritten", 0)
+        self.abandon.set()  # no grace period: in-flight answers would be thrown away anyway
+        self._set_fatal(EXIT_OUTPUT_VOLUME, f"output volume failed: {error}")
 
     async def _lane(self, queue: asyncio.Queue[Any]) -> None:
         """One of `concurrency` lanes: takes the next job, sends it, records it, repeats."""
@@ -691,6 +782,8 @@ class Worker:
             try:
                 reply = await client.generate(generate_payload(job, sampling, stream=client.stream))
             except http.Rejected as rejected:
+                if self.volume_error is not None:
+                    return
                 self._rejected(job, rejected)
                 continue
             except http.GaveUp as gave_up:
@@ -704,6 +797,9 @@ class Worker:
                 return
             except http.EndpointsRejected as error:
                 self._set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
+                return
+            if self.volume_error is not None:
+                self.unwritten += 1  # finished on the server as the volume failed: nowhere to keep it
                 return
             self._record(job, reply)
 
@@ -816,13 +912,20 @@ class Worker:
         await asyncio.gather(*lanes, return_exceptions=True)
 
     async def _flush_loop(self) -> None:
+        """Flush every interval, fsync every few; a volume failure stops the lanes (it must not end this
+        task unseen while they go on generating)."""
         last_sync = time.monotonic()
-        while True:
+        while self.volume_error is None:
             await asyncio.sleep(self.config.flush_interval_s)
-            self.writer.flush()
+            if not self._write(self.writer.flush):
+                return
             if time.monotonic() - last_sync >= self.config.sync_interval_s:
                 last_sync = time.monotonic()
-                await asyncio.to_thread(self.writer.sync)
+                try:
+                    await asyncio.to_thread(self.writer.sync)
+                except OSError as error:  # sync raises volume errors only
+                    self._volume_failed(error)
+                    return
 
     def _snapshot(self) -> Any:
         p = self.tracker.snapshot()
@@ -841,16 +944,24 @@ class Worker:
             await self.configmap.write(snapshot, force=force)
 
     async def _progress_loop(self) -> None:
-        while True:
+        from datagen_operator.worker.store import is_volume_error
+
+        while self.volume_error is None:
             await asyncio.sleep(self.config.progress_interval_s)
             try:
                 await self._publish()
-            except Exception:
+            except Exception as error:
+                if is_volume_error(error):
+                    self._volume_failed(error)  # type: ignore[arg-type]
+                    return
                 log.exception("progress update failed")
 
     async def _finish(self) -> int:
         c, p, writer = self.config, self.progress, self.writer
-        await asyncio.to_thread(writer.close)
+        if self.volume_error is None:
+            self._write(writer.close)  # in this thread: a volume failure sets the worker's asyncio events
+        if self.volume_error is not None:
+            return await self._finish_volume_failed()
         # A drained worker does not start compacting (it could outlast the grace period); the next run does.
         complete = not self.remaining and self.fatal is None and not self.drained
         if self.fatal is not None:
@@ -861,8 +972,14 @@ class Worker:
             p.state = "compacting" if c.compact else "complete"
             await self._publish(force=True)
             try:
+                writer.release_reserve()  # compaction needs the room more
                 result = await asyncio.to_thread(self._compact) if c.compact else None
             except OSError as error:
+                from datagen_operator.worker.store import is_volume_error
+
+                if is_volume_error(error):
+                    self.volume_error = error
+                    return await self._finish_volume_failed()
                 code = EXIT_INCOMPLETE
                 p.state, p.message = "incomplete", f"compaction failed ({error}); segments kept, rerun compacts"
                 log.error("%s", p.message)
@@ -884,6 +1001,39 @@ class Worker:
             await self.configmap.write(snapshot, force=True)
             await self.configmap.close()
         return code
+
+    async def _finish_volume_failed(self) -> int:
+        """Whole records stay, the torn rest is cut off; the cause goes out first where a full volume
+        cannot hide it, then into progress.json and the manifest (written into the freed reserve)."""
+        from datagen_operator.worker.store import VOLUME_REASONS
+
+        error, p, writer = self.volume_error, self.progress, self.writer
+        assert error is not None
+        writer.abort()
+        writer.release_reserve()
+        positions = {ref.position for ref in self.plan.prompts if f"line:{ref.position}" in writer.set_aside}
+        self.remaining = self._count_from_disk(p, positions)
+        self.tracker.flags = Counter(p.flags)
+        p.records_unwritten = self.unwritten
+        p.failure_reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
+        p.state, p.message = "failed", self._volume_text(error)
+        if self.unwritten:
+            p.message += f" ({self.unwritten} answers could not be written and are generated again)"
+        self._tell_cause(p.message)
+        from datagen_operator.worker.store import free_bytes
+
+        p.volume_path, p.volume_free_bytes = str(self.config.output), free_bytes(self.config.output)
+        snapshot = self._snapshot()
+        for write in (lambda: self.file_sink.write(snapshot), lambda: self._update_manifest_shard(p)):
+            try:
+                write()
+            except OSError as failure:
+                log.error("cannot record the failure on the volume: %s", failure)
+        self.display.close(snapshot)
+        if self.configmap is not None:
+            await self.configmap.write(snapshot, force=True)
+            await self.configmap.close()
+        return EXIT_OUTPUT_VOLUME
 
     def _compact(self) -> Any:
         from datagen_operator.worker.store import compact_shard

@@ -23,7 +23,8 @@ log = logging.getLogger("datagen.worker.progress")
 
 STATES = ("starting", "running", "paused", "draining", "compacting", "complete", "incomplete", "drained", "failed")
 """paused: every server is down; incomplete: some records ran out of attempts (rerun resumes them);
-drained: stopped by SIGTERM (resumable); failed: refused to run or the servers stayed unreachable."""
+drained: stopped by SIGTERM (resumable); failed: refused to run, the servers stayed unreachable, or the output
+volume failed (`failure_reason`)."""
 
 
 @dataclass
@@ -68,6 +69,17 @@ class ShardProgress:
     message: str = ""
     fingerprint_sha256: str = ""
     """The output's data fingerprint (manifest.json), so the operator can show it in status."""
+    failure_reason: str = ""
+    """With state failed, the cause as a condition reason: OutputVolumeFull, OutputVolumeReadOnly,
+    OutputVolumeError (the output volume could not be written; `message` says what to do)."""
+    volume_path: str = ""
+    volume_free_bytes: int | None = None
+    """Free bytes of the output volume when it failed."""
+    records_unwritten: int = 0
+    """Answers this run received but could not write (the volume failed); a rerun generates them again."""
+    baseline: dict[str, Any] = field(default_factory=dict)
+    """What earlier runs left on disk when this one started (records, rejected, malformed, too_long, flags):
+    the rolling checks judge only what this run adds, so a halt is not repeated on resume."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,9 +19,11 @@ in the files is skipped, everything else is generated again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import time
 from array import array
 from collections import Counter
@@ -41,6 +43,56 @@ RECORD_FIELDS: tuple[str, ...] = (
 )  # fmt: skip
 MANIFEST_FORMAT = "datagen-output/v1"
 SEGMENT_ROLL_BYTES = 256 * 1024 * 1024
+RESERVE_BYTES = 256 * 1024
+"""Held per shard while it runs (shards/<i>/.reserve) and freed when the volume fails: room to write a
+true progress.json and manifest entry on a volume that is otherwise full."""
+
+
+# --- a failing output volume -----------------------------------------------------------------------
+
+VOLUME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+"""Write failures that are the volume's, not this program's: retrying on the same volume cannot help."""
+VOLUME_REASONS = {
+    errno.ENOSPC: "OutputVolumeFull",
+    errno.EDQUOT: "OutputVolumeFull",
+    errno.EROFS: "OutputVolumeReadOnly",
+    errno.EIO: "OutputVolumeError",
+}
+
+
+def is_volume_error(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in VOLUME_ERRNOS
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes (for this user) of the filesystem holding `path` or its nearest existing parent."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
+def volume_failure_text(reason: str, output: Path, free: int | None, error: OSError, done: int, total: int) -> str:
+    """The cause in plain words, and what to do; the same sentence in progress, stderr and the condition."""
+    what = {
+        "OutputVolumeFull": f"{output} has {free if free is not None else 'unknown'} bytes free",
+        "OutputVolumeReadOnly": f"{output} is read-only",
+    }.get(reason, f"{output} fails to write")
+    fix = {
+        "OutputVolumeFull": "free space or grow the volume and the run resumes",
+        "OutputVolumeReadOnly": "mount the volume writable and the run resumes",
+    }.get(reason, "repair or replace the volume and the run resumes")
+    return f"{reason}: {what} after {done}/{total} records ({error.strerror or error}); {fix}"
+
+
+class PartialFlush(OSError):
+    """A flush that failed part-way: the whole records before the failure are kept, the rest is not written."""
+
+    def __init__(self, error: OSError, unwritten: int) -> None:
+        super().__init__(error.errno, error.strerror, error.filename)
+        self.unwritten = unwritten
 
 
 # --- layout ----------------------------------------------------------------------------------------
@@ -78,6 +130,10 @@ class OutputLayout:
     def rejects(self, index: int) -> Path:
         return self.shard_dir(index) / "rejects.jsonl"
 
+    def reserve(self, index: int) -> Path:
+        """Space a running shard holds for its last words on a full volume (RESERVE_BYTES)."""
+        return self.shard_dir(index) / ".reserve"
+
     def segments(self, index: int) -> list[Path]:
         return sorted(self.shard_dir(index).glob("segment-*.jsonl"))
 
@@ -110,14 +166,41 @@ def fsync_dir(path: Path) -> None:
 def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Write to a temporary file and rename it over `path`: readers see the old or the new, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as file:
-        file.write(data)
-        if durable:
-            file.flush()
-            os.fsync(file.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as file:
+            file.write(data)
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full volume must not collect empty temporaries
+        raise
     if durable:
         fsync_dir(path.parent)
+
+
+def remove_stale_temporaries(layout: OutputLayout, shard_index: int) -> int:
+    """Temporaries a dead writer left (a kill, a full volume): this shard's own, and the manifest's under
+    its lock (every manifest write holds it, so no live writer owns one then)."""
+    removed = 0
+    shard_dir = layout.shard_dir(shard_index)
+    patterns = [
+        (shard_dir, ".progress.json.*.tmp"),
+        (shard_dir, ".segment-*.keys.json.*.tmp"),
+        (layout.data_dir, f".shard-{shard_index:05d}-of-*.parquet.*.tmp"),
+        (layout.root, f".run.yaml.{shard_index}.tmp"),
+    ]
+    for folder, pattern in patterns:
+        for path in folder.glob(pattern) if folder.is_dir() else ():
+            path.unlink(missing_ok=True)
+            removed += 1
+    if layout.root.is_dir():
+        with manifest_lock(layout):
+            for path in layout.root.glob(".manifest.json.*.tmp"):
+                path.unlink(missing_ok=True)
+                removed += 1
+    return removed
 
 
 def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
@@ -345,6 +428,8 @@ class ShardWriter:
         """line:<n> -> cause, for every line set aside (dataset lines, unrenderable and too-long prompts)."""
         self.summary = Summary()
         """What `recover` found on disk (the worker's progress tracker counts from there on)."""
+        self.written = Summary()
+        """Records this writer put on disk whole (with `summary`: exactly what the shard holds)."""
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._segment: Path | None = None
@@ -439,38 +524,97 @@ class ShardWriter:
         return self._buffered
 
     def flush(self) -> None:
+        """Write the buffered lines with one write(). When the volume fails part-way (ENOSPC, EIO), the
+        whole records before the failure stay, the torn rest is cut off, and PartialFlush says how many
+        records were not written (they are not `done`: a rerun generates them)."""
         if not self._buffer:
             return
-        if self._fd < 0:
-            self.open_segment()
         data = b"".join(self._buffer)
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        offset = self._size
-        for prompt_id, sample, length, counts in self._pending:
-            self._entries.append((prompt_id, sample, offset, length))
-            self._segment_summary.add(*counts)
-            offset += length
-        self._size = offset
-        self._buffer.clear()
-        self._pending.clear()
-        self._buffered = 0
+        written = 0
+        try:
+            if self._fd < 0:
+                self.open_segment()
+            view = memoryview(data)
+            while written < len(data):
+                written += os.write(self._fd, view[written:])
+        except OSError as error:
+            unwritten = self._keep_whole_records(written)
+            raise PartialFlush(error, unwritten) from error
+        self._keep_whole_records(written)
         self._dirty = True
         if self._size >= self.roll_bytes:
             self._seal_current()
 
+    def _keep_whole_records(self, written: int) -> int:
+        """Index the buffered records that landed whole within `written` bytes; drop the others (cutting a
+        torn line off the segment). Returns how many were dropped."""
+        offset, landed, kept = self._size, 0, 0
+        for prompt_id, sample, length, counts in self._pending:
+            if landed + length > written:
+                break
+            self._entries.append((prompt_id, sample, offset, length))
+            self._segment_summary.add(*counts)
+            self.written.add(*counts)
+            offset += length
+            landed += length
+            kept += 1
+        dropped = self._pending[kept:]
+        for prompt_id, sample, _, _ in dropped:
+            self.done.discard((prompt_id, sample))
+        if landed != written and self._fd >= 0:
+            with contextlib.suppress(OSError):  # shrinking frees space; recovery cuts it otherwise
+                os.ftruncate(self._fd, offset)
+        self._size = offset
+        self._buffer.clear()
+        self._pending.clear()
+        self._buffered = 0
+        return len(dropped)
+
     def sync(self) -> None:
-        """fsync what has been flushed (call from a thread: it can take long on network storage)."""
-        fd, rejects_fd = self._fd, self._rejects_fd
-        if fd >= 0:
-            with contextlib.suppress(OSError):
+        """fsync what has been flushed (call from a thread: it can take long on network storage). A volume
+        failure (EIO, ENOSPC on delayed allocation) is raised; other errors (a closed fd) are not."""
+        for fd in (self._fd, self._rejects_fd):
+            if fd < 0:
+                continue
+            try:
                 os.fsync(fd)
-        if rejects_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.fsync(rejects_fd)
+            except OSError as error:
+                if is_volume_error(error):
+                    raise
         self._dirty = False
+
+    def hold_reserve(self, size: int = RESERVE_BYTES) -> None:
+        """Take `size` bytes of the volume now (raises a volume error when even that is not free)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.layout.reserve(self.shard_index)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as error:
+                    if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    os.write(fd, bytes(size))  # no fallocate here: real blocks all the same
+            finally:
+                os.close(fd)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
+
+    def release_reserve(self) -> None:
+        self.layout.reserve(self.shard_index).unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        """The end after a volume failure: what is buffered is dropped, whole records stay, fds close.
+        Nothing is sealed (that needs space); the next start indexes the segment from its lines."""
+        self._keep_whole_records(0)
+        for fd in (self._fd, self._rejects_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._rejects_fd = -1
+        self._segment = None
 
     def _seal_current(self) -> None:
         if self._fd < 0 or self._segment is None:
@@ -670,8 +814,6 @@ def compact_shard(
 
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     handles: dict[Path, int] = {}
-    written: set[Key] = set()
-    rows = tokens = orphans = 0
 
     def fetch(key: Key) -> dict[str, Any] | None:
         if key in previous:
@@ -685,6 +827,35 @@ def compact_shard(
             fd = handles[path] = os.open(path, os.O_RDONLY)
         return parse_record_line(os.pread(fd, length, offset))
 
+    try:
+        rows, tokens, orphans = _write_parquet(tmp, order, previous, sources, fetch, handles)
+        with tmp.open("rb") as file:
+            os.fsync(file.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full volume keeps no half Parquet; the segments are untouched
+        raise
+    fsync_dir(final.parent)
+    if remove_segments:
+        for segment in layout.segments(shard_index):
+            keys_path(segment).unlink(missing_ok=True)
+            segment.unlink()
+        fsync_dir(layout.shard_dir(shard_index))
+    return CompactionResult(final, rows, tokens, final.stat().st_size, sha256_file(final), orphans)
+
+
+def _write_parquet(
+    tmp: Path,
+    order: Iterable[Key],
+    previous: dict[Key, dict[str, Any]],
+    sources: dict[Key, tuple[Path, int, int]],
+    fetch: Any,
+    handles: dict[Path, int],
+) -> tuple[int, int, int]:
+    import pyarrow.parquet as pq
+
+    written: set[Key] = set()
+    rows = tokens = orphans = 0
     writer = pq.ParquetWriter(tmp, parquet_schema(), **PARQUET_WRITE_OPTIONS)
     try:
         batch = _ColumnBatch()
@@ -718,16 +889,7 @@ def compact_shard(
         writer.close()
         for fd in handles.values():
             os.close(fd)
-    with tmp.open("rb") as file:
-        os.fsync(file.fileno())
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    if remove_segments:
-        for segment in layout.segments(shard_index):
-            keys_path(segment).unlink(missing_ok=True)
-            segment.unlink()
-        fsync_dir(layout.shard_dir(shard_index))
-    return CompactionResult(final, rows, tokens, final.stat().st_size, sha256_file(final), orphans)
+    return rows, tokens, orphans
 
 
 # --- public readers --------------------------------------------------------------------------------
