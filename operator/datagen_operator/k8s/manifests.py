@@ -52,6 +52,8 @@ the memory-backed /dev/shm counts against the pod's memory limit."""
 
 # The worker's exit codes (docs/worker.md) that the workers' podFailurePolicy keys on.
 WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED = 2, 3, 4, 5
+WORKER_OUTPUT_VOLUME = 7
+"""The output volume failed (full, read-only, I/O errors): a retry would only fill it again; fix it, then resume."""
 WORKER_BACKOFF_LIMIT_PER_INDEX = 3
 
 STARTUP_PERIOD_S = 10
@@ -694,6 +696,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "worker", "--run", RUN_FILE, "--output", output_dir(spec), "--dataset", dataset_file(spec),
         "--tokenizer", tokenizer_dir(spec), *_server_args(urls),
         "--progress-configmap", f"{run.name}-shard-$(JOB_COMPLETION_INDEX)", "--log-format", "json",
+        "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
     container = _datagen_container("worker", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
@@ -711,7 +714,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
             "rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
                 on_exit("Ignore", [WORKER_UNREACHABLE, WORKER_DRAINED]),
-                on_exit("FailIndex", [WORKER_BAD_INPUT, WORKER_FINGERPRINT]),
+                on_exit("FailIndex", [WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_OUTPUT_VOLUME]),
             ]
         },
     }
