@@ -79,6 +79,8 @@ class PodRunner:
     """Lifetime of the ServiceAccount tokens given to pods (a long-lived dev cluster wants more)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _draining: list[LocalPod] = field(default_factory=list)
+    """Processes of deleted pods, given their grace period in the background; stop() ends them too."""
 
     def __post_init__(self) -> None:
         self.api = self.cluster.api_client()
@@ -105,7 +107,7 @@ class PodRunner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for pod in list(self.pods.values()):
+        for pod in [*self.pods.values(), *self._draining]:
             _terminate(pod.process, 5)
         with contextlib.suppress(ApiException):
             self.core.delete_node(self.node)
@@ -185,6 +187,8 @@ class PodRunner:
         if key in self.finished and key not in self.pods:
             return
         local = self.pods.pop(key, None)
+        if local is not None:
+            self._draining.append(local)
         self.finished.add(key)
 
         def stop_then_remove() -> None:
