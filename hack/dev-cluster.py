@@ -128,8 +128,6 @@ class ServerPodSimulators:
     node_paths: dict[str, str]
     log_dir: Path
     extra_flags: list[str] = field(default_factory=list)
-    started: int = 0
-    """Simulators started so far (= server pod creations seen)."""
     _by_uid: dict[str, PodSimulator] = field(default_factory=dict)
     _routes: dict[tuple[str, str], str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -210,7 +208,6 @@ class ServerPodSimulators:
             self._by_uid[uid] = simulator
         if flags is None:
             return
-        self.started += 1
         say(f"server pod {namespace}/{name}: simulator started with {' '.join(flags)} (log {server.log_path})")
         server.spawn()
         thread = threading.Thread(target=self._publish_when_ready, args=(simulator,), daemon=True)
