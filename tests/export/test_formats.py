@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -14,11 +16,13 @@ from datagen_operator.export.formats import (
     effective_flags,
     exclusion_reason,
     finish_type,
-    join_tokens,
-    labels_for,
+    joined_ids,
+    labels_values,
+    loss_mask_values,
     row_metadata,
     speculators_row,
     text_row,
+    token_columns,
 )
 
 STOP = 163586
@@ -26,28 +30,39 @@ PROMPTS = [[1, 2, 3], [7], [4, 5]]
 OUTPUTS = [[10, 11, STOP], [12, STOP], [13, 14, 15]]  # the last one ended on `length`
 
 
-def joined_from(prompts: list[list[int]], outputs: list[list[int]], *, slice_from: int = 0):
+def columns_from(prompts: list[list[int]], outputs: list[list[int]], *, slice_from: int = 0):
     tokens = pa.list_(pa.int32())
     # A sliced array (as a Parquet batch can be) must give the same rows as a fresh one.
     pad_in, pad_out = [[99, 98]] * slice_from, [[97]] * slice_from
     inputs = pa.array(pad_in + prompts, type=tokens).slice(slice_from)
     outputs_array = pa.array(pad_out + outputs, type=tokens).slice(slice_from)
-    return join_tokens(inputs, outputs_array)
+    return token_columns(inputs, outputs_array)
+
+
+def joined_rows(prompts, outputs, *, slice_from: int = 0):
+    """(ids, loss_mask, labels) per row, as the trl table builds them."""
+    tokens = columns_from(prompts, outputs, slice_from=slice_from)
+    ids, offsets = joined_ids(tokens)
+    mask = loss_mask_values(tokens)
+    labels = labels_values(ids, mask)
+    return [(ids[a:b], mask[a:b], labels[a:b]) for a, b in itertools.pairwise(offsets)]
 
 
 @pytest.mark.parametrize("slice_from", [0, 2])
 def test_rows_are_prompt_then_completion_exactly(slice_from: int) -> None:
-    joined = joined_from(PROMPTS, OUTPUTS, slice_from=slice_from)
+    rows = joined_rows(PROMPTS, OUTPUTS, slice_from=slice_from)
+    tokens = columns_from(PROMPTS, OUTPUTS, slice_from=slice_from)
     for row, (prompt, output) in enumerate(zip(PROMPTS, OUTPUTS, strict=True)):
-        ids, mask = joined.row(row)
+        ids, mask, _ = rows[row]
         assert ids.tolist() == prompt + output
         assert mask.tolist() == [0] * len(prompt) + [1] * len(output)
+        assert (tokens.prompt(row).tolist(), tokens.completion(row).tolist()) == (prompt, output)
+        line = orjson.loads(speculators_row("p", 0, tokens.prompt(row), tokens.completion(row), {}))
+        assert (line["input_ids"], line["loss_mask"]) == (ids.tolist(), mask.tolist())
 
 
 def test_mask_is_not_shifted_and_the_stop_token_is_supervised() -> None:
-    joined = joined_from(PROMPTS, OUTPUTS)
-    ids, mask = joined.row(0)
-    labels = labels_for(joined)[joined.offsets[0] : joined.offsets[1]]
+    ids, mask, labels = joined_rows(PROMPTS, OUTPUTS)[0]
     # Unshifted: the first supervised position holds the first completion token, not the last prompt token.
     assert mask[len(PROMPTS[0]) - 1] == 0 and mask[len(PROMPTS[0])] == 1
     assert labels[len(PROMPTS[0])] == OUTPUTS[0][0]
@@ -57,7 +72,7 @@ def test_mask_is_not_shifted_and_the_stop_token_is_supervised() -> None:
 
 
 def test_completion_counts_cover_only_supervised_tokens() -> None:
-    counts = completion_counts(joined_from(PROMPTS, OUTPUTS))
+    counts = completion_counts(columns_from(PROMPTS, OUTPUTS, slice_from=2))
     assert counts[STOP] == 2 and counts[10] == 1 and counts[1] == 0  # 1 is a prompt token
     assert counts.sum() == sum(map(len, OUTPUTS))
 
@@ -78,10 +93,9 @@ def test_over_length_is_dropped_or_kept_never_cut() -> None:
 
 
 def test_speculators_row_has_the_consumers_columns_and_stable_metadata() -> None:
-    joined = joined_from(PROMPTS, OUTPUTS)
-    ids, mask = joined.row(2)
+    tokens = columns_from(PROMPTS, OUTPUTS)
     meta = row_metadata("length", 2, 3, ["truncated"], unfinished=False, over_length=False)
-    row = orjson.loads(speculators_row("p2", 1, ids, mask, meta))
+    row = orjson.loads(speculators_row("p2", 1, tokens.prompt(2), tokens.completion(2), meta))
     assert row == {
         "id": "p2",
         "sample": 1,
@@ -99,12 +113,12 @@ def test_speculators_row_has_the_consumers_columns_and_stable_metadata() -> None
 
 
 def test_text_row_reports_a_lossy_roundtrip() -> None:
-    ids = np.array([1, 2, 3, 4], dtype=np.int32)
+    ids = (np.array([1, 2], dtype=np.int32), np.array([3, 4], dtype=np.int32))
     meta = row_metadata("stop", 2, 2, [], unfinished=False, over_length=False)
     exact = {"decode": lambda t: " ".join(map(str, t)), "encode": lambda s: [int(x) for x in s.split()]}
     lossy = {**exact, "encode": lambda s: [int(x) for x in s.split()][:-1]}
-    assert orjson.loads(text_row("p", 0, ids, 2, meta, **exact, last_turn_only=False))["roundtrip_ok"] is True
-    assert orjson.loads(text_row("p", 0, ids, 2, meta, **lossy, last_turn_only=False))["roundtrip_ok"] is False
-    split = orjson.loads(text_row("p", 0, ids, 2, meta, **exact, last_turn_only=True))
+    assert orjson.loads(text_row("p", 0, *ids, meta, **exact, last_turn_only=False))["roundtrip_ok"] is True
+    assert orjson.loads(text_row("p", 0, *ids, meta, **lossy, last_turn_only=False))["roundtrip_ok"] is False
+    split = orjson.loads(text_row("p", 0, *ids, meta, **exact, last_turn_only=True))
     assert (split["prompt"], split["completion"], split["roundtrip_ok"]) == ("1 2", "3 4", False)  # no space joins them
     assert "text" not in split

@@ -69,50 +69,76 @@ def list_lengths(column: pa.Array) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
 
 
-def list_values(column: pa.Array) -> np.ndarray:
-    """The flat int32 values of a (possibly sliced) list column; zero-copy where Arrow allows."""
-    return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.int32)
-
-
 @dataclass(frozen=True)
-class JoinedTokens:
-    """Each row's prompt then completion, flat, with row offsets and the completion positions."""
+class TokenColumns:
+    """A batch's prompts and completions as Arrow's own buffers (zero-copy): values plus row offsets."""
 
-    ids: np.ndarray  # int32, all rows back to back
-    loss_mask: np.ndarray  # uint8, 0 over the prompt, 1 over the completion (stop token included)
-    offsets: np.ndarray  # int64, len rows + 1
-    prompt_lengths: np.ndarray
-    completion_lengths: np.ndarray
+    prompt_values: np.ndarray  # int32
+    prompt_offsets: np.ndarray  # rows + 1, into prompt_values (a sliced batch need not start at 0)
+    completion_values: np.ndarray
+    completion_offsets: np.ndarray
 
-    def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        start, end = self.offsets[index], self.offsets[index + 1]
-        return self.ids[start:end], self.loss_mask[start:end]
+    @property
+    def rows(self) -> int:
+        return len(self.prompt_offsets) - 1
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        return np.diff(self.prompt_offsets)
+
+    @property
+    def completion_lengths(self) -> np.ndarray:
+        return np.diff(self.completion_offsets)
+
+    def prompt(self, row: int) -> np.ndarray:
+        return self.prompt_values[self.prompt_offsets[row] : self.prompt_offsets[row + 1]]
+
+    def completion(self, row: int) -> np.ndarray:
+        return self.completion_values[self.completion_offsets[row] : self.completion_offsets[row + 1]]
+
+    def supervised_values(self) -> np.ndarray:
+        """Every completion token of the batch (what the loss covers), contiguous."""
+        return self.completion_values[self.completion_offsets[0] : self.completion_offsets[-1]]
 
 
-def join_tokens(input_ids: pa.Array, output_ids: pa.Array) -> JoinedTokens:
-    prompt_lengths, completion_lengths = list_lengths(input_ids), list_lengths(output_ids)
-    rows = len(prompt_lengths)
-    # Alternate (prompt, completion) runs: repeat 0/1 by their lengths gives the mask of the whole batch.
-    runs = np.empty(2 * rows, dtype=np.int64)
-    runs[0::2], runs[1::2] = prompt_lengths, completion_lengths
-    loss_mask = np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), rows), runs)
-    in_completion = loss_mask.view(np.bool_)
-    ids = np.empty(len(loss_mask), dtype=np.int32)
-    ids[~in_completion] = list_values(input_ids)  # rows stay in order, so a masked assign places them
-    ids[in_completion] = list_values(output_ids)
-    offsets = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(prompt_lengths + completion_lengths, out=offsets[1:])
-    return JoinedTokens(ids, loss_mask, offsets, prompt_lengths, completion_lengths)
+def _buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    if column.null_count:
+        column = pc.fill_null(column, pa.scalar([], column.type))
+    values = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return values, column.offsets.to_numpy().astype(np.int64)
 
 
-def labels_for(joined: JoinedTokens) -> np.ndarray:
+def token_columns(input_ids: pa.Array, output_ids: pa.Array) -> TokenColumns:
+    return TokenColumns(*_buffers(input_ids), *_buffers(output_ids))
+
+
+def joined_ids(tokens: TokenColumns) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's prompt then completion, back to back, and the row offsets: one concatenate of slices
+    (memcpy per run; a boolean-mask scatter is several times slower)."""
+    pieces = []
+    for row in range(tokens.rows):
+        pieces += (tokens.prompt(row), tokens.completion(row))
+    offsets = np.zeros(tokens.rows + 1, dtype=np.int64)
+    np.cumsum(tokens.prompt_lengths + tokens.completion_lengths, out=offsets[1:])
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    return ids.astype(np.int32, copy=False), offsets
+
+
+def loss_mask_values(tokens: TokenColumns) -> np.ndarray:
+    """uint8, 0 over each prompt and 1 over each completion (its stop token included), back to back."""
+    runs = np.empty(2 * tokens.rows, dtype=np.int64)
+    runs[0::2], runs[1::2] = tokens.prompt_lengths, tokens.completion_lengths
+    return np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), tokens.rows), runs)
+
+
+def labels_values(ids: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """HF `labels`: the id where the loss applies, IGNORE_INDEX elsewhere (unshifted, as `input_ids`)."""
-    return np.where(joined.loss_mask.view(np.bool_), joined.ids, IGNORE_INDEX).astype(np.int32)
+    return np.where(loss_mask.view(np.bool_), ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
 
 
-def completion_counts(joined: JoinedTokens) -> np.ndarray:
+def completion_counts(tokens: TokenColumns) -> np.ndarray:
     """Occurrences of each id among the supervised (completion) tokens: the drafter's vocabulary counts."""
-    return np.bincount(joined.ids[joined.loss_mask.view(np.bool_)])
+    return np.bincount(tokens.supervised_values())
 
 
 # --- per-format rows --------------------------------------------------------------------------------
@@ -138,12 +164,42 @@ def row_metadata(
     }
 
 
+def _json_concat(left: bytes, right: bytes) -> bytes:
+    """Two JSON arrays as one, spliced as bytes."""
+    if left == b"[]":
+        return right
+    if right == b"[]":
+        return left
+    return left[:-1] + b"," + right[1:]
+
+
+def loss_mask_json(prompt_length: int, completion_length: int) -> bytes:
+    body = b"0," * prompt_length + b"1," * completion_length
+    return b"[" + body[:-1] + b"]"
+
+
 def speculators_row(
-    prompt_id: str, sample: int, ids: np.ndarray, loss_mask: np.ndarray, metadata: dict[str, Any]
+    prompt_id: str, sample: int, prompt_ids: np.ndarray, completion_ids: np.ndarray, metadata: dict[str, Any]
 ) -> bytes:
-    """One JSONL line for vLLM speculators (>= 0.7.0 pre-tokenized rows) and SpecForge main."""
-    row = {"id": prompt_id, "sample": sample, "input_ids": ids, "loss_mask": loss_mask, "metadata": metadata}
-    return orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+    """One JSONL line for vLLM speculators (>= 0.7.0 pre-tokenized rows) and SpecForge main:
+    `{"id", "sample", "input_ids": prompt + completion, "loss_mask", "metadata"}`.
+
+    Built from byte pieces (orjson serialises each id array in C) so no per-token Python runs."""
+    as_json = orjson.OPT_SERIALIZE_NUMPY
+    ids = _json_concat(orjson.dumps(prompt_ids, option=as_json), orjson.dumps(completion_ids, option=as_json))
+    head = orjson.dumps({"id": prompt_id, "sample": sample})[:-1]
+    return b"".join(
+        (
+            head,
+            b',"input_ids":',
+            ids,
+            b',"loss_mask":',
+            loss_mask_json(len(prompt_ids), len(completion_ids)),
+            b',"metadata":',
+            orjson.dumps(metadata),
+            b"}\n",
+        )
+    )
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
@@ -168,20 +224,17 @@ def trl_schema() -> pa.Schema:
     )
 
 
-def trl_table(
-    ids: pa.Array,
-    samples: pa.Array,
-    joined: JoinedTokens,
-    metadata: Sequence[dict[str, Any]],
-) -> pa.Table:
+def trl_table(ids: pa.Array, samples: pa.Array, tokens: TokenColumns, metadata: Sequence[dict[str, Any]]) -> pa.Table:
     """TRL SFTTrainer rows: `input_ids`, `assistant_masks` (1 = loss) and `labels` (IGNORE_INDEX outside)."""
     schema = trl_schema()
+    input_ids, offsets = joined_ids(tokens)
+    loss_mask = loss_mask_values(tokens)
     columns = {
         "id": ids,
         "sample": samples,
-        "input_ids": _list_array(joined.ids, joined.offsets, pa.int32()),
-        "assistant_masks": _list_array(joined.loss_mask.view(np.int8), joined.offsets, pa.int8()),
-        "labels": _list_array(labels_for(joined), joined.offsets, pa.int32()),
+        "input_ids": _list_array(input_ids, offsets, pa.int32()),
+        "assistant_masks": _list_array(loss_mask.view(np.int8), offsets, pa.int8()),
+        "labels": _list_array(labels_values(input_ids, loss_mask), offsets, pa.int32()),
     }
     for name in ("finish_reason", "prompt_tokens", "completion_tokens", "flags", "unfinished", "over_length"):
         columns[name] = pa.array([m[name] for m in metadata], type=schema.field(name).type)
@@ -191,8 +244,8 @@ def trl_table(
 def text_row(
     prompt_id: str,
     sample: int,
-    ids: np.ndarray,
-    prompt_length: int,
+    prompt_ids: np.ndarray,
+    completion_ids: np.ndarray,
     metadata: dict[str, Any],
     *,
     decode: Callable[[list[int]], str],
@@ -206,12 +259,12 @@ def text_row(
     trainer that finds assistant turns in one `text` would also supervise earlier assistant turns the
     prompt carries (not generated by this model, and with reasoning stripped by templates like Qwen3's).
     """
-    all_ids = ids.tolist()
+    prompt_list, completion_list = prompt_ids.tolist(), completion_ids.tolist()
+    all_ids = prompt_list + completion_list
     row: dict[str, Any] = {"id": prompt_id, "sample": sample}
     if last_turn_only:
-        prompt_ids = all_ids[:prompt_length]
-        prompt, completion = decode(prompt_ids), decode(all_ids[prompt_length:])
-        roundtrip_ok = encode(prompt) == prompt_ids and encode(prompt + completion) == all_ids
+        prompt, completion = decode(prompt_list), decode(completion_list)
+        roundtrip_ok = encode(prompt) == prompt_list and encode(prompt + completion) == all_ids
         row |= {"prompt": prompt, "completion": completion}
     else:
         text = decode(all_ids)

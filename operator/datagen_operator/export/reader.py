@@ -43,7 +43,7 @@ def source_schema() -> pa.Schema:
 
 @dataclass(frozen=True)
 class SourceBatch:
-    records: pa.RecordBatch  # COLUMNS, source_schema()
+    records: pa.RecordBatch  # COLUMNS, typed as source_schema()
     shard: int
     unfinished: bool  # read from the segments of a shard not yet compacted
 
@@ -63,9 +63,8 @@ def shard_parquets(layout: OutputLayout, shard: int) -> list[Path]:
 
 def _parquet_batches(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
     file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-    schema = source_schema()
-    for batch in file.iter_batches(batch_size=batch_rows, columns=list(COLUMNS), use_threads=False):
-        yield batch.cast(schema) if batch.schema != schema else batch
+    # Columns are used by name; list field names ("element" vs "item") may differ from source_schema().
+    yield from file.iter_batches(batch_size=batch_rows, columns=list(COLUMNS))
 
 
 def _parquet_keys(paths: list[Path]) -> set[tuple[str, int]]:

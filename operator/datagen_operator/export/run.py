@@ -21,11 +21,11 @@ from datagen_operator.export.formats import (
     exclusion_reason,
     finish_type,
     is_over_length,
-    join_tokens,
     list_lengths,
     row_metadata,
     speculators_row,
     text_row,
+    token_columns,
     trl_schema,
     trl_table,
 )
@@ -117,7 +117,7 @@ def export_output(
         if not keep:
             continue
         kept = records if len(keep) == records.num_rows else records.take(pa.array(keep, type=pa.int64()))
-        joined = join_tokens(kept.column("input_ids"), kept.column("output_ids"))
+        tokens = token_columns(kept.column("input_ids"), kept.column("output_ids"))
         prompt_tokens, completion_tokens = (
             kept.column("prompt_tokens").to_pylist(),
             kept.column("completion_tokens").to_pylist(),
@@ -133,33 +133,35 @@ def export_output(
             )
             for i, row in enumerate(keep)
         ]
-        tokens = int(joined.offsets[-1])
-        frequency.add(completion_counts(joined))
+        prompt_total, completion_total = int(tokens.prompt_lengths.sum()), int(tokens.completion_lengths.sum())
+        frequency.add(completion_counts(tokens))
         tally.rows_written += len(keep)
-        tally.tokens_written += tokens
-        tally.prompt_tokens += int(joined.prompt_lengths.sum())
-        tally.completion_tokens += int(joined.completion_lengths.sum())
+        tally.tokens_written += prompt_total + completion_total
+        tally.prompt_tokens += prompt_total
+        tally.completion_tokens += completion_total
         tally.rows_unfinished += len(keep) if batch.unfinished else 0
         tally.rows_over_length_kept += sum(m["over_length"] for m in metadata)
         if options.export_format == "trl":
             assert isinstance(parts, ParquetParts)
-            parts.write_table(trl_table(kept.column("id"), kept.column("sample"), joined, metadata), tokens)
+            parts.write_table(
+                trl_table(kept.column("id"), kept.column("sample"), tokens, metadata), prompt_total + completion_total
+            )
             continue
         assert isinstance(parts, JsonlParts)
         lines = []
         for i, row in enumerate(keep):
-            ids, loss_mask = joined.row(i)
+            prompt, completion = tokens.prompt(i), tokens.completion(i)
             if options.export_format == "speculators":
-                lines.append(speculators_row(prompt_ids[row], samples[row], ids, loss_mask, metadata[i]))
+                lines.append(speculators_row(prompt_ids[row], samples[row], prompt, completion, metadata[i]))
             else:
                 assert codec is not None
                 line = text_row(
-                    prompt_ids[row], samples[row], ids, int(joined.prompt_lengths[i]), metadata[i],
+                    prompt_ids[row], samples[row], prompt, completion, metadata[i],
                     decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only,
                 )  # fmt: skip
                 tally.roundtrip_failed += b'"roundtrip_ok":false' in line
                 lines.append(line)
-        parts.write_lines(lines, tokens)
+        parts.write_lines(lines, prompt_total + completion_total)
     written = parts.close()
     token_freq = frequency.write(out_dir, codec.vocab_size if codec else None)
     manifest = build_manifest(
