@@ -169,7 +169,7 @@ def test_counters_from_worker_snapshots() -> None:
     counters = counters_from_snapshots(snapshots)
     assert (counters.prompts_total, counters.prompts_done, counters.completion_tokens) == (15, 9, 900)
     assert counters.tokens_per_second == 100.0  # finished shards no longer produce
-    assert counters.tally == Tally(records=9, tool_records=2, rejected=1, flags={rc.TRUNCATED: 3})
+    assert counters.tally == Tally(records=9, tool_records=2, rejected=1, flags={rc.TRUNCATED: 3}, lines=15)
 
 
 def test_set_aside_prompts_of_every_cause_are_counted() -> None:

@@ -5,7 +5,7 @@ One evaluation for the rolling checks (workers' counters), the canary and `datag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
@@ -17,6 +17,20 @@ TERMINATION = "termination"
 TRUNCATION = "truncation"
 TOOL_CALLS = "tool_calls"
 SERVER_ERRORS = "server_errors"
+MALFORMED = "malformed"
+TOO_LONG = "too_long"
+SERVER_FAILURES = "server_failures"
+OUTPUT_VOLUME = "output_volume"
+
+# Thresholds of the causes spec.checks has no field for (docs/checks.md).
+MAX_MALFORMED_RATE = 0.10
+"""Dataset lines set aside (bad JSON, id, messages, tools, duplicates) or prompts the template cannot render:
+past one in ten, the file or its format is likely the wrong one."""
+MAX_TOO_LONG_RATE = 0.10
+"""Prompts set aside because prompt + max_new_tokens exceeds the server's context."""
+MAX_SERVER_FAILURE_RATE = 0.05
+"""Records that ran out of attempts (5xx, timeouts, resets): a rerun retries them, but this many means a
+sick server."""
 
 
 @dataclass(frozen=True)
@@ -26,27 +40,36 @@ class Tally:
     records: int = 0
     tool_records: int = 0
     rejected: int = 0
+    """Records the server refused (HTTP 4xx): the only server errors."""
     flags: dict[str, int] = field(default_factory=dict)
+    lines: int = 0
+    """Dataset lines looked at (valid prompts + lines set aside): what set-aside rates are out of."""
+    malformed: int = 0
+    """Prompts set aside unsent: a dataset line that is not a usable prompt, or one the template cannot render."""
+    too_long: int = 0
+    """Prompts set aside unsent: prompt + max_new_tokens over the server's context."""
+    failed: int = 0
+    """Records that ran out of attempts (5xx, timeouts, resets); a rerun retries them."""
+    unwritten: int = 0
+    """Answers the output volume could not take (full, read-only, I/O errors)."""
 
     def count(self, *names: str) -> int:
         return sum(self.flags.get(name, 0) for name in names)
 
-    def __add__(self, other: Tally) -> Tally:
+    def _combine(self, other: Tally, sign: int) -> Tally:
+        numbers = {
+            f.name: getattr(self, f.name) + sign * getattr(other, f.name) for f in fields(self) if f.name != "flags"
+        }
         flags = dict(self.flags)
         for name, value in other.flags.items():
-            flags[name] = flags.get(name, 0) + value
-        return Tally(
-            self.records + other.records, self.tool_records + other.tool_records, self.rejected + other.rejected, flags
-        )
+            flags[name] = flags.get(name, 0) + sign * value
+        return Tally(**numbers, flags=flags)
+
+    def __add__(self, other: Tally) -> Tally:
+        return self._combine(other, 1)
 
     def __sub__(self, baseline: Tally) -> Tally:
-        flags = {name: value - baseline.flags.get(name, 0) for name, value in self.flags.items()}
-        return Tally(
-            self.records - baseline.records,
-            self.tool_records - baseline.tool_records,
-            self.rejected - baseline.rejected,
-            flags,
-        )
+        return self._combine(baseline, -1)
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,10 @@ def evaluate(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
         _truncation(tally, ctx),
         _tool_calls(tally, ctx),
         _server_errors(tally, ctx),
+        _malformed(tally),
+        _too_long(tally),
+        _server_failures(tally),
+        _output_volume(tally),
     ]
 
 
@@ -237,6 +264,7 @@ def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
 
 
 def _server_errors(tally: Tally, ctx: CheckContext) -> CheckResult:
+    # Only requests the server refused: prompts set aside unsent (malformed, too long) never reached it.
     total, rejected = tally.records + tally.rejected, tally.rejected
     return _rate_check(
         SERVER_ERRORS,
@@ -245,4 +273,56 @@ def _server_errors(tally: Tally, ctx: CheckContext) -> CheckResult:
         ctx.thresholds.max_error_rate,
         f"{_frac(rejected, total)} requests rejected by the server",
         f"{_frac(rejected, total)} requests rejected by the server (HTTP 4xx); their reasons are in rejects.jsonl",
+    )
+
+
+def _malformed(tally: Tally) -> CheckResult:
+    n, bad = tally.lines, tally.malformed
+    return _rate_check(
+        MALFORMED,
+        bad,
+        n,
+        MAX_MALFORMED_RATE,
+        f"{_frac(bad, n)} dataset lines set aside unsent (malformed or unrenderable)",
+        f"{_frac(bad, n)} dataset lines are not usable prompts or cannot be rendered by the chat template, above "
+        f"{MAX_MALFORMED_RATE:.0%}: check spec.dataset.path and its format; each line and its cause is in rejects.jsonl",
+    )
+
+
+def _too_long(tally: Tally) -> CheckResult:
+    n, bad = tally.lines, tally.too_long
+    return _rate_check(
+        TOO_LONG,
+        bad,
+        n,
+        MAX_TOO_LONG_RATE,
+        f"{_frac(bad, n)} prompts set aside unsent as too long for the server's context",
+        f"{_frac(bad, n)} prompts + max_new_tokens exceed the server's context, above {MAX_TOO_LONG_RATE:.0%}: "
+        "lower generation.sampling.max_new_tokens or raise the server's --context-length",
+    )
+
+
+def _server_failures(tally: Tally) -> CheckResult:
+    total, bad = tally.records + tally.rejected + tally.failed, tally.failed
+    return _rate_check(
+        SERVER_FAILURES,
+        bad,
+        total,
+        MAX_SERVER_FAILURE_RATE,
+        f"{_frac(bad, total)} requests ran out of attempts (5xx, timeouts)",
+        f"{_frac(bad, total)} requests ran out of attempts (HTTP 5xx, timeouts, resets), above "
+        f"{MAX_SERVER_FAILURE_RATE:.0%}: the server is failing; see its log (a rerun retries them)",
+    )
+
+
+def _output_volume(tally: Tally) -> CheckResult:
+    total, bad = tally.records + tally.unwritten, tally.unwritten
+    return _rate_check(
+        OUTPUT_VOLUME,
+        bad,
+        total,
+        0.0,
+        f"every answer written to the output volume ({_frac(total - bad, total)})",
+        f"{_frac(bad, total)} answers could not be written: the output volume is full or failing; free space or "
+        "grow it, then resume (they are generated again)",
     )

@@ -231,6 +231,16 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         updates.append(_u(SUCCEEDED, "False", "CanaryFailed", canary.message))
         return Decision(Step.HALTED, "Halted", False, False, tuple(updates), canary.checks, progress)
 
+    # A shard stopped for a named cause (its output volume is full): said first, in plain words.
+    stopped = (observed.progress.failure_reason if observed.progress else None) or (
+        workers.failure_reason if workers else None
+    )
+    if stopped and workers is not None and workers.shards_failed:
+        message = (observed.progress.failure_message if observed.progress else None) or workers.failure_message
+        updates.append(_u(PROGRESSING, "False", stopped, message or stopped))
+        updates.append(_u(SUCCEEDED, "False", stopped, message or stopped))
+        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), progress=progress)
+
     # Bulk generation with rolling checks over the workers' counters.
     faithful, checks = _rolling_checks(observed, context, updates)
     if not faithful and halt_on_failure:
@@ -277,7 +287,7 @@ def _rolling_checks(
 ) -> tuple[bool, tuple[CheckResult, ...]]:
     """DataFaithful over the records so far (appended to `updates`): (faithful, the checks)."""
     checks: tuple[CheckResult, ...] = ()
-    tally = observed.progress.tally if observed.progress else None
+    tally = observed.progress.judged if observed.progress else None
     if tally is None or tally.records < MIN_RECORDS_FOR_ROLLING_CHECKS:
         have = tally.records if tally else 0
         updates.append(

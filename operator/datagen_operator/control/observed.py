@@ -60,6 +60,8 @@ class WorkersObservation:
     active: int = 0
     paused: bool = False
     failure_message: str | None = None
+    failure_reason: str | None = None
+    """A named cause for the failed shards (e.g. OutputVolumeFull from the worker's exit 7), else WorkersFailed."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,16 @@ class ProgressCounters:
     malformed: int = 0
     tally: Tally = field(default_factory=Tally)
     """Records, rejects and inline record-check flags (see checks.record_checks)."""
+    baseline: Tally = field(default_factory=Tally)
+    """What the output held when this attempt's workers started: the rolling checks judge `judged` only."""
+    failure_reason: str | None = None
+    failure_message: str | None = None
+    """A shard that stopped for a named cause (OutputVolumeFull...), in plain words with the run's counts."""
+
+    @property
+    def judged(self) -> Tally:
+        """This attempt's own records and set-asides: a halt on earlier ones is not repeated on resume."""
+        return self.tally - self.baseline
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,10 @@ class Worker:
 
         p, output = self.progress, self.config.output
         reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
-        return volume_failure_text(reason, output, free_bytes(output), error, p.records_done, p.records_total)
+        text = volume_failure_text(
+            reason, output, free_bytes(output), p.records_done, p.records_total, error.strerror or str(error)
+        )
+        return f"{reason}: {text}"
 
     def _fail(self, code: int, message: str, reason: str = "") -> int:
         from datagen_operator.worker.progress import FileSink, ShardProgress

@@ -74,17 +74,19 @@ def free_bytes(path: Path) -> int | None:
     return None
 
 
-def volume_failure_text(reason: str, output: Path, free: int | None, error: OSError, done: int, total: int) -> str:
-    """The cause in plain words, and what to do; the same sentence in progress, stderr and the condition."""
+def volume_failure_text(
+    reason: str, output: str | Path, free: int | None, done: int, total: int, why: str = ""
+) -> str:
+    """The cause in plain words and what to do: the same sentence on stderr, in progress and the condition."""
     what = {
-        "OutputVolumeFull": f"{output} has {free if free is not None else 'unknown'} bytes free",
+        "OutputVolumeFull": f"{output} has {free if free is not None else 'an unknown number of'} bytes free",
         "OutputVolumeReadOnly": f"{output} is read-only",
     }.get(reason, f"{output} fails to write")
     fix = {
         "OutputVolumeFull": "free space or grow the volume and the run resumes",
         "OutputVolumeReadOnly": "mount the volume writable and the run resumes",
     }.get(reason, "repair or replace the volume and the run resumes")
-    return f"{reason}: {what} after {done}/{total} records ({error.strerror or error}); {fix}"
+    return f"{what} after {done}/{total} records" + (f" ({why})" if why else "") + f"; {fix}"
 
 
 class PartialFlush(OSError):

@@ -1,0 +1,116 @@
+"""Every item set aside or refused counts under its own cause, with its own rate and threshold; a halt on
+items an earlier attempt set aside is not repeated on resume; a failed output volume is named in plain words."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.evaluate import (
+    MALFORMED,
+    OUTPUT_VOLUME,
+    SERVER_ERRORS,
+    SERVER_FAILURES,
+    TOO_LONG,
+    Tally,
+    evaluate,
+)
+from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.observed import WorkersObservation
+from datagen_operator.control.progress import counters_from_snapshots
+from tests.unit.test_decide import conditions, context, running, spec
+
+CTX = context(spec())
+
+
+def failing(tally: Tally) -> set[str]:
+    return {check.name for check in evaluate(tally, CTX) if not check.passed}
+
+
+def shard(**fields) -> dict:
+    return {"state": "running", "prompts_total": 42, "started_at": 100.0, **fields}
+
+
+def test_an_unrenderable_prompt_is_malformed_never_a_server_error() -> None:
+    # The issue's run: one dataset line the template cannot render, 42 records: `server_errors 1/43` before.
+    counters = counters_from_snapshots([shard(records_done=42, set_aside={"unrenderable": 1})])
+    results = {check.name: check for check in evaluate(counters.tally, CTX)}
+    assert (results[SERVER_ERRORS].count, results[SERVER_ERRORS].passed) == (0, True)
+    assert (results[MALFORMED].count, results[MALFORMED].total, results[MALFORMED].passed) == (1, 42, True)
+
+
+@pytest.mark.parametrize(
+    ("tally", "cause"),
+    [
+        (Tally(records=90, lines=100, malformed=11), MALFORMED),  # 11 % > 10 %
+        (Tally(records=90, lines=100, too_long=11), TOO_LONG),  # 11 % > 10 %
+        (Tally(records=98, rejected=2), SERVER_ERRORS),  # 2 % > maxErrorRate 1 %
+        (Tally(records=94, failed=6), SERVER_FAILURES),  # 6 % > 5 %
+        (Tally(records=99, unwritten=1), OUTPUT_VOLUME),  # any
+    ],
+)
+def test_each_cause_crosses_only_its_own_threshold(tally: Tally, cause: str) -> None:
+    assert failing(tally) == {cause}
+    just_under = {
+        MALFORMED: Tally(records=90, lines=100, malformed=10),
+        TOO_LONG: Tally(records=90, lines=100, too_long=10),
+        SERVER_ERRORS: Tally(records=99, rejected=1),
+        SERVER_FAILURES: Tally(records=95, failed=5),
+        OUTPUT_VOLUME: Tally(records=100),
+    }[cause]
+    assert failing(just_under) == set()
+
+
+def test_a_halt_on_earlier_items_is_not_repeated_on_resume_unless_new_ones_arrive() -> None:
+    s = spec()
+    first = shard(records_done=50, flags={rc.NO_THINK_END: 10}, set_aside={"bad_json": 9})
+    d = decide(s, replace(running(Tally()), progress=counters_from_snapshots([first])), context(s))
+    assert conditions(d)["Succeeded"] == ("False", "ChecksFailed")
+
+    # The resumed worker found those on disk: its baseline. 20 new clean records pass.
+    before = {"records": 50, "rejected": 0, "malformed": 9, "too_long": 0, "flags": {rc.NO_THINK_END: 10}}
+    resumed = shard(records_done=70, flags={rc.NO_THINK_END: 10}, set_aside={"bad_json": 9}, baseline=before)
+    counters = counters_from_snapshots([resumed])
+    assert counters.judged.records == 20 and counters.judged.malformed == 0
+    d = decide(s, replace(running(Tally()), progress=counters), context(s))
+    assert d.step is Step.RUN_WORKERS and conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
+
+    # New bad ones halt again.
+    worse = {**resumed, "flags": {rc.NO_THINK_END: 16}}
+    d = decide(s, replace(running(Tally()), progress=counters_from_snapshots([worse])), context(s))
+    assert conditions(d)["Succeeded"] == ("False", "ChecksFailed")
+
+
+def test_snapshots_older_than_the_attempt_are_all_baseline() -> None:
+    stale = shard(records_done=50, flags={rc.NO_THINK_END: 10}, started_at=10.0)
+    counters = counters_from_snapshots([stale], attempt_started_at=20.0)
+    assert counters.judged == Tally(lines=42, flags={rc.NO_THINK_END: 0})
+    assert counters_from_snapshots([stale], attempt_started_at=5.0).judged.records == 50
+
+
+def test_a_full_volume_is_the_condition_in_plain_words() -> None:
+    s = spec()
+    full = shard(
+        shard=0, state="failed", failure_reason="OutputVolumeFull", volume_path="/mnt/datagen/output",
+        volume_free_bytes=0, records_done=80, records_total=150, records_unwritten=3,
+    )  # fmt: skip
+    other = shard(shard=1, records_done=87, records_total=150)
+    counters = counters_from_snapshots([full, other])
+    observed = replace(running(Tally()), progress=counters, workers=WorkersObservation(2, shards_failed=1))
+    d = decide(s, observed, context(s))
+    (succeeded,) = [u for u in d.updates if u.type == "Succeeded"]
+    assert d.step is Step.HALTED and not d.server_wanted and not d.workers_wanted
+    assert succeeded.reason == "OutputVolumeFull"  # not ChecksFailed although output_volume fails too
+    assert succeeded.message == (
+        "/mnt/datagen/output has 0 bytes free after 167/300 records; free space or grow the volume and the run "
+        "resumes (shard 0 stopped)"
+    )
+
+
+def test_an_exit_code_alone_names_the_volume_when_no_progress_could_be_read() -> None:
+    s = spec()
+    workers = WorkersObservation(2, shards_failed=1, failure_reason="OutputVolumeFull", failure_message="/out full")
+    d = decide(s, replace(running(Tally(records=5)), workers=workers), context(s))
+    assert conditions(d)["Succeeded"] == ("False", "OutputVolumeFull")
