@@ -114,3 +114,16 @@ def test_an_exit_code_alone_names_the_volume_when_no_progress_could_be_read() ->
     workers = WorkersObservation(2, shards_failed=1, failure_reason="OutputVolumeFull", failure_message="/out full")
     d = decide(s, replace(running(Tally(records=5)), workers=workers), context(s))
     assert conditions(d)["Succeeded"] == ("False", "OutputVolumeFull")
+
+
+def test_lost_answers_name_the_volume_before_the_runner_sees_the_exit_and_a_stale_failure_does_not() -> None:
+    s = spec()
+    full = shard(
+        shard=0, state="failed", failure_reason="OutputVolumeFull", volume_path="/out", volume_free_bytes=0,
+        records_done=80, records_total=150, records_unwritten=3, started_at=100.0,
+    )  # fmt: skip
+    fresh = replace(running(Tally()), progress=counters_from_snapshots([full]))
+    assert conditions(decide(s, fresh, context(s)))["Succeeded"] == ("False", "OutputVolumeFull")
+    # The same snapshot left by an earlier `datagen run`: the resumed run goes on.
+    stale = replace(running(Tally()), progress=counters_from_snapshots([full], attempt_started_at=200.0))
+    assert decide(s, stale, context(s)).step is Step.RUN_WORKERS

@@ -3,7 +3,11 @@
 - the dataset holds at least one valid prompt (lines set aside are counted by cause);
 - the tokenizer loads and renders the dataset's first prompt;
 - an output that already exists was made with the same tokenizer files, chat template, sampling, preset
-  and thinking switch (the server's part of the fingerprint is compared by the workers, once it runs).
+  and thinking switch (the server's part of the fingerprint is compared by the workers, once it runs);
+- the output volume has room for what is left to write: refused when even the least the output can take
+  does not fit (every answer one token), a warning when the most it can take does not (every answer at
+  max_new_tokens). Bytes per token are measured on this dataset's own rendered tokens, through the worker's
+  segment encoder and the Parquet writer.
 
 One implementation for the operator (a Job, verdict in the termination message) and the local runner.
 """
@@ -11,7 +15,10 @@ One implementation for the operator (a Job, verdict in the termination message) 
 from __future__ import annotations
 
 import argparse
+import io
+import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,7 @@ def run_preflight(
     spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path
 ) -> StepOutcome:
     """Every pre-launch check; the first failure is the verdict, with the field and the fix."""
-    from datagen_operator.worker.dataset import DatasetError, check_dataset
+    from datagen_operator.worker.dataset import DatasetError, check_dataset, plan_shard
     from datagen_operator.worker.fingerprint import (
         build_fingerprint,
         chat_template_sha256,
@@ -40,16 +47,23 @@ def run_preflight(
     from datagen_operator.worker.store import read_manifest
 
     try:
-        summary = check_dataset(dataset, spec.dataset.format)
-    except DatasetError as error:  # EmptyDataset is one
+        plan = plan_shard(dataset, 0, 1, spec.dataset.format)
+        if not plan.prompts:
+            check_dataset(dataset, spec.dataset.format)  # raises EmptyDataset, naming the causes
+    except (DatasetError, OSError) as error:  # EmptyDataset is one
         return _failed("DatasetUnusable", str(error))
-    aside = sum(summary.set_aside.values())
-    found = f"{summary.prompts} prompts in {dataset}" + (f" ({aside} lines set aside)" if aside else "")
+    aside = len(plan.malformed)
+    found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({aside} lines set aside)" if aside else "")
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, rc.read_model_eos_ids(tokenizer_dir))
     renderer = Renderer(tokenizer, template_variables(resolved))
     manifest = read_manifest(output)
+    estimate = estimate_output(spec, plan, renderer, manifest)
+    room = room_verdict(estimate, output, free_bytes(output))
+    if not room.passed:
+        return _failed("OutputVolumeTooSmall", room.message)
+    found += f"; {room.message}" if room.message else ""
     if manifest is None:
         return _passed(f"{found}; {output} is new")
     current = build_fingerprint(
@@ -68,6 +82,166 @@ def run_preflight(
             "same tokenizer, template and generation settings, or write to a new spec.output.path",
         )
     return _passed(f"{found}; {output} resumes with the same fingerprint")
+
+
+# --- the output volume -----------------------------------------------------------------------------
+
+SAMPLE_PROMPTS = 64
+"""Prompts rendered (spread over the dataset) for the mean prompt length and the token-id mix."""
+MEASURE_TOKENS = 512
+"""Output length of the long synthetic records (bytes per output token is the slope between 1 and this)."""
+
+
+@dataclass(frozen=True)
+class OutputEstimate:
+    """What the rest of the run writes, per record, measured on this dataset's tokens."""
+
+    records: int
+    """Records still to write (the dataset's prompts x samples, less what the output already holds)."""
+    shards: int
+    min_tokens: int
+    """Output tokens of the shortest answer (1, or min_new_tokens)."""
+    max_tokens: int
+    segment_min: float
+    """Segment bytes of a record of mean prompt length and min_tokens."""
+    segment_per_token: float
+    """Segment bytes of each further output token."""
+    parquet_min: float
+    parquet_per_token: float
+    mean_prompt_tokens: float
+
+    @property
+    def bytes_per_output_token(self) -> float:
+        return self.segment_per_token
+
+    def _peak(self, tokens: int) -> int:
+        """The most on disk at once: every segment plus the shards' reserves at the end of generation, or
+        every segment plus the Parquet while compacting (the reserve is freed for it)."""
+        from datagen_operator.worker.store import RESERVE_BYTES
+
+        extra = tokens - self.min_tokens
+        segments = self.records * (self.segment_min + extra * self.segment_per_token)
+        parquet = self.records * (self.parquet_min + extra * self.parquet_per_token)
+        return int(segments + max(self.shards * RESERVE_BYTES, parquet))
+
+    @property
+    def lower(self) -> int:
+        return self._peak(self.min_tokens)
+
+    @property
+    def upper(self) -> int:
+        return self._peak(self.max_tokens)
+
+
+def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float, float]:
+    """Mean (segment line bytes, Parquet row bytes) of records as the worker stores them, one per output
+    (a batch: one Parquet row alone would be all file overhead, and equal rows would compress to nothing)."""
+    import pyarrow.parquet as pq
+
+    from datagen_operator.worker.records import Answer, Job, build_record, encode_record
+    from datagen_operator.worker.store import PARQUET_WRITE_OPTIONS, _ColumnBatch
+
+    segment = 0
+    batch = _ColumnBatch()
+    for index, output_ids in enumerate(outputs):
+        meta = {"finish_reason": {"type": "stop", "matched": output_ids[-1]}, "prompt_tokens": len(input_ids),
+                "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
+        job = Job(index, f"prompt-{index:09d}", 0, input_ids, False)
+        record = build_record(job, Answer(output_ids, meta, "http://10.0.0.1:30000", 1, 12.3456), frozenset())
+        segment += len(encode_record(record))
+        batch.add(record)
+    buffer = io.BytesIO()
+    pq.write_table(batch.table(), buffer, **PARQUET_WRITE_OPTIONS)
+    return segment / len(outputs), len(buffer.getvalue()) / len(outputs)
+
+
+def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: dict[str, Any] | None) -> OutputEstimate:
+    """Render a spread of prompts, then measure synthetic records made of their own token ids (output ids
+    drawn from the same mix) with the worker's encoder and the Parquet writer."""
+    from datagen_operator.worker.render import RenderError
+
+    prompts = plan.prompts
+    step = max(1, len(prompts) // SAMPLE_PROMPTS)
+    rendered: list[list[int]] = []
+    for ref in prompts[::step][:SAMPLE_PROMPTS]:
+        prompt = plan.load(ref)
+        try:
+            rendered.append(renderer.render(prompt.messages, prompt.tools))
+        except RenderError:
+            continue  # set aside by the worker: writes no record
+    rendered = [ids for ids in rendered if ids] or [[0]]
+    pool = [token for ids in rendered for token in ids]
+    mean_prompt = sum(map(len, rendered)) / len(rendered)
+    prompt_ids = min(rendered, key=lambda ids: abs(len(ids) - mean_prompt))
+    sampling = spec.generation.sampling
+    min_tokens = max(1, sampling.min_new_tokens or 1)
+    rng = random.Random(0)
+    rows = 32
+    short = _record_bytes(prompt_ids, [rng.choices(pool, k=min_tokens) for _ in range(rows)])
+    long = _record_bytes(prompt_ids, [rng.choices(pool, k=min_tokens + MEASURE_TOKENS) for _ in range(rows)])
+    segment_per_token = (long[0] - short[0]) / MEASURE_TOKENS
+    parquet_per_token = (long[1] - short[1]) / MEASURE_TOKENS
+    # The records are sized at the mean prompt length, not the chosen prompt's.
+    offset = mean_prompt - len(prompt_ids)
+    done = 0
+    if manifest is not None:
+        counts = manifest.get("counts") or {}
+        done = int(counts.get("records", 0)) + int(counts.get("rejected", 0))
+    samples = spec.generation.samples_per_prompt
+    return OutputEstimate(
+        records=max(0, len(prompts) * samples - done),
+        shards=spec.clients.shards,
+        min_tokens=min_tokens,
+        max_tokens=max(min_tokens, sampling.max_new_tokens),
+        segment_min=max(1.0, short[0] + offset * segment_per_token),
+        segment_per_token=segment_per_token,
+        parquet_min=max(1.0, short[1] + offset * parquet_per_token),
+        parquet_per_token=parquet_per_token,
+        mean_prompt_tokens=mean_prompt,
+    )
+
+
+@dataclass(frozen=True)
+class RoomVerdict:
+    passed: bool
+    message: str
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def room_verdict(estimate: OutputEstimate, output: Path, free: int | None) -> RoomVerdict:
+    """Refuse when even the least the rest of the run writes cannot fit; warn when the most cannot."""
+    if free is None or estimate.records == 0:
+        return RoomVerdict(True, "")
+    e = estimate
+    basis = (
+        f"{e.records} records x ({e.mean_prompt_tokens:.0f} prompt + {e.min_tokens}..{e.max_tokens} output tokens), at "
+        f"{e.segment_per_token:.1f} bytes per token in segments, {e.parquet_per_token:.1f} in Parquet"
+    )
+    if free < e.lower:
+        return RoomVerdict(
+            False,
+            f"{output} has {_size(free)} free; the output needs at least {_size(e.lower)} and up to {_size(e.upper)} "
+            f"({basis}). Free space or grow the volume, or write to a larger spec.output.path",
+        )
+    if free < e.upper:
+        return RoomVerdict(
+            True,
+            f"warning: {output} has {_size(free)} free; the output needs {_size(e.lower)} to {_size(e.upper)} "
+            f"({basis}): it may fill up (the run then stops and resumes once the volume grows)",
+        )
+    return RoomVerdict(True, f"{output} has {_size(free)} free for at most {_size(e.upper)} of output")
+
+
+def free_bytes(output: Path) -> int | None:
+    from datagen_operator.worker.store import free_bytes as free_on_volume
+
+    return free_on_volume(output)
 
 
 def _passed(message: str) -> StepOutcome:

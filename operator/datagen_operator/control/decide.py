@@ -235,7 +235,8 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     stopped = (observed.progress.failure_reason if observed.progress else None) or (
         workers.failure_reason if workers else None
     )
-    if stopped and workers is not None and workers.shards_failed:
+    lost_now = bool(observed.progress and observed.progress.judged.unwritten)  # this attempt's, not a stale one
+    if stopped and workers is not None and (workers.shards_failed or lost_now):
         message = (observed.progress.failure_message if observed.progress else None) or workers.failure_message
         updates.append(_u(PROGRESSING, "False", stopped, message or stopped))
         updates.append(_u(SUCCEEDED, "False", stopped, message or stopped))

@@ -35,23 +35,28 @@ from datagen_operator.control.observed import (
 from datagen_operator.control.progress import counters_from_snapshots
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
+from datagen_operator.worker.main import (
+    EXIT_BAD_INPUT,
+    EXIT_DRAINED,
+    EXIT_FINGERPRINT_MISMATCH,
+    EXIT_OK,
+    EXIT_OUTPUT_VOLUME,
+    EXIT_SERVER_UNREACHABLE,
+)
 
 POLL_S = 0.5
 WORKER_GRACE_S = 30.0
 SERVER_GRACE_S = 15.0
 MAX_SERVER_RESTARTS = 3
 MAX_SHARD_RETRIES = 3
-# worker exit codes (docs/worker.md): which ones a rerun can fix and which need a person
-WORKER_OK, WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED, WORKER_INCOMPLETE = (
-    0,
-    2,
-    3,
-    4,
-    5,
-    6,
-)
-PERMANENT_WORKER_EXITS = {WORKER_BAD_INPUT: "bad input", WORKER_FINGERPRINT: "fingerprint mismatch"}
-FREE_WORKER_EXITS = {WORKER_UNREACHABLE, WORKER_DRAINED}
+# worker exit codes (docs/worker.md, defined in worker/main.py): which a rerun can fix, which need a person
+PERMANENT_WORKER_EXITS = {
+    EXIT_BAD_INPUT: "bad input",
+    EXIT_FINGERPRINT_MISMATCH: "fingerprint mismatch",
+    # Fix the volume, then rerun: a retry now would only fill it again.
+    EXIT_OUTPUT_VOLUME: "output volume",
+}
+FREE_WORKER_EXITS = {EXIT_SERVER_UNREACHABLE, EXIT_DRAINED}
 """Exits caused by a server outage or a stop: retried without counting (the Job's podFailurePolicy Ignore)."""
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -71,6 +76,7 @@ class ShardSlot:
     child: Child | None = None
     done: bool = False
     failed: str | None = None
+    failure_reason: str | None = None
     retries: int = 0
 
 
@@ -101,11 +107,22 @@ class LocalRunner:
         self.decision: Decision | None = None
         self.canary_task: asyncio.Task[StepOutcome] | None = None
         self.started = time.monotonic()
+        self.started_at = time.time()
 
     # --- the loop ----------------------------------------------------------------------------------
 
     async def execute(self) -> int:
-        self._prepare_output()
+        from datagen_operator.worker.store import is_volume_error
+
+        try:
+            self._prepare_output()
+        except OSError as error:
+            if not is_volume_error(error):
+                raise
+            self._say(
+                f"cannot write to {self.output}: {error.strerror}; free space or grow the volume, then rerun", "red"
+            )
+            return EXIT_FAILED
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
@@ -231,6 +248,7 @@ class LocalRunner:
             shards_failed=len(failed),
             active=sum(1 for slot in self.shards if slot.child is not None and slot.child.running),
             failure_message="; ".join(f"shard {s.index}: {s.failed}" for s in failed) or None,
+            failure_reason=next((s.failure_reason for s in failed if s.failure_reason), None),
         )
 
     def _observe_progress(self) -> ProgressCounters | None:
@@ -239,7 +257,8 @@ class LocalRunner:
         snapshots = read_progress(self.output)
         if not snapshots:
             return None
-        return counters_from_snapshots(s.to_json() for s in snapshots)
+        # Snapshots from before this `datagen run` are what it resumes from: judged already, not again.
+        return counters_from_snapshots((s.to_json() for s in snapshots), attempt_started_at=self.started_at)
 
     def _ready_urls(self) -> list[str]:
         return [url for child, url in self.servers if child.running]
@@ -321,8 +340,11 @@ class LocalRunner:
                 continue
             if child is not None:
                 code = child.returncode
-                if code == WORKER_OK:
+                if code == EXIT_OK:
                     slot.done = True
+                    continue
+                if code == EXIT_OUTPUT_VOLUME:
+                    slot.failure_reason, slot.failed = self._volume_failure(slot.index)
                     continue
                 if code in PERMANENT_WORKER_EXITS:
                     slot.failed = f"{PERMANENT_WORKER_EXITS[code]}: {child.last_log_line()}"
@@ -343,6 +365,20 @@ class LocalRunner:
                 argv += ["--server", url]
             slot.child = Child(f"worker-{slot.index}", argv, self.logs / f"worker-{slot.index}.log")
             await slot.child.start()
+
+    def _volume_failure(self, index: int) -> tuple[str, str]:
+        """A worker's exit 7: its cause from its progress.json (written into its freed reserve), else from
+        the volume itself (its log sits on the failed volume and may be cut short)."""
+        from datagen_operator.worker.store import free_bytes, read_progress
+
+        for snapshot in read_progress(self.output):
+            if snapshot.shard == index and snapshot.failure_reason:
+                return snapshot.failure_reason, snapshot.message
+        free = free_bytes(self.output)
+        return (
+            "OutputVolumeFull",
+            f"the output volume of {self.output} failed ({free} bytes free); free space or grow it, then resume",
+        )
 
     def _final_verify(self) -> StepOutcome:
         from datagen_operator.checks.verify import verify_output

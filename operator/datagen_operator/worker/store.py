@@ -74,9 +74,7 @@ def free_bytes(path: Path) -> int | None:
     return None
 
 
-def volume_failure_text(
-    reason: str, output: str | Path, free: int | None, done: int, total: int, why: str = ""
-) -> str:
+def volume_failure_text(reason: str, output: str | Path, free: int | None, done: int, total: int, why: str = "") -> str:
     """The cause in plain words and what to do: the same sentence on stderr, in progress and the condition."""
     what = {
         "OutputVolumeFull": f"{output} has {free if free is not None else 'an unknown number of'} bytes free",

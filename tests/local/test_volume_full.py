@@ -1,0 +1,96 @@
+"""`datagen run` with its output on a small real filesystem (tests/worker/volume.py): the preflight refuses
+a volume that cannot hold even the least of the output and warns about one that may fill; a volume that
+fills mid-run halts the run with the cause in its condition, and the same command resumes once it grows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from datagen_operator.api import parse_run
+from datagen_operator.api.resolve import resolve_model
+from datagen_operator.checks.preflight import estimate_output, run_preflight
+from datagen_operator.worker.dataset import plan_shard
+from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.worker.store import read_manifest
+from tests.local.test_run import FAST_SIM, datagen_run, stored_keys
+from tests.worker.simrun import prompts, standin, write_dataset
+from tests.worker.volume import Volume
+
+
+def run_file(tmp_path: Path, output: Path, count: int = 300) -> Path:
+    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(count))
+    spec = {
+        "model": {"preset": "kimi-k2.5", "path": str(standin())},
+        "server": {"gpus": 1},
+        "dataset": {"path": str(dataset)},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024, "temperature": 0.6}},
+        "clients": {"shards": 2, "concurrency": 4},
+        "output": {"path": str(output)},
+        "checks": {"canaryPrompts": 2},
+    }
+    document = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": spec}
+    target = tmp_path / "run.yaml"
+    target.write_text(yaml.safe_dump(document))
+    return target
+
+
+def preflight(path: Path):
+    spec = parse_run(yaml.safe_load(path.read_text())).spec
+    tokenizer = load_tokenizer(standin(), trust_remote_code=False)
+    plan = plan_shard(spec.dataset.path, 0, 1)
+    renderer = Renderer(tokenizer, template_variables(resolve_model(spec)))
+    estimate = estimate_output(spec, plan, renderer, read_manifest(spec.output.path))
+    outcome = run_preflight(spec, tokenizer, standin(), Path(spec.dataset.path), Path(spec.output.path))
+    return estimate, outcome
+
+
+def test_preflight_refuses_a_volume_too_small_for_the_least_output_and_warns_below_the_most(
+    tmp_path: Path, small_volume: Volume
+) -> None:
+    path = run_file(tmp_path, small_volume.root / "out")
+    estimate, _ = preflight(path)
+    # Measured, not guessed: short prompts (~20 tokens) of a few bytes a token, both reserves.
+    assert 2 * 256 * 1024 < estimate.lower < estimate.upper
+    assert 2.0 < estimate.bytes_per_output_token < 12.0
+
+    small_volume.leave_free(estimate.lower - 32 * 1024)
+    _, outcome = preflight(path)
+    assert not outcome.passed and outcome.reason == "OutputVolumeTooSmall"
+    assert "free; the output needs at least" in outcome.message and "grow the volume" in outcome.message
+
+    small_volume.leave_free(estimate.lower + 64 * 1024)
+    _, outcome = preflight(path)
+    assert outcome.passed and "warning: " in outcome.message and "may fill up" in outcome.message
+
+    small_volume.grow()
+    small_volume.leave_free(estimate.upper + 64 * 1024)
+    _, outcome = preflight(path)
+    assert outcome.passed and "warning" not in outcome.message
+
+
+def test_a_volume_that_fills_mid_run_names_itself_then_the_same_command_resumes(
+    tmp_path: Path, small_volume: Volume
+) -> None:
+    output = small_volume.root / "out"
+    path = run_file(tmp_path, output)
+    estimate, _ = preflight(path)
+    # Passes the preflight (room for the least), cannot hold the ~80-token answers the simulator gives.
+    small_volume.leave_free(estimate.lower + 24 * 1024)
+
+    result = datagen_run(path, *FAST_SIM)
+    text = result.stdout + result.stderr
+    assert result.returncode == 1, text
+    assert "InputsVerified=True" in text and "warning: " in text
+    assert "Succeeded=False (OutputVolumeFull)" in text, text[-4000:]
+    assert f"{output} has " in text and "bytes free after " in text and "grow the volume" in text
+    assert "Traceback" not in text
+
+    small_volume.grow()
+    result = datagen_run(path, *FAST_SIM)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "Succeeded=True" in result.stdout
+    keys = stored_keys(output)
+    assert sorted(keys) == sorted((f"p{i:04d}", 0) for i in range(300))  # each exactly once
+    assert not [p for p in small_volume.root.rglob("*") if p.name.endswith(".tmp") or p.name == ".reserve"]
