@@ -112,12 +112,12 @@ def test_token_frequency_counts_the_supervised_tokens(run_output: Path, tmp_path
 
 @pytest.mark.parametrize("export_format", ["speculators", "trl"])
 def test_parts_stay_bounded(run_output: Path, tmp_path: Path, export_format: str) -> None:
-    batch_rows, part_bytes = 8, 6000
-    manifest = export(run_output, tmp_path, export_format, part_bytes=part_bytes, batch_rows=batch_rows)
+    batch_tokens, part_bytes = 600, 6000
+    manifest = export(run_output, tmp_path, export_format, part_bytes=part_bytes, batch_tokens=batch_tokens)
     parts = manifest["parts"]
     assert len(parts) > 3
     # A part closes at the first batch that takes it past the bound: at most one batch over.
-    largest_batch = 8 * (2 * 140 * 8 + 400) if export_format == "speculators" else 40_000
+    largest_batch = 12_000 if export_format == "speculators" else 40_000  # ~740 tokens: 9 bytes each + row heads
     assert all(part["bytes"] < part_bytes + largest_batch for part in parts)
     assert sum(part["rows"] for part in parts) == 95
     assert sorted(p.name for p in tmp_path.glob("part-*")) == [part["name"] for part in parts]

@@ -8,7 +8,10 @@ record is exported once even after a crash between compaction and segment remova
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import queue
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +23,11 @@ import pyarrow.parquet as pq
 from datagen_operator.worker.store import OutputLayout, parse_record_line
 
 COLUMNS = ("id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "flags")
-BATCH_ROWS = 512
+BATCH_TOKENS = 1 << 19
+"""Tokens (prompt + output) per batch, about: what bounds memory, whatever the row lengths (rows of
+128k-token reasoning or of 200 tokens alike)."""
 # Small read buffer: a row group can hold 32M tokens; reading it whole would break the memory bound.
-PARQUET_BUFFER_BYTES = 4 * 1024 * 1024
+PARQUET_BUFFER_BYTES = 1024 * 1024
 
 
 def source_schema() -> pa.Schema:
@@ -61,10 +66,23 @@ def shard_parquets(layout: OutputLayout, shard: int) -> list[Path]:
     return sorted(layout.data_dir.glob(f"shard-{shard:05d}-of-*.parquet"))
 
 
-def _parquet_batches(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def rows_for_tokens(row_group: pq.RowGroupMetaData, batch_tokens: int) -> int:
+    """Rows per batch so a batch holds about `batch_tokens`, from the row group's uncompressed token bytes."""
+    token_bytes = sum(
+        row_group.column(i).total_uncompressed_size
+        for i in range(row_group.num_columns)
+        if row_group.column(i).path_in_schema.split(".")[0] in ("input_ids", "output_ids")
+    )
+    tokens = max(1, token_bytes // 4)  # int32 values; the list levels add little
+    return max(1, row_group.num_rows * batch_tokens // tokens)
+
+
+def _parquet_batches(path: Path, batch_tokens: int) -> Iterator[pa.RecordBatch]:
     file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-    # Columns are used by name; list field names ("element" vs "item") may differ from source_schema().
-    yield from file.iter_batches(batch_size=batch_rows, columns=list(COLUMNS))
+    for index in range(file.metadata.num_row_groups):
+        rows = rows_for_tokens(file.metadata.row_group(index), batch_tokens)
+        # Columns are used by name; list field names ("element" vs "item") may differ from source_schema().
+        yield from file.iter_batches(batch_size=rows, row_groups=[index], columns=list(COLUMNS), use_threads=False)
 
 
 def _parquet_keys(paths: list[Path]) -> set[tuple[str, int]]:
@@ -102,8 +120,9 @@ def records_to_batch(records: list[dict[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], type=f.type) for f in schema], schema=schema)
 
 
-def _segment_batches(segments: list[Path], seen: set[tuple[str, int]], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _segment_batches(segments: list[Path], seen: set[tuple[str, int]], batch_tokens: int) -> Iterator[pa.RecordBatch]:
     pending: list[dict[str, Any]] = []
+    pending_tokens = 0
     for segment in segments:
         for line in _segment_lines(segment):
             record = parse_record_line(line)
@@ -114,24 +133,56 @@ def _segment_batches(segments: list[Path], seen: set[tuple[str, int]], batch_row
                 continue
             seen.add(key)
             pending.append(record)
-            if len(pending) >= batch_rows:
+            pending_tokens += len(record["input_ids"]) + len(record["output_ids"])
+            if pending_tokens >= batch_tokens:
                 yield records_to_batch(pending)
-                pending = []
+                pending, pending_tokens = [], 0
     if pending:
         yield records_to_batch(pending)
 
 
-def iter_source_batches(output_dir: str | Path, batch_rows: int = BATCH_ROWS) -> Iterator[SourceBatch]:
-    """Every record of the run exactly once, shard by shard, in batches of at most `batch_rows`."""
+def iter_source_batches(output_dir: str | Path, batch_tokens: int = BATCH_TOKENS) -> Iterator[SourceBatch]:
+    """Every record of the run exactly once, shard by shard, in batches of about `batch_tokens` tokens."""
     layout = OutputLayout(Path(output_dir))
     for shard in shard_indices(layout):
         parquets = shard_parquets(layout, shard)
         for path in parquets:
-            for batch in _parquet_batches(path, batch_rows):
+            for batch in _parquet_batches(path, batch_tokens):
                 yield SourceBatch(batch, shard, unfinished=False)
         segments = layout.segments(shard)
         if segments:
             # Keys only where both exist (a grown dataset, or a crash before segments were removed).
             seen = _parquet_keys(parquets) if parquets else set()
-            for batch in _segment_batches(segments, seen, batch_rows):
+            for batch in _segment_batches(segments, seen, batch_tokens):
                 yield SourceBatch(batch, shard, unfinished=True)
+
+
+def prefetched(items: Iterable[SourceBatch], depth: int = 2) -> Iterator[SourceBatch]:
+    """`items`, produced on a background thread up to `depth` ahead: Parquet decoding (which releases the
+    GIL) overlaps with formatting the previous batch."""
+    done = object()
+    slots: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                slots.put(item)
+            slots.put(done)
+        except BaseException as error:
+            slots.put(error)
+
+    thread = threading.Thread(target=produce, name="export-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := slots.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                slots.get(timeout=0.1)

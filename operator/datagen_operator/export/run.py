@@ -36,7 +36,7 @@ from datagen_operator.export.manifest import (
     describe_source,
     write_manifest,
 )
-from datagen_operator.export.reader import BATCH_ROWS, iter_source_batches
+from datagen_operator.export.reader import BATCH_TOKENS, iter_source_batches, prefetched
 from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 
@@ -49,7 +49,7 @@ class ExportOptions:
     selection: Selection = field(default_factory=Selection)
     last_turn_only: bool = False
     part_bytes: int = DEFAULT_PART_BYTES
-    batch_rows: int = BATCH_ROWS
+    batch_tokens: int = BATCH_TOKENS
 
     def to_json(self) -> dict[str, Any]:
         selection = asdict(self.selection)
@@ -100,7 +100,7 @@ def export_output(
         if options.export_format == "trl"
         else JsonlParts(out_dir, options.part_bytes)
     )
-    for batch in iter_source_batches(output_dir, options.batch_rows):
+    for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens)):
         records = batch.records
         tally.records_read += records.num_rows
         prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()

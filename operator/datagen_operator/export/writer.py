@@ -2,11 +2,19 @@
 
 Parts are written under a temporary name and renamed when closed, so a `part-*` file is always whole;
 the export manifest, written last, lists them (its presence means the export finished).
+
+Writing, compressing and hashing run on one background thread (they release the GIL), fed through a
+queue of two batches: they overlap with reading and formatting the next batch, and memory stays at a
+few batches.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import queue
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,24 @@ class _RollingParts:
         self.max_bytes = max_bytes
         self.parts: list[PartInfo] = []
         self._current: PartInfo | None = None
+        self._tasks: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run_tasks, name="export-writer", daemon=True)
+        self._thread.start()
+
+    def _run_tasks(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            if self._error is None:
+                function, args = task
+                try:
+                    function(*args)
+                except BaseException as error:  # re-raised in the caller's thread
+                    self._error = error
+
+    def _submit(self, function: Callable[..., None], *args: Any) -> None:
+        if self._error is not None:
+            raise self._error
+        self._tasks.put((function, args))
 
     def _path(self, part: PartInfo, *, temporary: bool = False) -> Path:
         return self.directory / (f".{part.name}.tmp" if temporary else part.name)
@@ -60,8 +86,11 @@ class _RollingParts:
         with temporary.open("rb") as file:
             os.fsync(file.fileno())
         os.replace(temporary, final)
-        part.bytes, part.sha256 = final.stat().st_size, sha256_file(final)
+        part.bytes, part.sha256 = final.stat().st_size, self._digest(final)
         self._current = None
+
+    def _digest(self, path: Path) -> str:
+        return sha256_file(path)
 
     def _account(self, rows: int, tokens: int, size_now: int) -> None:
         assert self._current is not None
@@ -71,6 +100,10 @@ class _RollingParts:
             self._finish()
 
     def close(self) -> list[PartInfo]:
+        self._tasks.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         self._finish()
         fsync_dir(self.directory)
         return self.parts
@@ -90,18 +123,25 @@ class JsonlParts(_RollingParts):
     def _open(self, path: Path) -> None:
         self._file = path.open("wb", buffering=self.WRITE_BUFFER)
         self._size = 0
+        self._hash = hashlib.sha256()  # as written: no second read of the part
 
     def _close(self) -> None:
         self._file.close()
 
+    def _digest(self, path: Path) -> str:
+        return self._hash.hexdigest()
+
     def write_lines(self, lines: list[bytes], tokens: int) -> None:
         """Lines of one batch (each ends in a newline) go into one part; a part may exceed max_bytes by one batch."""
-        if not lines:
-            return
+        if lines:
+            self._submit(self._write_now, lines, tokens)
+
+    def _write_now(self, lines: list[bytes], tokens: int) -> None:
         if self._current is None:
             self._start()
         data = b"".join(lines)
         self._file.write(data)
+        self._hash.update(data)
         self._size += len(data)
         self._account(len(lines), tokens, self._size)
 
@@ -122,8 +162,10 @@ class ParquetParts(_RollingParts):
 
     def write_table(self, table: pa.Table, tokens: int) -> None:
         """One row group per call: the file on disk grows with each, which is what the size bound reads."""
-        if table.num_rows == 0:
-            return
+        if table.num_rows:
+            self._submit(self._write_now, table, tokens)
+
+    def _write_now(self, table: pa.Table, tokens: int) -> None:
         if self._current is None:
             self._start()
         self._writer.write_table(table)
