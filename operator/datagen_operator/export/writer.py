@@ -155,7 +155,14 @@ class ParquetParts(_RollingParts):
 
     def _open(self, path: Path) -> None:
         self._path_open = path
-        self._writer = pq.ParquetWriter(path, self.schema, compression="zstd", use_dictionary=["id", "finish_reason"])
+        # Dictionaries and min/max statistics on token lists cost CPU and help no reader: only on short strings/keys.
+        self._writer = pq.ParquetWriter(
+            path,
+            self.schema,
+            compression="zstd",
+            use_dictionary=["id", "finish_reason", "flags.list.element"],
+            write_statistics=["id", "sample"],
+        )
 
     def _close(self) -> None:
         self._writer.close()
