@@ -54,11 +54,13 @@ def test_each_format_exports_every_record_once_byte_exact(finished_run: Path, tm
         assert manifest["source"]["fingerprint_sha256"] == read_manifest(finished_run)["fingerprint_sha256"]
         assert manifest["counts"]["rows_written"] == 24 and manifest["left_out"] == {}
         if export_format == "trl":
-            rows = [row for part in sorted(out.glob("part-*.parquet")) for row in pq.read_table(part).to_pylist()]
+            rows = [
+                row for part in sorted((out / "data").glob("part-*.parquet")) for row in pq.read_table(part).to_pylist()
+            ]
         else:
             rows = [
                 orjson.loads(line)
-                for part in sorted(out.glob("part-*.jsonl"))
+                for part in sorted((out / "data").glob("part-*.jsonl"))
                 for line in part.read_bytes().splitlines()
             ]
         assert sorted((row["id"], row["sample"]) for row in rows) == sorted(records)
@@ -73,7 +75,7 @@ def test_each_format_exports_every_record_once_byte_exact(finished_run: Path, tm
             assert mask == [0] * len(record["input_ids"]) + [1] * len(record["output_ids"])
         if export_format != "text":
             loader = "parquet" if export_format == "trl" else "json"
-            files = str(out / ("part-*.parquet" if export_format == "trl" else "part-*.jsonl"))
+            files = str(out / "data" / ("part-*.parquet" if export_format == "trl" else "part-*.jsonl"))
             loaded = datasets.load_dataset(loader, data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
             assert loaded.num_rows == 24
 
@@ -83,7 +85,11 @@ def test_text_rows_decode_to_what_the_tokenizer_reencodes(finished_run: Path, tm
     assert datagen(["export", str(finished_run), "--format", "text", "--out", str(out), "--last-turn-only"]) == 0
     tokenizer = load_tokenizer(standin(), trust_remote_code=False)
     records = {(r["id"], r["sample"]): r for r in iter_records(finished_run)}
-    rows = [orjson.loads(line) for part in sorted(out.glob("part-*.jsonl")) for line in part.read_bytes().splitlines()]
+    rows = [
+        orjson.loads(line)
+        for part in sorted((out / "data").glob("part-*.jsonl"))
+        for line in part.read_bytes().splitlines()
+    ]
     for row in rows:
         record = records[(row["id"], row["sample"])]
         assert tokenizer.encode(row["completion"], add_special_tokens=False) == record["output_ids"]

@@ -44,11 +44,15 @@ def stored(root: Path) -> dict[Key, dict[str, Any]]:
 
 
 def read_jsonl_rows(out: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for part in sorted(out.glob("part-*.jsonl")) for line in part.read_bytes().splitlines()]
+    return [
+        orjson.loads(line)
+        for part in sorted((out / "data").glob("part-*.jsonl"))
+        for line in part.read_bytes().splitlines()
+    ]
 
 
 def read_trl_rows(out: Path) -> list[dict[str, Any]]:
-    return [row for part in sorted(out.glob("part-*.parquet")) for row in pq.read_table(part).to_pylist()]
+    return [row for part in sorted((out / "data").glob("part-*.parquet")) for row in pq.read_table(part).to_pylist()]
 
 
 def export(root: Path, out: Path, export_format: str, **options: Any) -> dict[str, Any]:
@@ -120,8 +124,8 @@ def test_parts_stay_bounded(run_output: Path, tmp_path: Path, export_format: str
     largest_batch = 12_000 if export_format == "speculators" else 40_000  # ~740 tokens: 9 bytes each + row heads
     assert all(part["bytes"] < part_bytes + largest_batch for part in parts)
     assert sum(part["rows"] for part in parts) == 95
-    assert sorted(p.name for p in tmp_path.glob("part-*")) == [part["name"] for part in parts]
-    assert not list(tmp_path.glob(".part-*"))  # no temporaries left
+    assert sorted(f"data/{p.name}" for p in (tmp_path / "data").glob("part-*")) == [part["name"] for part in parts]
+    assert not list((tmp_path / "data").glob(".part-*"))  # no temporaries left
 
 
 def test_datasets_loads_both_formats(run_output: Path, tmp_path: Path) -> None:
@@ -131,10 +135,10 @@ def test_datasets_loads_both_formats(run_output: Path, tmp_path: Path) -> None:
     export(run_output, tmp_path / "trl", "trl")
     cache = str(tmp_path / "hf")
     jsonl = datasets.load_dataset(
-        "json", data_files=str(tmp_path / "spec" / "part-*.jsonl"), split="train", cache_dir=cache
+        "json", data_files=str(tmp_path / "spec" / "data" / "part-*.jsonl"), split="train", cache_dir=cache
     )
     table = datasets.load_dataset(
-        "parquet", data_files=str(tmp_path / "trl" / "part-*.parquet"), split="train", cache_dir=cache
+        "parquet", data_files=str(tmp_path / "trl" / "data" / "part-*.parquet"), split="train", cache_dir=cache
     )
     expected = stored(run_output)
     for loaded, mask in ((jsonl, "loss_mask"), (table, "assistant_masks")):
@@ -144,6 +148,10 @@ def test_datasets_loads_both_formats(run_output: Path, tmp_path: Path) -> None:
             assert row["input_ids"] == record["input_ids"] + record["output_ids"]
             assert sum(row[mask]) == len(record["output_ids"])
     assert {"input_ids", "assistant_masks", "labels"} <= set(table.column_names)
+    # speculators' prepare-data given a directory loads every *.json and *.jsonl under it: only parts.
+    directory = tmp_path / "spec" / "data"
+    as_speculators = sorted(str(p) for p in (*directory.rglob("*.json"), *directory.rglob("*.jsonl")))
+    assert datasets.load_dataset("json", data_files=as_speculators, split="train", cache_dir=cache).num_rows == 95
 
 
 # --- pitfalls ---------------------------------------------------------------------------------------
@@ -241,6 +249,6 @@ def test_cli_refuses_bad_input(run_output: Path, tmp_path: Path, capsys: pytest.
     assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == 2  # an export is there
     assert "--overwrite" in capsys.readouterr().err
     assert main([str(run_output), "--format", "trl", "--out", str(out), "--overwrite"]) == 0
-    assert not list(out.glob("part-*.jsonl")) and list(out.glob("part-*.parquet"))
+    assert not list((out / "data").glob("part-*.jsonl")) and list((out / "data").glob("part-*.parquet"))
     assert main([str(run_output), "--format", "text", "--out", str(tmp_path / "t")]) == 2  # no run.yaml, no tokenizer
     assert "--tokenizer" in capsys.readouterr().err

@@ -41,6 +41,9 @@ from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequen
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
+DATA_DIR = "data"
+"""Parts go in OUT/data/, alone: consumers that load every *.json/*.jsonl of a directory (speculators'
+prepare-data) must not pick up the manifest or token_freq.json beside them."""
 
 
 @dataclass(frozen=True)
@@ -91,14 +94,15 @@ def export_output(
         raise ValueError(f"unknown format {options.export_format!r}; one of {', '.join(FORMATS)}")
     if options.export_format == "text" and codec is None:
         raise ValueError("the text format needs the run's tokenizer")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = out_dir / DATA_DIR
+    data_dir.mkdir(parents=True, exist_ok=True)
     source = describe_source(output_dir)
     tally, frequency = ExportTally(), TokenFrequency()
     selection = options.selection
     parts: JsonlParts | ParquetParts = (
-        ParquetParts(out_dir, trl_schema(), options.part_bytes)
+        ParquetParts(data_dir, trl_schema(), options.part_bytes)
         if options.export_format == "trl"
-        else JsonlParts(out_dir, options.part_bytes)
+        else JsonlParts(data_dir, options.part_bytes)
     )
     for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens)):
         records = batch.records
@@ -169,7 +173,7 @@ def export_output(
         source=source,
         options=options.to_json(),
         tally=tally,
-        parts=[part.to_json() for part in written],
+        parts=[{**part.to_json(), "name": f"{DATA_DIR}/{part.name}"} for part in written],
         token_freq=token_freq,
     )
     write_manifest(out_dir, manifest)
@@ -181,7 +185,8 @@ def export_output(
 
 def clear_previous_export(out_dir: Path) -> None:
     """Only what an export writes: a user's other files in DIR are never touched."""
-    for path in [*out_dir.glob(PART_GLOB), *out_dir.glob(f".{PART_GLOB}.tmp")]:
+    data_dir = out_dir / DATA_DIR
+    for path in [*data_dir.glob(PART_GLOB), *data_dir.glob(f".{PART_GLOB}.tmp")]:
         path.unlink()
     for name in (MANIFEST_NAME, NPY_NAME, JSON_NAME):
         (out_dir / name).unlink(missing_ok=True)
@@ -253,7 +258,7 @@ def main(argv: list[str]) -> int:
         problems.append("--max-length must be positive")
     if out_dir.resolve() == output.resolve():
         problems.append("--out must not be the run's output directory")
-    if ((out_dir / MANIFEST_NAME).exists() or any(out_dir.glob(PART_GLOB))) and not args.overwrite:
+    if ((out_dir / MANIFEST_NAME).exists() or any((out_dir / DATA_DIR).glob(PART_GLOB))) and not args.overwrite:
         problems.append(f"{out_dir} holds an export already: pass --overwrite to replace it")
     codec = None
     if not problems and args.export_format == "text":
