@@ -16,9 +16,7 @@ import argparse
 import base64
 import hashlib
 import json
-import shutil
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -163,21 +161,7 @@ def build_kimi_tiktoken_standin(out_dir: Path) -> Path:
 def ensure_kimi_tiktoken_standin(cache_dir: Path | None = None) -> Path:
     """The cached directory, built on first use; safe when several processes race to build it."""
     root = cache_dir if cache_dir is not None else standin.default_cache_root()
-    final = root / standin_dir_name()
-    if all((final / name).is_file() for name in FILES):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        build_kimi_tiktoken_standin(staging)
-        try:
-            staging.rename(final)  # atomic: readers see a complete directory or none
-        except OSError:
-            if not all((final / name).is_file() for name in FILES):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    return standin.build_cached(root / standin_dir_name(), FILES, build_kimi_tiktoken_standin)
 
 
 def standin_tokenizer_main(argv: list[str]) -> int:

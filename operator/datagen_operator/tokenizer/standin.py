@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -234,17 +235,25 @@ def ensure_standin_tokenizer(cache_dir: Path | None = None, family: str = DEFAUL
     ~/.cache/datagen-operator/tokenizer); the directory inside is keyed by family, version and source hash.
     """
     root = cache_dir if cache_dir is not None else default_cache_root()
-    final = root / standin_dir_name(family)
-    if all((final / name).is_file() for name in FILES):
+    return build_cached(
+        root / standin_dir_name(family), FILES, lambda staging: build_standin_tokenizer(staging, family)
+    )
+
+
+def build_cached(final: Path, files: Iterable[str], build: Callable[[Path], Path]) -> Path:
+    """`final` once it holds every one of `files`, else built there by `build(staging)`; safe when several
+    processes race to build it (each builds aside, one rename wins)."""
+    files = tuple(files)
+    if all((final / name).is_file() for name in files):
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        build_standin_tokenizer(staging, family)
+        build(staging)
         try:
             staging.rename(final)  # atomic: readers see a complete directory or none
         except OSError:
-            if not all((final / name).is_file() for name in FILES):
+            if not all((final / name).is_file() for name in files):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
