@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv testbin test test-fast lint demo dev-cluster crd bench images clean
+.PHONY: venv testbin test test-fast test-consumers lint demo dev-cluster crd bench images clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ test: venv testbin
 # Everything but the tests that need the control plane.
 test-fast: venv
 	$(PY) -m pytest -q -ra -m 'not cluster'
+
+# Opt-in: speculators' own preprocessing on a `datagen export` (torch; a separate venv outside the repo).
+CONSUMERS_VENV ?= $(HOME)/.cache/datagen/consumers-venv
+test-consumers: venv
+	test -x $(CONSUMERS_VENV)/bin/speculators || ($(PYTHON) -m venv $(CONSUMERS_VENV) && $(CONSUMERS_VENV)/bin/pip install --quiet 'speculators>=0.7.0')
+	rm -rf .consumers-check && $(PY) tests/export/consumers.py make-export .consumers-check
+	$(CONSUMERS_VENV)/bin/python tests/export/consumers.py speculators .consumers-check && rm -rf .consumers-check
 
 lint: venv
 	$(BIN)/ruff check .
