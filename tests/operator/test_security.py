@@ -167,3 +167,29 @@ def yaml_reader_pod(name: str) -> dict[str, Any]:
     pod = yaml.safe_load(block)
     pod["metadata"]["name"] = name
     return pod
+
+
+def test_a_one_node_claim_shared_across_nodes_is_a_warning_on_the_run(
+    runs: Runs, operator: OperatorFactory, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    for claim, mode in (("models", "ReadOnlyMany"), ("data", "ReadWriteOnce")):
+        runs.core.create_namespaced_persistent_volume_claim(
+            runs.namespace,
+            {
+                "metadata": {"name": claim},
+                "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
+    name = new_name("rwo")
+    manifest = run_manifest(name, data_dir, standin_tokenizer)  # two shards
+    spec = manifest["spec"]
+    spec["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models"}}
+    spec["dataset"]["volume"] = spec["output"]["volume"] = {"persistentVolumeClaim": {"claimName": "data"}}
+    operator(["http://127.0.0.1:9"])
+    runs.create(manifest)
+
+    def warnings() -> list[str]:
+        return [e.message for e in runs.events(name) if e.reason == "StorageAccessMode" and e.type == "Warning"]
+
+    (warning,) = runs.wait_for("the access-mode warning", warnings)
+    assert warning.startswith("PersistentVolumeClaim data is ReadWriteOnce, but 2 worker shards write the output")

@@ -62,4 +62,5 @@ async def check_claims(spec: kopf.Spec, namespace: str, body: kopf.Body, memo: k
             raise
         modes[claim] = list(found.status.access_modes or found.spec.access_modes or [])
     for warning in access_mode_warnings(parsed, modes):
-        kopf.warn(body, reason="StorageAccessMode", message=warning)
+        # kopf.event, not kopf.warn: warn obeys settings.posting.level, which keeps log lines out of events
+        kopf.event(body, type="Warning", reason="StorageAccessMode", message=warning)
