@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import kopf
 
+import datagen_operator.k8s.storage  # noqa: F401  (registers the claims' access-mode check)
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import metrics
