@@ -1,6 +1,6 @@
 """Benchmark: `datagen export` throughput and peak memory on a synthetic run output.
 
-    .venv/bin/python bench/export.py [--tokens 160e6] [--shards 4] [--formats speculators,trl] [--keep DIR]
+    .venv/bin/python bench/export.py [--tokens 200e6] [--shards 4] [--formats speculators,trl] [--keep DIR]
 
 Writes a synthetic output of about `--tokens` stored tokens (prompt ~U(200, 2000), output ~U(200, 6000)
 tokens, uniform ids, the stop token last) in the store's own Parquet format (`parquet_schema`,
@@ -83,8 +83,8 @@ def write_synthetic_output(root: Path, total_tokens: int, shards: int) -> int:
     layout = OutputLayout(root)
     layout.data_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    rows_per_group = max(1, ROW_GROUP_TOKENS // 4200)  # mean row: 1100 + 3100 tokens
     per_shard = total_tokens // shards
+    rows_per_group = max(1, min(ROW_GROUP_TOKENS, per_shard) // 4200)  # mean row: 1100 + 3100 tokens
     written, start = 0, 0
     states = {}
     for shard in range(shards):
@@ -106,14 +106,16 @@ def write_synthetic_output(root: Path, total_tokens: int, shards: int) -> int:
 
 
 CHILD = """
-import os, resource, sys, time
+import os, sys, time
 from datagen_operator.export.run import ExportOptions, export_output
 started, cpu = time.perf_counter(), os.times()
 manifest = export_output(sys.argv[1], sys.argv[2], ExportOptions(sys.argv[3]))
 seconds, cpu_end = time.perf_counter() - started, os.times()
 cpu_s = cpu_end.user + cpu_end.system - cpu.user - cpu.system
 out_bytes = sum(p["bytes"] for p in manifest["parts"])
-print(manifest["counts"]["tokens_written"], seconds, cpu_s, out_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM, not ru_maxrss: ru_maxrss carries the forking parent's peak across exec.
+peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(manifest["counts"]["tokens_written"], seconds, cpu_s, out_bytes, peak_kb)
 """
 
 
@@ -128,7 +130,7 @@ def run_export(source: Path, out: Path, export_format: str) -> tuple[int, float,
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=float, default=160e6)
+    parser.add_argument("--tokens", type=float, default=200e6)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--formats", default="trl,speculators")
     parser.add_argument("--keep", help="reuse / keep the synthetic output here")
