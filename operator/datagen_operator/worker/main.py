@@ -269,14 +269,13 @@ class Worker:
             message, reason = self._volume_text(error), VOLUME_REASONS[error.errno]
             return self._fail(EXIT_OUTPUT_VOLUME, message, reason)
 
-    def _volume_text(self, error: OSError) -> str:
+    def _volume_text(self, error: OSError, free: int | None = None) -> str:
         from datagen_operator.worker.store import VOLUME_REASONS, free_bytes, volume_failure_text
 
         p, output = self.progress, self.config.output
         reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
-        text = volume_failure_text(
-            reason, output, free_bytes(output), p.records_done, p.records_total, error.strerror or str(error)
-        )
+        free = free_bytes(output) if free is None else free
+        text = volume_failure_text(reason, output, free, p.records_done, p.records_total, error.strerror or str(error))
         return f"{reason}: {text}"
 
     def _fail(self, code: int, message: str, reason: str = "") -> int:
@@ -1008,24 +1007,23 @@ class Worker:
     async def _finish_volume_failed(self) -> int:
         """Whole records stay, the torn rest is cut off; the cause goes out first where a full volume
         cannot hide it, then into progress.json and the manifest (written into the freed reserve)."""
-        from datagen_operator.worker.store import VOLUME_REASONS
+        from datagen_operator.worker.store import VOLUME_REASONS, free_bytes
 
         error, p, writer = self.volume_error, self.progress, self.writer
         assert error is not None
         writer.abort()
+        free = free_bytes(self.config.output)  # what the volume had left, before the reserve is given back
         writer.release_reserve()
         positions = {ref.position for ref in self.plan.prompts if f"line:{ref.position}" in writer.set_aside}
         self.remaining = self._count_from_disk(p, positions)
         self.tracker.flags = Counter(p.flags)
         p.records_unwritten = self.unwritten
         p.failure_reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
-        p.state, p.message = "failed", self._volume_text(error)
+        p.state, p.message = "failed", self._volume_text(error, free)
         if self.unwritten:
             p.message += f" ({self.unwritten} answers could not be written and are generated again)"
         self._tell_cause(p.message)
-        from datagen_operator.worker.store import free_bytes
-
-        p.volume_path, p.volume_free_bytes = str(self.config.output), free_bytes(self.config.output)
+        p.volume_path, p.volume_free_bytes = str(self.config.output), free
         snapshot = self._snapshot()
         for write in (lambda: self.file_sink.write(snapshot), lambda: self._update_manifest_shard(p)):
             try:
