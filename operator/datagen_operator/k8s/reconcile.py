@@ -43,7 +43,15 @@ CHILDREN_ACCEPTED = "ChildrenAccepted"
 """Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
 
 HALT_REASONS = frozenset(
-    {"PreflightFailed", "ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"}
+    {
+        "PreflightFailed",
+        "ServerFailed",
+        "ParsersMismatch",
+        "CanaryFailed",
+        "ChecksFailed",
+        "WorkersFailed",
+        "OutputVolumeFull",
+    }
 )
 """Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 
