@@ -34,6 +34,7 @@ from datagen_operator.k8s import metrics
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.kube import Kube, refusal
 from datagen_operator.k8s.settings import Settings
+from datagen_operator.worker.store import VOLUME_REASONS
 
 log = logging.getLogger("datagen.operator")
 
@@ -43,15 +44,8 @@ CHILDREN_ACCEPTED = "ChildrenAccepted"
 """Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
 
 HALT_REASONS = frozenset(
-    {
-        "PreflightFailed",
-        "ServerFailed",
-        "ParsersMismatch",
-        "CanaryFailed",
-        "ChecksFailed",
-        "WorkersFailed",
-        "OutputVolumeFull",
-    }
+    {"PreflightFailed", "ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"}
+    | set(VOLUME_REASONS.values())
 )
 """Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 
