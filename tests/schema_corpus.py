@@ -40,9 +40,6 @@ class Mutation:
     """(dotted path, value | DELETE | Rename) applied in order."""
     refused_at: str | None
     """The field both must name; None: both must accept."""
-    server_accepts: bool = False
-    """The one deliberate difference: a rule the operator (parse_spec) enforces after the API server
-    stored the run, as a Succeeded=False InvalidSpec condition; `datagen validate` refuses it up front."""
 
     def manifest(self) -> dict[str, Any]:
         document = yaml.safe_load((EXAMPLES / self.base).read_text())
@@ -244,15 +241,23 @@ MUTATIONS: list[Mutation] = [
         "spec.generation.sampling.min_new_tokens",
         ("spec.generation.sampling.min_new_tokens", 9000),
     ),
-    # extraArgs naming a flag the operator manages: left to the operator's InvalidSpec condition, so that
-    # path stays reachable (tests/operator/test_operator.py) -- not a CEL rule.
-    Mutation(
-        "extraArgs with a managed flag",
-        KIMI,
-        (("spec.server.extraArgs", ["--tp-size=4"]),),
-        "spec.server.extraArgs[0]",
-        server_accepts=True,
+    # extraArgs naming a flag the operator manages or refuses: CEL on each item, as validate does.
+    mutate(
+        "extraArgs with a managed flag", KIMI, "spec.server.extraArgs[0]", ("spec.server.extraArgs", ["--tp-size=4"])
     ),
+    mutate(
+        "extraArgs with a managed alias, value apart",
+        KIMI,
+        "spec.server.extraArgs[1]",
+        ("spec.server.extraArgs", ["--watchdog-timeout=600", "--model", "/x"]),
+    ),
+    mutate(
+        "extraArgs with a server-side chat template",
+        KIMI,
+        "spec.server.extraArgs[0]",
+        ("spec.server.extraArgs", ["--chat-template", "/t.jinja"]),
+    ),
+    mutate("extraArgs with a flag SGLang takes", KIMI, None, ("spec.server.extraArgs", ["--watchdog-timeout", "600"])),
 ]
 
 

@@ -9,13 +9,13 @@ import yaml
 from pydantic import ValidationError
 
 from datagen_operator.api.errors import UNKNOWN_FIELD, FieldError, SpecError, field_errors
+from datagen_operator.api.extra_args import extra_arg_errors
 from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
 
 
 def parse_run(document: dict[str, Any]) -> DataGenRun:
     """A manifest as a DataGenRun, with every field error named; cross-field rules included."""
     from datagen_operator.api.resolve import resolve_model
-    from datagen_operator.engine.launch import extra_arg_errors
 
     try:
         # As the CRD's OpenAPI schema: no coercion ("8" is not 8, "yes" is not true) and only the wire

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.extra_args import extra_arg_cel_rules
 from datagen_operator.api.names import (
     NAME_CHARACTERS_MESSAGE,
     RUN_NAME_PATTERN,
@@ -174,6 +175,7 @@ def _spec_schema() -> dict[str, Any]:
     }
     for section in ("model", "dataset", "output"):
         props[section]["properties"]["volume"]["x-kubernetes-validations"] = [one_volume()]
+    server["properties"]["extraArgs"]["items"]["x-kubernetes-validations"] = extra_arg_cel_rules()
     env_items = server["properties"]["env"]["items"]
     env_items["x-kubernetes-validations"] = [
         {"rule": "has(self.value) != has(self.valueFrom)", "message": "set exactly one of value, valueFrom"}

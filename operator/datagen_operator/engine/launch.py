@@ -2,51 +2,15 @@
 
 from __future__ import annotations
 
-from datagen_operator.api.errors import FieldError, SpecError
+from datagen_operator.api.errors import SpecError
+from datagen_operator.api.extra_args import extra_arg_errors
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 
 LAUNCH_MODULE = "sglang.launch_server"
 
-# Flags the operator sets from the spec, with their SGLang aliases: an extra arg naming one of these
-# would silently override (or duplicate) a managed choice, so it is refused.
-MANAGED_FLAGS: frozenset[str] = frozenset(
-    {
-        "--model-path", "--model", "--tp-size", "--tp", "--tensor-parallel-size", "--dp-size", "--dp",
-        "--data-parallel-size", "--mem-fraction-static", "--reasoning-parser", "--tool-call-parser",
-        "--host", "--port", "--served-model-name", "--trust-remote-code", "--enable-metrics",
-        "--incremental-streaming-output", "--log-level", "--tokenizer-path",
-    }
-)  # fmt: skip
-
-
-# Flags refused because they would split what the server does from what the data records.
-REFUSED_FLAGS: dict[str, str] = {
-    "--chat-template": (
-        "changes only the server's chat endpoint: the workers render prompts with the template in the model "
-        "directory, so the parser probe and the data would use different templates; put the template in the "
-        "model directory (chat_template.jinja) or in model.tokenizerPath instead"
-    ),
-}
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 """SGLang uses `sampling_seed` only with this flag (and then seeds unseeded requests with 42)."""
-
-
-def extra_arg_errors(extra_args: list[str]) -> list[FieldError]:
-    errors = []
-    for index, arg in enumerate(extra_args):
-        flag = arg.split("=", 1)[0]
-        if flag in REFUSED_FLAGS:
-            errors.append(FieldError(f"spec.server.extraArgs[{index}]", f"{flag} {REFUSED_FLAGS[flag]}"))
-        elif flag in MANAGED_FLAGS:
-            errors.append(
-                FieldError(
-                    f"spec.server.extraArgs[{index}]",
-                    f"{flag} is managed by the operator; set it through the spec "
-                    "(model.path, server.tensorParallel, server.reasoningParser, ...) instead",
-                )
-            )
-    return errors
 
 
 def server_argv(
