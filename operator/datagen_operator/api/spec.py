@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from datagen_operator.api.duration import Duration
@@ -180,8 +180,11 @@ class ServerSpec(SpecModel):
     tool_call_parser: str | None = Field(
         default=None, description="--tool-call-parser; default from the preset; `none` for no parser."
     )
-    extra_args: list[str] = Field(
-        default_factory=list, description="More sglang.launch_server flags; flags the operator manages are refused."
+    # Bounded so the API server can price the CEL rules on each item (and validate refuses the same).
+    extra_args: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="More sglang.launch_server flags; flags the operator manages are refused.",
     )
     startup_timeout: Duration = Field(
         default="45m",
