@@ -190,7 +190,7 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
     done = count_indexes(status.get("completedIndexes"))
     failed = count_indexes(status.get("failedIndexes"))
     finished = job_finished(job)
-    message = None
+    message = reason = None
     if failed or finished == "Failed":
         failed = max(failed, 1)
         condition = _condition(job, "Failed") or {}
@@ -201,6 +201,7 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
         ]
         parts = [condition.get("message") or f"{failed} shard(s) failed after their retries", *exits[-2:]]
         message = "; ".join(part for part in parts if part)
+        reason = volume_exit_reason(pods)
     return WorkersObservation(
         shards_total=shards,
         shards_done=done,
@@ -208,7 +209,30 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
         active=int(status.get("active") or 0),
         paused=bool((job.get("spec") or {}).get("suspend")),
         failure_message=message,
+        failure_reason=reason,
     )
+
+
+def volume_exit_reason(pods: Iterable[Obj]) -> str | None:
+    """The named cause of a worker that exited 7 (its output volume failed), for when its shard ConfigMap
+    lacks `failure_reason`: the termination message starts with the reason ('OutputVolumeFull: /out has ...');
+    a message cut short or missing still means the volume failed (OutputVolumeFull, as `datagen run` says)."""
+    from datagen_operator.k8s.manifests import WORKER_OUTPUT_VOLUME
+    from datagen_operator.worker.store import VOLUME_REASONS
+
+    for pod in pods:
+        terminated = _terminated(pod, "worker")
+        if terminated is None or terminated.get("exitCode") != WORKER_OUTPUT_VOLUME:
+            continue
+        named = (terminated.get("message") or "").strip().partition(":")[0]
+        return named if named in VOLUME_REASONS.values() else "OutputVolumeFull"
+    return None
+
+
+def job_started_at(job: Obj | None) -> float | None:
+    """When the Job's current attempt began (status.startTime; the Job controller resets it on resume)."""
+    started = parse_time(((job or {}).get("status") or {}).get("startTime"))
+    return started.timestamp() if started is not None else None
 
 
 def shard_snapshots(configmaps: Iterable[Obj]) -> list[dict[str, Any]]:
@@ -226,9 +250,13 @@ def shard_snapshots(configmaps: Iterable[Obj]) -> list[dict[str, Any]]:
     return out
 
 
-def progress_counters(configmaps: Iterable[Obj]) -> ProgressCounters | None:
+def progress_counters(configmaps: Iterable[Obj], workers_job: Obj | None = None) -> ProgressCounters | None:
+    """The shards' ConfigMaps summed. With the workers Job, snapshots of workers that started before its
+    status.startTime (a previous attempt's, left in the ConfigMaps after a resume) count as baseline, not new."""
     snapshots = shard_snapshots(configmaps)
-    return counters_from_snapshots(snapshots) if snapshots else None
+    if not snapshots:
+        return None
+    return counters_from_snapshots(snapshots, attempt_started_at=job_started_at(workers_job))
 
 
 def fingerprint(configmaps: Iterable[Obj]) -> str | None:

@@ -256,7 +256,7 @@ class Reconciler:
             parsers=o.remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
             canary=canary,
             workers=o.workers_observation(workers_job, self._pods("worker"), spec.clients.shards),
-            progress=o.progress_counters(self._children("ConfigMap")),
+            progress=o.progress_counters(self._children("ConfigMap"), workers_job),
             final=final,
         )
 

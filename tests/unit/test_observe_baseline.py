@@ -1,0 +1,88 @@
+"""k8s/observe.py after a resume: the previous attempt's shard ConfigMaps are baseline (judged by the workers
+Job's status.startTime), and a worker's exit 7 names the volume failure when its ConfigMap does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from datagen_operator.k8s import observe as o
+
+JOB_START = "2026-11-30T09:00:00Z"
+START_S = o.parse_time(JOB_START).timestamp()  # type: ignore[union-attr]
+
+
+def cm(**snapshot: Any) -> dict[str, Any]:
+    return {"data": {"progress.json": orjson.dumps(snapshot).decode()}}
+
+
+def job(**status: Any) -> dict[str, Any]:
+    return {"spec": {"suspend": False}, "status": status}
+
+
+def worker_pod(name: str, code: int, message: str | None = None) -> dict[str, Any]:
+    terminated: dict[str, Any] = {"exitCode": code}
+    if message is not None:
+        terminated["message"] = message
+    return {
+        "metadata": {"name": name},
+        "status": {"containerStatuses": [{"name": "worker", "state": {"terminated": terminated}}]},
+    }
+
+
+# Shard 0 failed in the previous attempt and has not started again (its snapshot predates the Job's start);
+# shard 1 is this attempt's worker, which resumed on 40 records (its own baseline) and has 1 new reject.
+OLD = cm(shard=0, started_at=START_S - 3600, state="failed", prompts_total=50, records_done=30,
+         records_rejected=4, set_aside={"malformed": 2, "too_long": 1}, flags={"empty": 3})  # fmt: skip
+NEW = cm(shard=1, started_at=START_S + 5, state="running", prompts_total=50, records_done=45,
+         records_rejected=1, baseline={"records": 40}, flags={"empty": 1})  # fmt: skip
+
+
+def test_a_previous_attempts_snapshot_is_all_baseline() -> None:
+    counters = o.progress_counters([OLD, NEW], job(startTime=JOB_START, active=2))
+    assert counters is not None
+    judged = counters.judged
+    assert (judged.records, judged.rejected, judged.malformed, judged.too_long) == (5, 1, 0, 0)
+    assert judged.flags.get("empty", 0) == 1
+    assert counters.tally.records == 75 and counters.tally.rejected == 5  # totals still shown whole
+    assert judged.lines == 100  # the set-aside rates keep their denominator
+
+
+def test_without_a_job_start_each_workers_own_baseline_counts() -> None:
+    for workers_job in (None, job(active=2)):  # no Job yet, or one whose controller has not set startTime
+        counters = o.progress_counters([OLD, NEW], workers_job)
+        assert counters is not None
+        judged = counters.judged
+        assert (judged.records, judged.rejected, judged.malformed, judged.too_long) == (35, 5, 2, 1)
+
+
+def test_a_snapshot_of_this_attempt_is_judged() -> None:
+    counters = o.progress_counters([NEW], job(startTime=JOB_START))
+    assert counters is not None and counters.judged.rejected == 1 and counters.judged.records == 5
+    assert o.job_started_at(job(startTime=JOB_START)) == START_S
+    assert o.job_started_at(None) is None and o.job_started_at({}) is None
+
+
+def test_exit_7_names_the_volume_when_the_configmap_does_not() -> None:
+    failed = job(startTime=JOB_START, failedIndexes="1")
+    message = "OutputVolumeReadOnly: /mnt/datagen/output is read-only after 3/10 records; mount the volume writable"
+    observed = o.workers_observation(failed, [worker_pod("w-1", 7, message)], 2)
+    assert observed is not None and observed.shards_failed == 1
+    assert observed.failure_reason == "OutputVolumeReadOnly"
+    assert "exit 7: OutputVolumeReadOnly: /mnt/datagen/output is read-only" in (observed.failure_message or "")
+    # A message lost or cut short (the log sat on the full volume) still names the volume.
+    for pod in (worker_pod("w-1", 7), worker_pod("w-1", 7, "Traceback (most recent call")):
+        observed = o.workers_observation(failed, [pod], 2)
+        assert observed is not None and observed.failure_reason == "OutputVolumeFull"
+    # The ConfigMap's own reason (read from progress) is untouched, and has no failure here.
+    counters = o.progress_counters([NEW], failed)
+    assert counters is not None and counters.failure_reason is None
+
+
+def test_other_exits_name_no_cause() -> None:
+    failed = job(failedIndexes="0")
+    observed = o.workers_observation(failed, [worker_pod("w-0", 2, "dataset: no such file")], 2)
+    assert observed is not None and observed.failure_reason is None
+    running = o.workers_observation(job(active=1), [worker_pod("w-0", 7, "OutputVolumeFull: x")], 2)
+    assert running is not None and running.failure_reason is None  # no failed index yet: nothing to name
