@@ -258,6 +258,13 @@ MUTATIONS: list[Mutation] = [
         ("spec.server.extraArgs", ["--chat-template", "/t.jinja"]),
     ),
     mutate("extraArgs with a flag SGLang takes", KIMI, None, ("spec.server.extraArgs", ["--watchdog-timeout", "600"])),
+    mutate("export two formats", KIMI, None, ("spec.export", {"formats": ["speculators", "trl"], "maxLength": 8192})),
+    mutate(
+        "export path leaving the output",
+        KIMI,
+        "spec.export.path",
+        ("spec.export", {"formats": ["trl"], "path": "../x"}),
+    ),
 ]
 
 

@@ -252,3 +252,21 @@ def test_cli_refuses_bad_input(run_output: Path, tmp_path: Path, capsys: pytest.
     assert not list((out / "data").glob("part-*.jsonl")) and list((out / "data").glob("part-*.parquet"))
     assert main([str(run_output), "--format", "text", "--out", str(tmp_path / "t")]) == 2  # no run.yaml, no tokenizer
     assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_cli_formats_writes_the_export_jobs_verdict(run_output: Path, tmp_path: Path) -> None:
+    """--formats (the export Job of spec.export): each format in OUT/<format>, rerunnable, and the
+    verdict as a StepOutcome in --termination-log; a failure is a verdict too, exit 1."""
+    from datagen_operator.checks.canary import outcome_from_json
+
+    out, log = tmp_path / "export", tmp_path / "termination-log"
+    for _ in range(2):  # a rerun (the Job's retry) replaces the first export
+        args = [str(run_output), "--formats", "speculators,trl", "--out", str(out), "--termination-log", str(log)]
+        assert main([*args, "--exclude-flags", "truncated"]) == 0
+        outcome = outcome_from_json(log.read_text())
+        assert outcome.passed and outcome.reason == "Exported" and "speculators: " in outcome.message
+        assert read_export_manifest(out / "trl")["counts"] == read_export_manifest(out / "speculators")["counts"]
+    args = [str(run_output), "--formats", "text", "--out", str(out), "--termination-log", str(log)]
+    assert main(args) == 1  # no run.yaml, no tokenizer
+    outcome = outcome_from_json(log.read_text())
+    assert not outcome.passed and outcome.reason == "ExportFailed" and "--tokenizer" in outcome.message

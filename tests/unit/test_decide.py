@@ -271,3 +271,44 @@ def test_a_run_with_a_verdict_reads_server_ready_false_even_if_the_server_still_
     done = replace(running(Tally(records=100), done=8), final=PASS)
     d = decide(s, done, context(s))
     assert d.step is Step.DONE and server_ready(d) == ("False", "Released")
+
+
+def with_export(s: DataGenRunSpec) -> DataGenRunSpec:
+    from datagen_operator.api.spec import ExportSpec
+
+    return s.model_copy(update={"export": ExportSpec(formats=["speculators", "trl"])})
+
+
+def test_a_verified_run_with_spec_export_exports_before_it_is_done() -> None:
+    s = with_export(spec())
+    verified = replace(running(Tally(records=100), done=8), final=PASS)
+    d = decide(s, verified, context(s))
+    assert d.step is Step.EXPORT and not d.server_wanted and not d.workers_wanted
+    assert conditions(d)["Exported"] == ("Unknown", "Exporting")
+    assert conditions(d)["Succeeded"] == ("Unknown", "Exporting")
+    assert conditions(d)["DataFaithful"] == ("True", "Verified") and server_ready(d) == ("False", "Released")
+    exported = StepOutcome(True, "Exported", "speculators: 100 rows, 51200 tokens; trl: 100 rows, 51200 tokens")
+    d = decide(s, replace(verified, export=exported), context(s))
+    assert d.step is Step.DONE and d.phase == "Succeeded"
+    assert conditions(d)["Exported"] == ("True", "Exported") and conditions(d)["Succeeded"] == ("True", "Completed")
+    assert next(u for u in d.updates if u.type == "Exported").message == exported.message
+    # without spec.export, no Exported condition and no export step
+    d = decide(spec(), replace(verified, export=exported), context(s))
+    assert d.step is Step.DONE and "Exported" not in conditions(d)
+
+
+def test_a_failed_export_fails_the_run_but_keeps_the_verified_data() -> None:
+    s = with_export(spec())
+    failed = StepOutcome(False, "ExportFailed", "trl: [Errno 28] No space left on device")
+    d = decide(s, replace(running(Tally(records=100), done=8), final=PASS, export=failed), context(s))
+    assert d.step is Step.DONE and d.phase == "Failed"
+    assert conditions(d)["Exported"] == ("False", "ExportFailed")
+    assert conditions(d)["Succeeded"] == ("False", "ExportFailed")
+    assert conditions(d)["DataFaithful"] == ("True", "Verified")
+
+
+def test_a_failed_verification_is_not_exported() -> None:
+    s = with_export(spec())
+    failed = StepOutcome(False, "ChecksFailed", "3 records failed")
+    d = decide(s, replace(running(Tally(records=100), done=8), final=failed), context(s))
+    assert d.step is Step.DONE and d.phase == "Failed" and "Exported" not in conditions(d)

@@ -165,6 +165,33 @@ def test_canary_and_verify_jobs_report_through_termination_messages() -> None:
     assert writable == [m.SCRATCH_HOME]
 
 
+def with_export(spec: Any, **export: Any) -> Any:
+    from datagen_operator.api.spec import ExportSpec
+
+    return spec.model_copy(update={"export": ExportSpec.model_validate({"formats": ["speculators"], **export})})
+
+
+def test_export_job_writes_inside_the_output_and_reports_through_its_termination_message() -> None:
+    spec = with_export(
+        SPEC, formats=["speculators", "trl"], path="for/eagle3", maxLength=4096, excludeFlags=["truncated"]
+    )
+    job = m.export_job(RUN, spec, "img:1")
+    assert job["metadata"]["name"] == m.export_job_name("kimi") == "kimi-export"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:3] == ["datagen", "export", "/mnt/datagen/output/eagle3/b1"]
+    flags = dict(zip(command[3::2], command[4::2], strict=True))
+    assert flags["--formats"] == "speculators,trl" and flags["--out"] == "/mnt/datagen/output/eagle3/b1/for/eagle3"
+    assert flags["--max-length"] == "4096" and flags["--exclude-flags"] == "truncated"
+    assert flags["--termination-log"] == container["terminationMessagePath"] == "/dev/termination-log"
+    # the output is the one writable data mount (besides HOME); the rules and placement are verify's
+    writable = sorted(mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly"))
+    assert writable == sorted([m.OUTPUT_MOUNT, m.SCRATCH_HOME])
+    verify = m.verify_job(RUN, spec, "img:1")["spec"]
+    assert job["spec"]["backoffLimit"] == verify["backoffLimit"]
+    assert job["spec"]["template"]["spec"]["securityContext"] == verify["template"]["spec"]["securityContext"]
+
+
 def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
     from datagen_operator.api import load_run
 
@@ -404,6 +431,7 @@ def datagen_pods(spec: Any) -> dict[str, dict[str, Any]]:
         "canary": m.canary_job(RUN, spec, "img:1", ["http://a"], 1),
         "worker": m.workers_job(RUN, spec, "img:1", ["http://a"], suspend=False),
         "verify": m.verify_job(RUN, spec, "img:1"),
+        "export": m.export_job(RUN, with_export(spec), "img:1"),
     }
     return {name: job["spec"]["template"]["spec"] for name, job in jobs.items()}
 

@@ -374,6 +374,22 @@ class ChecksSpec(SpecModel):
     )
 
 
+class ExportSpec(SpecModel):
+    formats: list[Literal["speculators", "trl", "text"]] = Field(
+        min_length=1, max_length=3, description="Trainer formats to write once the final verification passes."
+    )
+    path: str = Field(
+        default="export",
+        pattern=SUB_PATH_PATTERN,
+        max_length=253,
+        description="Folder inside the run's output directory; each format goes to PATH/<format>.",
+    )
+    max_length: int | None = Field(default=None, ge=1, description="Rows longer than this are left out.")
+    exclude_flags: list[Annotated[str, StringConstraints(max_length=64, pattern=r"^[a-z_]+$")]] = Field(
+        default_factory=list, max_length=32, description="Record flags to leave out, e.g. truncated."
+    )
+
+
 class DataGenRunSpec(SpecModel):
     model: ModelSpec
     server: ServerSpec = Field(default_factory=ServerSpec)
@@ -382,6 +398,7 @@ class DataGenRunSpec(SpecModel):
     clients: ClientsSpec = Field(default_factory=ClientsSpec)
     output: OutputSpec
     checks: ChecksSpec = Field(default_factory=ChecksSpec)
+    export: ExportSpec | None = Field(default=None, description="Export the verified records (docs/export.md).")
     suspend: bool = Field(default=False, description="Suspend (Kueue style): releases the GPUs, keeps the output.")
 
 

@@ -15,6 +15,8 @@ CANARY_PASSED = "CanaryPassed"
 DATA_FAITHFUL = "DataFaithful"
 PROGRESSING = "Progressing"
 SUCCEEDED = "Succeeded"
+EXPORTED = "Exported"
+"""Only with spec.export: set after the final verification passes (not in CONDITION_TYPES' metrics)."""
 CONDITION_TYPES: tuple[str, ...] = (
     INPUTS_VERIFIED,
     SERVER_READY,

@@ -3,7 +3,7 @@
 The operator and the local runner both call `decide` on every pass and only differ in how they carry out
 the step (pods and Jobs vs processes). Steps run in order, each gated on the one before:
 inputs verified (preflight) -> server ready -> parsers verified -> canary passed -> workers -> final verification
--> done.
+-> export (only with spec.export) -> done.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
     DATA_FAITHFUL,
+    EXPORTED,
     INPUTS_VERIFIED,
     PARSERS_VERIFIED,
     PROGRESSING,
@@ -41,6 +42,7 @@ class Step(StrEnum):
     RUN_CANARY = "RunCanary"
     RUN_WORKERS = "RunWorkers"
     FINAL_VERIFY = "FinalVerify"
+    EXPORT = "Export"
     HALTED = "Halted"
     DONE = "Done"
 
@@ -100,7 +102,9 @@ def _server_released_reads_false(decision: Decision) -> Decision:
     cannot stay True over a server that is being scaled to zero, whatever the last look at it said."""
     if decision.server_wanted:
         return decision
-    why = {Step.FINAL_VERIFY: "all shards done", Step.DONE: "run finished"}.get(decision.step, "run halted")
+    why = {Step.FINAL_VERIFY: "all shards done", Step.EXPORT: "run finished", Step.DONE: "run finished"}.get(
+        decision.step, "run halted"
+    )
     released = _u(SERVER_READY, "False", "Released", f"{why}; server stopped and GPUs released")
     updates = tuple(released if u.type == SERVER_READY and u.status == "True" else u for u in decision.updates)
     return replace(decision, updates=updates)
@@ -126,16 +130,14 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
             "Verified" if final.passed else "ChecksFailed",
             final.message,
         )
+        released = _u(SERVER_READY, "False", "Released", "run finished; server stopped and GPUs released")
+        if final.passed and spec.export is not None:
+            return _export(spec, observed.export, progress, final.checks, (released, faithful))
         if final.passed:
             succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed")
         else:
             succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
-        updates = (
-            _u(SERVER_READY, "False", "Released", "run finished; server stopped and GPUs released"),
-            _u(PROGRESSING, "False", "Completed", progress.summary),
-            faithful,
-            succeeded,
-        )
+        updates = (released, _u(PROGRESSING, "False", "Completed", progress.summary), faithful, succeeded)
         return Decision(
             Step.DONE, "Succeeded" if final.passed else "Failed", False, False, updates, final.checks, progress
         )
@@ -255,6 +257,33 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
     updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
     return Decision(Step.RUN_WORKERS, "Running", True, True, tuple(updates), checks, progress)
+
+
+def _export(
+    spec: DataGenRunSpec,
+    export: StepOutcome | None,
+    progress: Progress,
+    checks: tuple[CheckResult, ...],
+    verified: tuple[ConditionUpdate, ...],
+) -> Decision:
+    """spec.export after a passed verification: the data and its verdict stay whatever the export does."""
+    assert spec.export is not None
+    formats = ", ".join(spec.export.formats)
+    if export is None:
+        updates = (
+            *verified,
+            _u(PROGRESSING, "True", "Exporting", f"verification passed; exporting {formats}"),
+            _u(EXPORTED, "Unknown", "Exporting", f"writing {formats} to {spec.export.path}"),
+            _u(SUCCEEDED, "Unknown", "Exporting", "verification passed; export running"),
+        )
+        return Decision(Step.EXPORT, "Exporting", False, False, updates, checks, progress)
+    exported = _u(EXPORTED, "True" if export.passed else "False", export.reason, export.message)
+    if export.passed:
+        succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed; exported")
+    else:
+        succeeded = _u(SUCCEEDED, "False", "ExportFailed", f"verification passed; export failed: {export.message}")
+    updates = (*verified, _u(PROGRESSING, "False", "Completed", progress.summary), exported, succeeded)
+    return Decision(Step.DONE, "Succeeded" if export.passed else "Failed", False, False, updates, checks, progress)
 
 
 def _outcomes(observed: Observed) -> list[tuple[str, StepOutcome]]:

@@ -99,3 +99,5 @@ class Observed:
     workers: WorkersObservation | None = None
     progress: ProgressCounters | None = None
     final: StepOutcome | None = None
+    export: StepOutcome | None = None
+    """spec.export's verdict (its counts in the message); None while not run."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -40,7 +40,10 @@ from datagen_operator.export.reader import BATCH_TOKENS, iter_source_batches, pr
 from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+if TYPE_CHECKING:
+    from datagen_operator.control.observed import StepOutcome
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 1
 DATA_DIR = "data"
 """Parts go in OUT/data/, alone: consumers that load every *.json/*.jsonl of a directory (speculators'
 prepare-data) must not pick up the manifest or token_freq.json beside them."""
@@ -180,6 +183,39 @@ def export_output(
     return manifest
 
 
+# --- spec.export: every asked format after a run's final verification ---------------------------------
+
+
+def export_run(
+    output_dir: str | Path,
+    root: str | Path,
+    formats: Sequence[str],
+    selection: Selection,
+    codec: Callable[[], TextCodec],
+) -> StepOutcome:
+    """Each format to ROOT/<format>, replacing an earlier export there; the verdict for the Exported condition.
+
+    `codec` is called only when the text format is asked for (it loads the run's tokenizer)."""
+    from datagen_operator.control.observed import StepOutcome
+
+    words = []
+    try:
+        for export_format in formats:
+            out_dir = Path(root) / export_format
+            if out_dir.is_dir():
+                clear_previous_export(out_dir)
+            options = ExportOptions(export_format=export_format, selection=selection)
+            manifest = export_output(output_dir, out_dir, options, codec() if export_format == "text" else None)
+            counts = manifest["counts"]
+            left_out = sum(manifest["left_out"].values())
+            words.append(f"{export_format}: {counts['rows_written']} rows, {counts['tokens_written']} tokens")
+            words[-1] += f", {left_out} left out" if left_out else ""
+    except (OSError, ValueError) as error:
+        done = f" ({'; '.join(words)})" if words else ""
+        return StepOutcome(False, "ExportFailed", f"{export_format}: {error}{done}")
+    return StepOutcome(True, "Exported", f"{'; '.join(words)} in {root}")
+
+
 # --- command line -----------------------------------------------------------------------------------
 
 
@@ -214,7 +250,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Write a run's exact token records in a trainer's format (docs/export.md).",
     )
     parser.add_argument("output", help="the run's output directory")
-    parser.add_argument("--format", required=True, choices=FORMATS, dest="export_format")
+    parser.add_argument("--format", choices=FORMATS, dest="export_format")
+    parser.add_argument(
+        "--formats", help="comma-separated formats, each to OUT/<format>, replacing an earlier one (spec.export)"
+    )
     parser.add_argument("--out", required=True, help="directory for the parts, export-manifest.json and token_freq.*")
     parser.add_argument(
         "--max-length", type=int, help="rows longer than this (prompt + completion) follow --over-length"
@@ -240,11 +279,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trust-remote-code", action="store_true", help="default: what the run's preset says")
     parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
-    return parser.parse_args(argv)
+    parser.add_argument("--termination-log", help="with --formats: write the verdict (JSON) here too")
+    args = parser.parse_args(argv)
+    if (args.export_format is None) == (args.formats is None):
+        parser.error("give one of --format or --formats")
+    return args
+
+
+def main_formats(args: argparse.Namespace) -> int:
+    """--formats: the export Job of a run with spec.export; its verdict in the termination message."""
+    from datagen_operator.checks.canary import outcome_json
+    from datagen_operator.control.observed import StepOutcome
+
+    formats = [name.strip() for name in args.formats.split(",") if name.strip()]
+    exclude = frozenset(flag.strip() for flag in args.exclude_flags.split(",") if flag.strip())
+    output = Path(args.output)
+    if not formats or set(formats) - set(FORMATS):
+        outcome = StepOutcome(False, "ExportFailed", f"--formats {args.formats!r}: each one of {', '.join(FORMATS)}")
+    elif not output.is_dir():
+        outcome = StepOutcome(False, "ExportFailed", f"{output}: not a directory")
+    else:
+
+        def codec() -> TextCodec:
+            run_file = Path(args.run) if args.run else None
+            return codec_from_tokenizer(load_run_tokenizer(output, run_file, args.tokenizer, args.trust_remote_code))
+
+        selection = Selection(exclude, args.max_length, args.over_length)
+        outcome = export_run(output, Path(args.out), formats, selection, codec)
+    data = outcome_json(outcome)
+    if args.termination_log:
+        Path(args.termination_log).write_bytes(data)
+    sys.stdout.write(data.decode() + "\n")
+    return EXIT_OK if outcome.passed else EXIT_FAILED
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.formats is not None:
+        return main_formats(args)
     from datagen_operator.checks.record_checks import ALL_FLAGS
 
     output, out_dir = Path(args.output), Path(args.out)

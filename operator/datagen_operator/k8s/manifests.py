@@ -125,6 +125,16 @@ def verify_job_name(run: str) -> str:
     return f"{run}-verify"
 
 
+def export_job_name(run: str) -> str:
+    return f"{run}-export"
+
+
+def export_dir(spec: DataGenRunSpec) -> str:
+    """spec.export.path inside the run's output directory (on the output volume)."""
+    assert spec.export is not None
+    return _inside(output_dir(spec), spec.export.path)
+
+
 def labels(run: str, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "datagen",
@@ -754,4 +764,33 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     }
     return _job(
         run, spec, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
+    )
+
+
+def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
+    """`datagen export --formats` of the verified output into spec.export.path, the output mounted writable;
+    its verdict comes back as the termination message."""
+    assert spec.export is not None
+    run_volume, run_mount = _run_file_volume(run.name)
+    model_volumes, model_mounts = _model_volume(spec)
+    data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
+    args = [
+        "export", output_dir(spec), "--formats", ",".join(spec.export.formats), "--out", export_dir(spec),
+        "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    if spec.export.max_length is not None:
+        args += ["--max-length", str(spec.export.max_length)]
+    if spec.export.exclude_flags:
+        args += ["--exclude-flags", ",".join(spec.export.exclude_flags)]
+    container = _datagen_container("export", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    job_spec = {
+        "backoffLimit": 1,
+        "podFailurePolicy": {
+            "rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "export", "operator": "In", "values": [1]}}
+            ]
+        },
+    }
+    return _job(
+        run, spec, export_job_name(run.name), "export", container, [run_volume, *model_volumes, *data_volumes], job_spec
     )

@@ -19,6 +19,7 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
+    EXPORTED,
     INPUTS_VERIFIED,
     PARSERS_VERIFIED,
     SUCCEEDED,
@@ -258,6 +259,10 @@ class Reconciler:
             workers=o.workers_observation(workers_job, self._pods("worker"), spec.clients.shards),
             progress=o.progress_counters(self._children("ConfigMap"), workers_job),
             final=final,
+            export=o.remembered_outcome(old.conditions, EXPORTED, data_generation)
+            or o.job_outcome(
+                self._named("Job", m.export_job_name(self.name)), self._pods("export"), "export", "export"
+            ),
         )
 
     async def _pod_refusal(self, controller: Mapping[str, Any]) -> str | None:
@@ -391,6 +396,8 @@ class Reconciler:
 
         if decision.step == Step.FINAL_VERIFY and self._named("Job", m.verify_job_name(self.name)) is None:
             await self._create(m.verify_job(run, spec, image))
+        if decision.step == Step.EXPORT and self._named("Job", m.export_job_name(self.name)) is None:
+            await self._create(m.export_job(run, spec, image))
 
     # --- report --------------------------------------------------------------------------------
 
@@ -507,7 +514,8 @@ async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
 
     Workers stop before the server so they drain (SIGTERM: finish in-flight, fsync) instead of failing on a
     vanished server. The garbage collector removes the rest through owner references; no volume is touched."""
-    for job in (m.workers_job_name(name), m.preflight_job_name(name), m.canary_job_name(name), m.verify_job_name(name)):
+    jobs = (m.workers_job_name, m.preflight_job_name, m.canary_job_name, m.verify_job_name, m.export_job_name)
+    for job in (job_name(name) for job_name in jobs):
         existing = await kube.read("Job", namespace, job)
         if existing is not None:
             if not (existing.get("metadata") or {}).get("deletionTimestamp"):

@@ -102,6 +102,7 @@ class LocalRunner:
         self.canary: StepOutcome | None = None
         self.final: StepOutcome | None = None
         self.final_report: Any = None
+        self.export: StepOutcome | None = None
         self.tokenizer: Any = None
         self.stop = asyncio.Event()
         self.decision: Decision | None = None
@@ -193,6 +194,8 @@ class LocalRunner:
         elif decision.step is Step.FINAL_VERIFY:
             await self._stop_servers()  # the GPUs are not needed to read files
             self.final = await asyncio.to_thread(self._final_verify)
+        elif decision.step is Step.EXPORT:
+            self.export = await asyncio.to_thread(self._export)
         if not decision.server_wanted and self.servers:
             await self._stop_servers()
 
@@ -209,6 +212,7 @@ class LocalRunner:
             workers=self._observe_workers(),
             progress=self._observe_progress(),
             final=self.final,
+            export=self.export,
         )
 
     async def _observe_server(self) -> ServerObservation:
@@ -387,6 +391,22 @@ class LocalRunner:
             self.output, self.spec, tokenizer=self._tokenizer(), dataset=Path(self.spec.dataset.path)
         )
         return self.final_report.outcome()
+
+    def _export(self) -> StepOutcome:
+        """spec.export in process: each format to OUTPUT/<export.path>/<format>."""
+        from datagen_operator.export.formats import Selection
+        from datagen_operator.export.run import codec_from_tokenizer, export_run
+
+        export = self.spec.export
+        assert export is not None
+        selection = Selection(frozenset(export.exclude_flags), export.max_length)
+        return export_run(
+            self.output,
+            self.output / export.path,
+            export.formats,
+            selection,
+            lambda: codec_from_tokenizer(self._tokenizer()),
+        )
 
     async def _stop_workers(self) -> None:
         await asyncio.gather(
