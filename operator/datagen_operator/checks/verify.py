@@ -334,19 +334,10 @@ def verify_output(
             elif (j := rng.randrange(n + 1)) < fidelity_size:
                 reservoir[j] = {"id": record["id"], "input_ids": record["input_ids"]}
     all_rejects = list(iter_rejects(output))
-    rejected = {(r["id"], r.get("sample", 0)) for r in all_rejects if r.get("kind") == "server" and r.get("id")}
+    server = {(r["id"], r.get("sample", 0)): r for r in all_rejects if r.get("kind") == "server" and r.get("id")}
+    rejected = set(server)
     duplicates = _parquet_duplicates(output, manifest)
     records = sum(seen.values())
-    tally = Tally(records=records, tool_records=tool_records, rejected=len(rejected), flags=dict(counts))
-    ctx = CheckContext(
-        thinking=thinking,
-        preset=resolved.preset.name if resolved and resolved.preset else fingerprint.get("preset"),
-        think_start=resolved.think_start if resolved else None,
-        think_end=resolved.think_end if resolved else None,
-        think_end_id=expect.think_end_id,
-        thresholds=thresholds,
-    )
-    checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
 
     prompts: dict[str, Any] = {}
     expected_ids: list[str] | None = None
@@ -362,6 +353,16 @@ def verify_output(
             wanted = {r["id"] for r in reservoir}
             prompts = {p.id: p for p in plan.iter_prompts() if p.id in wanted}
     set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
+    tally = _output_tally(records, tool_records, dict(counts), server, set(seen), set_aside, dataset_prompts)
+    ctx = CheckContext(
+        thinking=thinking,
+        preset=resolved.preset.name if resolved and resolved.preset else fingerprint.get("preset"),
+        think_start=resolved.think_start if resolved else None,
+        think_end=resolved.think_end if resolved else None,
+        think_end_id=expect.think_end_id,
+        thresholds=thresholds,
+    )
+    checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
     checks.append(_completeness(expected_ids, samples, seen, rejected, duplicates, set_aside))
     if fidelity:
         renderer = (
@@ -373,6 +374,41 @@ def verify_output(
     flat_examples = [e for flag in sorted(examples) for e in examples[flag]]
     return VerifyReport(
         str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
+    )
+
+
+def _output_tally(
+    records: int,
+    tool_records: int,
+    flags: dict[str, int],
+    server: Mapping[tuple[str, int], Mapping[str, Any]],
+    seen: set[tuple[str, int]],
+    set_aside: SetAside,
+    dataset_prompts: list[tuple[int, str]] | None,
+) -> Tally:
+    """The whole output's counts, each cause apart: server refusals (HTTP 4xx) and server failures (a 5xx
+    listed in rejects.jsonl) from the server entries, `too_long` and `malformed` (every other cause: bad
+    lines, unrenderable prompts) from the set-aside accounting. `lines` is the dataset's line count; without
+    the dataset, the prompts the output names plus the lines set aside."""
+    from datagen_operator.worker.records import TOO_LONG
+
+    failed = sum(1 for entry in server.values() if int(entry.get("status") or 0) >= 500)
+    too_long = set_aside.causes.get(TOO_LONG, 0)
+    malformed = sum(set_aside.causes.values()) - too_long
+    if dataset_prompts is not None:
+        lines = len(dataset_prompts) + malformed + too_long - len(set_aside.prompts)
+    else:
+        named = {prompt_id for prompt_id, _ in seen} | {prompt_id for prompt_id, _ in server} | set(set_aside.prompts)
+        lines = len(named) + malformed + too_long - len(set_aside.prompts)
+    return Tally(
+        records=records,
+        tool_records=tool_records,
+        rejected=len(server) - failed,
+        flags=flags,
+        lines=lines,
+        malformed=malformed,
+        too_long=too_long,
+        failed=failed,
     )
 
 

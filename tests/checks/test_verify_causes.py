@@ -1,0 +1,64 @@
+"""`datagen verify`'s final report counts each set-aside or refused item under its own check: `malformed`
+(bad lines, unrenderable prompts) and `too_long` out of the dataset's lines, server refusals (4xx) and server
+failures (5xx) out of the requests; none of them shows 0/0 when the output holds such items."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+
+from datagen_operator.checks.evaluate import MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
+from datagen_operator.checks.verify import SetAside, _output_tally, render_report
+from tests.checks.test_verify_set_aside import _verify, produced  # noqa: F401 (the module's fixture)
+
+
+def test_the_report_counts_malformed_and_too_long_out_of_the_dataset_lines(produced) -> None:  # noqa: F811
+    document, dataset, output = produced
+    report = _verify(document, dataset, output)
+    checks = {c.name: c for c in report.checks}
+    # 11 dataset lines: 8 valid prompts (one too long, one unrenderable) and 3 lines set aside when read.
+    assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)
+    assert (checks[TOO_LONG].count, checks[TOO_LONG].total) == (1, 11)
+    assert checks[MALFORMED].verdict.startswith("4/11 dataset lines are not usable prompts or cannot be rendered")
+    assert checks[TOO_LONG].verdict == "1/11 prompts set aside unsent as too long for the server's context"
+    # Nothing reached the server to be refused or to fail: 12 records, 0 of them refused or failed.
+    assert (checks[SERVER_ERRORS].count, checks[SERVER_ERRORS].total) == (0, 12)
+    assert (checks[SERVER_FAILURES].count, checks[SERVER_FAILURES].total) == (0, 12)
+    # Malformed is above its 10 % (36 %): that check alone fails, naming the dataset, not the server.
+    assert not checks[MALFORMED].passed and checks[TOO_LONG].passed  # 9 % is under too_long's 10 %
+    assert checks[SERVER_ERRORS].passed and checks[SERVER_FAILURES].passed
+    assert [c.name for c in report.checks if not c.passed] == [MALFORMED]
+    console = Console(file=io.StringIO(), width=400)
+    render_report(report, console)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "4/11" in text and "1/11" in text and "0/0" not in text.split("fidelity")[0]
+
+
+def test_without_the_dataset_the_lines_are_those_the_output_names(produced) -> None:  # noqa: F811
+    document, _, output = produced
+    document = {**document, "dataset": {"path": str(output / "absent.jsonl")}}
+    report = _verify(document, None, output)
+    checks = {c.name: c for c in report.checks}
+    # 6 prompts with records, the 2 prompts set aside (named by id) and 3 dataset lines set aside.
+    assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)
+    assert (checks[TOO_LONG].count, checks[TOO_LONG].total) == (1, 11)
+
+
+def _server(prompt_id: str, sample: int, status: int) -> dict[str, Any]:
+    return {"key": f"record:{prompt_id}#{sample}", "kind": "server", "id": prompt_id, "sample": sample,
+            "status": status}  # fmt: skip
+
+
+def test_server_entries_split_into_refusals_and_failures() -> None:
+    entries = [_server("a", 0, 400), _server("a", 1, 422), _server("b", 0, 503), _server("c", 0, 0)]
+    server = {(e["id"], e["sample"]): e for e in entries}
+    seen = {("d", 0), ("d", 1), ("e", 0)}
+    aside = SetAside({"f": "too_long"}, {"too_long": 1, "bad_json": 2})
+    tally = _output_tally(3, 1, {}, server, seen, aside, None)
+    assert (tally.rejected, tally.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
+    assert (tally.malformed, tally.too_long) == (2, 1)
+    assert tally.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
+    dataset = [(n, f"p{n}") for n in range(10)]
+    assert _output_tally(3, 1, {}, server, seen, aside, dataset).lines == 10 + 2
