@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import hashlib
 import json
 import sys
 from importlib import resources
@@ -50,11 +49,9 @@ _ADDITIONAL_SPECIAL: Final = (
 def source_hash() -> str:
     """Hash of this builder, the tokenizer class, the template, tiktoken's version and the tokenizer.json
     stand-in's own hash (the vocabulary comes from it): a change builds a new cache folder."""
-    digest = hashlib.sha256(f"v{STANDIN_VERSION} tiktoken={tiktoken.__version__} {standin.source_hash()}".encode())
-    package = resources.files(__package__)
-    for name in _SOURCE_FILES:
-        digest.update(name.encode() + b"\0" + package.joinpath(name).read_bytes())
-    return digest.hexdigest()[:12]
+    return standin.sources_hash(
+        f"v{STANDIN_VERSION} tiktoken={tiktoken.__version__} {standin.source_hash()}", _SOURCE_FILES
+    )
 
 
 def standin_dir_name() -> str:

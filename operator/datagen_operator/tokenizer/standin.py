@@ -54,9 +54,14 @@ FILES: Final = (
 
 def source_hash() -> str:
     """Hash of the builder's sources and the `tokenizers` version: a change builds a new cache folder."""
-    digest = hashlib.sha256(f"v{STANDIN_VERSION} tokenizers={tokenizers.__version__}".encode())
+    return sources_hash(f"v{STANDIN_VERSION} tokenizers={tokenizers.__version__}", _SOURCE_FILES)
+
+
+def sources_hash(prefix: str, names: Iterable[str]) -> str:
+    """sha256 of `prefix` and this package's files `names`: the key of a cached build."""
+    digest = hashlib.sha256(prefix.encode())
     package = resources.files(__package__)
-    for name in _SOURCE_FILES:
+    for name in names:
         digest.update(name.encode() + b"\0" + package.joinpath(name).read_bytes())
     return digest.hexdigest()[:12]
 

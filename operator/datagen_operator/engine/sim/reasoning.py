@@ -176,8 +176,8 @@ def _channel(header: str) -> str | None:
     return next((name for name in ("analysis", "commentary", "final") if header.startswith(name)), None)
 
 
-def _harmony_block(text: str, tokens: list[tuple[str, int, int]], at: int) -> tuple[str, str, int] | None:
-    """(event type, content, next token index) of the message starting at token `at`, or None if incomplete."""
+def _header_marks(tokens: list[tuple[str, int, int]], at: int) -> tuple[int | None, int | None]:
+    """Token indexes of the `<|channel|>` and `<|message|>` of the harmony header starting at token `at`."""
     position = at + 1 if tokens[at][0] == "START" else at
     channel_at = message_at = None
     for index in range(position, len(tokens)):
@@ -186,6 +186,12 @@ def _harmony_block(text: str, tokens: list[tuple[str, int, int]], at: int) -> tu
         elif tokens[index][0] == "MESSAGE":
             message_at = index
             break
+    return channel_at, message_at
+
+
+def _harmony_block(text: str, tokens: list[tuple[str, int, int]], at: int) -> tuple[str, str, int] | None:
+    """(event type, content, next token index) of the message starting at token `at`, or None if incomplete."""
+    channel_at, message_at = _header_marks(tokens, at)
     if message_at is None:
         return None
     content_start = tokens[message_at][2]
@@ -246,14 +252,7 @@ def harmony_events(text: str) -> tuple[list[tuple[str, str]], str]:
 
 def _harmony_partial_analysis(text: str, tokens: list[tuple[str, int, int]], at: int) -> tuple[str, str] | None:
     """An unfinished analysis message: its content so far, and the header kept for the next parse."""
-    position = at + 1 if tokens[at][0] == "START" else at
-    channel_at = message_at = None
-    for index in range(position, len(tokens)):
-        if tokens[index][0] == "CHANNEL" and channel_at is None:
-            channel_at = index
-        elif tokens[index][0] == "MESSAGE":
-            message_at = index
-            break
+    channel_at, message_at = _header_marks(tokens, at)
     if channel_at is None or message_at is None:
         return None
     header_start = tokens[channel_at + 1][1] if channel_at + 1 < len(tokens) else tokens[channel_at][2]
