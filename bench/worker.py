@@ -1,14 +1,18 @@
 """Benchmark: `datagen worker` against a minimal aiohttp client, same simulator, same requests, one run.
 
-    .venv/bin/python bench/worker.py [--prompts 1500] [--answer-tokens 4096] [--concurrency 64] [--rounds 2]
+    .venv/bin/python bench/worker.py [--prompts 1500] [--answer-tokens 4096] [--concurrency 64] [--rounds 3]
 
 Starts the SGLang simulator (one process, wire speed: no sleeps) on loopback, with fixed 4k-token
-answers (reasoning + answer, lognormal sigma 0). Then, alternating for `--rounds` rounds:
-- baseline: pre-rendered input_ids POSTed to /generate with the same sampling params and concurrency,
-  each response parsed with orjson and discarded;
-- worker: `datagen worker` as ONE subprocess into a fresh output directory with --no-compact (its
-  generation phase is timed from its own structured log), then a second invocation that only compacts.
-The best round of each is compared. Prints, last line:
+answers (reasoning + answer, lognormal sigma 0). Then `--rounds` pairs, back to back:
+- baseline: the same prompts, rendered here, POSTed to /generate as input_ids with the same sampling
+  params and concurrency, each response parsed with orjson and discarded;
+- worker: `datagen worker` as ONE subprocess into a fresh output directory with --no-compact, then a
+  second invocation that only compacts.
+Both sides are timed by one observer, the simulator's own `sglang:generation_tokens_total` counter
+sampled every 50 ms, over the same steady-state window: from 10 % to 90 % of the run's output tokens
+(start-up, the render helper's start and the tail where lanes run dry are outside it for both). Each
+pair gives a ratio; the median ratio is reported (the machine is shared: pairs taken back to back see
+the same load), with the load average before and after. Prints, last line:
 
     worker_vs_baseline=<ratio> worker_tokens_per_s=<n> parquet_bytes_per_token=<x>
 
@@ -29,11 +33,15 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import shutil
+import statistics
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -50,7 +58,7 @@ def start_sim(workdir: Path, answer_tokens: int) -> tuple[subprocess.Popen[bytes
         PYTHON, "-m", "datagen_operator.cli", "sim-server", "--port", "0", "--sim-port-file", str(port_file),
         "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-speed", "wire",
         "--sim-mean-reasoning-tokens", str(half), "--sim-mean-answer-tokens", str(answer_tokens - half),
-        "--sim-length-sigma", "0", "--log-level", "warning",
+        "--sim-length-sigma", "0", "--enable-metrics", "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -59,6 +67,48 @@ def start_sim(workdir: Path, answer_tokens: int) -> tuple[subprocess.Popen[bytes
             raise SystemExit(f"simulator did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
         time.sleep(0.1)
     return proc, f"http://127.0.0.1:{int(port_file.read_text().strip())}"
+
+
+class TokenWatch:
+    """The simulator's generated-token counter, sampled every 50 ms in a thread while a side runs."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> float:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        match = re.search(r"^sglang:generation_tokens_total(?:{[^}]*})? ([0-9.e+]+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), self._read()))
+            self._stop.wait(0.05)
+
+    def steady_rate(self, low: float = 0.1, high: float = 0.9) -> float:
+        """Tokens per second between the moments `low` and `high` of this run's tokens were done."""
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.perf_counter(), self._read()))
+        base, total = self.samples[0][1], self.samples[-1][1] - self.samples[0][1]
+
+        def crossing(share: float) -> float:
+            target = base + share * total
+            for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:], strict=False):
+                if c1 >= target:
+                    return t1 if c1 == c0 else t0 + (t1 - t0) * (target - c0) / (c1 - c0)
+            return self.samples[-1][0]
+
+        return (high - low) * total / (crossing(high) - crossing(low))
+
+
+def load_text() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def process_cpu_s(pid: int) -> float:
@@ -152,7 +202,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=1500)
     parser.add_argument("--answer-tokens", type=int, default=4096)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
@@ -167,21 +217,27 @@ def main() -> int:
         prompts = render_all(dataset, tokenizer_dir)
         max_new = args.answer_tokens * 2
         asyncio.run(baseline(url, prompts[: args.concurrency], max_new, args.concurrency))  # warm-up
+        print(load_text(), flush=True)
         base_rates: list[float] = []
         worker_rates: list[float] = []
+        ratios: list[float] = []
         runs: list[dict] = []
         for round_index in range(args.rounds):
             cpu_before, sim_before = time.process_time(), process_cpu_s(sim.pid)
+            watch = TokenWatch(url)
             seconds, tokens = asyncio.run(baseline(url, prompts, max_new, args.concurrency))
+            base_rates.append(watch.steady_rate())
+            base_whole = tokens / seconds
             base_cpu, base_sim_cpu = time.process_time() - cpu_before, process_cpu_s(sim.pid) - sim_before
-            base_rates.append(tokens / seconds)
             output = workdir / f"out-{round_index}"
             spec = _spec(dataset, tokenizer_dir, output, max_new, args.concurrency)
             sim_before = process_cpu_s(sim.pid)
+            watch = TokenWatch(url)
             wall, cpu, logs = run_worker(spec, url, ["--no-compact"])
+            worker_rates.append(watch.steady_rate())
+            ratios.append(worker_rates[-1] / base_rates[-1])
             worker_sim_cpu = process_cpu_s(sim.pid) - sim_before
             gen_s, gen_cpu, gen_tokens = generation_stats(logs)
-            worker_rates.append(gen_tokens / gen_s)
             layout = OutputLayout(output)
             jsonl_bytes = sum(p.stat().st_size for p in layout.segments(0))
             c_wall, c_cpu, _ = run_worker(spec, url, [])
@@ -194,8 +250,10 @@ def main() -> int:
                  "worker_sim_cpu": worker_sim_cpu}
             )  # fmt: skip
             print(
-                f"round {round_index}: baseline {base_rates[-1]:,.0f} tok/s, worker {worker_rates[-1]:,.0f} tok/s "
-                f"(generation {gen_s:.2f}s of {wall:.2f}s wall incl. start-up; compaction run {c_wall:.2f}s)",
+                f"pair {round_index}: baseline {base_rates[-1]:,.0f} tok/s, worker {worker_rates[-1]:,.0f} tok/s "
+                f"(steady window), ratio {ratios[-1]:.3f}; baseline whole run {base_whole:,.0f} tok/s, worker whole generation phase {gen_tokens / gen_s:,.0f} "
+                f"tok/s ({gen_s:.2f}s of {wall:.2f}s wall incl. start-up); compaction run {c_wall:.2f}s; "
+                f"{load_text()}",
                 flush=True,
             )
             if round_index < args.rounds - 1:
@@ -219,10 +277,11 @@ def main() -> int:
         )
         print(f"compaction_cpu_s_per_million_stored_tokens={run['compact_cpu'] / stored_m:.3f} (incl. start-up)")
         print(f"jsonl_bytes_per_token={run['jsonl'] / run['stored']:.3f}")
-        best_worker, best_base = max(worker_rates), max(base_rates)
-        print(f"baseline_tokens_per_s={best_base:.0f} (best of {args.rounds})")
+        print(f"baseline_tokens_per_s={statistics.median(base_rates):.0f} (median of {args.rounds}, steady window)")
+        print(f"pair ratios: {', '.join(f'{r:.3f}' for r in ratios)}; {load_text()}")
         print(
-            f"worker_vs_baseline={best_worker / best_base:.3f} worker_tokens_per_s={best_worker:.0f} "
+            f"worker_vs_baseline={statistics.median(ratios):.3f} "
+            f"worker_tokens_per_s={statistics.median(worker_rates):.0f} "
             f"parquet_bytes_per_token={run['parquet'] / run['stored']:.3f}"
         )
     finally:
