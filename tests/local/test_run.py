@@ -98,6 +98,9 @@ def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: 
     assert "use kimi_k2" in result.stdout
     assert "Succeeded=False (ParsersMismatch)" in result.stdout
     assert not list((tmp_path / "out").glob("shards/*/*.jsonl")), "no bulk record may be written"
+    # The canary starts only after the parsers pass (control.decide): not one canary prompt was sent.
+    assert "CanaryPassed=Unknown (NotRun)" in result.stdout
+    assert not (tmp_path / "out" / "canary.jsonl").exists()
 
 
 def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, standin: Path) -> None:

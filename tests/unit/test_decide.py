@@ -12,15 +12,19 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, Tally
 from datagen_operator.control.conditions import apply_updates, transition_events
-from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
+    HaltedBefore,
     Observed,
+    ProbeFailures,
     ProgressCounters,
     ServerInstance,
     ServerObservation,
     StepOutcome,
     WorkersObservation,
 )
+from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
+from datagen_operator.control.remembered import HALT_REASONS
 from tests.unit.test_api import kimi_run, with_changes
 
 
@@ -254,6 +258,9 @@ HALTS = {
         1, preflight=PASS, server=ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=1e6),))
     ),
     "PreflightFailed": Observed(1, preflight=WRONG),
+    "ProbeFailed": Observed(
+        1, preflight=PASS, server=READY, parser_probes=ProbeFailures(PARSER_PROBE_ATTEMPTS, "connection reset")
+    ),
 }
 
 
@@ -312,3 +319,78 @@ def test_a_failed_verification_is_not_exported() -> None:
     failed = StepOutcome(False, "ChecksFailed", "3 records failed")
     d = decide(s, replace(running(Tally(records=100), done=8), final=failed), context(s))
     assert d.step is Step.DONE and d.phase == "Failed" and "Exported" not in conditions(d)
+
+
+def test_every_halt_reason_is_remembered_as_a_halt() -> None:
+    """The sticky-halt rule knows every reason decide() halts with (else a pass would ask for the server again)."""
+    s = spec()
+    reasons = {conditions(decide(s, observed, context(s)))["Succeeded"][1] for observed in HALTS.values()}
+    assert len(reasons) == len(HALTS) and reasons <= HALT_REASONS
+
+
+def test_an_invalid_spec_is_decided_by_decide() -> None:
+    d = decide(None, Observed(2, spec_error="spec.server.extraArgs[0]: managed"), None)
+    assert d.step is Step.INVALID and d.finished and not d.server_wanted and not d.workers_wanted
+    (update,) = d.updates
+    assert (update.type, update.status, update.reason) == ("Succeeded", "False", "InvalidSpec")
+    assert "extraArgs[0]" in update.message
+    # A parsed spec with an error observed is still invalid: the error wins over every other step.
+    s = spec()
+    assert decide(s, Observed(2, spec_error="bad", server=READY), context(s)).step is Step.INVALID
+
+
+def test_reconcile_has_no_invalid_or_halt_rule_of_its_own() -> None:
+    import datagen_operator.k8s.reconcile as reconcile
+
+    for name in ("decide_invalid", "HALT_REASONS"):
+        assert not hasattr(reconcile, name)
+    assert not hasattr(reconcile.Reconciler, "_halted")
+
+
+def test_a_remembered_halt_stands_and_asks_for_nothing() -> None:
+    s = spec()
+    halted = HaltedBefore(reason="CanaryFailed", phase="Halted", checks=(), progress=None)
+    # Even with a ready server and passing verdicts observed, the halt stands until the spec changes.
+    d = decide(s, Observed(3, halted=halted, server=READY, parsers=PASS, canary=PASS), context(s))
+    assert d.step is Step.HALTED and d.phase == "Halted" and d.finished
+    assert not d.server_wanted and not d.workers_wanted and not d.canary_wanted and d.updates == ()
+
+
+def test_a_failed_parser_probe_is_retried_a_bounded_number_of_times_then_halts() -> None:
+    s = spec()
+    steps = []
+    for count in range(PARSER_PROBE_ATTEMPTS + 1):
+        observed = Observed(1, preflight=PASS, server=READY, parser_probes=ProbeFailures(count, "HTTP 502"))
+        steps.append(decide(s, observed, context(s)))
+    retried = [d for d in steps if d.step is Step.VERIFY_PARSERS]
+    assert len(retried) == PARSER_PROBE_ATTEMPTS, "every attempt before the bound keeps verifying"
+    assert all(conditions(d)["ParsersVerified"] == ("Unknown", "Verifying") for d in retried)
+    assert "attempt 2 of" in next(u.message for u in retried[2].updates if u.type == "ParsersVerified")
+    last = steps[-1]
+    assert last.step is Step.HALTED and not last.server_wanted and not last.canary_wanted
+    assert conditions(last)["ParsersVerified"] == ("False", "ProbeFailed")
+    assert conditions(last)["Succeeded"] == ("False", "ProbeFailed")
+    assert "HTTP 502" in next(u.message for u in last.updates if u.type == "Succeeded")
+
+
+def test_a_probe_verdict_wins_over_earlier_failed_probes() -> None:
+    s = spec()
+    observed = Observed(1, preflight=PASS, server=READY, parsers=PASS, parser_probes=ProbeFailures(9, "x"))
+    assert decide(s, observed, context(s)).step is Step.RUN_CANARY
+
+
+def test_the_canary_starts_only_after_the_parsers_are_verified() -> None:
+    s = spec()
+    verifying = decide(s, Observed(1, preflight=PASS, server=READY), context(s))
+    assert verifying.step is Step.VERIFY_PARSERS and not verifying.canary_wanted
+    canary = decide(s, Observed(1, preflight=PASS, server=READY, parsers=PASS), context(s))
+    assert canary.step is Step.RUN_CANARY and canary.canary_wanted
+    wanted = [
+        d.step for d in (verifying, canary, *(decide(s, o, context(s)) for o in HALTS.values())) if d.canary_wanted
+    ]
+    assert wanted == [Step.RUN_CANARY]
+
+
+def test_decision_is_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Decision(Step.DONE, "Succeeded")  # type: ignore[misc]

@@ -9,7 +9,6 @@ import orjson
 import pytest
 
 from datagen_operator.api import parse_spec
-from datagen_operator.api.status import Condition
 from datagen_operator.checks.canary import outcome_json
 from datagen_operator.control.observed import StepOutcome
 from datagen_operator.engine.launch import server_argv
@@ -346,24 +345,6 @@ def test_step_outcome_only_from_a_verdict() -> None:
     assert o.job_outcome(None, [], "canary", "canary") is None
 
 
-def cond(type_: str, status: str, reason: str, generation: int) -> Condition:
-    return Condition(
-        type=type_, status=status, reason=reason, message="m", last_transition_time="t", observed_generation=generation
-    )  # type: ignore[arg-type]
-
-
-def test_outcomes_remembered_in_conditions_until_the_data_spec_changes() -> None:
-    conditions = [cond("ParsersVerified", "True", "Verified", 3), cond("CanaryPassed", "Unknown", "Running", 3)]
-    remembered = o.remembered_outcome(conditions, "ParsersVerified", 2)
-    assert remembered is not None and remembered.passed and remembered.reason == "Verified"
-    assert o.remembered_outcome(conditions, "ParsersVerified", 4) is None
-    assert o.remembered_outcome(conditions, "CanaryPassed", 1) is None
-    final = [cond("DataFaithful", "True", "Verified", 5), cond("Succeeded", "True", "Completed", 5)]
-    outcome = o.remembered_final(final, 5, [])
-    assert outcome is not None and outcome.passed
-    assert o.remembered_final([cond("DataFaithful", "True", "WithinThresholds", 5)], 5, []) is None
-
-
 def test_rbac_is_least_privilege() -> None:
     verbs = {(g, r): set(rule["verbs"]) for rule in CLUSTER_RULES for g in rule["apiGroups"] for r in rule["resources"]}
     assert ("", "secrets") not in verbs
@@ -399,15 +380,9 @@ def test_status_writes_are_urgent_only_for_transitions() -> None:
     assert _signature(moved) != _signature(base)
 
 
-def test_invalid_spec_decision_and_check_context() -> None:
-    from datagen_operator.control.decide import Step
-    from datagen_operator.control.observed import Observed
-    from datagen_operator.k8s.reconcile import check_context, decide_invalid
+def test_check_context_from_the_preset() -> None:
+    from datagen_operator.k8s.reconcile import check_context
 
-    decision = decide_invalid(Observed(generation=2, spec_error="spec.server.extraArgs[0]: managed"))
-    assert decision.step == Step.INVALID and not decision.server_wanted
-    (update,) = decision.updates
-    assert (update.type, update.status, update.reason) == ("Succeeded", "False", "InvalidSpec")
     context = check_context(SPEC)
     assert context.thinking and context.think_end == "</think>" and context.think_end_id is not None
 

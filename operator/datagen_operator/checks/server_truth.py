@@ -156,9 +156,7 @@ async def read_running_server(
 
 
 async def verify_running_server(session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec) -> StepOutcome:
-    """ParsersVerified for a server that answers health checks; failing to read it is itself the verdict."""
-    try:
-        info, probe = await read_running_server(session, url, spec)
-    except Exception as error:  # any way of not answering counts: the verdict carries it
-        return StepOutcome(False, "ProbeFailed", f"could not read the server's parsers at {url}: {error}")
+    """ParsersVerified for a server that answers health checks. Raises when the server cannot be read: the
+    shells count the failures and control.decide bounds the retries (ProbeFailed)."""
+    info, probe = await read_running_server(session, url, spec)
     return verify_parsers(info, probe, resolve_model(spec), model_label(spec))

@@ -22,13 +22,17 @@ from datagen_operator.api.status import (
     SERVER_READY,
     SUCCEEDED,
     CheckResult,
+    ConditionStatus,
     Progress,
 )
 from datagen_operator.checks.evaluate import CheckContext, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters, StepOutcome
+from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
 from datagen_operator.control.server import server_verdict
 
+PROBE_FAILED = "ProbeFailed"
+"""ParsersVerified=False (and Succeeded=False) when the server's parsers could not be read at all."""
 MIN_RECORDS_FOR_ROLLING_CHECKS = 16
 """Below this many records a rate says little; DataFaithful stays Unknown."""
 
@@ -47,21 +51,32 @@ class Step(StrEnum):
     DONE = "Done"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     step: Step
     phase: str
-    server_wanted: bool
+    server_wanted: bool = False
     """Keep the server (and its GPUs); False releases them."""
-    workers_wanted: bool
+    workers_wanted: bool = False
     """Workers should be running now (False: not started yet, paused, or finished)."""
-    updates: tuple[ConditionUpdate, ...]
+    updates: tuple[ConditionUpdate, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     progress: Progress | None = None
 
+    @property
+    def canary_wanted(self) -> bool:
+        """The canary starts once the parsers are verified, never alongside: a run halted on its parsers
+        sends no canary prompt (CanaryPassed reads NotRun)."""
+        return self.step is Step.RUN_CANARY
 
-def _u(type_: str, status: str, reason: str, message: str = "") -> ConditionUpdate:
-    return ConditionUpdate(type_, status, reason, message)  # type: ignore[arg-type]
+    @property
+    def finished(self) -> bool:
+        """Nothing more happens for this spec: the shells stop passing (local) or only report (operator)."""
+        return self.step in (Step.DONE, Step.HALTED, Step.INVALID)
+
+
+def _u(type_: str, status: ConditionStatus, reason: str, message: str = "") -> ConditionUpdate:
+    return ConditionUpdate(type_, status, reason, message)
 
 
 def human_rate(tokens_per_second: float) -> str:
@@ -93,7 +108,15 @@ def progress_of(counters: ProgressCounters | None, shards_total: int, shards_don
     )
 
 
-def decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> Decision:
+def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContext | None) -> Decision:
+    """`spec` and `context` are None when the spec does not parse (then `observed.spec_error` says why)."""
+    if observed.spec_error is not None or spec is None or context is None:
+        message = observed.spec_error or "the spec did not parse"
+        return Decision(step=Step.INVALID, phase="Invalid", updates=(_u(SUCCEEDED, "False", "InvalidSpec", message),))
+    if observed.halted is not None:
+        # A halt stands until the spec changes: nothing is asked for again (not even the server).
+        halted = observed.halted
+        return Decision(step=Step.HALTED, phase=halted.phase, checks=halted.checks, progress=halted.progress)
     return _server_released_reads_false(_decide(spec, observed, context))
 
 
@@ -116,11 +139,6 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     workers = observed.workers
     progress = progress_of(observed.progress, shards, workers.shards_done if workers else 0)
 
-    if observed.spec_error is not None:
-        return Decision(
-            Step.INVALID, "Invalid", False, False, (_u(SUCCEEDED, "False", "InvalidSpec", observed.spec_error),)
-        )
-
     # A finished run stays finished: its verdict is final and the GPUs are released.
     if observed.final is not None:
         final = observed.final
@@ -139,7 +157,11 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
             succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
         updates = (released, _u(PROGRESSING, "False", "Completed", progress.summary), faithful, succeeded)
         return Decision(
-            Step.DONE, "Succeeded" if final.passed else "Failed", False, False, updates, final.checks, progress
+            step=Step.DONE,
+            phase="Succeeded" if final.passed else "Failed",
+            updates=updates,
+            checks=final.checks,
+            progress=progress,
         )
 
     if observed.suspended:
@@ -148,7 +170,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
             _u(PROGRESSING, "False", "Suspended", f"suspended at {progress.summary}"),
             _u(SUCCEEDED, "Unknown", "Suspended", "resume with spec.suspend: false; work continues where it stopped"),
         )
-        return Decision(Step.SUSPENDED, "Suspended", False, False, updates, progress=progress)
+        return Decision(step=Step.SUSPENDED, phase="Suspended", updates=updates, progress=progress)
 
     started = workers is not None
     # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
@@ -163,7 +185,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
             _u(PROGRESSING, "False", "Waiting", "waiting for the preflight"),
             _u(SUCCEEDED, "Unknown", "Running", "preflight running"),
         )
-        return Decision(Step.PREFLIGHT, "Preflight", False, False, updates_, progress=progress)
+        return Decision(step=Step.PREFLIGHT, phase="Preflight", updates=updates_, progress=progress)
     if preflight is not None and not preflight.passed:
         updates_ = (
             _u(INPUTS_VERIFIED, "False", preflight.reason, preflight.message),
@@ -171,7 +193,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
             _u(PROGRESSING, "False", "Halted", "no GPU time was used"),
             _u(SUCCEEDED, "False", "PreflightFailed", preflight.message),
         )
-        return Decision(Step.HALTED, "Halted", False, False, updates_, preflight.checks, progress)
+        return Decision(step=Step.HALTED, phase="Halted", updates=updates_, checks=preflight.checks, progress=progress)
 
     updates: list[ConditionUpdate] = []
     if preflight is not None:
@@ -187,35 +209,47 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     updates.append(server.condition)
     if server.fatal:
         updates.append(_u(SUCCEEDED, "False", "ServerFailed", server.condition.message))
-        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), progress=progress)
+        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=progress)
     if server.condition.status != "True":
         # Workers that already started keep running: they pause by themselves while the server is down.
         updates += _waiting_for(observed, "the server", started)
         return Decision(
-            Step.WAIT_FOR_SERVER,
-            "Starting" if not started else "Running",
-            True,
-            started,
-            tuple(updates),
+            step=Step.WAIT_FOR_SERVER,
+            phase="Starting" if not started else "Running",
+            server_wanted=True,
+            workers_wanted=started,
+            updates=tuple(updates),
             progress=progress,
         )
 
     # Parsers: the running server's own word on how it will split reasoning.
-    if observed.parsers is None:
-        updates.append(
-            _u(PARSERS_VERIFIED, "Unknown", "Verifying", "reading /server_info and probing chat completions")
-        )
+    parsers_seen = observed.parsers or _probe_gave_up(observed)
+    if parsers_seen is None:
+        probes = observed.parser_probes
+        said = "reading /server_info and probing chat completions"
+        if probes.count:
+            said += f" (attempt {probes.count} of {PARSER_PROBE_ATTEMPTS} failed: {probes.last_error})"
+        updates.append(_u(PARSERS_VERIFIED, "Unknown", "Verifying", said))
         updates += _waiting_for(observed, "parser verification", started, parsers=False)
-        return Decision(Step.VERIFY_PARSERS, "Verifying", True, started, tuple(updates), progress=progress)
-    parsers = observed.parsers
+        return Decision(
+            step=Step.VERIFY_PARSERS,
+            phase="Verifying",
+            server_wanted=True,
+            workers_wanted=started,
+            updates=tuple(updates),
+            progress=progress,
+        )
+    parsers = parsers_seen
     updates.append(_u(PARSERS_VERIFIED, "True" if parsers.passed else "False", parsers.reason, parsers.message))
     if not parsers.passed and halt_on_failure:
-        updates.append(
-            _u(CANARY_PASSED, "Unknown", "NotRun", "halted before the canary: the server's parsers are wrong")
-        )
+        unread = parsers.reason == PROBE_FAILED
+        why = "the server's parsers could not be read" if unread else "the server's parsers are wrong"
+        updates.append(_u(CANARY_PASSED, "Unknown", "NotRun", f"halted before the canary: {why}"))
         updates.append(_u(PROGRESSING, "False", "Halted", "no bulk work was started"))
-        updates.append(_u(SUCCEEDED, "False", "ParsersMismatch", parsers.message))
-        return Decision(Step.HALTED, "Halted", False, False, tuple(updates), parsers.checks, progress)
+        updates.append(_u(SUCCEEDED, "False", PROBE_FAILED if unread else "ParsersMismatch", parsers.message))
+        return Decision(
+            step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=parsers.checks, progress=progress
+        )
 
     # The canary: real prompts, raw token checks, before any bulk record.
     if observed.canary is None:
@@ -225,13 +259,17 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         updates.append(_u(DATA_FAITHFUL, "Unknown", "NotStarted", "no records yet"))
         updates.append(_u(PROGRESSING, "False", "Waiting", "bulk generation starts after the canary passes"))
         updates.append(_u(SUCCEEDED, "Unknown", "Running", "canary running"))
-        return Decision(Step.RUN_CANARY, "Canary", True, False, tuple(updates), progress=progress)
+        return Decision(
+            step=Step.RUN_CANARY, phase="Canary", server_wanted=True, updates=tuple(updates), progress=progress
+        )
     canary = observed.canary
     updates.append(_u(CANARY_PASSED, "True" if canary.passed else "False", canary.reason, canary.message))
     if not canary.passed and halt_on_failure and not started:
         updates.append(_u(PROGRESSING, "False", "Halted", "no bulk record was written"))
         updates.append(_u(SUCCEEDED, "False", "CanaryFailed", canary.message))
-        return Decision(Step.HALTED, "Halted", False, False, tuple(updates), canary.checks, progress)
+        return Decision(
+            step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=canary.checks, progress=progress
+        )
 
     # A shard stopped for a named cause (its output volume is full): said first, in plain words.
     stopped = (observed.progress.failure_reason if observed.progress else None) or (
@@ -242,7 +280,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         message = (observed.progress.failure_message if observed.progress else None) or workers.failure_message
         updates.append(_u(PROGRESSING, "False", stopped, message or stopped))
         updates.append(_u(SUCCEEDED, "False", stopped, message or stopped))
-        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), progress=progress)
+        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=progress)
 
     # Bulk generation with rolling checks over the workers' counters.
     faithful, checks = _rolling_checks(observed, context, updates)
@@ -253,10 +291,18 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
         updates.append(_u(PROGRESSING, "False", "WorkersFailed", message))
         updates.append(_u(SUCCEEDED, "False", "WorkersFailed", f"{message}; the output is kept and a rerun resumes"))
-        return Decision(Step.HALTED, "Failed", False, False, tuple(updates), checks, progress)
+        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), checks=checks, progress=progress)
     updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
     updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
-    return Decision(Step.RUN_WORKERS, "Running", True, True, tuple(updates), checks, progress)
+    return Decision(
+        step=Step.RUN_WORKERS,
+        phase="Running",
+        server_wanted=True,
+        workers_wanted=True,
+        updates=tuple(updates),
+        checks=checks,
+        progress=progress,
+    )
 
 
 def _export(
@@ -276,14 +322,33 @@ def _export(
             _u(EXPORTED, "Unknown", "Exporting", f"writing {formats} to {spec.export.path}"),
             _u(SUCCEEDED, "Unknown", "Exporting", "verification passed; export running"),
         )
-        return Decision(Step.EXPORT, "Exporting", False, False, updates, checks, progress)
+        return Decision(step=Step.EXPORT, phase="Exporting", updates=updates, checks=checks, progress=progress)
     exported = _u(EXPORTED, "True" if export.passed else "False", export.reason, export.message)
     if export.passed:
         succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed; exported")
     else:
         succeeded = _u(SUCCEEDED, "False", "ExportFailed", f"verification passed; export failed: {export.message}")
     updates = (*verified, _u(PROGRESSING, "False", "Completed", progress.summary), exported, succeeded)
-    return Decision(Step.DONE, "Succeeded" if export.passed else "Failed", False, False, updates, checks, progress)
+    return Decision(
+        step=Step.DONE,
+        phase="Succeeded" if export.passed else "Failed",
+        updates=updates,
+        checks=checks,
+        progress=progress,
+    )
+
+
+def _probe_gave_up(observed: Observed) -> StepOutcome | None:
+    """Bounded retries of the parser probe: after PARSER_PROBE_ATTEMPTS failures the failure is the verdict."""
+    probes = observed.parser_probes
+    if probes.count < PARSER_PROBE_ATTEMPTS:
+        return None
+    return StepOutcome(
+        False,
+        PROBE_FAILED,
+        f"the server answers its health checks but its parsers could not be read in {probes.count} attempts: "
+        f"{probes.last_error}",
+    )
 
 
 def _outcomes(observed: Observed) -> list[tuple[str, StepOutcome]]:
@@ -301,7 +366,7 @@ def _final_verify(
     total = observed.workers.shards_total if observed.workers else 0
     updates.append(_u(PROGRESSING, "True", "Verifying", f"all {total} shards done; final verification"))
     updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
-    return Decision(Step.FINAL_VERIFY, "Verifying", False, False, tuple(updates), checks, progress)
+    return Decision(step=Step.FINAL_VERIFY, phase="Verifying", updates=tuple(updates), checks=checks, progress=progress)
 
 
 def _checks_failed(progress: Progress, updates: list[ConditionUpdate], checks: tuple[CheckResult, ...]) -> Decision:
@@ -309,7 +374,7 @@ def _checks_failed(progress: Progress, updates: list[ConditionUpdate], checks: t
         _u(PROGRESSING, "False", "Halted", f"workers paused at {progress.summary}; fix and update the spec to resume")
     )
     updates.append(_u(SUCCEEDED, "False", "ChecksFailed", "rolling checks crossed a threshold (see DataFaithful)"))
-    return Decision(Step.HALTED, "Halted", False, False, tuple(updates), checks, progress)
+    return Decision(step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=checks, progress=progress)
 
 
 def _rolling_checks(

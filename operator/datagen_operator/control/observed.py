@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from datagen_operator.api.status import CheckResult
+from datagen_operator.api.status import CheckResult, Progress
 from datagen_operator.checks.evaluate import Tally
 
 
@@ -52,6 +52,24 @@ class StepOutcome:
 
 
 @dataclass(frozen=True)
+class ProbeFailures:
+    """Parser probes of a ready server that got no answer (/server_info or the chat probe failed)."""
+
+    count: int = 0
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class HaltedBefore:
+    """A halt this generation of the spec already reported (control.remembered.remembered_halt)."""
+
+    reason: str
+    phase: str
+    checks: tuple[CheckResult, ...] = ()
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
 class WorkersObservation:
     shards_total: int
     shards_done: int = 0
@@ -91,10 +109,14 @@ class ProgressCounters:
 class Observed:
     generation: int
     spec_error: str | None = None
+    halted: HaltedBefore | None = None
+    """A halt that stands until the spec changes (remembered in the status)."""
     suspended: bool = False
     preflight: StepOutcome | None = None
     server: ServerObservation | None = None
     parsers: StepOutcome | None = None
+    parser_probes: ProbeFailures = field(default_factory=ProbeFailures)
+    """Failed reads of the server's parsers so far; decide() turns too many into ProbeFailed."""
     canary: StepOutcome | None = None
     workers: WorkersObservation | None = None
     progress: ProgressCounters | None = None

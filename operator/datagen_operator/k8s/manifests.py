@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
+from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
 from datagen_operator.engine.launch import server_argv
 
 Manifest = dict[str, Any]
@@ -50,11 +51,10 @@ SERVER_MEMORY_PER_GPU_GI = 32
 """Default server requests per GPU when server.cpu/memory are unset; memory comes on top of shmSize, because
 the memory-backed /dev/shm counts against the pod's memory limit."""
 
-# The worker's exit codes (docs/worker.md) that the workers' podFailurePolicy keys on.
+# The worker's exit codes (docs/worker.md); the workers' podFailurePolicy comes from control.policy.
 WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED = 2, 3, 4, 5
 WORKER_OUTPUT_VOLUME = 7
 """The output volume failed (full, read-only, I/O errors): a retry would only fill it again; fix it, then resume."""
-WORKER_BACKOFF_LIMIT_PER_INDEX = 3
 
 STARTUP_PERIOD_S = 10
 STARTUP_PROBE_BACKSTOP_S = 7 * 24 * 3600
@@ -718,13 +718,13 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "completionMode": "Indexed",
         "completions": shards,
         "parallelism": shards,
-        "backoffLimitPerIndex": WORKER_BACKOFF_LIMIT_PER_INDEX,
+        "backoffLimitPerIndex": SHARD_RETRIES,
         "suspend": suspend,
         "podFailurePolicy": {
             "rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-                on_exit("Ignore", [WORKER_UNREACHABLE, WORKER_DRAINED]),
-                on_exit("FailIndex", [WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_OUTPUT_VOLUME]),
+                on_exit("Ignore", list(FREE_EXITS)),
+                on_exit("FailIndex", sorted(PERMANENT_EXITS)),
             ]
         },
     }

@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.status import CheckResult, Condition
 from datagen_operator.control.observed import (
     ProgressCounters,
     ServerInstance,
@@ -295,35 +294,3 @@ def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str)
         )
     condition = _condition(job, "Failed") or {}
     return StepOutcome(False, "Error", f"the {what} Job failed ({condition.get('reason', '')}): {last}")
-
-
-def remembered_outcome(
-    conditions: Sequence[Condition], type_: str, data_generation: int, checks: Sequence[CheckResult] = ()
-) -> StepOutcome | None:
-    """A step outcome kept in the condition itself: True/False recorded at or after the generation whose
-    data-affecting spec is applied. This is how an operator restart avoids re-running a step."""
-    for condition in conditions:
-        if condition.type != type_ or condition.status == "Unknown":
-            continue
-        if (condition.observed_generation or 0) < data_generation:
-            return None
-        return StepOutcome(condition.status == "True", condition.reason, condition.message, tuple(checks))
-    return None
-
-
-FINAL_FAITHFUL_REASONS = frozenset({"Verified", "ChecksFailed"})
-"""DataFaithful reasons that only the final verification sets (rolling checks use others)."""
-
-
-def remembered_final(
-    conditions: Sequence[Condition], data_generation: int, checks: Sequence[CheckResult]
-) -> StepOutcome | None:
-    faithful = next((c for c in conditions if c.type == "DataFaithful"), None)
-    succeeded = next((c for c in conditions if c.type == "Succeeded"), None)
-    if faithful is None or faithful.reason not in FINAL_FAITHFUL_REASONS:
-        return None
-    if (faithful.observed_generation or 0) < data_generation:
-        return None
-    passed = faithful.status == "True"
-    reason = "Verified" if passed else (succeeded.reason if succeeded else "VerificationFailed")
-    return StepOutcome(passed, reason, faithful.message, tuple(checks))

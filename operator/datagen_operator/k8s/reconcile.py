@@ -22,20 +22,19 @@ from datagen_operator.api.status import (
     EXPORTED,
     INPUTS_VERIFIED,
     PARSERS_VERIFIED,
-    SUCCEEDED,
     DataGenRunStatus,
     ServerStatus,
 )
 from datagen_operator.checks.evaluate import CheckContext
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
-from datagen_operator.control.observed import Observed, StepOutcome
+from datagen_operator.control.observed import Observed, ProbeFailures, StepOutcome
+from datagen_operator.control.remembered import remembered_final, remembered_halt, remembered_outcome
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import metrics
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.kube import Kube, refusal
 from datagen_operator.k8s.settings import Settings
-from datagen_operator.worker.store import VOLUME_REASONS
 
 log = logging.getLogger("datagen.operator")
 
@@ -43,12 +42,6 @@ SPEC_APPLIED = "SpecApplied"
 """Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
 CHILDREN_ACCEPTED = "ChildrenAccepted"
 """Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
-
-HALT_REASONS = frozenset(
-    {"PreflightFailed", "ServerFailed", "ParsersMismatch", "CanaryFailed", "ChecksFailed", "WorkersFailed"}
-    | set(VOLUME_REASONS.values())
-)
-"""Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 
 Lookup = Callable[[str, str, str], list[Mapping[str, Any]]]
 """(kind, namespace, run) -> the run's children of that kind from the watch cache."""
@@ -102,6 +95,8 @@ class Reconciler:
     """'Kind/name' -> the API server's words, for writes it refused; cleared when the same write succeeds."""
     refused_pods: dict[str, str] = field(default_factory=dict)
     """'Job/name' -> why its controller could not create a pod (FailedCreate), as of this pass."""
+    parser_probes: ProbeFailures = field(default_factory=ProbeFailures)
+    """Failed reads of the server's parsers (control.policy bounds them; decide() turns too many into a halt)."""
 
     # --- cache reads ---------------------------------------------------------------------------
 
@@ -127,26 +122,27 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
         except SpecError as error:
-            observed = Observed(generation=generation, spec_error=str(error))
-            decision = decide_invalid(observed)
+            decision = decide(None, Observed(generation=generation, spec_error=str(error)), None)
             await self._report(body, old, decision, generation, now, [], None)
             return decision
 
         spec, data_generation, refused = await self._apply_spec(run, spec, generation)
         urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
-        sticky = self._halted(old, generation)
-        if sticky is not None:
-            # A halt stands until the spec changes: decide() would first ask for the server again.
-            await self._act(run, spec, sticky, Observed(generation=generation), urls, data_generation)
-            return sticky
-        observed = await self._observe(spec, generation, data_generation, old, urls, now)
         context = check_context(spec)
+        halted = remembered_halt(old, generation)
+        if halted is not None:
+            # The halt stands (decide says so without looking further): nothing to observe, nothing to report.
+            self.parser_probes = ProbeFailures()  # a later spec counts its own probes
+            observed = Observed(generation=generation, halted=halted)
+            decision = decide(spec, observed, context)
+            await self._act(run, spec, decision, observed, urls, data_generation)
+            return decision
+        observed = await self._observe(spec, generation, data_generation, old, urls, now)
         decision = decide(spec, observed, context)
         if decision.step == Step.VERIFY_PARSERS and observed.server and observed.server.ready_endpoints:
             outcome = await self._verify_parsers(spec, observed.server.ready_endpoints[0])
-            if outcome is not None:
-                observed = replace(observed, parsers=outcome)
-                decision = decide(spec, observed, context)
+            observed = replace(observed, parsers=outcome, parser_probes=self.parser_probes)
+            decision = decide(spec, observed, context)
         await self._act(run, spec, decision, observed, urls, data_generation)
         extra = []
         if refused:
@@ -165,14 +161,6 @@ class Reconciler:
         extra += children_accepted({**self.refused_writes, **self.refused_pods}, old)
         await self._report(body, old, decision, generation, now, extra, observed)
         return decision
-
-    def _halted(self, old: DataGenRunStatus, generation: int) -> Decision | None:
-        succeeded = next((c for c in old.conditions if c.type == SUCCEEDED), None)
-        if succeeded is None or succeeded.status != "False" or succeeded.reason not in HALT_REASONS:
-            return None
-        if succeeded.observed_generation != generation:
-            return None
-        return Decision(Step.HALTED, old.phase or "Halted", False, False, (), tuple(old.checks), old.progress)
 
     # --- spec ----------------------------------------------------------------------------------
 
@@ -238,15 +226,15 @@ class Reconciler:
             preflight_job = None  # made for an older spec: its verdict does not apply
         preflight = o.job_outcome(
             preflight_job, self._pods("preflight"), "preflight", "preflight"
-        ) or o.remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks)
+        ) or remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks)
         canary_job = self._named("Job", m.canary_job_name(self.name))
         if canary_job is not None and _annotation(canary_job, m.DATA_GENERATION) != str(data_generation):
             canary_job = None  # made for an older spec: its verdict does not apply
-        canary = o.job_outcome(canary_job, self._pods("canary"), "canary", "canary") or o.remembered_outcome(
+        canary = o.job_outcome(canary_job, self._pods("canary"), "canary", "canary") or remembered_outcome(
             old.conditions, CANARY_PASSED, data_generation, checks
         )
         workers_job = self._named("Job", m.workers_job_name(self.name))
-        final = o.remembered_final(old.conditions, data_generation, checks) or o.job_outcome(
+        final = remembered_final(old.conditions, data_generation, checks) or o.job_outcome(
             self._named("Job", m.verify_job_name(self.name)), self._pods("verify"), "verify", "verification"
         )
         return Observed(
@@ -254,12 +242,13 @@ class Reconciler:
             suspended=spec.suspend,
             preflight=preflight,
             server=server,
-            parsers=o.remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
+            parsers=remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
+            parser_probes=self.parser_probes,
             canary=canary,
             workers=o.workers_observation(workers_job, self._pods("worker"), spec.clients.shards),
             progress=o.progress_counters(self._children("ConfigMap"), workers_job),
             final=final,
-            export=o.remembered_outcome(old.conditions, EXPORTED, data_generation)
+            export=remembered_outcome(old.conditions, EXPORTED, data_generation)
             or o.job_outcome(
                 self._named("Job", m.export_job_name(self.name)), self._pods("export"), "export", "export"
             ),
@@ -275,15 +264,17 @@ class Reconciler:
         return await is_healthy(self.ctx.http, url)
 
     async def _verify_parsers(self, spec: DataGenRunSpec, url: str) -> StepOutcome | None:
-        """The server's own word (/server_info) and a chat probe; a failed read is retried next pass."""
+        """The server's own word (/server_info) and a chat probe; a failed read is counted for decide()."""
         from datagen_operator.checks.server_truth import model_label, read_running_server, verify_parsers
 
         try:
             info, probe = await read_running_server(self.ctx.http, url, spec)
-        except Exception as error:  # the server is ready by its probes; try again on the next pass
+        except Exception as error:  # the server is ready by its probes: decide() bounds the retries
             log.warning("%s/%s: reading the server's parsers failed: %s", self.namespace, self.name, error)
+            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
             return None
         self.server_info = info
+        self.parser_probes = ProbeFailures()
         return verify_parsers(info, probe, resolve_model(spec), model_label(spec))
 
     # --- act -----------------------------------------------------------------------------------
@@ -375,7 +366,7 @@ class Reconciler:
         stale_canary = canary is not None and _annotation(canary, m.DATA_GENERATION) != str(data_generation)
         if canary is not None and (stale_canary or (decision.step == Step.SUSPENDED and not o.job_finished(canary))):
             await kube.delete("Job", self.namespace, m.canary_job_name(self.name))
-        elif decision.step == Step.RUN_CANARY and canary is None and observed.server:
+        elif decision.canary_wanted and canary is None and observed.server:
             ready = list(observed.server.ready_endpoints) or urls
             await self._create(m.canary_job(run, spec, image, ready, data_generation))
 
@@ -423,7 +414,7 @@ class Reconciler:
                 reasoning_parser=info.get("reasoning_parser") or (old.server.reasoning_parser if old.server else None),
                 tool_call_parser=info.get("tool_call_parser") or (old.server.tool_call_parser if old.server else None),
             )
-        finished = decision.step in (Step.DONE, Step.HALTED, Step.INVALID)
+        finished = decision.finished
         status = DataGenRunStatus(
             observed_generation=generation,
             phase=decision.phase,
@@ -501,12 +492,6 @@ def needs_restart(wanted: m.Manifest, existing: Mapping[str, Any]) -> bool:
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
     return ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
-
-
-def decide_invalid(observed: Observed) -> Decision:
-    """What decide() says for a spec that does not parse (it needs a parsed spec for everything else)."""
-    update = ConditionUpdate(SUCCEEDED, "False", "InvalidSpec", observed.spec_error or "invalid spec")
-    return Decision(Step.INVALID, "Invalid", False, False, (update,))
 
 
 async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:

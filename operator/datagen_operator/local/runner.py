@@ -26,38 +26,23 @@ from datagen_operator.control.conditions import Event, apply_updates, transition
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
     Observed,
+    ProbeFailures,
     ProgressCounters,
     ServerInstance,
     ServerObservation,
     StepOutcome,
     WorkersObservation,
 )
+from datagen_operator.control.policy import PERMANENT_EXITS, SHARD_RETRIES, ShardExit, shard_exit
 from datagen_operator.control.progress import counters_from_snapshots
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
-from datagen_operator.worker.main import (
-    EXIT_BAD_INPUT,
-    EXIT_DRAINED,
-    EXIT_FINGERPRINT_MISMATCH,
-    EXIT_OK,
-    EXIT_OUTPUT_VOLUME,
-    EXIT_SERVER_UNREACHABLE,
-)
+from datagen_operator.worker.main import EXIT_OUTPUT_VOLUME
 
 POLL_S = 0.5
 WORKER_GRACE_S = 30.0
 SERVER_GRACE_S = 15.0
 MAX_SERVER_RESTARTS = 3
-MAX_SHARD_RETRIES = 3
-# worker exit codes (docs/worker.md, defined in worker/main.py): which a rerun can fix, which need a person
-PERMANENT_WORKER_EXITS = {
-    EXIT_BAD_INPUT: "bad input",
-    EXIT_FINGERPRINT_MISMATCH: "fingerprint mismatch",
-    # Fix the volume, then rerun: a retry now would only fill it again.
-    EXIT_OUTPUT_VOLUME: "output volume",
-}
-FREE_WORKER_EXITS = {EXIT_SERVER_UNREACHABLE, EXIT_DRAINED}
-"""Exits caused by a server outage or a stop: retried without counting (the Job's podFailurePolicy Ignore)."""
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -99,6 +84,7 @@ class LocalRunner:
         self.shards = [ShardSlot(i) for i in range(self.spec.clients.shards)]
         self.preflight: StepOutcome | None = None
         self.parsers: StepOutcome | None = None
+        self.parser_probes = ProbeFailures()
         self.canary: StepOutcome | None = None
         self.final: StepOutcome | None = None
         self.final_report: Any = None
@@ -145,8 +131,7 @@ class LocalRunner:
                 decision = decide(self.spec, observed, context)
                 self._record(decision)
                 display.update(self._renderable())
-                step = decision.step
-                if step in (Step.DONE, Step.HALTED, Step.INVALID):
+                if decision.finished:
                     break
                 await self._act(decision)
                 if self._server_gave_up():
@@ -180,12 +165,8 @@ class LocalRunner:
         if decision.step is Step.PREFLIGHT:
             self.preflight = await asyncio.to_thread(self._run_preflight)
         elif decision.step is Step.VERIFY_PARSERS:
-            # The canary needs only a ready server too: run it alongside the parser check so the verdict
-            # comes one probe sooner; decide() still reads the parsers first and halts on them.
-            if self.canary_task is None:
-                self.canary_task = asyncio.create_task(self._run_canary())
-            self.parsers = await self._verify_parsers()
-        elif decision.step is Step.RUN_CANARY:
+            await self._verify_parsers()
+        elif decision.canary_wanted:
             if self.canary_task is None:
                 self.canary_task = asyncio.create_task(self._run_canary())
             self.canary = await self.canary_task
@@ -208,6 +189,7 @@ class LocalRunner:
             preflight=self.preflight,
             server=server,
             parsers=self.parsers,
+            parser_probes=self.parser_probes,
             canary=self.canary,
             workers=self._observe_workers(),
             progress=self._observe_progress(),
@@ -316,10 +298,15 @@ class LocalRunner:
         except Exception as error:  # e.g. a tokenizer that does not load: that fails the preflight, with the reason
             return StepOutcome(False, "PreflightError", f"{type(error).__name__}: {error}")
 
-    async def _verify_parsers(self) -> StepOutcome:
+    async def _verify_parsers(self) -> None:
+        """The server's own word on its parsers; a failed read is counted, and decide() bounds the retries."""
         from datagen_operator.checks.server_truth import verify_running_server
 
-        return await verify_running_server(self.session, self._ready_urls()[0], self.spec)
+        url = self._ready_urls()[0]
+        try:
+            self.parsers = await verify_running_server(self.session, url, self.spec)
+        except Exception as error:  # any way of not answering: counted, not a verdict by itself
+            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
 
     async def _run_canary(self) -> StepOutcome:
         from datagen_operator.checks.canary import run_canary
@@ -342,22 +329,21 @@ class LocalRunner:
             child = slot.child
             if child is not None and child.running:
                 continue
-            if child is not None:
+            if child is not None and child.returncode is not None:
                 code = child.returncode
-                if code == EXIT_OK:
+                verdict = shard_exit(code, slot.retries)
+                if verdict is ShardExit.DONE:
                     slot.done = True
                     continue
                 if code == EXIT_OUTPUT_VOLUME:
                     slot.failure_reason, slot.failed = self._volume_failure(slot.index)
                     continue
-                if code in PERMANENT_WORKER_EXITS:
-                    slot.failed = f"{PERMANENT_WORKER_EXITS[code]}: {child.last_log_line()}"
+                if verdict is ShardExit.FAILED:
+                    what = PERMANENT_EXITS.get(code) or f"exit {code} after {SHARD_RETRIES} retries"
+                    slot.failed = f"{what}: {child.last_log_line()}"
                     continue
-                if code not in FREE_WORKER_EXITS:
+                if verdict is ShardExit.RETRY:
                     slot.retries += 1
-                    if slot.retries > MAX_SHARD_RETRIES:
-                        slot.failed = f"exit {code} after {MAX_SHARD_RETRIES} retries: {child.last_log_line()}"
-                        continue
             if not urls:
                 continue
             argv = [

@@ -1,0 +1,70 @@
+"""What a run's own status remembers, read back as observations: step verdicts kept in their conditions, and a
+halt that stands until the spec changes. Pure functions of the status; an operator restart loses nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from datagen_operator.api.status import DATA_FAITHFUL, SUCCEEDED, CheckResult, Condition, DataGenRunStatus
+from datagen_operator.control.decide import PROBE_FAILED
+from datagen_operator.control.observed import HaltedBefore, StepOutcome
+from datagen_operator.worker.store import VOLUME_REASONS
+
+HALT_REASONS = frozenset(
+    {
+        "PreflightFailed",
+        "ServerFailed",
+        "ParsersMismatch",
+        PROBE_FAILED,
+        "CanaryFailed",
+        "ChecksFailed",
+        "WorkersFailed",
+    }
+    | set(VOLUME_REASONS.values())
+)
+"""Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
+
+FINAL_FAITHFUL_REASONS = frozenset({"Verified", "ChecksFailed"})
+"""DataFaithful reasons that only the final verification sets (rolling checks use others)."""
+
+
+def remembered_outcome(
+    conditions: Sequence[Condition], type_: str, data_generation: int, checks: Sequence[CheckResult] = ()
+) -> StepOutcome | None:
+    """A step outcome kept in the condition itself: True/False recorded at or after the generation whose
+    data-affecting spec is applied. This is how an operator restart avoids re-running a step."""
+    for condition in conditions:
+        if condition.type != type_ or condition.status == "Unknown":
+            continue
+        if (condition.observed_generation or 0) < data_generation:
+            return None
+        return StepOutcome(condition.status == "True", condition.reason, condition.message, tuple(checks))
+    return None
+
+
+def remembered_final(
+    conditions: Sequence[Condition], data_generation: int, checks: Sequence[CheckResult]
+) -> StepOutcome | None:
+    """The final verification's verdict, from DataFaithful (and Succeeded's reason when it failed)."""
+    faithful = next((c for c in conditions if c.type == DATA_FAITHFUL), None)
+    succeeded = next((c for c in conditions if c.type == SUCCEEDED), None)
+    if faithful is None or faithful.reason not in FINAL_FAITHFUL_REASONS:
+        return None
+    if (faithful.observed_generation or 0) < data_generation:
+        return None
+    passed = faithful.status == "True"
+    reason = "Verified" if passed else (succeeded.reason if succeeded else "VerificationFailed")
+    return StepOutcome(passed, reason, faithful.message, tuple(checks))
+
+
+def remembered_halt(status: DataGenRunStatus, generation: int) -> HaltedBefore | None:
+    """A halt decided for this generation of the spec (Succeeded=False for a halt reason): it stands until the
+    spec changes, so a pass over a halted run never asks for the server again."""
+    succeeded = next((c for c in status.conditions if c.type == SUCCEEDED), None)
+    if succeeded is None or succeeded.status != "False" or succeeded.reason not in HALT_REASONS:
+        return None
+    if succeeded.observed_generation != generation:
+        return None
+    return HaltedBefore(
+        reason=succeeded.reason, phase=status.phase or "Halted", checks=tuple(status.checks), progress=status.progress
+    )

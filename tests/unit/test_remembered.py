@@ -1,0 +1,53 @@
+"""control.remembered: verdicts and halts read back from a run's own status (pure)."""
+
+from __future__ import annotations
+
+from datagen_operator.api.status import Condition, ConditionStatus, DataGenRunStatus, Progress
+from datagen_operator.control.remembered import remembered_final, remembered_halt, remembered_outcome
+
+
+def cond(type_: str, status: ConditionStatus, reason: str, generation: int) -> Condition:
+    return Condition(
+        type=type_, status=status, reason=reason, message="m", last_transition_time="t", observed_generation=generation
+    )
+
+
+def test_outcomes_remembered_in_conditions_until_the_data_spec_changes() -> None:
+    conditions = [cond("ParsersVerified", "True", "Verified", 3), cond("CanaryPassed", "Unknown", "Running", 3)]
+    remembered = remembered_outcome(conditions, "ParsersVerified", 2)
+    assert remembered is not None and remembered.passed and remembered.reason == "Verified"
+    assert remembered_outcome(conditions, "ParsersVerified", 4) is None
+    assert remembered_outcome(conditions, "CanaryPassed", 1) is None
+    final = [cond("DataFaithful", "True", "Verified", 5), cond("Succeeded", "True", "Completed", 5)]
+    outcome = remembered_final(final, 5, [])
+    assert outcome is not None and outcome.passed
+    assert remembered_final([cond("DataFaithful", "True", "WithinThresholds", 5)], 5, []) is None
+    failed = remembered_final(
+        [cond("DataFaithful", "False", "ChecksFailed", 5), cond("Succeeded", "False", "X", 5)], 5, []
+    )
+    assert failed is not None and not failed.passed and failed.reason == "X"
+
+
+def status(*conditions: Condition, phase: str = "Halted") -> DataGenRunStatus:
+    return DataGenRunStatus(phase=phase, conditions=list(conditions), progress=Progress(summary="3/9 prompts"))
+
+
+def test_a_halt_stands_for_its_generation_only() -> None:
+    halted = status(cond("Succeeded", "False", "CanaryFailed", 4))
+    remembered = remembered_halt(halted, 4)
+    assert remembered is not None and remembered.reason == "CanaryFailed" and remembered.phase == "Halted"
+    assert remembered.progress is not None and remembered.progress.summary == "3/9 prompts"
+    assert remembered_halt(halted, 5) is None, "a changed spec is looked at again"
+
+
+def test_only_halt_reasons_are_sticky() -> None:
+    for reason in ("ProbeFailed", "ParsersMismatch", "OutputVolumeFull", "WorkersFailed"):
+        assert remembered_halt(status(cond("Succeeded", "False", reason, 1)), 1) is not None, reason
+    for condition in (
+        cond("Succeeded", "False", "InvalidSpec", 1),  # decided afresh each pass
+        cond("Succeeded", "False", "ExportFailed", 1),  # a finished run, not a halt
+        cond("Succeeded", "Unknown", "Running", 1),
+        cond("Succeeded", "True", "Completed", 1),
+    ):
+        assert remembered_halt(status(condition), 1) is None, condition.reason
+    assert remembered_halt(status(), 1) is None
