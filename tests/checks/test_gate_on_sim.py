@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from datagen_operator.api import parse_run
+from datagen_operator.api import parse_spec
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.server_truth import verify_running_server
@@ -19,6 +19,7 @@ from datagen_operator.control.observed import StepOutcome
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from datagen_operator.worker.render import load_tokenizer
 from tests.harness.sim import start_sim
+from tests.manifests import local_spec
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI_FLAGS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
@@ -31,20 +32,10 @@ def standin() -> Path:
 
 
 def spec_for(model_dir: Path) -> DataGenRunSpec:
-    return parse_run(
-        {
-            "apiVersion": "datagen.dev/v1alpha1",
-            "kind": "DataGenRun",
-            "metadata": {"name": "gate"},
-            "spec": {
-                "model": {"preset": "kimi-k2.5", "path": str(model_dir)},
-                "dataset": {"path": str(REPO / "examples" / "prompts" / "quickstart.jsonl")},
-                "generation": {"sampling": {"max_new_tokens": 2048}},
-                "output": {"path": "/unused"},
-                "checks": {"canaryPrompts": 4},
-            },
-        }
-    ).spec
+    changes = {"generation": {"sampling": {"max_new_tokens": 2048}}, "checks.canaryPrompts": 4}
+    return parse_spec(
+        local_spec(model_dir, REPO / "examples" / "prompts" / "quickstart.jsonl", Path("/unused"), **changes)
+    )
 
 
 async def _parsers(url: str, spec: DataGenRunSpec) -> StepOutcome:

@@ -11,7 +11,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from datagen_operator.api import load_run
 from datagen_operator.checks.verify import verify_output
@@ -19,6 +18,7 @@ from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from datagen_operator.worker.render import load_tokenizer
 from datagen_operator.worker.store import sha256_file
 from tests.harness.sim import start_sim
+from tests.manifests import local_run, write_run
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
@@ -30,19 +30,8 @@ def produced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     standin = ensure_standin_tokenizer()
     folder = tmp_path_factory.mktemp("verify")
     run_file = folder / "run.yaml"
-    document = {
-        "apiVersion": "datagen.dev/v1alpha1",
-        "kind": "DataGenRun",
-        "metadata": {"name": "v"},
-        "spec": {
-            "model": {"preset": "kimi-k2.5", "path": str(standin)},
-            "dataset": {"path": str(PROMPTS)},
-            "generation": {"sampling": {"max_new_tokens": 4096}},
-            "clients": {"shards": 1, "concurrency": 8},
-            "output": {"path": str(folder / "out")},
-        },
-    }
-    run_file.write_text(yaml.safe_dump(document))
+    changes = {"generation": {"sampling": {"max_new_tokens": 4096}}, "clients": {"shards": 1, "concurrency": 8}}
+    write_run(run_file, local_run(standin, PROMPTS, folder / "out", name="v", **changes))
     flags = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-reasoning-tokens", "40")
     with start_sim(*flags) as sim:
         result = subprocess.run(

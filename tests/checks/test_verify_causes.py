@@ -11,12 +11,12 @@ from rich.console import Console
 
 from datagen_operator.checks.evaluate import MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
 from datagen_operator.checks.verify import SetAside, _output_tally, render_report
-from tests.checks.test_verify_set_aside import _verify, produced  # noqa: F401 (the module's fixture)
+from tests.checks.set_aside_output import verify_produced
 
 
-def test_the_report_counts_malformed_and_too_long_out_of_the_dataset_lines(produced) -> None:  # noqa: F811
+def test_the_report_counts_malformed_and_too_long_out_of_the_dataset_lines(produced) -> None:
     document, dataset, output = produced
-    report = _verify(document, dataset, output)
+    report = verify_produced(document, dataset, output)
     checks = {c.name: c for c in report.checks}
     # 11 dataset lines: 8 valid prompts (one too long, one unrenderable) and 3 lines set aside when read.
     assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)
@@ -36,10 +36,10 @@ def test_the_report_counts_malformed_and_too_long_out_of_the_dataset_lines(produ
     assert "4/11" in text and "1/11" in text and "0/0" not in text.split("fidelity")[0]
 
 
-def test_without_the_dataset_the_lines_are_those_the_output_names(produced) -> None:  # noqa: F811
+def test_without_the_dataset_the_lines_are_those_the_output_names(produced) -> None:
     document, _, output = produced
     document = {**document, "dataset": {"path": str(output / "absent.jsonl")}}
-    report = _verify(document, None, output)
+    report = verify_produced(document, None, output)
     checks = {c.name: c for c in report.checks}
     # 6 prompts with records, the 2 prompts set aside (named by id) and 3 dataset lines set aside.
     assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)

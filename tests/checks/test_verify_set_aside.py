@@ -4,60 +4,19 @@ long): completeness passes, the report lists each cause with its count, nothing 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import orjson
-import pytest
 
-from datagen_operator.api import parse_spec
-from datagen_operator.checks.verify import COMPLETENESS, account_set_aside, verify_output
-from datagen_operator.worker.main import EXIT_OK
-from datagen_operator.worker.render import load_tokenizer
+from datagen_operator.checks.verify import COMPLETENESS, account_set_aside
 from datagen_operator.worker.store import OutputLayout, iter_rejects
-from tests.harness.sim import start_sim
-from tests.worker.simrun import SIM_FLAGS, progress, prompts, run_inprocess, spec, standin, write_dataset
-
-SAMPLES = 2
-
-
-@pytest.fixture(scope="module")
-def produced(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, Path]:
-    """A worker output over 6 good prompts and one of each set-aside cause, on a 600-token context."""
-    folder = tmp_path_factory.mktemp("set-aside")
-    items = prompts(6, tools_every=0)
-    items.append({"id": "too-long", "messages": [{"role": "user", "content": "a long question " * 40}]})
-    items.append({"id": "unrenderable", "messages": [{"role": "user", "content": [5]}]})
-    bad = {
-        1: orjson.dumps({"id": "bad-tools", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "f"}]}),
-        2: b"{not json",
-        4: orjson.dumps(items[0]),  # a duplicate of p0000: its entry names p0000, which is not set aside
-    }
-    dataset = write_dataset(folder / "prompts.jsonl", items, bad)
-    output = folder / "out"
-    document = spec(dataset, output, **{"generation.samplesPerPrompt": SAMPLES})
-    with start_sim(*SIM_FLAGS, "--context-length", "600", tokenizer_dir=standin()) as sim:
-        assert run_inprocess(document, [sim.url]) == EXIT_OK
-        state = progress(output)
-        assert state["set_aside"] == {
-            "bad_json": 1, "duplicate_id": 1, "invalid_tools": 1, "too_long": 1, "unrenderable": 1
-        }  # fmt: skip
-        assert (state["records_done"], state["records_set_aside"], state["records_rejected"]) == (12, 4, 0)
-    return document, dataset, output
-
-
-def _verify(document: dict[str, Any], dataset: Path | None, output: Path):
-    spec_model = parse_spec(document)
-    return verify_output(
-        output, spec_model, tokenizer=load_tokenizer(standin(), trust_remote_code=False), dataset=dataset
-    )
-
+from tests.checks.set_aside_output import verify_produced
 
 EXPECTED_CAUSES = {"bad_json": 1, "duplicate_id": 1, "invalid_tools": 1, "too_long": 1, "unrenderable": 1}
 
 
 def test_set_aside_prompts_pass_completeness_and_are_listed_by_cause(produced) -> None:
     document, dataset, output = produced
-    report = _verify(document, dataset, output)
+    report = verify_produced(document, dataset, output)
     checks = {c.name: c for c in report.checks}
     completeness = checks[COMPLETENESS]
     assert completeness.passed, completeness.verdict
@@ -76,7 +35,7 @@ def test_set_aside_prompts_pass_completeness_and_are_listed_by_cause(produced) -
 def test_without_the_dataset_causes_come_from_the_rejects(produced) -> None:
     document, _, output = produced
     document = {**document, "dataset": {"path": str(output / "absent.jsonl")}}
-    report = _verify(document, None, output)
+    report = verify_produced(document, None, output)
     assert report.set_aside == EXPECTED_CAUSES
 
 
@@ -94,7 +53,7 @@ def test_rejects_written_before_causes_existed_still_count_as_set_aside(produced
             continue
         legacy.append(orjson.dumps(entry))
     rejects.write_bytes(b"\n".join(legacy) + b"\n")
-    report = _verify(document, dataset, old)
+    report = verify_produced(document, dataset, old)
     completeness = next(c for c in report.checks if c.name == COMPLETENESS)
     # The too-long prompt has no entry now: it is missing (2 samples); the unrenderable one is accounted.
     assert not completeness.passed

@@ -14,6 +14,9 @@ import types
 from typing import Any
 
 _STATE: dict[str, Any] = {}
+CONTEXT_LENGTH = 262144
+VOCAB_SIZE = 163840
+"""The Kimi-K2 model the requests are judged against: its context length and vocabulary size."""
 
 
 def load(source_root: str, model_dir: str) -> None:

@@ -23,9 +23,8 @@ from datagen_operator.presets import get_preset, preset_names
 from datagen_operator.worker.records import Job, generate_payload
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
+from tests.contract.sglang_side import CONTEXT_LENGTH, VOCAB_SIZE
 
-CONTEXT_LENGTH = 262144
-VOCAB_SIZE = 163840
 PROMPT = [163584, 1008, 2009, 163601]
 
 # The spec's sampling as users write it: only the required key, the example's, and every key the spec allows.

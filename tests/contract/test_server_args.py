@@ -27,7 +27,7 @@ from datagen_operator.engine.sglang_names import (
 from datagen_operator.presets import get_preset, preset_names
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
-from tests.unit.test_api import EXAMPLES
+from tests.manifests import EXAMPLES
 
 # (tensorParallel, stream) on 8 GPUs: one TP-8 server, and TP-4 x DP-2 with streaming workers.
 LAYOUTS = {"tp8": (8, False), "tp4-dp2": (4, True)}

@@ -14,7 +14,7 @@ import pytest
 from datagen_operator.api.spec import SamplingParams as SpecSampling
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
-from tests.contract.test_generate_requests import VOCAB_SIZE
+from tests.contract.sglang_side import VOCAB_SIZE
 
 # Every entry carries max_new_tokens (the spec requires it); each varies one spec key around SGLang's bounds.
 CORPUS: dict[str, dict[str, Any]] = {

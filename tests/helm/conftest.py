@@ -16,7 +16,9 @@ import yaml
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.processes import ControlPlaneError
+from tests.harness.sim import SimServer, start_sim
 from tests.harness.testbin import REPO_ROOT, ensure_testbin
+from tests.helm.installed import RUN_API, Leftovers
 
 _HERE = Path(__file__).parent
 CHART = REPO_ROOT / "charts" / "datagen-operator"
@@ -89,3 +91,31 @@ def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = by_kind(documents, kind)
     assert len(found) == 1, f"expected one {kind}, rendered {len(found)}: {[d['kind'] for d in documents]}"
     return found[0]
+
+
+@pytest.fixture
+def leftovers(tools: Tools, control_plane: Cluster) -> Iterator[Leftovers]:
+    found = Leftovers()
+    yield found
+    kubeconfig = str(control_plane.kubeconfig)
+    for release, namespace in found.releases:
+        tools.run("helm", "uninstall", release, "--kubeconfig", kubeconfig, "-n", namespace, "--ignore-not-found",
+                  check=False)  # fmt: skip
+    runs = control_plane.resource(RUN_API, "DataGenRun")
+    for namespace in found.run_namespaces:
+        for run in runs.get(namespace=namespace).items:
+            if run.metadata.finalizers:  # nobody serves them any more
+                runs.patch(
+                    body={"metadata": {"finalizers": None}},
+                    name=run.metadata.name,
+                    namespace=namespace,
+                    content_type="application/merge-patch+json",
+                )
+    for namespace in found.extra_namespaces:
+        control_plane.resource("v1", "Namespace").delete(name=namespace)
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with start_sim("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2") as server:
+        yield server

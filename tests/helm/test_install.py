@@ -12,27 +12,20 @@ test-only endpoint override (DATAGEN_TEST_SERVER_URLS, k8s/settings.py), which t
 from __future__ import annotations
 
 import secrets
-import sys
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.harness.cluster_fixtures import SubjectRunner
 from tests.harness.controlplane import Cluster, condition_status
 from tests.harness.kubelet import PodRunner
 from tests.harness.processes import ManagedProcess, free_port, wait_until
-from tests.harness.sim import SimServer, start_sim
-from tests.harness.testbin import REPO_ROOT
+from tests.harness.sim import SimServer
 from tests.helm.conftest import CHART, CI_VALUES, Tools
+from tests.helm.installed import RUN_API, Leftovers, example_run, refused_calls, start_local_operator
 
-EXAMPLE = REPO_ROOT / "examples" / "kimi-k2.5.yaml"
 PEERING_CRDS = CHART / "crds" / "kopf-peering.yaml"
-RUN_API = "datagen.dev/v1alpha1"
 # PodMonitor needs prometheus-operator's CRD, which this cluster does not have; the render tests check it.
 NOT_IN_THIS_CLUSTER = {"PodMonitor", "ServiceMonitor"}  # prometheus-operator's kinds: no such CRDs here
 
@@ -57,113 +50,6 @@ def test_api_server_accepts_the_rendered_chart(tools: Tools, control_plane: Clus
         )  # fmt: skip
         kinds = {line.split("/")[0] for line in result.stdout.splitlines()}
         assert {"deployment.apps", "serviceaccount"} <= kinds, result.stdout
-
-
-def example_run(namespace: str, data: Path, models: Path) -> dict[str, Any]:
-    """examples/kimi-k2.5.yaml as shipped, with its PVCs swapped for hostPath folders: this control plane
-    has no volume provisioner, and a folder lets the test see the output survive the uninstall. The folders
-    hold what the preflight reads: the Kimi-K2.5 stand-in (tiktoken + remote code) and prompts."""
-    from datagen_operator.tokenizer.kimi_tiktoken import build_kimi_tiktoken_standin
-
-    run = yaml.safe_load(EXAMPLE.read_text())
-    run["metadata"]["namespace"] = namespace
-    spec = run["spec"]
-    spec["model"]["volume"] = {"hostPath": {"path": str(models)}}
-    spec["dataset"]["volume"] = spec["output"]["volume"] = {"hostPath": {"path": str(data)}}
-    if not (models / "tiktoken.model").exists():
-        build_kimi_tiktoken_standin(models)
-    prompts = data / spec["dataset"]["path"]
-    if not prompts.exists():
-        prompts.parent.mkdir(parents=True, exist_ok=True)
-        prompts.write_bytes((REPO_ROOT / "examples" / "prompts" / "quickstart.jsonl").read_bytes())
-    return run
-
-
-def operator_argv_and_env(deployment: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """The operator container's command, args and env as the kubelet would run them, for a local process."""
-    pod = deployment["spec"]["template"]
-    (container,) = pod["spec"]["containers"]
-    command = list(container["command"]) + list(container.get("args", []))
-    assert command[0] == "datagen", command
-    command[0] = str(Path(sys.executable).with_name("datagen"))  # the image's entry point, from this venv
-    env: dict[str, str] = {}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
-            env[var["name"]] = f"{deployment['metadata']['name']}-local"
-        else:
-            raise AssertionError(f"no local stand-in for env {var}")
-    return command, env
-
-
-def healthz(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def start_local_operator(
-    run_as_service_account: SubjectRunner,
-    deployment: dict[str, Any],
-    sim: SimServer,
-    probe_port: int,
-    namespace: str,
-) -> ManagedProcess:
-    """The installed Deployment's operator as a local process, as its ServiceAccount; waits for /healthz."""
-    argv, env = operator_argv_and_env(deployment)
-    env["DATAGEN_TEST_SERVER_URLS"] = sim.url  # test-only: the server pod is a kwok fake
-    service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    name = f"operator-{deployment['metadata']['name']}"
-    process = run_as_service_account(name, argv, service_account, namespace=namespace, env=env)
-    wait_until(lambda: healthz(probe_port), timeout=30, describe="kopf's /healthz", watched=[process])
-    return process
-
-
-def refused_calls(process: ManagedProcess) -> list[str]:
-    """403s in the operator's log: each one is a call the rendered RBAC does not grant (kopf's own CRD and
-    namespace scanning is off in the operator, so it asks for neither)."""
-    return [line for line in process.log_path.read_text().splitlines() if "forbidden" in line.lower()]
-
-
-@dataclass
-class Leftovers:
-    """What a test leaves to tear down even when it fails: releases to uninstall, then namespaces whose
-    runs lost their operator (their finalizer is stripped so the namespace can go), extra namespaces."""
-
-    releases: list[tuple[str, str]] = field(default_factory=list)
-    run_namespaces: list[str] = field(default_factory=list)
-    extra_namespaces: list[str] = field(default_factory=list)
-
-
-@pytest.fixture
-def leftovers(tools: Tools, control_plane: Cluster) -> Iterator[Leftovers]:
-    found = Leftovers()
-    yield found
-    kubeconfig = str(control_plane.kubeconfig)
-    for release, namespace in found.releases:
-        tools.run("helm", "uninstall", release, "--kubeconfig", kubeconfig, "-n", namespace, "--ignore-not-found",
-                  check=False)  # fmt: skip
-    runs = control_plane.resource(RUN_API, "DataGenRun")
-    for namespace in found.run_namespaces:
-        for run in runs.get(namespace=namespace).items:
-            if run.metadata.finalizers:  # nobody serves them any more
-                runs.patch(
-                    body={"metadata": {"finalizers": None}},
-                    name=run.metadata.name,
-                    namespace=namespace,
-                    content_type="application/merge-patch+json",
-                )
-    for namespace in found.extra_namespaces:
-        control_plane.resource("v1", "Namespace").delete(name=namespace)
-
-
-@pytest.fixture
-def sim() -> Iterator[SimServer]:
-    with start_sim("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2") as server:
-        yield server
 
 
 def test_install_reconcile_upgrade_uninstall(

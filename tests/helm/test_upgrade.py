@@ -27,7 +27,7 @@ from tests.harness.processes import free_port, wait_until
 from tests.harness.sim import SimServer
 from tests.harness.testbin import REPO_ROOT
 from tests.helm.conftest import CHART, Tools
-from tests.helm.test_install import Leftovers, example_run, leftovers, sim, start_local_operator  # noqa: F401
+from tests.helm.installed import Leftovers, example_run, start_local_operator
 
 CURRENT_CRD = REPO_ROOT / "crds" / "datagenrun.yaml"
 
@@ -131,9 +131,9 @@ def test_after_helm_uninstall_release_finalizers_lets_the_namespace_go(
     control_plane: Cluster,
     namespace: str,
     run_as_service_account: SubjectRunner,
-    sim: SimServer,  # noqa: F811
+    sim: SimServer,
     tmp_path: Path,
-    leftovers: Leftovers,  # noqa: F811
+    leftovers: Leftovers,
 ) -> None:
     namespaces = control_plane.resource("v1", "Namespace")
     runs_namespace = f"{namespace}-runs"

@@ -10,66 +10,9 @@ import time
 from pathlib import Path
 
 import orjson
-import pyarrow.parquet as pq
-import pytest
 import yaml
 
-from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-
-REPO = Path(__file__).resolve().parents[2]
-PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
-FAST_SIM = ["--sim-arg=--sim-mean-reasoning-tokens=48", "--sim-arg=--sim-mean-answer-tokens=32"]
-
-
-@pytest.fixture(scope="module")
-def standin() -> Path:
-    return ensure_standin_tokenizer()
-
-
-def manifest(tmp_path: Path, standin: Path, **changes: object) -> Path:
-    spec = {
-        "model": {"preset": "kimi-k2.5", "path": str(standin)},
-        "server": {"gpus": 1},
-        "dataset": {"path": str(PROMPTS)},
-        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024, "temperature": 0.6}},
-        "clients": {"shards": 2, "concurrency": 4},
-        "output": {"path": str(tmp_path / "out")},
-        "checks": {"canaryPrompts": 2},
-    }
-    for path, value in changes.items():
-        *parents, leaf = path.split("__")
-        node = spec
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    document = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": spec}
-    target = tmp_path / "run.yaml"
-    target.write_text(yaml.safe_dump(document))
-    return target
-
-
-def datagen_run(run_file: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *extra],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def dataset_ids() -> list[str]:
-    return [orjson.loads(line)["id"] for line in PROMPTS.read_bytes().splitlines() if line.strip()]
-
-
-def stored_keys(output: Path) -> list[tuple[str, int]]:
-    keys = []
-    for path in sorted((output / "data").glob("shard-*.parquet")):
-        table = pq.read_table(path, columns=["id", "sample"])
-        keys += list(zip(table.column("id").to_pylist(), table.column("sample").to_pylist(), strict=True))
-    return keys
+from tests.local.runs import FAST_SIM, datagen_run, dataset_ids, manifest, stored_keys
 
 
 def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path) -> None:

@@ -14,26 +14,14 @@ from datagen_operator.checks.preflight import estimate_output, run_preflight
 from datagen_operator.worker.dataset import plan_shard
 from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
 from datagen_operator.worker.store import read_manifest
-from tests.local.test_run import FAST_SIM, datagen_run, stored_keys
+from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 from tests.worker.simrun import prompts, standin, write_dataset
 from tests.worker.volume import Volume
 
 
 def run_file(tmp_path: Path, output: Path, count: int = 300, shards: int = 2) -> Path:
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(count))
-    spec = {
-        "model": {"preset": "kimi-k2.5", "path": str(standin())},
-        "server": {"gpus": 1},
-        "dataset": {"path": str(dataset)},
-        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024, "temperature": 0.6}},
-        "clients": {"shards": shards, "concurrency": 4},
-        "output": {"path": str(output)},
-        "checks": {"canaryPrompts": 2},
-    }
-    document = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": spec}
-    target = tmp_path / "run.yaml"
-    target.write_text(yaml.safe_dump(document))
-    return target
+    return manifest(tmp_path, standin(), dataset=dataset, output=output, clients__shards=shards)
 
 
 def preflight(path: Path):

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from datagen_operator.k8s.rbac import CLUSTER_RULES
-from tests.harness.controlplane import GPU_TOLERATION, Cluster
+from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 
 GROUP, VERSION, PLURAL = "datagen.dev", "v1alpha1", "datagenruns"
@@ -28,6 +28,12 @@ PROMPTS = [
     {"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue, in {i} words?"}]}
     for i in range(24)
 ]
+
+
+KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-answer-tokens", "40",
+        "--sim-mean-reasoning-tokens", "60")  # fmt: skip
+SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "40", "--sim-ttft-s", "0.05")
+"""About 2.5 s per request: the run lasts long enough to crash a worker and restart the operator mid-run."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,21 +63,6 @@ def data_dir(tmp_path: Path) -> Path:
     data.mkdir()
     (data / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return data
-
-
-def run_manifest(name: str, data_dir: Path, tokenizer: Path, **sections: dict[str, Any] | bool) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {"preset": "kimi-k2.5", "path": "/models/standin", "volume": {"hostPath": {"path": str(tokenizer)}}},
-        "server": {"gpus": 8, "startupTimeout": "10m", "tolerations": [GPU_TOLERATION]},
-        "dataset": {"path": "prompts.jsonl", "volume": {"hostPath": {"path": str(data_dir)}}},
-        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024}},
-        "clients": {"shards": 2, "concurrency": 4},
-        "output": {"path": f"out/{name}", "volume": {"hostPath": {"path": str(data_dir)}}},
-        "checks": {"canaryPrompts": 2, "canaryMaxNewTokens": 1024},
-    }
-    for key, value in sections.items():
-        spec[key] = {**spec[key], **value} if isinstance(value, dict) and key in spec else value
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DataGenRun", "metadata": {"name": name}, "spec": spec}
 
 
 @dataclass

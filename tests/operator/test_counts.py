@@ -14,8 +14,8 @@ import pytest
 from datagen_operator.k8s.kube import Kube
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
-from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
-from tests.operator.test_operator import KIMI
+from tests.manifests import cluster_run
+from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
 
 PROGRESS_WRITE_S = 2.0
 """The operator fixture's DATAGEN_PROGRESS_WRITE_SECONDS."""
@@ -67,14 +67,14 @@ def test_one_server_pod_per_run_through_live_changes_verification_and_release(
     name = new_name("counted")
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(run_manifest(name, data_dir, standin_tokenizer, clients={"shards": 3, "concurrency": 2}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 3, "concurrency": 2}))
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         loaded = server_pod(runs, name)
         sts_before = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
 
         # Live fields on a loaded server: the operator's own budget and the placement of the NEXT server start.
         toleration = {"key": "datagen.dev/test-only", "operator": "Exists", "effect": "NoSchedule"}
-        tolerations = [*run_manifest(name, data_dir, standin_tokenizer)["spec"]["server"]["tolerations"], toleration]
+        tolerations = [*cluster_run(name, data_dir, standin_tokenizer)["spec"]["server"]["tolerations"], toleration]
         changed = runs.patch_spec(name, {"server": {"startupTimeout": "20m", "tolerations": tolerations}})
         generation = changed["metadata"]["generation"]
         runs.wait_for(
@@ -135,7 +135,7 @@ def test_a_halted_run_reads_server_ready_false_with_one_server_pod(
         "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
     ) as sim:
         operator([sim.url])
-        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer))
         runs.wait(name, "Succeeded", "False", "ParsersMismatch", timeout=90)
     server = runs.condition(name, "ServerReady")
     assert server is not None and (server["status"], server["reason"]) == ("False", "Released"), server
@@ -168,7 +168,7 @@ def test_a_server_pod_refused_by_a_quota_is_named_on_the_run(
     quota(runs, {"requests.nvidia.com/gpu": "0"})
     name = new_name("no-gpus")
     operator(["http://127.0.0.1:9"])
-    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer))
     refused = runs.wait(name, "ServerReady", "False", "Refused", timeout=90)
     # The API server's own words, as the StatefulSet controller got them.
     assert "exceeded quota" in refused["message"] and "requests.nvidia.com/gpu" in refused["message"]
@@ -182,7 +182,7 @@ def test_a_job_refused_by_the_api_server_is_named_on_the_run_and_clears(
     no_jobs = quota(runs, {"count/jobs.batch": "0"})
     name = new_name("no-jobs")
     operator(["http://127.0.0.1:9"])
-    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer))
     refused = runs.wait(name, "ChildrenAccepted", "False", "Refused", timeout=30)
     assert f"Job/{name}-preflight" in refused["message"] and "exceeded quota" in refused["message"]
     assert f'jobs.batch "{name}-preflight" is forbidden' in refused["message"]

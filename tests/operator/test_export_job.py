@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
-from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
-from tests.operator.test_operator import KIMI
+from tests.manifests import cluster_run
+from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
 
 
 def test_export_job_after_verification_writes_each_record_once(
@@ -20,7 +20,7 @@ def test_export_job_after_verification_writes_each_record_once(
     name = new_name("export")
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(run_manifest(name, data_dir, standin_tokenizer, export={"formats": ["speculators"]}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, export={"formats": ["speculators"]}))
         exported = runs.wait(name, "Exported", "True", "Exported", timeout=240)
         runs.wait(name, "Succeeded", "True", "Completed", timeout=30)
     assert "speculators: 24 rows" in exported["message"]

@@ -12,12 +12,8 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim, start_sims
-from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
-
-KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-answer-tokens", "40",
-        "--sim-mean-reasoning-tokens", "60")  # fmt: skip
-SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "40", "--sim-ttft-s", "0.05")
-"""About 2.5 s per request: the run lasts long enough to crash a worker and restart the operator mid-run."""
+from tests.manifests import cluster_run
+from tests.operator.conftest import KIMI, SLOW, OperatorFactory, Runs, new_name
 
 
 def parquet_servers(output: Path) -> list[str]:
@@ -38,7 +34,7 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
     with start_sims([(*KIMI, *SLOW), (*KIMI, *SLOW)], tokenizer_dir=standin_tokenizer) as sims:
         urls = [sim.url for sim in sims]  # two data-parallel replicas, one simulator each
         handle = operator(urls)
-        runs.create(run_manifest(name, data_dir, standin_tokenizer, server={"replicas": 2}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"replicas": 2}))
 
         # The inputs are checked by a CPU pod before any GPU is asked for.
         inputs = runs.wait(name, "InputsVerified", "True", "Passed", timeout=60)
@@ -104,7 +100,7 @@ def test_not_enough_gpus_shows_the_schedulers_words(
 ) -> None:
     name = new_name("big")
     operator(["http://127.0.0.1:9"])
-    runs.create(run_manifest(name, data_dir, standin_tokenizer, server={"gpus": 16, "tensorParallel": 16}))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"gpus": 16, "tensorParallel": 16}))
     condition = runs.wait(name, "ServerReady", "False", "Unschedulable", timeout=60)
     assert "Insufficient nvidia.com/gpu" in condition["message"]
     assert runs.job(f"{name}-canary") is None and runs.job(f"{name}-workers") is None
@@ -115,7 +111,7 @@ def test_crash_looping_server_shows_why(
 ) -> None:
     name = new_name("oom")
     operator(["http://127.0.0.1:9"])
-    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer))
     pod = f"{name}-server-0"
     runs.wait_for("kwok to run the server pod", lambda: runs.pod_ip(pod))
     # Playing the kubelet of a server that dies while loading (kwok has no crashes).
@@ -148,7 +144,7 @@ def test_an_empty_dataset_halts_before_any_server_pod(
     name = new_name("empty")
     operator(["http://127.0.0.1:9"])
     (data_dir / "empty.jsonl").write_text("\n")
-    runs.create(run_manifest(name, data_dir, standin_tokenizer, dataset={"path": "empty.jsonl"}))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer, dataset={"path": "empty.jsonl"}))
     halted = runs.wait(name, "Succeeded", "False", "PreflightFailed", timeout=90)
     assert "the dataset is empty" in halted["message"]
     assert runs.condition(name, "InputsVerified")["reason"] == "DatasetUnusable"  # type: ignore[index]
@@ -166,7 +162,7 @@ def test_parser_mismatch_halts_before_any_bulk_work(
         "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
     ) as sim:
         operator([sim.url])
-        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer))
         verdict = runs.wait(name, "ParsersVerified", "False", "Mismatch", timeout=60)
         assert "kimi_k2" in verdict["message"]
         halted = runs.wait(name, "Succeeded", "False", "ParsersMismatch")
@@ -185,7 +181,7 @@ def test_suspend_resume_refused_change_and_deletion_keeping_the_data(
     name = new_name("pause")
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(run_manifest(name, data_dir, standin_tokenizer))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer))
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         runs.wait_for("records written", lambda: any((data_dir / "out" / name).rglob("*.jsonl*")))
 
@@ -239,7 +235,7 @@ def test_suspend_resume_refused_change_and_deletion_keeping_the_data(
 def test_invalid_manifests_are_refused_by_the_api_server(
     runs: Runs, data_dir: Path, standin_tokenizer: Path, change: dict, field: str
 ) -> None:
-    manifest = run_manifest(new_name("bad"), data_dir, standin_tokenizer, **change)
+    manifest = cluster_run(new_name("bad"), data_dir, standin_tokenizer, **change)
     with pytest.raises(ApiException) as refused:
         runs.create(manifest)
     assert refused.value.status == 422

@@ -23,10 +23,9 @@ from kubernetes.client.exceptions import ApiException
 from tests.harness.kubelet import PodRunner
 from tests.harness.processes import free_port
 from tests.harness.sim import SimServer
-from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
+from tests.manifests import cluster_run
+from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
 
-KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-answer-tokens", "40",
-        "--sim-mean-reasoning-tokens", "60")  # fmt: skip
 RESTRICTED_CHECKS = ("allowPrivilegeEscalation", "capabilities", "seccompProfile", "restricted volume types",
                      "hostPath", "privileged", "runAsUser")  # fmt: skip
 """What `restricted` checks besides runAsNonRoot, as its refusal messages name them."""
@@ -89,7 +88,7 @@ def test_restricted_namespace_admits_and_runs_every_cpu_pod_and_refuses_only_the
     name = new_name("sec")
     volumes.append(claim_on_host_folder(runs, "models", standin_tokenizer.parent, "ReadOnlyMany"))
     volumes.append(claim_on_host_folder(runs, "data", data_dir, "ReadWriteMany"))
-    manifest = run_manifest(name, data_dir, standin_tokenizer)
+    manifest = cluster_run(name, data_dir, standin_tokenizer)
     spec = manifest["spec"]
     spec["model"] |= {"path": "/models/kimi", "subPath": standin_tokenizer.name,
                       "volume": {"persistentVolumeClaim": {"claimName": "models"}}}  # fmt: skip
@@ -181,7 +180,7 @@ def test_a_one_node_claim_shared_across_nodes_is_a_warning_on_the_run(
             },
         )
     name = new_name("rwo")
-    manifest = run_manifest(name, data_dir, standin_tokenizer)  # two shards
+    manifest = cluster_run(name, data_dir, standin_tokenizer)  # two shards
     spec = manifest["spec"]
     spec["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models"}}
     spec["dataset"]["volume"] = spec["output"]["volume"] = {"persistentVolumeClaim": {"claimName": "data"}}

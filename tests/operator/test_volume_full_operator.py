@@ -13,8 +13,8 @@ from datagen_operator.worker.dataset import plan_shard
 from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
-from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
-from tests.operator.test_operator import KIMI
+from tests.manifests import cluster_run
+from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
 from tests.worker.volume import Volume, small_volume  # noqa: F401 (a size-limited filesystem)
 
 
@@ -41,7 +41,7 @@ def test_a_full_output_volume_halts_the_run_naming_it(
     small_volume: Volume,  # noqa: F811
 ) -> None:
     name = new_name("full")
-    manifest = run_manifest(
+    manifest = cluster_run(
         name,
         data_dir,
         standin_tokenizer,

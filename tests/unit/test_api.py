@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from datagen_operator.api import SpecError, load_run, parse_run
 from datagen_operator.api.duration import format_duration, parse_duration
 from datagen_operator.api.resolve import resolve_model
+from datagen_operator.engine.launch import server_argv
+from datagen_operator.presets import preset_names
+from tests.manifests import DELETE, EXAMPLES, kimi_run, with_changes
 from tests.schema_corpus import MUTATIONS, Mutation, validate_verdict
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def kimi_run() -> dict[str, Any]:
-    return yaml.safe_load((EXAMPLES / "kimi-k2.5.yaml").read_text())
 
 
 def errors_of(document: dict[str, Any]) -> dict[str, str]:
@@ -27,26 +21,14 @@ def errors_of(document: dict[str, Any]) -> dict[str, str]:
     return {error.field: error.message for error in caught.value.errors}
 
 
-def with_changes(path: str, value: Any) -> dict[str, Any]:
-    document = copy.deepcopy(kimi_run())
-    *parents, leaf = path.split(".")
-    node = document
-    for part in parents:
-        node = node.setdefault(part, {})
-    if value is _DELETE:
-        del node[leaf]
-    else:
-        node[leaf] = value
-    return document
-
-
-_DELETE = object()
-
-
-def test_examples_are_valid() -> None:
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        run = load_run(path)
-        assert run.metadata.name
+def test_every_example_is_a_valid_run_and_every_preset_has_one() -> None:
+    examples = sorted(EXAMPLES.rglob("*.yaml"))
+    for path in examples:
+        run = load_run(path)  # raises SpecError naming the field
+        assert server_argv(run.spec)[:3] == ["python3", "-m", "sglang.launch_server"], path
+        if path.parent.name == "presets":
+            assert run.spec.model.preset == path.stem, f"{path} shows preset {run.spec.model.preset}"
+    assert {path.stem for path in examples if path.parent.name == "presets"} == set(preset_names())
 
 
 def test_defaults_and_durations() -> None:
@@ -143,7 +125,7 @@ def test_unknown_preset_without_parsers_lists_presets_and_how_to_set_parsers() -
 
 
 def test_no_preset_with_explicit_parsers_is_accepted() -> None:
-    document = with_changes("spec.model.preset", _DELETE)
+    document = with_changes("spec.model.preset", DELETE)
     document["spec"]["server"].update(reasoningParser="qwen3", toolCallParser="qwen25")
     resolved = resolve_model(parse_run(document).spec)
     assert (resolved.reasoning_parser, resolved.tool_call_parser) == ("qwen3", "qwen25")

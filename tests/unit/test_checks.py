@@ -10,7 +10,7 @@ from datagen_operator.checks.canary import CanaryRecord, judge_canary, outcome_f
 from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
 from datagen_operator.checks.server_truth import probe_budgets, verify_parsers
 from datagen_operator.control.progress import counters_from_snapshots
-from tests.unit.test_api import kimi_run, with_changes
+from tests.manifests import kimi_run, with_changes
 
 CTX = CheckContext(True, "kimi-k2.5", "<think>", "</think>", 163607, ChecksSpec())
 KIMI = resolve_model(parse_run(kimi_run()).spec)

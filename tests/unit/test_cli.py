@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.test_api import EXAMPLES, with_changes
+from tests.manifests import EXAMPLES, with_changes
 
 
 def datagen(*args: str) -> subprocess.CompletedProcess[str]:

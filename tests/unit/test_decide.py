@@ -7,10 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from datagen_operator.api import parse_run
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import CheckContext, Tally
+from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.conditions import apply_updates, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
@@ -25,23 +24,8 @@ from datagen_operator.control.observed import (
 )
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
 from datagen_operator.control.remembered import HALT_REASONS
-from tests.unit.test_api import kimi_run, with_changes
-
-
-def spec(document=None) -> DataGenRunSpec:
-    return parse_run(document or kimi_run()).spec
-
-
-def context(s: DataGenRunSpec) -> CheckContext:
-    return CheckContext(True, "kimi-k2.5", "<think>", "</think>", 163607, s.checks)
-
-
-READY = ServerObservation(1, (ServerInstance("srv-0", running=True, ready=True, endpoint="http://srv-0:30000"),))
-PASS = StepOutcome(True, "Passed", "ok")
-
-
-def conditions(decision) -> dict[str, tuple[str, str]]:
-    return {u.type: (u.status, u.reason) for u in decision.updates}
+from tests.manifests import with_changes
+from tests.unit.decide_world import PASS, READY, conditions, context, running, spec
 
 
 def test_unschedulable_server_names_the_scheduler_message() -> None:
@@ -106,18 +90,6 @@ def test_failed_canary_halts_with_no_workers() -> None:
     d = decide(s, Observed(1, server=READY, parsers=PASS, canary=StepOutcome(False, "Failed", "x")), context(s))
     assert d.step is Step.HALTED and not d.workers_wanted
     assert conditions(d)["Succeeded"] == ("False", "CanaryFailed")
-
-
-def running(tally: Tally, done: int = 0) -> Observed:
-    counters = ProgressCounters(prompts_total=100, prompts_done=tally.records, tokens_per_second=5100, tally=tally)
-    return Observed(
-        1,
-        server=READY,
-        parsers=PASS,
-        canary=PASS,
-        workers=WorkersObservation(8, shards_done=done, active=8 - done),
-        progress=counters,
-    )
 
 
 def test_rolling_checks_flip_data_faithful_and_halt() -> None:

@@ -20,7 +20,7 @@ from datagen_operator.checks.evaluate import (
 from datagen_operator.control.decide import Step, decide
 from datagen_operator.control.observed import WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots
-from tests.unit.test_decide import conditions, context, running, spec
+from tests.unit.decide_world import conditions, context, running, spec
 
 CTX = context(spec())
 

@@ -16,43 +16,13 @@ from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.rbac import CLUSTER_RULES, cluster_role
 from datagen_operator.k8s.settings import Settings
+from tests.manifests import unit_spec
 
 RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
 NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
 
 
-def spec_dict(**over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {
-            "preset": "kimi-k2.5",
-            "path": "/models/kimi",
-            "volume": {"persistentVolumeClaim": {"claimName": "models"}},
-        },
-        "server": {
-            "gpus": 8,
-            "replicas": 2,
-            "startupTimeout": "45m",
-            "shmSize": "64Gi",
-            "env": [
-                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
-                {"name": "SGLANG_X", "value": "1"},
-            ],
-            "nodeSelector": {"nvidia.com/gpu.present": "true"},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "priorityClassName": "gpu-batch",
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
-        },
-        "dataset": {"path": "prompts/b1.jsonl", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
-        "generation": {"thinking": True, "sampling": {"max_new_tokens": 256}},
-        "clients": {"shards": 3, "concurrency": 8},
-        "output": {"path": "eagle3/b1", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
-    }
-    for key, value in over.items():
-        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
-    return spec
-
-
-SPEC = parse_spec(spec_dict())
+SPEC = parse_spec(unit_spec())
 
 
 def test_server_statefulset_gpus_probes_shm_model_and_placement() -> None:
@@ -202,9 +172,9 @@ def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
 
 def test_data_fields_freeze_while_live_fields_pass() -> None:
     applied = m.spec_document(SPEC)
-    new = m.spec_document(parse_spec(spec_dict(clients={"shards": 3, "concurrency": 64}, suspend=True)))
+    new = m.spec_document(parse_spec(unit_spec(clients={"shards": 3, "concurrency": 64}, suspend=True)))
     assert m.changed_data_fields(new, applied) == []
-    changed = m.spec_document(parse_spec(spec_dict(model={"path": "/models/other"}, clients={"shards": 4})))
+    changed = m.spec_document(parse_spec(unit_spec(model={"path": "/models/other"}, clients={"shards": 4})))
     assert m.changed_data_fields(changed, applied) == ["spec.clients.shards", "spec.model.path"]
     merged = m.merge_live_fields(changed | {"suspend": True}, applied)
     assert merged["model"]["path"] == "/models/kimi" and merged["suspend"] is True
@@ -440,20 +410,20 @@ def test_server_pod_is_restricted_except_run_as_root_and_guaranteed() -> None:
     # Guaranteed: requests == limits for every resource, cpu and memory included
     assert resources["requests"] == resources["limits"]
     assert resources["limits"] == {"nvidia.com/gpu": "8", "cpu": "32", "memory": f"{64 + 8 * 32}Gi"}
-    own = parse_spec(spec_dict(server={"cpu": "48", "memory": "900Gi", "gpus": 4, "tensorParallel": 4}))
+    own = parse_spec(unit_spec(server={"cpu": "48", "memory": "900Gi", "gpus": 4, "tensorParallel": 4}))
     limits = m.server_statefulset(RUN, own, 1)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": "4", "cpu": "48", "memory": "900Gi"}
 
 
 @pytest.mark.parametrize(("shm", "memory"), [("64Gi", "320Gi"), ("512Mi", "257Gi"), ("1Ti", "1280Gi")])
 def test_default_server_memory_leaves_room_for_the_memory_backed_shm(shm: str, memory: str) -> None:
-    spec = parse_spec(spec_dict(server={"shmSize": shm}))
+    spec = parse_spec(unit_spec(server={"shmSize": shm}))
     assert m.server_resources(spec)["limits"]["memory"] == memory
 
 
 def test_runtime_class_and_model_sub_path_reach_every_pod_that_mounts_the_model() -> None:
     spec = parse_spec(
-        spec_dict(server={"runtimeClassName": "nvidia"}, model={"path": "/models/kimi", "subPath": "kimi-k2.5"})
+        unit_spec(server={"runtimeClassName": "nvidia"}, model={"path": "/models/kimi", "subPath": "kimi-k2.5"})
     )
     server = m.server_statefulset(RUN, spec, 1)["spec"]["template"]["spec"]
     assert server["runtimeClassName"] == "nvidia"
@@ -471,13 +441,13 @@ def test_model_sub_path_cannot_leave_the_volume(sub_path: str) -> None:
     from datagen_operator.api import SpecError
 
     with pytest.raises((SpecError, ValueError)):
-        parse_spec(spec_dict(model={"subPath": sub_path}))
+        parse_spec(unit_spec(model={"subPath": sub_path}))
 
 
 def test_client_placement_and_resources_reach_every_cpu_pod_and_never_the_server() -> None:
     toleration = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
     spec = parse_spec(
-        spec_dict(clients={"nodeSelector": {"pool": "cpu"}, "tolerations": [toleration], "cpu": "2", "memory": "8Gi"})
+        unit_spec(clients={"nodeSelector": {"pool": "cpu"}, "tolerations": [toleration], "cpu": "2", "memory": "8Gi"})
     )
     for name, pod_spec in datagen_pods(spec).items():
         assert pod_spec["nodeSelector"] == {"pool": "cpu"} and pod_spec["tolerations"] == [toleration], name
@@ -527,5 +497,5 @@ def test_one_node_claims_shared_across_nodes_are_warned_about() -> None:
     (warning,) = access_mode_warnings(SPEC, {**fine, "models": ["ReadWriteOncePod"]})
     assert "the server (GPU node) and the CPU pods" in warning
     assert access_mode_warnings(SPEC, {"models": ["ReadOnlyMany"]}) == []  # a missing claim: no guess
-    one_shard = parse_spec(spec_dict(clients={"shards": 1}))
+    one_shard = parse_spec(unit_spec(clients={"shards": 1}))
     assert set(shared_claims(one_shard)) == {"models"}  # one worker: RWO output is fine

@@ -6,7 +6,7 @@ import pytest
 
 from datagen_operator.api import SpecError, parse_run
 from datagen_operator.engine.launch import server_argv
-from tests.unit.test_api import kimi_run, with_changes
+from tests.manifests import kimi_run, with_changes
 
 
 def flag_value(argv: list[str], flag: str) -> str:

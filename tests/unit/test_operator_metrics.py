@@ -28,6 +28,10 @@ def test_status_is_mirrored_and_forgotten() -> None:
 
 
 def test_transitions_are_counted() -> None:
+    """Counted from whatever earlier tests in this process left (the registry is the process's)."""
+    labels = {"type": "CanaryPassed", "status": "False", "reason": "Failed"}
+    before = metrics.REGISTRY.get_sample_value("datagen_condition_transitions_total", labels) or 0.0
     metrics.count_transition("CanaryPassed", "False", "Failed")
     metrics.count_transition("CanaryPassed", "False", "Failed")
-    assert 'datagen_condition_transitions_total{reason="Failed",status="False",type="CanaryPassed"} 2.0' in exposition()
+    assert metrics.REGISTRY.get_sample_value("datagen_condition_transitions_total", labels) == before + 2
+    assert 'datagen_condition_transitions_total{reason="Failed",status="False",type="CanaryPassed"}' in exposition()

@@ -3,15 +3,19 @@ may touch the server's pod template."""
 
 from __future__ import annotations
 
+from datagen_operator.api import parse_spec
 from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.control.observed import ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.reconcile import _signature, children_accepted, needs_restart, with_restart_hash
-from tests.unit.test_k8s_manifests import RUN, SPEC
+from tests.manifests import unit_spec
 
 REFUSED = 'create Pod x-server-0 in StatefulSet x-server failed error: pods "x-server-0" is forbidden: exceeded quota'
+
+RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+SPEC = parse_spec(unit_spec())
 
 
 def event(reason: str, when: str, version: str = "1", message: str = "") -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.worker.store import OutputLayout, iter_records
+from tests.manifests import local_spec
 
 REPO = Path(__file__).resolve().parents[2]
 # Short answers: tests are about bookkeeping, not volume.
@@ -64,21 +65,12 @@ def write_dataset(path: Path, items: list[dict[str, Any]], extra_lines: dict[int
 
 
 def spec(dataset: Path, output: Path, **overrides: Any) -> dict[str, Any]:
-    """A kimi-k2.5 run (thinking on) with the stand-in tokenizer."""
-    document: dict[str, Any] = {
-        "model": {"preset": "kimi-k2.5", "path": str(standin())},
-        "dataset": {"path": str(dataset)},
+    """A kimi-k2.5 run (the preset's thinking default) with the stand-in tokenizer; `overrides` are dotted paths."""
+    base = {
         "generation": {"sampling": {"max_new_tokens": 512, "temperature": 0.6}},
         "clients": {"shards": 1, "concurrency": 8, "maxAttempts": 8, "requestTimeout": "30s"},
-        "output": {"path": str(output)},
     }
-    for dotted, value in overrides.items():
-        node = document
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return document
+    return local_spec(standin(), dataset, output, **{**base, **overrides})
 
 
 def worker_args(document: dict[str, Any], servers: list[str], *extra: str) -> list[str]:

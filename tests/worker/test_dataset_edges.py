@@ -23,8 +23,8 @@ from datagen_operator.worker.dataset import (
 )
 from datagen_operator.worker.main import EXIT_BAD_INPUT, EXIT_OK
 from datagen_operator.worker.store import iter_rejects
+from tests.worker.proxy import CountingProxy
 from tests.worker.simrun import TOOLS, check_records, progress, prompts, run_inprocess, spec, write_dataset
-from tests.worker.test_too_long import CountingProxy
 
 BOM = b"\xef\xbb\xbf"
 

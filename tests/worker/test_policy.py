@@ -31,6 +31,7 @@ from datagen_operator.worker.fingerprint import (
 )
 from datagen_operator.worker.records import Job, generate_payload, sampling_for_sample
 from datagen_operator.worker.render import template_variables
+from tests.manifests import bare_spec
 
 
 @pytest.mark.parametrize(
@@ -123,12 +124,12 @@ def test_payload_always_has_max_new_tokens_and_per_sample_seeds() -> None:
 
 
 def _resolved(preset: str | None, thinking: bool | None, **server: str):
-    spec = {"model": {"path": "/m"}, "dataset": {"path": "d"}, "output": {"path": "o"},
-            "generation": {"sampling": {"max_new_tokens": 8}}, "server": server}  # fmt: skip
+    changes: dict[str, object] = {"server": server}
     if preset:
-        spec["model"]["preset"] = preset
+        changes["model.preset"] = preset
     if thinking is not None:
-        spec["generation"]["thinking"] = thinking
+        changes["generation.thinking"] = thinking
+    spec = bare_spec(**changes)
     return resolve_model(parse_spec(spec))
 
 

@@ -1,0 +1,47 @@
+"""`datagen run` as the local tests drive it: a run file on this machine, the CLI in a child process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+
+from tests.manifests import DELETE, REPO, local_run, write_run
+
+PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
+FAST_SIM = ["--sim-arg=--sim-mean-reasoning-tokens=48", "--sim-arg=--sim-mean-answer-tokens=32"]
+
+
+def manifest(
+    tmp_path: Path, standin: Path, *, dataset: Path = PROMPTS, output: Path | None = None, **changes: object
+) -> Path:
+    """`tmp_path/run.yaml`: two shards of four on one GPU, two canary prompts; `changes` name spec fields with
+    `__` for dots (`clients__concurrency=2`), None removes one."""
+    defaults = {"server.gpus": 1, "clients.shards": 2, "clients.concurrency": 4, "checks.canaryPrompts": 2}
+    dotted = {path.replace("__", "."): DELETE if value is None else value for path, value in changes.items()}
+    document = local_run(standin, dataset, output or tmp_path / "out", **{**defaults, **dotted})
+    return write_run(tmp_path / "run.yaml", document)
+
+
+def datagen_run(run_file: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def dataset_ids() -> list[str]:
+    return [orjson.loads(line)["id"] for line in PROMPTS.read_bytes().splitlines() if line.strip()]
+
+
+def stored_keys(output: Path) -> list[tuple[str, int]]:
+    keys = []
+    for path in sorted((output / "data").glob("shard-*.parquet")):
+        table = pq.read_table(path, columns=["id", "sample"])
+        keys += list(zip(table.column("id").to_pylist(), table.column("sample").to_pylist(), strict=True))
+    return keys

@@ -1,0 +1,147 @@
+"""The one builder of the DataGenRun manifests tests use: a base per setting, changed by dotted paths.
+
+Bases: the user's example (`examples/*.yaml`), a run on the real control plane (hostPath volumes, the
+test GPU toleration), a run on this machine (`datagen run` / the worker against the simulator), and a
+bare spec for pure builders. Every change goes through `changed`, so a test says only what differs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+API_VERSION = "datagen.dev/v1alpha1"
+DELETE = object()
+"""A change's value that removes the field."""
+
+
+def changed(document: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of `document` with each dotted path set to its value (`DELETE` removes it)."""
+    result = copy.deepcopy(dict(document))
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = result
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = copy.deepcopy(value)
+    return result
+
+
+def run_document(spec: Mapping[str, Any], name: str = "t") -> dict[str, Any]:
+    """A whole DataGenRun around a spec."""
+    return {"apiVersion": API_VERSION, "kind": "DataGenRun", "metadata": {"name": name}, "spec": dict(spec)}
+
+
+def example_run(example: str = "kimi-k2.5", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`examples/<example>.yaml` as a user writes it, with `changes` (paths from the document root)."""
+    return changed(yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text()), changes or {})
+
+
+def kimi_run() -> dict[str, Any]:
+    return example_run()
+
+
+def with_changes(path: str, value: Any) -> dict[str, Any]:
+    """The Kimi example with one field changed (`DELETE` removes it)."""
+    return example_run(changes={path: value})
+
+
+def section_changes(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted spec changes from whole sections: a dict merges into the section, anything else replaces it."""
+    changes: dict[str, Any] = {}
+    for section, value in sections.items():
+        if isinstance(value, dict):
+            changes.update({f"{section}.{key}": item for key, item in value.items()})
+        else:
+            changes[section] = value
+    return changes
+
+
+def cluster_run(name: str, data_dir: Path, tokenizer: Path, **sections: Any) -> dict[str, Any]:
+    """A run for the real control plane: model, dataset and output on hostPath volumes the test kubelet
+    mounts, 8-GPU servers that tolerate the fake GPU nodes' taint, short answers."""
+    from tests.harness.controlplane import GPU_TOLERATION
+
+    spec = {
+        "model": {"preset": "kimi-k2.5", "path": "/models/standin", "volume": {"hostPath": {"path": str(tokenizer)}}},
+        "server": {"gpus": 8, "startupTimeout": "10m", "tolerations": [GPU_TOLERATION]},
+        "dataset": {"path": "prompts.jsonl", "volume": {"hostPath": {"path": str(data_dir)}}},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024}},
+        "clients": {"shards": 2, "concurrency": 4},
+        "output": {"path": f"out/{name}", "volume": {"hostPath": {"path": str(data_dir)}}},
+        "checks": {"canaryPrompts": 2, "canaryMaxNewTokens": 1024},
+    }
+    return run_document(changed(spec, section_changes(sections)), name)
+
+
+def local_spec(model: Path, dataset: Path, output: Path, **changes: Any) -> dict[str, Any]:
+    """A kimi-k2.5 spec (thinking on) for this machine, local paths; `changes` are dotted spec paths."""
+    spec = {
+        "model": {"preset": "kimi-k2.5", "path": str(model)},
+        "dataset": {"path": str(dataset)},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 1024, "temperature": 0.6}},
+        "clients": {"shards": 1, "concurrency": 8},
+        "output": {"path": str(output)},
+    }
+    return changed(spec, changes)
+
+
+def local_run(model: Path, dataset: Path, output: Path, name: str = "t", **changes: Any) -> dict[str, Any]:
+    """`local_spec` as a whole DataGenRun, the shape `datagen run` reads."""
+    return run_document(local_spec(model, dataset, output, **changes), name)
+
+
+def write_run(path: Path, document: Mapping[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(dict(document)))
+    return path
+
+
+def unit_spec(**sections: Any) -> dict[str, Any]:
+    """A spec for the pure builders: two 8-GPU replicas of kimi-k2.5 on PVCs, an env var from a Secret,
+    GPU placement fields; `sections` merge as in `section_changes`."""
+    spec: dict[str, Any] = {
+        "model": {
+            "preset": "kimi-k2.5",
+            "path": "/models/kimi",
+            "volume": {"persistentVolumeClaim": {"claimName": "models"}},
+        },
+        "server": {
+            "gpus": 8,
+            "replicas": 2,
+            "startupTimeout": "45m",
+            "shmSize": "64Gi",
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                {"name": "SGLANG_X", "value": "1"},
+            ],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "gpu-batch",
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        },
+        "dataset": {"path": "prompts/b1.jsonl", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
+        "generation": {"thinking": True, "sampling": {"max_new_tokens": 256}},
+        "clients": {"shards": 3, "concurrency": 8},
+        "output": {"path": "eagle3/b1", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
+    }
+    return changed(spec, section_changes(sections))
+
+
+def bare_spec(**changes: Any) -> dict[str, Any]:
+    """The fewest fields a spec needs (no preset): for resolution rules."""
+    spec = {
+        "model": {"path": "/m"},
+        "dataset": {"path": "d"},
+        "output": {"path": "o"},
+        "generation": {"sampling": {"max_new_tokens": 8}},
+    }
+    return changed(spec, changes)
