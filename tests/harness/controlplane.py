@@ -1,5 +1,6 @@
 """A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok with fake GPU nodes, all on loopback, built by hack/testbin/build.sh.
+kube-scheduler, kwok with fake GPU nodes and (on first use) the LeaderWorkerSet controller, all on
+loopback, built by hack/testbin/build.sh.
 
 `LocalControlPlane` starts the processes; `ExistingCluster` uses a cluster someone else runs
 (DATAGEN_TEST_KUBECONFIG: kind, k3d, ...). Both share `Cluster`: fake GPU nodes, CRDs from crds/,
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from tests.harness.kubeconfig import read_cluster_endpoint, write_kubeconfig
+from tests.harness.lws import LWS_CRD_NAME, start_lws
 from tests.harness.pki import CertificateAuthority, KeyPair, write_service_account_signing_key
 from tests.harness.processes import ControlPlaneError, ManagedProcess, free_port, wait_until
 from tests.harness.testbin import REPO_ROOT, ensure_testbin
@@ -201,6 +203,10 @@ class Cluster:
     def start(self) -> None:
         raise NotImplementedError
 
+    def ensure_lws(self) -> None:
+        """Makes sure the LeaderWorkerSet controller serves this cluster (started on first use)."""
+        raise NotImplementedError
+
     def stop(self) -> None:
         for subject in reversed(self._subjects):
             subject.stop()
@@ -238,30 +244,35 @@ class Cluster:
 
     def install_crds(self) -> list[str]:
         """Creates (or replaces) every CRD in crds/*.yaml and waits until each is Established."""
-        from kubernetes.client.exceptions import ApiException
-
         if not self.settings.crd_dir.is_dir():
             return []
-        crds = self.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
         names = []
         for path, crd in _crd_documents(self.settings.crd_dir):
-            name = crd["metadata"]["name"]
-            try:
-                try:
-                    crds.create(body=crd)
-                except ApiException as error:
-                    if error.status != 409:
-                        raise
-                    crd["metadata"]["resourceVersion"] = crds.get(name=name).metadata.resourceVersion
-                    crds.replace(body=crd)
-            except ApiException as error:
-                raise ControlPlaneError(
-                    f"the API server refused the CRD {name} from {path}: {_api_message(error)}"
-                ) from error
-            names.append(name)
+            self.create_or_replace(crd, source=path)
+            names.append(crd["metadata"]["name"])
         for name in names:
             self.wait_for_crd(name)
         return names
+
+    def create_or_replace(self, body: dict[str, Any], *, source: Path | str = "the harness") -> None:
+        """Creates a cluster-scoped object, or replaces the one of that name; a refusal raises with the
+        API server's message and where the object came from."""
+        from kubernetes.client.exceptions import ApiException
+
+        resource = self.resource(body["apiVersion"], body["kind"])
+        name = body["metadata"]["name"]
+        try:
+            try:
+                resource.create(body=body)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                body["metadata"]["resourceVersion"] = resource.get(name=name).metadata.resourceVersion
+                resource.replace(body=body)
+        except ApiException as error:
+            raise ControlPlaneError(
+                f"the API server refused the {body['kind']} {name} from {source}: {_api_message(error)}"
+            ) from error
 
     def wait_for_crd(self, name: str, timeout: float = 30.0) -> None:
         crds = self.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -344,6 +355,8 @@ class LocalControlPlane(Cluster):
     testbin: Path = field(default=Path())
     api_port: int = field(default=0, init=False)
     _etcd_data: Path | None = field(default=None, init=False)
+    _ca: CertificateAuthority | None = field(default=None, init=False)
+    _lws: ManagedProcess | None = field(default=None, init=False)
 
     def binary(self, name: str) -> str:
         return str(self.testbin / name)
@@ -352,7 +365,7 @@ class LocalControlPlane(Cluster):
         started = time.monotonic()
         try:
             pki_dir = self.workdir / "pki"
-            ca = CertificateAuthority(pki_dir)
+            ca = self._ca = CertificateAuthority(pki_dir)
             service_account_key = write_service_account_signing_key(pki_dir)
             etcd_url = self._start_etcd()
             self._start_apiserver(ca, service_account_key, etcd_url)
@@ -369,6 +382,7 @@ class LocalControlPlane(Cluster):
 
     def stop(self) -> None:
         super().stop()
+        self._lws = None
         if self._etcd_data is not None:
             shutil.rmtree(self._etcd_data, ignore_errors=True)
             self._etcd_data = None
@@ -537,6 +551,38 @@ class LocalControlPlane(Cluster):
     def _start_kwok(self) -> None:
         self.processes.append(start_kwok(self.binary("kwok"), self.kubeconfig, self.logs_dir))
 
+    def ensure_lws(self) -> None:
+        # On first use rather than with the control plane: its 1.2 MB CRD keeps the API server busy
+        # for seconds, which sessions without a LeaderWorkerSet need not pay.
+        if self._lws is not None:
+            return
+        assert self._ca is not None, "the control plane is not started"
+        self._lws = self._start_lws(self._ca)
+
+    def _start_lws(self, ca: CertificateAuthority) -> ManagedProcess:
+        def install(crd: dict[str, Any], webhooks: list[dict[str, Any]]) -> None:
+            self.create_or_replace(crd, source=self.testbin / "lws")
+            for configuration in webhooks:
+                self.create_or_replace(configuration, source=self.testbin / "lws")
+            self.wait_for_crd(crd["metadata"]["name"])
+
+        def dry_run_create(body: dict[str, Any]) -> None:
+            resource = self.resource(body["apiVersion"], body["kind"])
+            resource.create(body=body, namespace="default", dry_run="All")
+
+        manager = start_lws(
+            self.binary("lws-manager"),
+            ca=ca,
+            server=f"https://127.0.0.1:{self.api_port}",
+            workdir=self.workdir,
+            logs_dir=self.logs_dir,
+            install=install,
+            dry_run_create=dry_run_create,
+            watched=self.processes,
+        )
+        self.processes.append(manager)
+        return manager
+
 
 # Without stages of its own kwok uses its default ones; an explicit file keeps a user's
 # ~/.kwok/kwok.yaml (kwok's default --config) out of the tests.
@@ -594,6 +640,17 @@ class ExistingCluster(Cluster):
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - started
+
+    def ensure_lws(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.wait_for_crd(LWS_CRD_NAME, timeout=5)
+        except (ControlPlaneError, ApiException) as error:
+            raise ControlPlaneError(
+                f"the LeaderWorkerSet CRD {LWS_CRD_NAME} is not Established in DATAGEN_TEST_KUBECONFIG's cluster "
+                f"({error}); install LWS v0.7.0 there (its release manifests) for these tests"
+            ) from error
 
     def stop(self) -> None:
         from kubernetes.client.exceptions import ApiException

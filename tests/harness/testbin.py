@@ -12,7 +12,15 @@ from tests.harness.processes import ControlPlaneError, tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "testbin" / "build.sh"
-TESTBIN_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kwok", "kubectl")
+TESTBIN_BINARIES = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "etcd",
+    "kwok",
+    "kubectl",
+    "lws-manager",
+)
 
 
 class TestbinUnavailable(ControlPlaneError):
