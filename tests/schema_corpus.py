@@ -182,6 +182,54 @@ MUTATIONS: list[Mutation] = [
     # cross-field rules (CEL in the CRD)
     mutate("tensorParallel 3 of 8 gpus", KIMI, "spec.server.tensorParallel", ("spec.server.tensorParallel", 3)),
     mutate("tensorParallel 4 of 8 gpus", KIMI, None, ("spec.server.tensorParallel", 4)),
+    mutate("2 nodes, tensorParallel 16", KIMI, None, ("spec.server.nodes", 2), ("spec.server.tensorParallel", 16)),
+    mutate(
+        "2 nodes, tensorParallel unset", KIMI, None, ("spec.server.nodes", 2), ("spec.server.tensorParallel", DELETE)
+    ),
+    mutate("2 nodes, tensorParallel 8", KIMI, "spec.server.tensorParallel", ("spec.server.nodes", 2)),
+    mutate(
+        "2 nodes, tensorParallel 32",
+        KIMI,
+        "spec.server.tensorParallel",
+        ("spec.server.nodes", 2),
+        ("spec.server.tensorParallel", 32),
+    ),
+    mutate("nodes 0", KIMI, "spec.server.nodes", ("spec.server.nodes", 0)),
+    mutate(
+        "attentionDataParallel 8 of tp 8", R1, None, ("spec.server.gpus", 8), ("spec.server.attentionDataParallel", 8)
+    ),
+    mutate(
+        "attentionDataParallel 16 over 2 nodes",
+        R1,
+        None,
+        ("spec.server.gpus", 8),
+        ("spec.server.nodes", 2),
+        ("spec.server.attentionDataParallel", 16),
+    ),
+    mutate(
+        "attentionDataParallel 3 of tp 8",
+        KIMI,
+        "spec.server.attentionDataParallel",
+        ("spec.server.attentionDataParallel", 3),
+    ),
+    mutate(
+        "attentionDataParallel 3 of tp 16 unset over 2 nodes",
+        KIMI,
+        "spec.server.attentionDataParallel",
+        ("spec.server.nodes", 2),
+        ("spec.server.tensorParallel", DELETE),
+        ("spec.server.attentionDataParallel", 3),
+    ),
+    mutate(
+        "attentionDataParallel with dp replicas",
+        KIMI,
+        "spec.server.attentionDataParallel",
+        ("spec.server.tensorParallel", 4),
+        ("spec.server.attentionDataParallel", 2),
+    ),
+    mutate(
+        "attentionDataParallel 0", KIMI, "spec.server.attentionDataParallel", ("spec.server.attentionDataParallel", 0)
+    ),
     mutate("image :latest", KIMI, "spec.server.image", ("spec.server.image", "lmsysorg/sglang:latest")),
     mutate("image without a tag", QUICK, "spec.server.image", ("spec.server.image", "registry:5000/sglang")),
     mutate("image by digest", QUICK, None, ("spec.server.image", "lmsysorg/sglang@sha256:" + "0" * 64)),

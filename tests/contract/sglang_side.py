@@ -54,8 +54,18 @@ def resolve_launch(argv: list[str]) -> dict[str, Any]:
     parsed.resolve_once()
     resolved = parsed.resolved_dict()
     keys = ("reasoning_parser", "tool_call_parser", "tp_size", "dp_size", "model_path", "trust_remote_code",
-            "mem_fraction_static", "served_model_name", "enable_metrics", "incremental_streaming_output")  # fmt: skip
+            "mem_fraction_static", "served_model_name", "enable_metrics", "incremental_streaming_output",
+            "nnodes", "node_rank", "dist_init_addr", "attn_dp_size", "enable_dp_attention")  # fmt: skip
     return {key: resolved[key] for key in keys}
+
+
+def option_strings() -> dict[str, list[str]]:
+    """Every flag of `sglang serve`'s parser by destination (e.g. tp_size: --tp-size, --tensor-parallel-size)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    _STATE["server_args"].ServerArgs.add_cli_args(parser)
+    return {action.dest: list(action.option_strings) for action in parser._actions if action.option_strings}
 
 
 def _tokenizer_manager(context_length: int, vocab_size: int) -> Any:

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from datagen_operator.api import parse_run
-from datagen_operator.engine.launch import server_argv
+from datagen_operator.api.extra_args import MANAGED_FLAGS
+from datagen_operator.engine.launch import DIST_INIT_PORT, LEADER_ADDRESS_ENV, WORKER_INDEX_ENV, server_argv
 from datagen_operator.engine.sglang_names import (
     REASONING_PARSER_NAMES,
     RESOLVED_REASONING_PARSERS,
@@ -58,6 +59,54 @@ def test_sglang_accepts_and_resolves_our_launch_command(sglang: SGLang, preset: 
     assert resolved["tool_call_parser"] == resolved_tool_call_parser(expected.tool_call_parser)
     assert (resolved["tp_size"], resolved["dp_size"]) == (spec.server.tp_size, spec.server.dp_size)
     assert resolved["incremental_streaming_output"] is stream
+
+
+# (nodes, attentionDataParallel) of 8-GPU pods: a two-node group, and attention DP on one and on two nodes.
+GROUPS = {"2-nodes": (2, None), "attn-dp-8": (1, 8), "2-nodes-attn-dp-16": (2, 16)}
+
+
+def _as_pod(argv: list[str], rank: int) -> list[str]:
+    """The command as Kubernetes runs it in pod `rank` of a group: `$(VAR)` expanded from LWS's variables."""
+    env = {WORKER_INDEX_ENV: str(rank), LEADER_ADDRESS_ENV: "kimi-0.kimi.team"}
+    expanded = []
+    for arg in argv:
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)
+        expanded.append(arg)
+    return expanded
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+@pytest.mark.parametrize("preset", preset_names())
+def test_sglang_accepts_our_multi_node_and_attention_dp_commands(sglang: SGLang, preset: str, group: str) -> None:
+    nodes, attention_dp = GROUPS[group]
+    document = _run_document(preset, 8 * nodes, stream=False)
+    document["spec"]["server"]["nodes"] = nodes
+    if attention_dp is not None:
+        document["spec"]["server"]["attentionDataParallel"] = attention_dp
+    spec = parse_run(document).spec
+    argv = server_argv(spec, model_path=str(sglang.model_dir))
+
+    for rank in range(nodes):
+        resolved = sglang.call(sglang_side.resolve_launch, _as_pod(argv, rank)[3:])
+        assert "exit" not in resolved, f"SGLang's parser refused {argv[3:]} on rank {rank}"
+        assert (resolved["tp_size"], resolved["dp_size"]) == (8 * nodes, 1)
+        assert (resolved["nnodes"], resolved["node_rank"]) == (nodes, rank)
+        assert resolved["dist_init_addr"] == (f"kimi-0.kimi.team:{DIST_INIT_PORT}" if nodes > 1 else None)
+        assert resolved["attn_dp_size"] == (attention_dp or 1)
+        # The deprecated switch, as SGLang derives it for code that still reads it.
+        assert resolved["enable_dp_attention"] is (attention_dp is not None)
+
+
+def test_managed_flags_cover_every_spelling_sglang_accepts(sglang: SGLang) -> None:
+    """extraArgs may not carry a flag the spec manages, under any of SGLang's names for it."""
+    flags = sglang.call(sglang_side.option_strings)
+    managed = ("model_path", "tp_size", "dp_size", "nnodes", "node_rank", "dist_init_addr", "attn_dp_size",
+               "enable_dp_attention", "mem_fraction_static", "reasoning_parser", "tool_call_parser", "host", "port",
+               "served_model_name", "trust_remote_code", "enable_metrics", "incremental_streaming_output",
+               "log_level", "tokenizer_path")  # fmt: skip
+    missing = {dest: sorted(set(flags[dest]) - MANAGED_FLAGS) for dest in managed}
+    assert {dest: names for dest, names in missing.items() if names} == {}
 
 
 def test_sglang_refuses_a_parser_name_it_does_not_know(sglang: SGLang) -> None:

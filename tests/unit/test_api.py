@@ -69,6 +69,38 @@ def test_tensor_parallel_must_divide_gpus() -> None:
     assert "tensorParallel 3 does not divide gpus 8" in message
 
 
+def server_changes(**server: object) -> dict[str, Any]:
+    """The Kimi example (8 GPUs, tensorParallel 8) with server fields set (`DELETE` removes one)."""
+    document = kimi_run()
+    for key, value in server.items():
+        if value is DELETE:
+            document["spec"]["server"].pop(key)
+        else:
+            document["spec"]["server"][key] = value
+    return document
+
+
+def test_a_group_of_nodes_needs_tensor_parallel_over_all_its_gpus() -> None:
+    errors = errors_of(server_changes(nodes=2, tensorParallel=8))
+    assert list(errors) == ["spec.server.tensorParallel"]  # where the CRD's CEL rule reports it too
+    assert "tensorParallel 8 is not gpus x nodes = 8 x 2" in errors["spec.server.tensorParallel"]
+    server = parse_run(server_changes(nodes=2, tensorParallel=DELETE)).spec.server
+    assert (server.tp_size, server.dp_size, server.server_gpus) == (16, 1, 16)
+
+
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        ({"attentionDataParallel": 3}, "attentionDataParallel 3 does not divide tensorParallel 8"),
+        ({"tensorParallel": 4, "attentionDataParallel": 2}, "SGLang refuses data-parallel replicas (--dp-size 2)"),
+    ],
+)
+def test_attention_data_parallel_must_fit_the_tensor_parallel_group(server: dict[str, int], message: str) -> None:
+    errors = errors_of(server_changes(**server))
+    assert list(errors) == ["spec.server.attentionDataParallel"]
+    assert message in errors["spec.server.attentionDataParallel"]
+
+
 def test_data_parallel_inside_a_pod() -> None:
     run = parse_run(with_changes("spec.server.tensorParallel", 4))
     assert (run.spec.server.tp_size, run.spec.server.dp_size) == (4, 2)

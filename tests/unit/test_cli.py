@@ -55,6 +55,30 @@ def test_server_args() -> None:
         assert expected in result.stdout
 
 
+def test_server_args_of_a_two_node_run_says_which_pod_runs_what(tmp_path: Path) -> None:
+    document = with_changes("spec.server.nodes", 2)
+    document["spec"]["server"].update({"tensorParallel": 16, "attentionDataParallel": 16})
+    manifest = tmp_path / "two-nodes.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+    result = datagen("server-args", str(manifest))
+    assert result.returncode == 0, result.stderr
+    comment = [line for line in result.stdout.splitlines() if line.startswith("#")]
+    assert comment[0] == "# One LeaderWorkerSet group of 2 pods x 8 GPUs; every pod runs this command, Kubernetes"
+    assert any(line.startswith("#   pod 0 (leader): --node-rank 0; serves the HTTP API on :30000") for line in comment)
+    assert any(line.startswith("#   pod 1 (worker): --node-rank = its index") for line in comment)
+    for expected in (
+        "--tp-size 16",
+        "--attn-dp-size 16",
+        "--nnodes 2",
+        "--node-rank '$(LWS_WORKER_INDEX)'",
+        "--dist-init-addr '$(LWS_LEADER_ADDRESS):20000'",
+    ):
+        assert expected in result.stdout
+    # The one-line form is the bare command, for a shell or a pod spec.
+    one_line = datagen("server-args", "--one-line", str(manifest)).stdout
+    assert not one_line.startswith("#") and "--nnodes 2" in one_line
+
+
 def test_presets_lists_every_family() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "datagen_operator.cli", "presets"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from datagen_operator.api import SpecError, parse_run
+from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.engine.launch import server_argv
 from tests.manifests import kimi_run, with_changes
 
@@ -81,3 +82,40 @@ def test_a_sampling_seed_turns_on_deterministic_inference() -> None:
     explicit = with_changes("spec.generation.sampling.sampling_seed", 7)
     explicit["spec"]["server"]["extraArgs"] = ["--enable-deterministic-inference"]
     assert server_argv(parse_run(explicit).spec).count("--enable-deterministic-inference") == 1
+
+
+def two_node_spec(**server: object) -> DataGenRunSpec:
+    document = kimi_run()
+    document["spec"]["server"].update({"nodes": 2, "tensorParallel": 16, **server})
+    return parse_run(document).spec
+
+
+def test_a_two_node_group_runs_one_command_fed_by_the_lws_environment() -> None:
+    argv = server_argv(two_node_spec())
+    assert flag_value(argv, "--tp-size") == "16"
+    assert flag_value(argv, "--nnodes") == "2"
+    # Left for Kubernetes to expand from the variables LeaderWorkerSet injects into each pod.
+    assert flag_value(argv, "--node-rank") == "$(LWS_WORKER_INDEX)"
+    assert flag_value(argv, "--dist-init-addr") == "$(LWS_LEADER_ADDRESS):20000"
+    assert "--dp-size" not in argv
+
+
+def test_one_node_has_no_multi_node_flags() -> None:
+    argv = server_argv(parse_run(kimi_run()).spec)
+    assert not {"--nnodes", "--node-rank", "--dist-init-addr", "--attn-dp-size"} & set(argv)
+
+
+def test_attention_data_parallel_is_attn_dp_size() -> None:
+    argv = server_argv(two_node_spec(attentionDataParallel=16))
+    assert flag_value(argv, "--attn-dp-size") == "16"
+    assert "--enable-dp-attention" not in argv  # SGLang 0.5.23's deprecated spelling
+
+
+@pytest.mark.parametrize(
+    "flag", ["--nnodes", "--node-rank", "--dist-init-addr", "--attn-dp-size", "--enable-dp-attention"]
+)
+def test_extra_args_cannot_set_the_group_or_attention_dp(flag: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_run(with_changes("spec.server.extraArgs", [flag, "2"]))
+    (error,) = caught.value.errors
+    assert "managed by the operator" in error.message

@@ -59,10 +59,13 @@ def server_args_main(argv: list[str]) -> int:
         return EXIT_INVALID
     from datagen_operator.engine.launch import server_argv
 
-    argv_out = server_argv(run.spec)  # type: ignore[attr-defined]
+    spec = run.spec  # type: ignore[attr-defined]
+    argv_out = server_argv(spec)
     if args.one_line:
         print(shlex.join(argv_out))
         return 0
+    if spec.server.nodes > 1:
+        print(_group_comment(spec.server.nodes, spec.server.gpus, spec.server.port))
     # One flag (with its value) per line, shell-continued, so a diff shows exactly what changed.
     lines, current = [], shlex.join(argv_out[:3])
     for token in argv_out[3:]:
@@ -76,6 +79,22 @@ def server_args_main(argv: list[str]) -> int:
     return 0
 
 
+def _group_comment(nodes: int, gpus: int, port: int) -> str:
+    from datagen_operator.engine.launch import DIST_INIT_PORT, LEADER_ADDRESS_ENV, WORKER_INDEX_ENV
+
+    workers = "pod 1 (worker)" if nodes == 2 else f"pods 1..{nodes - 1} (workers)"
+    return "\n".join(
+        [
+            f"# One LeaderWorkerSet group of {nodes} pods x {gpus} GPUs; every pod runs this command, Kubernetes",
+            f"# expanding $({WORKER_INDEX_ENV}) and $({LEADER_ADDRESS_ENV}) from the variables LWS gives each pod:",
+            f"#   pod 0 (leader): --node-rank 0; serves the HTTP API on :{port} (probes, the workers' requests)",
+            f"#     and the torch.distributed rendezvous on :{DIST_INIT_PORT}",
+            f"#   {workers}: --node-rank = its index; joins the leader; SGLang serves only a health",
+            f"#     endpoint on :{port} there (/health answers 200 once its schedulers run)",
+        ]
+    )
+
+
 def presets_main(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="datagen presets", description="List the model presets.").parse_args(argv)
     from rich.console import Console
@@ -84,7 +103,7 @@ def presets_main(argv: list[str]) -> int:
     from datagen_operator.presets import presets
 
     table = Table(title="model presets")
-    for column in ("preset", "reasoning parser", "tool-call parser", "thinking", "think tokens", "stop"):
+    for column in ("preset", "reasoning parser", "tool-call parser", "thinking", "think tokens", "stop", "attention"):
         table.add_column(column)
     for name, p in sorted(presets().items()):
         thinking = (
@@ -94,6 +113,9 @@ def presets_main(argv: list[str]) -> int:
             thinking += ", opener in prompt"
         tokens = f"{p.think_start.text} {p.think_end.text}" if p.think_start and p.think_end else "-"
         stops = " ".join(t.text for t in p.stop_tokens)
-        table.add_row(name, p.reasoning_parser or "none", p.tool_call_parser or "none", thinking, tokens, stops)
+        attention = "MLA: set attentionDataParallel" if p.mla else "-"
+        table.add_row(
+            name, p.reasoning_parser or "none", p.tool_call_parser or "none", thinking, tokens, stops, attention
+        )
     Console().print(table)
     return 0

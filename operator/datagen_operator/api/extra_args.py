@@ -15,12 +15,14 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
         "--model-path", "--model", "--tp-size", "--tp", "--tensor-parallel-size", "--dp-size", "--dp",
         "--data-parallel-size", "--mem-fraction-static", "--reasoning-parser", "--tool-call-parser",
         "--host", "--port", "--served-model-name", "--trust-remote-code", "--enable-metrics",
-        "--incremental-streaming-output", "--log-level", "--tokenizer-path",
+        "--incremental-streaming-output", "--log-level", "--tokenizer-path", "--nnodes", "--node-rank",
+        "--dist-init-addr", "--nccl-init-addr", "--attn-dp-size", "--attention-data-parallel-size",
+        "--enable-dp-attention",
     }
 )  # fmt: skip
 MANAGED_REASON = (
-    "is managed by the operator; set it through the spec (model.path, server.tensorParallel, "
-    "server.reasoningParser, ...) instead"
+    "is managed by the operator; set it through the spec (model.path, server.tensorParallel, server.nodes, "
+    "server.attentionDataParallel, server.reasoningParser, ...) instead"
 )
 
 # Flags refused because they would split what the server does from what the data records.

@@ -146,9 +146,36 @@ class ServerSpec(SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "!has(self.tensorParallel) || !has(self.gpus) || self.gpus % self.tensorParallel == 0",
+                    "rule": "!has(self.tensorParallel) || !has(self.gpus) || (has(self.nodes) && self.nodes > 1)"
+                    " || self.gpus % self.tensorParallel == 0",
                     "message": "tensorParallel must divide gpus (SGLang needs tp-size x dp-size = GPUs)",
                     "fieldPath": ".tensorParallel",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "!has(self.tensorParallel) || !has(self.gpus) || !has(self.nodes) || self.nodes <= 1"
+                    " || self.tensorParallel == self.gpus * self.nodes",
+                    "message": "with nodes > 1, tensorParallel must be gpus x nodes (one SGLang server spans every "
+                    "GPU of the group)",
+                    "fieldPath": ".tensorParallel",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "!has(self.attentionDataParallel) || !has(self.gpus) || self.attentionDataParallel <= 1"
+                    " || (!has(self.tensorParallel) ? self.gpus * (has(self.nodes) ? self.nodes : 1)"
+                    " : self.tensorParallel) % self.attentionDataParallel == 0",
+                    "message": "attentionDataParallel must divide tensorParallel (SGLang splits the tensor-parallel "
+                    "group into attention data-parallel groups)",
+                    "fieldPath": ".attentionDataParallel",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "!has(self.attentionDataParallel) || !has(self.gpus) || self.attentionDataParallel <= 1"
+                    " || !has(self.tensorParallel) || self.tensorParallel == self.gpus * (has(self.nodes) ? self.nodes"
+                    " : 1)",
+                    "message": "attentionDataParallel needs tensorParallel = gpus x nodes: SGLang refuses "
+                    "data-parallel replicas (--dp-size) together with --attn-dp-size",
+                    "fieldPath": ".attentionDataParallel",
                     "reason": "FieldValueInvalid",
                 },
                 {
@@ -169,10 +196,32 @@ class ServerSpec(SpecModel):
         description="SGLang image, pinned by tag or digest (never :latest).",
     )
     gpus: int = Field(default=8, ge=1, le=64, description="GPUs per server pod (in limits).")
-    tensor_parallel: int | None = Field(
-        default=None, ge=1, description="--tp-size; must divide gpus. Default: all GPUs of the pod."
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=32,
+        description="Pods (nodes) per server. Above 1 the server is a LeaderWorkerSet group (LWS must be "
+        "installed): one SGLang server over nodes x gpus GPUs, HTTP on the leader.",
     )
-    replicas: int = Field(default=1, ge=1, le=64, description="Data-parallel server pods; workers spread over them.")
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="--tp-size; must divide gpus (with nodes > 1: must be gpus x nodes). Default: every GPU "
+        "of the server.",
+    )
+    attention_data_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="--attn-dp-size: attention data-parallel groups inside the tensor-parallel group, each "
+        "with its own KV cache (MLA models: Kimi, DeepSeek). Must divide tensorParallel.",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Data-parallel servers (pods, or groups with nodes > 1); workers spread over them.",
+    )
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1, description="--mem-fraction-static.")
     reasoning_parser: str | None = Field(
         default=None, description="--reasoning-parser; default from the preset; `none` for no parser."
@@ -231,22 +280,52 @@ class ServerSpec(SpecModel):
         return _known_parser(value, TOOL_CALL_PARSER_NAMES, "tool-call")
 
     @model_validator(mode="after")
-    def _tp_divides_gpus(self) -> ServerSpec:
-        if self.gpus % self.tp_size:
+    def _parallelism_fits_the_gpus(self) -> ServerSpec:
+        # The same rules as the CEL ones above, in their order.
+        if self.nodes == 1 and self.gpus % self.tp_size:
             raise cross_field_error(
                 "tensorParallel",
                 f"tensorParallel {self.tp_size} does not divide gpus {self.gpus}: SGLang needs "
                 f"tp-size x dp-size = GPUs; set tensorParallel to a divisor of {self.gpus}",
             )
+        if self.nodes > 1 and self.tp_size != self.server_gpus:
+            raise cross_field_error(
+                "tensorParallel",
+                f"tensorParallel {self.tp_size} is not gpus x nodes = {self.gpus} x {self.nodes}: one SGLang "
+                f"server spans every GPU of the group; set tensorParallel to {self.server_gpus} or leave it unset",
+            )
+        attention_dp = self.attn_dp_size
+        if attention_dp > 1 and self.tp_size % attention_dp:
+            raise cross_field_error(
+                "attentionDataParallel",
+                f"attentionDataParallel {attention_dp} does not divide tensorParallel {self.tp_size}: SGLang "
+                "splits the tensor-parallel group into attention data-parallel groups",
+            )
+        if attention_dp > 1 and self.dp_size > 1:
+            raise cross_field_error(
+                "attentionDataParallel",
+                f"attentionDataParallel {attention_dp} with tensorParallel {self.tp_size} below gpus x nodes "
+                f"({self.server_gpus}): SGLang refuses data-parallel replicas (--dp-size {self.dp_size}) together "
+                "with --attn-dp-size; set tensorParallel to gpus x nodes",
+            )
         return self
 
     @property
+    def server_gpus(self) -> int:
+        """GPUs of one server: every pod of its group."""
+        return self.gpus * self.nodes
+
+    @property
     def tp_size(self) -> int:
-        return self.tensor_parallel or self.gpus
+        return self.tensor_parallel or self.server_gpus
 
     @property
     def dp_size(self) -> int:
-        return self.gpus // self.tp_size
+        return self.server_gpus // self.tp_size
+
+    @property
+    def attn_dp_size(self) -> int:
+        return self.attention_data_parallel or 1
 
 
 def _known_parser(value: str | None, names: tuple[str, ...], kind: str) -> str | None:

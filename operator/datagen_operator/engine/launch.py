@@ -12,6 +12,17 @@ LAUNCH_MODULE = "sglang.launch_server"
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 """SGLang uses `sampling_seed` only with this flag (and then seeds unseeded requests with 42)."""
 
+# A server over several pods is a LeaderWorkerSet group; LWS's pod webhook gives every container of the
+# group these variables, and Kubernetes expands `$(NAME)` in a container's args from its environment, so
+# every pod of the group runs the same command and learns its rank and its leader from LWS.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+"""DNS name of the group's leader pod (through the LeaderWorkerSet's headless Service)."""
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+"""0 on the leader, 1..size-1 on the workers: SGLang's --node-rank."""
+GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
+DIST_INIT_PORT = 20000
+"""Where rank 0 (the leader) listens for the other ranks' torch.distributed rendezvous."""
+
 
 def server_argv(
     spec: DataGenRunSpec,
@@ -21,7 +32,8 @@ def server_argv(
     python: str = "python3",
     model_path: str | None = None,
 ) -> list[str]:
-    """The launch command. `model_path` overrides spec.model.path (the local runner resolves it)."""
+    """The launch command. `model_path` overrides spec.model.path (the local runner resolves it). With
+    server.nodes > 1 it is every pod's command, `$(LWS_...)` left for Kubernetes to expand per pod."""
     resolved: ResolvedModel = resolve_model(spec)
     errors = extra_arg_errors(spec.server.extra_args)
     if errors:
@@ -31,6 +43,11 @@ def server_argv(
     argv += ["--tp-size", str(server.tp_size)]
     if server.dp_size > 1:
         argv += ["--dp-size", str(server.dp_size)]
+    if server.attn_dp_size > 1:
+        argv += ["--attn-dp-size", str(server.attn_dp_size)]
+    if server.nodes > 1:
+        argv += ["--nnodes", str(server.nodes), "--node-rank", f"$({WORKER_INDEX_ENV})"]
+        argv += ["--dist-init-addr", f"$({LEADER_ADDRESS_ENV}):{DIST_INIT_PORT}"]
     if server.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(server.mem_fraction_static)]
     if resolved.trust_remote_code:

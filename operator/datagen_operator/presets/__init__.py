@@ -47,6 +47,10 @@ class Preset(_Frozen):
     stop_tokens: tuple[TokenRef, ...]
     tool_call_markers: tuple[tuple[TokenRef, TokenRef], ...]
     trust_remote_code: bool
+    mla: bool = False
+    """Multi-head latent attention (the DeepSeek-V3 architecture): with plain tensor parallelism every rank
+    holds the whole latent KV cache, so serving guides raise concurrency with attention data parallelism
+    (server.attentionDataParallel = tensorParallel)."""
     sources: tuple[str, ...]
 
 
