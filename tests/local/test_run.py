@@ -71,6 +71,16 @@ def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin: Pat
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
 
 
+def test_a_server_over_several_nodes_is_refused_pointing_to_the_operator(tmp_path: Path, standin: Path) -> None:
+    run_file = manifest(tmp_path, standin, server__nodes=2, server__gpus=1, server__tensorParallel=2)
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 2, result.stdout + result.stderr
+    output = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "server.nodes is 2: a server over several nodes runs in Kubernetes only" in output
+    assert "LeaderWorkerSet group the operator creates" in output
+    assert not (tmp_path / "out" / "logs").exists(), "nothing may be started"
+
+
 def test_prompt_suffix_leak_fails_the_canary(tmp_path: Path, standin: Path) -> None:
     result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-prompt-suffix-leak=3")
     assert result.returncode == 1, result.stdout + result.stderr

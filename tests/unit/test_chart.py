@@ -50,6 +50,13 @@ def _pins() -> dict[str, str]:
     return pins
 
 
+def test_the_sglang_extra_pins_the_sglang_the_project_tests_against() -> None:
+    from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["sglang"] == [f"sglang=={PINNED_SGLANG_VERSION}"]
+
+
 def test_image_pins_are_exact_and_satisfy_pyproject() -> None:
     pins = _pins()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

@@ -53,13 +53,24 @@ def main(argv: list[str]) -> int:
     except (SpecError, FileNotFoundError) as error:
         console.print(f"[red]{args.manifest}: {error}[/]")
         return 2
+    if run.spec.server.nodes > 1:
+        console.print(
+            f"[red]{args.manifest}: server.nodes is {run.spec.server.nodes}: a server over several nodes runs in "
+            "Kubernetes only, as a LeaderWorkerSet group the operator creates (kubectl apply -f this manifest; "
+            "docs/operator.md, 'A server over several nodes'). `datagen run` starts one server on this machine: "
+            "set server.nodes to 1 to run it here.[/]"
+        )
+        return 2
     if args.output is not None:
         output_spec = run.spec.output.model_copy(update={"path": str(args.output.resolve())})
         run = run.model_copy(update={"spec": run.spec.model_copy(update={"output": output_spec})})
     model_dir = Path(run.spec.model.tokenizer_path or run.spec.model.path)
     use_real = args.sglang or (not args.simulator and real_sglang_available())
     if args.sglang and not real_sglang_available():
-        console.print("[red]--sglang: sglang is not installed or no NVIDIA GPU is visible[/]")
+        console.print(
+            "[red]--sglang: sglang is not installed or no NVIDIA GPU is visible "
+            "(pip install 'datagen-operator[sglang]' installs the pinned SGLang)[/]"
+        )
         return 2
     if not model_dir.is_dir():
         preset = run.spec.model.preset
