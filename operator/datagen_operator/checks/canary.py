@@ -212,7 +212,7 @@ def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc
         input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect
     )
     return CanaryRecord(
-        prompt["id"], input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"),
+        prompt["id"], input_ids, list(reply.output_ids), meta.get("finish_reason"), meta.get("completion_tokens"),
         has_tools, flags,
     )  # fmt: skip
 

@@ -19,12 +19,14 @@ import enum
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
+
+from datagen_operator.engine import wire
 
 log = logging.getLogger("datagen.worker.client")
 
@@ -302,13 +304,15 @@ _RESET = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.Client
 
 @dataclass
 class Reply:
-    output_ids: list[int]
+    output_ids: Sequence[int]
+    """Usually a `wire.WireIds` (the server's bytes, never parsed into ints); a list when the answer was not
+    in the compact form."""
     meta_info: dict[str, Any]
     server: str
     attempts: int
     latency_s: float
     output_ids_json: bytes | None = None
-    """`output_ids` as the server encoded them (non-streaming answers), to store without re-encoding."""
+    """`output_ids` as the server encoded them, to store without re-encoding."""
 
 
 class GenerateClient:
@@ -377,7 +381,7 @@ class GenerateClient:
             if self.pool.stop.is_set():
                 raise Drained()
 
-    async def _post(self, endpoint: Endpoint, payload: bytes) -> tuple[list[int], dict[str, Any], bytes | None]:
+    async def _post(self, endpoint: Endpoint, payload: bytes) -> tuple[Sequence[int], dict[str, Any], bytes | None]:
         async with self.pool.session.post(
             endpoint.generate_url,
             data=payload,
@@ -390,6 +394,7 @@ class GenerateClient:
             raw: bytes | None = None
             if self.stream:
                 output_ids, meta = await read_incremental_stream(response.content)
+                raw = output_ids.raw if isinstance(output_ids, wire.WireIds) else None
             else:
                 output_ids, meta, raw = parse_generate_body(await response.read())
         aborted = abort_verdict(meta.get("finish_reason"))
@@ -410,8 +415,16 @@ def _retry_kind(status: int | None, reason: str) -> str:
     return "connection_error"
 
 
-def parse_generate_body(body: bytes) -> tuple[list[int], dict[str, Any], bytes | None]:
-    """(output_ids, meta_info, the JSON text of output_ids as sent, or None if it cannot be cut out)."""
+def parse_generate_body(body: bytes) -> tuple[Sequence[int], dict[str, Any], bytes | None]:
+    """(output_ids, meta_info, the JSON text of output_ids as sent, or None if it cannot be cut out).
+
+    The answer's ids stay bytes (`wire.split_answer`) when they are in orjson's compact form, as SGLang
+    sends them; otherwise the whole body is parsed."""
+    split = wire.split_answer(body)
+    if split is not None:
+        ids, obj = split
+        meta = obj.get("meta_info")
+        return ids, meta if isinstance(meta, dict) else {}, ids.raw
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as error:
@@ -467,13 +480,14 @@ def int_array_text(body: bytes, ids: list[int]) -> bytes | None:
     return raw
 
 
-async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[list[int], dict[str, Any]]:
+async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[wire.WireIds, dict[str, Any]]:
     """SSE `data: {...}` chunks with DISJOINT output_ids deltas (--incremental-streaming-output), joined.
 
-    Work is per chunk, never per token, and never re-reads earlier tokens. The last chunk's meta_info
+    Work is per chunk, never per token, and never re-reads earlier tokens; each delta stays bytes when it
+    can (`wire.cut_array`) and the deltas are joined as bytes. The last chunk's meta_info
     (finish_reason, completion_tokens) describes the whole answer.
     """
-    output_ids: list[int] = []
+    output_ids: list[Sequence[int]] = []
     meta: dict[str, Any] = {}
     buffer = bytearray()
     async for chunk in content.iter_any():
@@ -488,10 +502,13 @@ async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[list[i
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     return _finished(output_ids, meta)
+                cut = wire.cut_array(data)
                 try:
-                    obj = orjson.loads(data)
+                    obj = orjson.loads(data if cut is None else cut[2])
                 except orjson.JSONDecodeError as error:
                     raise RequestFailed(Verdict.RETRY, f"stream chunk is not JSON: {error}") from None
+                if not isinstance(obj, dict):
+                    raise RequestFailed(Verdict.RETRY, "stream chunk is not a JSON object")
                 error_body = obj.get("error")
                 if error_body is not None:
                     retryable = not isinstance(error_body, dict) or error_body.get("retryable", True)
@@ -499,8 +516,10 @@ async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[list[i
                     verdict = Verdict.RETRY if retryable else Verdict.REJECT
                     raise RequestFailed(verdict, f"stream error: {message}")
                 ids = obj.get("output_ids")
-                if ids:
-                    output_ids.extend(ids)
+                if cut is not None and ids == []:  # the delta cut out was the real key's
+                    output_ids.append(wire.WireIds(cut[0], cut[1]))
+                elif ids:
+                    output_ids.append(ids)
                 chunk_meta = obj.get("meta_info")
                 if isinstance(chunk_meta, dict):
                     meta = chunk_meta
@@ -508,10 +527,10 @@ async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[list[i
     return _finished(output_ids, meta)
 
 
-def _finished(output_ids: list[int], meta: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+def _finished(output_ids: list[Sequence[int]], meta: dict[str, Any]) -> tuple[wire.WireIds, dict[str, Any]]:
     if meta.get("finish_reason") is None:
         raise RequestFailed(Verdict.RETRY, "stream ended before the answer finished")
-    return output_ids, meta
+    return wire.join(output_ids), meta
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 30.0) -> Any:

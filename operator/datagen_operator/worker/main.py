@@ -739,7 +739,9 @@ class Worker:
         record = build_record(job, answer, flags)
         writer = self.writer
         writer.append(record, encode_record(record, reply.output_ids_json))
-        if writer.buffered_bytes >= 1 << 20 and not self._write(writer.flush):
+        # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,
+        # never answers held back in memory (they would be generated again on resume).
+        if not self._write(writer.flush):
             return
         self.tracker.on_record(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags)
         self._finish_key(job.id)

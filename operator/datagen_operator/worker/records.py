@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,8 @@ def generate_payload(job: Job, sampling: dict[str, Any], *, stream: bool) -> byt
 class Answer:
     """What the server returned for one request, with how it was obtained."""
 
-    output_ids: list[int]
+    output_ids: Sequence[int]
+    """A list, or the server's bytes behind a Sequence (engine.wire.WireIds)."""
     meta_info: dict[str, Any]
     server: str
     attempts: int
