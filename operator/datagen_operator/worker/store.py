@@ -412,7 +412,7 @@ class ShardWriter:
     """Appends records and rejects for one shard. Single writer per shard (the Job runs one pod per index).
 
     Durability: `append` buffers encoded lines; `flush` hands them to the OS with one write() (survives a
-    process kill); `sync` fsyncs (survives a node crash). The worker flushes every 200 ms or 1 MiB and
+    process kill); `sync` fsyncs (survives a node crash). The worker flushes after every record and
     syncs every 2 s and on shutdown; see docs/worker.md.
     """
 
@@ -763,6 +763,10 @@ PARQUET_WRITE_OPTIONS: dict[str, Any] = {
     "write_statistics": ["id", "sample"],
 }
 ROW_GROUP_TOKENS = 32 * 1024 * 1024
+"""A row group ends at this many token ids (int32: 128 MiB of id columns) ..."""
+ROW_GROUP_ROWS = 65_536
+"""... or at this many rows: short records would otherwise make groups of millions of rows, whose per-row
+Python values (ids, flags, finish reasons) cost far more memory than their tokens (bench/scale.py)."""
 
 
 @dataclass
@@ -865,7 +869,7 @@ def _write_parquet(
             batch.add(record)
             rows += 1
             tokens += len(record["input_ids"]) + len(record["output_ids"])
-            if batch.tokens >= ROW_GROUP_TOKENS:
+            if batch.tokens >= ROW_GROUP_TOKENS or batch.rows >= ROW_GROUP_ROWS:
                 writer.write_table(batch.table())
                 batch = _ColumnBatch()
 
@@ -928,12 +932,13 @@ def _shard_indices(layout: OutputLayout) -> list[int]:
 
 def iter_shard_records(output_dir: str | Path, shard_index: int) -> Iterator[dict[str, Any]]:
     layout = OutputLayout(Path(output_dir))
-    seen: set[Key] = set()
+    # Keys by their 64-bit hash: a million records hold 64 MB here, not the keys' strings and tuples.
+    seen: set[int] = set()
 
     def from_parquet() -> Iterator[dict[str, Any]]:
         for parquet in sorted(layout.data_dir.glob(f"shard-{shard_index:05d}-of-*.parquet")):
             for record in _parquet_records(parquet):
-                key = (record["id"], record["sample"])
+                key = hash((record["id"], record["sample"]))
                 if key not in seen:
                     seen.add(key)
                     yield record
@@ -943,7 +948,7 @@ def iter_shard_records(output_dir: str | Path, shard_index: int) -> Iterator[dic
     segments = layout.segments(shard_index)
     for segment in segments:
         for record in _segment_records(segment):
-            key = (record["id"], record["sample"])
+            key = hash((record["id"], record["sample"]))
             if key not in seen:
                 seen.add(key)
                 yield record
