@@ -54,11 +54,9 @@ def _server(prompt_id: str, sample: int, status: int) -> dict[str, Any]:
 def test_server_entries_split_into_refusals_and_failures() -> None:
     entries = [_server("a", 0, 400), _server("a", 1, 422), _server("b", 0, 503), _server("c", 0, 0)]
     server = {(e["id"], e["sample"]): e for e in entries}
-    seen = {("d", 0), ("d", 1), ("e", 0)}
     aside = SetAside({"f": "too_long"}, {"too_long": 1, "bad_json": 2})
-    tally = _output_tally(3, 1, {}, server, seen, aside, None)
+    tally = _output_tally(3, 1, {}, server, 6, aside)
     assert (tally.rejected, tally.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
     assert (tally.malformed, tally.too_long) == (2, 1)
     assert tally.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
-    dataset = [(n, f"p{n}") for n in range(10)]
-    assert _output_tally(3, 1, {}, server, seen, aside, dataset).lines == 10 + 2
+    assert _output_tally(3, 1, {}, server, 10, aside).lines == 10 + 2  # a dataset of 10 valid prompts

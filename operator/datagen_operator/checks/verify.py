@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -171,56 +172,82 @@ def account_set_aside(
     return SetAside(prompts, dict(causes))
 
 
-def _completeness(
-    expected: list[str] | None,
-    samples: int,
-    seen: Counter[tuple[str, int]],
-    rejected: set[tuple[str, int]],
-    duplicates: int,
-    set_aside: SetAside | None = None,
-) -> CheckResult:
-    if expected is None:
+@dataclass
+class KeyCheck:
+    """Completeness over (id, sample) keys held as 64-bit hashes in sorted numpy arrays, so its memory is
+    8 bytes a key; ids come back (a second pass) only to name a few examples. Two distinct keys share a
+    hash with probability ~n^2/2^65 (3e-8 for a million)."""
+
+    seen: Any
+    """np.ndarray: the records' key hashes, unique, sorted."""
+    wanted: Any = None
+    """np.ndarray: the dataset's key hashes (every valid prompt x sample), unique, sorted; None: no dataset."""
+    rejected: Any = None
+    unsent: Any = None
+    missing_examples: list[tuple[str, int]] = field(default_factory=list)
+    extra_examples: list[tuple[str, int]] = field(default_factory=list)
+
+    def missing(self) -> Any:
+        import numpy as np
+
+        return np.setdiff1d(np.setdiff1d(np.setdiff1d(self.wanted, self.seen), self.rejected), self.unsent)
+
+    def extra(self) -> Any:
+        import numpy as np
+
+        return np.setdiff1d(self.seen, self.wanted)
+
+
+def key_hashes(keys: Iterable[tuple[str, int]]) -> Any:
+    """Unique sorted 64-bit hashes of (id, sample) keys (Python's hash: consistent within one process)."""
+    import numpy as np
+
+    return np.unique(np.fromiter((hash(key) for key in keys), dtype=np.int64))
+
+
+def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = None) -> CheckResult:
+    import numpy as np
+
+    if keys.wanted is None:
         dup_note = f"; {duplicates} duplicate rows" if duplicates else ""
         return CheckResult(
             name=COMPLETENESS,
             passed=duplicates == 0,
             count=duplicates,
-            total=len(seen),
+            total=len(keys.seen),
             verdict=f"dataset not available, only uniqueness checked{dup_note}; pass --dataset to check every id",
         )
-    wanted = {(prompt_id, s) for prompt_id in expected for s in range(samples)}
     aside = set_aside or SetAside({}, {})
     # Set-aside prompts are accounted, not missing: a rerun would set them aside again.
-    unsent = {(prompt_id, s) for prompt_id in aside.prompts for s in range(samples)}
-    missing = sorted(wanted - set(seen) - rejected - unsent)
-    extra = sorted(set(seen) - wanted)
+    missing, extra = len(keys.missing()), len(keys.extra())
     problems = []
     if missing:
-        problems.append(f"{len(missing)} (id, sample) missing, e.g. {missing[:3]}: rerun to resume them")
+        problems.append(f"{missing} (id, sample) missing, e.g. {keys.missing_examples}: rerun to resume them")
     if duplicates:
         problems.append(f"{duplicates} duplicate rows")
     if extra:
-        problems.append(f"{len(extra)} records for ids not in the dataset, e.g. {extra[:3]}")
+        problems.append(f"{extra} records for ids not in the dataset, e.g. {keys.extra_examples}")
     if problems:
         return CheckResult(
             name=COMPLETENESS,
             passed=False,
-            count=len(missing) + duplicates + len(extra),
-            total=len(wanted),
+            count=missing + duplicates + extra,
+            total=len(keys.wanted),
             verdict="; ".join(problems),
         )
-    done = len(wanted & set(seen))
+    done = len(np.intersect1d(keys.wanted, keys.seen, assume_unique=True))
     notes = []
-    if rejected & wanted:
-        notes.append(f"{len(rejected & wanted)} rejected by the server")
+    rejected = len(np.intersect1d(keys.rejected, keys.wanted, assume_unique=True))
+    if rejected:
+        notes.append(f"{rejected} rejected by the server")
     if aside.causes:
         notes.append(f"set aside unsent: {aside.summary()}")
     note = f" ({'; '.join(notes)}; listed in rejects.jsonl)" if notes else ""
     return CheckResult(
         name=COMPLETENESS,
         passed=True,
-        total=len(wanted),
-        verdict=f"every dataset id has its records exactly once: {done}/{len(wanted)}{note}",
+        total=len(keys.wanted),
+        verdict=f"every dataset id has its records exactly once: {done}/{len(keys.wanted)}{note}",
     )
 
 
@@ -276,7 +303,6 @@ def verify_output(
     dataset: Path | None = None,
     fidelity: bool = True,
 ) -> VerifyReport:
-    from datagen_operator.worker.dataset import plan_shard
     from datagen_operator.worker.render import Renderer, template_variables
     from datagen_operator.worker.store import iter_records, iter_rejects, read_manifest
 
@@ -301,16 +327,28 @@ def verify_output(
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
     thresholds = spec.checks if spec else DataGenRunSpec.model_fields["checks"].default_factory()  # type: ignore[misc]
 
+    import numpy as np
+
+    from datagen_operator.worker.dataset import MalformedLine, ShardScan, prompt_from
+
+    dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
+    if dataset_path is not None and not dataset_path.exists():
+        dataset_path = None
+    # One streamed pass over the records and one over the dataset; what is kept per record is its key's
+    # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
     counts: Counter[str] = Counter()
-    seen: Counter[tuple[str, int]] = Counter()
+    record_keys = array("q")
+    record_prompts: set[int] = set()
+    """hash(id) of the prompts the records name: counted only without the dataset."""
     examples: dict[str, list[Example]] = defaultdict(list)
     tool_records = 0
     rng = random.Random(0)
     reservoir: list[dict[str, Any]] = []
     fidelity_size = thresholds.fidelity_sample if fidelity else 0
     for n, record in enumerate(iter_records(output)):
-        key = (record["id"], record["sample"])
-        seen[key] += 1
+        record_keys.append(hash((record["id"], record["sample"])))
+        if dataset_path is None:
+            record_prompts.add(hash(record["id"]))
         finish = record["finish_reason"]
         if isinstance(finish, str):
             finish = orjson.loads(finish)
@@ -333,27 +371,47 @@ def verify_output(
                 reservoir.append({"id": record["id"], "input_ids": record["input_ids"]})
             elif (j := rng.randrange(n + 1)) < fidelity_size:
                 reservoir[j] = {"id": record["id"], "input_ids": record["input_ids"]}
+    records = len(record_keys)
+    keys = KeyCheck(seen=np.unique(np.frombuffer(record_keys, dtype=np.int64)))
+    del record_keys
     all_rejects = list(iter_rejects(output))
     server = {(r["id"], r.get("sample", 0)): r for r in all_rejects if r.get("kind") == "server" and r.get("id")}
-    rejected = set(server)
     duplicates = _parquet_duplicates(output, manifest)
-    records = sum(seen.values())
 
     prompts: dict[str, Any] = {}
-    expected_ids: list[str] | None = None
     dataset_prompts: list[tuple[int, str]] | None = None
     dataset_causes: list[str] | None = None
-    dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
-    if dataset_path is not None and dataset_path.exists():
-        plan = plan_shard(dataset_path, 0, 1, spec.dataset.format if spec else "auto")
-        expected_ids = [ref.id for ref in plan.prompts]
-        dataset_prompts = [(ref.position, ref.id) for ref in plan.prompts]
-        dataset_causes = [line.cause for line in plan.malformed]
-        if fidelity:
-            wanted = {r["id"] for r in reservoir}
-            prompts = {p.id: p for p in plan.iter_prompts() if p.id in wanted}
+    dataset_count: int | None = None
+    if dataset_path is not None:
+        # Only lines with a rejects.jsonl entry can be set aside; every other valid prompt is just counted.
+        reject_lines = {entry.get("line") for entry in all_rejects if str(entry.get("key", "")).startswith("line:")}
+        wanted_ids = {r["id"] for r in reservoir}
+        wanted = array("q")
+        dataset_prompts, dataset_causes, dataset_count = [], [], 0
+        for item in ShardScan(dataset_path, 0, 1, spec.dataset.format if spec else "auto"):
+            if isinstance(item, MalformedLine):
+                dataset_causes.append(item.cause)
+                continue
+            ref, obj = item
+            dataset_count += 1
+            wanted.extend(hash((ref.id, sample)) for sample in range(samples))
+            if ref.position in reject_lines:
+                dataset_prompts.append((ref.position, ref.id))
+            if ref.id in wanted_ids:
+                prompts[ref.id] = prompt_from(ref, obj)
+        keys.wanted = np.unique(np.frombuffer(wanted, dtype=np.int64))
+        del wanted
     set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
-    tally = _output_tally(records, tool_records, dict(counts), server, set(seen), set_aside, dataset_prompts)
+    keys.rejected = key_hashes(server)
+    keys.unsent = key_hashes((prompt_id, s) for prompt_id in set_aside.prompts for s in range(samples))
+    if keys.wanted is not None:
+        _name_examples(keys, output, dataset_path, spec.dataset.format if spec else "auto", samples)
+    if dataset_count is None:
+        named = record_prompts | {hash(prompt_id) for prompt_id, _ in server} | {hash(i) for i in set_aside.prompts}
+        prompts_named = len(named)
+    else:
+        prompts_named = dataset_count
+    tally = _output_tally(records, tool_records, dict(counts), server, prompts_named, set_aside)
     ctx = CheckContext(
         thinking=thinking,
         preset=resolved.preset.name if resolved and resolved.preset else fingerprint.get("preset"),
@@ -363,7 +421,7 @@ def verify_output(
         thresholds=thresholds,
     )
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
-    checks.append(_completeness(expected_ids, samples, seen, rejected, duplicates, set_aside))
+    checks.append(_completeness(keys, duplicates, set_aside))
     if fidelity:
         renderer = (
             Renderer(tokenizer, template_variables(resolved))
@@ -382,34 +440,50 @@ def _output_tally(
     tool_records: int,
     flags: dict[str, int],
     server: Mapping[tuple[str, int], Mapping[str, Any]],
-    seen: set[tuple[str, int]],
+    prompts: int,
     set_aside: SetAside,
-    dataset_prompts: list[tuple[int, str]] | None,
 ) -> Tally:
     """The whole output's counts, each cause apart: server refusals (HTTP 4xx) and server failures (a 5xx
     listed in rejects.jsonl) from the server entries, `too_long` and `malformed` (every other cause: bad
-    lines, unrenderable prompts) from the set-aside accounting. `lines` is the dataset's line count; without
-    the dataset, the prompts the output names plus the lines set aside."""
+    lines, unrenderable prompts) from the set-aside accounting. `prompts`: the dataset's valid prompts, or
+    without the dataset the prompts the output names (records, server entries, set aside); `lines` is
+    then the dataset's line count."""
     from datagen_operator.worker.records import TOO_LONG
 
     failed = sum(1 for entry in server.values() if int(entry.get("status") or 0) >= 500)
     too_long = set_aside.causes.get(TOO_LONG, 0)
     malformed = sum(set_aside.causes.values()) - too_long
-    if dataset_prompts is not None:
-        lines = len(dataset_prompts) + malformed + too_long - len(set_aside.prompts)
-    else:
-        named = {prompt_id for prompt_id, _ in seen} | {prompt_id for prompt_id, _ in server} | set(set_aside.prompts)
-        lines = len(named) + malformed + too_long - len(set_aside.prompts)
     return Tally(
         records=records,
         tool_records=tool_records,
         rejected=len(server) - failed,
         flags=flags,
-        lines=lines,
+        lines=prompts + malformed + too_long - len(set_aside.prompts),
         malformed=malformed,
         too_long=too_long,
         failed=failed,
     )
+
+
+def _name_examples(keys: KeyCheck, output: Path, dataset: Path | None, fmt: Any, samples: int) -> None:
+    """The first few missing and extra keys by name: a second pass, only when there are any."""
+    import heapq
+
+    from datagen_operator.worker.dataset import MalformedLine, ShardScan
+    from datagen_operator.worker.store import iter_records
+
+    missing, extra = set(keys.missing().tolist()), set(keys.extra().tolist())
+    if missing and dataset is not None:
+        found = (
+            (item[0].id, s)
+            for item in ShardScan(dataset, 0, 1, fmt)
+            if not isinstance(item, MalformedLine)
+            for s in range(samples)
+        )
+        keys.missing_examples = heapq.nsmallest(3, (k for k in found if hash(k) in missing))
+    if extra:
+        found = ((r["id"], r["sample"]) for r in iter_records(output))
+        keys.extra_examples = heapq.nsmallest(3, (k for k in found if hash(k) in extra))
 
 
 def _parquet_duplicates(output: Path, manifest: dict[str, Any] | None) -> int:
@@ -419,8 +493,8 @@ def _parquet_duplicates(output: Path, manifest: dict[str, Any] | None) -> int:
     duplicates = 0
     for path in sorted((output / "data").glob("shard-*.parquet")):
         table = pq.read_table(path, columns=["id", "sample"])
-        keys = set(zip(table.column("id").to_pylist(), table.column("sample").to_pylist(), strict=True))
-        duplicates += table.num_rows - len(keys)
+        # Arrow's hash grouping: distinct keys without a Python object per row.
+        duplicates += table.num_rows - table.group_by(["id", "sample"]).aggregate([]).num_rows
     return duplicates
 
 
