@@ -4,8 +4,9 @@
 
 Starts the SGLang simulator (one process, wire speed: no sleeps) on loopback, with fixed 4k-token
 answers (reasoning + answer, lognormal sigma 0). Then `--rounds` pairs, back to back:
-- baseline: the same prompts, rendered here, POSTed to /generate as input_ids with the same sampling
-  params and concurrency, each response parsed with orjson and discarded;
+- baseline: the worker's requests (the same prompts rendered here, the same sampling_params: the spec's
+  and the stop ids the worker adds) POSTed to /generate at the same concurrency, each response parsed
+  with orjson and discarded;
 - worker: `datagen worker` as ONE subprocess into a fresh output directory with --no-compact, then a
   second invocation that only compacts.
 Both sides are timed by one observer, the simulator's own `sglang:generation_tokens_total` counter
@@ -125,15 +126,26 @@ def write_dataset(path: Path, prompts: int) -> None:
 
 
 def render_all(dataset: Path, tokenizer_dir: Path) -> list[list[int]]:
+    return render_with_params(dataset, tokenizer_dir, 8192)[0]
+
+
+def render_with_params(dataset: Path, tokenizer_dir: Path, max_new_tokens: int) -> tuple[list[list[int]], dict]:
+    """The prompts as the worker renders them, and the sampling_params its requests carry (the spec's and
+    the stop ids the records are checked against): the baseline sends exactly the worker's requests."""
     from datagen_operator.api import parse_spec
     from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
+    from datagen_operator.engine.requests import run_sampling
     from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
 
-    spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), 8192, 1))
+    spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), max_new_tokens, 1))
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolved.trust_remote_code)
     renderer = Renderer(tokenizer, template_variables(resolved))
-    return [renderer.render(orjson.loads(line)["messages"], None) for line in dataset.read_bytes().splitlines()]
+    expect = expectations_for(resolved, tokenizer, read_model_eos_ids(tokenizer_dir))
+    params = run_sampling(spec.generation.sampling, expect.stop_token_ids)
+    prompts = [renderer.render(orjson.loads(line)["messages"], None) for line in dataset.read_bytes().splitlines()]
+    return prompts, params
 
 
 def _spec(dataset: Path, tokenizer_dir: Path, output: Path, max_new_tokens: int, concurrency: int) -> dict:
@@ -146,12 +158,10 @@ def _spec(dataset: Path, tokenizer_dir: Path, output: Path, max_new_tokens: int,
     }
 
 
-async def baseline(url: str, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> tuple[float, int]:
-    """The minimal client: same requests, parse each response, discard it."""
-    payloads = [
-        orjson.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.6}})
-        for ids in prompts
-    ]
+async def baseline(url: str, prompts: list[list[int]], params: dict, concurrency: int) -> tuple[float, int]:
+    """The minimal client: the worker's requests (same input_ids, same sampling_params), each response
+    parsed and discarded."""
+    payloads = [orjson.dumps({"input_ids": ids, "sampling_params": params}) for ids in prompts]
     tokens = 0
     queue = iter(payloads)
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -214,9 +224,9 @@ def main() -> int:
     try:
         dataset = workdir / "prompts.jsonl"
         write_dataset(dataset, args.prompts)
-        prompts = render_all(dataset, tokenizer_dir)
         max_new = args.answer_tokens * 2
-        asyncio.run(baseline(url, prompts[: args.concurrency], max_new, args.concurrency))  # warm-up
+        prompts, params = render_with_params(dataset, tokenizer_dir, max_new)
+        asyncio.run(baseline(url, prompts[: args.concurrency], params, args.concurrency))  # warm-up
         print(load_text(), flush=True)
         base_rates: list[float] = []
         worker_rates: list[float] = []
@@ -225,7 +235,7 @@ def main() -> int:
         for round_index in range(args.rounds):
             cpu_before, sim_before = time.process_time(), process_cpu_s(sim.pid)
             watch = TokenWatch(url)
-            seconds, tokens = asyncio.run(baseline(url, prompts, max_new, args.concurrency))
+            seconds, tokens = asyncio.run(baseline(url, prompts, params, args.concurrency))
             base_rates.append(watch.steady_rate())
             base_whole = tokens / seconds
             base_cpu, base_sim_cpu = time.process_time() - cpu_before, process_cpu_s(sim.pid) - sim_before
