@@ -214,6 +214,46 @@ def test_unschedulable_pod_carries_the_scheduler_message() -> None:
     assert not instance.scheduled and "Insufficient nvidia.com/gpu" in (instance.unschedulable_message or "")
 
 
+GROUP_SPEC = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
+
+
+def test_a_server_over_two_nodes_is_a_leaderworkerset_group_per_replica() -> None:
+    lws = m.server_workload(RUN, GROUP_SPEC, 3)
+    assert (lws["apiVersion"], lws["kind"]) == ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+    assert lws["metadata"]["name"] == "kimi-server"  # its leaders are kimi-server-<i>, as the StatefulSet's pods
+    assert lws["metadata"]["ownerReferences"] == [RUN.owner_reference()]
+    assert lws["spec"]["replicas"] == 3
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    assert group["restartPolicy"] == "RecreateGroupOnPodRestart"  # SGLang's ranks cannot rejoin a running server
+    (leader,) = group["leaderTemplate"]["spec"]["containers"]
+    (worker,) = group["workerTemplate"]["spec"]["containers"]
+    # One command for every pod of the group, its rank and leader left for the kubelet to expand from LWS's env.
+    assert leader["command"] == worker["command"] == server_argv(GROUP_SPEC, host="0.0.0.0")
+    assert "$(LWS_WORKER_INDEX)" in leader["command"] and "$(LWS_LEADER_ADDRESS):20000" in leader["command"]
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == worker["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # The leader serves the API: probes as a single-node server's.
+    assert (
+        leader["startupProbe"]["httpGet"]["path"] == leader["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    )
+    # A worker rank serves only SGLang's health endpoint: started and alive, never "ready" for traffic.
+    assert worker["startupProbe"]["httpGet"]["path"] == worker["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert "readinessProbe" not in worker
+    for template in (group["leaderTemplate"], group["workerTemplate"]):
+        assert template["metadata"]["labels"] == m.labels("kimi", "server")
+        assert template["spec"]["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+
+
+def test_one_node_keeps_the_statefulset_exactly() -> None:
+    assert m.server_workload(RUN, SPEC, 2) == m.server_statefulset(RUN, SPEC, 2)
+    group_leader = m.server_leaderworkerset(RUN, GROUP_SPEC, 1)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    single = m.server_statefulset(RUN, SPEC, 1)["spec"]["template"]
+    # The leader's pod is the single-node pod but for the command (the group's flags).
+    assert {**group_leader["spec"], "containers": None} == {**single["spec"], "containers": None}
+
+
 def test_ready_needs_the_kubelet_and_the_server_itself() -> None:
     started = (NOW - timedelta(seconds=90)).isoformat().replace("+00:00", "Z")
     p = pod(

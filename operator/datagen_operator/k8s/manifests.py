@@ -30,6 +30,9 @@ TEMPLATE_HASH = f"{API_GROUP}/template-hash"
 DATA_GENERATION = f"{API_GROUP}/data-generation"
 """On the spec ConfigMap: the run generation whose data-affecting fields are applied (outcomes older are stale)."""
 SERVER_URLS = f"{API_GROUP}/server-urls"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+"""A server over several nodes (sigs.k8s.io/lws, which must be installed in the cluster)."""
 
 RUN_FILE_DIR = "/etc/datagen"
 RUN_FILE = f"{RUN_FILE_DIR}/run.yaml"
@@ -491,33 +494,39 @@ def replica_service(run: RunRef, spec: DataGenRunSpec, index: int) -> Manifest:
     }
 
 
-def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
-    """The SGLang server: one pod per data-parallel replica, all started at once (Parallel)."""
+def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _server_pod_template(run: RunRef, spec: DataGenRunSpec, *, serves_api: bool) -> dict[str, Any]:
+    """A server pod. `serves_api`: it answers the HTTP API (a single-node server, or a group's leader);
+    otherwise it is a group's worker, where SGLang serves only a health endpoint (always 200 once its
+    schedulers run, i.e. after the weights loaded), so it gets startup and liveness checks, no readiness."""
     server = spec.server
     model_volumes, model_mounts = _model_volume(spec)
     startup_failures = math.ceil(STARTUP_PROBE_BACKSTOP_S / STARTUP_PERIOD_S)
-
-    def probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
-        return {
-            "httpGet": {"path": path, "port": "http"},
-            "periodSeconds": period,
-            "timeoutSeconds": timeout,
-            "failureThreshold": failures,
-        }
-
     container: dict[str, Any] = {
         "name": "server",
         "image": server.image,
+        # With nodes > 1 the same argv on every pod; `$(LWS_...)` is expanded by the kubelet per pod.
         "command": server_argv(spec, host="0.0.0.0"),
         "ports": [{"name": "http", "containerPort": server.port}],
         "resources": server_resources(spec),
         "securityContext": _no_privileges(read_only_root=False),  # JIT kernel caches write into the image
         "volumeMounts": [*model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}],
-        # No fixed initial delay: the startup probe gates the others while the model loads.
-        "startupProbe": probe("/health_generate", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures),
-        "readinessProbe": probe("/health_generate", 10, READINESS_TIMEOUT_S, 3),
-        "livenessProbe": probe("/health", 30, LIVENESS_TIMEOUT_S, 5),
     }
+    if serves_api:
+        # No fixed initial delay: the startup probe gates the others while the model loads.
+        container["startupProbe"] = _probe("/health_generate", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures)
+        container["readinessProbe"] = _probe("/health_generate", 10, READINESS_TIMEOUT_S, 3)
+    else:
+        container["startupProbe"] = _probe("/health", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures)
+    container["livenessProbe"] = _probe("/health", 30, LIVENESS_TIMEOUT_S, 5)
     if server.env:
         container["env"] = env_vars(server.env)
     pod_spec: dict[str, Any] = {
@@ -543,7 +552,12 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
         pod_spec["priorityClassName"] = server.priority_class_name
     if server.runtime_class_name:
         pod_spec["runtimeClassName"] = server.runtime_class_name
-    template = {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
+    return {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
+
+
+def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+    """The SGLang server of server.nodes == 1: one pod per data-parallel replica, all started at once (Parallel)."""
+    template = _server_pod_template(run, spec, serves_api=True)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -556,6 +570,42 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
             "template": template,
         },
     }
+
+
+def server_leaderworkerset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+    """The SGLang server of server.nodes > 1: one LeaderWorkerSet group of `nodes` pods per replica.
+
+    LWS names the group's leader <run>-server-<i>, as the StatefulSet names a single-node server, so the
+    per-replica Services and URLs are the same; its workers are <run>-server-<i>-<rank>. A group restarts
+    whole when any of its pods does (SGLang's ranks cannot rejoin a running server). LWS makes its own
+    headless Service <run>-server (publishing not-ready addresses: the workers resolve the leader while
+    it loads), so the operator creates none for a group."""
+    leader = _server_pod_template(run, spec, serves_api=True)
+    worker = _server_pod_template(run, spec, serves_api=False)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": _meta(
+            run, server_name(run.name), "server", {TEMPLATE_HASH: template_hash({"leader": leader, "worker": worker})}
+        ),
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",  # every rank loads at once; the leader waits for the others
+            "leaderWorkerTemplate": {
+                "size": spec.server.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def server_workload(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+    """The StatefulSet (one node per server) or the LeaderWorkerSet (a group of nodes per server)."""
+    if spec.server.nodes > 1:
+        return server_leaderworkerset(run, spec, replicas)
+    return server_statefulset(run, spec, replicas)
 
 
 def client_placement(spec: DataGenRunSpec) -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""A server over several nodes seen as one replica per LeaderWorkerSet group (k8s/groups.py), and the
+ServerReady verdict it leads to (control/server.py, unchanged for groups)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from datagen_operator.control.observed import ServerObservation
+from datagen_operator.control.server import server_verdict
+from datagen_operator.k8s.groups import group_observation
+
+NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+LEADER_STS = {"metadata": {"name": "kimi-server"}, "status": {"updateRevision": "r1"}}
+STARTED = (NOW - timedelta(seconds=120)).isoformat().replace("+00:00", "Z")
+UNPLACEABLE = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+
+
+def pod(name: str, *, leader: bool, ready: bool = False, running: bool = True, **status: Any) -> dict[str, Any]:
+    labels = {"controller-revision-hash": "r1"} if leader else {}
+    body: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}], **status}
+    if running:
+        body["containerStatuses"] = [
+            {"name": "server", "restartCount": 0, "state": {"running": {"startedAt": STARTED}}}
+        ]
+    return {"metadata": {"name": name, "labels": labels}, "status": body}
+
+
+def unplaced(name: str) -> dict[str, Any]:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNPLACEABLE}
+    return {"metadata": {"name": name, "labels": {}}, "status": {"phase": "Pending", "conditions": [condition]}}
+
+
+def observe(
+    pods: list[dict[str, Any]], *, size: int = 2, replicas: int = 1, health: dict[str, bool] | None = None
+) -> ServerObservation:
+    urls = [f"http://kimi-server-{i}.ml.svc:30000" for i in range(replicas)]
+    return group_observation(pods, LEADER_STS, replicas, size, urls, health or {}, NOW)
+
+
+def test_a_group_serves_through_its_leader_once_every_rank_runs() -> None:
+    observed = observe(
+        [pod("kimi-server-0", leader=True, ready=True), pod("kimi-server-0-1", leader=False)],
+        health={"kimi-server-0": True},
+    )
+    (group,) = observed.instances
+    assert group.name == "kimi-server-0" and group.ready
+    assert observed.ready_endpoints == ("http://kimi-server-0.ml.svc:30000",)
+    assert server_verdict(observed, 2700).condition.reason == "Ready"
+
+
+def test_a_group_without_its_worker_is_not_ready_even_if_the_leader_says_so() -> None:
+    (group,) = observe([pod("kimi-server-0", leader=True, ready=True)], health={"kimi-server-0": True}).instances
+    assert not group.ready and not group.running
+
+
+def test_an_unplaceable_worker_names_the_scheduler_and_the_half_placed_group() -> None:
+    observed = observe(
+        [pod("kimi-server-0", leader=True), pod("kimi-server-0-1", leader=False), unplaced("kimi-server-0-2")], size=3
+    )
+    verdict = server_verdict(observed, 2700).condition
+    assert (verdict.status, verdict.reason) == ("False", "Unschedulable")
+    assert verdict.message == (
+        f"kimi-server-0: {UNPLACEABLE} (kimi-server-0-2 of a group of 3; 2 of its pods placed and holding their "
+        "GPUs meanwhile)"
+    )
+
+
+def test_a_crashing_worker_is_the_groups_crash() -> None:
+    crashed = pod(
+        "kimi-server-0-1",
+        leader=False,
+        running=False,
+        containerStatuses=[
+            {
+                "name": "server",
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 1, "message": "NCCL error: unhandled system error"}},
+            }
+        ],
+    )
+    observed = observe([pod("kimi-server-0", leader=True), crashed])
+    (group,) = observed.instances
+    assert (group.waiting_reason, group.restarts) == ("CrashLoopBackOff", 1)
+    assert server_verdict(observed, 2700).condition.reason == "CrashLoop"
+    assert "NCCL error" in server_verdict(observed, 2700).condition.message
+
+
+def test_groups_by_replica_and_only_the_current_revision_serves() -> None:
+    pods = [
+        pod("kimi-server-0", leader=True, ready=True),
+        pod("kimi-server-0-1", leader=False),
+        pod("kimi-server-1", leader=True, ready=True),
+        pod("kimi-server-1-1", leader=False),
+        pod("kimi-server-2", leader=True, ready=True),  # left by a scale-down
+    ]
+    health = {"kimi-server-0": True, "kimi-server-1": True}
+    observed = observe(pods, replicas=2, health=health)
+    assert [g.name for g in observed.instances] == ["kimi-server-0", "kimi-server-1"]
+    assert len(observed.ready_endpoints) == 2
+    stale = {**LEADER_STS, "status": {"updateRevision": "r2"}}
+    urls = ["a", "b"]
+    assert not group_observation(pods, stale, 2, 2, urls, health, NOW).ready_endpoints
+
+
+def test_a_loading_group_counts_its_leaders_load_time() -> None:
+    observed = observe([pod("kimi-server-0", leader=True), pod("kimi-server-0-1", leader=False)])
+    verdict = server_verdict(observed, 2700).condition
+    assert (verdict.reason, verdict.message) == ("Loading", "loading the model: 2m of 45m budget")
