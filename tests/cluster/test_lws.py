@@ -103,3 +103,44 @@ def test_leaderworkerset_webhook_refuses_an_invalid_set(lws_controller: Cluster,
         assert "must not be 0 when `maxSurge` is 0" in message
     else:
         raise AssertionError("a LeaderWorkerSet with maxUnavailable and maxSurge 0 was accepted")
+
+
+def test_the_operators_group_manifest_is_what_the_real_controller_runs(lws_controller: Cluster, namespace: str) -> None:
+    """k8s/manifests.py's LeaderWorkerSet, as the operator would create it (less the owner): admitted by
+    LWS's webhooks and schema, its leader and worker made as built, the command fed from LWS's env."""
+    from datagen_operator.api import parse_run
+    from datagen_operator.k8s import manifests as m
+    from tests.manifests import example_run
+
+    document = example_run(changes={"spec.server.nodes": 2, "spec.server.tensorParallel": 16})
+    document["spec"]["server"]["tolerations"] = [GPU_TOLERATION]
+    spec = parse_run(document).spec
+    body = m.server_leaderworkerset(m.RunRef("kimi", namespace, "no-owner"), spec, 1)
+    del body["metadata"]["ownerReferences"]  # no DataGenRun here: the garbage collector would take it
+    lws_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").create(namespace=namespace, body=body)
+    pods = lws_controller.resource("v1", "Pod")
+
+    def group() -> list[dict[str, Any]] | None:
+        found = pods.get(namespace=namespace, label_selector=f"{LWS_NAME_LABEL}=kimi-server").to_dict()["items"]
+        return sorted(found, key=lambda p: p["metadata"]["name"]) if len(found) == 2 else None
+
+    leader, worker = wait_until(group, timeout=90, describe="the group's leader and worker pods")
+    assert (leader["metadata"]["name"], worker["metadata"]["name"]) == ("kimi-server-0", "kimi-server-0-1")
+    for pod, rank in ((leader, "0"), (worker, "1")):
+        (container,) = pod["spec"]["containers"]
+        assert env_of(pod)["LWS_WORKER_INDEX"] == rank
+        assert env_of(pod)["LWS_LEADER_ADDRESS"] == f"kimi-server-0.kimi-server.{namespace}"
+        assert container["command"][container["command"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+        assert pod["metadata"]["labels"][m.RUN_LABEL] == "kimi"
+    assert leader["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert "readinessProbe" not in worker["spec"]["containers"][0]
+    # LWS's own headless Service (not-ready addresses published), the subdomain of both pods.
+    service = lws_controller.resource("v1", "Service").get(name="kimi-server", namespace=namespace).to_dict()
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert leader["spec"]["subdomain"] == worker["spec"]["subdomain"] == "kimi-server"
+    lws_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").delete(name="kimi-server", namespace=namespace)
+    wait_until(
+        lambda: not pods.get(namespace=namespace, label_selector=f"{LWS_NAME_LABEL}=kimi-server").to_dict()["items"],
+        timeout=60,
+        describe="the group's pods deleted with their LeaderWorkerSet",
+    )
