@@ -3,12 +3,20 @@ ServerReady verdict it leads to (control/server.py, unchanged for groups)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from datagen_operator.api import parse_spec
 from datagen_operator.control.observed import ServerObservation
 from datagen_operator.control.server import server_verdict
+from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.groups import group_observation
+from datagen_operator.k8s.reconcile import LWS_MISSING, Reconciler, needs_restart, with_restart_hash
+from tests.manifests import unit_spec
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 LEADER_STS = {"metadata": {"name": "kimi-server"}, "status": {"updateRevision": "r1"}}
@@ -108,3 +116,38 @@ def test_a_loading_group_counts_its_leaders_load_time() -> None:
     observed = observe([pod("kimi-server-0", leader=True), pod("kimi-server-0-1", leader=False)])
     verdict = server_verdict(observed, 2700).condition
     assert (verdict.reason, verdict.message) == ("Loading", "loading the model: 2m of 45m budget")
+
+
+def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:
+    """Creating the group where the CRD is missing answers 404: kept as the refusal that ServerReady shows."""
+
+    async def create() -> None:
+        raise ApiException(status=404, reason="Not Found")
+
+    reconciler = Reconciler(ctx=None, namespace="ml", name="kimi")  # type: ignore[arg-type]
+    assert asyncio.run(reconciler._write("LeaderWorkerSet", "kimi-server", create)) is False
+    assert reconciler.refused_writes == {"LeaderWorkerSet/kimi-server": LWS_MISSING}
+    observed = group_observation(
+        [], None, 1, 2, ["u"], {}, NOW, reconciler.refused_writes["LeaderWorkerSet/kimi-server"]
+    )
+    verdict = server_verdict(observed, 2700).condition
+    assert (verdict.status, verdict.reason) == ("False", "Refused")
+    assert verdict.message.startswith("LeaderWorkerSet is not installed in this cluster")
+    assert "install LWS (docs/install.md) or set server.nodes to 1" in verdict.message
+
+    async def other() -> None:
+        raise ApiException(status=404, reason="Not Found")
+
+    # A 404 of any other kind is no refusal: the pass fails and the next one retries.
+    with pytest.raises(ApiException):
+        asyncio.run(reconciler._write("StatefulSet", "kimi-server", other))
+
+
+def test_a_group_restarts_for_its_templates_not_for_live_placement() -> None:
+    run = m.RunRef("kimi", "ml", "u")
+    spec = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
+    base = with_restart_hash(m.server_workload(run, spec, 1))
+    moved = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "nodeSelector": {"pool": "b"}}))
+    assert not needs_restart(with_restart_hash(m.server_workload(run, moved, 1)), base)
+    longer = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "shmSize": "128Gi"}))
+    assert needs_restart(with_restart_hash(m.server_workload(run, longer, 1)), base)

@@ -12,7 +12,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
-from datagen_operator.k8s.manifests import TEMPLATE_HASH
+from datagen_operator.k8s.manifests import LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH
 
 Manifest = dict[str, Any]
 
@@ -45,6 +45,8 @@ class Kube:
 
     def _ops(self, kind: str) -> tuple[Any, Any, Any, Any]:
         """(create, read, patch, delete) for a namespaced kind."""
+        if kind == LWS_KIND:
+            return self._lws_ops()
         table = {
             "ConfigMap": (self.core, "config_map"),
             "Service": (self.core, "service"),
@@ -60,6 +62,21 @@ class Kube:
             getattr(api, f"read_namespaced_{noun}"),
             getattr(api, f"patch_namespaced_{noun}"),
             getattr(api, f"delete_namespaced_{noun}"),
+        )
+
+    def _lws_ops(self) -> tuple[Any, Any, Any, Any]:
+        """The same calls for LeaderWorkerSets, a custom resource (absent where LWS is not installed: 404)."""
+        group, version = LWS_API_VERSION.split("/")
+        custom, plural = self.custom, "leaderworkersets"
+        return (
+            lambda namespace, body: custom.create_namespaced_custom_object(group, version, namespace, plural, body),
+            lambda name, namespace: custom.get_namespaced_custom_object(group, version, namespace, plural, name),
+            lambda name, namespace, body, **kw: custom.patch_namespaced_custom_object(
+                group, version, namespace, plural, name, body, **kw
+            ),
+            lambda name, namespace, **kw: custom.delete_namespaced_custom_object(
+                group, version, namespace, plural, name, **kw
+            ),
         )
 
     async def create(self, manifest: Manifest) -> bool:

@@ -148,6 +148,11 @@ def holds_a_node(pods: Iterable[Obj]) -> bool:
     return any((p.get("spec") or {}).get("nodeName") and not p["metadata"].get("deletionTimestamp") for p in pods)
 
 
+def is_group_worker(pod: Obj, server: str) -> bool:
+    """A worker pod of a LeaderWorkerSet group (<server>-<i>-<rank>), left when server.nodes went back to 1."""
+    return re.fullmatch(re.escape(server) + r"-\d+-\d+", pod["metadata"]["name"]) is not None
+
+
 def pods_to_probe(pods: Iterable[Obj], statefulset: str, replicas: int) -> list[tuple[str, int]]:
     """Server pods the kubelet calls Ready: the operator then asks the server itself."""
     out = []

@@ -31,6 +31,13 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # a server over several nodes (server.nodes > 1): read each pass (not watched, so the operator runs where LWS is
+    # not installed), created, scaled, deleted by the finalizer
+    {
+        "apiGroups": ["leaderworkerset.x-k8s.io"],
+        "resources": ["leaderworkersets"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
     # the worker Role grants get/patch on configmaps, which the operator holds itself (no escalate/bind)
     {
         "apiGroups": ["rbac.authorization.k8s.io"],

@@ -30,8 +30,8 @@ from datagen_operator.control.conditions import ConditionUpdate, Event, apply_up
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import Observed, ProbeFailures, StepOutcome
 from datagen_operator.control.remembered import remembered_final, remembered_halt, remembered_outcome
+from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
-from datagen_operator.k8s import metrics
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.kube import Kube, refusal
 from datagen_operator.k8s.settings import Settings
@@ -97,6 +97,9 @@ class Reconciler:
     """'Job/name' -> why its controller could not create a pod (FailedCreate), as of this pass."""
     parser_probes: ProbeFailures = field(default_factory=ProbeFailures)
     """Failed reads of the server's parsers (control.policy bounds them; decide() turns too many into a halt)."""
+    group_set: Mapping[str, Any] | None = None
+    """The run's LeaderWorkerSet (server.nodes > 1), read once per pass: the operator does not watch them, so it
+    runs where LWS is not installed."""
 
     # --- cache reads ---------------------------------------------------------------------------
 
@@ -208,13 +211,27 @@ class Reconciler:
         sts_name = m.server_name(self.name)
         server_pods = self._pods("server")
         statefulset = self._named("StatefulSet", sts_name)
-        probe = o.pods_to_probe(server_pods, sts_name, spec.server.replicas) if statefulset is not None else []
+        grouped = spec.server.nodes > 1
+        if grouped:
+            self.group_set = await self.ctx.kube.read(m.LWS_KIND, self.namespace, sts_name)
+        # A group's leader is <run>-server-<i>, as a single-node server pod is: the same probes, the same URLs.
+        serving = self.group_set if grouped else statefulset
+        probe = o.pods_to_probe(server_pods, sts_name, spec.server.replicas) if serving is not None else []
         answers = await asyncio.gather(*(self._healthy(urls[index]) for _, index in probe))
         health = {pod: ok for (pod, _), ok in zip(probe, answers, strict=True)}
         server_refused = None
-        if statefulset is not None and o.statefulset_short(statefulset, server_pods):
-            server_refused = await self._pod_refusal(statefulset)
-        server = o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now, server_refused)
+        if grouped:
+            server_refused = self.refused_writes.get(f"{m.LWS_KIND}/{sts_name}")
+            leaders = {"metadata": {"name": sts_name}} if self.group_set is not None else None
+            server = groups.group_observation(
+                server_pods, leaders, spec.server.replicas, spec.server.nodes, urls, health, now, server_refused
+            )
+        else:
+            if statefulset is not None and o.statefulset_short(statefulset, server_pods):
+                server_refused = await self._pod_refusal(statefulset)
+            server = o.server_observation(
+                server_pods, statefulset, spec.server.replicas, urls, health, now, server_refused
+            )
         self.refused_pods = {}
         for job in self._children("Job"):
             if o.job_without_pods(job) and (words := await self._pod_refusal(job)):
@@ -287,6 +304,8 @@ class Reconciler:
             await write()
         except ApiException as error:
             words = refusal(error)
+            if kind == m.LWS_KIND and error.status == 404:
+                words = LWS_MISSING
             if words is None:
                 raise
             if self.refused_writes.get(key) != words:
@@ -333,26 +352,38 @@ class Reconciler:
             cm = m.shard_configmap(run, index)
             if self._named("ConfigMap", cm["metadata"]["name"]) is None:
                 await self._ensure_once(cm)
-        await self._ensure_once(m.headless_service(run, spec))
+        grouped = spec.server.nodes > 1
+        sts = self._named("StatefulSet", m.server_name(self.name))
+        if grouped and sts is not None:
+            # server.nodes went above 1: the single-node server and its headless Service make way for the group
+            # (LWS makes its own headless Service, one that publishes not-ready leaders to their workers).
+            await kube.delete("StatefulSet", self.namespace, m.server_name(self.name))
+            await kube.delete("Service", self.namespace, m.server_name(self.name))
+            self.created.pop(f"Service/{m.server_name(self.name)}", None)
+            sts = None
+        if not grouped and any(o.is_group_worker(p, m.server_name(self.name)) for p in self._pods("server")):
+            await kube.delete(m.LWS_KIND, self.namespace, m.server_name(self.name))  # server.nodes went back to 1
+        if not grouped:
+            await self._ensure_once(m.headless_service(run, spec))
         for index in range(spec.server.replicas):
             await self._ensure_once(m.replica_service(run, spec, index))
         # A scale-down leaves Services of replicas that no longer exist.
-        sts = self._named("StatefulSet", m.server_name(self.name))
-        had = int((sts or {}).get("spec", {}).get("replicas") or 0)
+        workload = self.group_set if grouped else sts
+        had = int((workload or {}).get("spec", {}).get("replicas") or 0)
         for index in range(spec.server.replicas, had):
             await kube.delete("Service", self.namespace, m.server_pod_name(self.name, index))
             self.created.pop(f"Service/{m.server_pod_name(self.name, index)}", None)
 
         replicas = spec.server.replicas if decision.server_wanted else 0
-        if sts is not None or decision.server_wanted:
-            wanted: Mapping[str, Any] = with_restart_hash(m.server_statefulset(run, spec, replicas))
-            if sts is not None and o.holds_a_node(self._pods("server")) and not needs_restart(wanted, sts):
+        if workload is not None or decision.server_wanted:
+            wanted: Mapping[str, Any] = with_restart_hash(m.server_workload(run, spec, replicas))
+            if workload is not None and o.holds_a_node(self._pods("server")) and not needs_restart(wanted, workload):
                 # Only live fields moved while a server holds its GPUs (a model load): the running template
                 # stays, only the replica count may move; the change reaches the next server start.
-                wanted = sts
+                wanted = workload
             scale = {"spec": {"replicas": replicas}}
             await self._write(
-                "StatefulSet", m.server_name(self.name), lambda: kube.ensure(dict(wanted), sts, patch=scale)
+                wanted["kind"], m.server_name(self.name), lambda: kube.ensure(dict(wanted), workload, patch=scale)
             )
 
         image = spec.clients.image or self.ctx.settings.worker_image
@@ -469,20 +500,28 @@ def children_accepted(refused: Mapping[str, str], old: DataGenRunStatus) -> list
 
 
 RESTART_HASH = f"{m.API_GROUP}/restart-hash"
+LWS_MISSING = (
+    "LeaderWorkerSet is not installed in this cluster (no leaderworkersets.leaderworkerset.x-k8s.io): a server over "
+    "several nodes (server.nodes > 1) is a LeaderWorkerSet group; install LWS (docs/install.md) or set server.nodes "
+    "to 1"
+)
 LIVE_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
 """The server pod template's live parts (spec.server's placement): a running server keeps the template it
 started with; a change reaches the next server start (or at once, while no server pod holds a node)."""
 
 
-def with_restart_hash(statefulset: m.Manifest) -> m.Manifest:
-    """The StatefulSet annotated with the hash of what needs a server restart (its template without live fields)."""
-    template = statefulset["spec"]["template"]
-    pod_spec = {k: v for k, v in template["spec"].items() if k not in LIVE_POD_FIELDS}
-    annotations = {
-        **statefulset["metadata"].get("annotations", {}),
-        RESTART_HASH: m.template_hash({**template, "spec": pod_spec}),
-    }
-    return {**statefulset, "metadata": {**statefulset["metadata"], "annotations": annotations}}
+def with_restart_hash(workload: m.Manifest) -> m.Manifest:
+    """The StatefulSet (or a group's LeaderWorkerSet) annotated with the hash of what needs a server restart:
+    its pod templates without the live fields."""
+    if workload["kind"] == m.LWS_KIND:
+        group = workload["spec"]["leaderWorkerTemplate"]
+        templates = [group["leaderTemplate"], group["workerTemplate"]]
+    else:
+        templates = [workload["spec"]["template"]]
+    restart = [{**t, "spec": {k: v for k, v in t["spec"].items() if k not in LIVE_POD_FIELDS}} for t in templates]
+    digest = m.template_hash(restart[0] if len(restart) == 1 else restart)
+    annotations = {**workload["metadata"].get("annotations", {}), RESTART_HASH: digest}
+    return {**workload, "metadata": {**workload["metadata"], "annotations": annotations}}
 
 
 def needs_restart(wanted: m.Manifest, existing: Mapping[str, Any]) -> bool:
@@ -506,6 +545,11 @@ async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
             if not (existing.get("metadata") or {}).get("deletionTimestamp"):
                 await kube.delete("Job", namespace, job, propagation="Foreground")
             return f"waiting for Job {job} and its pods to stop"
+    group = await kube.read(m.LWS_KIND, namespace, m.server_name(name))  # None too where LWS is not installed
+    if group is not None:
+        if not (group.get("metadata") or {}).get("deletionTimestamp"):
+            await kube.delete(m.LWS_KIND, namespace, m.server_name(name), propagation="Foreground")
+        return "waiting for the server groups to stop"
     sts = await kube.read("StatefulSet", namespace, m.server_name(name))
     if sts is not None:
         if not (sts.get("metadata") or {}).get("deletionTimestamp"):
