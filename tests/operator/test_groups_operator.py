@@ -55,6 +55,7 @@ def test_a_two_node_server_runs_to_succeeded_and_a_lost_worker_recreates_its_gro
 
         # A worker rank is lost: LWS recreates the whole group (a new leader too), the run waits and resumes.
         runs.core.delete_namespaced_pod(f"{name}-server-0-1", runs.namespace)
+
         def new_group() -> dict[str, str] | None:
             pods = group_pods(runs, name)
             return pods if len(pods) == 2 and not set(pods.values()) & set(first.values()) else None
