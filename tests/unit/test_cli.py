@@ -48,6 +48,14 @@ def test_validate_reports_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     assert result.returncode != 0 and "not valid YAML" in result.stderr
 
 
+def test_validate_recommends_attention_dp_for_mla_presets_only(tmp_path: Path) -> None:
+    result = datagen("validate", str(EXAMPLES / "kimi-k2.5.yaml"))
+    assert "hint: kimi-k2.5 is an MLA model" in result.stdout
+    assert "server.attentionDataParallel: 8 (SGLang's --attn-dp-size)" in result.stdout
+    quiet = datagen("validate", str(EXAMPLES / "deepseek-r1-two-nodes.yaml"), str(EXAMPLES / "presets" / "qwen3.yaml"))
+    assert quiet.returncode == 0 and "hint" not in quiet.stdout  # set already; not an MLA model
+
+
 def test_server_args() -> None:
     result = datagen("server-args", str(EXAMPLES / "kimi-k2.5.yaml"))
     assert result.returncode == 0, result.stderr

@@ -8,6 +8,7 @@ import sys
 
 from datagen_operator.api import load_run
 from datagen_operator.api.errors import SpecError
+from datagen_operator.api.spec import DataGenRunSpec
 
 EXIT_INVALID = 1
 
@@ -38,7 +39,26 @@ def validate_main(argv: list[str]) -> int:
             failed += 1
         else:
             print(f"{path}: valid DataGenRun {run.metadata.name}")  # type: ignore[attr-defined]
+            hint = _attention_dp_hint(run.spec)  # type: ignore[attr-defined]
+            if hint:
+                print(f"  hint: {hint}")
     return EXIT_INVALID if failed else 0
+
+
+def _attention_dp_hint(spec: DataGenRunSpec) -> str | None:
+    """MLA presets recommend attention data parallelism; only a hint, the run is valid without it."""
+    from datagen_operator.presets import get_preset
+
+    server = spec.server
+    if spec.model.preset is None or not get_preset(spec.model.preset).mla:
+        return None
+    if server.attention_data_parallel is not None or server.tp_size == 1 or server.dp_size > 1:
+        return None
+    return (
+        f"{spec.model.preset} is an MLA model: with plain tensor parallelism each of the {server.tp_size} ranks "
+        f"holds the whole KV cache; server.attentionDataParallel: {server.tp_size} (SGLang's --attn-dp-size) "
+        "gives each its own, which is what serving guides use for concurrency"
+    )
 
 
 def crd_main(argv: list[str]) -> int:
