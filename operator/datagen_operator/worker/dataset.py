@@ -314,6 +314,13 @@ class ShardScan:
         self.valid_lines_total = assigner.valid_lines
 
 
+def has_prompt(scan: ShardScan) -> bool:
+    """Whether the dataset holds one valid prompt (any shard's): stops at the first, so a usable dataset
+    costs a line or two; one without any is read whole."""
+    whole = ShardScan(scan.path, 0, 1, scan.format)
+    return any(not isinstance(item, MalformedLine) for item in whole)
+
+
 def plan_shard(path: str | Path, shard_index: int, shard_count: int, declared: DatasetFormat = "auto") -> ShardPlan:
     """Read the whole dataset once and keep what shard `shard_index` of `shard_count` owns."""
     scan = ShardScan(path, shard_index, shard_count, declared)

@@ -313,16 +313,18 @@ class Worker:
     async def _run(self) -> int:
         from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
         from datagen_operator.engine.requests import run_sampling
-        from datagen_operator.worker.dataset import DatasetError, check_dataset, plan_shard
+        from datagen_operator.worker.dataset import DatasetError, ShardScan, check_dataset, has_prompt
         from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer, template_variables
         from datagen_operator.worker.store import OutputLayout
 
         c = self.config
         spec = c.spec
         try:
-            plan = await asyncio.to_thread(plan_shard, c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
-            if plan.valid_lines_total == 0:
-                # No shard has anything to do: refuse (exit 2) naming why each line was set aside.
+            # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
+            # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
+            # it (exit 2) naming why each line was set aside.
+            plan = ShardScan(c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
+            if not await asyncio.to_thread(has_prompt, plan):
                 await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
         except (DatasetError, OSError) as error:
             raise BadInput(f"dataset: {error}") from None
@@ -535,36 +537,33 @@ class Worker:
 
     def _init_progress(self, recovered: int) -> None:
         from datagen_operator.worker.progress import ShardProgress, Tracker
+        from datagen_operator.worker.store import Summary
 
-        c, plan, writer, n = self.config, self.plan, self.writer, self.samples
+        c, writer = self.config, self.writer
         # What earlier runs set aside: the rolling checks judge only what this run adds (docs/checks.md).
         aside_before = Counter(TOO_LONG if cause == TOO_LONG else "malformed" for cause in writer.set_aside.values())
-        for line in plan.malformed:
-            writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id, line.cause))
-        # Prompts set aside by an earlier run (unrenderable, too long) stay set aside: never sent again.
-        set_aside = {
-            ref.position: writer.set_aside[f"line:{ref.position}"]
-            for ref in plan.prompts
-            if f"line:{ref.position}" in writer.set_aside
-        }
-        causes = Counter(line.cause for line in plan.malformed)
-        # Written before causes existed, an unrenderable prompt's entry says only "malformed".
-        causes.update(cause if cause == TOO_LONG else UNRENDERABLE for cause in set_aside.values())
+        # Counts from what the writer holds on disk (never from an older progress.json); the dataset's
+        # totals and what is left of each prompt come as the feeder reads the plan (`_plan_prompt`).
+        summary = Summary()
+        summary.merge(writer.summary)
+        summary.merge(writer.written)
         p = ShardProgress(
             shard=c.shard_index,
             shard_count=c.shard_count,
             state="running",
-            prompts_total=len(plan.prompts),
-            prompts_malformed=len(plan.malformed),
-            prompts_rejected=causes[UNRENDERABLE],
-            prompts_too_long=causes[TOO_LONG],
-            set_aside=dict(causes),
-            records_total=len(plan.prompts) * n,
             servers_total=len(c.servers),
             started_at=self.progress.started_at,
             fingerprint_sha256=self.progress.fingerprint_sha256,
+            records_done=len(writer.done),
+            records_rejected=len(writer.rejected),
+            prompt_tokens=summary.prompt_tokens,
+            output_tokens=summary.output_tokens,
+            cached_tokens=summary.cached_tokens,
+            flags=dict(summary.flags),
         )
-        self.remaining = self._count_from_disk(p, set(set_aside))
+        self.remaining: dict[str, int] = {}
+        self.planned = False
+        """True once the feeder has read the whole plan (the totals are final)."""
         p.baseline = {
             "records": p.records_done,
             "rejected": p.records_rejected,
@@ -575,52 +574,67 @@ class Worker:
         self.progress = p
         self.tracker = Tracker(p)
         log.info(
-            "shard %d/%d: %d prompts (%d malformed lines set aside), %d of %d records already recorded",
+            "shard %d/%d: %d records already recorded; reading the dataset as requests go out",
             c.shard_index,
             c.shard_count,
-            len(plan.prompts),
-            len(plan.malformed),
             p.records_done,
-            p.records_total,
             extra={"fields": {"recovered_records": recovered}},
         )
 
-    def _count_from_disk(self, p: Any, set_aside: set[int]) -> dict[str, int]:
-        """Set p's counts exactly from what the writer holds on disk (never from an older progress.json);
-        returns the samples left per prompt id."""
-        from datagen_operator.worker.store import Summary
+    def _plan_line(self, line: Any) -> None:
+        """A dataset line this shard owns that is set aside (bad JSON, id, messages, tools, duplicate)."""
+        p = self.progress
+        self.writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id, line.cause))
+        p.prompts_malformed += 1
+        p.set_aside[line.cause] = p.set_aside.get(line.cause, 0) + 1
 
-        plan, writer, n = self.plan, self.writer, self.samples
-        summary = Summary()
-        summary.merge(writer.summary)
-        summary.merge(writer.written)
-        p.prompt_tokens, p.output_tokens, p.cached_tokens = (
-            summary.prompt_tokens,
-            summary.output_tokens,
-            summary.cached_tokens,
-        )
-        p.flags = dict(summary.flags)
-        p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
-        remaining: dict[str, int] = {}
-        for ref in plan.prompts:
-            if ref.position in set_aside:
-                p.records_set_aside += n
-                p.prompts_done += 1
-                continue
-            left = 0
-            for sample in range(n):
-                key = (ref.id, sample)
-                if key in writer.done:
-                    p.records_done += 1
-                elif key in writer.rejected:
-                    p.records_rejected += 1
-                else:
-                    left += 1
-            if left:
-                remaining[ref.id] = left
+    def _plan_prompt(self, ref: Any) -> bool:
+        """Count one valid prompt of the plan; True when samples of it are still to generate."""
+        p, writer, n = self.progress, self.writer, self.samples
+        p.prompts_total += 1
+        p.records_total += n
+        cause = writer.set_aside.get(f"line:{ref.position}")
+        if cause is not None:
+            # Set aside by an earlier run (unrenderable, too long): never sent again. Written before causes
+            # existed, an unrenderable prompt's entry says only "malformed".
+            cause = TOO_LONG if cause == TOO_LONG else UNRENDERABLE
+            if cause == TOO_LONG:
+                p.prompts_too_long += 1
             else:
-                p.prompts_done += 1
-        return remaining
+                p.prompts_rejected += 1
+            p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
+            p.records_set_aside += n
+            p.prompts_done += 1
+            return False
+        left = sum(
+            1 for sample in range(n) if (ref.id, sample) not in writer.done and (ref.id, sample) not in writer.rejected
+        )
+        if left:
+            self.remaining[ref.id] = left
+            return True
+        p.prompts_done += 1
+        return False
+
+    def _count_from_disk(self, p: Any) -> None:
+        """Set p's counts and totals exactly from the disk and a whole pass over the plan (a failure's
+        final report: the feeder may not have read the whole plan)."""
+        from datagen_operator.worker.dataset import MalformedLine, ShardScan
+
+        c, writer, n = self.config, self.writer, self.samples
+        p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
+        p.prompts_total = p.records_total = p.prompts_malformed = p.prompts_rejected = p.prompts_too_long = 0
+        p.set_aside = {}
+        self.remaining = {}
+        for item in ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format):
+            if isinstance(item, MalformedLine):
+                p.prompts_malformed += 1
+                p.set_aside[item.cause] = p.set_aside.get(item.cause, 0) + 1
+                continue
+            ref = item[0]
+            if f"line:{ref.position}" not in writer.set_aside:
+                p.records_done += sum(1 for sample in range(n) if (ref.id, sample) in writer.done)
+                p.records_rejected += sum(1 for sample in range(n) if (ref.id, sample) in writer.rejected)
+            self._plan_prompt(ref)
 
     # generation
 
@@ -635,16 +649,23 @@ class Worker:
         """
         from collections import deque
 
-        plan, n = self.plan, self.samples
+        from datagen_operator.worker.dataset import MalformedLine, prompt_from
+
+        n = self.samples
         ahead: deque[tuple[list[Any], asyncio.Future[list[Any]]]] = deque()
         max_ahead = max(2, 2 * self.render_pool.processes + 1)
-        handle = plan.path.open("rb") if plan.format == "jsonl" else None
         try:
             batch: list[Any] = []
-            for ref in plan.prompts:
-                if ref.id not in self.remaining:
+            for index, item in enumerate(self.plan):
+                if index % 512 == 511:
+                    await asyncio.sleep(0)  # reading the plan: let the lanes move answers meanwhile
+                if isinstance(item, MalformedLine):
+                    self._plan_line(item)
                     continue
-                batch.append(plan.load(ref, handle))
+                ref, obj = item
+                if not self._plan_prompt(ref):
+                    continue
+                batch.append(prompt_from(ref, obj))
                 if len(batch) >= self.RENDER_BATCH:
                     ahead.append((batch, asyncio.ensure_future(self._render(batch))))
                     batch = []
@@ -654,6 +675,15 @@ class Worker:
                 ahead.append((batch, asyncio.ensure_future(self._render(batch))))
             while ahead:
                 await self._queue_rendered(queue, *ahead.popleft(), n)
+            self.planned = True
+            p = self.progress
+            log.info(
+                "dataset read: shard %d/%d has %d prompts (%d malformed lines set aside)",
+                p.shard,
+                p.shard_count,
+                p.prompts_total,
+                p.prompts_malformed,
+            )
             for _ in range(self.config.spec.clients.concurrency):
                 await queue.put(None)  # one end marker per lane, after the last job
         except Exception as error:
@@ -662,8 +692,6 @@ class Worker:
         finally:
             for _, future in ahead:
                 future.cancel()
-            if handle is not None:
-                handle.close()
 
     def _release_lanes(self) -> None:
         """Wake every lane waiting for a job so it can stop: queued jobs are dropped (not recorded, so
@@ -967,7 +995,7 @@ class Worker:
         if self.volume_error is not None:
             return await self._finish_volume_failed()
         # A drained worker does not start compacting (it could outlast the grace period); the next run does.
-        complete = not self.remaining and self.fatal is None and not self.drained
+        complete = self.planned and not self.remaining and self.fatal is None and not self.drained
         if self.fatal is not None:
             code, message = self.fatal
             p.state, p.message = "failed", message
@@ -1016,8 +1044,7 @@ class Worker:
         writer.abort()
         free = free_bytes(self.config.output)  # what the volume had left, before the reserve is given back
         writer.release_reserve()
-        positions = {ref.position for ref in self.plan.prompts if f"line:{ref.position}" in writer.set_aside}
-        self.remaining = self._count_from_disk(p, positions)
+        self._count_from_disk(p)
         self.tracker.flags = Counter(p.flags)
         p.records_unwritten = self.unwritten
         p.failure_reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
@@ -1039,9 +1066,17 @@ class Worker:
         return EXIT_OUTPUT_VOLUME
 
     def _compact(self) -> Any:
+        from datagen_operator.worker.dataset import MalformedLine, ShardScan
         from datagen_operator.worker.store import compact_shard
 
-        order = ((ref.id, sample) for ref in self.plan.prompts for sample in range(self.samples))
+        c = self.config
+        scan = ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format)
+        order = (
+            (item[0].id, sample)
+            for item in scan
+            if not isinstance(item, MalformedLine)
+            for sample in range(self.samples)
+        )
         result = compact_shard(self.layout, self.config.shard_index, self.config.shard_count, order)
         if result.orphans:
             log.warning("%d records are not in the current dataset; kept at the end of the Parquet", result.orphans)
