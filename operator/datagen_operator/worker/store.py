@@ -35,6 +35,51 @@ from typing import Any
 import orjson
 
 Key = tuple[str, int]
+
+
+class KeySet:
+    """A set of (id, sample) keys held as their 64-bit hashes (Python's, consistent within one process):
+    a million recorded keys take ~64 MB, not the ~170 MB of their tuples and strings, so a resumed worker's
+    memory does not grow with what it already did. Two distinct keys share a hash with probability
+    ~n^2/2^65 (3e-8 for a million keys)."""
+
+    __slots__ = ("_hashes",)
+
+    def __init__(self, keys: Iterable[Key] = ()) -> None:
+        self._hashes: set[int] = {hash(key) for key in keys}
+
+    def __contains__(self, key: object) -> bool:
+        return hash(key) in self._hashes
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeySet):
+            return self._hashes == other._hashes
+        if isinstance(other, set | frozenset):
+            return len(other) == len(self._hashes) and all(hash(key) in self._hashes for key in other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def add(self, key: Key) -> None:
+        self._hashes.add(hash(key))
+
+    def add_hash(self, value: int) -> None:
+        self._hashes.add(value)
+
+    def discard(self, key: Key) -> None:
+        self._hashes.discard(hash(key))
+
+    def update(self, keys: Iterable[Key]) -> None:
+        self._hashes.update(hash(key) for key in keys)
+
+    def isdisjoint(self, keys: Iterable[Key]) -> bool:
+        hashes = self._hashes
+        return not any(hash(key) in hashes for key in keys)
+
+
 """(prompt id, sample index): the identity of a record."""
 
 RECORD_FIELDS: tuple[str, ...] = (
@@ -421,7 +466,7 @@ class ShardWriter:
         self.shard_index = shard_index
         self.dir = layout.shard_dir(shard_index)
         self.roll_bytes = roll_bytes
-        self.done: set[Key] = set()
+        self.done = KeySet()
         self.rejected: set[Key] = set()
         self.reject_keys: set[str] = set()
         self.set_aside: dict[str, str] = {}
@@ -448,8 +493,7 @@ class ShardWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         torn = corrupt = compacted_records = 0
         if compacted is not None and compacted.exists():
-            keys, summary = parquet_keys_and_summary(compacted)
-            self.done.update(keys)
+            summary = parquet_keys_and_summary(compacted, self.done)
             self.summary.merge(summary)
             compacted_records = summary.records
         segments = self.layout.segments(self.shard_index)
@@ -690,17 +734,17 @@ def parquet_schema() -> Any:
     )
 
 
-def parquet_keys_and_summary(path: Path) -> tuple[list[Key], Summary]:
-    """Keys and exact counts of a compacted shard (token counts are list lengths, as in Summary)."""
+def parquet_keys_and_summary(path: Path, keys: KeySet) -> Summary:
+    """Exact counts of a compacted shard (token counts are list lengths, as in Summary); its keys are added
+    to `keys`."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     summary = Summary()
-    keys: list[Key] = []
     columns = ["id", "sample", "input_ids", "output_ids", "cached_tokens", "flags"]
     for batch in pq.ParquetFile(path).iter_batches(columns=columns, batch_size=8192):
         ids, samples = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-        keys.extend(zip(ids, samples, strict=True))
+        keys.update(zip(ids, samples, strict=True))
         summary.records += len(ids)
         summary.prompt_tokens += int(pc.sum(pc.list_value_length(batch.column(2))).as_py() or 0)
         summary.output_tokens += int(pc.sum(pc.list_value_length(batch.column(3))).as_py() or 0)
@@ -708,7 +752,7 @@ def parquet_keys_and_summary(path: Path) -> tuple[list[Key], Summary]:
         for flags in batch.column(5).to_pylist():
             if flags:
                 summary.flags.update(flags)
-    return keys, summary
+    return summary
 
 
 class _ColumnBatch:
@@ -779,13 +823,57 @@ class CompactionResult:
     orphans: int
 
 
-def _segment_sources(layout: OutputLayout, shard_index: int) -> dict[Key, tuple[Path, int, int]]:
-    sources: dict[Key, tuple[Path, int, int]] = {}
-    for segment in layout.segments(shard_index):
-        scan = recover_segment(segment)
-        for prompt_id, sample, offset, length in scan.entries:
-            sources.setdefault((prompt_id, sample), (segment, offset, length))
-    return sources
+class _Sources:
+    """Where each record of a shard's segments is: (key hash, segment, offset, length) in sorted numpy arrays,
+    the first copy of a key winning. 24 bytes a record instead of Python tuples (bench/scale.py); a record
+    read back is checked against the key asked for, so a hash collision cannot return the wrong one."""
+
+    def __init__(self, layout: OutputLayout, shard_index: int) -> None:
+        import numpy as np
+
+        self.paths = layout.segments(shard_index)
+        hashes, segments, offsets, lengths = array("q"), array("i"), array("q"), array("q")
+        for index, segment in enumerate(self.paths):
+            for prompt_id, sample, offset, length in recover_segment(segment).entries:
+                hashes.append(hash((prompt_id, sample)))
+                segments.append(index)
+                offsets.append(offset)
+                lengths.append(length)
+        all_hashes = np.frombuffer(hashes, dtype=np.int64) if hashes else np.zeros(0, np.int64)
+        self.hashes, first = np.unique(all_hashes, return_index=True)  # sorted; the first copy's position
+        self.segments = np.frombuffer(segments, dtype=np.int32)[first] if hashes else np.zeros(0, np.int32)
+        self.offsets = np.frombuffer(offsets, dtype=np.int64)[first] if hashes else np.zeros(0, np.int64)
+        self.lengths = np.frombuffer(lengths, dtype=np.int64)[first] if hashes else np.zeros(0, np.int64)
+        self.used = np.zeros(len(self.hashes), dtype=bool)
+        self._fds: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def find(self, key: Key) -> int:
+        import numpy as np
+
+        at = int(np.searchsorted(self.hashes, hash(key)))
+        return at if at < len(self.hashes) and self.hashes[at] == hash(key) else -1
+
+    def read(self, at: int) -> dict[str, Any] | None:
+        segment = int(self.segments[at])
+        fd = self._fds.get(segment)
+        if fd is None:
+            fd = self._fds[segment] = os.open(self.paths[segment], os.O_RDONLY)
+        return parse_record_line(os.pread(fd, int(self.lengths[at]), int(self.offsets[at])))
+
+    def unused(self) -> Any:
+        """Positions of the records not written yet, in segment order."""
+        import numpy as np
+
+        left = np.flatnonzero(~self.used)
+        return left[np.lexsort((self.offsets[left], self.segments[left]))]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def compact_shard(
@@ -806,8 +894,8 @@ def compact_shard(
 
     final = layout.parquet(shard_index, shard_count)
     final.parent.mkdir(parents=True, exist_ok=True)
-    sources = _segment_sources(layout, shard_index)
-    if not sources and final.exists():  # already compacted, nothing new since
+    sources = _Sources(layout, shard_index)
+    if not len(sources) and final.exists():  # already compacted, nothing new since
         rows = pq.ParquetFile(final).metadata.num_rows
         return CompactionResult(final, rows, -1, final.stat().st_size, sha256_file(final), 0)
     previous: dict[Key, dict[str, Any]] = {}
@@ -817,22 +905,8 @@ def compact_shard(
             previous[(row["id"], row["sample"])] = row
 
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    handles: dict[Path, int] = {}
-
-    def fetch(key: Key) -> dict[str, Any] | None:
-        if key in previous:
-            return previous[key]
-        source = sources.get(key)
-        if source is None:
-            return None
-        path, offset, length = source
-        fd = handles.get(path)
-        if fd is None:
-            fd = handles[path] = os.open(path, os.O_RDONLY)
-        return parse_record_line(os.pread(fd, length, offset))
-
     try:
-        rows, tokens, orphans = _write_parquet(tmp, order, previous, sources, fetch, handles)
+        rows, tokens, orphans = _write_parquet(tmp, order, previous, sources)
         with tmp.open("rb") as file:
             os.fsync(file.fileno())
         os.replace(tmp, final)
@@ -849,16 +923,12 @@ def compact_shard(
 
 
 def _write_parquet(
-    tmp: Path,
-    order: Iterable[Key],
-    previous: dict[Key, dict[str, Any]],
-    sources: dict[Key, tuple[Path, int, int]],
-    fetch: Any,
-    handles: dict[Path, int],
+    tmp: Path, order: Iterable[Key], previous: dict[Key, dict[str, Any]], sources: _Sources
 ) -> tuple[int, int, int]:
     import pyarrow.parquet as pq
 
     written: set[Key] = set()
+    """Keys written from `previous` (a re-compaction); segment records are marked in `sources.used`."""
     rows = tokens = orphans = 0
     writer = pq.ParquetWriter(tmp, parquet_schema(), **PARQUET_WRITE_OPTIONS)
     try:
@@ -873,26 +943,48 @@ def _write_parquet(
                 writer.write_table(batch.table())
                 batch = _ColumnBatch()
 
+        def from_segments(key: Key) -> dict[str, Any] | None:
+            at = sources.find(key)
+            if at < 0 or sources.used[at]:
+                return None
+            record = sources.read(at)
+            if record is None or (record["id"], record["sample"]) != key:
+                return None  # a hash collision: the orphan pass below writes that record
+            sources.used[at] = True
+            return record
+
+        def emit_previous(key: Key) -> None:
+            written.add(key)
+            emit(previous[key])
+            at = sources.find(key)  # a newer copy in the segments is not an orphan
+            if at >= 0:
+                sources.used[at] = True
+
         for key in order:
             if key in written:
                 continue
-            record = fetch(key)
+            if key in previous:
+                emit_previous(key)
+                continue
+            record = from_segments(key)
             if record is not None:
                 emit(record)
-                written.add(key)
-        for key in [*previous, *sources]:
+        for key in previous:
             if key not in written:
-                record = fetch(key)
-                if record is not None:
-                    emit(record)
-                    written.add(key)
-                    orphans += 1
+                emit_previous(key)
+                orphans += 1
+        for at in sources.unused():
+            record = sources.read(int(at))
+            if record is None or (record["id"], record["sample"]) in written:
+                continue
+            sources.used[at] = True
+            emit(record)
+            orphans += 1
         if batch.rows:
             writer.write_table(batch.table())
     finally:
         writer.close()
-        for fd in handles.values():
-            os.close(fd)
+        sources.close()
     return rows, tokens, orphans
 
 
