@@ -6,7 +6,6 @@ template's thinking switch is passed here, and the ids go to /generate as they a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -140,8 +139,8 @@ def _init_render_process(tokenizer_dir: str, trust_remote_code: bool, variables:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the worker, which drains and stops us
-    with contextlib.suppress(OSError):
-        os.nice(5)  # the event loop is the critical path; rendering runs ahead in the slack
+    # Normal priority: a helper is started only once inline rendering limits the run (RenderPool), so it
+    # is on the critical path; niced, it would lose the cores to what it was started to relieve.
     _process_renderer = Renderer(load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code), variables)
 
 
@@ -174,33 +173,67 @@ def ids_from_result(result: bytes) -> list[int]:
     return ids.tolist()
 
 
+HELPER_WINDOW_S = 2.0
+HELPER_RENDER_SHARE = 0.2
+
+
+def helper_needed(inline_render_s: float, window_s: float) -> bool:
+    """Start a helper once rendering in the event loop took a fifth of a window of at least
+    HELPER_WINDOW_S: it then limits how fast answers are moved. Below that a helper process (its own
+    tokenizer, ~100 MB, seconds of CPU to start) costs more than it saves."""
+    return window_s >= HELPER_WINDOW_S and inline_render_s >= HELPER_RENDER_SHARE * window_s
+
+
 class RenderPool:
-    """Renders batches in `processes` helper processes (spawned: no fork of a threaded event loop), or
-    inline when `processes` is 0 or the helpers died (then it says so in the log and carries on)."""
+    """Renders batches inline (in the event loop's process) until that measurably limits the run
+    (`helper_needed`), then in up to `processes` helper processes (spawned: no fork of a threaded event
+    loop); inline again when the helpers died (it says so in the log and carries on).
+
+    Nothing starts with the worker: the first requests go out rendered inline, and a run whose event loop
+    has time to spare (a GPU server, long answers) never starts a helper at all."""
 
     def __init__(self, variables: dict[str, Any], tokenizer_dir: Path, trust_remote_code: bool, processes: int) -> None:
         self.renderer: Renderer | None = None
         """The in-process renderer (inline mode and fallback); set once the tokenizer is loaded."""
         self.executor: Any = None
         self.processes = processes
+        self._helper_args = (str(tokenizer_dir), trust_remote_code, variables)
         self._mismatch_logged = False
         self._ready: list[Any] = []
-        if processes > 0:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+        self._window_start: float | None = None
+        self._inline_s = 0.0
 
-            self.executor = ProcessPoolExecutor(
-                max_workers=processes,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_render_process,
-                initargs=(str(tokenizer_dir), trust_remote_code, variables),
-            )
-            # Start them now: they load the tokenizer while the worker starts. Until one has, the worker
-            # renders in its own process rather than wait (a cold start must not stall the first requests).
-            self._ready = [self.executor.submit(int) for _ in range(processes)]
+    def _start_helpers(self, share: float) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        log.info("rendering took %.0f%% of the event loop; starting %d render helper(s)", 100 * share,
+                 self.processes)  # fmt: skip
+        self.executor = ProcessPoolExecutor(
+            max_workers=self.processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_render_process,
+            initargs=self._helper_args,
+        )
+        # They load the tokenizer meanwhile; until one has, rendering stays inline (never waits for them).
+        self._ready = [self.executor.submit(int) for _ in range(self.processes)]
+
+    def _account_inline(self, seconds: float) -> None:
+        import time
+
+        now = time.monotonic()
+        if self._window_start is None:
+            self._window_start = now - seconds
+        self._inline_s += seconds
+        window = now - self._window_start
+        if helper_needed(self._inline_s, window):
+            self._start_helpers(self._inline_s / window)
+        elif window >= HELPER_WINDOW_S:
+            self._window_start, self._inline_s = now, 0.0
 
     async def render(self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]) -> list[RenderResult]:
         import asyncio
+        import time
         from concurrent.futures.process import BrokenProcessPool
 
         if self.executor is not None and (self.renderer is None or any(f.done() for f in self._ready)):
@@ -212,13 +245,18 @@ class RenderPool:
                 log.warning("render processes died (%s); rendering in the worker process from now on", error)
                 self.executor.shutdown(wait=False, cancel_futures=True)
                 self.executor = None
+                self.processes = 0
             else:
                 if mismatch and not self._mismatch_logged:
                     self._mismatch_logged = True
                     log.warning("renderer: %s; helpers use apply_chat_template(tokenize=True) from now on", mismatch)
                 return results
         assert self.renderer is not None
-        return render_batch(self.renderer, items)[0]
+        started = time.perf_counter()
+        results = render_batch(self.renderer, items)[0]
+        if self.executor is None and self.processes > 0:
+            self._account_inline(time.perf_counter() - started)
+        return results
 
     def close(self) -> None:
         """Stop the helpers and reap them (they are idle or finish one batch: milliseconds)."""
