@@ -188,14 +188,20 @@ class KeyCheck:
     extra_examples: list[tuple[str, int]] = field(default_factory=list)
 
     def missing(self) -> Any:
-        import numpy as np
-
-        return np.setdiff1d(np.setdiff1d(np.setdiff1d(self.wanted, self.seen), self.rejected), self.unsent)
+        return _minus(_minus(_minus(self.wanted, self.seen), self.rejected), self.unsent)
 
     def extra(self) -> Any:
-        import numpy as np
+        return _minus(self.seen, self.wanted)
 
-        return np.setdiff1d(self.seen, self.wanted)
+
+def _minus(a: Any, b: Any) -> Any:
+    """The elements of sorted unique `a` not in sorted `b`: one binary search each, no re-sorting."""
+    import numpy as np
+
+    if not len(a) or not len(b):
+        return a
+    at = np.minimum(np.searchsorted(b, a), len(b) - 1)
+    return a[b[at] != a]
 
 
 def key_hashes(keys: Iterable[tuple[str, int]]) -> Any:
@@ -206,7 +212,6 @@ def key_hashes(keys: Iterable[tuple[str, int]]) -> Any:
 
 
 def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = None) -> CheckResult:
-    import numpy as np
 
     if keys.wanted is None:
         dup_note = f"; {duplicates} duplicate rows" if duplicates else ""
@@ -235,9 +240,9 @@ def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = 
             total=len(keys.wanted),
             verdict="; ".join(problems),
         )
-    done = len(np.intersect1d(keys.wanted, keys.seen, assume_unique=True))
+    done = len(keys.wanted) - len(_minus(keys.wanted, keys.seen))
     notes = []
-    rejected = len(np.intersect1d(keys.rejected, keys.wanted, assume_unique=True))
+    rejected = len(keys.rejected) - len(_minus(keys.rejected, keys.wanted))
     if rejected:
         notes.append(f"{rejected} rejected by the server")
     if aside.causes:

@@ -203,12 +203,11 @@ class RenderPool:
         self._window_start: float | None = None
         self._inline_s = 0.0
 
-    def _start_helpers(self, share: float) -> None:
+    def _start_helpers(self, why: str) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        log.info("rendering took %.0f%% of the event loop; starting %d render helper(s)", 100 * share,
-                 self.processes)  # fmt: skip
+        log.info("%s: starting %d render helper(s)", why, self.processes)
         self.executor = ProcessPoolExecutor(
             max_workers=self.processes,
             mp_context=multiprocessing.get_context("spawn"),
@@ -227,7 +226,7 @@ class RenderPool:
         self._inline_s += seconds
         window = now - self._window_start
         if helper_needed(self._inline_s, window):
-            self._start_helpers(self._inline_s / window)
+            self._start_helpers(f"rendering took {self._inline_s / window:.0%} of the event loop")
         elif window >= HELPER_WINDOW_S:
             self._window_start, self._inline_s = now, 0.0
 
@@ -236,6 +235,8 @@ class RenderPool:
         import time
         from concurrent.futures.process import BrokenProcessPool
 
+        if self.executor is None and self.renderer is None and self.processes > 0:
+            self._start_helpers("no renderer in this process")
         if self.executor is not None and (self.renderer is None or any(f.done() for f in self._ready)):
             try:
                 results, mismatch = await asyncio.get_running_loop().run_in_executor(
