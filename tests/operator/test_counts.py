@@ -46,6 +46,37 @@ def status_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str, dic
     return writes
 
 
+@pytest.fixture
+def resolutions(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """resolve_model calls in this process (the in-process operator's), and its passes that parsed a spec."""
+    import sys
+
+    from datagen_operator.api import resolve
+    from datagen_operator.k8s.reconcile import Reconciler
+
+    counts = {"resolves": 0, "passes": 0}
+    original = resolve.resolve_model
+
+    def counting(spec: Any) -> Any:
+        counts["resolves"] += 1
+        return original(spec)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("datagen_operator") and (
+            getattr(module, "resolve_model", None) is original
+        ):
+            monkeypatch.setattr(module, "resolve_model", counting)
+    run_pass = Reconciler.run_pass
+
+    async def counted(self: Reconciler, body: Any) -> Any:
+        if not body["metadata"].get("deletionTimestamp"):
+            counts["passes"] += 1
+        return await run_pass(self, body)
+
+    monkeypatch.setattr(Reconciler, "run_pass", counted)
+    return counts
+
+
 def urgent_part(status: dict[str, Any]) -> Any:
     """What a user would call news: any field but numbers and messages (a token rate, a check's rate)."""
     rest = {k: v for k, v in status.items() if k not in ("progress", "conditions", "checks")}
@@ -63,6 +94,7 @@ def test_one_server_pod_per_run_through_live_changes_verification_and_release(
     data_dir: Path,
     standin_tokenizer: Path,
     status_writes: list[tuple[float, str, dict[str, Any]]],
+    resolutions: dict[str, int],
 ) -> None:
     name = new_name("counted")
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
@@ -101,6 +133,9 @@ def test_one_server_pod_per_run_through_live_changes_verification_and_release(
     assert server_pod_events(runs, name, "SuccessfulCreate") == 1
     assert server_pod_events(runs, name, "SuccessfulDelete") == 1
     assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
+
+    # The model is resolved once per pass (while its spec is validated) and handed down: not per builder.
+    assert resolutions["passes"] > 10 and resolutions["resolves"] == resolutions["passes"], resolutions
 
     # Status writes: news goes out at once; numbers-only writes are spaced by progress_write_s.
     ours = [(t, s) for t, run, s in status_writes if run == name]

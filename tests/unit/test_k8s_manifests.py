@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from datagen_operator.api import parse_spec
+from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
 from datagen_operator.checks.canary import outcome_json
 from datagen_operator.control.observed import StepOutcome
 from datagen_operator.engine.launch import server_argv
@@ -173,10 +174,10 @@ def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
 def test_data_fields_freeze_while_live_fields_pass() -> None:
     applied = m.spec_document(SPEC)
     new = m.spec_document(parse_spec(unit_spec(clients={"shards": 3, "concurrency": 64}, suspend=True)))
-    assert m.changed_data_fields(new, applied) == []
+    assert changed_data_fields(new, applied) == []
     changed = m.spec_document(parse_spec(unit_spec(model={"path": "/models/other"}, clients={"shards": 4})))
-    assert m.changed_data_fields(changed, applied) == ["spec.clients.shards", "spec.model.path"]
-    merged = m.merge_live_fields(changed | {"suspend": True}, applied)
+    assert changed_data_fields(changed, applied) == ["spec.clients.shards", "spec.model.path"]
+    merged = merge_live_fields(changed | {"suspend": True}, applied)
     assert merged["model"]["path"] == "/models/kimi" and merged["suspend"] is True
     assert merged["clients"]["shards"] == 3
 
@@ -390,13 +391,6 @@ def test_status_writes_are_urgent_only_for_transitions() -> None:
     assert _signature(moved) != _signature(base)
 
 
-def test_check_context_from_the_preset() -> None:
-    from datagen_operator.k8s.reconcile import check_context
-
-    context = check_context(SPEC)
-    assert context.thinking and context.think_end == "</think>" and context.think_end_id is not None
-
-
 def test_print_rbac_for_the_chart(capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
@@ -499,7 +493,7 @@ def test_client_placement_and_resources_reach_every_cpu_pod_and_never_the_server
     assert [t["key"] for t in server["tolerations"]] == ["nvidia.com/gpu"]
     # placement of the CPU pods changes no record: live, like clients.cpu
     applied = m.spec_document(SPEC)
-    assert m.changed_data_fields(m.spec_document(spec), applied) == []
+    assert changed_data_fields(m.spec_document(spec), applied) == []
 
 
 def test_canary_keeps_its_records_in_the_output() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
@@ -12,9 +12,16 @@ from datagen_operator.api.errors import UNKNOWN_FIELD, FieldError, SpecError, fi
 from datagen_operator.api.extra_args import extra_arg_errors
 from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
 
+if TYPE_CHECKING:
+    from datagen_operator.api.resolve import ResolvedModel
+
 
 def parse_run(document: dict[str, Any]) -> DataGenRun:
     """A manifest as a DataGenRun, with every field error named; cross-field rules included."""
+    return _parse(document)[0]
+
+
+def _parse(document: dict[str, Any]) -> tuple[DataGenRun, ResolvedModel]:
     from datagen_operator.api.resolve import resolve_model
 
     try:
@@ -27,20 +34,27 @@ def parse_run(document: dict[str, Any]) -> DataGenRun:
         # a misspelled key's "missing" twin is no news).
         raise SpecError([e for e in errors if e.message.startswith(UNKNOWN_FIELD)] or errors) from None
     errors = extra_arg_errors(run.spec.server.extra_args)
+    resolved = None
     try:
-        resolve_model(run.spec)
+        resolved = resolve_model(run.spec)
     except SpecError as error:
         errors = error.errors + errors
-    if errors:
+    if errors or resolved is None:
         raise SpecError(errors)
-    return run
+    return run, resolved
 
 
 def parse_spec(spec: dict[str, Any]) -> DataGenRunSpec:
     """Just the spec (what the operator gets from kopf), with the same rules as parse_run."""
-    return parse_run(
+    return parse_spec_resolved(spec)[0]
+
+
+def parse_spec_resolved(spec: dict[str, Any]) -> tuple[DataGenRunSpec, ResolvedModel]:
+    """The spec and its model as resolved while validating it: a caller resolves nothing again."""
+    run, resolved = _parse(
         {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "x"}, "spec": spec}
-    ).spec
+    )
+    return run.spec, resolved
 
 
 def load_run(path: str | Path) -> DataGenRun:
@@ -63,6 +77,7 @@ __all__ = [
     "load_run",
     "parse_run",
     "parse_spec",
+    "parse_spec_resolved",
 ]
 
 

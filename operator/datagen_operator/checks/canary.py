@@ -10,17 +10,17 @@ import statistics
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
+from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
+from datagen_operator.checks.evaluate import CheckContext, Tally, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import TemplateExpectation, judge_template
 from datagen_operator.control.observed import StepOutcome
@@ -78,17 +78,6 @@ class SetAside:
 
     id: str
     reason: str
-
-
-def canary_context(resolved: ResolvedModel, expect: rc.Expectations, thresholds: ChecksSpec) -> CheckContext:
-    return CheckContext(
-        thinking=resolved.thinking,
-        preset=resolved.preset.name if resolved.preset else None,
-        think_start=resolved.think_start,
-        think_end=resolved.think_end,
-        think_end_id=expect.think_end_id,
-        thresholds=thresholds,
-    )
 
 
 IGNORES_THINKING_RATIO = 1.8
@@ -166,7 +155,7 @@ def judge_canary(
             "max_truncation_rate": 1.0 if capped else ctx.thresholds.max_truncation_rate,
         }
     )
-    strict_ctx = CheckContext(**{**ctx.__dict__, "thresholds": strict})
+    strict_ctx = replace(ctx, thresholds=strict)
     checks = [*first, *evaluate(tally, strict_ctx)]
     reached = sum(1 for r in records if ctx.think_end_id is not None and ctx.think_end_id in r.output_ids)
     if ctx.thinking and ctx.think_end_id is not None and reached == 0 and all(c.passed for c in checks):
@@ -237,7 +226,7 @@ async def run_canary(
     resolved = resolve_model(spec)
     model_eos = rc.read_model_eos_ids(model_dir or Path(spec.model.tokenizer_path or spec.model.path))
     expect = rc.expectations_for(resolved, tokenizer, model_eos)
-    ctx = canary_context(resolved, expect, spec.checks)
+    ctx = check_context(resolved, spec.checks, expect.think_end_id)
     renderer = Renderer(tokenizer, template_variables(resolved))
     wanted = spec.checks.canary_prompts + len(PROBES)
     run_budget = spec.generation.sampling.max_new_tokens

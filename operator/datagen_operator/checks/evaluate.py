@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
@@ -82,6 +83,31 @@ class CheckContext:
     think_end: str | None
     think_end_id: int | None
     thresholds: ChecksSpec
+
+
+def check_context(
+    resolved: ResolvedModel | None,
+    thresholds: ChecksSpec,
+    think_end_id: int | None = None,
+    *,
+    thinking: bool = False,
+    preset: str | None = None,
+) -> CheckContext:
+    """The one builder of a CheckContext, from the model as resolved for the run. `think_end_id`: what the run's
+    tokenizer calls the think-end text (rc.expectations_for), else the preset's fixed id (the operator mounts no
+    tokenizer). Without a resolved model (an output verified alone) `thinking` and `preset` come from its
+    fingerprint."""
+    known = resolved.preset if resolved else None
+    if think_end_id is None and known is not None and known.think_end is not None:
+        think_end_id = known.think_end.id
+    return CheckContext(
+        thinking=resolved.thinking if resolved else thinking,
+        preset=known.name if known else preset,
+        think_start=resolved.think_start if resolved else None,
+        think_end=resolved.think_end if resolved else None,
+        think_end_id=think_end_id,
+        thresholds=thresholds,
+    )
 
 
 def _rate(count: int, total: int) -> float:

@@ -135,7 +135,7 @@ def model_label(spec: DataGenRunSpec) -> str:
 
 
 async def read_running_server(
-    session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec
+    session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec, resolved: ResolvedModel | None = None
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """/server_info, and in thinking runs a chat probe through the server's own template and parser (its
     choice: message and finish_reason). Raises when the server cannot be read."""
@@ -143,7 +143,7 @@ async def read_running_server(
     from datagen_operator.worker.client import fetch_server_info
     from datagen_operator.worker.render import template_variables
 
-    resolved = resolve_model(spec)
+    resolved = resolved or resolve_model(spec)
     info = await fetch_server_info(session, url)
     probe = None
     if resolved.thinking:
@@ -155,8 +155,11 @@ async def read_running_server(
     return info, probe
 
 
-async def verify_running_server(session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec) -> StepOutcome:
+async def verify_running_server(
+    session: aiohttp.ClientSession, url: str, spec: DataGenRunSpec, resolved: ResolvedModel | None = None
+) -> StepOutcome:
     """ParsersVerified for a server that answers health checks. Raises when the server cannot be read: the
     shells count the failures and control.decide bounds the retries (ProbeFailed)."""
-    info, probe = await read_running_server(session, url, spec)
-    return verify_parsers(info, probe, resolve_model(spec), model_label(spec))
+    resolved = resolved or resolve_model(spec)
+    info, probe = await read_running_server(session, url, spec, resolved)
+    return verify_parsers(info, probe, resolved, model_label(spec))

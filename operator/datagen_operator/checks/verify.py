@@ -24,7 +24,7 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary import outcome_json
-from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
+from datagen_operator.checks.evaluate import Tally, check_context, evaluate
 from datagen_operator.control.observed import StepOutcome
 
 COMPLETENESS = "completeness"
@@ -417,14 +417,7 @@ def verify_output(
     else:
         prompts_named = dataset_count
     tally = _output_tally(records, tool_records, dict(counts), server, prompts_named, set_aside)
-    ctx = CheckContext(
-        thinking=thinking,
-        preset=resolved.preset.name if resolved and resolved.preset else fingerprint.get("preset"),
-        think_start=resolved.think_start if resolved else None,
-        think_end=resolved.think_end if resolved else None,
-        think_end_id=expect.think_end_id,
-        thresholds=thresholds,
-    )
+    ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
     checks.append(_completeness(keys, duplicates, set_aside))
     if fidelity:

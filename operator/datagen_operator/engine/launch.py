@@ -31,10 +31,12 @@ def server_argv(
     port: int | None = None,
     python: str = "python3",
     model_path: str | None = None,
+    resolved: ResolvedModel | None = None,
 ) -> list[str]:
-    """The launch command. `model_path` overrides spec.model.path (the local runner resolves it). With
-    server.nodes > 1 it is every pod's command, `$(LWS_...)` left for Kubernetes to expand per pod."""
-    resolved: ResolvedModel = resolve_model(spec)
+    """The launch command. `model_path` overrides spec.model.path (the local runner resolves it); `resolved`:
+    the model as the caller resolved it for this pass (else resolved here). With server.nodes > 1 it is every
+    pod's command, `$(LWS_...)` left for Kubernetes to expand per pod."""
+    resolved = resolved or resolve_model(spec)
     errors = extra_arg_errors(spec.server.extra_args)
     if errors:
         raise SpecError(errors)

@@ -88,10 +88,36 @@ def run_configmaps(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: An
     return {_run_key(namespace, labels): body}
 
 
+# Children the operator owns whole: watched so one deleted or edited by hand is put back at once (the next
+# pass applies it server-side), not after an operator restart.
+@kopf.index("services", labels=MANAGED)
+def run_services(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.index("serviceaccounts", labels=MANAGED)
+def run_serviceaccounts(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
+def run_roles(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
+def run_rolebindings(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_run_key(namespace, labels): body}
+
+
 @kopf.on.event("pods", labels=MANAGED)
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 @kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
 @kopf.on.event("configmaps", labels=MANAGED)
+@kopf.on.event("services", labels=MANAGED)
+@kopf.on.event("serviceaccounts", labels=MANAGED)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
 def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     memo.ctx.wake(*_run_key(namespace, labels))
 
@@ -113,10 +139,23 @@ async def run_daemon(
     run_jobs: kopf.Index[Any, Any],
     run_statefulsets: kopf.Index[Any, Any],
     run_configmaps: kopf.Index[Any, Any],
+    run_services: kopf.Index[Any, Any],
+    run_serviceaccounts: kopf.Index[Any, Any],
+    run_roles: kopf.Index[Any, Any],
+    run_rolebindings: kopf.Index[Any, Any],
     **_: Any,
 ) -> None:
     ctx: OperatorContext = memo.ctx
-    indexes = {"Pod": run_pods, "Job": run_jobs, "StatefulSet": run_statefulsets, "ConfigMap": run_configmaps}
+    indexes = {
+        "Pod": run_pods,
+        "Job": run_jobs,
+        "StatefulSet": run_statefulsets,
+        "ConfigMap": run_configmaps,
+        "Service": run_services,
+        "ServiceAccount": run_serviceaccounts,
+        "Role": run_roles,
+        "RoleBinding": run_rolebindings,
+    }
     ctx.children = lambda kind, ns, run: list(indexes[kind].get((ns, run), ()))
     post = lambda e: kopf.event(body, type=e.type, reason=e.reason, message=e.message)  # noqa: E731
     reconciler = Reconciler(ctx, namespace, name, post_event=post)

@@ -16,6 +16,9 @@ from datagen_operator.k8s.manifests import LWS_API_VERSION, LWS_KIND, TEMPLATE_H
 
 Manifest = dict[str, Any]
 
+FIELD_MANAGER = "datagen-operator"
+"""Who owns the fields the operator applies (metadata.managedFields)."""
+
 
 class Kube:
     """Typed-API dispatch by kind; bodies are plain dicts (what manifests.py builds)."""
@@ -103,7 +106,22 @@ class Kube:
     async def patch(self, kind: str, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         _, _, patch, _ = self._ops(kind)
         self.writes += 1
-        await patch(name, namespace, body, _content_type="application/merge-patch+json")
+        await patch(name, namespace, body, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+
+    async def apply(self, manifest: Manifest) -> None:
+        """Server-side apply as the operator's field manager, forced: the fields in `manifest` are ours, and a
+        hand edit of one of them (another manager) is taken back."""
+        _, _, patch, _ = self._ops(manifest["kind"])
+        meta = manifest["metadata"]
+        self.writes += 1
+        await patch(
+            meta["name"],
+            meta["namespace"],
+            manifest,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
 
     async def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         *_, delete = self._ops(kind)
@@ -169,7 +187,16 @@ def refusal(error: ApiException) -> str | None:
         return str(error.body or error.reason)
 
 
+def drifted(wanted: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
+    """A child is missing, or a field the operator sets reads otherwise (a hand edit). Fields the API server
+    fills in (defaults, status) and fields others add are not drift."""
+    return existing is None or not _contains(existing, wanted)
+
+
 def _contains(obj: Any, subset: Any) -> bool:
     if isinstance(subset, Mapping):
         return isinstance(obj, Mapping) and all(_contains(obj.get(k), v) for k, v in subset.items())
+    if isinstance(subset, list):
+        # Lists compare item by item: the server adds defaults inside items (a Service port's protocol).
+        return isinstance(obj, list) and len(obj) == len(subset) and all(map(_contains, obj, subset))
     return obj == subset

@@ -6,7 +6,6 @@ garbage collector removes them with the run and a restarted operator finds them 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -16,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
 from datagen_operator.engine.launch import server_argv
@@ -170,75 +170,12 @@ def template_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-# --- the applied spec: which fields may change once bulk records exist ---------------------------
-
-LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("suspend",),
-    ("checks",),
-    ("server", "replicas"),
-    ("server", "startupTimeout"),
-    ("server", "nodeSelector"),
-    ("server", "tolerations"),
-    ("server", "affinity"),
-    ("server", "priorityClassName"),
-    ("clients", "concurrency"),
-    ("clients", "requestTimeout"),
-    ("clients", "maxAttempts"),
-    ("clients", "cpu"),
-    ("clients", "memory"),
-    ("clients", "nodeSelector"),
-    ("clients", "tolerations"),
-)
-"""Fields that do not change what a record contains; every other field does (model, server args, dataset,
-generation, output, shards) and is frozen once the workers have started."""
+# --- the applied spec (which fields may change once bulk records exist: api/live_fields.py) -------
 
 
 def spec_document(spec: DataGenRunSpec) -> dict[str, Any]:
     """The spec as normalized JSON (defaults filled in), so comparisons ignore spelling."""
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def _without_live(document: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(document)
-    for path in LIVE_FIELDS:
-        node = out
-        for key in path[:-1]:
-            node = node.get(key, {})
-        if isinstance(node, dict):
-            node.pop(path[-1], None)
-    return out
-
-
-def changed_data_fields(new: dict[str, Any], applied: dict[str, Any]) -> list[str]:
-    """Dotted paths of data-affecting fields that differ between two spec documents."""
-    changed: list[str] = []
-
-    def walk(a: Any, b: Any, path: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for key in sorted(set(a) | set(b)):
-                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-        elif a != b:
-            changed.append(f"spec.{path}")
-
-    walk(_without_live(new), _without_live(applied), "")
-    return changed
-
-
-def merge_live_fields(new: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-    """The applied spec with the new spec's live fields: what runs when data-affecting changes are refused."""
-    out = copy.deepcopy(applied)
-    for path in LIVE_FIELDS:
-        source: Any = new
-        for key in path:
-            source = source.get(key) if isinstance(source, dict) else None
-        target = out
-        for key in path[:-1]:
-            target = target.setdefault(key, {})
-        if source is None:
-            target.pop(path[-1], None)
-        else:
-            target[path[-1]] = copy.deepcopy(source)
-    return out
 
 
 # --- paths inside the pods -----------------------------------------------------------------------
@@ -503,7 +440,9 @@ def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any
     }
 
 
-def _server_pod_template(run: RunRef, spec: DataGenRunSpec, *, serves_api: bool) -> dict[str, Any]:
+def _server_pod_template(
+    run: RunRef, spec: DataGenRunSpec, *, serves_api: bool, resolved: ResolvedModel | None = None
+) -> dict[str, Any]:
     """A server pod. `serves_api`: it answers the HTTP API (a single-node server, or a group's leader);
     otherwise it is a group's worker, where SGLang serves only a health endpoint (always 200 once its
     schedulers run, i.e. after the weights loaded), so it gets startup and liveness checks, no readiness."""
@@ -514,7 +453,7 @@ def _server_pod_template(run: RunRef, spec: DataGenRunSpec, *, serves_api: bool)
         "name": "server",
         "image": server.image,
         # With nodes > 1 the same argv on every pod; `$(LWS_...)` is expanded by the kubelet per pod.
-        "command": server_argv(spec, host="0.0.0.0"),
+        "command": server_argv(spec, host="0.0.0.0", resolved=resolved),
         "ports": [{"name": "http", "containerPort": server.port}],
         "resources": server_resources(spec),
         "securityContext": _no_privileges(read_only_root=False),  # JIT kernel caches write into the image
@@ -555,9 +494,11 @@ def _server_pod_template(run: RunRef, spec: DataGenRunSpec, *, serves_api: bool)
     return {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
 
 
-def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+def server_statefulset(
+    run: RunRef, spec: DataGenRunSpec, replicas: int, resolved: ResolvedModel | None = None
+) -> Manifest:
     """The SGLang server of server.nodes == 1: one pod per data-parallel replica, all started at once (Parallel)."""
-    template = _server_pod_template(run, spec, serves_api=True)
+    template = _server_pod_template(run, spec, serves_api=True, resolved=resolved)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -572,7 +513,9 @@ def server_statefulset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Mani
     }
 
 
-def server_leaderworkerset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+def server_leaderworkerset(
+    run: RunRef, spec: DataGenRunSpec, replicas: int, resolved: ResolvedModel | None = None
+) -> Manifest:
     """The SGLang server of server.nodes > 1: one LeaderWorkerSet group of `nodes` pods per replica.
 
     LWS names the group's leader <run>-server-<i>, as the StatefulSet names a single-node server, so the
@@ -580,8 +523,8 @@ def server_leaderworkerset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> 
     whole when any of its pods does (SGLang's ranks cannot rejoin a running server). LWS makes its own
     headless Service <run>-server (publishing not-ready addresses: the workers resolve the leader while
     it loads), so the operator creates none for a group."""
-    leader = _server_pod_template(run, spec, serves_api=True)
-    worker = _server_pod_template(run, spec, serves_api=False)
+    leader = _server_pod_template(run, spec, serves_api=True, resolved=resolved)
+    worker = _server_pod_template(run, spec, serves_api=False, resolved=resolved)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
@@ -601,11 +544,13 @@ def server_leaderworkerset(run: RunRef, spec: DataGenRunSpec, replicas: int) -> 
     }
 
 
-def server_workload(run: RunRef, spec: DataGenRunSpec, replicas: int) -> Manifest:
+def server_workload(
+    run: RunRef, spec: DataGenRunSpec, replicas: int, resolved: ResolvedModel | None = None
+) -> Manifest:
     """The StatefulSet (one node per server) or the LeaderWorkerSet (a group of nodes per server)."""
     if spec.server.nodes > 1:
-        return server_leaderworkerset(run, spec, replicas)
-    return server_statefulset(run, spec, replicas)
+        return server_leaderworkerset(run, spec, replicas, resolved)
+    return server_statefulset(run, spec, replicas, resolved)
 
 
 def client_placement(spec: DataGenRunSpec) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The operator's own permissions, as data: the Helm chart renders them, the tests bind them.
 
-Least privilege: read and create what a run owns, patch what it changes, delete only what the finalizer
-stops (workers, then the server) or replaces (a stale Job). No secrets (env secretKeyRefs pass through
+Least privilege: watch and create what a run owns, patch (server-side apply) what it changes, delete only what
+the finalizer stops (workers, then the server) or replaces (a stale Job). No secrets (env secretKeyRefs pass through
 the pod spec unread), no pod deletes, no exec, no volumes.
 """
 
@@ -23,8 +23,9 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
     # the access modes of the claims a run names (k8s/storage.py); never their content
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
+    # children owned whole: watched (list, watch) and applied server-side (patch; create when missing)
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["list", "watch", "create", "patch"]},
     {
         "apiGroups": ["apps"],
         "resources": ["statefulsets"],
@@ -42,7 +43,7 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     {
         "apiGroups": ["rbac.authorization.k8s.io"],
         "resources": ["roles", "rolebindings"],
-        "verbs": ["get", "create", "patch"],
+        "verbs": ["list", "watch", "create", "patch"],
     },
     # events: posted about runs; listed (by involved object) to read a controller's FailedCreate refusal
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["list", "create", "patch"]},

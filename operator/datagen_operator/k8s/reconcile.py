@@ -14,8 +14,9 @@ import aiohttp
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from datagen_operator.api import SpecError, parse_spec
-from datagen_operator.api.resolve import resolve_model
+from datagen_operator.api import SpecError, parse_spec_resolved
+from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
+from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -25,7 +26,7 @@ from datagen_operator.api.status import (
     DataGenRunStatus,
     ServerStatus,
 )
-from datagen_operator.checks.evaluate import CheckContext
+from datagen_operator.checks.evaluate import check_context
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import Observed, ProbeFailures, StepOutcome
@@ -33,7 +34,7 @@ from datagen_operator.control.remembered import remembered_final, remembered_hal
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.kube import Kube, refusal
+from datagen_operator.k8s.kube import Kube, drifted, refusal
 from datagen_operator.k8s.settings import Settings
 
 log = logging.getLogger("datagen.operator")
@@ -64,20 +65,6 @@ class OperatorContext:
             event.set()
 
 
-def check_context(spec: DataGenRunSpec) -> CheckContext:
-    """The operator has no tokenizer (it mounts no volume): the think-end id comes from the preset."""
-    resolved = resolve_model(spec)
-    preset = resolved.preset
-    return CheckContext(
-        thinking=resolved.thinking,
-        preset=preset.name if preset else None,
-        think_start=resolved.think_start,
-        think_end=resolved.think_end,
-        think_end_id=preset.think_end.id if preset and preset.think_end else None,
-        thresholds=spec.checks,
-    )
-
-
 @dataclass
 class Reconciler:
     """The per-run shell state that survives between passes (not across operator restarts: none is needed)."""
@@ -88,7 +75,6 @@ class Reconciler:
     status: dict[str, Any] | None = None
     """The status this operator last wrote; the watch may lag behind it."""
     last_write: float = 0.0
-    created: dict[str, str] = field(default_factory=dict)
     server_info: dict[str, Any] | None = None
     post_event: Callable[[Event], None] = lambda event: None
     refused_writes: dict[str, str] = field(default_factory=dict)
@@ -123,30 +109,31 @@ class Reconciler:
         old = DataGenRunStatus.model_validate(self.status if self.status is not None else body.get("status") or {})
         now = datetime.now(UTC)
         try:
-            spec = parse_spec(dict(body.get("spec") or {}))
+            # The model is resolved once per pass (while the spec is validated) and handed down.
+            spec, resolved = parse_spec_resolved(dict(body.get("spec") or {}))
         except SpecError as error:
             decision = decide(None, Observed(generation=generation, spec_error=str(error)), None)
             await self._report(body, old, decision, generation, now, [], None)
             return decision
 
-        spec, data_generation, refused = await self._apply_spec(run, spec, generation)
+        spec, resolved, data_generation, refused = await self._apply_spec(run, spec, resolved, generation)
         urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
-        context = check_context(spec)
+        context = check_context(resolved, spec.checks)  # no tokenizer here: the preset's think-end id
         halted = remembered_halt(old, generation)
         if halted is not None:
             # The halt stands (decide says so without looking further): nothing to observe, nothing to report.
             self.parser_probes = ProbeFailures()  # a later spec counts its own probes
             observed = Observed(generation=generation, halted=halted)
             decision = decide(spec, observed, context)
-            await self._act(run, spec, decision, observed, urls, data_generation)
+            await self._act(run, spec, resolved, decision, observed, urls, data_generation)
             return decision
         observed = await self._observe(spec, generation, data_generation, old, urls, now)
         decision = decide(spec, observed, context)
         if decision.step == Step.VERIFY_PARSERS and observed.server and observed.server.ready_endpoints:
-            outcome = await self._verify_parsers(spec, observed.server.ready_endpoints[0])
+            outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints[0])
             observed = replace(observed, parsers=outcome, parser_probes=self.parser_probes)
             decision = decide(spec, observed, context)
-        await self._act(run, spec, decision, observed, urls, data_generation)
+        await self._act(run, spec, resolved, decision, observed, urls, data_generation)
         extra = []
         if refused:
             extra.append(
@@ -168,22 +155,22 @@ class Reconciler:
     # --- spec ----------------------------------------------------------------------------------
 
     async def _apply_spec(
-        self, run: m.RunRef, spec: DataGenRunSpec, generation: int
-    ) -> tuple[DataGenRunSpec, int, list[str]]:
-        """The spec in force, the generation of its data-affecting part, and refused data changes."""
+        self, run: m.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
+    ) -> tuple[DataGenRunSpec, ResolvedModel, int, list[str]]:
+        """The spec in force (and its model), the generation of its data-affecting part, refused data changes."""
         name = m.spec_configmap_name(self.name)
         cm = self._named("ConfigMap", name) or await self.ctx.kube.read("ConfigMap", self.namespace, name)
         new = m.spec_document(spec)
         if cm is None:
             await self.ctx.kube.create(m.spec_configmap(run, spec, generation))
-            return spec, generation, []
+            return spec, resolved, generation, []
         applied = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
         data_generation = int((cm["metadata"].get("annotations") or {}).get(m.DATA_GENERATION, generation))
-        changed = m.changed_data_fields(new, applied)
+        changed = changed_data_fields(new, applied)
         refused: list[str] = []
         if changed and self._bulk_started():
             refused = changed
-            spec = parse_spec(m.merge_live_fields(new, applied))
+            spec, resolved = parse_spec_resolved(merge_live_fields(new, applied))
             new = m.spec_document(spec)
         elif changed:
             data_generation = generation  # before bulk work a data change is fine: the steps run again
@@ -192,7 +179,7 @@ class Reconciler:
             await self.ctx.kube.patch(
                 "ConfigMap", self.namespace, name, {"metadata": manifest["metadata"], "data": manifest["data"]}
             )
-        return spec, data_generation, refused
+        return spec, resolved, data_generation, refused
 
     def _bulk_started(self) -> bool:
         return self._named("Job", m.workers_job_name(self.name)) is not None
@@ -280,19 +267,19 @@ class Reconciler:
 
         return await is_healthy(self.ctx.http, url)
 
-    async def _verify_parsers(self, spec: DataGenRunSpec, url: str) -> StepOutcome | None:
+    async def _verify_parsers(self, spec: DataGenRunSpec, resolved: ResolvedModel, url: str) -> StepOutcome | None:
         """The server's own word (/server_info) and a chat probe; a failed read is counted for decide()."""
         from datagen_operator.checks.server_truth import model_label, read_running_server, verify_parsers
 
         try:
-            info, probe = await read_running_server(self.ctx.http, url, spec)
+            info, probe = await read_running_server(self.ctx.http, url, spec, resolved)
         except Exception as error:  # the server is ready by its probes: decide() bounds the retries
             log.warning("%s/%s: reading the server's parsers failed: %s", self.namespace, self.name, error)
             self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
             return None
         self.server_info = info
         self.parser_probes = ProbeFailures()
-        return verify_parsers(info, probe, resolve_model(spec), model_label(spec))
+        return verify_parsers(info, probe, resolved, model_label(spec))
 
     # --- act -----------------------------------------------------------------------------------
 
@@ -318,27 +305,18 @@ class Reconciler:
     async def _create(self, manifest: m.Manifest) -> bool:
         return await self._write(manifest["kind"], manifest["metadata"]["name"], lambda: self.ctx.kube.create(manifest))
 
-    async def _ensure_once(self, manifest: m.Manifest) -> None:
-        """Objects the operator does not watch: created (or brought up to date) once per process and content."""
-        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
-        digest = m.template_hash(manifest)
-        if self.created.get(key) == digest:
-            return
-        kube = self.ctx.kube
-
-        async def create_or_update() -> None:
-            # A ServiceAccount never changes (and the operator may not patch one); the rest is updated.
-            if not await kube.create(manifest) and manifest["kind"] != "ServiceAccount":
-                meta = manifest["metadata"]
-                await kube.patch(manifest["kind"], meta["namespace"], meta["name"], manifest)
-
-        if await self._write(manifest["kind"], manifest["metadata"]["name"], create_or_update):
-            self.created[key] = digest
+    async def _apply(self, manifest: m.Manifest) -> None:
+        """A watched child the operator owns whole (Services, the workers' RBAC, shard ConfigMaps): applied
+        server-side when it is missing or a field the operator sets was changed by hand; else nothing is sent."""
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if drifted(manifest, self._named(kind, name)):
+            await self._write(kind, name, lambda: self.ctx.kube.apply(manifest))
 
     async def _act(
         self,
         run: m.RunRef,
         spec: DataGenRunSpec,
+        resolved: ResolvedModel,
         decision: Decision,
         observed: Observed,
         urls: list[str],
@@ -347,11 +325,9 @@ class Reconciler:
         kube = self.ctx.kube
         shards = spec.clients.shards
         for manifest in (m.worker_service_account(run), m.worker_role(run, shards), m.worker_role_binding(run)):
-            await self._ensure_once(manifest)
+            await self._apply(manifest)
         for index in range(shards):
-            cm = m.shard_configmap(run, index)
-            if self._named("ConfigMap", cm["metadata"]["name"]) is None:
-                await self._ensure_once(cm)
+            await self._apply(m.shard_configmap(run, index))  # its data is the worker's, never drift
         grouped = spec.server.nodes > 1
         sts = self._named("StatefulSet", m.server_name(self.name))
         if grouped and sts is not None:
@@ -359,24 +335,22 @@ class Reconciler:
             # (LWS makes its own headless Service, one that publishes not-ready leaders to their workers).
             await kube.delete("StatefulSet", self.namespace, m.server_name(self.name))
             await kube.delete("Service", self.namespace, m.server_name(self.name))
-            self.created.pop(f"Service/{m.server_name(self.name)}", None)
             sts = None
         if not grouped and any(o.is_group_worker(p, m.server_name(self.name)) for p in self._pods("server")):
             await kube.delete(m.LWS_KIND, self.namespace, m.server_name(self.name))  # server.nodes went back to 1
         if not grouped:
-            await self._ensure_once(m.headless_service(run, spec))
+            await self._apply(m.headless_service(run, spec))
         for index in range(spec.server.replicas):
-            await self._ensure_once(m.replica_service(run, spec, index))
+            await self._apply(m.replica_service(run, spec, index))
         # A scale-down leaves Services of replicas that no longer exist.
         workload = self.group_set if grouped else sts
         had = int((workload or {}).get("spec", {}).get("replicas") or 0)
         for index in range(spec.server.replicas, had):
             await kube.delete("Service", self.namespace, m.server_pod_name(self.name, index))
-            self.created.pop(f"Service/{m.server_pod_name(self.name, index)}", None)
 
         replicas = spec.server.replicas if decision.server_wanted else 0
         if workload is not None or decision.server_wanted:
-            wanted: Mapping[str, Any] = with_restart_hash(m.server_workload(run, spec, replicas))
+            wanted: Mapping[str, Any] = with_restart_hash(m.server_workload(run, spec, replicas, resolved))
             if workload is not None and o.holds_a_node(self._pods("server")) and not needs_restart(wanted, workload):
                 # Only live fields moved while a server holds its GPUs (a model load): the running template
                 # stays, only the replica count may move; the change reaches the next server start.

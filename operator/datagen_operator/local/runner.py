@@ -21,7 +21,7 @@ from datagen_operator.api import DataGenRun
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import Condition
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import CheckContext
+from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
@@ -258,14 +258,8 @@ class LocalRunner:
         self.run_file.write_text(yaml.safe_dump(document, sort_keys=False))
 
     def _check_context(self) -> CheckContext:
-        expect = rc.expectations_for(self.resolved, self._tokenizer())
-        return CheckContext(
-            thinking=self.resolved.thinking,
-            preset=self.resolved.preset.name if self.resolved.preset else None,
-            think_start=self.resolved.think_start,
-            think_end=self.resolved.think_end,
-            think_end_id=expect.think_end_id,
-            thresholds=self.spec.checks,
+        return check_context(
+            self.resolved, self.spec.checks, rc.expectations_for(self.resolved, self._tokenizer()).think_end_id
         )
 
     def _tokenizer(self) -> Any:
@@ -279,7 +273,7 @@ class LocalRunner:
     async def _start_servers(self) -> None:
         for index in range(self.spec.server.replicas):
             port = free_port()
-            argv = server_argv(self.spec, host="127.0.0.1", port=port, python=sys.executable)
+            argv = server_argv(self.spec, host="127.0.0.1", port=port, python=sys.executable, resolved=self.resolved)
             if self.simulator:
                 # The simulator takes sglang.launch_server's own flags: only the program differs.
                 argv = [sys.executable, "-m", "datagen_operator.cli", "sim-server", *argv[3:], *self.sim_args]
@@ -304,7 +298,7 @@ class LocalRunner:
 
         url = self._ready_urls()[0]
         try:
-            self.parsers = await verify_running_server(self.session, url, self.spec)
+            self.parsers = await verify_running_server(self.session, url, self.spec, self.resolved)
         except Exception as error:  # any way of not answering: counted, not a verdict by itself
             self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
 

@@ -1,0 +1,101 @@
+"""Children the operator owns whole (Services, the workers' RBAC) are watched and applied server-side: one deleted
+or edited by hand is put back by the running operator, counted in its applies; a steady run sends none."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from datagen_operator.k8s.kube import FIELD_MANAGER, Kube
+from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
+
+
+@pytest.fixture
+def applies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """'Kind/name' of every server-side apply the in-process operator sends."""
+    sent: list[str] = []
+    original = Kube.apply
+
+    async def recording(self: Kube, manifest: Any) -> None:
+        sent.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+        await original(self, manifest)
+
+    monkeypatch.setattr(Kube, "apply", recording)
+    return sent
+
+
+def settle(applies: list[str], quiet_s: float = 3.0) -> None:
+    """Wait until no apply was sent for `quiet_s` (the operator passes every second in these tests)."""
+    seen, since = len(applies), time.monotonic()
+    deadline = since + 60
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if len(applies) != seen:
+            seen, since = len(applies), time.monotonic()
+
+
+def test_a_deleted_or_edited_child_comes_back_without_a_restart(
+    runs: Runs, operator: OperatorFactory, data_dir: Path, standin_tokenizer: Path, applies: list[str]
+) -> None:
+    name = new_name("children")
+    operator(["http://127.0.0.1:9"])  # no server answers: the run stays before its server; its children exist
+    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    rbac = client.RbacAuthorizationV1Api(runs.cluster.api_client())
+    service, binding = f"{name}-server-0", f"{name}-worker"
+    runs.wait_for("the replica Service", lambda: runs.core.read_namespaced_service(service, runs.namespace))
+    runs.wait_for("the RoleBinding", lambda: rbac.read_namespaced_role_binding(binding, runs.namespace))
+    settle(applies)
+    assert applies.count(f"Service/{service}") == 1 and applies.count(f"RoleBinding/{binding}") == 1, applies
+    built = runs.core.read_namespaced_service(service, runs.namespace)
+    assert any(f.manager == FIELD_MANAGER and f.operation == "Apply" for f in built.metadata.managed_fields)
+
+    # Deleted by hand: back within seconds, a new object, one apply each.
+    runs.core.delete_namespaced_service(service, runs.namespace)
+    rbac.delete_namespaced_role_binding(binding, runs.namespace)
+    again = runs.wait_for(
+        "the Service back",
+        lambda: next(
+            (s for s in runs.core.list_namespaced_service(runs.namespace).items if s.metadata.name == service), None
+        ),
+        timeout=30,
+    )
+    assert again.metadata.uid != built.metadata.uid
+    runs.wait_for(
+        "the RoleBinding back",
+        lambda: any(b.metadata.name == binding for b in rbac.list_namespaced_role_binding(runs.namespace).items),
+        timeout=30,
+    )
+    settle(applies)
+    assert applies.count(f"Service/{service}") == 2 and applies.count(f"RoleBinding/{binding}") == 2, applies
+
+    # Edited by hand (a port's target, a label): the operator's fields are taken back, nothing else moves.
+    port = again.spec.ports[0]
+    runs.core.patch_namespaced_service(
+        service,
+        runs.namespace,
+        {"metadata": {"labels": {"app.kubernetes.io/component": "edited"}}, "spec": {"ports": [
+            {"name": port.name, "port": port.port, "targetPort": 8080}
+        ]}},
+    )  # fmt: skip
+    runs.wait_for(
+        "the edit undone",
+        lambda: (
+            (s := runs.core.read_namespaced_service(service, runs.namespace)).spec.ports[0].target_port == "http"
+            and s.metadata.labels["app.kubernetes.io/component"] == "server"
+        ),
+        timeout=30,
+    )
+    restored = runs.core.read_namespaced_service(service, runs.namespace)
+    assert [(p.name, p.port, p.target_port) for p in restored.spec.ports] == [(port.name, port.port, "http")]
+    assert restored.metadata.uid == again.metadata.uid, "repaired in place, not recreated"
+    settle(applies)
+    assert applies.count(f"Service/{service}") == 3, applies
+
+    # A steady run sends no apply at all, however many passes it makes.
+    before = len(applies)
+    time.sleep(4)
+    assert len(applies) == before, applies[before:]
