@@ -108,13 +108,13 @@ class Kube:
         self.writes += 1
         await patch(name, namespace, body, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
 
-    async def apply(self, manifest: Manifest) -> None:
+    async def apply(self, manifest: Manifest) -> Mapping[str, Any]:
         """Server-side apply as the operator's field manager, forced: the fields in `manifest` are ours, and a
-        hand edit of one of them (another manager) is taken back."""
+        hand edit of one of them (another manager) is taken back. Returns the object as stored."""
         _, _, patch, _ = self._ops(manifest["kind"])
         meta = manifest["metadata"]
         self.writes += 1
-        await patch(
+        applied = await patch(
             meta["name"],
             meta["namespace"],
             manifest,
@@ -122,6 +122,7 @@ class Kube:
             force=True,
             _content_type="application/apply-patch+yaml",
         )
+        return self.api.sanitize_for_serialization(applied)
 
     async def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         *_, delete = self._ops(kind)
