@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 
 from datagen_operator.k8s.kube import FIELD_MANAGER, Kube
-from tests.operator.conftest import OperatorFactory, Runs, new_name, run_manifest
+from tests.manifests import cluster_run
+from tests.operator.conftest import OperatorFactory, Runs, new_name
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_a_deleted_or_edited_child_comes_back_without_a_restart(
 ) -> None:
     name = new_name("children")
     operator(["http://127.0.0.1:9"])  # no server answers: the run stays before its server; its children exist
-    runs.create(run_manifest(name, data_dir, standin_tokenizer))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer))
     rbac = client.RbacAuthorizationV1Api(runs.cluster.api_client())
     service, binding = f"{name}-server-0", f"{name}-worker"
     services = lambda: runs.core.list_namespaced_service(runs.namespace).items  # noqa: E731
