@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 from datagen_operator.api.status import CONDITION_TYPES, Condition, ConditionStatus
 
@@ -34,13 +35,13 @@ def apply_updates(
     by_type = {c.type: c for c in conditions}
     for update in updates:
         old = by_type.get(update.type)
-        changed = old is None or old.status != update.status
+        kept = old.last_transition_time if old is not None and old.status == update.status else None
         by_type[update.type] = Condition(
             type=update.type,
             status=update.status,
             reason=update.reason,
             message=update.message,
-            last_transition_time=rfc3339(now) if changed else old.last_transition_time,  # type: ignore[union-attr]
+            last_transition_time=kept or rfc3339(now),
             observed_generation=generation,
         )
     order = {name: index for index, name in enumerate(CONDITION_TYPES)}
@@ -51,7 +52,7 @@ def apply_updates(
 class Event:
     """A Kubernetes event (or a line in the local runner's log) for one transition."""
 
-    type: str  # Normal | Warning
+    type: Literal["Normal", "Warning"]
     reason: str
     message: str
 

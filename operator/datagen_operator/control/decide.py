@@ -142,7 +142,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     # A finished run stays finished: its verdict is final and the GPUs are released.
     if observed.final is not None:
         final = observed.final
-        faithful = _u(
+        verdict = _u(
             DATA_FAITHFUL,
             "True" if final.passed else "False",
             "Verified" if final.passed else "ChecksFailed",
@@ -150,27 +150,26 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         )
         released = _u(SERVER_READY, "False", "Released", "run finished; server stopped and GPUs released")
         if final.passed and spec.export is not None:
-            return _export(spec, observed.export, progress, final.checks, (released, faithful))
+            return _export(spec, observed.export, progress, final.checks, (released, verdict))
         if final.passed:
             succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed")
         else:
             succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
-        updates = (released, _u(PROGRESSING, "False", "Completed", progress.summary), faithful, succeeded)
         return Decision(
             step=Step.DONE,
             phase="Succeeded" if final.passed else "Failed",
-            updates=updates,
+            updates=(released, _u(PROGRESSING, "False", "Completed", progress.summary), verdict, succeeded),
             checks=final.checks,
             progress=progress,
         )
 
     if observed.suspended:
-        updates = (
+        suspended = (
             _u(SERVER_READY, "False", "Suspended", "spec.suspend is true: server stopped, GPUs released, output kept"),
             _u(PROGRESSING, "False", "Suspended", f"suspended at {progress.summary}"),
             _u(SUCCEEDED, "Unknown", "Suspended", "resume with spec.suspend: false; work continues where it stopped"),
         )
-        return Decision(step=Step.SUSPENDED, phase="Suspended", updates=updates, progress=progress)
+        return Decision(step=Step.SUSPENDED, phase="Suspended", updates=suspended, progress=progress)
 
     started = workers is not None
     # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
@@ -179,21 +178,21 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     begun = begun or bool(observed.server and observed.server.instances)
     preflight = observed.preflight
     if preflight is None and not begun:
-        updates_ = (
+        checking = (
             _u(INPUTS_VERIFIED, "Unknown", "Checking", "checking the dataset, tokenizer and output before a server"),
             _u(SERVER_READY, "False", "NotStarted", "the server starts once the inputs are verified"),
             _u(PROGRESSING, "False", "Waiting", "waiting for the preflight"),
             _u(SUCCEEDED, "Unknown", "Running", "preflight running"),
         )
-        return Decision(step=Step.PREFLIGHT, phase="Preflight", updates=updates_, progress=progress)
+        return Decision(step=Step.PREFLIGHT, phase="Preflight", updates=checking, progress=progress)
     if preflight is not None and not preflight.passed:
-        updates_ = (
+        refused = (
             _u(INPUTS_VERIFIED, "False", preflight.reason, preflight.message),
             _u(SERVER_READY, "False", "NotStarted", "no server was started: the inputs failed the preflight"),
             _u(PROGRESSING, "False", "Halted", "no GPU time was used"),
             _u(SUCCEEDED, "False", "PreflightFailed", preflight.message),
         )
-        return Decision(step=Step.HALTED, phase="Halted", updates=updates_, checks=preflight.checks, progress=progress)
+        return Decision(step=Step.HALTED, phase="Halted", updates=refused, checks=preflight.checks, progress=progress)
 
     updates: list[ConditionUpdate] = []
     if preflight is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from datagen_operator.api.duration import format_duration
-from datagen_operator.api.status import SERVER_READY
+from datagen_operator.api.status import SERVER_READY, ConditionStatus
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import ServerInstance, ServerObservation
 
@@ -27,8 +27,8 @@ def _crash_message(instance: ServerInstance) -> str:
 
 
 def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
-    def verdict(status: str, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
-        return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)  # type: ignore[arg-type]
+    def verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
+        return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
 
     if observed is None:
         return verdict("False", "Creating", "creating 1 server replica(s)")
