@@ -106,6 +106,8 @@ def test_one_server_pod_per_run_through_live_changes_verification_and_release(
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         loaded = server_pod(runs, name)
         sts_before = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
+        managers = {(f.manager, f.operation) for f in sts_before.metadata.managed_fields}
+        assert ("datagen-operator", "Apply") in managers, managers  # applied server-side, by its own name
 
         # Live fields on a loaded server: the operator's own budget and the placement of the NEXT server start.
         toleration = {"key": "datagen.dev/test-only", "operator": "Exists", "effect": "NoSchedule"}

@@ -138,20 +138,15 @@ class Kube:
     async def ensure(
         self, manifest: Manifest, existing: Mapping[str, Any] | None, *, patch: Mapping[str, Any] | None = None
     ) -> None:
-        """Create if missing; else patch when the template hash moved (the whole manifest) or `patch` differs.
-
-        `existing` comes from the watch cache; a stale miss only costs a 409 and a read."""
+        """Apply (server-side) when missing or when the template hash moved, so a field dropped from the
+        template is dropped from the object too; else merge-patch `patch` (the replica count) when it differs.
+        The running template is only ever replaced whole: a Job's pod template is immutable, and the server's
+        is kept while it holds its GPUs (k8s/reconcile.py)."""
         meta = manifest["metadata"]
-        if existing is None:
-            if await self.create(manifest):
-                return
-            existing = await self.read(manifest["kind"], meta["namespace"], meta["name"])
-            if existing is None:
-                return
         wanted_hash = (meta.get("annotations") or {}).get(TEMPLATE_HASH)
-        have_hash = ((existing.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH)
-        if wanted_hash is not None and wanted_hash != have_hash:
-            await self.patch(manifest["kind"], meta["namespace"], meta["name"], manifest)
+        have_hash = (((existing or {}).get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH)
+        if existing is None or (wanted_hash is not None and wanted_hash != have_hash):
+            await self.apply(manifest)
         elif patch and not _contains(existing, patch):
             await self.patch(manifest["kind"], meta["namespace"], meta["name"], patch)
 
