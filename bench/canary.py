@@ -30,11 +30,11 @@ import yaml
 from datagen_operator.api import load_run
 from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.server_truth import verify_running_server
-from datagen_operator.engine.client import is_healthy
+from datagen_operator.engine.client.reads import is_healthy
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
+from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-from datagen_operator.worker.render import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_LIKE = ["--sim-speed", "gpu", "--sim-tokens-per-s", "60", "--sim-ttft-s", "2"]

@@ -34,14 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datagen_operator.worker.store import (
-    MANIFEST_FORMAT,
-    PARQUET_WRITE_OPTIONS,
-    ROW_GROUP_TOKENS,
-    OutputLayout,
-    parquet_schema,
-    update_manifest,
-)
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
+from datagen_operator.output.parquet import PARQUET_WRITE_OPTIONS, ROW_GROUP_TOKENS, parquet_schema
 
 STOP = 163586
 VOCAB = 163840

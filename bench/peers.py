@@ -179,8 +179,8 @@ def main() -> int:
 
     from datagen_operator.api import parse_spec
     from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.prompts.render import template_variables
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-    from datagen_operator.worker.render import template_variables
 
     tokenizer_dir = ensure_standin_tokenizer()
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))

@@ -136,7 +136,7 @@ def render_with_params(dataset: Path, tokenizer_dir: Path, max_new_tokens: int) 
     from datagen_operator.api.resolve import resolve_model
     from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
     from datagen_operator.engine.requests import run_sampling
-    from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
+    from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
 
     spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), max_new_tokens, 1))
     resolved = resolve_model(spec)
@@ -215,8 +215,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
+    from datagen_operator.output.layout import OutputLayout
+    from datagen_operator.output.readers import iter_records
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-    from datagen_operator.worker.store import OutputLayout, iter_records
 
     tokenizer_dir = ensure_standin_tokenizer()
     workdir = Path(tempfile.mkdtemp(prefix="bench-worker-"))

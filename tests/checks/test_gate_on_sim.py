@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 
 from datagen_operator.api import parse_spec
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.server_truth import verify_running_server
-from datagen_operator.control.observed import StepOutcome
+from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-from datagen_operator.worker.render import load_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec
 

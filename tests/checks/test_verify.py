@@ -14,9 +14,9 @@ import pytest
 
 from datagen_operator.api import load_run
 from datagen_operator.checks.verify import verify_output
+from datagen_operator.output.layout import sha256_file
+from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-from datagen_operator.worker.render import load_tokenizer
-from datagen_operator.worker.store import sha256_file
 from tests.harness.sim import start_sim
 from tests.manifests import local_run, write_run
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 
 from datagen_operator.checks.verify import COMPLETENESS, account_set_aside
-from datagen_operator.worker.store import OutputLayout, iter_rejects
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.readers import iter_rejects
 from tests.checks.set_aside_output import verify_produced
 
 EXPECTED_CAUSES = {"bad_json": 1, "duplicate_id": 1, "invalid_tools": 1, "too_long": 1, "unrenderable": 1}

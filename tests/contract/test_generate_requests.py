@@ -1,8 +1,8 @@
 """SGLang's own request validation on the requests we send, and on a corpus the simulator must judge alike.
 
-The bodies are built by the functions the worker (`worker.records.generate_payload` over
+The bodies are built by the functions the worker (`output.records.generate_payload` over
 `engine.requests.run_sampling`), the canary (`engine.requests.run_sampling` + `generate_body`) and the
-parser probe (`engine.client.chat_probe_body`) use. SGLang's side runs its HTTP contract gate, its batch
+parser probe (`engine.client.reads.chat_probe_body`) use. SGLang's side runs its HTTP contract gate, its batch
 normalisation, the tokenizer manager's length validation and `SamplingParams` construction, `normalize()` and
 `verify()` (tests/contract/sglang_side.py).
 """
@@ -15,12 +15,12 @@ import orjson
 import pytest
 
 from datagen_operator.api.spec import SamplingParams as SpecSampling
-from datagen_operator.engine.client import chat_probe_body
+from datagen_operator.engine.client.reads import chat_probe_body
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.engine.sim.protocol import RequestError, parse_generate_request
 from datagen_operator.engine.sim.sampling import SamplingParamsError, parse_sampling_params
+from datagen_operator.output.records import Job, generate_payload
 from datagen_operator.presets import get_preset, preset_names
-from datagen_operator.worker.records import Job, generate_payload
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 from tests.contract.sglang_side import CONTEXT_LENGTH, VOCAB_SIZE

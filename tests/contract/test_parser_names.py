@@ -13,13 +13,13 @@ from types import ModuleType
 
 import pytest
 
-from datagen_operator.engine.sglang_names import (
+from datagen_operator.presets import presets
+from datagen_operator.presets.sglang_names import (
     PINNED_SGLANG_VERSION,
     REASONING_PARSER_NAMES,
     REASONING_PARSER_TAGS,
     TOOL_CALL_PARSER_NAMES,
 )
-from datagen_operator.presets import presets
 
 NAME_FILES = {
     "reasoning": "sglang/srt/parser/reasoning_parser_names.py",

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from datagen_operator.presets import Preset, get_preset, preset_names
+from datagen_operator.prompts.render import Renderer, load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-from datagen_operator.worker.render import Renderer, load_tokenizer
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 from tests.harness.sim import SimServer

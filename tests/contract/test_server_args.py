@@ -17,7 +17,8 @@ import yaml
 from datagen_operator.api import parse_run
 from datagen_operator.api.extra_args import MANAGED_FLAGS
 from datagen_operator.engine.launch import DIST_INIT_PORT, LEADER_ADDRESS_ENV, WORKER_INDEX_ENV, server_argv
-from datagen_operator.engine.sglang_names import (
+from datagen_operator.presets import get_preset, preset_names
+from datagen_operator.presets.sglang_names import (
     REASONING_PARSER_NAMES,
     RESOLVED_REASONING_PARSERS,
     RESOLVED_TOOL_CALL_PARSERS,
@@ -25,7 +26,6 @@ from datagen_operator.engine.sglang_names import (
     resolved_reasoning_parser,
     resolved_tool_call_parser,
 )
-from datagen_operator.presets import get_preset, preset_names
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 from tests.manifests import EXAMPLES

@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+from datagen_operator.presets.sglang_names import PINNED_SGLANG_VERSION
 
 UNPACKED_MARKER = ".unpacked"
 

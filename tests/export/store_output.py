@@ -7,13 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from datagen_operator.worker.store import (
-    MANIFEST_FORMAT,
-    OutputLayout,
-    ShardWriter,
-    compact_shard,
-    update_manifest,
-)
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
+from datagen_operator.output.parquet import compact_shard
+from datagen_operator.output.writer import ShardWriter
 
 STOP = 163586  # Kimi-K2 <|im_end|>
 VOCAB = 163840

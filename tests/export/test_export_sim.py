@@ -10,11 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.cli import main as datagen
 from datagen_operator.export.manifest import read_export_manifest
-from datagen_operator.worker.main import EXIT_OK
-from datagen_operator.worker.render import load_tokenizer
-from datagen_operator.worker.store import iter_records, read_manifest
+from datagen_operator.output.manifest import read_manifest
+from datagen_operator.output.readers import iter_records
+from datagen_operator.prompts.render import load_tokenizer
 from tests.harness.sim import start_sim
 from tests.worker.simrun import SIM_FLAGS, prompts, run_inprocess, spec, standin, write_dataset
 

@@ -15,7 +15,8 @@ import pytest
 from datagen_operator.export.formats import IGNORE_INDEX, Selection
 from datagen_operator.export.manifest import read_export_manifest
 from datagen_operator.export.run import ExportOptions, TextCodec, export_output, main
-from datagen_operator.worker.store import OutputLayout, iter_records, sha256_file
+from datagen_operator.output.layout import OutputLayout, sha256_file
+from datagen_operator.output.readers import iter_records
 from tests.export.store_output import FINGERPRINT, STOP, build_output, make_record, random_records
 
 Key = tuple[str, int]
@@ -257,16 +258,16 @@ def test_cli_refuses_bad_input(run_output: Path, tmp_path: Path, capsys: pytest.
 def test_cli_formats_writes_the_export_jobs_verdict(run_output: Path, tmp_path: Path) -> None:
     """--formats (the export Job of spec.export): each format in OUT/<format>, rerunnable, and the
     verdict as a StepOutcome in --termination-log; a failure is a verdict too, exit 1."""
-    from datagen_operator.checks.canary import outcome_from_json
+    from datagen_operator.api.outcome import StepOutcome
 
     out, log = tmp_path / "export", tmp_path / "termination-log"
     for _ in range(2):  # a rerun (the Job's retry) replaces the first export
         args = [str(run_output), "--formats", "speculators,trl", "--out", str(out), "--termination-log", str(log)]
         assert main([*args, "--exclude-flags", "truncated"]) == 0
-        outcome = outcome_from_json(log.read_text())
+        outcome = StepOutcome.from_storage(log.read_text())
         assert outcome.passed and outcome.reason == "Exported" and "speculators: " in outcome.message
         assert read_export_manifest(out / "trl")["counts"] == read_export_manifest(out / "speculators")["counts"]
     args = [str(run_output), "--formats", "text", "--out", str(out), "--termination-log", str(log)]
     assert main(args) == 1  # no run.yaml, no tokenizer
-    outcome = outcome_from_json(log.read_text())
+    outcome = StepOutcome.from_storage(log.read_text())
     assert not outcome.passed and outcome.reason == "ExportFailed" and "--tokenizer" in outcome.message

@@ -11,9 +11,9 @@ import yaml
 from datagen_operator.api import parse_run
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.preflight import estimate_output, run_preflight
-from datagen_operator.worker.dataset import plan_shard
-from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
-from datagen_operator.worker.store import read_manifest
+from datagen_operator.output.manifest import read_manifest
+from datagen_operator.prompts.dataset import plan_shard
+from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
 from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 from tests.worker.simrun import prompts, standin, write_dataset
 from tests.worker.volume import Volume

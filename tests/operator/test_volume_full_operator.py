@@ -9,8 +9,8 @@ from pathlib import Path
 from datagen_operator.api import parse_spec
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.preflight import estimate_output
-from datagen_operator.worker.dataset import plan_shard
-from datagen_operator.worker.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.prompts.dataset import plan_shard
+from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+from datagen_operator.presets.sglang_names import PINNED_SGLANG_VERSION
 from tests.harness.sim import SimServer, SimStartError, health_status
 from tests.sim.http import generate, get, post
 from tests.sim.prompts import chat_prompt

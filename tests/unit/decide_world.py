@@ -4,6 +4,7 @@ passed steps, a run in flight with a given tally."""
 from __future__ import annotations
 
 from datagen_operator.api import parse_run
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks.evaluate import CheckContext, Tally
 from datagen_operator.control.observed import (
@@ -11,7 +12,6 @@ from datagen_operator.control.observed import (
     ProgressCounters,
     ServerInstance,
     ServerObservation,
-    StepOutcome,
     WorkersObservation,
 )
 from tests.manifests import kimi_run

@@ -51,7 +51,7 @@ def _pins() -> dict[str, str]:
 
 
 def test_the_sglang_extra_pins_the_sglang_the_project_tests_against() -> None:
-    from datagen_operator.engine.sglang_names import PINNED_SGLANG_VERSION
+    from datagen_operator.presets.sglang_names import PINNED_SGLANG_VERSION
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["sglang"] == [f"sglang=={PINNED_SGLANG_VERSION}"]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import orjson
+import pytest
+
 from datagen_operator.api import parse_run
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import STATES, ShardProgress
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.canary import CanaryRecord, judge_canary, outcome_from_json, outcome_json
+from datagen_operator.checks.canary import CanaryRecord, judge_canary
 from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
 from datagen_operator.checks.server_truth import probe_budgets, verify_parsers
 from datagen_operator.control.progress import counters_from_snapshots
@@ -87,9 +92,9 @@ def test_canary_verdict_survives_the_termination_message() -> None:
     outcome = judge_canary(
         [record((rc.NO_THINK_END, rc.PROMPT_CLOSES_THINK), output=(5, 163586))] * 8, CTX, capped=False
     )
-    data = outcome_json(outcome)
+    data = outcome.for_storage()
     assert len(data) <= 4096
-    back = outcome_from_json(data)
+    back = StepOutcome.from_storage(data)
     assert (back.passed, back.reason, back.message) == (outcome.passed, outcome.reason, outcome.message)
 
 
@@ -159,12 +164,19 @@ def test_explicit_kimi_parser_without_preset_is_caught_by_the_probe() -> None:
     assert not outcome.passed and "use kimi_k2" in outcome.message and "`kimi` (◁think▷)" in outcome.message
 
 
+def snapshot(state: str, **fields: object) -> ShardProgress:
+    """A worker's snapshot as the operator reads it back from its ConfigMap."""
+    return ShardProgress.from_storage(orjson.dumps({"shard": 0, "shard_count": 1, "state": state, **fields}))
+
+
 def test_counters_from_worker_snapshots() -> None:
+    running = ShardProgress(0, 2, "running", prompts_total=10, prompts_done=4, records_rejected=1, tokens_per_s=100.0)
+    for has_tools in (True, True, False, False):
+        running.counts.add(10, 100, 0, (rc.TRUNCATED,) if has_tools else (), has_tools)  # as the worker counts
     snapshots = [
-        {"state": "running", "prompts_total": 10, "prompts_done": 4, "records_done": 4, "output_tokens": 400,
-         "records_rejected": 1, "tokens_per_s": 100.0, "flags": {rc.TRUNCATED: 1}, "tool_records": 2},
-        {"state": "complete", "prompts_total": 5, "prompts_done": 5, "records_done": 5, "output_tokens": 500,
-         "tokens_per_s": 999.0, "flags": {rc.TRUNCATED: 2}},
+        ShardProgress.from_storage(running.for_storage()),
+        snapshot("complete", prompts_total=5, prompts_done=5, records_done=5, output_tokens=500, tokens_per_s=999.0,
+                 flags={rc.TRUNCATED: 1}),
     ]  # fmt: skip
     counters = counters_from_snapshots(snapshots)
     assert (counters.prompts_total, counters.prompts_done, counters.completion_tokens) == (15, 9, 900)
@@ -172,10 +184,17 @@ def test_counters_from_worker_snapshots() -> None:
     assert counters.tally == Tally(records=9, tool_records=2, rejected=1, flags={rc.TRUNCATED: 3}, lines=15)
 
 
+@pytest.mark.parametrize("state", ["complete", "incomplete", "drained", "failed"])
+def test_a_worker_that_exited_adds_no_rate(state: str) -> None:
+    assert state in STATES
+    snapshots = [snapshot("running", tokens_per_s=50.0), snapshot(state, tokens_per_s=999.0)]
+    assert counters_from_snapshots(snapshots).tokens_per_second == 50.0
+
+
 def test_set_aside_prompts_of_every_cause_are_counted() -> None:
     snapshots = [
-        {"state": "running", "prompts_malformed": 1, "set_aside": {"bad_json": 1, "too_long": 2, "unrenderable": 1}},
-        {"state": "running", "prompts_malformed": 3},  # a worker from before set_aside was published
+        snapshot("running", prompts_malformed=1, set_aside={"bad_json": 1, "too_long": 2, "unrenderable": 1}),
+        snapshot("running", prompts_malformed=3),  # a worker from before set_aside was published
     ]
     assert counters_from_snapshots(snapshots).malformed == 4 + 3
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally
@@ -19,7 +20,6 @@ from datagen_operator.control.observed import (
     ProgressCounters,
     ServerInstance,
     ServerObservation,
-    StepOutcome,
     WorkersObservation,
 )
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import orjson
 import pytest
 
+from datagen_operator.api.progress import ShardProgress
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import (
     MALFORMED,
@@ -29,8 +31,10 @@ def failing(tally: Tally) -> set[str]:
     return {check.name for check in evaluate(tally, CTX) if not check.passed}
 
 
-def shard(**fields) -> dict:
-    return {"state": "running", "prompts_total": 42, "started_at": 100.0, **fields}
+def shard(**fields) -> ShardProgress:
+    """A worker's snapshot read back as the operator reads it (stored keys: records_done, flags...)."""
+    stored = {"shard": 0, "shard_count": 1, "state": "running", "prompts_total": 42, "started_at": 100.0, **fields}
+    return ShardProgress.from_storage(orjson.dumps(stored))
 
 
 def test_an_unrenderable_prompt_is_malformed_never_a_server_error() -> None:
@@ -78,7 +82,7 @@ def test_a_halt_on_earlier_items_is_not_repeated_on_resume_unless_new_ones_arriv
     assert d.step is Step.RUN_WORKERS and conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
 
     # New bad ones halt again.
-    worse = {**resumed, "flags": {rc.NO_THINK_END: 16}}
+    worse = shard(records_done=70, flags={rc.NO_THINK_END: 16}, set_aside={"bad_json": 9}, baseline=before)
     d = decide(s, replace(running(Tally()), progress=counters_from_snapshots([worse])), context(s))
     assert conditions(d)["Succeeded"] == ("False", "ChecksFailed")
 
@@ -130,14 +134,14 @@ def test_lost_answers_name_the_volume_before_the_runner_sees_the_exit_and_a_stal
 
 
 def test_the_workers_job_fails_the_index_on_a_failed_volume_and_keeps_the_cause_as_its_message() -> None:
+    from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
     from datagen_operator.k8s import manifests as m
-    from datagen_operator.worker.main import EXIT_OUTPUT_VOLUME
     from tests.unit.test_k8s_manifests import RUN, SPEC
 
     job = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=False)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     fail_index = next(r for r in rules if r["action"] == "FailIndex")["onExitCodes"]["values"]
-    assert m.WORKER_OUTPUT_VOLUME == EXIT_OUTPUT_VOLUME and EXIT_OUTPUT_VOLUME in fail_index  # no retry burned
+    assert EXIT_OUTPUT_VOLUME in fail_index  # no retry burned
     (container,) = job["spec"]["template"]["spec"]["containers"]
     args = container["command"]
     assert args[args.index("--termination-log") + 1] == container["terminationMessagePath"]

@@ -9,9 +9,16 @@ import orjson
 import pytest
 
 from datagen_operator.api import parse_spec
+from datagen_operator.api.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_DRAINED,
+    EXIT_FINGERPRINT_MISMATCH,
+    EXIT_OUTPUT_VOLUME,
+    EXIT_SERVER_UNREACHABLE,
+)
 from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
-from datagen_operator.checks.canary import outcome_json
-from datagen_operator.control.observed import StepOutcome
+from datagen_operator.api.names import export_job_name
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
@@ -88,9 +95,9 @@ def test_workers_job_indexed_with_failure_policy_and_least_privilege() -> None:
     rules = spec["podFailurePolicy"]["rules"]
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
     ignored = next(r for r in rules if r["action"] == "Ignore" and "onExitCodes" in r)["onExitCodes"]["values"]
-    assert set(ignored) == {m.WORKER_UNREACHABLE, m.WORKER_DRAINED}
+    assert set(ignored) == {EXIT_SERVER_UNREACHABLE, EXIT_DRAINED}
     failed = next(r for r in rules if r["action"] == "FailIndex")["onExitCodes"]["values"]
-    assert m.WORKER_BAD_INPUT in failed
+    assert set(failed) == {EXIT_BAD_INPUT, EXIT_FINGERPRINT_MISMATCH, EXIT_OUTPUT_VOLUME}
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert pod["serviceAccountName"] == "kimi-worker"
@@ -146,7 +153,7 @@ def test_export_job_writes_inside_the_output_and_reports_through_its_termination
         SPEC, formats=["speculators", "trl"], path="for/eagle3", maxLength=4096, excludeFlags=["truncated"]
     )
     job = m.export_job(RUN, spec, "img:1")
-    assert job["metadata"]["name"] == m.export_job_name("kimi") == "kimi-export"
+    assert job["metadata"]["name"] == export_job_name("kimi") == "kimi-export"
     (container,) = job["spec"]["template"]["spec"]["containers"]
     command = container["command"]
     assert command[:3] == ["datagen", "export", "/mnt/datagen/output/eagle3/b1"]
@@ -311,7 +318,15 @@ def test_progress_sums_the_shard_configmaps() -> None:
         {
             "data": {
                 "progress.json": orjson.dumps(
-                    {"prompts_total": 5, "prompts_done": 2, "records_done": 2, "state": "running", "tokens_per_s": 10.0}
+                    {
+                        "shard": 0,
+                        "shard_count": 2,
+                        "prompts_total": 5,
+                        "prompts_done": 2,
+                        "records_done": 2,
+                        "state": "running",
+                        "tokens_per_s": 10.0,
+                    }
                 ).decode()
             }
         },
@@ -319,6 +334,8 @@ def test_progress_sums_the_shard_configmaps() -> None:
             "data": {
                 "progress.json": orjson.dumps(
                     {
+                        "shard": 1,
+                        "shard_count": 2,
                         "prompts_total": 5,
                         "prompts_done": 5,
                         "records_done": 5,
@@ -344,7 +361,7 @@ def test_step_outcome_only_from_a_verdict() -> None:
     with_message = {
         "status": {
             "containerStatuses": [
-                {"name": "canary", "state": {"terminated": {"exitCode": 0, "message": outcome_json(verdict).decode()}}}
+                {"name": "canary", "state": {"terminated": {"exitCode": 0, "message": verdict.for_storage().decode()}}}
             ]
         }
     }

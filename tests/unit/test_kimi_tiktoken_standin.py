@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from datagen_operator import cli
+from datagen_operator.output.fingerprint import tokenizer_files, tokenizer_fingerprint
+from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer import kimi_tiktoken, kimi_tokens, standin
 from datagen_operator.tokenizer.chat_template import kimi_k2_chat_template, render_chat
 from datagen_operator.tokenizer.corpus import training_lines
-from datagen_operator.worker.fingerprint import tokenizer_files, tokenizer_fingerprint
-from datagen_operator.worker.render import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 # The tokenizer files of moonshotai/Kimi-K2.5 (and K2-Thinking, K2.6): no tokenizer.json, no special_tokens_map.

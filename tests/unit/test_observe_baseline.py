@@ -33,9 +33,9 @@ def worker_pod(name: str, code: int, message: str | None = None) -> dict[str, An
 
 # Shard 0 failed in the previous attempt and has not started again (its snapshot predates the Job's start);
 # shard 1 is this attempt's worker, which resumed on 40 records (its own baseline) and has 1 new reject.
-OLD = cm(shard=0, started_at=START_S - 3600, state="failed", prompts_total=50, records_done=30,
+OLD = cm(shard=0, shard_count=2, started_at=START_S - 3600, state="failed", prompts_total=50, records_done=30,
          records_rejected=4, set_aside={"malformed": 2, "too_long": 1}, flags={"empty": 3})  # fmt: skip
-NEW = cm(shard=1, started_at=START_S + 5, state="running", prompts_total=50, records_done=45,
+NEW = cm(shard=1, shard_count=2, started_at=START_S + 5, state="running", prompts_total=50, records_done=45,
          records_rejected=1, baseline={"records": 40}, flags={"empty": 1})  # fmt: skip
 
 

@@ -7,6 +7,13 @@ from pathlib import Path
 import yaml
 
 from datagen_operator.api import parse_run
+from datagen_operator.api.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_DRAINED,
+    EXIT_OK,
+    EXIT_OUTPUT_VOLUME,
+    EXIT_SERVER_UNREACHABLE,
+)
 from datagen_operator.control.policy import (
     FREE_EXITS,
     PERMANENT_EXITS,
@@ -15,13 +22,6 @@ from datagen_operator.control.policy import (
     shard_exit,
 )
 from datagen_operator.k8s import manifests as m
-from datagen_operator.worker.main import (
-    EXIT_BAD_INPUT,
-    EXIT_DRAINED,
-    EXIT_OK,
-    EXIT_OUTPUT_VOLUME,
-    EXIT_SERVER_UNREACHABLE,
-)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kimi-k2.5.yaml"
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from datagen_operator.checks.record_checks import Expectations, inspect_record
+from datagen_operator.engine.client.generate import parse_generate_body, read_incremental_stream
 from datagen_operator.engine.wire import WireIds, compact_int_array, cut_array, join, split_answer
-from datagen_operator.worker.client import parse_generate_body, read_incremental_stream
-from datagen_operator.worker.records import Answer, Job, build_record, encode_record
+from datagen_operator.output.records import Answer, Job, build_record, encode_record
 
 THINK, END, IM_END, SECTION_BEGIN, SECTION_END = 163606, 163607, 163586, 163595, 163596
 # Ids that are substrings of each other, zero, and the markers: the byte searches must tell them apart.

@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.worker.store import OutputLayout, iter_records
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.readers import iter_records
 from tests.manifests import local_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def spawn(document: dict[str, Any], servers: list[str], *extra: str, log: Path) 
 
 @cache
 def reference_renderer(thinking: bool = True) -> Any:
-    from datagen_operator.worker.render import Renderer, load_tokenizer
+    from datagen_operator.prompts.render import Renderer, load_tokenizer
 
     return Renderer(load_tokenizer(standin(), trust_remote_code=False), {"thinking": thinking})
 

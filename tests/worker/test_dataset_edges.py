@@ -11,7 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datagen_operator.worker.dataset import (
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from datagen_operator.output.readers import iter_rejects
+from datagen_operator.prompts.dataset import (
     BAD_ID,
     BAD_JSON,
     INVALID_TOOLS,
@@ -21,8 +23,6 @@ from datagen_operator.worker.dataset import (
     dataset_summary,
     plan_shard,
 )
-from datagen_operator.worker.main import EXIT_BAD_INPUT, EXIT_OK
-from datagen_operator.worker.store import iter_rejects
 from tests.worker.proxy import CountingProxy
 from tests.worker.simrun import TOOLS, check_records, progress, prompts, run_inprocess, spec, write_dataset
 

@@ -12,7 +12,8 @@ import pytest
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.worker.client import (
+from datagen_operator.engine.client.generate import parse_generate_body, read_incremental_stream
+from datagen_operator.engine.client.policy import (
     RequestFailed,
     RetryPolicy,
     Verdict,
@@ -20,17 +21,15 @@ from datagen_operator.worker.client import (
     backoff_delay,
     classify_status,
     error_reason,
-    parse_generate_body,
-    read_incremental_stream,
 )
-from datagen_operator.worker.fingerprint import (
+from datagen_operator.output.fingerprint import (
     diff_fingerprints,
     server_fingerprint,
     tokenizer_files,
     tokenizer_fingerprint,
 )
-from datagen_operator.worker.records import Job, generate_payload, sampling_for_sample
-from datagen_operator.worker.render import template_variables
+from datagen_operator.output.records import Job, generate_payload, sampling_for_sample
+from datagen_operator.prompts.render import template_variables
 from tests.manifests import bare_spec
 
 
@@ -165,7 +164,7 @@ def test_fingerprint_ignores_addresses_and_names_what_changed(tmp_path: Path) ->
 
 
 def test_endpoint_choice_is_least_in_flight_with_ties_rotating() -> None:
-    from datagen_operator.worker.client import EndpointPool
+    from datagen_operator.engine.client.pool import EndpointPool
 
     async def scenario() -> None:
         import aiohttp
@@ -202,7 +201,7 @@ def test_output_ids_bytes_are_cut_out_exactly(body: bytes) -> None:
 
 
 def test_output_ids_bytes_that_do_not_match_are_not_used() -> None:
-    from datagen_operator.worker.client import int_array_text
+    from datagen_operator.engine.client.generate import int_array_text
 
     assert int_array_text(b'{"output_ids":[1,2,3]}', [1, 2, 4]) is None
     assert int_array_text(b'{"output_ids":[1,2,3]}', [1, 2]) is None
@@ -212,7 +211,7 @@ def test_output_ids_bytes_that_do_not_match_are_not_used() -> None:
 
 
 def test_encoded_record_line_is_the_same_json_either_way() -> None:
-    from datagen_operator.worker.records import encode_record
+    from datagen_operator.output.records import encode_record
 
     record = {"id": "x", "sample": 0, "input_ids": [1], "output_ids": [5, 6], "flags": []}
     spliced = encode_record(record, b"[5, 6]")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.worker.render import HELPER_RENDER_SHARE, HELPER_WINDOW_S, RenderPool, helper_needed
+from datagen_operator.prompts.render import HELPER_RENDER_SHARE, HELPER_WINDOW_S, RenderPool, helper_needed
 
 
 def test_a_helper_is_needed_only_when_rendering_takes_a_fifth_of_a_long_enough_window() -> None:

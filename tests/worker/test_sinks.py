@@ -13,8 +13,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from datagen_operator.api.progress import ShardProgress
 from datagen_operator.worker.metrics import serve_metrics
-from datagen_operator.worker.progress import ConfigMapSink, JsonLogFormatter, ShardProgress, Tracker
+from datagen_operator.worker.progress import ConfigMapSink, JsonLogFormatter, Tracker
 
 
 def _free_port() -> int:
@@ -25,7 +26,7 @@ def _free_port() -> int:
 
 def _snapshot() -> ShardProgress:
     tracker = Tracker(ShardProgress(shard=3, shard_count=8, state="running", records_total=10))
-    tracker.on_record(5, 7, 0, frozenset({"truncated"}))
+    tracker.progress.counts.add(5, 7, 0, frozenset({"truncated"}), False)
     tracker.on_retry("http_500")
     return tracker.snapshot()
 
@@ -89,7 +90,7 @@ def test_configmap_patch_carries_the_progress_json_and_is_rate_limited(
     assert first["path"] == "/api/v1/namespaces/runs/configmaps/run-shard-3"
     assert "patch" in (first["content_type"] or "")
     assert set(first["body"]) == {"data"} and set(first["body"]["data"]) == {"progress.json"}
-    progress = ShardProgress.from_json(orjson.loads(first["body"]["data"]["progress.json"]))
+    progress = ShardProgress.from_storage(first["body"]["data"]["progress.json"])
     assert progress.shard == 3 and progress.records_done == 1 and progress.flags == {"truncated": 1}
 
 
@@ -195,5 +196,5 @@ def test_worker_patches_its_own_shard_configmap(tmp_path: Path, monkeypatch: pyt
         thread.join(10)
     paths = {r["path"] for r in requests}
     assert paths == {"/api/v1/namespaces/team-a/configmaps/demo-shard-1"}
-    last = ShardProgress.from_json(orjson.loads(requests[-1]["body"]["data"]["progress.json"]))
+    last = ShardProgress.from_storage(requests[-1]["body"]["data"]["progress.json"])
     assert last.state == "complete" and last.shard == 1 and last.records_done == last.records_total > 0

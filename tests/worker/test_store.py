@@ -10,16 +10,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datagen_operator.worker.store import (
-    OutputLayout,
-    ShardWriter,
-    compact_shard,
-    iter_records,
-    iter_rejects,
-    keys_path,
-    read_manifest,
-    update_manifest,
-)
+from datagen_operator.output.layout import OutputLayout, keys_path
+from datagen_operator.output.manifest import read_manifest, update_manifest
+from datagen_operator.output.parquet import compact_shard
+from datagen_operator.output.readers import iter_records, iter_rejects
+from datagen_operator.output.writer import ShardWriter
 
 
 def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -207,12 +202,12 @@ def test_manifest_updates_are_atomic_read_modify_write(tmp_path: Path) -> None:
 
 
 def test_a_reader_racing_a_compaction_still_sees_every_record(tmp_path: Path) -> None:
-    from datagen_operator.worker import store
+    from datagen_operator.output import readers
 
     layout = OutputLayout(tmp_path)
     write(layout, [record("a"), record("b")])
     write(layout, [record("c")])
-    real = store._segment_records
+    real = readers.segment_records
     calls = 0
 
     def compact_after_first_segment(segment: Path):  # the compaction lands between two segment reads
@@ -222,9 +217,9 @@ def test_a_reader_racing_a_compaction_still_sees_every_record(tmp_path: Path) ->
             compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("c", 0)])
         yield from real(segment)
 
-    store._segment_records = compact_after_first_segment
+    readers.segment_records = compact_after_first_segment
     try:
         ids = sorted(r["id"] for r in iter_records(tmp_path))
     finally:
-        store._segment_records = real
+        readers.segment_records = real
     assert ids == ["a", "b", "c"]

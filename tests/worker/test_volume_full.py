@@ -15,8 +15,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from datagen_operator.worker.main import EXIT_OK, EXIT_OUTPUT_VOLUME
-from datagen_operator.worker.store import RESERVE_BYTES, OutputLayout, PartialFlush, ShardWriter, iter_records
+from datagen_operator.api.exit_codes import EXIT_OK, EXIT_OUTPUT_VOLUME
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.readers import iter_records
+from datagen_operator.output.volume import PartialFlush
+from datagen_operator.output.writer import RESERVE_BYTES, ShardWriter
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from datagen_operator.worker.main import EXIT_DRAINED, EXIT_OK
-from datagen_operator.worker.store import OutputLayout, keys_path
+from datagen_operator.api.exit_codes import EXIT_DRAINED, EXIT_OK
+from datagen_operator.output.layout import OutputLayout, keys_path
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.output.manifest import read_manifest
+from datagen_operator.prompts.render import Renderer, RenderPool, backend_encoder, ids_from_result, load_tokenizer
 from datagen_operator.tokenizer.kimi_tiktoken import ensure_kimi_tiktoken_standin
-from datagen_operator.worker.main import EXIT_OK
-from datagen_operator.worker.render import Renderer, RenderPool, backend_encoder, ids_from_result, load_tokenizer
-from datagen_operator.worker.store import read_manifest
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -16,14 +16,16 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from datagen_operator.worker.main import (
+from datagen_operator.api.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_FINGERPRINT_MISMATCH,
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_SERVER_UNREACHABLE,
 )
-from datagen_operator.worker.store import OutputLayout, iter_records, iter_rejects, read_manifest, read_progress
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.manifest import read_manifest
+from datagen_operator.output.readers import iter_records, iter_rejects, read_progress
 from tests.harness.sim import start_sim, start_sims
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -23,13 +23,13 @@ from datagen_operator.api.status import (
     SUCCEEDED,
     DataGenRunStatus,
 )
-from datagen_operator.engine.sglang_names import (
+from datagen_operator.presets import preset_names, presets
+from datagen_operator.presets.sglang_names import (
     REASONING_PARSER_NAMES,
     TOOL_CALL_PARSER_NAMES,
     resolved_reasoning_parser,
     resolved_tool_call_parser,
 )
-from datagen_operator.presets import preset_names, presets
 
 SHORT_NAMES = ["dgr"]
 

@@ -1,7 +1,7 @@
 """What a run's name must be so that every object the operator creates for it can exist.
 
 The API server alone accepts any DNS subdomain (dots, up to 253 characters) as a custom resource's
-name; the run's children are stricter. The limit is computed from k8s/manifests.py's child names, so
+name; the run's children are stricter. The limit is computed from the child names below, so
 a new or longer child name changes it (and the generated CRD, which a unit test keeps in sync).
 """
 
@@ -18,23 +18,68 @@ REVISION_HASH_SUFFIX = len("-") + 10
 RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """DNS-1035 label: the per-replica Services are named <run>-server-<i>, and Service names may not
 contain dots or start with a digit."""
+MAX_SERVER_REPLICAS = 64
+"""spec.server.replicas' bound: the last replica's name is the longest per-replica child name."""
+MAX_SHARDS = 10000
+"""spec.clients.shards' bound: the last shard's index is part of its worker pod's hostname."""
 
 
 @cache
 def max_run_name_length() -> int:
     """The longest run name whose every child name and label fits in 63 characters."""
-    from datagen_operator.api.spec import ClientsSpec, ServerSpec
-    from datagen_operator.k8s import manifests as m
-
-    last_replica = _maximum(ServerSpec, "replicas") - 1
-    last_shard = _maximum(ClientsSpec, "shards") - 1
+    last_replica = MAX_SERVER_REPLICAS - 1
+    last_shard = MAX_SHARDS - 1
     longest_suffix = max(
-        len(m.server_name("")) + REVISION_HASH_SUFFIX,  # server pods' controller-revision-hash label
-        len(m.server_pod_name("", last_replica)),  # per-replica Service; the pods' pod-name label
-        len(m.workers_job_name("")) + len(f"-{last_shard}"),  # Indexed Job pod hostname <job>-<index>
-        *(len(job("")) for job in (m.preflight_job_name, m.canary_job_name, m.verify_job_name)),  # job-name label
+        len(server_name("")) + REVISION_HASH_SUFFIX,  # server pods' controller-revision-hash label
+        len(server_pod_name("", last_replica)),  # per-replica Service; the pods' pod-name label
+        len(workers_job_name("")) + len(f"-{last_shard}"),  # Indexed Job pod hostname <job>-<index>
+        *(len(job("")) for job in (preflight_job_name, canary_job_name, verify_job_name)),  # job-name label
     )
     return LABEL_VALUE_MAX - longest_suffix
+
+
+# --- the names of a run's children (Kubernetes objects; the local runner names its processes alike) ---
+
+
+def spec_configmap_name(run: str) -> str:
+    return f"{run}-spec"
+
+
+def worker_account_name(run: str) -> str:
+    return f"{run}-worker"
+
+
+def server_name(run: str) -> str:
+    """The StatefulSet and its headless Service; pods are <run>-server-<i>."""
+    return f"{run}-server"
+
+
+def server_pod_name(run: str, index: int) -> str:
+    return f"{run}-server-{index}"
+
+
+def shard_configmap_name(run: str, index: int) -> str:
+    return f"{run}-shard-{index}"
+
+
+def preflight_job_name(run: str) -> str:
+    return f"{run}-preflight"
+
+
+def canary_job_name(run: str) -> str:
+    return f"{run}-canary"
+
+
+def workers_job_name(run: str) -> str:
+    return f"{run}-workers"
+
+
+def verify_job_name(run: str) -> str:
+    return f"{run}-verify"
+
+
+def export_job_name(run: str) -> str:
+    return f"{run}-export"
 
 
 NAME_CHARACTERS_MESSAGE = (
@@ -57,10 +102,3 @@ def run_name_problem(name: str) -> str | None:
     if not re.fullmatch(RUN_NAME_PATTERN, name):
         return NAME_CHARACTERS_MESSAGE
     return None
-
-
-def _maximum(model: type, field: str) -> int:
-    for constraint in model.model_fields[field].metadata:  # type: ignore[attr-defined]
-        if hasattr(constraint, "le"):
-            return int(constraint.le)
-    raise ValueError(f"{model.__name__}.{field} has no upper bound")

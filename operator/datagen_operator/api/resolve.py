@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from datagen_operator.api.errors import FieldError, SpecError
 from datagen_operator.api.spec import NO_PARSER, DataGenRunSpec
-from datagen_operator.engine.sglang_names import (
+from datagen_operator.presets import Preset, get_preset, preset_names, presets
+from datagen_operator.presets.sglang_names import (
     REASONING_PARSER_TAGS,
     resolved_reasoning_parser,
     resolved_tool_call_parser,
 )
-from datagen_operator.presets import Preset, get_preset, preset_names, presets
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pydantic.alias_generators import to_camel
 
 from datagen_operator.api.duration import Duration
 from datagen_operator.api.errors import cross_field_error
-from datagen_operator.api.names import run_name_problem
-from datagen_operator.engine.sglang_names import (
+from datagen_operator.api.names import MAX_SERVER_REPLICAS, MAX_SHARDS, run_name_problem
+from datagen_operator.presets.sglang_names import (
     DEFAULT_SGLANG_IMAGE,
     REASONING_PARSER_NAMES,
     TOOL_CALL_PARSER_NAMES,
@@ -219,7 +219,7 @@ class ServerSpec(SpecModel):
     replicas: int = Field(
         default=1,
         ge=1,
-        le=64,
+        le=MAX_SERVER_REPLICAS,
         description="Data-parallel servers (pods, or groups with nodes > 1); workers spread over them.",
     )
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1, description="--mem-fraction-static.")
@@ -414,7 +414,7 @@ class GenerationSpec(SpecModel):
 
 
 class ClientsSpec(SpecModel):
-    shards: int = Field(default=1, ge=1, le=10000, description="Worker shards (Indexed Job completions).")
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS, description="Worker shards (Indexed Job completions).")
     concurrency: int = Field(default=64, ge=1, le=4096, description="In-flight requests per shard.")
     image: str | None = Field(default=None, description="Worker image; default from the operator's configuration.")
     request_timeout: Duration = Field(
@@ -503,4 +503,4 @@ class DataGenRun(BaseModel):
     kind: Literal["DataGenRun"]
     metadata: ObjectMeta
     spec: DataGenRunSpec
-    status: dict | None = None
+    status: dict[str, Any] | None = None

@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
@@ -23,13 +24,10 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, Tally, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import TemplateExpectation, judge_template
-from datagen_operator.control.observed import StepOutcome
 from datagen_operator.engine.requests import generate_body, run_sampling
 
 CANARY = "canary"
 MODEL_THINKING = "model_thinking"
-TERMINATION_LOG_LIMIT = 4096
-"""Kubernetes keeps at most 4096 bytes of a container's termination message."""
 
 # Built-in probes: a reasoning question, a tool call and a multi-turn conversation, whatever the dataset holds.
 WEATHER_TOOL = {
@@ -145,8 +143,10 @@ def judge_canary(
     if not records:
         why = f"; set aside: {_describe_set_aside(set_aside)}" if set_aside else " (empty dataset?)"
         return StepOutcome(False, "NoPrompts", f"the canary had no prompt it could send{why}")
-    counts: Counter[str] = Counter(flag for record in records for flag in record.flags)
-    tally = Tally(records=len(records), tool_records=sum(r.has_tools for r in records), flags=dict(counts))
+    counts = RecordCounts()
+    for record in records:
+        counts.add(len(record.input_ids), len(record.output_ids), 0, record.flags, record.has_tools)
+    tally = Tally.of(counts)
     strict = ctx.thresholds.model_copy(
         update={
             "min_reasoning_rate": 1.0,
@@ -186,7 +186,7 @@ def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
 
 def iter_canary_prompts(dataset: Path, dataset_format: str) -> Iterator[dict[str, Any]]:
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed)."""
-    from datagen_operator.worker.dataset import plan_shard
+    from datagen_operator.prompts.dataset import plan_shard
 
     yield from (dict(p) for p in PROBES)
     plan = plan_shard(dataset, 0, 1, dataset_format)  # type: ignore[arg-type]
@@ -220,8 +220,11 @@ async def run_canary(
     next one is drawn; outputs cut by the canary's cap before any reasoning closed are sent again with the
     run's budget, so a long reasoner is never judged on a cut answer.
     """
-    from datagen_operator.worker.client import EndpointPool, GenerateClient, Rejected, RetryPolicy, make_session
-    from datagen_operator.worker.render import Renderer, RenderError, template_variables
+    from datagen_operator.engine.client.generate import GenerateClient
+    from datagen_operator.engine.client.policy import Rejected, RetryPolicy
+    from datagen_operator.engine.client.pool import EndpointPool
+    from datagen_operator.engine.client.reads import make_session
+    from datagen_operator.prompts.render import Renderer, RenderError, template_variables
 
     resolved = resolve_model(spec)
     model_eos = rc.read_model_eos_ids(model_dir or Path(spec.model.tokenizer_path or spec.model.path))
@@ -351,28 +354,6 @@ def _write_records(path: Path, records: list[CanaryRecord], set_aside: list[SetA
     path.write_bytes(b"".join(line + b"\n" for line in lines))
 
 
-def outcome_json(outcome: StepOutcome) -> bytes:
-    """The verdict as compact JSON, trimmed to fit a Kubernetes termination message."""
-    body = {
-        "passed": outcome.passed,
-        "reason": outcome.reason,
-        "message": outcome.message,
-        "checks": [c.model_dump(mode="json", exclude_defaults=True) for c in outcome.checks],
-    }
-    data = orjson.dumps(body)
-    if len(data) > TERMINATION_LOG_LIMIT:
-        body["checks"] = [c for c in body["checks"] if not c.get("passed")]
-        body["message"] = body["message"][:1500]
-        data = orjson.dumps(body)[:TERMINATION_LOG_LIMIT]
-    return data
-
-
-def outcome_from_json(data: bytes | str) -> StepOutcome:
-    body = orjson.loads(data)
-    checks = tuple(CheckResult.model_validate(c) for c in body.get("checks", []))
-    return StepOutcome(bool(body["passed"]), str(body["reason"]), str(body["message"]), checks)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="datagen canary", description="Run the canary against running servers.")
     parser.add_argument("--run", required=True, help="the DataGenRun manifest")
@@ -384,7 +365,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from datagen_operator.api import load_run
-    from datagen_operator.worker.render import load_tokenizer
+    from datagen_operator.prompts.render import load_tokenizer
 
     spec = load_run(args.run).spec
     resolved = resolve_model(spec)
@@ -400,7 +381,7 @@ def main(argv: list[str]) -> int:
             Path(args.records) if args.records else None,
         )
     )
-    data = outcome_json(outcome)
+    data = outcome.for_storage()
     sys.stdout.write(data.decode() + "\n")
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
@@ -53,6 +54,11 @@ class Tally:
     """Records that ran out of attempts (5xx, timeouts, resets); a rerun retries them."""
     unwritten: int = 0
     """Answers the output volume could not take (full, read-only, I/O errors)."""
+
+    @classmethod
+    def of(cls, counts: RecordCounts, **causes: int) -> Tally:
+        """The written records' counts (api.progress.RecordCounts) with the other causes' numbers."""
+        return cls(records=counts.records, tool_records=counts.tool_records, flags=dict(counts.flags), **causes)
 
     def count(self, *names: str) -> int:
         return sum(self.flags.get(name, 0) for name in names)

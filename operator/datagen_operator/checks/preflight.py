@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.control.observed import StepOutcome
 from datagen_operator.engine.requests import run_sampling
 
 PREFLIGHT = "preflight"
@@ -36,15 +36,15 @@ def run_preflight(
     spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path
 ) -> StepOutcome:
     """Every pre-launch check; the first failure is the verdict, with the field and the fix."""
-    from datagen_operator.worker.dataset import DatasetError, check_dataset, plan_shard
-    from datagen_operator.worker.fingerprint import (
+    from datagen_operator.output.fingerprint import (
         build_fingerprint,
         chat_template_sha256,
         prelaunch_changes,
         tokenizer_fingerprint,
     )
-    from datagen_operator.worker.render import Renderer, template_variables
-    from datagen_operator.worker.store import read_manifest
+    from datagen_operator.output.manifest import read_manifest
+    from datagen_operator.prompts.dataset import DatasetError, check_dataset, plan_shard
+    from datagen_operator.prompts.render import Renderer, template_variables
 
     try:
         plan = plan_shard(dataset, 0, 1, spec.dataset.format)
@@ -117,7 +117,7 @@ class OutputEstimate:
     def _peak(self, tokens: int) -> int:
         """The most on disk at once: every segment plus the shards' reserves at the end of generation, or
         every segment plus the Parquet while compacting (the reserve is freed for it)."""
-        from datagen_operator.worker.store import RESERVE_BYTES
+        from datagen_operator.output.writer import RESERVE_BYTES
 
         extra = tokens - self.min_tokens
         segments = self.records * (self.segment_min + extra * self.segment_per_token)
@@ -138,11 +138,11 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
     (a batch: one Parquet row alone would be all file overhead, and equal rows would compress to nothing)."""
     import pyarrow.parquet as pq
 
-    from datagen_operator.worker.records import Answer, Job, build_record, encode_record
-    from datagen_operator.worker.store import PARQUET_WRITE_OPTIONS, _ColumnBatch
+    from datagen_operator.output.parquet import PARQUET_WRITE_OPTIONS, ColumnBatch
+    from datagen_operator.output.records import Answer, Job, build_record, encode_record
 
     segment = 0
-    batch = _ColumnBatch()
+    batch = ColumnBatch()
     for index, output_ids in enumerate(outputs):
         meta = {"finish_reason": {"type": "stop", "matched": output_ids[-1]}, "prompt_tokens": len(input_ids),
                 "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
@@ -158,7 +158,7 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
 def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: dict[str, Any] | None) -> OutputEstimate:
     """Render a spread of prompts, then measure synthetic records made of their own token ids (output ids
     drawn from the same mix) with the worker's encoder and the Parquet writer."""
-    from datagen_operator.worker.render import RenderError
+    from datagen_operator.prompts.render import RenderError
 
     prompts = plan.prompts
     step = max(1, len(prompts) // SAMPLE_PROMPTS)
@@ -239,7 +239,7 @@ def room_verdict(estimate: OutputEstimate, output: Path, free: int | None) -> Ro
 
 
 def free_bytes(output: Path) -> int | None:
-    from datagen_operator.worker.store import free_bytes as free_on_volume
+    from datagen_operator.output.volume import free_bytes as free_on_volume
 
     return free_on_volume(output)
 
@@ -265,8 +265,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from datagen_operator.api import load_run
-    from datagen_operator.checks.canary import outcome_json
-    from datagen_operator.worker.render import load_tokenizer
+    from datagen_operator.prompts.render import load_tokenizer
 
     spec = load_run(args.run).spec
     tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_path or spec.model.path)
@@ -278,7 +277,7 @@ def main(argv: list[str]) -> int:
         Path(args.dataset or spec.dataset.path),
         Path(args.output or spec.output.path),
     )
-    data = outcome_json(outcome)
+    data = outcome.for_storage()
     sys.stdout.write(data.decode() + "\n")
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)

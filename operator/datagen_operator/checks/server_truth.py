@@ -9,11 +9,11 @@ from typing import Any
 
 import aiohttp
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
-from datagen_operator.control.observed import StepOutcome
-from datagen_operator.engine.sglang_names import (
+from datagen_operator.presets.sglang_names import (
     REASONING_PARSER_TAGS,
     resolved_reasoning_parser,
     resolved_tool_call_parser,
@@ -139,9 +139,8 @@ async def read_running_server(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """/server_info, and in thinking runs a chat probe through the server's own template and parser (its
     choice: message and finish_reason). Raises when the server cannot be read."""
-    from datagen_operator.engine.client import chat_probe
-    from datagen_operator.worker.client import fetch_server_info
-    from datagen_operator.worker.render import template_variables
+    from datagen_operator.engine.client.reads import chat_probe, fetch_server_info
+    from datagen_operator.prompts.render import template_variables
 
     resolved = resolved or resolve_model(spec)
     info = await fetch_server_info(session, url)

@@ -19,13 +19,13 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.canary import outcome_json
 from datagen_operator.checks.evaluate import Tally, check_context, evaluate
-from datagen_operator.control.observed import StepOutcome
 
 COMPLETENESS = "completeness"
 PROMPT_FIDELITY = "prompt_fidelity"
@@ -99,7 +99,7 @@ def excerpt(tokenizer: Any, input_ids: list[int], output_ids: list[int], think_e
 
 
 def _integrity(output: Path, manifest: dict[str, Any] | None) -> CheckResult:
-    from datagen_operator.worker.store import sha256_file
+    from datagen_operator.output.layout import sha256_file
 
     if manifest is None:
         return CheckResult(name=INTEGRITY, passed=False, verdict="no manifest.json: this is not a datagen output dir")
@@ -148,7 +148,7 @@ def account_set_aside(
     another line). Entries written before causes existed say only `malformed`: for a valid prompt that
     can only be the template failing to render it.
     """
-    from datagen_operator.worker.records import TOO_LONG, UNRENDERABLE, reject_cause
+    from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, reject_cause
 
     by_line = {
         entry.get("line"): entry
@@ -308,8 +308,9 @@ def verify_output(
     dataset: Path | None = None,
     fidelity: bool = True,
 ) -> VerifyReport:
-    from datagen_operator.worker.render import Renderer, template_variables
-    from datagen_operator.worker.store import iter_records, iter_rejects, read_manifest
+    from datagen_operator.output.manifest import read_manifest
+    from datagen_operator.output.readers import iter_records, iter_rejects
+    from datagen_operator.prompts.render import Renderer, template_variables
 
     manifest = read_manifest(output)
     resolved: ResolvedModel | None = resolve_model(spec) if spec is not None else None
@@ -334,19 +335,18 @@ def verify_output(
 
     import numpy as np
 
-    from datagen_operator.worker.dataset import MalformedLine, ShardScan, prompt_from
+    from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
 
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
     if dataset_path is not None and not dataset_path.exists():
         dataset_path = None
     # One streamed pass over the records and one over the dataset; what is kept per record is its key's
     # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
-    counts: Counter[str] = Counter()
+    counts = RecordCounts()
     record_keys = array("q")
     record_prompts: set[int] = set()
     """hash(id) of the prompts the records name: counted only without the dataset."""
     examples: dict[str, list[Example]] = defaultdict(list)
-    tool_records = 0
     rng = random.Random(0)
     reservoir: list[dict[str, Any]] = []
     fidelity_size = thresholds.fidelity_sample if fidelity else 0
@@ -365,8 +365,13 @@ def verify_output(
             bool(record["has_tools"]),
             expect,
         )
-        tool_records += bool(record["has_tools"])
-        counts.update(flags)
+        counts.add(
+            len(record["input_ids"]),
+            len(record["output_ids"]),
+            record.get("cached_tokens") or 0,
+            flags,
+            bool(record["has_tools"]),
+        )
         for flag in flags:
             if len(examples[flag]) < EXAMPLES_PER_FLAG:
                 text = excerpt(tokenizer, list(record["input_ids"]), list(record["output_ids"]), expect.think_end_id)
@@ -416,7 +421,7 @@ def verify_output(
         prompts_named = len(named)
     else:
         prompts_named = dataset_count
-    tally = _output_tally(records, tool_records, dict(counts), server, prompts_named, set_aside)
+    tally = _output_tally(counts, server, prompts_named, set_aside)
     ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
     checks.append(_completeness(keys, duplicates, set_aside))
@@ -434,9 +439,7 @@ def verify_output(
 
 
 def _output_tally(
-    records: int,
-    tool_records: int,
-    flags: dict[str, int],
+    counts: RecordCounts,
     server: Mapping[tuple[str, int], Mapping[str, Any]],
     prompts: int,
     set_aside: SetAside,
@@ -446,16 +449,14 @@ def _output_tally(
     lines, unrenderable prompts) from the set-aside accounting. `prompts`: the dataset's valid prompts, or
     without the dataset the prompts the output names (records, server entries, set aside); `lines` is
     then the dataset's line count."""
-    from datagen_operator.worker.records import TOO_LONG
+    from datagen_operator.output.records import TOO_LONG
 
     failed = sum(1 for entry in server.values() if int(entry.get("status") or 0) >= 500)
     too_long = set_aside.causes.get(TOO_LONG, 0)
     malformed = sum(set_aside.causes.values()) - too_long
-    return Tally(
-        records=records,
-        tool_records=tool_records,
+    return Tally.of(
+        counts,
         rejected=len(server) - failed,
-        flags=flags,
         lines=prompts + malformed + too_long - len(set_aside.prompts),
         malformed=malformed,
         too_long=too_long,
@@ -467,8 +468,8 @@ def _name_examples(keys: KeyCheck, output: Path, dataset: Path | None, fmt: Any,
     """The first few missing and extra keys by name: a second pass, only when there are any."""
     import heapq
 
-    from datagen_operator.worker.dataset import MalformedLine, ShardScan
-    from datagen_operator.worker.store import iter_records
+    from datagen_operator.output.readers import iter_records
+    from datagen_operator.prompts.dataset import MalformedLine, ShardScan
 
     missing, extra = set(keys.missing().tolist()), set(keys.extra().tolist())
     if missing and dataset is not None:
@@ -565,7 +566,7 @@ def main(argv: list[str]) -> int:
     tokenizer = None
     tokenizer_dir = args.tokenizer or (spec.model.tokenizer_path or spec.model.path if spec else None)
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        from datagen_operator.worker.render import load_tokenizer
+        from datagen_operator.prompts.render import load_tokenizer
 
         trust = args.trust_remote_code or (resolve_model(spec).trust_remote_code if spec else False)
         try:
@@ -589,5 +590,5 @@ def main(argv: list[str]) -> int:
     else:
         render_report(report)
     if args.termination_log:
-        Path(args.termination_log).write_bytes(outcome_json(report.outcome()))
+        Path(args.termination_log).write_bytes(report.outcome().for_storage())
     return 0 if report.passed else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -27,7 +28,7 @@ from datagen_operator.api.status import (
 )
 from datagen_operator.checks.evaluate import CheckContext, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.observed import Observed, ProgressCounters, StepOutcome
+from datagen_operator.control.observed import Observed, ProgressCounters
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
 from datagen_operator.control.server import server_verdict
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.status import CheckResult, Progress
 from datagen_operator.checks.evaluate import Tally
 
@@ -39,16 +40,6 @@ class ServerObservation:
     @property
     def ready_endpoints(self) -> tuple[str, ...]:
         return tuple(i.endpoint for i in self.instances if i.ready and i.endpoint)
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """The result of a one-shot step (preflight, parser verification, canary, final verification)."""
-
-    passed: bool
-    reason: str
-    message: str
-    checks: tuple[CheckResult, ...] = ()
 
 
 @dataclass(frozen=True)

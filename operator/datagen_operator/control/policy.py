@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from datagen_operator.worker.main import (
+from datagen_operator.api.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_DRAINED,
     EXIT_FINGERPRINT_MISMATCH,

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS
 from datagen_operator.api.status import DATA_FAITHFUL, SUCCEEDED, CheckResult, Condition, DataGenRunStatus
 from datagen_operator.control.decide import PROBE_FAILED
-from datagen_operator.control.observed import HaltedBefore, StepOutcome
-from datagen_operator.worker.store import VOLUME_REASONS
+from datagen_operator.control.observed import HaltedBefore
 
 HALT_REASONS = frozenset(
     {
@@ -20,7 +21,7 @@ HALT_REASONS = frozenset(
         "ChecksFailed",
         "WorkersFailed",
     }
-    | set(VOLUME_REASONS.values())
+    | OUTPUT_VOLUME_REASONS
 )
 """Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 

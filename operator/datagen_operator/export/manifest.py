@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.worker.store import read_manifest, write_atomic
+from datagen_operator.output.layout import write_atomic
+from datagen_operator.output.manifest import read_manifest
 
 MANIFEST_NAME = "export-manifest.json"
 EXPORT_FORMAT = "datagen-export/v1"

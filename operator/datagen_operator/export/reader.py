@@ -20,7 +20,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datagen_operator.worker.store import OutputLayout, parse_record_line
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.segments import parse_record_line
 
 COLUMNS = ("id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "flags")
 BATCH_TOKENS = 1 << 19

@@ -41,7 +41,7 @@ from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequen
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 
 if TYPE_CHECKING:
-    from datagen_operator.control.observed import StepOutcome
+    from datagen_operator.api.outcome import StepOutcome
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 1
 DATA_DIR = "data"
@@ -77,7 +77,7 @@ class TextCodec:
 
 
 def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
-    from datagen_operator.worker.render import backend_encoder
+    from datagen_operator.prompts.render import backend_encoder
 
     # No special tokens added: the decoded text already holds the template's own (BOS included, if any).
     encode = backend_encoder(tokenizer) or (lambda text: tokenizer.encode(text, add_special_tokens=False))
@@ -196,7 +196,7 @@ def export_run(
     """Each format to ROOT/<format>, replacing an earlier export there; the verdict for the Exported condition.
 
     `codec` is called only when the text format is asked for (it loads the run's tokenizer)."""
-    from datagen_operator.control.observed import StepOutcome
+    from datagen_operator.api.outcome import StepOutcome
 
     words = []
     try:
@@ -233,7 +233,7 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
     trust_remote_code as the run's preset says (Kimi's tiktoken tokenizer ships its own code)."""
     from datagen_operator.api import anchor_paths, load_run
     from datagen_operator.api.resolve import resolve_model
-    from datagen_operator.worker.render import load_tokenizer
+    from datagen_operator.prompts.render import load_tokenizer
 
     run_file = run_file or output / "run.yaml"
     spec = anchor_paths(load_run(run_file), run_file.resolve().parent).spec if run_file.exists() else None
@@ -288,8 +288,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main_formats(args: argparse.Namespace) -> int:
     """--formats: the export Job of a run with spec.export; its verdict in the termination message."""
-    from datagen_operator.checks.canary import outcome_json
-    from datagen_operator.control.observed import StepOutcome
+    from datagen_operator.api.outcome import StepOutcome
 
     formats = [name.strip() for name in args.formats.split(",") if name.strip()]
     exclude = frozenset(flag.strip() for flag in args.exclude_flags.split(",") if flag.strip())
@@ -306,7 +305,7 @@ def main_formats(args: argparse.Namespace) -> int:
 
         selection = Selection(exclude, args.max_length, args.over_length)
         outcome = export_run(output, Path(args.out), formats, selection, codec)
-    data = outcome_json(outcome)
+    data = outcome.for_storage()
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)
     sys.stdout.write(data.decode() + "\n")

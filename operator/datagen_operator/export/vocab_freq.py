@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from datagen_operator.worker.store import write_atomic
+from datagen_operator.output.layout import write_atomic
 
 NPY_NAME = "token_freq.npy"
 JSON_NAME = "token_freq.json"

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datagen_operator.worker.store import fsync_dir, sha256_file
+from datagen_operator.output.layout import fsync_dir, sha256_file
 
 DEFAULT_PART_BYTES = 512 * 1024 * 1024
 PART_GLOB = "part-*"

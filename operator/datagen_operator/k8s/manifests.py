@@ -15,6 +15,18 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.names import (
+    canary_job_name,
+    export_job_name,
+    preflight_job_name,
+    server_name,
+    server_pod_name,
+    shard_configmap_name,
+    spec_configmap_name,
+    verify_job_name,
+    worker_account_name,
+    workers_job_name,
+)
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
@@ -55,8 +67,6 @@ SERVER_MEMORY_PER_GPU_GI = 32
 the memory-backed /dev/shm counts against the pod's memory limit."""
 
 # The worker's exit codes (docs/worker.md); the workers' podFailurePolicy comes from control.policy.
-WORKER_BAD_INPUT, WORKER_FINGERPRINT, WORKER_UNREACHABLE, WORKER_DRAINED = 2, 3, 4, 5
-WORKER_OUTPUT_VOLUME = 7
 """The output volume failed (full, read-only, I/O errors): a retry would only fill it again; fix it, then resume."""
 
 STARTUP_PERIOD_S = 10
@@ -88,48 +98,7 @@ class RunRef:
         }
 
 
-# --- names -------------------------------------------------------------------------------------
-
-
-def spec_configmap_name(run: str) -> str:
-    return f"{run}-spec"
-
-
-def worker_account_name(run: str) -> str:
-    return f"{run}-worker"
-
-
-def server_name(run: str) -> str:
-    """The StatefulSet and its headless Service; pods are <run>-server-<i>."""
-    return f"{run}-server"
-
-
-def server_pod_name(run: str, index: int) -> str:
-    return f"{run}-server-{index}"
-
-
-def shard_configmap_name(run: str, index: int) -> str:
-    return f"{run}-shard-{index}"
-
-
-def preflight_job_name(run: str) -> str:
-    return f"{run}-preflight"
-
-
-def canary_job_name(run: str) -> str:
-    return f"{run}-canary"
-
-
-def workers_job_name(run: str) -> str:
-    return f"{run}-workers"
-
-
-def verify_job_name(run: str) -> str:
-    return f"{run}-verify"
-
-
-def export_job_name(run: str) -> str:
-    return f"{run}-export"
+# --- names: the run's child names are api/names.py (the run-name limit is computed from them) ---
 
 
 def export_dir(spec: DataGenRunSpec) -> str:

@@ -10,13 +10,9 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.control.observed import (
-    ProgressCounters,
-    ServerInstance,
-    ServerObservation,
-    StepOutcome,
-    WorkersObservation,
-)
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import ShardProgress
+from datagen_operator.control.observed import ProgressCounters, ServerInstance, ServerObservation, WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots
 
 Obj = Mapping[str, Any]
@@ -221,15 +217,15 @@ def volume_exit_reason(pods: Iterable[Obj]) -> str | None:
     """The named cause of a worker that exited 7 (its output volume failed), for when its shard ConfigMap
     lacks `failure_reason`: the termination message starts with the reason ('OutputVolumeFull: /out has ...');
     a message cut short or missing still means the volume failed (OutputVolumeFull, as `datagen run` says)."""
-    from datagen_operator.k8s.manifests import WORKER_OUTPUT_VOLUME
-    from datagen_operator.worker.store import VOLUME_REASONS
+    from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
+    from datagen_operator.api.reasons import OUTPUT_VOLUME_FULL, OUTPUT_VOLUME_REASONS
 
     for pod in pods:
         terminated = _terminated(pod, "worker")
-        if terminated is None or terminated.get("exitCode") != WORKER_OUTPUT_VOLUME:
+        if terminated is None or terminated.get("exitCode") != EXIT_OUTPUT_VOLUME:
             continue
         named = (terminated.get("message") or "").strip().partition(":")[0]
-        return named if named in VOLUME_REASONS.values() else "OutputVolumeFull"
+        return named if named in OUTPUT_VOLUME_REASONS else OUTPUT_VOLUME_FULL
     return None
 
 
@@ -239,18 +235,16 @@ def job_started_at(job: Obj | None) -> float | None:
     return started.timestamp() if started is not None else None
 
 
-def shard_snapshots(configmaps: Iterable[Obj]) -> list[dict[str, Any]]:
+def shard_snapshots(configmaps: Iterable[Obj]) -> list[ShardProgress]:
     out = []
     for cm in configmaps:
         text = (cm.get("data") or {}).get("progress.json")
         if not text:
             continue
         try:
-            snapshot = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            continue  # a worker writes whole JSON documents; anything else is not progress
-        if isinstance(snapshot, dict):
-            out.append(snapshot)
+            out.append(ShardProgress.from_storage(text))
+        except (ValueError, TypeError):
+            continue  # a worker writes whole snapshots; anything else is not progress
     return out
 
 
@@ -265,16 +259,14 @@ def progress_counters(configmaps: Iterable[Obj], workers_job: Obj | None = None)
 
 def fingerprint(configmaps: Iterable[Obj]) -> str | None:
     """The data fingerprint, when the workers publish it with their progress (key `fingerprint_sha256`)."""
-    prints = {s.get("fingerprint_sha256") for s in shard_snapshots(configmaps)} - {None, ""}
+    prints = {s.fingerprint_sha256 for s in shard_snapshots(configmaps)} - {""}
     return sorted(prints)[0] if len(prints) == 1 else None
 
 
 def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str) -> StepOutcome | None:
-    """A one-shot step's verdict from its pod's termination message (JSON from checks.canary.outcome_json).
+    """A one-shot step's verdict from its pod's termination message (StepOutcome.for_storage's JSON).
 
     Exit 0 without a verdict is not a pass: only the checks' own words count."""
-    from datagen_operator.checks.canary import outcome_from_json
-
     if job is None:
         return None
     ended = []
@@ -286,7 +278,7 @@ def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str)
         message = (terminated.get("message") or "").strip()
         if message.startswith("{"):
             try:
-                return outcome_from_json(message)
+                return StepOutcome.from_storage(message)
             except (orjson.JSONDecodeError, KeyError, ValueError):
                 continue
     finished = job_finished(job)

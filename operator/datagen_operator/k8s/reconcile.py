@@ -16,6 +16,17 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api import SpecError, parse_spec_resolved
 from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
+from datagen_operator.api.names import (
+    canary_job_name,
+    export_job_name,
+    preflight_job_name,
+    server_name,
+    server_pod_name,
+    spec_configmap_name,
+    verify_job_name,
+    workers_job_name,
+)
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
@@ -29,7 +40,7 @@ from datagen_operator.api.status import (
 from datagen_operator.checks.evaluate import check_context
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
-from datagen_operator.control.observed import Observed, ProbeFailures, StepOutcome
+from datagen_operator.control.observed import Observed, ProbeFailures
 from datagen_operator.control.remembered import remembered_final, remembered_halt, remembered_outcome
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
@@ -158,7 +169,7 @@ class Reconciler:
         self, run: m.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
     ) -> tuple[DataGenRunSpec, ResolvedModel, int, list[str]]:
         """The spec in force (and its model), the generation of its data-affecting part, refused data changes."""
-        name = m.spec_configmap_name(self.name)
+        name = spec_configmap_name(self.name)
         cm = self._named("ConfigMap", name) or await self.ctx.kube.read("ConfigMap", self.namespace, name)
         new = m.spec_document(spec)
         if cm is None:
@@ -182,7 +193,7 @@ class Reconciler:
         return spec, resolved, data_generation, refused
 
     def _bulk_started(self) -> bool:
-        return self._named("Job", m.workers_job_name(self.name)) is not None
+        return self._named("Job", workers_job_name(self.name)) is not None
 
     # --- observe -------------------------------------------------------------------------------
 
@@ -195,7 +206,7 @@ class Reconciler:
         urls: list[str],
         now: datetime,
     ) -> Observed:
-        sts_name = m.server_name(self.name)
+        sts_name = server_name(self.name)
         server_pods = self._pods("server")
         statefulset = self._named("StatefulSet", sts_name)
         grouped = spec.server.nodes > 1
@@ -225,21 +236,21 @@ class Reconciler:
                 self.refused_pods[f"Job/{job['metadata']['name']}"] = words
 
         checks = old.checks
-        preflight_job = self._named("Job", m.preflight_job_name(self.name))
+        preflight_job = self._named("Job", preflight_job_name(self.name))
         if preflight_job is not None and _annotation(preflight_job, m.DATA_GENERATION) != str(data_generation):
             preflight_job = None  # made for an older spec: its verdict does not apply
         preflight = o.job_outcome(
             preflight_job, self._pods("preflight"), "preflight", "preflight"
         ) or remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks)
-        canary_job = self._named("Job", m.canary_job_name(self.name))
+        canary_job = self._named("Job", canary_job_name(self.name))
         if canary_job is not None and _annotation(canary_job, m.DATA_GENERATION) != str(data_generation):
             canary_job = None  # made for an older spec: its verdict does not apply
         canary = o.job_outcome(canary_job, self._pods("canary"), "canary", "canary") or remembered_outcome(
             old.conditions, CANARY_PASSED, data_generation, checks
         )
-        workers_job = self._named("Job", m.workers_job_name(self.name))
+        workers_job = self._named("Job", workers_job_name(self.name))
         final = remembered_final(old.conditions, data_generation, checks) or o.job_outcome(
-            self._named("Job", m.verify_job_name(self.name)), self._pods("verify"), "verify", "verification"
+            self._named("Job", verify_job_name(self.name)), self._pods("verify"), "verify", "verification"
         )
         return Observed(
             generation=generation,
@@ -253,9 +264,7 @@ class Reconciler:
             progress=o.progress_counters(self._children("ConfigMap"), workers_job),
             final=final,
             export=remembered_outcome(old.conditions, EXPORTED, data_generation)
-            or o.job_outcome(
-                self._named("Job", m.export_job_name(self.name)), self._pods("export"), "export", "export"
-            ),
+            or o.job_outcome(self._named("Job", export_job_name(self.name)), self._pods("export"), "export", "export"),
         )
 
     async def _pod_refusal(self, controller: Mapping[str, Any]) -> str | None:
@@ -263,7 +272,7 @@ class Reconciler:
         return o.creation_refusal(await self.ctx.kube.events_about(self.namespace, controller["metadata"]["uid"]))
 
     async def _healthy(self, url: str) -> bool:
-        from datagen_operator.engine.client import is_healthy
+        from datagen_operator.engine.client.reads import is_healthy
 
         return await is_healthy(self.ctx.http, url)
 
@@ -329,15 +338,15 @@ class Reconciler:
         for index in range(shards):
             await self._apply(m.shard_configmap(run, index))  # its data is the worker's, never drift
         grouped = spec.server.nodes > 1
-        sts = self._named("StatefulSet", m.server_name(self.name))
+        sts = self._named("StatefulSet", server_name(self.name))
         if grouped and sts is not None:
             # server.nodes went above 1: the single-node server and its headless Service make way for the group
             # (LWS makes its own headless Service, one that publishes not-ready leaders to their workers).
-            await kube.delete("StatefulSet", self.namespace, m.server_name(self.name))
-            await kube.delete("Service", self.namespace, m.server_name(self.name))
+            await kube.delete("StatefulSet", self.namespace, server_name(self.name))
+            await kube.delete("Service", self.namespace, server_name(self.name))
             sts = None
-        if not grouped and any(o.is_group_worker(p, m.server_name(self.name)) for p in self._pods("server")):
-            await kube.delete(m.LWS_KIND, self.namespace, m.server_name(self.name))  # server.nodes went back to 1
+        if not grouped and any(o.is_group_worker(p, server_name(self.name)) for p in self._pods("server")):
+            await kube.delete(m.LWS_KIND, self.namespace, server_name(self.name))  # server.nodes went back to 1
         if not grouped:
             await self._apply(m.headless_service(run, spec))
         for index in range(spec.server.replicas):
@@ -346,7 +355,7 @@ class Reconciler:
         workload = self.group_set if grouped else sts
         had = int((workload or {}).get("spec", {}).get("replicas") or 0)
         for index in range(spec.server.replicas, had):
-            await kube.delete("Service", self.namespace, m.server_pod_name(self.name, index))
+            await kube.delete("Service", self.namespace, server_pod_name(self.name, index))
 
         replicas = spec.server.replicas if decision.server_wanted else 0
         if workload is not None or decision.server_wanted:
@@ -357,42 +366,42 @@ class Reconciler:
                 wanted = workload
             scale = {"spec": {"replicas": replicas}}
             await self._write(
-                wanted["kind"], m.server_name(self.name), lambda: kube.ensure(dict(wanted), workload, patch=scale)
+                wanted["kind"], server_name(self.name), lambda: kube.ensure(dict(wanted), workload, patch=scale)
             )
 
         image = spec.clients.image or self.ctx.settings.worker_image
-        preflight = self._named("Job", m.preflight_job_name(self.name))
+        preflight = self._named("Job", preflight_job_name(self.name))
         if preflight is not None and _annotation(preflight, m.DATA_GENERATION) != str(data_generation):
-            await kube.delete("Job", self.namespace, m.preflight_job_name(self.name))
+            await kube.delete("Job", self.namespace, preflight_job_name(self.name))
         elif decision.step == Step.PREFLIGHT and preflight is None:
             await self._create(m.preflight_job(run, spec, image, data_generation))
 
-        canary = self._named("Job", m.canary_job_name(self.name))
+        canary = self._named("Job", canary_job_name(self.name))
         stale_canary = canary is not None and _annotation(canary, m.DATA_GENERATION) != str(data_generation)
         if canary is not None and (stale_canary or (decision.step == Step.SUSPENDED and not o.job_finished(canary))):
-            await kube.delete("Job", self.namespace, m.canary_job_name(self.name))
+            await kube.delete("Job", self.namespace, canary_job_name(self.name))
         elif decision.canary_wanted and canary is None and observed.server:
             ready = list(observed.server.ready_endpoints) or urls
             await self._create(m.canary_job(run, spec, image, ready, data_generation))
 
-        workers = self._named("Job", m.workers_job_name(self.name))
+        workers = self._named("Job", workers_job_name(self.name))
         if workers is None and decision.workers_wanted:
             await self._create(m.workers_job(run, spec, image, urls, suspend=False))
         elif workers is not None and not o.job_finished(workers):
             if _annotation(workers, m.SERVER_URLS) != ",".join(urls):
                 # The server list changed (replicas): workers drain, a new Job resumes every shard.
-                await kube.delete("Job", self.namespace, m.workers_job_name(self.name))
+                await kube.delete("Job", self.namespace, workers_job_name(self.name))
             elif bool(workers["spec"].get("suspend")) != (not decision.workers_wanted):
                 await kube.patch(
                     "Job",
                     self.namespace,
-                    m.workers_job_name(self.name),
+                    workers_job_name(self.name),
                     {"spec": {"suspend": not decision.workers_wanted}},
                 )
 
-        if decision.step == Step.FINAL_VERIFY and self._named("Job", m.verify_job_name(self.name)) is None:
+        if decision.step == Step.FINAL_VERIFY and self._named("Job", verify_job_name(self.name)) is None:
             await self._create(m.verify_job(run, spec, image))
-        if decision.step == Step.EXPORT and self._named("Job", m.export_job_name(self.name)) is None:
+        if decision.step == Step.EXPORT and self._named("Job", export_job_name(self.name)) is None:
             await self._create(m.export_job(run, spec, image))
 
     # --- report --------------------------------------------------------------------------------
@@ -512,21 +521,21 @@ async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
 
     Workers stop before the server so they drain (SIGTERM: finish in-flight, fsync) instead of failing on a
     vanished server. The garbage collector removes the rest through owner references; no volume is touched."""
-    jobs = (m.workers_job_name, m.preflight_job_name, m.canary_job_name, m.verify_job_name, m.export_job_name)
+    jobs = (workers_job_name, preflight_job_name, canary_job_name, verify_job_name, export_job_name)
     for job in (job_name(name) for job_name in jobs):
         existing = await kube.read("Job", namespace, job)
         if existing is not None:
             if not (existing.get("metadata") or {}).get("deletionTimestamp"):
                 await kube.delete("Job", namespace, job, propagation="Foreground")
             return f"waiting for Job {job} and its pods to stop"
-    group = await kube.read(m.LWS_KIND, namespace, m.server_name(name))  # None too where LWS is not installed
+    group = await kube.read(m.LWS_KIND, namespace, server_name(name))  # None too where LWS is not installed
     if group is not None:
         if not (group.get("metadata") or {}).get("deletionTimestamp"):
-            await kube.delete(m.LWS_KIND, namespace, m.server_name(name), propagation="Foreground")
+            await kube.delete(m.LWS_KIND, namespace, server_name(name), propagation="Foreground")
         return "waiting for the server groups to stop"
-    sts = await kube.read("StatefulSet", namespace, m.server_name(name))
+    sts = await kube.read("StatefulSet", namespace, server_name(name))
     if sts is not None:
         if not (sts.get("metadata") or {}).get("deletionTimestamp"):
-            await kube.delete("StatefulSet", namespace, m.server_name(name), propagation="Foreground")
+            await kube.delete("StatefulSet", namespace, server_name(name), propagation="Foreground")
         return "waiting for the server pods to stop"
     return None

@@ -18,6 +18,9 @@ import aiohttp
 import yaml
 
 from datagen_operator.api import DataGenRun
+from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.reasons import OUTPUT_VOLUME_FULL
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import Condition
 from datagen_operator.checks import record_checks as rc
@@ -30,14 +33,12 @@ from datagen_operator.control.observed import (
     ProgressCounters,
     ServerInstance,
     ServerObservation,
-    StepOutcome,
     WorkersObservation,
 )
 from datagen_operator.control.policy import PERMANENT_EXITS, SHARD_RETRIES, ShardExit, shard_exit
 from datagen_operator.control.progress import counters_from_snapshots
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
-from datagen_operator.worker.main import EXIT_OUTPUT_VOLUME
 
 POLL_S = 0.5
 WORKER_GRACE_S = 30.0
@@ -99,7 +100,7 @@ class LocalRunner:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def execute(self) -> int:
-        from datagen_operator.worker.store import is_volume_error
+        from datagen_operator.output.volume import is_volume_error
 
         try:
             self._prepare_output()
@@ -198,7 +199,7 @@ class LocalRunner:
         )
 
     async def _observe_server(self) -> ServerObservation:
-        from datagen_operator.engine.client import is_healthy
+        from datagen_operator.engine.client.reads import is_healthy
 
         instances = []
         for index, (child, url) in enumerate(self.servers):
@@ -238,13 +239,13 @@ class LocalRunner:
         )
 
     def _observe_progress(self) -> ProgressCounters | None:
-        from datagen_operator.worker.store import read_progress
+        from datagen_operator.output.readers import read_progress
 
         snapshots = read_progress(self.output)
         if not snapshots:
             return None
         # Snapshots from before this `datagen run` are what it resumes from: judged already, not again.
-        return counters_from_snapshots((s.to_json() for s in snapshots), attempt_started_at=self.started_at)
+        return counters_from_snapshots(snapshots, attempt_started_at=self.started_at)
 
     def _ready_urls(self) -> list[str]:
         return [url for child, url in self.servers if child.running]
@@ -264,7 +265,7 @@ class LocalRunner:
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:
-            from datagen_operator.worker.render import load_tokenizer
+            from datagen_operator.prompts.render import load_tokenizer
 
             path = self.spec.model.tokenizer_path or self.spec.model.path
             self.tokenizer = load_tokenizer(path, trust_remote_code=self.resolved.trust_remote_code)
@@ -353,14 +354,15 @@ class LocalRunner:
     def _volume_failure(self, index: int) -> tuple[str, str]:
         """A worker's exit 7: its cause from its progress.json (written into its freed reserve), else from
         the volume itself (its log sits on the failed volume and may be cut short)."""
-        from datagen_operator.worker.store import free_bytes, read_progress
+        from datagen_operator.output.readers import read_progress
+        from datagen_operator.output.volume import free_bytes
 
         for snapshot in read_progress(self.output):
             if snapshot.shard == index and snapshot.failure_reason:
                 return snapshot.failure_reason, snapshot.message
         free = free_bytes(self.output)
         return (
-            "OutputVolumeFull",
+            OUTPUT_VOLUME_FULL,
             f"the output volume of {self.output} failed ({free} bytes free); free space or grow it, then resume",
         )
 

@@ -1,6 +1,5 @@
-"""The generation worker: one shard of a dataset through SGLang /generate into crash-safe records.
+"""The `datagen worker` program: one shard of a dataset through SGLang /generate into the record store.
 
-Layout: `dataset` (read + shard), `render` (chat template -> input_ids), `client` (/generate over HTTP),
-`store` (segments, resume, compaction, manifest, public readers), `fingerprint`, `progress`, `metrics`,
-`main` (the `datagen worker` command).
+The libraries it drives live below it: `prompts` (dataset, rendering), `engine.client` (HTTP), `output`
+(the store). Here: `progress` (counters and their sinks), `metrics`, `main` (the command).
 """

@@ -1,19 +1,10 @@
 """`datagen worker`: generate one shard of a run. What the client Job pods and the local runner execute.
 
-Exit codes (the operator's podFailurePolicy keys on them; see docs/worker.md):
-  0  the shard is complete (every record written or permanently rejected) and compacted to Parquet
-  2  bad input: arguments, spec, dataset or tokenizer unusable (retrying cannot help)
-  3  fingerprint mismatch: the output or a server belongs to a different tokenizer/template/server/sampling
-  4  servers unreachable past --server-timeout
-  5  drained after SIGTERM/SIGINT: in-flight requests finished or abandoned, files synced; rerun resumes
-  6  incomplete: some records ran out of attempts; rerun resumes exactly those
-  7  output volume failed (full, over quota, read-only, I/O error): requests stopped at once, whole records
-     kept; free space or grow the volume and rerun (retrying on the same volume cannot help)
+Exit codes: api/exit_codes.py (docs/worker.md explains each).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
@@ -23,15 +14,34 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from datagen_operator.api.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_DRAINED,
+    EXIT_FINGERPRINT_MISMATCH,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_OUTPUT_VOLUME,
+    EXIT_SERVER_UNREACHABLE,
+)
+from datagen_operator.api.progress import RecordCounts, ShardProgress
 from datagen_operator.checks.record_checks import inspect_record
-from datagen_operator.worker import client as http
-from datagen_operator.worker.records import (
+from datagen_operator.engine.client.generate import GenerateClient, Reply
+from datagen_operator.engine.client.policy import (
+    Drained,
+    EndpointsRejected,
+    GaveUp,
+    Rejected,
+    RetryPolicy,
+    ServerUnreachable,
+)
+from datagen_operator.engine.client.pool import EndpointPool
+from datagen_operator.engine.client.reads import fetch_server_info, make_session
+from datagen_operator.output.records import (
     TOO_LONG,
     UNRENDERABLE,
     Answer,
@@ -46,179 +56,16 @@ from datagen_operator.worker.records import (
     too_long_reason,
     too_long_reject,
 )
-
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_FINGERPRINT_MISMATCH = 3
-EXIT_SERVER_UNREACHABLE = 4
-EXIT_DRAINED = 5
-EXIT_INCOMPLETE = 6
-EXIT_OUTPUT_VOLUME = 7
+from datagen_operator.worker.config import (
+    BadInput,
+    FingerprintMismatch,
+    WorkerConfig,
+    build_parser,
+    config_from_args,
+    setup_logging,
+)
 
 log = logging.getLogger("datagen.worker")
-
-
-class BadInput(Exception):
-    pass
-
-
-class FingerprintMismatch(Exception):
-    pass
-
-
-# --- configuration ---------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="datagen worker",
-        description="Generate one shard of a DataGenRun: render prompts, call SGLang /generate, record token ids.",
-        epilog="exit codes:\n" + __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] + "\nSee docs/worker.md.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run", help="DataGenRun manifest (YAML)")
-    source.add_argument("--spec-json", help="the run's spec as JSON (what the operator passes)")
-    parser.add_argument("--output", required=True, help="output directory shared by all shards")
-    parser.add_argument("--server", action="append", required=True, help="SGLang base URL (repeat for replicas)")
-    parser.add_argument("--shard-index", type=int, default=None, help="default: $JOB_COMPLETION_INDEX")
-    parser.add_argument("--shard-count", type=int, default=None, help="default: spec.clients.shards")
-    parser.add_argument("--dataset", help="default: spec.dataset.path")
-    parser.add_argument("--tokenizer", help="default: spec.model.tokenizerPath, else spec.model.path")
-    parser.add_argument("--progress-configmap", help="ConfigMap to patch with progress; {index} is the shard index")
-    parser.add_argument("--progress-namespace", help="default: $POD_NAMESPACE or the pod's namespace")
-    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
-    parser.add_argument("--server-timeout", type=float, default=1800.0, help="give up when no server answers (s)")
-    parser.add_argument("--drain-timeout", type=float, default=25.0, help="SIGTERM: wait this long for in-flight (s)")
-    parser.add_argument("--backoff-base", type=float, default=0.5, help="first retry delay cap (s)")
-    parser.add_argument("--backoff-cap", type=float, default=30.0, help="largest retry delay (s)")
-    parser.add_argument("--no-compact", action="store_true", help="leave segments; do not write Parquet at the end")
-    parser.add_argument(
-        "--render-processes",
-        type=int,
-        default=None,
-        help="helper processes that render prompts (0: in the worker process); default: half the cores, 1..4",
-    )
-    parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
-    parser.add_argument("--termination-log", help="on failure, write the cause here (Kubernetes: /dev/termination-log)")
-    return parser
-
-
-@dataclass
-class WorkerConfig:
-    spec: Any
-    resolved: Any
-    output: Path
-    servers: list[str]
-    shard_index: int
-    shard_count: int
-    dataset: Path
-    tokenizer_dir: Path
-    run_file: Path | None = None
-    """The --run manifest, kept in the output as run.yaml (what `datagen verify OUTPUT` reads)."""
-    progress_configmap: str | None = None
-    progress_namespace: str | None = None
-    metrics_port: int | None = None
-    server_timeout_s: float = 1800.0
-    drain_timeout_s: float = 25.0
-    backoff_base_s: float = 0.5
-    backoff_cap_s: float = 30.0
-    compact: bool = True
-    render_processes: int = 1
-    flush_interval_s: float = 0.2
-    sync_interval_s: float = 2.0
-    progress_interval_s: float = 2.0
-    termination_log: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> WorkerConfig:
-    """Validate arguments against the spec; raises BadInput naming what is wrong."""
-    from datagen_operator.api import SpecError, load_run, parse_spec
-    from datagen_operator.api.resolve import resolve_model
-    from datagen_operator.worker.render import default_render_processes
-
-    try:
-        if args.run:
-            spec = load_run(args.run).spec
-        else:
-            try:
-                document = orjson.loads(args.spec_json)
-            except orjson.JSONDecodeError as error:
-                raise BadInput(f"--spec-json is not JSON: {error}") from None
-            if isinstance(document, dict) and "spec" in document and "apiVersion" in document:
-                document = document["spec"]
-            spec = parse_spec(document)
-        resolved = resolve_model(spec)
-    except SpecError as error:
-        raise BadInput(f"invalid run spec: {error}") from None
-    except OSError as error:
-        raise BadInput(f"cannot read the run manifest: {error}") from None
-
-    count = args.shard_count if args.shard_count is not None else spec.clients.shards
-    index = args.shard_index
-    if index is None:
-        raw = environ.get("JOB_COMPLETION_INDEX")
-        if raw is None and count == 1:
-            raw = "0"  # one shard: nothing to choose
-        if raw is None:
-            raise BadInput("no --shard-index and no JOB_COMPLETION_INDEX in the environment")
-        try:
-            index = int(raw)
-        except ValueError:
-            raise BadInput(f"JOB_COMPLETION_INDEX={raw!r} is not an integer") from None
-    if count < 1 or not 0 <= index < count:
-        raise BadInput(f"shard index {index} is outside 0..{count - 1} (shard count {count})")
-    dataset = Path(args.dataset or spec.dataset.path)
-    tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_path or spec.model.path)
-    for url in args.server:
-        if not url.startswith(("http://", "https://")):
-            raise BadInput(f"--server {url!r} is not an http(s) URL")
-    configmap = args.progress_configmap.replace("{index}", str(index)) if args.progress_configmap else None
-    return WorkerConfig(
-        spec=spec,
-        resolved=resolved,
-        output=Path(args.output),
-        servers=[url.rstrip("/") for url in args.server],
-        shard_index=index,
-        shard_count=count,
-        dataset=dataset,
-        tokenizer_dir=tokenizer_dir,
-        run_file=Path(args.run) if args.run else None,
-        progress_configmap=configmap,
-        progress_namespace=args.progress_namespace,
-        metrics_port=args.metrics_port,
-        server_timeout_s=args.server_timeout,
-        drain_timeout_s=args.drain_timeout,
-        backoff_base_s=args.backoff_base,
-        backoff_cap_s=args.backoff_cap,
-        compact=not args.no_compact,
-        render_processes=default_render_processes() if args.render_processes is None else max(0, args.render_processes),
-        termination_log=Path(args.termination_log) if args.termination_log else None,
-    )
-
-
-def setup_logging(mode: str) -> None:
-    from datagen_operator.worker.progress import JsonLogFormatter
-
-    use_json = mode == "json" or (mode == "auto" and not sys.stderr.isatty())
-    handler: logging.Handler
-    if use_json:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonLogFormatter())
-    elif sys.stderr.isatty():
-        from rich.logging import RichHandler
-
-        from datagen_operator.worker.progress import terminal_console
-
-        handler = RichHandler(console=terminal_console(), show_path=False)
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    root = logging.getLogger("datagen")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    root.propagate = False
 
 
 def main(argv: list[str]) -> int:
@@ -248,7 +95,6 @@ class Worker:
         """Answers that reached this worker but not the volume (buffered at the failure, or arriving after)."""
 
     async def run(self) -> int:
-        from datagen_operator.worker.progress import ShardProgress
 
         c = self.config
         self.progress = ShardProgress(shard=c.shard_index, shard_count=c.shard_count, started_at=time.time())
@@ -261,26 +107,26 @@ class Worker:
             log.error("%s", error)
             return self._fail(EXIT_FINGERPRINT_MISMATCH, str(error))
         except OSError as error:
-            from datagen_operator.worker.store import VOLUME_REASONS, is_volume_error
+            from datagen_operator.output.volume import is_volume_error, volume_reason
 
             if not is_volume_error(error):
                 raise
             # Failed before generation (the manifest, the reserve): nothing was generated.
-            message, reason = self._volume_text(error), VOLUME_REASONS[error.errno]
+            message, reason = self._volume_text(error), volume_reason(error)
             return self._fail(EXIT_OUTPUT_VOLUME, message, reason)
 
     def _volume_text(self, error: OSError, free: int | None = None) -> str:
-        from datagen_operator.worker.store import VOLUME_REASONS, free_bytes, volume_failure_text
+        from datagen_operator.output.volume import free_bytes, volume_failure_text, volume_reason
 
         p, output = self.progress, self.config.output
-        reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
+        reason = volume_reason(error)
         free = free_bytes(output) if free is None else free
         text = volume_failure_text(reason, output, free, p.records_done, p.records_total, error.strerror or str(error))
         return f"{reason}: {text}"
 
     def _fail(self, code: int, message: str, reason: str = "") -> int:
-        from datagen_operator.worker.progress import FileSink, ShardProgress
-        from datagen_operator.worker.store import OutputLayout
+        from datagen_operator.output.layout import OutputLayout
+        from datagen_operator.worker.progress import FileSink
 
         self._tell_cause(message)
         layout = OutputLayout(self.config.output)
@@ -290,7 +136,7 @@ class Worker:
             snapshot = self.progress
             if self.progress.records_total == 0 and path.exists():
                 with contextlib.suppress(orjson.JSONDecodeError, TypeError, OSError):
-                    snapshot = ShardProgress.from_json(orjson.loads(path.read_bytes()))
+                    snapshot = ShardProgress.from_storage(path.read_bytes())
             snapshot.state, snapshot.message, snapshot.in_flight = "failed", message, 0
             snapshot.failure_reason = reason
             snapshot.updated_at = time.time()
@@ -313,9 +159,9 @@ class Worker:
     async def _run(self) -> int:
         from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
         from datagen_operator.engine.requests import run_sampling
-        from datagen_operator.worker.dataset import DatasetError, ShardScan, check_dataset, has_prompt
-        from datagen_operator.worker.render import Renderer, RenderError, load_tokenizer, template_variables
-        from datagen_operator.worker.store import OutputLayout
+        from datagen_operator.output.layout import OutputLayout
+        from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
+        from datagen_operator.prompts.render import Renderer, RenderError, load_tokenizer, template_variables
 
         c = self.config
         spec = c.spec
@@ -328,7 +174,7 @@ class Worker:
                 await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
         except (DatasetError, OSError) as error:
             raise BadInput(f"dataset: {error}") from None
-        from datagen_operator.worker.render import RenderPool
+        from datagen_operator.prompts.render import RenderPool
 
         variables = template_variables(c.resolved)
         # Helpers start loading the tokenizer now, in parallel with this process.
@@ -348,7 +194,7 @@ class Worker:
         self.sampling = run_sampling(spec.generation.sampling, self.expect.stop_token_ids)
         self.samples = spec.generation.samples_per_prompt
 
-        session = http.make_session(spec.clients.concurrency, len(c.servers))
+        session = make_session(spec.clients.concurrency, len(c.servers))
         try:
             return await self._with_session(session, tokenizer)
         finally:
@@ -364,7 +210,7 @@ class Worker:
             infos: dict[str, dict[str, Any]] = {}
             errors: list[str] = []
             answers = await asyncio.gather(
-                *(http.fetch_server_info(session, endpoint.url) for endpoint in pool.endpoints),
+                *(fetch_server_info(session, endpoint.url) for endpoint in pool.endpoints),
                 return_exceptions=True,
             )
             for endpoint, answer in zip(pool.endpoints, answers, strict=True):
@@ -380,23 +226,23 @@ class Worker:
             if self.stop_new.is_set():
                 raise _Stopped()
             if time.monotonic() >= deadline:
-                raise http.ServerUnreachable("no server answered /server_info: " + "; ".join(errors))
+                raise ServerUnreachable("no server answered /server_info: " + "; ".join(errors))
             log.info("waiting for a server: %s", "; ".join(errors))
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 5.0)
 
     async def _with_session(self, session: Any, tokenizer: Any) -> int:
-        from datagen_operator.worker.fingerprint import (
+        from datagen_operator.output.fingerprint import (
             build_fingerprint,
             chat_template_sha256,
             server_fingerprint,
             tokenizer_fingerprint,
         )
-        from datagen_operator.worker.store import ShardWriter, remove_stale_temporaries
+        from datagen_operator.output.writer import ShardWriter, remove_stale_temporaries
 
         c = self.config
         self.server_fp: dict[str, Any] | None = None
-        pool = http.EndpointPool(
+        pool = EndpointPool(
             c.servers, session, unreachable_after_s=c.server_timeout_s, verify=self._verifier(session), stop=None
         )
         self.pool = pool
@@ -405,7 +251,7 @@ class Worker:
             loop.add_signal_handler(sig, self._request_drain, sig)
         try:
             infos = await self._server_infos(session, pool)
-        except http.ServerUnreachable as error:
+        except ServerUnreachable as error:
             log.error("%s", error)
             return self._fail(EXIT_SERVER_UNREACHABLE, str(error))
         except _Stopped:
@@ -414,7 +260,7 @@ class Worker:
         first_url, first = next(iter(prints.items()))
         for url, other in prints.items():
             if other != first:
-                from datagen_operator.worker.fingerprint import diff_fingerprints
+                from datagen_operator.output.fingerprint import diff_fingerprints
 
                 changes = "; ".join(diff_fingerprints(first, other))
                 raise FingerprintMismatch(f"servers {first_url} and {url} differ: {changes}")
@@ -462,9 +308,9 @@ class Worker:
             )
         self.writer = writer
         self._init_progress(report.records)
-        self.client = http.GenerateClient(
+        self.client = GenerateClient(
             pool,
-            policy=http.RetryPolicy(c.spec.clients.max_attempts, c.backoff_base_s, c.backoff_cap_s),
+            policy=RetryPolicy(c.spec.clients.max_attempts, c.backoff_base_s, c.backoff_cap_s),
             request_timeout_s=c.spec.clients.request_timeout,
             stream=stream,
             on_retry=self.tracker.on_retry,
@@ -476,13 +322,13 @@ class Worker:
 
     def _verifier(self, session: Any) -> Any:
         """Re-check a server that (re)appears: a restart with other args must not feed this output."""
-        from datagen_operator.worker.fingerprint import diff_fingerprints, server_fingerprint
+        from datagen_operator.output.fingerprint import diff_fingerprints, server_fingerprint
 
         async def verify(endpoint: Any) -> str | None:
             if self.server_fp is None:
                 return None
             try:
-                info = await http.fetch_server_info(session, endpoint.url)
+                info = await fetch_server_info(session, endpoint.url)
             except Exception as error:
                 return f"no /server_info: {error}"
             changes = diff_fingerprints(self.server_fp, server_fingerprint(info))
@@ -492,8 +338,8 @@ class Worker:
 
     def _claim_output(self, fingerprint: dict[str, Any]) -> None:
         """Write the fingerprint to a new output, or refuse an output made with a different one."""
-        from datagen_operator.worker.fingerprint import diff_fingerprints, fingerprint_sha256
-        from datagen_operator.worker.store import MANIFEST_FORMAT, update_manifest
+        from datagen_operator.output.fingerprint import diff_fingerprints, fingerprint_sha256
+        from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
 
         c = self.config
         digest = fingerprint_sha256(fingerprint)
@@ -536,17 +382,17 @@ class Worker:
         os.replace(staging, target)
 
     def _init_progress(self, recovered: int) -> None:
-        from datagen_operator.worker.progress import ShardProgress, Tracker
-        from datagen_operator.worker.store import Summary
+        from datagen_operator.worker.progress import Tracker
 
         c, writer = self.config, self.writer
         # What earlier runs set aside: the rolling checks judge only what this run adds (docs/checks.md).
         aside_before = Counter(TOO_LONG if cause == TOO_LONG else "malformed" for cause in writer.set_aside.values())
         # Counts from what the writer holds on disk (never from an older progress.json); the dataset's
         # totals and what is left of each prompt come as the feeder reads the plan (`_plan_prompt`).
-        summary = Summary()
-        summary.merge(writer.summary)
-        summary.merge(writer.written)
+        counts = RecordCounts()
+        counts.merge(writer.summary)
+        counts.merge(writer.written)
+        counts.records = len(writer.done)
         p = ShardProgress(
             shard=c.shard_index,
             shard_count=c.shard_count,
@@ -554,18 +400,15 @@ class Worker:
             servers_total=len(c.servers),
             started_at=self.progress.started_at,
             fingerprint_sha256=self.progress.fingerprint_sha256,
-            records_done=len(writer.done),
+            counts=counts,
             records_rejected=len(writer.rejected),
-            prompt_tokens=summary.prompt_tokens,
-            output_tokens=summary.output_tokens,
-            cached_tokens=summary.cached_tokens,
-            flags=dict(summary.flags),
         )
         self.remaining: dict[str, int] = {}
         self.planned = False
         """True once the feeder has read the whole plan (the totals are final)."""
         p.baseline = {
             "records": p.records_done,
+            "tool_records": p.counts.tool_records,
             "rejected": p.records_rejected,
             "malformed": aside_before["malformed"],
             "too_long": aside_before[TOO_LONG],
@@ -618,7 +461,7 @@ class Worker:
     def _count_from_disk(self, p: Any) -> None:
         """Set p's counts and totals exactly from the disk and a whole pass over the plan (a failure's
         final report: the feeder may not have read the whole plan)."""
-        from datagen_operator.worker.dataset import MalformedLine, ShardScan
+        from datagen_operator.prompts.dataset import MalformedLine, ShardScan
 
         c, writer, n = self.config, self.writer, self.samples
         p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
@@ -649,7 +492,7 @@ class Worker:
         """
         from collections import deque
 
-        from datagen_operator.worker.dataset import MalformedLine, prompt_from
+        from datagen_operator.prompts.dataset import MalformedLine, prompt_from
 
         n = self.samples
         ahead: deque[tuple[list[Any], asyncio.Future[list[Any]]]] = deque()
@@ -708,7 +551,7 @@ class Worker:
     async def _queue_rendered(
         self, queue: asyncio.Queue[Any], prompts: list[Any], future: asyncio.Future[list[Any]], n: int
     ) -> None:
-        from datagen_operator.worker.render import ids_from_result
+        from datagen_operator.prompts.render import ids_from_result
 
         results = await future
         writer = self.writer
@@ -752,7 +595,7 @@ class Worker:
         else:
             self.remaining[prompt_id] = left
 
-    def _record(self, job: Job, reply: http.Reply) -> None:
+    def _record(self, job: Job, reply: Reply) -> None:
         """Check, encode and buffer one answer (synchronous: nothing here waits)."""
         meta = reply.meta_info
         flags = inspect_record(
@@ -771,10 +614,12 @@ class Worker:
         # never answers held back in memory (they would be generated again on resume).
         if not self._write(writer.flush):
             return
-        self.tracker.on_record(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags)
+        self.progress.counts.add(
+            len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags, job.has_tools
+        )
         self._finish_key(job.id)
 
-    def _rejected(self, job: Job, rejected: http.Rejected) -> None:
+    def _rejected(self, job: Job, rejected: Rejected) -> None:
         entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
         if not self._write(self.writer.add_reject, entry):
             return
@@ -783,7 +628,7 @@ class Worker:
 
     def _write(self, write: Any, *args: Any) -> bool:
         """Run one write to the output volume; False (and the shard stopping) when the volume failed."""
-        from datagen_operator.worker.store import is_volume_error
+        from datagen_operator.output.volume import is_volume_error
 
         if self.volume_error is not None:
             return False
@@ -813,21 +658,21 @@ class Worker:
                 return
             try:
                 reply = await client.generate(generate_payload(job, sampling, stream=client.stream))
-            except http.Rejected as rejected:
+            except Rejected as rejected:
                 if self.volume_error is not None:
                     return
                 self._rejected(job, rejected)
                 continue
-            except http.GaveUp as gave_up:
+            except GaveUp as gave_up:
                 log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
                 self.progress.records_failed += 1
                 continue
-            except http.Drained:
+            except Drained:
                 return
-            except http.ServerUnreachable as error:
+            except ServerUnreachable as error:
                 self._set_fatal(EXIT_SERVER_UNREACHABLE, str(error))
                 return
-            except http.EndpointsRejected as error:
+            except EndpointsRejected as error:
                 self._set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
                 return
             if self.volume_error is not None:
@@ -976,7 +821,7 @@ class Worker:
             await self.configmap.write(snapshot, force=force)
 
     async def _progress_loop(self) -> None:
-        from datagen_operator.worker.store import is_volume_error
+        from datagen_operator.output.volume import is_volume_error
 
         while self.volume_error is None:
             await asyncio.sleep(self.config.progress_interval_s)
@@ -1007,7 +852,7 @@ class Worker:
                 writer.release_reserve()  # compaction needs the room more
                 result = await asyncio.to_thread(self._compact) if c.compact else None
             except OSError as error:
-                from datagen_operator.worker.store import is_volume_error
+                from datagen_operator.output.volume import is_volume_error
 
                 if is_volume_error(error):
                     self.volume_error = error
@@ -1037,7 +882,7 @@ class Worker:
     async def _finish_volume_failed(self) -> int:
         """Whole records stay, the torn rest is cut off; the cause goes out first where a full volume
         cannot hide it, then into progress.json and the manifest (written into the freed reserve)."""
-        from datagen_operator.worker.store import VOLUME_REASONS, free_bytes
+        from datagen_operator.output.volume import free_bytes, volume_reason
 
         error, p, writer = self.volume_error, self.progress, self.writer
         assert error is not None
@@ -1045,9 +890,8 @@ class Worker:
         free = free_bytes(self.config.output)  # what the volume had left, before the reserve is given back
         writer.release_reserve()
         self._count_from_disk(p)
-        self.tracker.flags = Counter(p.flags)
         p.records_unwritten = self.unwritten
-        p.failure_reason = VOLUME_REASONS.get(error.errno or 0, "OutputVolumeError")
+        p.failure_reason = volume_reason(error)
         p.state, p.message = "failed", self._volume_text(error, free)
         if self.unwritten:
             p.message += f" ({self.unwritten} answers could not be written and are generated again)"
@@ -1066,8 +910,8 @@ class Worker:
         return EXIT_OUTPUT_VOLUME
 
     def _compact(self) -> Any:
-        from datagen_operator.worker.dataset import MalformedLine, ShardScan
-        from datagen_operator.worker.store import compact_shard
+        from datagen_operator.output.parquet import compact_shard
+        from datagen_operator.prompts.dataset import MalformedLine, ShardScan
 
         c = self.config
         scan = ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format)
@@ -1084,7 +928,7 @@ class Worker:
         return result
 
     def _update_manifest_shard(self, p: Any) -> None:
-        from datagen_operator.worker.store import update_manifest
+        from datagen_operator.output.manifest import update_manifest
 
         c = self.config
         entry: dict[str, Any] = {

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from datagen_operator.worker.progress import ShardProgress
+from datagen_operator.api.progress import ShardProgress
 
 PREFIX = "datagen_worker"
 

@@ -13,89 +13,14 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from datagen_operator.api.progress import ShardProgress
+
 log = logging.getLogger("datagen.worker.progress")
-
-STATES = ("starting", "running", "paused", "draining", "compacting", "complete", "incomplete", "drained", "failed")
-"""paused: every server is down; incomplete: some records ran out of attempts (rerun resumes them);
-drained: stopped by SIGTERM (resumable); failed: refused to run, the servers stayed unreachable, or the output
-volume failed (`failure_reason`)."""
-
-
-@dataclass
-class ShardProgress:
-    shard: int
-    shard_count: int
-    state: str = "starting"
-    prompts_total: int = 0
-    """Valid prompts of this shard (malformed lines not included)."""
-    prompts_done: int = 0
-    """Prompts with nothing left to do: every sample recorded or permanently rejected."""
-    prompts_malformed: int = 0
-    """Dataset lines set aside when the dataset was read (bad JSON, id, messages, tools; duplicates)."""
-    prompts_rejected: int = 0
-    """Prompts the chat template could not render (set aside, never sent)."""
-    prompts_too_long: int = 0
-    """Prompts whose tokens + max_new_tokens exceed the server's context (set aside before sending)."""
-    set_aside: dict[str, int] = field(default_factory=dict)
-    """cause -> prompts set aside: the dataset causes (worker.dataset.CAUSES), `unrenderable`, `too_long`."""
-    records_total: int = 0
-    records_done: int = 0
-    records_rejected: int = 0
-    """Records the server refused (4xx): the server errors."""
-    records_set_aside: int = 0
-    """Samples of prompts set aside after the dataset was read (unrenderable, too long): not server errors."""
-    records_failed: int = 0
-    """Records that ran out of attempts in this run; the next run tries them again."""
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    flags: dict[str, int] = field(default_factory=dict)
-    """Inline check flag -> records raising it (checks.record_checks)."""
-    errors: dict[str, int] = field(default_factory=dict)
-    """Retried failures by kind (http_500, timeout, connection_error, server_down...), this run."""
-    in_flight: int = 0
-    tokens_per_s: float = 0.0
-    """Output tokens per second over the last 30 s."""
-    servers_up: int = 0
-    servers_total: int = 0
-    started_at: float = 0.0
-    updated_at: float = 0.0
-    message: str = ""
-    fingerprint_sha256: str = ""
-    """The output's data fingerprint (manifest.json), so the operator can show it in status."""
-    failure_reason: str = ""
-    """With state failed, the cause as a condition reason: OutputVolumeFull, OutputVolumeReadOnly,
-    OutputVolumeError (the output volume could not be written; `message` says what to do)."""
-    volume_path: str = ""
-    volume_free_bytes: int | None = None
-    """Free bytes of the output volume when it failed."""
-    records_unwritten: int = 0
-    """Answers this run received but could not write (the volume failed); a rerun generates them again."""
-    baseline: dict[str, Any] = field(default_factory=dict)
-    """What earlier runs left on disk when this one started (records, rejected, malformed, too_long, flags):
-    the rolling checks judge only what this run adds, so a halt is not repeated on resume."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ShardProgress:
-        known = {name for name in cls.__dataclass_fields__}
-        return cls(**{key: value for key, value in data.items() if key in known})
-
-    def summary_line(self) -> str:
-        set_aside = sum(self.set_aside.values())
-        return (
-            f"shard {self.shard}/{self.shard_count} {self.state}: {self.prompts_done}/{self.prompts_total} prompts, "
-            f"{self.records_done}/{self.records_total} records, {self.tokens_per_s / 1000:.1f}k tok/s"
-            + (f", {set_aside} prompts set aside" if set_aside else "")
-        )
 
 
 class Tracker:
@@ -103,19 +28,9 @@ class Tracker:
 
     def __init__(self, progress: ShardProgress, window_s: float = 30.0) -> None:
         self.progress = progress
-        self.flags: Counter[str] = Counter(progress.flags)
         self.errors: Counter[str] = Counter()
         self._window_s = window_s
         self._samples: deque[tuple[float, int]] = deque()
-
-    def on_record(self, prompt_tokens: int, output_tokens: int, cached_tokens: int, flags: frozenset[str]) -> None:
-        p = self.progress
-        p.records_done += 1
-        p.prompt_tokens += prompt_tokens
-        p.output_tokens += output_tokens
-        p.cached_tokens += cached_tokens
-        if flags:
-            self.flags.update(flags)
 
     def on_retry(self, kind: str) -> None:
         self.errors[kind] += 1
@@ -129,7 +44,6 @@ class Tracker:
             samples.popleft()
         first_t, first_tokens = samples[0]
         p.tokens_per_s = round((p.output_tokens - first_tokens) / (now - first_t), 1) if now > first_t else 0.0
-        p.flags = dict(self.flags)
         p.errors = dict(self.errors)
         p.updated_at = now
         return p
@@ -143,10 +57,10 @@ class FileSink:
         self.path = path
 
     def write(self, snapshot: ShardProgress) -> None:
-        from datagen_operator.worker.store import write_atomic
+        from datagen_operator.output.layout import write_atomic
 
         # Not fsynced: progress is informational and rebuilt exactly from the records on restart.
-        write_atomic(self.path, orjson.dumps(snapshot.to_json(), option=orjson.OPT_INDENT_2), durable=False)
+        write_atomic(self.path, snapshot.for_storage(indent=True), durable=False)
 
 
 def kubernetes_namespace(explicit: str | None) -> str:
@@ -192,7 +106,7 @@ class ConfigMapSink:
         if not force and now - self._last < self.min_interval_s:
             return False
         self._last = now
-        body = {"data": {"progress.json": orjson.dumps(snapshot.to_json()).decode()}}
+        body = {"data": {"progress.json": snapshot.for_storage().decode()}}
         try:
             api = self._api or await self._connect()
             await api.patch_namespaced_config_map(self.name, self.namespace, body)
@@ -274,7 +188,7 @@ class Display:
 
 
 def _log_fields(snapshot: ShardProgress) -> dict[str, Any]:
-    fields = snapshot.to_json()
+    fields = orjson.loads(snapshot.for_storage())
     return {k: v for k, v in fields.items() if k not in ("started_at", "updated_at")}
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from datagen_operator.engine.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
+from datagen_operator.presets.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from datagen_operator.tokenizer.families import FAMILIES
 
 Misconfig = Literal["never-close-think", "kimi-tags", "ignore-thinking"]

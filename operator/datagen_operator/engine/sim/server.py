@@ -29,11 +29,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from datagen_operator.engine.sglang_names import (
-    PINNED_SGLANG_VERSION,
-    resolved_reasoning_parser,
-    resolved_tool_call_parser,
-)
 from datagen_operator.engine.sim import chat, protocol
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
@@ -42,6 +37,11 @@ from datagen_operator.engine.sim.prefix_cache import PrefixCache
 from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
 from datagen_operator.engine.sim.reasoning import split_reasoning
 from datagen_operator.engine.sim.vocab import SimVocab, VocabError, load_vocab
+from datagen_operator.presets.sglang_names import (
+    PINNED_SGLANG_VERSION,
+    resolved_reasoning_parser,
+    resolved_tool_call_parser,
+)
 
 if TYPE_CHECKING:
     from datagen_operator.engine.sim.metrics import SimMetrics

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 
 # name -> (module, function, one-line help). Modules load lazily so `datagen validate` stays fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "validate": ("datagen_operator.api.commands", "validate_main", "check a DataGenRun manifest"),
-    "crd": ("datagen_operator.api.commands", "crd_main", "print the CustomResourceDefinition"),
-    "server-args": ("datagen_operator.api.commands", "server_args_main", "print the SGLang launch command"),
-    "presets": ("datagen_operator.api.commands", "presets_main", "list the model presets"),
+    "validate": ("datagen_operator.cli.spec_commands", "validate_main", "check a DataGenRun manifest"),
+    "crd": ("datagen_operator.cli.spec_commands", "crd_main", "print the CustomResourceDefinition"),
+    "server-args": ("datagen_operator.cli.spec_commands", "server_args_main", "print the SGLang launch command"),
+    "presets": ("datagen_operator.cli.spec_commands", "presets_main", "list the model presets"),
     "sim-server": ("datagen_operator.engine.sim.server", "main", "run the SGLang simulator (CPU, no model)"),
     "standin-tokenizer": (
         "datagen_operator.tokenizer.kimi_tiktoken",
@@ -57,7 +57,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, function_name, _ = COMMANDS[name]
     function: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
     return function(rest) or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 # Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
-# worker.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
+# prompts.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
 UNRENDERABLE = "unrenderable"
 TOO_LONG = "too_long"
 

@@ -1,0 +1,77 @@
+"""A one-shot step's verdict (preflight, parser verification, canary, final verification, export).
+
+The steps run in other processes (a Job's pod, a child of `datagen run`) and hand their verdict back as
+JSON: in a cluster as the container's termination message, which Kubernetes keeps to 4096 bytes. The
+encoding always fits and always parses: long texts are cut with a marker, then passed checks are dropped,
+never `passed`, `reason` or a failed check's numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from datagen_operator.api.status import CheckResult
+
+TERMINATION_MESSAGE_LIMIT = 4096
+"""Kubernetes keeps at most 4096 bytes of a container's termination message."""
+_TEXT_WIDTHS = (None, 2048, 1024, 512, 256, 128, 64, 32, 0)
+"""Characters kept of the message (check verdicts get half), tried in turn until the verdict fits."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    passed: bool
+    reason: str
+    message: str
+    checks: tuple[CheckResult, ...] = ()
+
+    def for_storage(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> bytes:
+        """Compact JSON of at most `limit` bytes that `from_storage` reads back to the same verdict."""
+        failed = tuple(c for c in self.checks if not c.passed)
+        for checks in (self.checks, failed):
+            for width in _TEXT_WIDTHS:
+                data = self._encode(checks, width)
+                if len(data) <= limit:
+                    return data
+        kept = list(failed)  # more failed checks than fit even without words: keep the first ones
+        while kept:
+            kept.pop()
+            data = self._encode(tuple(kept), 0)
+            if len(data) <= limit:
+                return data
+        return self._encode((), 0, reason_width=limit // 4)
+
+    @classmethod
+    def from_storage(cls, data: bytes | str) -> StepOutcome:
+        """Raises orjson.JSONDecodeError, KeyError or ValueError when `data` is not a verdict."""
+        body = orjson.loads(data)
+        checks = tuple(CheckResult.model_validate(c) for c in body.get("checks", []))
+        return cls(bool(body["passed"]), str(body["reason"]), str(body["message"]), checks)
+
+    def _encode(self, checks: tuple[CheckResult, ...], width: int | None, *, reason_width: int | None = None) -> bytes:
+        half = None if width is None else width // 2
+        body: dict[str, Any] = {
+            "passed": self.passed,
+            "reason": _cut(self.reason, reason_width),
+            "message": _cut(self.message, width),
+            "checks": [
+                {
+                    **c.model_dump(mode="json", exclude_defaults=True),
+                    **({"verdict": _cut(c.verdict, half)} if c.verdict else {}),
+                }
+                for c in checks
+            ],
+        }
+        if len(checks) < len(self.checks):
+            body["checksOmitted"] = len(self.checks) - len(checks)
+        return orjson.dumps(body)
+
+
+def _cut(text: str, width: int | None) -> str:
+    """`text`, or its first `width` characters and how many were cut (never a byte cut inside a character)."""
+    if width is None or len(text) <= width:
+        return text
+    return f"{text[:width]}… [{len(text) - width} more characters]"

@@ -1,0 +1,173 @@
+"""Endpoints of one run's servers: which are up, probed back in while down, picked by load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from datagen_operator.engine.client.policy import Drained, EndpointsRejected, ServerUnreachable
+from datagen_operator.engine.client.reads import is_healthy
+
+log = logging.getLogger("datagen.engine.client")
+
+
+@dataclass
+class Endpoint:
+    url: str
+    up: bool = True
+    in_flight: int = 0
+    served: int = 0
+    disabled: str | None = None
+    """Why this endpoint is permanently out of rotation (its /server_info differs from the run's)."""
+    probe: asyncio.Task[None] | None = None
+    generate_url: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from yarl import URL
+
+        self.generate_url = URL(self.url + "/generate")  # parsed once, not per request
+
+
+Verifier = Callable[[Endpoint], Awaitable[str | None]]
+"""Checks an endpoint that (re)appeared; returns why it must not be used, or None."""
+
+
+class EndpointPool:
+    """The servers of a run. Picks the up endpoint with fewest requests in flight; pauses when none is up."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        session: aiohttp.ClientSession,
+        *,
+        unreachable_after_s: float,
+        probe_interval_s: float = 1.0,
+        verify: Verifier | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one server URL is needed")
+        self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
+        self.session = session
+        self.unreachable_after_s = unreachable_after_s
+        self.probe_interval_s = probe_interval_s
+        self.verify = verify
+        self.stop = stop or asyncio.Event()
+        self._changed = asyncio.Event()
+        self._all_down_since: float | None = None
+        self._turn = 0
+        self.outages = 0
+
+    @property
+    def in_flight(self) -> int:
+        return sum(e.in_flight for e in self.endpoints)
+
+    @property
+    def any_up(self) -> bool:
+        return any(e.up and e.disabled is None for e in self.endpoints)
+
+    def down_for_s(self) -> float:
+        return 0.0 if self._all_down_since is None else time.monotonic() - self._all_down_since
+
+    def pick(self) -> Endpoint | None:
+        if len(self.endpoints) == 1:  # the common case, on every request
+            only = self.endpoints[0]
+            return only if only.up and only.disabled is None else None
+        candidates = [e for e in self.endpoints if e.up and e.disabled is None]
+        if not candidates:
+            return None
+        self._turn += 1
+        # Fewest in flight; ties rotate so one endpoint does not take every idle slot first.
+        n = len(candidates)
+        return min(
+            (candidates[(self._turn + i) % n] for i in range(n)),
+            key=lambda e: e.in_flight,
+        )
+
+    async def acquire(self) -> Endpoint:
+        while True:
+            if self.stop.is_set():
+                raise Drained()
+            endpoint = self.pick()
+            if endpoint is not None:
+                endpoint.in_flight += 1
+                return endpoint
+            if all(e.disabled for e in self.endpoints):
+                raise EndpointsRejected("; ".join(f"{e.url}: {e.disabled}" for e in self.endpoints))
+            down = self.down_for_s()
+            if down >= self.unreachable_after_s:
+                raise ServerUnreachable(
+                    f"no server answered for {down:.0f}s (deadline {self.unreachable_after_s:.0f}s): "
+                    + ", ".join(e.url for e in self.endpoints)
+                )
+            self._changed.clear()
+            waits = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(self.stop.wait())]
+            timeout = min(1.0, self.unreachable_after_s - down)
+            _, pending = await asyncio.wait(waits, timeout=max(timeout, 0.01), return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+
+    def release(self, endpoint: Endpoint) -> None:
+        endpoint.in_flight -= 1
+
+    def mark_down(self, endpoint: Endpoint, reason: str) -> None:
+        if endpoint.up:
+            endpoint.up = False
+            self.outages += 1
+            log.warning("server %s is down (%s); pausing its requests until /health answers", endpoint.url, reason)
+            if not self.any_up and self._all_down_since is None:
+                self._all_down_since = time.monotonic()
+        if endpoint.probe is None or endpoint.probe.done():
+            endpoint.probe = asyncio.create_task(self._probe_until_up(endpoint))
+
+    def _mark_up(self, endpoint: Endpoint) -> None:
+        if not endpoint.up:
+            log.warning("server %s is back", endpoint.url)
+        endpoint.up = True
+        self._all_down_since = None
+        self._changed.set()
+
+    async def health(self, endpoint: Endpoint, timeout_s: float = 30.0) -> bool:
+        """GET /health: the liveness of the process (not /health_generate, which runs a generation)."""
+        return await is_healthy(self.session, endpoint.url, "/health", timeout_s)
+
+    async def check(self, endpoint: Endpoint) -> bool:
+        """After a reset: is the endpoint still there? If not, it is marked down (the outage is not the
+        request's fault)."""
+        if await self.health(endpoint, timeout_s=10.0):
+            return True
+        self.mark_down(endpoint, "health check failed after a connection error")
+        return False
+
+    async def _probe_until_up(self, endpoint: Endpoint) -> None:
+        delay = self.probe_interval_s
+        while not self.stop.is_set():
+            # Wait first: a server that answers /health but 503s /generate must not be hammered in a loop.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+            delay = min(delay * 1.5, 5.0)
+            if self.stop.is_set():
+                return
+            if await self.health(endpoint):
+                problem = await self.verify(endpoint) if self.verify else None
+                if problem:
+                    endpoint.disabled = problem
+                    log.error("server %s is not usable for this run: %s", endpoint.url, problem)
+                    self._changed.set()
+                    return
+                self._mark_up(endpoint)
+                return
+
+    async def close(self) -> None:
+        for endpoint in self.endpoints:
+            if endpoint.probe is not None:
+                endpoint.probe.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await endpoint.probe
