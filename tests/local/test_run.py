@@ -46,6 +46,18 @@ def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: 
     assert not (tmp_path / "out" / "canary.jsonl").exists()
 
 
+def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(tmp_path: Path, standin: Path) -> None:
+    from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
+
+    # Every generation request fails with a 500, the chat probe included; /health and /server_info answer.
+    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-fault-5xx-rate=1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ParsersVerified=False (ProbeFailed)" in result.stdout
+    assert f"in {PARSER_PROBE_ATTEMPTS} attempts" in result.stdout
+    assert "Succeeded=False (ProbeFailed)" in result.stdout
+    assert not (tmp_path / "out" / "canary.jsonl").exists(), "no canary prompt after a failed probe"
+
+
 def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, standin: Path) -> None:
     """The parsers are right (ParsersVerified=True); the canary names the model as the cause."""
     result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")

@@ -188,6 +188,30 @@ def test_a_halted_run_reads_server_ready_false_with_one_server_pod(
     assert runs.get(name)["status"]["server"]["replicas"] == 0
 
 
+def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
+
+    name = new_name("unread")
+    # Ready by its health checks, but every chat request (the parser probe's) fails with a 500.
+    with start_sim(*KIMI, "--sim-fault-5xx-rate", "1", tokenizer_dir=standin_tokenizer) as sim:
+        operator([sim.url])
+        runs.create(cluster_run(name, data_dir, standin_tokenizer))
+        halted = runs.wait(name, "Succeeded", "False", "ProbeFailed", timeout=120)
+    assert f"in {PARSER_PROBE_ATTEMPTS} attempts" in halted["message"] and "500" in halted["message"]
+    parsers = runs.condition(name, "ParsersVerified")
+    assert parsers is not None and (parsers["status"], parsers["reason"]) == ("False", "ProbeFailed"), parsers
+    runs.wait_for(
+        "the GPUs released",
+        lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
+    )
+    time.sleep(2)  # the halt stands: no canary, no server again
+    assert server_pod_events(runs, name, "SuccessfulCreate") == 1
+    jobs = {j.metadata.name for j in runs.batch.list_namespaced_job(runs.namespace).items}
+    assert f"{name}-canary" not in jobs and f"{name}-workers" not in jobs, jobs
+
+
 def quota(runs: Runs, hard: dict[str, str]) -> str:
     """A ResourceQuota with its usage computed. The test control plane runs no quota controller, so the test
     writes the status the controller would (nothing used yet); the API server's admission enforces it."""
