@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,7 +39,9 @@ from datagen_operator.engine.client.policy import (
     ServerUnreachable,
 )
 from datagen_operator.engine.client.pool import EndpointPool
-from datagen_operator.engine.client.reads import fetch_server_info, make_session
+from datagen_operator.engine.client.reads import make_session
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.parquet import CompactionResult
 from datagen_operator.output.records import (
     TOO_LONG,
     UNRENDERABLE,
@@ -56,6 +57,7 @@ from datagen_operator.output.records import (
     too_long_reason,
     too_long_reject,
 )
+from datagen_operator.output.writer import ShardWriter
 from datagen_operator.worker.config import (
     BadInput,
     FingerprintMismatch,
@@ -64,6 +66,10 @@ from datagen_operator.worker.config import (
     config_from_args,
     setup_logging,
 )
+from datagen_operator.worker.inputs import Inputs
+from datagen_operator.worker.progress import Sinks, Tracker
+from datagen_operator.worker.servers import Stopped, server_infos, verifier
+from datagen_operator.worker.shard_files import claim_output, keep_run_file, record_shard
 
 log = logging.getLogger("datagen.worker")
 
@@ -93,11 +99,30 @@ class Worker:
         self.volume_error: OSError | None = None
         self.unwritten = 0
         """Answers that reached this worker but not the volume (buffered at the failure, or arriving after)."""
+        self.progress = ShardProgress(shard=config.shard_index, shard_count=config.shard_count, started_at=time.time())
+        self.layout = OutputLayout(config.output)
+        self.samples = config.spec.generation.samples_per_prompt
+        # Set as the worker gets that far: inputs, then servers, then the shard's files, then generation.
+        self._inputs: Inputs | None = None
+        self.pool: EndpointPool | None = None
+        self.server_fp: dict[str, Any] | None = None
+        self.context_limit: ContextLimit | None = None
+        self.writer: ShardWriter | None = None
+        self.tracker = Tracker(self.progress)
+        self.client: GenerateClient | None = None
+        self.remaining: dict[str, int] = {}
+        """Samples left per prompt id of the plan read so far."""
+        self.planned = False
+        """True once the feeder has read the whole plan (the totals are final)."""
+        self.sinks: Sinks | None = None
+        self.compaction: CompactionResult | None = None
+
+    @property
+    def inputs(self) -> Inputs:
+        assert self._inputs is not None, "the inputs load first"
+        return self._inputs
 
     async def run(self) -> int:
-
-        c = self.config
-        self.progress = ShardProgress(shard=c.shard_index, shard_count=c.shard_count, started_at=time.time())
         try:
             return await self._run()
         except BadInput as error:
@@ -157,104 +182,45 @@ class Worker:
                 self.config.termination_log.write_text(message[-4000:])  # the kubelet keeps 4096 bytes
 
     async def _run(self) -> int:
-        from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
-        from datagen_operator.engine.requests import run_sampling
-        from datagen_operator.output.layout import OutputLayout
-        from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
-        from datagen_operator.prompts.render import Renderer, RenderError, load_tokenizer, template_variables
+        from datagen_operator.worker.inputs import load_inputs
 
         c = self.config
-        spec = c.spec
+        self._inputs = inputs = await load_inputs(c)
+        session = make_session(c.spec.clients.concurrency, len(c.servers))
         try:
-            # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
-            # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
-            # it (exit 2) naming why each line was set aside.
-            plan = ShardScan(c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
-            if not await asyncio.to_thread(has_prompt, plan):
-                await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
-        except (DatasetError, OSError) as error:
-            raise BadInput(f"dataset: {error}") from None
-        from datagen_operator.prompts.render import RenderPool
-
-        variables = template_variables(c.resolved)
-        # Helpers start loading the tokenizer now, in parallel with this process.
-        self.render_pool = RenderPool(variables, c.tokenizer_dir, c.resolved.trust_remote_code, c.render_processes)
-        try:
-            tokenizer = await asyncio.to_thread(
-                load_tokenizer, c.tokenizer_dir, trust_remote_code=c.resolved.trust_remote_code
-            )
-            renderer = Renderer(tokenizer, variables)
-        except (OSError, ValueError, RenderError) as error:
-            self.render_pool.close()
-            raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
-        self.render_pool.renderer = renderer
-        self.expect = expectations_for(c.resolved, tokenizer, read_model_eos_ids(Path(c.tokenizer_dir)))
-        self.layout = OutputLayout(c.output)
-        self.plan, self.renderer = plan, renderer
-        self.sampling = run_sampling(spec.generation.sampling, self.expect.stop_token_ids)
-        self.samples = spec.generation.samples_per_prompt
-
-        session = make_session(spec.clients.concurrency, len(c.servers))
-        try:
-            return await self._with_session(session, tokenizer)
+            return await self._with_session(session, inputs.tokenizer)
         finally:
             await session.close()
-            self.render_pool.close()
-
-    async def _server_infos(self, session: Any, pool: Any) -> dict[str, dict[str, Any]]:
-        """/server_info of every endpoint reachable now; waits (up to the deadline) for at least one."""
-
-        deadline = time.monotonic() + self.config.server_timeout_s
-        delay = 0.5
-        while True:
-            infos: dict[str, dict[str, Any]] = {}
-            errors: list[str] = []
-            answers = await asyncio.gather(
-                *(fetch_server_info(session, endpoint.url) for endpoint in pool.endpoints),
-                return_exceptions=True,
-            )
-            for endpoint, answer in zip(pool.endpoints, answers, strict=True):
-                if isinstance(answer, BaseException):  # any failure here means 'not reachable yet'
-                    errors.append(f"{endpoint.url}: {answer or type(answer).__name__}")
-                else:
-                    infos[endpoint.url] = answer
-            if infos:
-                for endpoint in pool.endpoints:
-                    if endpoint.url not in infos:
-                        pool.mark_down(endpoint, "no /server_info at start")
-                return infos
-            if self.stop_new.is_set():
-                raise _Stopped()
-            if time.monotonic() >= deadline:
-                raise ServerUnreachable("no server answered /server_info: " + "; ".join(errors))
-            log.info("waiting for a server: %s", "; ".join(errors))
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 5.0)
+            inputs.render_pool.close()
 
     async def _with_session(self, session: Any, tokenizer: Any) -> int:
         from datagen_operator.output.fingerprint import (
             build_fingerprint,
             chat_template_sha256,
+            fingerprint_sha256,
             server_fingerprint,
             tokenizer_fingerprint,
         )
         from datagen_operator.output.writer import ShardWriter, remove_stale_temporaries
 
         c = self.config
-        self.server_fp: dict[str, Any] | None = None
         pool = EndpointPool(
-            c.servers, session, unreachable_after_s=c.server_timeout_s, verify=self._verifier(session), stop=None
+            c.servers,
+            session,
+            unreachable_after_s=c.server_timeout_s,
+            verify=verifier(session, lambda: self.server_fp),
+            stop=None,
         )
         self.pool = pool
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_drain, sig)
         try:
-            infos = await self._server_infos(session, pool)
+            infos = await server_infos(session, pool, c.server_timeout_s, self.stop_new)
         except ServerUnreachable as error:
             log.error("%s", error)
             return self._fail(EXIT_SERVER_UNREACHABLE, str(error))
-        except _Stopped:
+        except Stopped:
             return self._fail(EXIT_DRAINED, "stopped before any server answered")
         prints = {url: server_fingerprint(info) for url, info in infos.items()}
         first_url, first = next(iter(prints.items()))
@@ -282,17 +248,18 @@ class Worker:
 
         fingerprint = build_fingerprint(
             tokenizer=tokenizer_fingerprint(c.tokenizer_dir),
-            chat_template=chat_template_sha256(self.renderer.chat_template),
+            chat_template=chat_template_sha256(self.inputs.renderer.chat_template),
             server=first,
-            sampling=self.sampling,
+            sampling=self.inputs.sampling,
             preset=c.resolved.preset.name if c.resolved.preset else None,
             thinking=c.resolved.thinking,
         )
         removed = remove_stale_temporaries(self.layout, c.shard_index)
         if removed:
             log.info("removed %d temporary files an earlier run left behind", removed)
-        self._claim_output(fingerprint)
-        self._keep_run_file()
+        self.progress.fingerprint_sha256 = fingerprint_sha256(fingerprint)  # shown even when the claim fails
+        claim_output(self.layout, c, fingerprint)
+        keep_run_file(c)
 
         writer = ShardWriter(self.layout, c.shard_index)
         # The compacted Parquet counts as recorded even in a --no-compact run.
@@ -320,67 +287,6 @@ class Worker:
         finally:
             writer.release_reserve()
 
-    def _verifier(self, session: Any) -> Any:
-        """Re-check a server that (re)appears: a restart with other args must not feed this output."""
-        from datagen_operator.output.fingerprint import diff_fingerprints, server_fingerprint
-
-        async def verify(endpoint: Any) -> str | None:
-            if self.server_fp is None:
-                return None
-            try:
-                info = await fetch_server_info(session, endpoint.url)
-            except Exception as error:
-                return f"no /server_info: {error}"
-            changes = diff_fingerprints(self.server_fp, server_fingerprint(info))
-            return "server changed: " + "; ".join(changes) if changes else None
-
-        return verify
-
-    def _claim_output(self, fingerprint: dict[str, Any]) -> None:
-        """Write the fingerprint to a new output, or refuse an output made with a different one."""
-        from datagen_operator.output.fingerprint import diff_fingerprints, fingerprint_sha256
-        from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
-
-        c = self.config
-        digest = fingerprint_sha256(fingerprint)
-        self.progress.fingerprint_sha256 = digest
-
-        def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
-            if manifest is None:
-                return {
-                    "format": MANIFEST_FORMAT,
-                    "created_at": time.time(),
-                    "fingerprint": fingerprint,
-                    "fingerprint_sha256": digest,
-                    "shard_count": c.shard_count,
-                    "shards": {},
-                }
-            if manifest.get("fingerprint_sha256") != digest:
-                changes = diff_fingerprints(manifest.get("fingerprint", {}), fingerprint)
-                raise FingerprintMismatch(
-                    f"refusing to write into {c.output}: it was generated with a different fingerprint; changed: "
-                    + ("; ".join(changes) or "(fingerprint format)")
-                    + ". Use a new output path, or restore the original tokenizer, server and sampling."
-                )
-            if manifest.get("shard_count") != c.shard_count:
-                raise FingerprintMismatch(
-                    f"refusing to write into {c.output}: it was sharded {manifest.get('shard_count')} ways, "
-                    f"this worker uses {c.shard_count} (the shard assignment would change)"
-                )
-            return manifest
-
-        update_manifest(self.layout, change)
-
-    def _keep_run_file(self) -> None:
-        """OUTPUT/run.yaml, as `datagen run` writes it, once the output is ours (fingerprint claimed). Every
-        shard writes the same applied manifest; the rename makes each write whole."""
-        source, target = self.config.run_file, self.config.output / "run.yaml"
-        if source is None or (target.exists() and target.samefile(source)):
-            return
-        staging = target.with_name(f".run.yaml.{self.config.shard_index}.tmp")
-        staging.write_bytes(source.read_bytes())
-        os.replace(staging, target)
-
     def _init_progress(self, recovered: int) -> None:
         from datagen_operator.worker.progress import Tracker
 
@@ -403,9 +309,7 @@ class Worker:
             counts=counts,
             records_rejected=len(writer.rejected),
         )
-        self.remaining: dict[str, int] = {}
-        self.planned = False
-        """True once the feeder has read the whole plan (the totals are final)."""
+        self.remaining, self.planned = {}, False
         p.baseline = {
             "records": p.records_done,
             "tool_records": p.counts.tool_records,
@@ -496,10 +400,10 @@ class Worker:
 
         n = self.samples
         ahead: deque[tuple[list[Any], asyncio.Future[list[Any]]]] = deque()
-        max_ahead = max(2, 2 * self.render_pool.processes + 1)
+        max_ahead = max(2, 2 * self.inputs.render_pool.processes + 1)
         try:
             batch: list[Any] = []
-            for index, item in enumerate(self.plan):
+            for index, item in enumerate(self.inputs.plan):
                 if index % 512 == 511:
                     await asyncio.sleep(0)  # reading the plan: let the lanes move answers meanwhile
                 if isinstance(item, MalformedLine):
@@ -546,7 +450,7 @@ class Worker:
             queue.put_nowait(None)
 
     async def _render(self, prompts: list[Any]) -> list[Any]:
-        return await self.render_pool.render([(prompt.messages, prompt.tools) for prompt in prompts])
+        return await self.inputs.render_pool.render([(prompt.messages, prompt.tools) for prompt in prompts])
 
     async def _queue_rendered(
         self, queue: asyncio.Queue[Any], prompts: list[Any], future: asyncio.Future[list[Any]], n: int
@@ -556,7 +460,7 @@ class Worker:
         results = await future
         writer = self.writer
         limit: ContextLimit = self.context_limit
-        max_new_tokens = int(self.sampling["max_new_tokens"])
+        max_new_tokens = int(self.inputs.sampling["max_new_tokens"])
         for prompt, result in zip(prompts, results, strict=True):
             if isinstance(result, str):
                 self._set_aside(prompt.id, malformed_reject(prompt.position, result, "", prompt.id, UNRENDERABLE))
@@ -604,7 +508,7 @@ class Worker:
             meta.get("finish_reason"),
             meta.get("completion_tokens"),
             job.has_tools,
-            self.expect,
+            self.inputs.expect,
         )
         answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
         record = build_record(job, answer, flags)
@@ -651,7 +555,7 @@ class Worker:
 
     async def _lane(self, queue: asyncio.Queue[Any]) -> None:
         """One of `concurrency` lanes: takes the next job, sends it, records it, repeats."""
-        client, sampling = self.client, self.sampling
+        client, sampling = self.client, self.inputs.sampling
         while True:
             job = await queue.get()
             if job is None or self.stop_new.is_set():
@@ -711,13 +615,13 @@ class Worker:
         from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, kubernetes_namespace
 
         c = self.config
-        self.file_sink = FileSink(self.layout.progress(c.shard_index))
-        self.configmap = (
+        self.sinks = Sinks(
+            FileSink(self.layout.progress(c.shard_index)),
             ConfigMapSink(c.progress_configmap, kubernetes_namespace(c.progress_namespace))
             if c.progress_configmap
-            else None
+            else None,
+            Display(),
         )
-        self.display = Display()
         if c.metrics_port is not None:
             from datagen_operator.worker.metrics import serve_metrics
 
@@ -815,10 +719,10 @@ class Worker:
 
     async def _publish(self, *, force: bool = False) -> None:
         snapshot = self._snapshot()
-        self.file_sink.write(snapshot)
-        self.display.update(snapshot)
-        if self.configmap is not None:
-            await self.configmap.write(snapshot, force=force)
+        self.sinks.file.write(snapshot)
+        self.sinks.display.update(snapshot)
+        if self.sinks.configmap is not None:
+            await self.sinks.configmap.write(snapshot, force=force)
 
     async def _progress_loop(self) -> None:
         from datagen_operator.output.volume import is_volume_error
@@ -872,11 +776,11 @@ class Worker:
             p.message = f"{p.records_failed} records ran out of attempts; rerun resumes them"
         self._update_manifest_shard(p)
         snapshot = self._snapshot()
-        self.file_sink.write(snapshot)
-        self.display.close(snapshot)
-        if self.configmap is not None:
-            await self.configmap.write(snapshot, force=True)
-            await self.configmap.close()
+        self.sinks.file.write(snapshot)
+        self.sinks.display.close(snapshot)
+        if self.sinks.configmap is not None:
+            await self.sinks.configmap.write(snapshot, force=True)
+            await self.sinks.configmap.close()
         return code
 
     async def _finish_volume_failed(self) -> int:
@@ -898,15 +802,15 @@ class Worker:
         self._tell_cause(p.message)
         p.volume_path, p.volume_free_bytes = str(self.config.output), free
         snapshot = self._snapshot()
-        for write in (lambda: self.file_sink.write(snapshot), lambda: self._update_manifest_shard(p)):
+        for write in (lambda: self.sinks.file.write(snapshot), lambda: self._update_manifest_shard(p)):
             try:
                 write()
             except OSError as failure:
                 log.error("cannot record the failure on the volume: %s", failure)
-        self.display.close(snapshot)
-        if self.configmap is not None:
-            await self.configmap.write(snapshot, force=True)
-            await self.configmap.close()
+        self.sinks.display.close(snapshot)
+        if self.sinks.configmap is not None:
+            await self.sinks.configmap.write(snapshot, force=True)
+            await self.sinks.configmap.close()
         return EXIT_OUTPUT_VOLUME
 
     def _compact(self) -> Any:
@@ -927,45 +831,5 @@ class Worker:
         self.compaction = result
         return result
 
-    def _update_manifest_shard(self, p: Any) -> None:
-        from datagen_operator.output.manifest import update_manifest
-
-        c = self.config
-        entry: dict[str, Any] = {
-            "state": p.state,
-            "counts": {
-                "prompts": p.prompts_total,
-                "malformed_lines": p.prompts_malformed,
-                "unrenderable_prompts": p.prompts_rejected,
-                "too_long_prompts": p.prompts_too_long,
-                "records": p.records_done,
-                "records_total": p.records_total,
-                "rejected": p.records_rejected,
-                "set_aside_records": p.records_set_aside,
-                "failed": p.records_failed,
-                "prompt_tokens": p.prompt_tokens,
-                "output_tokens": p.output_tokens,
-            },
-            "flags": dict(p.flags),
-            "set_aside": dict(p.set_aside),
-            "updated_at": time.time(),
-        }
-        result = getattr(self, "compaction", None)
-        if result is not None:
-            entry.update(
-                parquet=str(result.path.relative_to(self.layout.root)),
-                parquet_sha256=result.sha256,
-                parquet_bytes=result.bytes,
-                parquet_rows=result.rows,
-            )
-
-        def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
-            assert manifest is not None
-            manifest.setdefault("shards", {})[f"{c.shard_index:05d}"] = entry
-            return manifest
-
-        update_manifest(self.layout, change)
-
-
-class _Stopped(Exception):
-    pass
+    def _update_manifest_shard(self, p: ShardProgress) -> None:
+        record_shard(self.layout, self.config.shard_index, p, self.compaction)

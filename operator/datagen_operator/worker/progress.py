@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,12 @@ class JsonLogFormatter(logging.Formatter):
         if record.exc_info:
             body["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(body, default=str).decode()
+
+
+@dataclass
+class Sinks:
+    """Where a running worker's snapshots go."""
+
+    file: FileSink
+    configmap: ConfigMapSink | None
+    display: Display

@@ -1,0 +1,56 @@
+"""What a shard needs before any server: its plan over the dataset, the tokenizer and renderers, and what
+faithful outputs look like. Loaded once; BadInput (exit 2) names what is unusable."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datagen_operator.checks.record_checks import Expectations, expectations_for, read_model_eos_ids
+from datagen_operator.engine.requests import run_sampling
+from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
+from datagen_operator.prompts.render import Renderer, RenderError, RenderPool, load_tokenizer, template_variables
+from datagen_operator.worker.config import BadInput, WorkerConfig
+
+
+@dataclass
+class Inputs:
+    plan: ShardScan
+    """The shard's plan, streamed: the feeder reads it as requests go out."""
+    tokenizer: Any
+    renderer: Renderer
+    render_pool: RenderPool
+    """Helper processes rendering prompts (closed with the worker's session)."""
+    expect: Expectations
+    sampling: dict[str, Any]
+    """The sampling params every /generate request of this run carries (stop tokens included)."""
+
+
+async def load_inputs(config: WorkerConfig) -> Inputs:
+    c, spec = config, config.spec
+    try:
+        # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
+        # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
+        # it (exit 2) naming why each line was set aside.
+        plan = ShardScan(c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
+        if not await asyncio.to_thread(has_prompt, plan):
+            await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
+    except (DatasetError, OSError) as error:
+        raise BadInput(f"dataset: {error}") from None
+    variables = template_variables(c.resolved)
+    # Helpers start loading the tokenizer now, in parallel with this process.
+    render_pool = RenderPool(variables, c.tokenizer_dir, c.resolved.trust_remote_code, c.render_processes)
+    try:
+        tokenizer = await asyncio.to_thread(
+            load_tokenizer, c.tokenizer_dir, trust_remote_code=c.resolved.trust_remote_code
+        )
+        renderer = Renderer(tokenizer, variables)
+    except (OSError, ValueError, RenderError) as error:
+        render_pool.close()
+        raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
+    render_pool.renderer = renderer
+    expect = expectations_for(c.resolved, tokenizer, read_model_eos_ids(Path(c.tokenizer_dir)))
+    sampling = run_sampling(spec.generation.sampling, expect.stop_token_ids)
+    return Inputs(plan, tokenizer, renderer, render_pool, expect, sampling)

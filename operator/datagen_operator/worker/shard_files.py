@@ -1,0 +1,94 @@
+"""The shard's entries in the output's manifest: claiming the output for this run's fingerprint, the run
+file kept beside it, and each shard's counts and Parquet once it ends."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from datagen_operator.api.progress import ShardProgress
+from datagen_operator.output.fingerprint import diff_fingerprints, fingerprint_sha256
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
+from datagen_operator.output.parquet import CompactionResult
+from datagen_operator.worker.config import FingerprintMismatch, WorkerConfig
+
+
+def claim_output(layout: OutputLayout, c: WorkerConfig, fingerprint: dict[str, Any]) -> None:
+    """Write the fingerprint to a new output, or refuse an output made with a different one."""
+    digest = fingerprint_sha256(fingerprint)
+
+    def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
+        if manifest is None:
+            return {
+                "format": MANIFEST_FORMAT,
+                "created_at": time.time(),
+                "fingerprint": fingerprint,
+                "fingerprint_sha256": digest,
+                "shard_count": c.shard_count,
+                "shards": {},
+            }
+        if manifest.get("fingerprint_sha256") != digest:
+            changes = diff_fingerprints(manifest.get("fingerprint", {}), fingerprint)
+            raise FingerprintMismatch(
+                f"refusing to write into {c.output}: it was generated with a different fingerprint; changed: "
+                + ("; ".join(changes) or "(fingerprint format)")
+                + ". Use a new output path, or restore the original tokenizer, server and sampling."
+            )
+        if manifest.get("shard_count") != c.shard_count:
+            raise FingerprintMismatch(
+                f"refusing to write into {c.output}: it was sharded {manifest.get('shard_count')} ways, "
+                f"this worker uses {c.shard_count} (the shard assignment would change)"
+            )
+        return manifest
+
+    update_manifest(layout, change)
+
+
+def keep_run_file(c: WorkerConfig) -> None:
+    """OUTPUT/run.yaml, as `datagen run` writes it, once the output is ours (fingerprint claimed). Every
+    shard writes the same applied manifest; the rename makes each write whole."""
+    source, target = c.run_file, c.output / "run.yaml"
+    if source is None or (target.exists() and target.samefile(source)):
+        return
+    staging = target.with_name(f".run.yaml.{c.shard_index}.tmp")
+    staging.write_bytes(source.read_bytes())
+    os.replace(staging, target)
+
+
+def record_shard(layout: OutputLayout, shard_index: int, p: ShardProgress, compaction: CompactionResult | None) -> None:
+    """The shard's state and counts (and its Parquet, once compacted) in manifest.json."""
+    entry: dict[str, Any] = {
+        "state": p.state,
+        "counts": {
+            "prompts": p.prompts_total,
+            "malformed_lines": p.prompts_malformed,
+            "unrenderable_prompts": p.prompts_rejected,
+            "too_long_prompts": p.prompts_too_long,
+            "records": p.records_done,
+            "records_total": p.records_total,
+            "rejected": p.records_rejected,
+            "set_aside_records": p.records_set_aside,
+            "failed": p.records_failed,
+            "prompt_tokens": p.prompt_tokens,
+            "output_tokens": p.output_tokens,
+        },
+        "flags": dict(p.flags),
+        "set_aside": dict(p.set_aside),
+        "updated_at": time.time(),
+    }
+    if compaction is not None:
+        entry.update(
+            parquet=str(compaction.path.relative_to(layout.root)),
+            parquet_sha256=compaction.sha256,
+            parquet_bytes=compaction.bytes,
+            parquet_rows=compaction.rows,
+        )
+
+    def change(manifest: dict[str, Any] | None) -> dict[str, Any]:
+        assert manifest is not None
+        manifest.setdefault("shards", {})[f"{shard_index:05d}"] = entry
+        return manifest
+
+    update_manifest(layout, change)
