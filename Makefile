@@ -36,6 +36,7 @@ test-consumers: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 crd: venv
 	$(BIN)/datagen crd > crds/datagenrun.yaml

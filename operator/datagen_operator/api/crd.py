@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from datagen_operator.api.extra_args import extra_arg_cel_rules
 from datagen_operator.api.names import (
@@ -80,10 +82,16 @@ def _structural(node: Any) -> Any:
     return out
 
 
-def model_schema(model: type) -> dict[str, Any]:
-    raw = model.model_json_schema(by_alias=True, mode="validation")  # type: ignore[attr-defined]
+def cel_map(mapping: Mapping[str, Any]) -> str:
+    """A CEL map literal of `mapping`, keys sorted."""
+    return "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(mapping.items())) + "}"
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    return _structural(_resolve_refs(raw, defs))
+    schema: dict[str, Any] = _structural(_resolve_refs(raw, defs))
+    return schema
 
 
 def _cel_list(values: list[str]) -> str:
@@ -111,7 +119,6 @@ def _spec_rules() -> list[dict[str, str]]:
     }
     no_thinking = [name for name, p in table.items() if not p.thinking.supported]
     always_thinking = [name for name, p in table.items() if p.thinking.supported and p.thinking.switch is None]
-    cel_map = lambda m: "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(m.items())) + "}"  # noqa: E731
     return [
         {
             "rule": "has(self.model.preset) || (has(self.server.reasoningParser) && has(self.server.toolCallParser))",
@@ -169,10 +176,13 @@ def _spec_schema() -> dict[str, Any]:
     server["default"] = {}  # so the server's own defaults (gpus, image, ...) are filled in and CEL sees them
     for section in ("clients", "checks"):
         props[section]["default"] = {}
-    one_volume = lambda: {  # noqa: E731  (a fresh dict each time: no YAML anchors in the output)
-        "rule": "[has(self.persistentVolumeClaim), has(self.hostPath), has(self.nfs)].filter(x, x).size() == 1",
-        "message": "set exactly one of persistentVolumeClaim, hostPath, nfs",
-    }
+
+    def one_volume() -> dict[str, str]:  # a fresh dict each time: no YAML anchors in the output
+        return {
+            "rule": "[has(self.persistentVolumeClaim), has(self.hostPath), has(self.nfs)].filter(x, x).size() == 1",
+            "message": "set exactly one of persistentVolumeClaim, hostPath, nfs",
+        }
+
     for section in ("model", "dataset", "output"):
         props[section]["properties"]["volume"]["x-kubernetes-validations"] = [one_volume()]
     server["properties"]["extraArgs"]["items"]["x-kubernetes-validations"] = extra_arg_cel_rules()

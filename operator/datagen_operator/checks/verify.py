@@ -22,7 +22,7 @@ import orjson
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, check_context, evaluate
@@ -163,9 +163,9 @@ def account_set_aside(
                 prompts[entry["id"]] = reject_cause(entry)
         return SetAside(prompts, dict(causes))
     for line, prompt_id in dataset_prompts:
-        entry = by_line.get(line)
-        if entry is not None and entry.get("id") == prompt_id:
-            cause = reject_cause(entry)
+        rejected = by_line.get(line)
+        if rejected is not None and rejected.get("id") == prompt_id:
+            cause = reject_cause(rejected)
             prompts[prompt_id] = cause if cause == TOO_LONG else UNRENDERABLE
     causes = Counter(dataset_causes or ())
     causes.update(prompts.values())
@@ -331,7 +331,7 @@ def verify_output(
     if expect is None:
         raise ValueError("cannot tell what faithful records look like: pass --run RUN.yaml (and --tokenizer)")
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
-    thresholds = spec.checks if spec else DataGenRunSpec.model_fields["checks"].default_factory()  # type: ignore[misc]
+    thresholds = spec.checks if spec else ChecksSpec()
 
     import numpy as np
 

@@ -115,7 +115,7 @@ def token_columns(input_ids: pa.Array, output_ids: pa.Array) -> TokenColumns:
 def joined_ids(tokens: TokenColumns) -> tuple[np.ndarray, np.ndarray]:
     """Each row's prompt then completion, back to back, and the row offsets: one concatenate of slices
     (memcpy per run; a boolean-mask scatter is several times slower)."""
-    pieces = []
+    pieces: list[np.ndarray] = []
     for row in range(tokens.rows):
         pieces += (tokens.prompt(row), tokens.completion(row))
     offsets = np.zeros(tokens.rows + 1, dtype=np.int64)

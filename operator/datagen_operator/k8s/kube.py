@@ -164,7 +164,7 @@ class Kube:
             PLURAL,
             name,
             {"status": status},
-            _content_type="application/merge-patch+json",
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]  # the generated client takes it in **kwargs
         )
 
 
@@ -178,7 +178,7 @@ def refusal(error: ApiException) -> str | None:
     if error.status not in REFUSED:
         return None
     try:
-        return str(json.loads(error.body).get("message") or error.reason)
+        return str(json.loads(error.body or b"").get("message") or error.reason)
     except (TypeError, ValueError, AttributeError):
         return str(error.body or error.reason)
 

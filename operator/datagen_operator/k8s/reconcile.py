@@ -507,7 +507,7 @@ def with_restart_hash(workload: m.Manifest) -> m.Manifest:
     return {**workload, "metadata": {**workload["metadata"], "annotations": annotations}}
 
 
-def needs_restart(wanted: m.Manifest, existing: Mapping[str, Any]) -> bool:
+def needs_restart(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
     """A change beyond the live fields (image, args, resources, volumes): the server must restart for it."""
     return _annotation(wanted, RESTART_HASH) != _annotation(existing, RESTART_HASH)
 

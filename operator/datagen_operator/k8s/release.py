@@ -52,7 +52,7 @@ async def release(namespace: str | None, names: list[str]) -> list[str]:
                 continue
             await kube.custom.patch_namespaced_custom_object(
                 API_GROUP, API_VERSION, meta["namespace"], PLURAL, meta["name"], patch,
-                _content_type="application/json-patch+json",
+                _content_type="application/json-patch+json",  # type: ignore[call-arg]  # taken in **kwargs
             )  # fmt: skip
             released.append(f"{meta['namespace']}/{meta['name']}")
     finally:

@@ -81,7 +81,7 @@ def load_sealed_keys(segment: Path) -> SegmentScan | None:
     if data.get("bytes") != size:
         return None
     entries = [tuple(entry) for entry in data["entries"]]
-    return SegmentScan(entries, RecordCounts.from_storage(data["summary"]), size, 0, data.get("corrupt_lines", 0))  # type: ignore[arg-type]
+    return SegmentScan(entries, RecordCounts.from_storage(data["summary"]), size, 0, data.get("corrupt_lines", 0))
 
 
 def seal_segment(segment: Path, scan: SegmentScan) -> None:

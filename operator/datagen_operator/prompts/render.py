@@ -48,7 +48,7 @@ def backend_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
     if backend is not None and hasattr(backend, "encode_batch"):
         return lambda text: backend.encode(text, add_special_tokens=False).ids
     model = getattr(tokenizer, "model", None)
-    if type(model).__module__.split(".")[0] == "tiktoken":
+    if model is not None and type(model).__module__.split(".")[0] == "tiktoken":
         return lambda text: model.encode(text, allowed_special="all")  # added tokens in the text are ids
     return None
 

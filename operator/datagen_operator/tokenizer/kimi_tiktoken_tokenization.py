@@ -23,8 +23,8 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import tiktoken
 from transformers import PreTrainedTokenizer
@@ -125,7 +125,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
 
     # --- encoding ---------------------------------------------------------------------------------
 
-    def encode(self, text: Any, allow_special_tokens: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
+    def encode(self, text: Any, allow_special_tokens: bool = True, **kwargs: Any) -> Any:
         """Text to ids with tiktoken; added tokens written in the text become their ids unless
         `allow_special_tokens` is false. Other arguments (pairs, padding, tensors) go to transformers."""
         if kwargs or not isinstance(text, str):
@@ -146,7 +146,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
 
     # --- decoding ---------------------------------------------------------------------------------
 
-    def _decode(  # type: ignore[override]
+    def _decode(
         self,
         token_ids: int | Iterable[int],
         skip_special_tokens: bool = False,
@@ -197,7 +197,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         """The real class's defaults: text unless `tokenize=True`, a generation prompt, thinking on."""
         return super().apply_chat_template(
             conversation,
-            tools=tools,
+            tools=cast("list[dict[Any, Any] | Callable[..., Any]] | None", tools),
             tokenize=tokenize,
             add_generation_prompt=add_generation_prompt,
             thinking=thinking,

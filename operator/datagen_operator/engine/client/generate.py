@@ -128,6 +128,7 @@ class GenerateClient:
                 body = await response.read()
                 raise RequestFailed(classify_status(response.status), error_reason(body), response.status)
             raw: bytes | None = None
+            output_ids: wire.WireIds | Sequence[int]
             if self.stream:
                 output_ids, meta = await read_incremental_stream(response.content)
                 raw = output_ids.raw if isinstance(output_ids, wire.WireIds) else None

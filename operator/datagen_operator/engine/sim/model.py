@@ -57,12 +57,12 @@ class Completion:
     """`run` decoded with skip_special_tokens as asked, a matched stop trimmed unless no_stop_trim."""
 
 
-def prompt_array(prompt_ids: Sequence[int]) -> array:
+def prompt_array(prompt_ids: Sequence[int]) -> array[int]:
     """The prompt as a C array: validates ints in [0, 2**32) and makes hashing and searching cheap."""
     return array("I", prompt_ids)
 
 
-def _ends_with(prompt: array, tail: array) -> bool:
+def _ends_with(prompt: array[int], tail: array[int]) -> bool:
     return len(prompt) >= len(tail) and prompt[len(prompt) - len(tail) :] == tail
 
 
@@ -78,13 +78,13 @@ def thinking_mode(prompt_ids: Sequence[int], vocab: SimVocab) -> ThinkingMode:
     return ThinkingMode.UNPROMPTED
 
 
-def request_seed(prompt: array, sampling_seed: int | None, sim_seed: int, sample_index: int) -> int:
+def request_seed(prompt: array[int], sampling_seed: int | None, sim_seed: int, sample_index: int) -> int:
     digest = hashlib.blake2b(prompt.tobytes(), digest_size=8)
     digest.update(struct.pack("<qqq", sampling_seed or 0, sim_seed, sample_index))
     return int.from_bytes(digest.digest(), "little")
 
 
-def _holds(prompt: array, needle: array) -> bool:
+def _holds(prompt: array[int], needle: array[int]) -> bool:
     """Whether `prompt` holds the id sequence `needle`: a byte search in C, aligned to whole ids."""
     data, pattern = prompt.tobytes(), needle.tobytes()
     position = data.find(pattern)
@@ -93,7 +93,7 @@ def _holds(prompt: array, needle: array) -> bool:
     return position != -1
 
 
-def declared_tools(prompt: array, vocab: SimVocab) -> tuple[DeclaredTool, ...]:
+def declared_tools(prompt: array[int], vocab: SimVocab) -> tuple[DeclaredTool, ...]:
     """Tools the family's template declared in the prompt. Decoding the prompt costs about 0.1 us a token, so
     it is decoded only when it holds the ids every tool declaration holds."""
     gate = vocab.runs.tool_gate
@@ -265,7 +265,7 @@ def finish_output(
 
 
 def complete(
-    prompt: array,
+    prompt: array[int],
     params: SamplingParams,
     sample_index: int,
     config: ModelConfig,

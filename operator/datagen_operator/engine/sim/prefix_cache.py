@@ -15,7 +15,7 @@ class PrefixCache:
         self.max_entries = max_entries
         self._seen: set[bytes] = set()
 
-    def match_and_insert(self, prompt: array) -> int:
+    def match_and_insert(self, prompt: array[int]) -> int:
         data = prompt.tobytes()
         page_bytes = 4 * self.page_size
         digest = hashlib.blake2b(digest_size=16)

@@ -47,7 +47,7 @@ class RequestError(ValueError):
 class GenerateItem:
     """One prompt (one sample) of a /generate request, validated."""
 
-    prompt: array
+    prompt: array[int]
     params: SamplingParams
     rid: str
     sample_index: int
@@ -128,7 +128,7 @@ def _prompts(body: dict[str, Any], vocab: SimVocab, skip_tokenizer_init: bool) -
     raise RequestError("text must be a string or a non-empty list of strings.")
 
 
-def _prompt_array(ids: object, vocab_size: int) -> array:
+def _prompt_array(ids: object, vocab_size: int) -> array[int]:
     if not isinstance(ids, list) or not ids:
         raise RequestError("Each prompt must be a non-empty list of token ids.")
     try:
@@ -195,7 +195,7 @@ def parse_generate_request(
     samples = max(params.n for params in params_list)
     is_batch = is_batch or samples > 1  # n > 1 answers with a list, one entry per sample
     rids = _rids(body.get("rid"), len(prompts) * samples if samples > 1 else len(prompts), is_batch)
-    items = []
+    items: list[GenerateItem] = []
     for prompt_index, (ids, params) in enumerate(zip(prompts, params_list, strict=True)):
         prompt = _prompt_array(ids, vocab.size)
         room = context_length - len(prompt)
@@ -248,7 +248,7 @@ def logprob_fields(prompt: Sequence[int], output_ids: Sequence[int]) -> dict[str
     }
 
 
-def leaked_prefix(prompt: array, leak: int) -> list[int]:
+def leaked_prefix(prompt: array[int], leak: int) -> list[int]:
     """The upstream bug (sglang 10896, 17240): the last prompt tokens reappear at the start of output_ids."""
     return prompt[-leak:].tolist() if leak else []
 
@@ -350,7 +350,9 @@ def stream_events(
                 payload["index"] = batch_index
             yield StreamEvent(end, b"", payload)
             return
-        ids_json = b"%d" % new_ids[0] if len(new_ids) == 1 else b",".join(b"%d" % token for token in new_ids)
+        ids_json: bytes | bytearray = (
+            b"%d" % new_ids[0] if len(new_ids) == 1 else b",".join(b"%d" % token for token in new_ids)
+        )
         if incremental:
             text = final_text[sent_chars:chars]
             if sent_ids == 0 and leak:

@@ -78,10 +78,10 @@ def _default_true(variable: str) -> tuple[str, ...]:
 _TOGGLE_RULES: tuple[tuple[ReasoningToggle, tuple[str, ...], tuple[str, ...]], ...] = (
     (ReasoningToggle(always_on=True), (re.escape("<|channel|>"),), ()),
     (ReasoningToggle(always_on=True), (r"<\|im_start\|>assistant\\n<think>\\n",), ("enable_thinking", "thinking")),
-    (ReasoningToggle(None, "enable_thinking", False), (_default_set("enable_thinking", "false|False"),), ()),
-    (ReasoningToggle(None, "enable_thinking", True), _default_true("enable_thinking"), ()),
-    (ReasoningToggle(None, "thinking", False), (_default_set("thinking", "false|False"),), ()),
-    (ReasoningToggle(None, "thinking", True), _default_true("thinking"), ()),
+    (ReasoningToggle(False, "enable_thinking", False), (_default_set("enable_thinking", "false|False"),), ()),
+    (ReasoningToggle(False, "enable_thinking", True), _default_true("enable_thinking"), ()),
+    (ReasoningToggle(False, "thinking", False), (_default_set("thinking", "false|False"),), ()),
+    (ReasoningToggle(False, "thinking", True), _default_true("thinking"), ()),
 )
 
 

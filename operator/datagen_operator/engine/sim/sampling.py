@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 DEFAULT_MAX_NEW_TOKENS = 128
 MAX_STOP_STRINGS = 32
@@ -85,7 +85,8 @@ def shown(value: object) -> str:
         return f"floating point `{value}`"
     if isinstance(value, str):
         return f'string "{value}"'
-    return {list: "sequence", dict: "map"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {list: "sequence", dict: "map"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _invalid_type(value: object, expected: str) -> SamplingParamsError:
@@ -113,7 +114,7 @@ def _check_kind(value: object, kind: str) -> None:
     if kind in ("map", "float_map") and not isinstance(value, dict):
         raise _invalid_type(value, "a map")
     if kind == "float_map":
-        for item in value.values():  # type: ignore[union-attr]
+        for item in cast("dict[str, object]", value).values():
             _check_kind(item, "float")
     if kind in ("int_list", "str_list", "bool_list"):
         if not isinstance(value, list):

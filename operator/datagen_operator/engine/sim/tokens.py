@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
-def _offsets(pieces: Iterable[bytes]) -> array:
+def _offsets(pieces: Iterable[bytes]) -> array[int]:
     offsets = array("Q", [0])
     total = 0
     for piece in pieces:
@@ -30,11 +30,11 @@ class TokenSource:
     ids: list[int]
     id_bytes: bytes
     raw: bytes
-    raw_offsets: array
+    raw_offsets: array[int]
     text: bytes
-    text_offsets: array
+    text_offsets: array[int]
     json: bytes
-    json_offsets: array
+    json_offsets: array[int]
     distinct_ids: frozenset[int]
     """Lets a stop-id search skip sources that cannot contain the id (corpora hold no special ids)."""
 

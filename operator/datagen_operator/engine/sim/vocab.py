@@ -125,11 +125,11 @@ class FamilyRuns:
     old_open: TokenRun
     """Kimi's old `◁think▷` as text (the kimi-tags misconfiguration)."""
     old_close: TokenRun
-    prefill_tails: tuple[array, ...]
-    off_tails: tuple[array, ...]
+    prefill_tails: tuple[array[int], ...]
+    off_tails: tuple[array[int], ...]
     think_end_id: int | None
     """The closing tag's id (reasoning_tokens counts the tokens before it)."""
-    tool_gate: array
+    tool_gate: array[int]
     """Ids every prompt declaring tools holds (an empty array: always look)."""
 
 
