@@ -8,9 +8,11 @@ Peers, each sending the same prompts at the same concurrency to the same simulat
   `sglang.benchmark.serving` (what `python -m sglang.bench_serving --backend sglang` sends), imported from
   the pinned wheel (tests/contract/wheel.py) behind the GPU-package stubs (tests/contract/sglang_stubs.py),
   in its own process, driven as its `benchmark()` drives it: one task per request under a semaphore of
-  `--concurrency`, request rate unlimited. Pre-tokenized prompts (`input_ids`), non-streaming (the worker
-  does not stream either; the simulator, like SGLang without --incremental-streaming-output, would stream
-  cumulative chunks), EOS honoured (`--disable-ignore-eos`) so the answers are the worker's.
+  `--concurrency`, request rate unlimited. Pre-tokenized prompts (`input_ids`), EOS honoured
+  (`--disable-ignore-eos`) so the answers are the worker's, `--disable-stream` (one body per answer, as
+  the worker asks). `--with-stream` also runs it in its default streaming mode, printed apart: the
+  simulator, like SGLang without --incremental-streaming-output, then streams cumulative chunks, O(n^2)
+  bytes per answer (about 1 % of the worker's rate with 2,048-token answers, minutes a round).
 - openai_client: the `openai` package's `AsyncOpenAI`, `chat.completions.create` with the dataset's
   messages and the preset's chat-template switches, `--concurrency` lanes: how generation scripts commonly
   call a server (it gets text back, not token ids).
@@ -52,7 +54,7 @@ from bench.worker import TokenWatch, _spec, load_text, render_all, run_worker, s
 PYTHON = sys.executable
 
 
-def sglang_child(payload_file: str, url: str, concurrency: int, max_new_tokens: int) -> None:
+def sglang_child(payload_file: str, url: str, concurrency: int, max_new_tokens: int, stream: bool) -> None:
     """In a child process: SGLang's bench_serving request function over the prompts in `payload_file`."""
     from transformers.utils import import_utils
 
@@ -65,9 +67,9 @@ def sglang_child(payload_file: str, url: str, concurrency: int, max_new_tokens: 
     from sglang.benchmark import serving
 
     # The globals its request function reads, as `python -m sglang.bench_serving --backend sglang
-    # --disable-stream --disable-ignore-eos --temperature 0.6` sets them.
+    # --disable-ignore-eos --temperature 0.6 [--disable-stream]` sets them.
     serving.args = argparse.Namespace(
-        temperature=0.6, top_p=1.0, disable_ignore_eos=True, disable_stream=True, return_logprob=False,
+        temperature=0.6, top_p=1.0, disable_ignore_eos=True, disable_stream=not stream, return_logprob=False,
         return_routed_experts=False, logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None,
         cache_report=False,
     )  # fmt: skip
@@ -100,11 +102,14 @@ def sglang_child(payload_file: str, url: str, concurrency: int, max_new_tokens: 
     sys.stdout.write(orjson.dumps({"ok": len(outputs) - len(failed), "failed": failed[:3]}).decode() + "\n")
 
 
-def run_sglang_peer(workdir: Path, prompts: list[list[int]], url: str, concurrency: int, max_new: int) -> float:
+def run_sglang_peer(
+    workdir: Path, prompts: list[list[int]], url: str, concurrency: int, max_new: int, stream: bool
+) -> float:
     payload = workdir / "sglang-prompts.json"
     payload.write_bytes(orjson.dumps(prompts))
     child = subprocess.Popen(
-        [PYTHON, str(Path(__file__).resolve()), "--sglang-child", str(payload), url, str(concurrency), str(max_new)],
+        [PYTHON, str(Path(__file__).resolve()), "--sglang-child", str(payload), url, str(concurrency), str(max_new),
+         "stream" if stream else "no-stream"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)])},
     )  # fmt: skip
@@ -168,13 +173,14 @@ async def openai_peer(
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--sglang-child":
-        sglang_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        sglang_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "stream")
         return 0
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=600)
     parser.add_argument("--answer-tokens", type=int, default=2048)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--with-stream", action="store_true", help="also bench_serving's default streaming mode")
     args = parser.parse_args()
 
     from datagen_operator.api import parse_spec
@@ -194,26 +200,37 @@ def main() -> int:
         spec = _spec(dataset, tokenizer_dir, workdir / "unused", max_new, args.concurrency)
         template_kwargs = template_variables(resolve_model(parse_spec(spec)))
         print(f"{load_text()}; chat_template_kwargs {template_kwargs}", flush=True)
-        ratios: dict[str, list[float]] = {"sglang": [], "openai": []}
+        ratios: dict[str, list[float]] = {"sglang": [], "sglang_stream": [], "openai": []}
         for round_index in range(args.rounds):
             output = workdir / f"out-{round_index}"
             watch = TokenWatch(url)
             run_worker(_spec(dataset, tokenizer_dir, output, max_new, args.concurrency), url, ["--no-compact"])
             worker = watch.steady_rate()
             shutil.rmtree(output)
-            sglang = run_sglang_peer(workdir, prompts, url, args.concurrency, max_new)
+            sglang = run_sglang_peer(workdir, prompts, url, args.concurrency, max_new, stream=False)
+            streamed = (
+                run_sglang_peer(workdir, prompts, url, args.concurrency, max_new, stream=True)
+                if args.with_stream
+                else 0
+            )
             watch = TokenWatch(url)
             answered = asyncio.run(openai_peer(url, messages, template_kwargs, max_new, args.concurrency))
             openai = watch.steady_rate()
             if answered != len(messages):
                 raise SystemExit(f"openai peer: {answered} of {len(messages)} answered")
             ratios["sglang"].append(worker / sglang)
+            if streamed:
+                ratios["sglang_stream"].append(worker / streamed)
             ratios["openai"].append(worker / openai)
             print(
-                f"round {round_index}: worker {worker:,.0f} tok/s, sglang bench_serving {sglang:,.0f} tok/s, "
+                f"round {round_index}: worker {worker:,.0f} tok/s, sglang bench_serving {sglang:,.0f} tok/s"
+                + (f" (streaming: {streamed:,.0f})" if streamed else "")
+                + ", "
                 f"openai client {openai:,.0f} tok/s (steady windows); {load_text()}",
                 flush=True,
             )
+        if ratios["sglang_stream"]:
+            print(f"vs_sglang_bench_serving_streaming={statistics.median(ratios['sglang_stream']):.2f}")
         print(
             f"vs_sglang_bench_serving={statistics.median(ratios['sglang']):.2f} "
             f"vs_openai_client={statistics.median(ratios['openai']):.2f}"

@@ -6,7 +6,9 @@ One simulator (wire speed, 16-token answers) and one `datagen worker` shard over
 short chat prompts (1,000 distinct questions, each id its own line). Measured, each in this one run:
 
 - start_s: from spawning the worker to the simulator's first request (its `sglang:prompt_tokens_total`
-  moves), with the whole dataset to plan;
+  moves), with the whole dataset to plan; the same on a 1,000-prompt dataset is printed next to it (the
+  difference is what start-up owes to the dataset's size: on a shared machine the absolute time is
+  mostly the machine's load);
 - rss_mb: the worker's steady resident memory (its process tree, render helpers included), the median of
   samples over `--steady-s` seconds of generation;
 - resume_waste_per_inflight: the worker is SIGKILLed mid-run; the records the simulator finished but the
@@ -146,8 +148,10 @@ def sim_counter(url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def run_file(workdir: Path, dataset: Path, output: Path, tokenizer_dir: Path, concurrency: int) -> Path:
-    path = workdir / "run.yaml"
+def run_file(
+    workdir: Path, dataset: Path, output: Path, tokenizer_dir: Path, concurrency: int, name: str = "run.yaml"
+) -> Path:
+    path = workdir / name
     run = {
         "apiVersion": "datagen.dev/v1alpha1",
         "kind": "DataGenRun",
@@ -271,6 +275,24 @@ def main() -> int:
         run = run_file(workdir, dataset, output, tokenizer_dir, args.concurrency)
         log = workdir / "worker.log"
 
+        # 0. Start-up on a small dataset, for reference (same machine, same moment).
+        small = workdir / "small.jsonl"
+        write_dataset(small, 1000)
+        small_out = workdir / "small-out"
+        small_run = run_file(workdir, small, small_out, tokenizer_dir, args.concurrency, "small-run.yaml")
+        started_before = sim_counter(url, "sglang:prompt_tokens_total")
+        spawned = time.monotonic()
+        proc = spawn_worker(small_run, small_out, url, log, "--no-compact")
+        while sim_counter(url, "sglang:prompt_tokens_total") == started_before:
+            if proc.poll() is not None:
+                raise SystemExit(f"worker exited {proc.returncode}: {log.read_text()[-2000:]}")
+            time.sleep(0.01)
+        start_small_s = time.monotonic() - spawned
+        proc.kill()
+        wait_rusage(proc, 60)
+        time.sleep(1.0)
+        base_finished = int(sim_counter(url, "sglang:num_requests_total"))
+
         # 1. Start-up and steady memory on the whole dataset.
         started_before = sim_counter(url, "sglang:prompt_tokens_total")
         spawned = time.monotonic()
@@ -287,7 +309,8 @@ def main() -> int:
         rate = (sim_counter(url, "sglang:num_requests_total") - finished_at_start) / args.steady_s
         steady = [mb for _, mb in sampler.samples]
         rss_mb = statistics.median(steady)
-        print(f"start-up: first request {start_s:.2f}s after spawning the worker ({scale} prompts)")
+        print(f"start-up: first request {start_s:.2f}s after spawning the worker ({scale} prompts; "
+              f"{start_small_s:.2f}s with 1,000 prompts, just before)")  # fmt: skip
         print(f"steady RSS (worker + helpers): median {rss_mb:.0f} MB, max {max(steady):.0f} MB over "
               f"{args.steady_s:.0f}s at {rate:,.0f} records/s")  # fmt: skip
 
@@ -296,7 +319,7 @@ def main() -> int:
         proc.kill()
         wait_rusage(proc, 60)
         time.sleep(1.0)
-        finished = int(sim_counter(url, "sglang:num_requests_total"))
+        finished = int(sim_counter(url, "sglang:num_requests_total")) - base_finished
         kept = len(recorded_lines(output))
         kill_waste = finished - kept
         print(f"SIGKILL: the simulator finished {finished} records, the output keeps {kept}: "
