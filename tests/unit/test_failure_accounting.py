@@ -131,17 +131,3 @@ def test_lost_answers_name_the_volume_before_the_runner_sees_the_exit_and_a_stal
     # The same snapshot left by an earlier `datagen run`: the resumed run goes on.
     stale = replace(running(Tally()), progress=counters_from_snapshots([full], attempt_started_at=200.0))
     assert decide(s, stale, context(s)).step is Step.RUN_WORKERS
-
-
-def test_the_workers_job_fails_the_index_on_a_failed_volume_and_keeps_the_cause_as_its_message() -> None:
-    from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
-    from datagen_operator.k8s import manifests as m
-    from tests.unit.test_k8s_manifests import RUN, SPEC
-
-    job = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=False)
-    rules = job["spec"]["podFailurePolicy"]["rules"]
-    fail_index = next(r for r in rules if r["action"] == "FailIndex")["onExitCodes"]["values"]
-    assert EXIT_OUTPUT_VOLUME in fail_index  # no retry burned
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    args = container["command"]
-    assert args[args.index("--termination-log") + 1] == container["terminationMessagePath"]

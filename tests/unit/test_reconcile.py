@@ -94,3 +94,19 @@ def test_only_a_server_pod_on_a_node_holds_its_template() -> None:
         "spec": {"nodeName": "g"},
     }
     assert not o.holds_a_node([pending]) and o.holds_a_node([bound]) and not o.holds_a_node([leaving])
+
+
+def test_status_writes_are_urgent_only_for_transitions() -> None:
+    base = {
+        "phase": "Starting",
+        "conditions": [{"type": "ServerReady", "status": "False", "reason": "Loading", "message": "loading: 1m"}],
+        "progress": {"summary": "0/10 prompts"},
+    }
+    later = {
+        **base,
+        "conditions": [{**base["conditions"][0], "message": "loading: 2m"}],
+        "progress": {"summary": "1/10"},
+    }
+    assert _signature(later) == _signature(base)
+    moved = {**base, "conditions": [{**base["conditions"][0], "status": "True", "reason": "Ready"}]}
+    assert _signature(moved) != _signature(base)

@@ -1,11 +1,9 @@
-"""The operator's pure parts: manifest builders, observation mapping, the applied-spec rules, RBAC data."""
+"""k8s.manifests: the Kubernetes objects of one run, pure builders from its spec and names."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import pytest
 
 from datagen_operator.api import parse_spec
@@ -16,18 +14,13 @@ from datagen_operator.api.exit_codes import (
     EXIT_OUTPUT_VOLUME,
     EXIT_SERVER_UNREACHABLE,
 )
-from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
+from datagen_operator.api.live_fields import changed_data_fields
 from datagen_operator.api.names import export_job_name
-from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.k8s import manifests as m
-from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.rbac import CLUSTER_RULES, cluster_role
-from datagen_operator.k8s.settings import Settings
 from tests.manifests import unit_spec
 
 RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
-NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
 
 
 SPEC = parse_spec(unit_spec())
@@ -178,17 +171,6 @@ def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
     assert cm["metadata"]["annotations"][m.DATA_GENERATION] == "3"
 
 
-def test_data_fields_freeze_while_live_fields_pass() -> None:
-    applied = m.spec_document(SPEC)
-    new = m.spec_document(parse_spec(unit_spec(clients={"shards": 3, "concurrency": 64}, suspend=True)))
-    assert changed_data_fields(new, applied) == []
-    changed = m.spec_document(parse_spec(unit_spec(model={"path": "/models/other"}, clients={"shards": 4})))
-    assert changed_data_fields(changed, applied) == ["spec.clients.shards", "spec.model.path"]
-    merged = merge_live_fields(changed | {"suspend": True}, applied)
-    assert merged["model"]["path"] == "/models/kimi" and merged["suspend"] is True
-    assert merged["clients"]["shards"] == 3
-
-
 def test_template_hash_moves_with_the_template_only() -> None:
     a = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=False)
     b = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=True)
@@ -199,27 +181,6 @@ def test_template_hash_moves_with_the_template_only() -> None:
 
 def pod(name: str, **status: Any) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"controller-revision-hash": "r1"}}, "status": status}
-
-
-STS = {"metadata": {"name": "kimi-server"}, "status": {"updateRevision": "r1"}}
-
-
-def test_unschedulable_pod_carries_the_scheduler_message() -> None:
-    p = pod(
-        "kimi-server-0",
-        phase="Pending",
-        conditions=[
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
-            }
-        ],
-    )
-    observed = o.server_observation([p], STS, 1, ["http://x"], {}, NOW)
-    (instance,) = observed.instances
-    assert not instance.scheduled and "Insufficient nvidia.com/gpu" in (instance.unschedulable_message or "")
 
 
 GROUP_SPEC = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
@@ -260,164 +221,6 @@ def test_one_node_keeps_the_statefulset_exactly() -> None:
     single = m.server_statefulset(RUN, SPEC, 1)["spec"]["template"]
     # The leader's pod is the single-node pod but for the command (the group's flags).
     assert {**group_leader["spec"], "containers": None} == {**single["spec"], "containers": None}
-
-
-def test_ready_needs_the_kubelet_and_the_server_itself() -> None:
-    started = (NOW - timedelta(seconds=90)).isoformat().replace("+00:00", "Z")
-    p = pod(
-        "kimi-server-0",
-        conditions=[{"type": "Ready", "status": "True"}],
-        containerStatuses=[{"name": "server", "restartCount": 0, "state": {"running": {"startedAt": started}}}],
-    )
-    assert o.server_observation([p], STS, 1, ["u"], {"kimi-server-0": True}, NOW).instances[0].ready
-    not_serving = o.server_observation([p], STS, 1, ["u"], {"kimi-server-0": False}, NOW).instances[0]
-    assert not not_serving.ready and not_serving.loading_seconds == pytest.approx(90)
-    old = {**STS, "status": {"updateRevision": "r2"}}
-    assert not o.server_observation([p], old, 1, ["u"], {"kimi-server-0": True}, NOW).instances[0].ready
-    assert o.pods_to_probe([p, pod("kimi-server-3")], "kimi-server", 1) == [("kimi-server-0", 0)]
-
-
-def test_crash_loop_shows_the_last_exit() -> None:
-    p = pod(
-        "kimi-server-0",
-        containerStatuses=[
-            {
-                "name": "server",
-                "restartCount": 4,
-                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                "lastState": {"terminated": {"exitCode": 2, "message": "argument --reasoning-parser: invalid choice"}},
-            }
-        ],
-    )
-    (instance,) = o.server_observation([p], STS, 1, ["u"], {}, NOW).instances
-    assert instance.waiting_reason == "CrashLoopBackOff" and instance.restarts == 4
-    assert instance.last_exit == "exit 2: argument --reasoning-parser: invalid choice"
-
-
-def test_workers_from_the_indexed_job_status() -> None:
-    job = {"spec": {"suspend": False}, "status": {"completedIndexes": "0-2,5", "active": 2}}
-    observed = o.workers_observation(job, [], 8)
-    assert observed is not None and observed.shards_done == 4 and observed.active == 2 and not observed.shards_failed
-    failed = {"spec": {}, "status": {"failedIndexes": "3"}}
-    crashed = {
-        "metadata": {"name": "w-3"},
-        "status": {
-            "containerStatuses": [
-                {"name": "worker", "state": {"terminated": {"exitCode": 2, "message": "dataset: no such file"}}}
-            ]
-        },
-    }
-    observed = o.workers_observation(failed, [crashed], 8)
-    assert observed is not None and observed.shards_failed == 1
-    assert "exit 2: dataset: no such file" in (observed.failure_message or "")
-    assert o.workers_observation(None, [], 8) is None
-
-
-def test_progress_sums_the_shard_configmaps() -> None:
-    cms = [
-        {
-            "data": {
-                "progress.json": orjson.dumps(
-                    {
-                        "shard": 0,
-                        "shard_count": 2,
-                        "prompts_total": 5,
-                        "prompts_done": 2,
-                        "records_done": 2,
-                        "state": "running",
-                        "tokens_per_s": 10.0,
-                    }
-                ).decode()
-            }
-        },
-        {
-            "data": {
-                "progress.json": orjson.dumps(
-                    {
-                        "shard": 1,
-                        "shard_count": 2,
-                        "prompts_total": 5,
-                        "prompts_done": 5,
-                        "records_done": 5,
-                        "state": "complete",
-                        "tokens_per_s": 99.0,
-                    }
-                ).decode()
-            }
-        },
-        {"data": {}},
-        {"data": {"progress.json": "not json"}},
-    ]
-    counters = o.progress_counters(cms)
-    assert counters is not None
-    assert (counters.prompts_total, counters.prompts_done, counters.tally.records) == (10, 7, 7)
-    assert counters.tokens_per_second == 10.0  # finished shards do not count towards the rate
-    assert o.progress_counters([{"data": {}}]) is None
-
-
-def test_step_outcome_only_from_a_verdict() -> None:
-    verdict = StepOutcome(True, "Passed", "11/11 canary outputs pass")
-    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    with_message = {
-        "status": {
-            "containerStatuses": [
-                {"name": "canary", "state": {"terminated": {"exitCode": 0, "message": verdict.for_storage().decode()}}}
-            ]
-        }
-    }
-    assert o.job_outcome(done, [with_message], "canary", "canary") == verdict
-    silent = {"status": {"containerStatuses": [{"name": "canary", "state": {"terminated": {"exitCode": 0}}}]}}
-    outcome = o.job_outcome(done, [silent], "canary", "canary")
-    assert outcome is not None and not outcome.passed and outcome.reason == "NoVerdict"
-    assert o.job_outcome({"status": {}}, [], "canary", "canary") is None
-    assert o.job_outcome(None, [], "canary", "canary") is None
-
-
-def test_rbac_is_least_privilege() -> None:
-    verbs = {(g, r): set(rule["verbs"]) for rule in CLUSTER_RULES for g in rule["apiGroups"] for r in rule["resources"]}
-    assert ("", "secrets") not in verbs
-    assert "delete" not in verbs[("", "pods")] and "delete" not in verbs[("", "configmaps")]
-    assert all("*" not in v for v in verbs.values())
-    assert cluster_role()["kind"] == "ClusterRole"
-
-
-def test_settings_from_env() -> None:
-    settings = Settings.from_env(
-        {"DATAGEN_WORKER_IMAGE": "w:2", "DATAGEN_TEST_SERVER_URLS": "http://127.0.0.1:5/, http://127.0.0.1:6"}
-    )
-    assert settings.worker_image == "w:2"
-    assert settings.test_server_urls == ("http://127.0.0.1:5", "http://127.0.0.1:6")
-    assert Settings.from_env({}).test_server_urls == ()
-
-
-def test_status_writes_are_urgent_only_for_transitions() -> None:
-    from datagen_operator.k8s.reconcile import _signature
-
-    base = {
-        "phase": "Starting",
-        "conditions": [{"type": "ServerReady", "status": "False", "reason": "Loading", "message": "loading: 1m"}],
-        "progress": {"summary": "0/10 prompts"},
-    }
-    later = {
-        **base,
-        "conditions": [{**base["conditions"][0], "message": "loading: 2m"}],
-        "progress": {"summary": "1/10"},
-    }
-    assert _signature(later) == _signature(base)
-    moved = {**base, "conditions": [{**base["conditions"][0], "status": "True", "reason": "Ready"}]}
-    assert _signature(moved) != _signature(base)
-
-
-def test_print_rbac_for_the_chart(capsys: pytest.CaptureFixture[str]) -> None:
-    import yaml
-
-    from datagen_operator.k8s.main import main
-
-    assert main(["--print-rbac"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out) == cluster_role()
-
-
-# --- placement, resources, security --------------------------------------------------------------
 
 
 def datagen_pods(spec: Any) -> dict[str, dict[str, Any]]:
@@ -523,30 +326,13 @@ def test_canary_keeps_its_records_in_the_output() -> None:
     assert mounts["/mnt/datagen/dataset"]["readOnly"] is True
 
 
-def test_release_removes_only_the_operators_finalizer_guarded_by_a_test() -> None:
-    from datagen_operator.k8s.release import FINALIZER, finalizer_removal
+def test_the_workers_job_fails_the_index_on_a_failed_volume_and_keeps_the_cause_as_its_message() -> None:
+    from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 
-    assert FINALIZER == "datagen.dev/finalizer"
-    assert finalizer_removal(["other.io/keep"]) is None
-    patch = finalizer_removal(["other.io/keep", FINALIZER])
-    assert patch == [
-        {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
-        {"op": "remove", "path": "/metadata/finalizers/1"},
-    ]
-
-
-def test_one_node_claims_shared_across_nodes_are_warned_about() -> None:
-    from datagen_operator.k8s.storage import access_mode_warnings, shared_claims
-
-    # SPEC: models claim (server + CPU pods), data claim for dataset and output with 3 shards
-    assert set(shared_claims(SPEC)) == {"models", "data"}
-    assert "3 worker shards write the output" in shared_claims(SPEC)["data"]
-    fine = {"models": ["ReadOnlyMany"], "data": ["ReadWriteMany"]}
-    assert access_mode_warnings(SPEC, fine) == []
-    (warning,) = access_mode_warnings(SPEC, {**fine, "data": ["ReadWriteOnce"]})
-    assert warning.startswith("PersistentVolumeClaim data is ReadWriteOnce") and "Multi-Attach" in warning
-    (warning,) = access_mode_warnings(SPEC, {**fine, "models": ["ReadWriteOncePod"]})
-    assert "the server (GPU node) and the CPU pods" in warning
-    assert access_mode_warnings(SPEC, {"models": ["ReadOnlyMany"]}) == []  # a missing claim: no guess
-    one_shard = parse_spec(unit_spec(clients={"shards": 1}))
-    assert set(shared_claims(one_shard)) == {"models"}  # one worker: RWO output is fine
+    job = m.workers_job(RUN, SPEC, "img:1", ["http://a"], suspend=False)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    fail_index = next(r for r in rules if r["action"] == "FailIndex")["onExitCodes"]["values"]
+    assert EXIT_OUTPUT_VOLUME in fail_index  # no retry burned
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = container["command"]
+    assert args[args.index("--termination-log") + 1] == container["terminationMessagePath"]
