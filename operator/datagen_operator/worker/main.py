@@ -104,23 +104,48 @@ class Worker:
         self.samples = config.spec.generation.samples_per_prompt
         # Set as the worker gets that far: inputs, then servers, then the shard's files, then generation.
         self._inputs: Inputs | None = None
-        self.pool: EndpointPool | None = None
+        self._pool: EndpointPool | None = None
         self.server_fp: dict[str, Any] | None = None
-        self.context_limit: ContextLimit | None = None
-        self.writer: ShardWriter | None = None
+        self._context_limit: ContextLimit | None = None
+        self._writer: ShardWriter | None = None
         self.tracker = Tracker(self.progress)
-        self.client: GenerateClient | None = None
+        self._client: GenerateClient | None = None
         self.remaining: dict[str, int] = {}
         """Samples left per prompt id of the plan read so far."""
         self.planned = False
         """True once the feeder has read the whole plan (the totals are final)."""
-        self.sinks: Sinks | None = None
+        self._sinks: Sinks | None = None
         self.compaction: CompactionResult | None = None
 
     @property
     def inputs(self) -> Inputs:
         assert self._inputs is not None, "the inputs load first"
         return self._inputs
+
+    @property
+    def pool(self) -> EndpointPool:
+        assert self._pool is not None, "the servers are met before generation"
+        return self._pool
+
+    @property
+    def writer(self) -> ShardWriter:
+        assert self._writer is not None, "the shard files are claimed before generation"
+        return self._writer
+
+    @property
+    def client(self) -> GenerateClient:
+        assert self._client is not None, "the client is built with the shard files"
+        return self._client
+
+    @property
+    def sinks(self) -> Sinks:
+        assert self._sinks is not None, "the progress sinks are set up before generation"
+        return self._sinks
+
+    @property
+    def context_limit(self) -> ContextLimit:
+        assert self._context_limit is not None, "the servers are met before generation"
+        return self._context_limit
 
     async def run(self) -> int:
         try:
@@ -211,7 +236,7 @@ class Worker:
             verify=verifier(session, lambda: self.server_fp),
             stop=None,
         )
-        self.pool = pool
+        self._pool = pool
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_drain, sig)
@@ -231,7 +256,7 @@ class Worker:
                 changes = "; ".join(diff_fingerprints(first, other))
                 raise FingerprintMismatch(f"servers {first_url} and {url} differ: {changes}")
         self.server_fp = first
-        self.context_limit = context_limit(infos.values())
+        self._context_limit = context_limit(infos.values())
         log.info(
             "server context: %s tokens (prompt + max_new_tokens), inputs under %s tokens",
             self.context_limit.context_length or "unknown",
@@ -273,9 +298,9 @@ class Worker:
                 report.torn_bytes,
                 report.corrupt_lines,
             )
-        self.writer = writer
+        self._writer = writer
         self._init_progress(report.records)
-        self.client = GenerateClient(
+        self._client = GenerateClient(
             pool,
             policy=RetryPolicy(c.spec.clients.max_attempts, c.backoff_base_s, c.backoff_cap_s),
             request_timeout_s=c.spec.clients.request_timeout,
@@ -615,7 +640,7 @@ class Worker:
         from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, kubernetes_namespace
 
         c = self.config
-        self.sinks = Sinks(
+        self._sinks = Sinks(
             FileSink(self.layout.progress(c.shard_index)),
             ConfigMapSink(c.progress_configmap, kubernetes_namespace(c.progress_namespace))
             if c.progress_configmap
