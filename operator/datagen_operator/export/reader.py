@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.parquet import parquet_schema
 from datagen_operator.output.segments import parse_record_line
 
 COLUMNS = ("id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "flags")
@@ -32,19 +33,9 @@ PARQUET_BUFFER_BYTES = 1024 * 1024
 
 
 def source_schema() -> pa.Schema:
-    tokens = pa.list_(pa.int32())
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("sample", pa.int32()),
-            ("input_ids", tokens),
-            ("output_ids", tokens),
-            ("finish_reason", pa.string()),  # SGLang's dict as JSON, as the Parquet stores it
-            ("prompt_tokens", pa.int32()),
-            ("completion_tokens", pa.int32()),
-            ("flags", pa.list_(pa.string())),
-        ]
-    )
+    """The store's Parquet schema, cut to the columns an export reads (`COLUMNS`, in that order)."""
+    stored = parquet_schema()
+    return pa.schema([stored.field(name) for name in COLUMNS])
 
 
 @dataclass(frozen=True)
