@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from datagen_operator.api.resolve import ResolvedModel
 
@@ -52,6 +52,9 @@ class TokenLookup(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
+
+NO_THINK_END_FOUND, EMPTY, WRITTEN = 0, 1, 2
+"""RecordFacts.reasoning: what follows the reasoning's start."""
 
 PROMPT_TAIL_WHITESPACE: tuple[str, ...] = ("\n", "\n\n", " ")
 """Texts a template may write after the think opener or closer (Qwen3-2507 ends the prompt `<think>\n`)."""
@@ -165,6 +168,28 @@ def _leaks_prompt_suffix(input_ids: Sequence[int], output_ids: Sequence[int], ex
     return n > 0 and list(output_ids[:n]) == list(input_ids[len(input_ids) - n :])
 
 
+class RecordFacts(NamedTuple):
+    """What the checks read from one record's ids; `flags_of` turns them into flags (the rules, once).
+
+    `record_facts` finds them in one record's sequences (the worker, the canary); `record_columns` finds the
+    same facts in a batch of stored records with numpy (`datagen verify`). A fact the rules do not reach for
+    this record (say, where the reasoning ends when there is no opener) may be left at its default."""
+
+    kind: str | None
+    """'stop', 'length', 'abort' or None (anything else)."""
+    count_mismatch: bool = False
+    suffix_leak: bool = False
+    ends_with_stop: bool = False
+    reasoning_starts_in_prompt: bool = False
+    """No opener to look for, or the prompt ends with it: the reasoning starts at the first output id."""
+    prompt_closes_think: bool = False
+    opener_in_output: bool = False
+    think_end_in_output: bool = False
+    reasoning: int = NO_THINK_END_FOUND
+    """After the reasoning's start: NO_THINK_END_FOUND, EMPTY (the closer first) or WRITTEN."""
+    tool_calls_unbalanced: bool = False
+
+
 def inspect_record(
     input_ids: Sequence[int],
     output_ids: Sequence[int],
@@ -174,28 +199,97 @@ def inspect_record(
     expect: Expectations,
 ) -> frozenset[str]:
     """The flags one record raises; an empty set means the record looks faithful."""
-    flags: set[str] = set()
+    return flags_of(record_facts(input_ids, output_ids, finish_reason, completion_tokens, has_tools, expect), expect)
+
+
+def record_facts(
+    input_ids: Sequence[int],
+    output_ids: Sequence[int],
+    finish_reason: Any,
+    completion_tokens: int | None,
+    has_tools: bool,
+    expect: Expectations,
+) -> RecordFacts:
+    """The facts of one record, looked up only where `flags_of` will read them (this runs on every record)."""
     kind = finish_type(finish_reason)
+    mismatch = completion_tokens is not None and len(output_ids) != completion_tokens
+    leak = mismatch and _leaks_prompt_suffix(
+        input_ids, output_ids, len(output_ids) - (completion_tokens or 0), expect.suffix_leak_window
+    )
+    stop_last = bool(output_ids) and output_ids[-1] in expect.stop_token_ids
+    unbalanced = (
+        has_tools
+        and kind == "stop"
+        and any(output_ids.count(begin) != output_ids.count(end) for begin, end in expect.tool_marker_pairs)
+    )
+    end_id, opener = expect.think_end_id, expect.think_start_ids
+    if end_id is None:
+        return RecordFacts(kind, mismatch, leak, stop_last, tool_calls_unbalanced=unbalanced)
+    if not expect.thinking:
+        opener_found = _find_seq(output_ids, opener) >= 0
+        end_found = _find(output_ids, end_id) >= 0
+        return RecordFacts(
+            kind, mismatch, leak, stop_last, opener_in_output=opener_found, think_end_in_output=end_found,
+            tool_calls_unbalanced=unbalanced,
+        )  # fmt: skip
+    closes = prompt_closes_think(input_ids, expect)
+    starts_in_prompt = not opener or prompt_opens_think(input_ids, expect)
+    opened_at = -1 if starts_in_prompt else _find_seq(output_ids, opener)
+    if not starts_in_prompt and opened_at < 0:
+        return RecordFacts(
+            kind, mismatch, leak, stop_last, False, closes, False, _find(output_ids, end_id) >= 0,
+            tool_calls_unbalanced=unbalanced,
+        )  # fmt: skip
+    reasoning_from = 0 if starts_in_prompt else opened_at + len(opener)
+    end_at = _find(output_ids, end_id, reasoning_from)
+    reasoning = NO_THINK_END_FOUND if end_at < 0 else EMPTY if end_at - reasoning_from <= 0 else WRITTEN
+    return RecordFacts(
+        kind, mismatch, leak, stop_last, starts_in_prompt, closes, opened_at >= 0, end_at >= 0, reasoning, unbalanced
+    )
+
+
+def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
+    """The flags a record with these facts raises: every per-record rule, in one place."""
+    flags: set[str] = set()
+    kind = facts.kind
     if kind == "abort":
         flags.add(ABORTED)
-    if completion_tokens is not None and len(output_ids) != completion_tokens:
+    if facts.count_mismatch:
         flags.add(TOKEN_COUNT_MISMATCH)
-        extra = len(output_ids) - completion_tokens
-        if _leaks_prompt_suffix(input_ids, output_ids, extra, expect.suffix_leak_window):
+        if facts.suffix_leak:
             flags.add(PROMPT_SUFFIX_LEAK)
     if kind == "length":
         flags.add(TRUNCATED)
-    elif kind == "stop" and (not output_ids or output_ids[-1] not in expect.stop_token_ids):
+    elif kind == "stop" and not facts.ends_with_stop:
         flags.add(BAD_TERMINATION)
-
     if expect.think_end_id is not None:
-        _check_reasoning(input_ids, output_ids, kind, expect, flags)
-    if has_tools and expect.tool_marker_pairs and kind == "stop":
-        for begin, end in expect.tool_marker_pairs:
-            if output_ids.count(begin) != output_ids.count(end):
-                flags.add(UNBALANCED_TOOL_CALLS)
-                break
+        _reasoning_flags(facts, expect, flags)
+    if facts.tool_calls_unbalanced and kind == "stop" and expect.tool_marker_pairs:
+        flags.add(UNBALANCED_TOOL_CALLS)
     return frozenset(flags)
+
+
+def _reasoning_flags(facts: RecordFacts, expect: Expectations, flags: set[str]) -> None:
+    if not expect.thinking:
+        # The prompt already closed an empty think block: any think tag in the output is reasoning
+        # the run did not ask for (the template and the model disagree).
+        if facts.think_end_in_output or facts.opener_in_output:
+            flags.add(UNEXPECTED_REASONING)
+        return
+    if facts.prompt_closes_think:
+        flags.add(PROMPT_CLOSES_THINK)
+    # The opener is either at the end of the prompt (the template prefills it) or written by the model.
+    if not facts.reasoning_starts_in_prompt and not facts.opener_in_output:
+        # No opener anywhere: the model did not think (a cut answer may simply not have reached it).
+        if facts.kind != "length" or facts.think_end_in_output:
+            flags.add(NO_THINK_START)
+        return
+    if facts.reasoning == NO_THINK_END_FOUND:
+        # A truncated answer may stop inside the reasoning: that is truncation, not a missing closer.
+        if facts.kind != "length":
+            flags.add(NO_THINK_END)
+    elif facts.reasoning == EMPTY:
+        flags.add(EMPTY_REASONING)
 
 
 def _find(ids: Sequence[int], token: int | None, start: int = 0, stop: int | None = None) -> int:
@@ -218,7 +312,7 @@ def _find_seq(ids: Sequence[int], seq: tuple[int, ...], stop: int | None = None)
     return at
 
 
-def _tail_end(ids: Sequence[int], end: int, skip: frozenset[int]) -> int:
+def tail_end(ids: Sequence[int], end: int, skip: frozenset[int]) -> int:
     while end > 0 and ids[end - 1] in skip:
         end -= 1
     return end
@@ -231,7 +325,7 @@ def _ends_with(ids: Sequence[int], end: int, seq: tuple[int, ...]) -> bool:
 def prompt_opens_think(input_ids: Sequence[int], expect: Expectations) -> bool:
     """The rendered prompt ends with the think opener, whitespace tokens after it allowed."""
     return _ends_with(
-        input_ids, _tail_end(input_ids, len(input_ids), expect.prompt_tail_skip_ids), expect.think_start_ids
+        input_ids, tail_end(input_ids, len(input_ids), expect.prompt_tail_skip_ids), expect.think_start_ids
     )
 
 
@@ -239,40 +333,7 @@ def prompt_closes_think(input_ids: Sequence[int], expect: Expectations) -> bool:
     """The rendered prompt ends with an empty think block (`<think></think>`, `<think>\n\n</think>\n\n`)."""
     if expect.think_end_id is None:
         return False
-    end = _tail_end(input_ids, len(input_ids), expect.prompt_tail_skip_ids)
+    end = tail_end(input_ids, len(input_ids), expect.prompt_tail_skip_ids)
     if end == 0 or input_ids[end - 1] != expect.think_end_id:
         return False
-    return _ends_with(input_ids, _tail_end(input_ids, end - 1, expect.prompt_tail_skip_ids), expect.think_start_ids)
-
-
-def _check_reasoning(
-    input_ids: Sequence[int], output_ids: Sequence[int], kind: str | None, expect: Expectations, flags: set[str]
-) -> None:
-    end_id, opener = expect.think_end_id, expect.think_start_ids
-    if expect.thinking and prompt_closes_think(input_ids, expect):
-        flags.add(PROMPT_CLOSES_THINK)
-    if not expect.thinking:
-        # The prompt already closed an empty think block: any think tag in the output is reasoning
-        # the run did not ask for (the template and the model disagree).
-        if _find(output_ids, end_id) >= 0 or _find_seq(output_ids, opener) >= 0:
-            flags.add(UNEXPECTED_REASONING)
-        return
-    # The opener is either at the end of the prompt (the template prefills it) or written by the model.
-    if not opener or prompt_opens_think(input_ids, expect):
-        reasoning_from = 0
-    else:
-        opened_at = _find_seq(output_ids, opener)
-        if opened_at < 0:
-            # No opener anywhere: the model did not think (a cut answer may simply not have reached it).
-            if kind != "length" or _find(output_ids, end_id) >= 0:
-                flags.add(NO_THINK_START)
-            return
-        reasoning_from = opened_at + len(opener)
-    end_at = _find(output_ids, end_id, reasoning_from)
-    if end_at < 0:
-        # A truncated answer may stop inside the reasoning: that is truncation, not a missing closer.
-        if kind != "length":
-            flags.add(NO_THINK_END)
-        return
-    if end_at - reasoning_from <= 0:
-        flags.add(EMPTY_REASONING)
+    return _ends_with(input_ids, tail_end(input_ids, end - 1, expect.prompt_tail_skip_ids), expect.think_start_ids)
