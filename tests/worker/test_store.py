@@ -7,13 +7,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from datagen_operator.output.layout import OutputLayout, keys_path
+from datagen_operator.output.layout import RECORD_FIELDS, OutputLayout, keys_path
 from datagen_operator.output.manifest import read_manifest, update_manifest
 from datagen_operator.output.parquet import compact_shard
-from datagen_operator.output.readers import iter_records, iter_rejects
+from datagen_operator.output.readers import RecordBatches, iter_records, iter_rejects
 from datagen_operator.output.writer import ShardWriter
 
 
@@ -33,6 +35,14 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "has_tools": False,
         "flags": list(flags),
     }
+
+
+def assert_batches_match(root: Path) -> None:
+    """The batch reader yields exactly the records iter_records yields, in the same order."""
+    rows = [row for batch in RecordBatches(root, RECORD_FIELDS, rows=2) for row in batch.to_pylist()]
+    for row in rows:
+        row["finish_reason"] = json.loads(row["finish_reason"]) if row["finish_reason"] else None
+    assert rows == list(iter_records(root))
 
 
 def write(layout: OutputLayout, records: list[dict[str, Any]], shard: int = 0) -> ShardWriter:
@@ -55,6 +65,7 @@ def test_records_round_trip_and_resume_index(tmp_path: Path) -> None:
     got = list(iter_records(tmp_path))
     assert [(r["id"], r["sample"]) for r in got] == [("a", 0), ("b", 0), ("a", 1)]
     assert got[0] == record("a")
+    assert_batches_match(tmp_path)
 
 
 def test_torn_tail_is_dropped_and_the_next_run_writes_a_new_segment(tmp_path: Path) -> None:
@@ -70,6 +81,7 @@ def test_torn_tail_is_dropped_and_the_next_run_writes_a_new_segment(tmp_path: Pa
     assert not keys_path(segment).exists()
     # A reader running meanwhile never sees the partial line.
     assert [r["id"] for r in iter_records(tmp_path)] == ["a", "b"]
+    assert_batches_match(tmp_path)
 
     again = ShardWriter(layout, 0)
     report = again.recover()
@@ -94,6 +106,7 @@ def test_damaged_line_inside_a_segment_is_skipped_and_regenerated(tmp_path: Path
     assert report.corrupt_lines == 1
     assert writer.done == {("a", 0), ("c", 0)}
     assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "c"]
+    assert_batches_match(tmp_path)
 
 
 def test_stale_keys_file_is_not_trusted(tmp_path: Path) -> None:
@@ -152,6 +165,7 @@ def test_compaction_writes_dataset_order_int32_parquet_readable_everywhere(tmp_p
     got = list(iter_records(tmp_path))
     assert [(r["id"], r["sample"]) for r in got] == [("a", 0), ("a", 1), ("b", 0), ("c", 0)]
     assert got[0] == record("a")
+    assert_batches_match(tmp_path)
     writer = ShardWriter(layout, 0)
     writer.recover(layout.parquet(0, 1))
     assert len(writer.done) == 4 and writer.summary.output_tokens == 22
@@ -177,6 +191,7 @@ def test_crash_between_compaction_and_segment_removal_duplicates_nothing(tmp_pat
     shutil.rmtree(layout.shard_dir(0))
     shutil.copytree(saved, layout.shard_dir(0))  # segments still there, as if removal never ran
     assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "b"]
+    assert_batches_match(tmp_path)
     writer = ShardWriter(layout, 0)
     writer.recover(layout.parquet(0, 1))
     assert writer.summary.records == 2 and writer.summary.output_tokens == 10
@@ -223,3 +238,40 @@ def test_a_reader_racing_a_compaction_still_sees_every_record(tmp_path: Path) ->
     finally:
         readers.segment_records = real
     assert ids == ["a", "b", "c"]
+
+    # The batch reader, racing the same way (segments again, then a compaction between two reads).
+    shutil.rmtree(tmp_path / "data")
+    write(layout, [record("a"), record("b")])
+    write(layout, [record("c")])
+    calls = 0
+    readers.segment_records = compact_after_first_segment
+    try:
+        batched = sorted(row["id"] for batch in RecordBatches(tmp_path, ["id"]) for row in batch.to_pylist())
+    finally:
+        readers.segment_records = real
+    assert calls == 2 and batched == ["a", "b", "c"]
+
+
+def test_duplicate_rows_in_parquet_are_read_once(tmp_path: Path) -> None:
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a"), record("b"), record("c")])
+    result = compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("c", 0)])
+    table = pq.read_table(result.path)
+    pq.write_table(pa.concat_tables([table, table.slice(1, 1), table]), result.path, row_group_size=2)
+    assert [r["id"] for r in iter_records(tmp_path)] == ["a", "b", "c"]
+    assert_batches_match(tmp_path)
+    batches = RecordBatches(tmp_path, ["id"])
+    assert [row["id"] for batch in batches for row in batch.to_pylist()] == ["a", "b", "c"]
+    assert batches.duplicates == 4
+
+
+def test_keys_sharing_a_hash_are_still_told_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datagen_operator.output import readers
+
+    layout = OutputLayout(tmp_path)
+    write(layout, [record("a"), record("b"), record("a", 1)])
+    result = compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("a", 1)])
+    table = pq.read_table(result.path)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), result.path)
+    monkeypatch.setattr(readers, "_key_hashes", lambda ids, samples: np.zeros(len(ids), np.uint64))
+    assert readers.first_occurrences([result.path]).tolist() == [True, True, True, False]

@@ -8,7 +8,6 @@ template, and the manifest's Parquet checksums are re-hashed.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from array import array
 from collections import Counter, defaultdict
@@ -26,6 +25,7 @@ from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, check_context, evaluate
+from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 
 COMPLETENESS = "completeness"
 PROMPT_FIDELITY = "prompt_fidelity"
@@ -204,11 +204,19 @@ def _minus(a: Any, b: Any) -> Any:
     return a[b[at] != a]
 
 
+def sorted_unique(values: Any) -> Any:
+    """np.unique of int64s by sorting: numpy 2.4's np.unique hashes plain ints, ~50x slower on a million."""
+    import numpy as np
+
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if len(ordered) else ordered
+
+
 def key_hashes(keys: Iterable[tuple[str, int]]) -> Any:
     """Unique sorted 64-bit hashes of (id, sample) keys (Python's hash: consistent within one process)."""
     import numpy as np
 
-    return np.unique(np.fromiter((hash(key) for key in keys), dtype=np.int64))
+    return sorted_unique(np.fromiter((hash(key) for key in keys), dtype=np.int64))
 
 
 def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = None) -> CheckResult:
@@ -309,7 +317,7 @@ def verify_output(
     fidelity: bool = True,
 ) -> VerifyReport:
     from datagen_operator.output.manifest import read_manifest
-    from datagen_operator.output.readers import iter_records, iter_rejects
+    from datagen_operator.output.readers import RecordBatches, iter_rejects
     from datagen_operator.prompts.render import Renderer, template_variables
 
     manifest = read_manifest(output)
@@ -340,53 +348,44 @@ def verify_output(
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
     if dataset_path is not None and not dataset_path.exists():
         dataset_path = None
-    # One streamed pass over the records and one over the dataset; what is kept per record is its key's
-    # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
+    # One streamed pass over the records (Arrow batches, checked in columns: record_columns) and one over
+    # the dataset; what is kept per record is its key's 64-bit hash (KeyCheck), so memory does not grow
+    # with the record's tokens nor with Python objects.
     counts = RecordCounts()
     record_keys = array("q")
     record_prompts: set[int] = set()
     """hash(id) of the prompts the records name: counted only without the dataset."""
     examples: dict[str, list[Example]] = defaultdict(list)
-    rng = random.Random(0)
-    reservoir: list[dict[str, Any]] = []
-    fidelity_size = thresholds.fidelity_sample if fidelity else 0
-    for n, record in enumerate(iter_records(output)):
-        record_keys.append(hash((record["id"], record["sample"])))
+    batches = RecordBatches(output, (*COLUMNS, "cached_tokens"))
+    fidelity_sample = _FidelitySample(thresholds.fidelity_sample if fidelity else 0)
+    for batch in batches:
+        ids = batch.column("id").to_pylist()
+        record_keys.extend(map(hash, zip(ids, batch.column("sample").to_pylist(), strict=True)))
         if dataset_path is None:
-            record_prompts.add(hash(record["id"]))
-        finish = record["finish_reason"]
-        if isinstance(finish, str):
-            finish = orjson.loads(finish)
-        flags = rc.inspect_record(
-            record["input_ids"],
-            record["output_ids"],
-            finish,
-            record["completion_tokens"],
-            bool(record["has_tools"]),
-            expect,
-        )
-        counts.add(
-            len(record["input_ids"]),
-            len(record["output_ids"]),
-            record.get("cached_tokens") or 0,
-            flags,
-            bool(record["has_tools"]),
-        )
-        for flag in flags:
-            if len(examples[flag]) < EXAMPLES_PER_FLAG:
-                text = excerpt(tokenizer, list(record["input_ids"]), list(record["output_ids"]), expect.think_end_id)
-                examples[flag].append(Example(record["id"], record["sample"], flag, text))
-        if fidelity_size:  # reservoir sample: a fixed seed makes the report reproducible
-            if len(reservoir) < fidelity_size:
-                reservoir.append({"id": record["id"], "input_ids": record["input_ids"]})
-            elif (j := rng.randrange(n + 1)) < fidelity_size:
-                reservoir[j] = {"id": record["id"], "input_ids": record["input_ids"]}
+            record_prompts.update(map(hash, ids))
+        flags = batch_flags(batch, expect)
+        counts.merge(_batch_counts(batch, flags.counts()))
+        for flag in sorted(flags.counts()):
+            wanted = EXAMPLES_PER_FLAG - len(examples[flag])
+            if wanted > 0:
+                rows = batch.take(flags.rows_with(flag)[:wanted]).to_pylist()
+                examples[flag].extend(
+                    Example(
+                        r["id"],
+                        r["sample"],
+                        flag,
+                        excerpt(tokenizer, r["input_ids"], r["output_ids"], expect.think_end_id),
+                    )
+                    for r in rows
+                )
+        fidelity_sample.offer(batch)
+    reservoir = fidelity_sample.records()
     records = len(record_keys)
-    keys = KeyCheck(seen=np.unique(np.frombuffer(record_keys, dtype=np.int64)))
+    keys = KeyCheck(seen=sorted_unique(np.frombuffer(record_keys, dtype=np.int64)))
     del record_keys
     all_rejects = list(iter_rejects(output))
     server = {(r["id"], r.get("sample", 0)): r for r in all_rejects if r.get("kind") == "server" and r.get("id")}
-    duplicates = _parquet_duplicates(output, manifest)
+    duplicates = batches.duplicates
 
     prompts: dict[str, Any] = {}
     dataset_prompts: list[tuple[int, str]] | None = None
@@ -409,7 +408,7 @@ def verify_output(
                 dataset_prompts.append((ref.position, ref.id))
             if ref.id in wanted_ids:
                 prompts[ref.id] = prompt_from(ref, obj)
-        keys.wanted = np.unique(np.frombuffer(wanted, dtype=np.int64))
+        keys.wanted = sorted_unique(np.frombuffer(wanted, dtype=np.int64))
         del wanted
     set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
     keys.rejected = key_hashes(server)
@@ -436,6 +435,54 @@ def verify_output(
     return VerifyReport(
         str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
     )
+
+
+def _batch_counts(batch: Any, flags: Counter[str]) -> RecordCounts:
+    """RecordCounts.add over a batch: token counts are list lengths, a missing cached count is 0."""
+    import pyarrow.compute as pc
+
+    def total(values: Any) -> int:
+        return int(pc.sum(values).as_py() or 0)
+
+    return RecordCounts(
+        records=batch.num_rows,
+        tool_records=total(batch.column("has_tools").cast("int64")),
+        prompt_tokens=total(pc.list_value_length(batch.column("input_ids"))),
+        output_tokens=total(pc.list_value_length(batch.column("output_ids"))),
+        cached_tokens=total(batch.column("cached_tokens")),
+        flags=flags,
+    )
+
+
+class _FidelitySample:
+    """A uniform sample of `size` records without replacement (the `size` smallest of a random key per
+    record, drawn from a fixed seed in record order: the same report for the same output, however it is
+    batched); only the sampled records' ids and input_ids become Python objects."""
+
+    def __init__(self, size: int) -> None:
+        import numpy as np
+
+        self.size = size
+        self._rng = np.random.default_rng(0)
+        self._kept: list[tuple[float, dict[str, Any]]] = []
+
+    def offer(self, batch: Any) -> None:
+        import numpy as np
+
+        if not self.size:
+            return
+        keys = self._rng.random(batch.num_rows)
+        bound = self._kept[-1][0] if len(self._kept) >= self.size else 2.0
+        rows = np.flatnonzero(keys < bound)
+        rows = rows[np.argsort(keys[rows], kind="stable")[: self.size]]
+        if not len(rows):
+            return
+        chosen = batch.select(["id", "input_ids"]).take(rows).to_pylist()
+        self._kept = sorted([*self._kept, *zip(keys[rows].tolist(), chosen, strict=True)], key=lambda kept: kept[0])
+        del self._kept[self.size :]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [record for _, record in self._kept]
 
 
 def _output_tally(
@@ -468,7 +515,7 @@ def _name_examples(keys: KeyCheck, output: Path, dataset: Path | None, fmt: Any,
     """The first few missing and extra keys by name: a second pass, only when there are any."""
     import heapq
 
-    from datagen_operator.output.readers import iter_records
+    from datagen_operator.output.readers import RecordBatches
     from datagen_operator.prompts.dataset import MalformedLine, ShardScan
 
     missing, extra = set(keys.missing().tolist()), set(keys.extra().tolist())
@@ -481,20 +528,12 @@ def _name_examples(keys: KeyCheck, output: Path, dataset: Path | None, fmt: Any,
         )
         keys.missing_examples = heapq.nsmallest(3, (k for k in found if hash(k) in missing))
     if extra:
-        found = ((r["id"], r["sample"]) for r in iter_records(output))
+        found = (
+            key
+            for batch in RecordBatches(output, ())
+            for key in zip(batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True)
+        )
         keys.extra_examples = heapq.nsmallest(3, (k for k in found if hash(k) in extra))
-
-
-def _parquet_duplicates(output: Path, manifest: dict[str, Any] | None) -> int:
-    """Rows in the compacted Parquet beyond one per (id, sample); iter_records hides them, so count here."""
-    import pyarrow.parquet as pq
-
-    duplicates = 0
-    for path in sorted((output / "data").glob("shard-*.parquet")):
-        table = pq.read_table(path, columns=["id", "sample"])
-        # Arrow's hash grouping: distinct keys without a Python object per row.
-        duplicates += table.num_rows - table.group_by(["id", "sample"]).aggregate([]).num_rows
-    return duplicates
 
 
 def render_report(report: VerifyReport, console: Any = None) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,130 @@ def iter_records(output_dir: str | Path) -> Iterator[dict[str, Any]]:
     layout = OutputLayout(Path(output_dir))
     for index in shard_indices(layout):
         yield from iter_shard_records(output_dir, index)
+
+
+class RecordBatches:
+    """The records `iter_records` yields, in its order and exactly once, as Arrow record batches of `columns`
+    (the store's Parquet schema; `id` and `sample` always included) of at most `rows` rows: no Python
+    object per record, for readers of millions of records (`datagen verify`). Iterate once; `duplicates`
+    then holds the Parquet rows skipped as repeats of an earlier (id, sample)."""
+
+    def __init__(self, output_dir: str | Path, columns: Iterable[str], rows: int = 8192) -> None:
+        self.layout = OutputLayout(Path(output_dir))
+        self.names = list(dict.fromkeys(["id", "sample", *columns]))
+        self.rows = rows
+        self.duplicates = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for index in shard_indices(self.layout):
+            yield from self._shard(index)
+
+    def _shard(self, index: int) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from datagen_operator.output.parquet import ColumnBatch
+
+        layout, names, rows = self.layout, self.names, self.rows
+        parquets = sorted(layout.data_dir.glob(f"shard-{index:05d}-of-*.parquet"))
+        first = first_occurrences(parquets)
+        self.duplicates += int(len(first) - first.sum())
+        parquet_keys: set[int] | None = None
+        at = 0
+        for path in parquets:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names, use_threads=False):
+                keep = first[at : at + batch.num_rows]
+                at += batch.num_rows
+                yield batch if keep.all() else batch.filter(pa.array(keep))
+        segments = layout.segments(index)
+        seen: set[int] = set()
+        columns = ColumnBatch()
+        for segment in segments:
+            for record in segment_records(segment):
+                key = hash((record["id"], record["sample"]))
+                if parquets and parquet_keys is None:  # segments beside the Parquet: a compaction in progress
+                    parquet_keys = {hash(k) for k in _keys(parquets)}
+                if key in seen or (parquet_keys is not None and key in parquet_keys):
+                    continue
+                seen.add(key)
+                columns.add(record)
+                if columns.rows >= rows:
+                    yield from columns.table().select(names).to_batches()
+                    columns = ColumnBatch()
+        if columns.rows:
+            yield from columns.table().select(names).to_batches()
+        if not parquets and any(not segment.exists() for segment in segments):
+            # A compaction finished while we read: what vanished with the segments is in the Parquet now.
+            for path in sorted(layout.data_dir.glob(f"shard-{index:05d}-of-*.parquet")):
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names):
+                    keys = zip(batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True)
+                    keep = [hash(key) not in seen for key in keys]
+                    yield batch if all(keep) else batch.filter(pa.array(keep))
+
+
+def _keys(parquets: list[Path]) -> Iterator[tuple[str, int]]:
+    import pyarrow.parquet as pq
+
+    for path in parquets:
+        for batch in pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536):
+            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+
+
+def first_occurrences(parquets: list[Path]) -> Any:
+    """np.ndarray of bool over the rows of `parquets` (in order): True for the first row of each (id, sample).
+
+    Keys are grouped by a 64-bit hash computed with numpy over the id column's bytes (no Python object per
+    row); only rows whose hash repeats are compared as (id, sample) values, so a collision costs time, never
+    a record."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not parquets:
+        return np.ones(0, bool)
+    keys = pa.concat_tables([pq.read_table(p, columns=["id", "sample"], use_threads=False) for p in parquets])
+    hashes = np.concatenate(
+        [np.zeros(0, np.uint64)]
+        + [
+            _key_hashes(batch.column(0), batch.column(1).to_numpy(zero_copy_only=False))
+            for batch in keys.to_batches(max_chunksize=65_536)
+        ]
+    )
+    keep = np.ones(len(hashes), bool)
+    order = np.argsort(hashes, kind="stable")
+    ordered = hashes[order]
+    repeats = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(repeats):
+        suspects = np.unique(np.concatenate([order[repeats], order[repeats + 1]]))  # ascending rows
+        seen: set[tuple[str, int]] = set()
+        for row, key in zip(suspects.tolist(), _rows_as_keys(keys, suspects), strict=True):
+            keep[row] = key not in seen
+            seen.add(key)
+    return keep
+
+
+def _rows_as_keys(keys: Any, rows: Any) -> Iterator[tuple[str, int]]:
+    taken = keys.take(rows)
+    return zip(taken.column(0).to_pylist(), taken.column(1).to_pylist(), strict=True)
+
+
+_HASH_BASE = 0x100000001B3  # FNV's 64-bit prime: odd, so powers of it never vanish mod 2**64
+
+
+def _key_hashes(ids: Any, samples: Any) -> Any:
+    """A 64-bit polynomial hash of each (id, sample), from the string column's offsets and bytes."""
+    import numpy as np
+
+    offsets = np.frombuffer(ids.buffers()[1], np.int32)[ids.offset : ids.offset + len(ids) + 1].astype(np.int64)
+    lengths = np.diff(offsets)
+    data = np.frombuffer(ids.buffers()[2], np.uint8)[offsets[0] : offsets[-1]].astype(np.uint64)
+    starts = offsets[:-1] - offsets[0]
+    position = np.arange(len(data)) - np.repeat(starts, lengths)
+    powers = np.cumprod(np.full(int(lengths.max(initial=0)) + 1, _HASH_BASE, np.uint64))
+    terms = data * powers[position]
+    sums = np.add.reduceat(terms, np.minimum(starts, max(len(terms) - 1, 0))) if len(terms) else np.zeros(0, np.uint64)
+    sums = np.where(lengths > 0, sums if len(terms) else 0, 0).astype(np.uint64)
+    return sums ^ (lengths.astype(np.uint64) << np.uint64(40)) ^ (samples.astype(np.uint64) * np.uint64(_HASH_BASE))
 
 
 def iter_rejects(output_dir: str | Path) -> Iterator[dict[str, Any]]:
