@@ -13,6 +13,7 @@ from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +344,7 @@ def verify_output(
 
     import numpy as np
 
-    from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
+    from datagen_operator.prompts.dataset import ShardScan
 
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
     if dataset_path is not None and not dataset_path.exists():
@@ -394,22 +395,14 @@ def verify_output(
     if dataset_path is not None:
         # Only lines with a rejects.jsonl entry can be set aside; every other valid prompt is just counted.
         reject_lines = {entry.get("line") for entry in all_rejects if str(entry.get("key", "")).startswith("line:")}
-        wanted_ids = {r["id"] for r in reservoir}
-        wanted = array("q")
-        dataset_prompts, dataset_causes, dataset_count = [], [], 0
-        for item in ShardScan(dataset_path, 0, 1, spec.dataset.format if spec else "auto"):
-            if isinstance(item, MalformedLine):
-                dataset_causes.append(item.cause)
-                continue
-            ref, obj = item
-            dataset_count += 1
-            wanted.extend(hash((ref.id, sample)) for sample in range(samples))
-            if ref.position in reject_lines:
-                dataset_prompts.append((ref.position, ref.id))
-            if ref.id in wanted_ids:
-                prompts[ref.id] = prompt_from(ref, obj)
-        keys.wanted = sorted_unique(np.frombuffer(wanted, dtype=np.int64))
-        del wanted
+        dataset = _read_dataset(
+            ShardScan(dataset_path, 0, 1, spec.dataset.format if spec else "auto"),
+            samples,
+            reject_lines,
+            {r["id"] for r in reservoir},
+        )
+        keys.wanted, prompts = dataset.wanted, dataset.sampled
+        dataset_prompts, dataset_causes, dataset_count = dataset.on_reject_lines, dataset.causes, dataset.prompts
     set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
     keys.rejected = key_hashes(server)
     keys.unsent = key_hashes((prompt_id, s) for prompt_id in set_aside.prompts for s in range(samples))
@@ -483,6 +476,53 @@ class _FidelitySample:
 
     def records(self) -> list[dict[str, Any]]:
         return [record for _, record in self._kept]
+
+
+@dataclass
+class _DatasetPass:
+    prompts: int
+    """Valid prompts."""
+    wanted: Any
+    """np.ndarray: the key hashes of every valid prompt x sample, unique, sorted."""
+    causes: list[str]
+    """The cause of every line set aside when read."""
+    on_reject_lines: list[tuple[int, str]]
+    """(line, id) of the valid prompts on lines that rejects.jsonl names."""
+    sampled: dict[str, Any]
+    """id -> Prompt for the ids asked for (the fidelity sample)."""
+
+
+def _read_dataset(scan: Any, samples: int, reject_lines: set[Any], sampled_ids: set[str]) -> _DatasetPass:
+    """One pass over the dataset (a ShardScan of the whole of it); keys hashed a chunk at a time."""
+    import numpy as np
+
+    from datagen_operator.prompts.dataset import MalformedLine, prompt_from
+
+    ids: list[str] = []
+    chunks: list[Any] = []
+
+    def hash_chunk() -> None:
+        for sample in range(samples):
+            chunks.append(np.fromiter(map(hash, zip(ids, repeat(sample))), np.int64, len(ids)))
+        ids.clear()
+
+    result = _DatasetPass(0, None, [], [], {})
+    for item in scan:
+        if isinstance(item, MalformedLine):
+            result.causes.append(item.cause)
+            continue
+        ref, obj = item
+        result.prompts += 1
+        ids.append(ref.id)
+        if len(ids) >= 65_536:
+            hash_chunk()
+        if ref.position in reject_lines:
+            result.on_reject_lines.append((ref.position, ref.id))
+        if ref.id in sampled_ids:
+            result.sampled[ref.id] = prompt_from(ref, obj)
+    hash_chunk()
+    result.wanted = sorted_unique(np.concatenate([np.zeros(0, np.int64), *chunks]))
+    return result
 
 
 def _output_tally(
