@@ -115,31 +115,23 @@ class RecordBatches:
 
 
 def _keys(parquets: list[Path]) -> Iterator[tuple[str, int]]:
-    import pyarrow.parquet as pq
-
-    for path in parquets:
-        for batch in pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536):
-            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+    for batch in _key_batches(parquets):
+        yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
 
 
 def first_occurrences(parquets: list[Path]) -> Any:
     """np.ndarray of bool over the rows of `parquets` (in order): True for the first row of each (id, sample).
 
     Keys are grouped by a 64-bit hash computed with numpy over the id column's bytes (no Python object per
-    row); only rows whose hash repeats are compared as (id, sample) values, so a collision costs time, never
-    a record."""
+    row, the columns streamed: 8 bytes a row are kept); only rows whose hash repeats are compared as
+    (id, sample) values, so a collision costs time, never a record."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    if not parquets:
-        return np.ones(0, bool)
-    keys = pa.concat_tables([pq.read_table(p, columns=["id", "sample"], use_threads=False) for p in parquets])
     hashes = np.concatenate(
         [np.zeros(0, np.uint64)]
         + [
             _key_hashes(batch.column(0), batch.column(1).to_numpy(zero_copy_only=False))
-            for batch in keys.to_batches(max_chunksize=65_536)
+            for batch in _key_batches(parquets)
         ]
     )
     keep = np.ones(len(hashes), bool)
@@ -149,15 +141,28 @@ def first_occurrences(parquets: list[Path]) -> Any:
     if len(repeats):
         suspects = np.unique(np.concatenate([order[repeats], order[repeats + 1]]))  # ascending rows
         seen: set[tuple[str, int]] = set()
-        for row, key in zip(suspects.tolist(), _rows_as_keys(keys, suspects), strict=True):
+        for row, key in zip(suspects.tolist(), _keys_at(parquets, suspects), strict=True):
             keep[row] = key not in seen
             seen.add(key)
     return keep
 
 
-def _rows_as_keys(keys: Any, rows: Any) -> Iterator[tuple[str, int]]:
-    taken = keys.take(rows)
-    return zip(taken.column(0).to_pylist(), taken.column(1).to_pylist(), strict=True)
+def _key_batches(parquets: list[Path]) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    for path in parquets:  # streamed: pq.read_table of the two columns holds ~7x their size while decoding
+        yield from pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536, use_threads=False)
+
+
+def _keys_at(parquets: list[Path], rows: Any) -> Iterator[tuple[str, int]]:
+    """(id, sample) of the given ascending rows."""
+    at = 0
+    for batch in _key_batches(parquets):
+        inside = rows[(rows >= at) & (rows < at + batch.num_rows)] - at
+        if len(inside):
+            taken = batch.take(inside)
+            yield from zip(taken.column(0).to_pylist(), taken.column(1).to_pylist(), strict=True)
+        at += batch.num_rows
 
 
 _HASH_BASE = 0x100000001B3  # FNV's 64-bit prime: odd, so powers of it never vanish mod 2**64
