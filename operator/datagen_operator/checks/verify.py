@@ -395,14 +395,14 @@ def verify_output(
     if dataset_path is not None:
         # Only lines with a rejects.jsonl entry can be set aside; every other valid prompt is just counted.
         reject_lines = {entry.get("line") for entry in all_rejects if str(entry.get("key", "")).startswith("line:")}
-        dataset = _read_dataset(
+        scanned = _read_dataset(
             ShardScan(dataset_path, 0, 1, spec.dataset.format if spec else "auto"),
             samples,
             reject_lines,
             {r["id"] for r in reservoir},
         )
-        keys.wanted, prompts = dataset.wanted, dataset.sampled
-        dataset_prompts, dataset_causes, dataset_count = dataset.on_reject_lines, dataset.causes, dataset.prompts
+        keys.wanted, prompts = scanned.wanted, scanned.sampled
+        dataset_prompts, dataset_causes, dataset_count = scanned.on_reject_lines, scanned.causes, scanned.prompts
     set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
     keys.rejected = key_hashes(server)
     keys.unsent = key_hashes((prompt_id, s) for prompt_id in set_aside.prompts for s in range(samples))
