@@ -223,6 +223,16 @@ def test_simulator_renderer_matches_transformers(hf: Any) -> None:
         assert render_chat(kimi_k2_chat_template(), messages, tools=tools, **variables) == expected
 
 
+def test_simulator_renderer_drops_null_fields_as_transformers_does(hf: Any) -> None:
+    """An API's `content: null` beside tool calls: transformers drops the key, so a template that prints it
+    unguarded prints nothing, not "None"."""
+    template = "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}"
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": []}]
+    expected = hf.apply_chat_template(messages, chat_template=template, tokenize=False)
+    assert expected == "user:Hi|assistant:|"
+    assert render_chat(template, messages, add_generation_prompt=False) == expected
+
+
 # -- building and caching -----------------------------------------------------------------------
 
 

@@ -17,7 +17,15 @@ import yaml
 
 from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.output.manifest import read_manifest
-from datagen_operator.prompts.render import Renderer, RenderPool, backend_encoder, ids_from_result, load_tokenizer
+from datagen_operator.prompts.render import (
+    FullSpec,
+    Renderer,
+    RenderPool,
+    backend_encoder,
+    ids_from_result,
+    lean_spec,
+    load_tokenizer,
+)
 from datagen_operator.tokenizer.kimi_tiktoken import ensure_kimi_tiktoken_standin
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
@@ -51,6 +59,9 @@ def _chats(count: int) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]] 
 def test_renderer_uses_tiktoken_and_matches_the_standin(kimi_dir: Path, thinking: bool) -> None:
     renderer = Renderer(load_tokenizer(kimi_dir, trust_remote_code=True), {"thinking": thinking})
     assert backend_encoder(renderer.tokenizer) is not None  # tiktoken directly, checked against the reference
+    assert renderer.lean is not None
+    # No tokenizer.json: a render helper loads the remote code with transformers.
+    assert lean_spec(renderer, kimi_dir) == ("no tokenizer.json (a tiktoken or slow remote-code tokenizer)")
     reference = reference_renderer(thinking)
     for messages, tools in _chats(Renderer.CHECK_FIRST + 8):
         ids = renderer.render(messages, tools)
@@ -60,15 +71,22 @@ def test_renderer_uses_tiktoken_and_matches_the_standin(kimi_dir: Path, thinking
 
 
 def test_render_helper_processes_load_the_remote_code(kimi_dir: Path) -> None:
-    """Spawned helpers import tokenization_kimi.py themselves (the worker's default rendering)."""
+    """Spawned helpers import tokenization_kimi.py themselves (no lean helper without tokenizer.json), and the
+    worker holds their ids to its reference as it does a lean helper's."""
+    renderer = Renderer(load_tokenizer(kimi_dir, trust_remote_code=True), {"thinking": True})
     pool = RenderPool({"thinking": True}, kimi_dir, True, processes=1)
+    pool.renderer = renderer
     try:
+        pool._start_helpers("test")
+        assert isinstance(pool.helper_spec, FullSpec) and not pool.helper_spec.reference_only
+        pool._ready[0].result(timeout=120)
         items = _chats(6)
         results = asyncio.run(pool.render(items))
     finally:
         pool.close()
     reference = reference_renderer(True)
     assert [ids_from_result(r) for r in results] == [reference.reference(m, t) for m, t in items]  # type: ignore[arg-type]
+    assert renderer.rendered == 0 and renderer.checked == len(items) and renderer.fast_path_mismatch is None
 
 
 def test_worker_and_verify_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir: Path) -> None:

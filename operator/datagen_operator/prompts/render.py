@@ -9,20 +9,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datagen_operator.api.resolve import ResolvedModel
+from datagen_operator.prompts.lean_render import Encoder, LeanRenderer, LeanSpec, RenderError, tokenizers_encoder
+
+if TYPE_CHECKING:  # a render helper imports this module: nothing pydantic-heavy at import time
+    from datagen_operator.api.resolve import ResolvedModel
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner per worker
 log = logging.getLogger("datagen.worker.render")
 
 # Variables a template may read when no preset names the switch; unused variables are ignored by Jinja.
 GENERIC_THINKING_SWITCHES = ("thinking", "enable_thinking")
-
-
-class RenderError(ValueError):
-    """A prompt the chat template cannot render (bad roles, bad tool schema): set aside, not retried."""
 
 
 def template_variables(resolved: ResolvedModel) -> dict[str, Any]:
@@ -40,26 +40,45 @@ def load_tokenizer(tokenizer_dir: str | Path, *, trust_remote_code: bool) -> Any
     return AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=trust_remote_code, local_files_only=True)
 
 
-def backend_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
+def backend_encoder(tokenizer: Any) -> Encoder | None:
     """The tokenizer's own encoder for rendered text, without transformers' Python layer: the Rust backend
     of a fast tokenizer, or the `tiktoken.Encoding` a tiktoken-backed remote-code tokenizer keeps as `.model`
     (Kimi-K2's `TikTokenTokenizer`, which has no tokenizer.json). None: render through transformers only."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is not None and hasattr(backend, "encode_batch"):
-        return lambda text: backend.encode(text, add_special_tokens=False).ids
+        return tokenizers_encoder(backend)
     model = getattr(tokenizer, "model", None)
     if model is not None and type(model).__module__.split(".")[0] == "tiktoken":
         return lambda text: model.encode(text, allowed_special="all")  # added tokens in the text are ids
     return None
 
 
-class Renderer:
-    """Renders with `apply_chat_template` (the model's own template and variables), tokenizing the text
-    directly with the tokenizer's backend where there is one (`backend_encoder`): same ids, a third of the CPU.
+def lean_variables(tokenizer: Any, variables: dict[str, Any]) -> dict[str, Any]:
+    """What apply_chat_template gives a template besides the chat: the special tokens, then the run's own."""
+    return {**tokenizer.special_tokens_map, **variables}
 
-    The fast path is checked against the reference (`apply_chat_template(tokenize=True)`) on the first
-    `CHECK_FIRST` prompts and every `CHECK_EVERY`th after; one difference switches to the reference for
-    good (and is logged), so a tokenizer whose __call__ does more than its backend still renders exactly.
+
+def lean_renderer(tokenizer: Any, variables: dict[str, Any]) -> LeanRenderer | str:
+    """The lean renderer over a loaded tokenizer's own encoder, or why there is none."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return "the tokenizer has several named chat templates"
+    encode = backend_encoder(tokenizer)
+    if encode is None:
+        return "the tokenizer has no backend encoder"
+    try:
+        return LeanRenderer(template, lean_variables(tokenizer, variables), encode)
+    except Exception as error:  # a template only transformers' Jinja environment compiles
+        return f"the chat template does not compile outside transformers: {type(error).__name__}: {error}"
+
+
+class Renderer:
+    """Renders with the model's own template and variables: the lean path (`LeanRenderer`: `render_chat` and
+    the tokenizer's backend) where there is one, checked against the reference
+    (`apply_chat_template(tokenize=True)`) on the first `CHECK_FIRST` prompts and every `CHECK_EVERY`th
+    after; one difference switches to the reference for good (and is logged), so a template or tokenizer
+    that transformers treats differently still renders exactly. `check` is the same comparison for ids a
+    render helper made.
     """
 
     CHECK_FIRST = 16
@@ -71,12 +90,20 @@ class Renderer:
         self.chat_template: str | None = getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
             raise RenderError("the tokenizer has no chat template; pre-tokenized prompts need the model's own template")
-        self._backend = backend_encoder(tokenizer)
+        lean = lean_renderer(tokenizer, variables)
+        self.lean: LeanRenderer | None = None if isinstance(lean, str) else lean
         self.rendered = 0
+        self.checked = 0
+        """Lean renders compared with the reference (this process's and the helpers')."""
         self.fast_path_mismatch: str | None = None
 
+    @classmethod
+    def due_for_check(cls, count: int) -> bool:
+        """Whether the `count`th lean render (1-based) is compared with the reference."""
+        return count <= cls.CHECK_FIRST or count % cls.CHECK_EVERY == 0
+
     def reference(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Exactly what transformers renders and tokenizes (the definition the fast path must match)."""
+        """Exactly what transformers renders and tokenizes (the definition the lean path must match)."""
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **self.variables
@@ -87,26 +114,40 @@ class Renderer:
             ids = ids[0]
         return list(ids)
 
+    def check(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, ids: list[int], where: str
+    ) -> list[int]:
+        """The reference's ids for a prompt the lean path rendered as `ids`; a difference switches this
+        renderer to the reference for good."""
+        self.checked += 1
+        expected = self.reference(messages, tools)
+        if expected != ids and self.fast_path_mismatch is None:
+            self.fast_path_mismatch = f"{where}: lean ids differ from apply_chat_template"
+            log.warning("renderer: %s; using apply_chat_template(tokenize=True) from now on", self.fast_path_mismatch)
+        return expected
+
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         self.rendered += 1
-        if self._backend is None or self.fast_path_mismatch is not None:
+        if self.lean is None or self.fast_path_mismatch is not None:
             return self.reference(messages, tools)
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False, **self.variables
-            )
-        except Exception as error:
-            raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
-        ids: list[int] = self._backend(text)
-        if self.rendered <= self.CHECK_FIRST or self.rendered % self.CHECK_EVERY == 0:
-            expected = self.reference(messages, tools)
-            if expected != ids:
-                self.fast_path_mismatch = f"prompt #{self.rendered}: backend ids differ from apply_chat_template"
-                log.warning(
-                    "renderer: %s; using apply_chat_template(tokenize=True) from now on", self.fast_path_mismatch
-                )
-                return expected
+            ids = self.lean.render(messages, tools)
+        except RenderError:
+            return self.reference(messages, tools)  # the reference decides what is set aside
+        if self.due_for_check(self.rendered):
+            return self.check(messages, tools, ids, f"prompt #{self.rendered}")
         return ids
+
+
+def lean_spec(renderer: Renderer, tokenizer_dir: Path) -> LeanSpec | str:
+    """What a render helper loads to render as `renderer`'s lean path does without transformers (the template,
+    its variables and tokenizer.json), or why it cannot (then it loads the tokenizer with transformers)."""
+    if renderer.lean is None:
+        return "no lean path for this tokenizer or template"
+    tokenizer_json = tokenizer_dir / "tokenizer.json"
+    if not hasattr(getattr(renderer.tokenizer, "_tokenizer", None), "encode_batch") or not tokenizer_json.is_file():
+        return "no tokenizer.json (a tiktoken or slow remote-code tokenizer)"
+    return LeanSpec(renderer.lean.chat_template, renderer.lean.variables, tokenizer_json)
 
 
 # --- rendering off the event loop ------------------------------------------------------------------
@@ -118,7 +159,19 @@ class Renderer:
 RenderResult = bytes | str
 """int32 ids as bytes (cheap to pickle), or the reason the prompt cannot be rendered."""
 
-_process_renderer: Renderer | None = None
+
+@dataclass(frozen=True)
+class FullSpec:
+    """A render helper that loads the tokenizer with transformers, as the worker does (no lean path, or
+    the worker found the lean one wrong: then `reference_only`)."""
+
+    tokenizer_dir: str
+    trust_remote_code: bool
+    variables: dict[str, Any]
+    reference_only: bool = False
+
+
+_process_renderer: Renderer | LeanRenderer | None = None
 
 
 def _die_with_parent() -> None:
@@ -133,7 +186,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _init_render_process(tokenizer_dir: str, trust_remote_code: bool, variables: dict[str, Any]) -> None:
+def _init_render_process(spec: LeanSpec | FullSpec) -> None:
     global _process_renderer
     _die_with_parent()
     import signal
@@ -141,28 +194,36 @@ def _init_render_process(tokenizer_dir: str, trust_remote_code: bool, variables:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the worker, which drains and stops us
     # Normal priority: a helper is started only once inline rendering limits the run (RenderPool), so it
     # is on the critical path; niced, it would lose the cores to what it was started to relieve.
-    _process_renderer = Renderer(load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code), variables)
+    if isinstance(spec, LeanSpec):
+        _process_renderer = LeanRenderer.from_spec(spec)
+        return
+    renderer = Renderer(load_tokenizer(spec.tokenizer_dir, trust_remote_code=spec.trust_remote_code), spec.variables)
+    if spec.reference_only:
+        renderer.fast_path_mismatch = "the worker found the lean path wrong"
+    _process_renderer = renderer
 
 
 def render_batch(
-    renderer: Renderer, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]
-) -> tuple[list[RenderResult], str | None]:
+    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]],
+    items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]],
+) -> list[RenderResult]:
     from array import array
 
     out: list[RenderResult] = []
     for messages, tools in items:
         try:
-            out.append(array("i", renderer.render(messages, tools)).tobytes())
+            out.append(array("i", render(messages, tools)).tobytes())
         except RenderError as error:
             out.append(str(error))
-    return out, renderer.fast_path_mismatch
+    return out
 
 
 def _render_batch_in_process(
     items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]],
 ) -> tuple[list[RenderResult], str | None]:
     assert _process_renderer is not None, "render process not initialised"
-    return render_batch(_process_renderer, items)
+    mismatch = _process_renderer.fast_path_mismatch if isinstance(_process_renderer, Renderer) else None
+    return render_batch(_process_renderer.render, items), mismatch
 
 
 def ids_from_result(result: bytes) -> list[int]:
@@ -190,32 +251,63 @@ class RenderPool:
     loop); inline again when the helpers died (it says so in the log and carries on).
 
     Nothing starts with the worker: the first requests go out rendered inline, and a run whose event loop
-    has time to spare (a GPU server, long answers) never starts a helper at all."""
+    has time to spare (a GPU server, long answers) never starts a helper at all.
+
+    A helper loads only what the lean path needs (`lean_spec`), or, where there is none, the tokenizer with
+    transformers (said once in the log). Either way the worker holds its helpers' ids to the reference as it
+    holds its own (`Renderer.check`, same first prompts and period) and lets the reference decide every
+    prompt a helper set aside; on a difference it re-renders that batch with the reference and its helpers
+    render with the reference from then on."""
 
     def __init__(self, variables: dict[str, Any], tokenizer_dir: Path, trust_remote_code: bool, processes: int) -> None:
         self.renderer: Renderer | None = None
-        """The in-process renderer (inline mode and fallback); set once the tokenizer is loaded."""
+        """The in-process renderer (inline mode, reference checks, fallback); set once the tokenizer is loaded."""
         self.executor: Any = None
         self.processes = processes
-        self._helper_args = (str(tokenizer_dir), trust_remote_code, variables)
+        self.variables = variables
+        self.tokenizer_dir = Path(tokenizer_dir)
+        self.trust_remote_code = trust_remote_code
+        self.helper_spec: LeanSpec | FullSpec | None = None
+        """What the running helpers loaded."""
+        self.helper_rendered = 0
+        """Prompts helpers rendered (the count `Renderer.due_for_check` reads)."""
         self._mismatch_logged = False
         self._ready: list[Any] = []
         self._window_start: float | None = None
         self._inline_s = 0.0
 
+    def _spec(self) -> LeanSpec | FullSpec:
+        full = FullSpec(str(self.tokenizer_dir), self.trust_remote_code, self.variables)
+        if self.renderer is None:
+            return full
+        if self.renderer.fast_path_mismatch is not None:
+            return FullSpec(full.tokenizer_dir, full.trust_remote_code, full.variables, reference_only=True)
+        lean = lean_spec(self.renderer, self.tokenizer_dir)
+        if isinstance(lean, str):
+            log.info("render helpers load the tokenizer with transformers: %s", lean)
+            return full
+        return lean
+
     def _start_helpers(self, why: str) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        log.info("%s: starting %d render helper(s)", why, self.processes)
+        self.helper_spec = self._spec()
+        kind = "lean" if isinstance(self.helper_spec, LeanSpec) else "transformers"
+        log.info("%s: starting %d %s render helper(s)", why, self.processes, kind)
         self.executor = ProcessPoolExecutor(
             max_workers=self.processes,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_render_process,
-            initargs=self._helper_args,
+            initargs=(self.helper_spec,),
         )
         # They load the tokenizer meanwhile; until one has, rendering stays inline (never waits for them).
         self._ready = [self.executor.submit(int) for _ in range(self.processes)]
+
+    def _stop_helpers(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = None
 
     def _account_inline(self, seconds: float) -> None:
         import time
@@ -230,6 +322,27 @@ class RenderPool:
         elif window >= HELPER_WINDOW_S:
             self._window_start, self._inline_s = now, 0.0
 
+    def _held_to_reference(
+        self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]], results: list[RenderResult]
+    ) -> list[RenderResult]:
+        """A helper's batch as the reference has it (see the class)."""
+        renderer = self.renderer
+        if renderer is None:  # no tokenizer in this process: the helpers are the renderer
+            return results
+        checked: list[RenderResult] = []
+        for (messages, tools), result in zip(items, results, strict=True):
+            if isinstance(result, str):
+                checked.extend(render_batch(renderer.reference, [(messages, tools)]))
+                continue
+            self.helper_rendered += 1
+            if renderer.fast_path_mismatch is None and renderer.due_for_check(self.helper_rendered):
+                ids = ids_from_result(result)
+                if renderer.check(messages, tools, ids, f"helper prompt #{self.helper_rendered}") != ids:
+                    self._stop_helpers()  # restarted (lazily) rendering with the reference
+                    return render_batch(renderer.reference, items)
+            checked.append(result)
+        return checked
+
     async def render(self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]) -> list[RenderResult]:
         import asyncio
         import time
@@ -237,6 +350,9 @@ class RenderPool:
 
         if self.executor is None and self.renderer is None and self.processes > 0:
             self._start_helpers("no renderer in this process")
+        wrong = self.renderer is not None and self.renderer.fast_path_mismatch is not None
+        if self.executor is not None and wrong and isinstance(self.helper_spec, LeanSpec):
+            self._stop_helpers()  # this process found the lean path wrong: so would they be (restarted lazily)
         if self.executor is not None and (self.renderer is None or any(f.done() for f in self._ready)):
             try:
                 results, mismatch = await asyncio.get_running_loop().run_in_executor(
@@ -244,17 +360,16 @@ class RenderPool:
                 )
             except BrokenProcessPool as error:
                 log.warning("render processes died (%s); rendering in the worker process from now on", error)
-                self.executor.shutdown(wait=False, cancel_futures=True)
-                self.executor = None
+                self._stop_helpers()
                 self.processes = 0
             else:
                 if mismatch and not self._mismatch_logged:
                     self._mismatch_logged = True
                     log.warning("renderer: %s; helpers use apply_chat_template(tokenize=True) from now on", mismatch)
-                return results
+                return self._held_to_reference(items, results)
         assert self.renderer is not None
         started = time.perf_counter()
-        results = render_batch(self.renderer, items)[0]
+        results = render_batch(self.renderer.render, items)
         if self.executor is None and self.processes > 0:
             self._account_inline(time.perf_counter() - started)
         return results

@@ -55,11 +55,14 @@ def compile_template(template_text: str) -> jinja2.Template:
     return env.from_string(template_text)
 
 
-def _alias_reasoning(message: Mapping[str, Any]) -> dict[str, Any]:
-    reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
+def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message as transformers gives it to the template: keys whose value is None dropped (an API's
+    `tool_calls: null` must not render as "None"), the reasoning under each name templates read."""
+    plain = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((plain[key] for key in _REASONING_FIELDS if key in plain), None)
     if reasoning is None:
-        return dict(message)
-    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        return plain
+    return {"thinking": reasoning, **plain, "reasoning_content": reasoning}
 
 
 def render_chat(
@@ -72,7 +75,7 @@ def render_chat(
 ) -> str:
     """The prompt text for `messages`, as `tokenizer.apply_chat_template(..., tokenize=False)` renders it."""
     return compile_template(template_text).render(
-        messages=[_alias_reasoning(message) for message in messages],
+        messages=[_template_message(message) for message in messages],
         tools=list(tools) if tools is not None else None,
         documents=None,
         add_generation_prompt=add_generation_prompt,

@@ -1,0 +1,138 @@
+"""The lean render path (template + variables + `tokenizers`, no transformers) against the reference
+(`apply_chat_template(tokenize=True)`): identical ids over the stand-ins and the example dataset, a helper
+that imports no transformers, and differences caught, counted and answered with the reference."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datagen_operator.prompts import render
+from datagen_operator.prompts.lean_render import LeanRenderer, LeanSpec
+from datagen_operator.prompts.render import (
+    GENERIC_THINKING_SWITCHES,
+    FullSpec,
+    Renderer,
+    RenderPool,
+    ids_from_result,
+    lean_spec,
+    load_tokenizer,
+)
+from datagen_operator.tokenizer.families import FAMILIES
+from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+from tests.worker.helper_probe import loaded_modules
+from tests.worker.simrun import TOOLS, prompts
+
+REPO = Path(__file__).resolve().parents[2]
+Chat = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+def _chats() -> list[Chat]:
+    """The example dataset, the worker tests' prompts (tools on every third) and a multi-turn tool conversation
+    with reasoning and the `null` fields an API returns."""
+    lines = (REPO / "examples/prompts/quickstart.jsonl").read_text().splitlines()
+    chats: list[Chat] = [(row["messages"], row.get("tools")) for row in map(json.loads, lines)]
+    chats += [(item["messages"], item.get("tools")) for item in prompts(24, tools_every=3)]
+    call = {"id": "functions.get_weather:0", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    chats.append((
+        [{"role": "system", "content": "Be brief.", "name": None},
+         {"role": "user", "content": "Weather in Paris?"},
+         {"role": "assistant", "content": "Let me check.", "reasoning_content": "I need the tool.", "tool_calls": [call]},
+         {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "18C"},
+         {"role": "assistant", "content": "18C.", "tool_calls": None, "reasoning": None},
+         {"role": "user", "content": "And Lyon?"}],
+        TOOLS,
+    ))  # fmt: skip
+    return chats
+
+
+def _renderer(family: str, thinking: bool) -> tuple[Renderer, Path]:
+    directory = ensure_standin_tokenizer(family=family)
+    switches = dict.fromkeys(GENERIC_THINKING_SWITCHES, thinking)
+    return Renderer(load_tokenizer(directory, trust_remote_code=False), switches), directory
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_lean_ids_are_the_reference_ids(family: str, thinking: bool) -> None:
+    """Inline (the worker's backend) and as a helper loads it (tokenizer.json), every chat, every family."""
+    renderer, directory = _renderer(family, thinking)
+    spec = lean_spec(renderer, directory)
+    assert isinstance(spec, LeanSpec), spec
+    helper = LeanRenderer.from_spec(spec)
+    assert renderer.lean is not None
+    chats = _chats()
+    for messages, tools in chats:
+        expected = renderer.reference(messages, tools)
+        assert helper.render(messages, tools) == expected
+        assert renderer.render(messages, tools) == expected
+    assert renderer.fast_path_mismatch is None
+    assert renderer.checked == Renderer.CHECK_FIRST  # the first 16 of the inline renders, no more
+
+
+def test_an_inline_difference_is_caught_counted_and_answered_with_the_reference() -> None:
+    renderer, _ = _renderer("kimi-k2", True)
+    assert renderer.lean is not None
+    encode = renderer.lean.encode
+    renderer.lean.encode = lambda text: [*encode(text), 0]  # a lean encoder that adds a token
+    chats = _chats()[:5]
+    assert [renderer.render(m, t) for m, t in chats] == [renderer.reference(m, t) for m, t in chats]
+    assert renderer.checked == 1  # caught on the first, then the reference only
+    assert renderer.fast_path_mismatch is not None and renderer.fast_path_mismatch.startswith("prompt #1:")
+
+
+def _pool(renderer: Renderer, directory: Path) -> RenderPool:
+    pool = RenderPool(renderer.variables, directory, False, processes=1)
+    pool.renderer = renderer
+    pool._start_helpers("test")
+    for ready in pool._ready:  # rendering waits for no helper: let it load, so the batches go to it
+        ready.result(timeout=120)
+    return pool
+
+
+def test_a_lean_helper_imports_no_transformers_and_its_ids_are_checked() -> None:
+    renderer, directory = _renderer("kimi-k2", True)
+    pool = _pool(renderer, directory)
+    try:
+        assert isinstance(pool.helper_spec, LeanSpec)
+        modules = pool.executor.submit(loaded_modules).result(timeout=60)
+        assert "tokenizers" in modules and "jinja2" in modules
+        heavy = [name for name in modules if name.split(".")[0] in {"transformers", "pydantic", "torch", "numpy"}]
+        assert not heavy
+        chats = _chats()
+        results = asyncio.run(pool.render(chats))
+    finally:
+        pool.close()
+    assert [ids_from_result(r) for r in results] == [renderer.reference(m, t) for m, t in chats]  # type: ignore[arg-type]
+    assert pool.helper_rendered == len(chats) and renderer.checked == Renderer.CHECK_FIRST
+    assert renderer.rendered == 0 and renderer.fast_path_mismatch is None  # nothing rendered inline
+
+
+def test_a_helper_difference_is_caught_counted_and_the_helpers_switch_to_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The helpers render with other template variables than the worker's reference (thinking off)."""
+    renderer, directory = _renderer("kimi-k2", True)
+    spec = lean_spec(renderer, directory)
+    assert isinstance(spec, LeanSpec)
+    wrong = replace(spec, variables={**spec.variables, **dict.fromkeys(GENERIC_THINKING_SWITCHES, False)})
+    monkeypatch.setattr(render, "lean_spec", lambda renderer, directory: wrong)
+    pool = _pool(renderer, directory)
+    try:
+        chats = _chats()[:6]
+        expected = [renderer.reference(m, t) for m, t in chats]
+        first = asyncio.run(pool.render(chats))
+        assert [ids_from_result(r) for r in first] == expected  # type: ignore[arg-type]  # the batch re-rendered
+        assert renderer.checked == 1 and renderer.fast_path_mismatch is not None
+        assert renderer.fast_path_mismatch.startswith("helper prompt #1:")
+        assert pool.executor is None  # the lean helpers are stopped
+        pool._start_helpers("test again")  # what the next start loads
+        assert pool.helper_spec == FullSpec(str(directory), False, pool.variables, reference_only=True)
+    finally:
+        pool.close()
