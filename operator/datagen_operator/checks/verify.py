@@ -342,51 +342,24 @@ def verify_output(
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
     thresholds = spec.checks if spec else ChecksSpec()
 
-    import numpy as np
-
     from datagen_operator.prompts.dataset import ShardScan
 
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
     if dataset_path is not None and not dataset_path.exists():
         dataset_path = None
-    # One streamed pass over the records (Arrow batches, checked in columns: record_columns) and one over
-    # the dataset; what is kept per record is its key's 64-bit hash (KeyCheck), so memory does not grow
-    # with the record's tokens nor with Python objects.
-    counts = RecordCounts()
-    record_keys = array("q")
-    record_prompts: set[int] = set()
-    """hash(id) of the prompts the records name: counted only without the dataset."""
-    examples: dict[str, list[Example]] = defaultdict(list)
-    batches = RecordBatches(output, (*COLUMNS, "cached_tokens"))
-    fidelity_sample = _FidelitySample(thresholds.fidelity_sample if fidelity else 0)
-    for batch in batches:
-        ids = batch.column("id").to_pylist()
-        record_keys.extend(map(hash, zip(ids, batch.column("sample").to_pylist(), strict=True)))
-        if dataset_path is None:
-            record_prompts.update(map(hash, ids))
-        flags = batch_flags(batch, expect)
-        counts.merge(_batch_counts(batch, flags.counts()))
-        for flag in sorted(flags.counts()):
-            wanted = EXAMPLES_PER_FLAG - len(examples[flag])
-            if wanted > 0:
-                rows = batch.take(flags.rows_with(flag)[:wanted]).to_pylist()
-                examples[flag].extend(
-                    Example(
-                        r["id"],
-                        r["sample"],
-                        flag,
-                        excerpt(tokenizer, r["input_ids"], r["output_ids"], expect.think_end_id),
-                    )
-                    for r in rows
-                )
-        fidelity_sample.offer(batch)
-    reservoir = fidelity_sample.records()
-    records = len(record_keys)
-    keys = KeyCheck(seen=sorted_unique(np.frombuffer(record_keys, dtype=np.int64)))
-    del record_keys
+    # One streamed pass over the records and one over the dataset; what is kept per record is its key's
+    # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
+    read = _read_records(
+        RecordBatches(output, (*COLUMNS, "cached_tokens")),
+        expect,
+        tokenizer,
+        fidelity_size=thresholds.fidelity_sample if fidelity else 0,
+        name_prompts=dataset_path is None,
+    )
+    counts, records, reservoir, duplicates = read.counts, read.records, read.fidelity_sample, read.duplicates
+    keys = KeyCheck(seen=read.keys)
     all_rejects = list(iter_rejects(output))
     server = {(r["id"], r.get("sample", 0)): r for r in all_rejects if r.get("kind") == "server" and r.get("id")}
-    duplicates = batches.duplicates
 
     prompts: dict[str, Any] = {}
     dataset_prompts: list[tuple[int, str]] | None = None
@@ -409,7 +382,7 @@ def verify_output(
     if keys.wanted is not None:
         _name_examples(keys, output, dataset_path, spec.dataset.format if spec else "auto", samples)
     if dataset_count is None:
-        named = record_prompts | {hash(prompt_id) for prompt_id, _ in server} | {hash(i) for i in set_aside.prompts}
+        named = read.prompts | {hash(prompt_id) for prompt_id, _ in server} | {hash(i) for i in set_aside.prompts}
         prompts_named = len(named)
     else:
         prompts_named = dataset_count
@@ -424,7 +397,7 @@ def verify_output(
             else None
         )
         checks.append(_fidelity(reservoir, prompts, renderer))
-    flat_examples = [e for flag in sorted(examples) for e in examples[flag]]
+    flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
         str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
     )
@@ -476,6 +449,51 @@ class _FidelitySample:
 
     def records(self) -> list[dict[str, Any]]:
         return [record for _, record in self._kept]
+
+
+@dataclass
+class _RecordsPass:
+    records: int
+    counts: RecordCounts
+    keys: Any
+    """np.ndarray: the records' key hashes, unique, sorted."""
+    duplicates: int
+    """Parquet rows repeating an earlier (id, sample)."""
+    examples: dict[str, list[Example]]
+    fidelity_sample: list[dict[str, Any]]
+    prompts: set[int]
+    """hash(id) of the prompts the records name (only when asked: counted without the dataset)."""
+
+
+def _read_records(
+    batches: Any, expect: rc.Expectations, tokenizer: Any, *, fidelity_size: int, name_prompts: bool
+) -> _RecordsPass:
+    """One pass over the records (RecordBatches), checked in columns (record_columns)."""
+    import numpy as np
+
+    counts = RecordCounts()
+    record_keys = array("q")
+    prompts: set[int] = set()
+    examples: dict[str, list[Example]] = defaultdict(list)
+    fidelity_sample = _FidelitySample(fidelity_size)
+    for batch in batches:
+        ids = batch.column("id").to_pylist()
+        record_keys.extend(map(hash, zip(ids, batch.column("sample").to_pylist(), strict=True)))
+        if name_prompts:
+            prompts.update(map(hash, ids))
+        flags = batch_flags(batch, expect)
+        counts.merge(_batch_counts(batch, flags.counts()))
+        for flag in sorted(flags.counts()):
+            wanted = EXAMPLES_PER_FLAG - len(examples[flag])
+            if wanted > 0:
+                for r in batch.take(flags.rows_with(flag)[:wanted]).to_pylist():
+                    text = excerpt(tokenizer, r["input_ids"], r["output_ids"], expect.think_end_id)
+                    examples[flag].append(Example(r["id"], r["sample"], flag, text))
+        fidelity_sample.offer(batch)
+    keys = sorted_unique(np.frombuffer(record_keys, dtype=np.int64))
+    return _RecordsPass(
+        len(record_keys), counts, keys, batches.duplicates, examples, fidelity_sample.records(), prompts
+    )
 
 
 @dataclass
