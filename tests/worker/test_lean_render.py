@@ -107,11 +107,16 @@ def test_a_lean_helper_imports_no_transformers_and_its_ids_are_checked() -> None
         assert not heavy
         chats = _chats()
         results = asyncio.run(pool.render(chats))
+        assert [ids_from_result(r) for r in results] == [renderer.reference(m, t) for m, t in chats]  # type: ignore[arg-type]
+        assert pool.helper_rendered == len(chats) and renderer.checked == Renderer.CHECK_FIRST
+        assert renderer.rendered == 0 and renderer.fast_path_mismatch is None  # nothing rendered inline
+        # The worker's own check finds the lean path wrong: the lean helpers are stopped, not used again.
+        renderer.fast_path_mismatch = "prompt #1: lean ids differ from apply_chat_template"
+        again = asyncio.run(pool.render(chats[:3]))
+        assert pool.executor is None and pool.helper_rendered == len(chats) and renderer.rendered == 3
+        assert [ids_from_result(r) for r in again] == [renderer.reference(m, t) for m, t in chats[:3]]  # type: ignore[arg-type]
     finally:
         pool.close()
-    assert [ids_from_result(r) for r in results] == [renderer.reference(m, t) for m, t in chats]  # type: ignore[arg-type]
-    assert pool.helper_rendered == len(chats) and renderer.checked == Renderer.CHECK_FIRST
-    assert renderer.rendered == 0 and renderer.fast_path_mismatch is None  # nothing rendered inline
 
 
 def test_a_helper_difference_is_caught_counted_and_the_helpers_switch_to_the_reference(
@@ -132,7 +137,12 @@ def test_a_helper_difference_is_caught_counted_and_the_helpers_switch_to_the_ref
         assert renderer.checked == 1 and renderer.fast_path_mismatch is not None
         assert renderer.fast_path_mismatch.startswith("helper prompt #1:")
         assert pool.executor is None  # the lean helpers are stopped
-        pool._start_helpers("test again")  # what the next start loads
+        pool._start_helpers("test again")  # what the next start loads: transformers, the reference only
         assert pool.helper_spec == FullSpec(str(directory), False, pool.variables, reference_only=True)
+        pool._ready[0].result(timeout=120)
+        chats = _chats()[6:12]
+        again = asyncio.run(pool.render(chats))
+        assert [ids_from_result(r) for r in again] == [renderer.reference(m, t) for m, t in chats]  # type: ignore[arg-type]
+        assert pool.executor is not None and renderer.rendered == 0  # these helpers are kept
     finally:
         pool.close()

@@ -322,6 +322,11 @@ class RenderPool:
         elif window >= HELPER_WINDOW_S:
             self._window_start, self._inline_s = now, 0.0
 
+    def _helpers_trusted(self) -> bool:
+        """False once the lean path was found wrong (here or in a helper's ids) and the helpers still use it."""
+        reference_only = isinstance(self.helper_spec, FullSpec) and self.helper_spec.reference_only
+        return reference_only or self.renderer is None or self.renderer.fast_path_mismatch is None
+
     def _held_to_reference(
         self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]], results: list[RenderResult]
     ) -> list[RenderResult]:
@@ -335,11 +340,11 @@ class RenderPool:
                 checked.extend(render_batch(renderer.reference, [(messages, tools)]))
                 continue
             self.helper_rendered += 1
-            if renderer.fast_path_mismatch is None and renderer.due_for_check(self.helper_rendered):
-                ids = ids_from_result(result)
-                if renderer.check(messages, tools, ids, f"helper prompt #{self.helper_rendered}") != ids:
-                    self._stop_helpers()  # restarted (lazily) rendering with the reference
-                    return render_batch(renderer.reference, items)
+            if renderer.due_for_check(self.helper_rendered):
+                renderer.check(messages, tools, ids_from_result(result), f"helper prompt #{self.helper_rendered}")
+            if not self._helpers_trusted():
+                self._stop_helpers()  # restarted (lazily) rendering with the reference
+                return render_batch(renderer.reference, items)
             checked.append(result)
         return checked
 
@@ -350,8 +355,7 @@ class RenderPool:
 
         if self.executor is None and self.renderer is None and self.processes > 0:
             self._start_helpers("no renderer in this process")
-        wrong = self.renderer is not None and self.renderer.fast_path_mismatch is not None
-        if self.executor is not None and wrong and isinstance(self.helper_spec, LeanSpec):
+        if self.executor is not None and not self._helpers_trusted():
             self._stop_helpers()  # this process found the lean path wrong: so would they be (restarted lazily)
         if self.executor is not None and (self.renderer is None or any(f.done() for f in self._ready)):
             try:
