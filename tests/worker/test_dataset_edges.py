@@ -23,8 +23,9 @@ from datagen_operator.prompts.dataset import (
     dataset_summary,
     plan_shard,
 )
+from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 from tests.worker.proxy import CountingProxy
-from tests.worker.simrun import TOOLS, check_records, progress, prompts, run_inprocess, spec, write_dataset
+from tests.worker.simrun import check_records, progress, prompts, run_inprocess, spec, write_dataset
 
 BOM = b"\xef\xbb\xbf"
 
@@ -60,45 +61,6 @@ def test_a_utf16_file_is_refused_by_name(tmp_path: Path) -> None:
 
 
 # --- tools ----------------------------------------------------------------------------------------
-
-GOOD_FUNCTION = {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}
-INVALID_TOOLS_CASES: list[tuple[Any, str]] = [
-    ({"type": "function", "function": GOOD_FUNCTION}, "tools must be a list, got object"),
-    (["get_weather"], "tools[0] must be an object, got string"),
-    ([{"function": GOOD_FUNCTION}], 'tools[0].type must be "function", got null'),
-    ([{"type": "retrieval", "function": GOOD_FUNCTION}], 'tools[0].type must be "function", got "retrieval"'),
-    ([{"type": "function"}], "tools[0].function must be an object, got null"),
-    ([{"type": "function", "function": {"parameters": {}}}], "tools[0].function.name must be a non-empty string"),
-    ([{"type": "function", "function": {"name": 7}}], "tools[0].function.name must be a non-empty string, got 7"),
-    ([{"type": "function", "function": {"name": " "}}], "tools[0].function.name must be a non-empty string"),
-    ([{"type": "function", "function": {"name": "f", "description": 3}}], "function.description must be a string"),
-    ([{"type": "function", "function": {"name": "f", "strict": "yes"}}], "function.strict must be true or false"),
-    (
-        [{"type": "function", "function": {"name": "f", "parameters": ["x"]}}],
-        "tools[0].function.parameters must be a JSON-schema object, got array",
-    ),
-    (
-        [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
-        'tools[0].function.parameters must have "type": "object", got "string"',
-    ),
-    (
-        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": ["x"]}}}],
-        "parameters properties must be an object, got array",
-    ),
-    (
-        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": [1]}}}],
-        "parameters required must be a list of property names",
-    ),
-    ([*TOOLS, {"type": "function", "function": {}}], "tools[1].function.name must be a non-empty string"),
-]
-VALID_TOOLS_CASES: list[Any] = [
-    TOOLS,
-    [{"type": "function", "function": {"name": "f"}}],  # SGLang: parameters optional
-    [{"type": "function", "function": {"name": "f", "parameters": {}, "description": None, "strict": True}}],
-    [{"type": "function", "function": {"name": "f", "parameters": None}, "extra": 1}],  # unknown keys ignored
-    [],  # no tools
-    None,
-]
 
 
 @pytest.mark.parametrize(("tools", "reason"), INVALID_TOOLS_CASES)

@@ -17,9 +17,9 @@ dataset with no valid prompt before anything is launched.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, fields
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +49,14 @@ class PromptRef:
     offset: int
     """Byte offset of the JSONL line (-1 for Parquet rows, which are kept in memory)."""
     length: int
+
+
+def _ref_slot_setters() -> tuple[Callable[[PromptRef, Any], None], ...]:
+    """PromptRef's slot setters, in field order: the scan makes a PromptRef per line, and setting the slots
+    directly costs a third of the frozen dataclass's __init__ (object.__setattr__ per field)."""
+    names = tuple(field.name for field in fields(PromptRef))
+    assert names == ("position", "id", "offset", "length"), names  # a new field must be set there too
+    return tuple(getattr(PromptRef, name).__set__ for name in names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +99,9 @@ class Problem:
 
 
 def shard_of_id(prompt_id: str, shard_count: int) -> int:
-    digest = hashlib.blake2b(prompt_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % shard_count
+    # The big-endian integer of the id's 8-byte blake2b digest (UTF-8), modulo the shard count; spelled with
+    # the defaults (UTF-8, big-endian), which cost less to call: every shard calls it once per dataset line.
+    return int.from_bytes(blake2b(prompt_id.encode(), digest_size=8).digest()) % shard_count
 
 
 def shard_of_line(position: int, shard_count: int) -> int:
@@ -125,6 +134,25 @@ def validate_prompt(obj: Any) -> tuple[str | None, Problem | None]:
     if tools_reason is not None:
         return raw_id, Problem(INVALID_TOOLS, tools_reason)
     return raw_id, None
+
+
+def plain_prompt_id(obj: Any) -> str | None:
+    """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty list of
+    objects each with a string role, no tools), else None: then validate_prompt must judge it. Every object
+    this accepts, validate_prompt accepts with the same id (it checks a subset of the same conditions, on
+    orjson's exact types), so the scan may skip validate_prompt for it (tests/worker/test_dataset_scan.py)."""
+    if type(obj) is not dict:
+        return None
+    prompt_id = obj.get("id")
+    messages = obj.get("messages")
+    if type(prompt_id) is not str or not prompt_id or type(messages) is not list or not messages:
+        return None
+    if obj.get("tools") is not None:
+        return None
+    for message in messages:
+        if type(message) is not dict or type(message.get("role")) is not str:
+            return None
+    return prompt_id
 
 
 def tools_problem(tools: Any) -> str | None:
@@ -223,11 +251,11 @@ class ShardPlan:
             obj = self._rows[ref.position]
         elif handle is not None:
             handle.seek(ref.offset)
-            obj = orjson.loads(handle.read(ref.length))
+            obj = orjson.loads(handle.read(ref.length).strip())  # stripped as the scan parsed it
         else:
             with self.path.open("rb") as file:
                 file.seek(ref.offset)
-                obj = orjson.loads(file.read(ref.length))
+                obj = orjson.loads(file.read(ref.length).strip())
         return prompt_from(ref, obj)
 
     def iter_prompts(self) -> Iterator[Prompt]:
@@ -252,8 +280,15 @@ def detect_format(path: Path, declared: DatasetFormat) -> Literal["jsonl", "parq
     return "jsonl"
 
 
+class _Duplicate:
+    """What take_valid returns for a later line with an id this shard already holds."""
+
+
+DUPLICATE = _Duplicate()
+
+
 class _Assigner:
-    """Applies validation, duplicate detection and shard ownership line by line.
+    """Shard ownership and duplicate detection, line by line, for lines already validated.
 
     Duplicates are found by the ids' 64-bit hashes (a set of ints, a third of a set of id strings): two
     distinct ids share one with probability ~n^2/2^65 (3e-8 for a million ids)."""
@@ -262,14 +297,43 @@ class _Assigner:
         self.shard_index = shard_index
         self.shard_count = shard_count
         self.seen: set[int] = set()
-        self.valid_lines = 0
+        self.take_valid = self._valid_taker()
 
-    def take(
-        self, position: int, obj: Any, raw: bytes | str, offset: int, length: int
-    ) -> PromptRef | MalformedLine | None:
-        """This line as this shard sees it: a valid prompt, a line set aside, or None (another shard's)."""
-        prompt_id, problem = validate_prompt(obj)
-        self.valid_lines += problem is None
+    def _valid_taker(self) -> Callable[[int, str, int, int], PromptRef | _Duplicate | None]:
+        """take_valid(position, id, offset, length): a line validate_prompt accepts, as this shard sees it:
+        its PromptRef, DUPLICATE (set it aside: `duplicate`), or None (another shard's). A closure over
+        locals: it runs once per valid line."""
+        shard_index, shard_count = self.shard_index, self.shard_count
+        seen = self.seen
+        seen_add = seen.add
+        new = object.__new__
+        set_position, set_id, set_offset, set_length = _ref_slot_setters()
+
+        def take_valid(position: int, prompt_id: str, offset: int, length: int) -> PromptRef | _Duplicate | None:
+            # One shard owns every id: the hash would only say 0.
+            if shard_count > 1 and shard_of_id(prompt_id, shard_count) != shard_index:
+                return None
+            before = len(seen)
+            seen_add(hash(prompt_id))  # one probe of a large set, not two (`in`, then `add`)
+            if len(seen) == before:
+                return DUPLICATE
+            ref = new(PromptRef)  # PromptRef(position, prompt_id, offset, length), see _ref_slot_setters
+            set_position(ref, position)
+            set_id(ref, prompt_id)
+            set_offset(ref, offset)
+            set_length(ref, length)
+            return ref
+
+        return take_valid
+
+    def duplicate(self, position: int, prompt_id: str, raw: bytes | str) -> MalformedLine:
+        reason = f"duplicate id {prompt_id!r} (first occurrence kept)"
+        return MalformedLine(position, reason, _excerpt(raw), prompt_id, DUPLICATE_ID)
+
+    def set_aside(
+        self, position: int, prompt_id: str | None, problem: Problem, raw: bytes | str
+    ) -> MalformedLine | None:
+        """A line validate_prompt refuses, if this shard owns it (by its id, else by its line)."""
         owner = (
             shard_of_id(prompt_id, self.shard_count)
             if prompt_id is not None
@@ -277,13 +341,7 @@ class _Assigner:
         )
         if owner != self.shard_index:
             return None
-        if problem is None and hash(prompt_id) in self.seen:
-            problem = Problem(DUPLICATE_ID, f"duplicate id {prompt_id!r} (first occurrence kept)")
-        if problem is not None:
-            return MalformedLine(position, problem.reason, _excerpt(raw), prompt_id, problem.cause)
-        assert prompt_id is not None
-        self.seen.add(hash(prompt_id))
-        return PromptRef(position, prompt_id, offset, length)
+        return MalformedLine(position, problem.reason, _excerpt(raw), prompt_id, problem.cause)
 
     def bad_line(self, position: int, reason: str, raw: bytes | str) -> MalformedLine | None:
         if shard_of_line(position, self.shard_count) == self.shard_index:
@@ -308,10 +366,8 @@ class ShardScan:
         self.valid_lines_total = 0
 
     def __iter__(self) -> Iterator[tuple[PromptRef, dict[str, Any]] | MalformedLine]:
-        assigner = _Assigner(self.shard_index, self.shard_count)
-        lines = _scan_jsonl(self.path, assigner) if self.format == "jsonl" else _scan_parquet(self.path, assigner)
-        self.lines_total = yield from lines
-        self.valid_lines_total = assigner.valid_lines
+        # The reader's own generator, not one wrapped around it: a layer per line less.
+        return _scan_jsonl(self) if self.format == "jsonl" else _scan_parquet(self)
 
 
 def has_prompt(scan: ShardScan) -> bool:
@@ -385,58 +441,96 @@ def empty_dataset_message(summary: DatasetSummary) -> str:
     return f"spec.dataset.path {summary.path}: no valid prompt in {summary.lines} lines; set aside: {causes}"
 
 
-def _scan_jsonl(
-    path: Path, assigner: _Assigner
-) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, int]:
-    """This shard's lines; returns the number of lines."""
-    position = 0
+def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:
+    """This shard's lines; sets the scan's totals once exhausted. This loop runs once per dataset line, so
+    the common case takes shortcuts that change no result (tests/worker/test_dataset_scan.py): the line is
+    parsed as read (JSON ignores the whitespace `strip` would cut; a line that fails is stripped and parsed
+    again, for the error the stripped line gives), a prompt of the common shape skips validate_prompt
+    (plain_prompt_id), and names are bound to locals."""
+    path = scan.path
+    assigner = _Assigner(scan.shard_index, scan.shard_count)
+    take_valid, set_aside, bad_line = assigner.take_valid, assigner.set_aside, assigner.bad_line
+    loads, decode_error, plain_id, validate = orjson.loads, orjson.JSONDecodeError, plain_prompt_id, validate_prompt
+    position = -1
+    valid = 0
     offset = 0
     with path.open("rb") as file:
         if file.read(2) in _UTF16_BOMS:
             raise DatasetError(f"dataset {path} is UTF-16 (byte order mark); JSONL must be UTF-8")
         file.seek(0)
-        for line in file:
+        # Positions are physical 0-based line numbers (blank lines are skipped, not renumbered).
+        for position, line in enumerate(file):
             if position == 0 and line.startswith(UTF8_BOM):
                 # Editors on Windows write one; the first prompt starts after it.
                 line = line[len(UTF8_BOM) :]
                 offset = len(UTF8_BOM)
+            start = offset
             length = len(line)
-            stripped = line.strip()
-            if stripped:
+            offset += length
+            try:
+                obj = loads(line)
+            except decode_error:
+                stripped = line.strip()
+                if not stripped:
+                    continue
                 try:
-                    obj = orjson.loads(stripped)
-                except orjson.JSONDecodeError as error:
-                    bad = assigner.bad_line(position, f"bad JSON: {error}", stripped)
+                    obj = loads(stripped)
+                except decode_error as error:
+                    bad = bad_line(position, f"bad JSON: {error}", stripped)
                     if bad is not None:
                         yield bad
-                else:
-                    taken = assigner.take(position, obj, stripped, offset, length)
-                    if taken is not None:
-                        yield taken if isinstance(taken, MalformedLine) else (taken, obj)
-            # Positions are physical 0-based line numbers (blank lines are skipped, not renumbered).
-            position += 1
-            offset += length
-    return position
+                    continue
+            prompt_id = plain_id(obj)
+            if prompt_id is None:
+                prompt_id, problem = validate(obj)
+                if problem is not None:
+                    aside = set_aside(position, prompt_id, problem, line.strip())
+                    if aside is not None:
+                        yield aside
+                    continue
+                assert prompt_id is not None
+            valid += 1
+            ref = take_valid(position, prompt_id, start, length)
+            if type(ref) is PromptRef:
+                yield ref, obj
+            elif ref is DUPLICATE:
+                yield assigner.duplicate(position, prompt_id, line.strip())
+    scan.lines_total = position + 1
+    scan.valid_lines_total = valid
 
 
-def _scan_parquet(
-    path: Path, assigner: _Assigner
-) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, int]:
+def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:
     import pyarrow.parquet as pq
+
+    path = scan.path
+    assigner = _Assigner(scan.shard_index, scan.shard_count)
 
     try:
         parquet = pq.ParquetFile(path)
     except Exception as error:
         raise DatasetError(f"dataset {path} is not readable Parquet: {error}") from None
     position = 0
+    valid = 0
     for batch in parquet.iter_batches(batch_size=4096):
         for obj in batch.to_pylist():
             obj = _normalise_parquet_row(obj)
-            taken = assigner.take(position, obj, orjson.dumps(obj, default=str)[:200], -1, 0)
-            if taken is not None:
-                yield taken if isinstance(taken, MalformedLine) else (taken, obj)
+            raw = orjson.dumps(obj, default=str)[:200]
+            prompt_id, problem = validate_prompt(obj)
+            if problem is not None:
+                aside = assigner.set_aside(position, prompt_id, problem, raw)
+                if aside is not None:
+                    yield aside
+            else:
+                assert prompt_id is not None
+                valid += 1
+                ref = assigner.take_valid(position, prompt_id, -1, 0)
+                if isinstance(ref, PromptRef):
+                    yield ref, obj
+                elif ref is DUPLICATE:
+                    yield assigner.duplicate(position, prompt_id, raw)
             position += 1
-    return position
+    scan.lines_total = position
+    scan.valid_lines_total = valid
 
 
 def _normalise_parquet_row(obj: dict[str, Any]) -> dict[str, Any]:
