@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from datagen_operator.prompts.dataset import (
     Problem,
     PromptRef,
     ShardScan,
+    dataset_summary,
     plain_prompt_id,
     plan_shard,
     shard_of_id,
@@ -150,6 +152,13 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
             assert items == expected
             assert (scan.lines_total, scan.valid_lines_total) == (lines, valid)
             assert any(isinstance(item, MalformedLine) and item.cause == DUPLICATE_ID for item in items)
+    # The summary (counts only, streamed) says what the whole-dataset reading says.
+    expected, lines, _ = _reference(path, 0, 1)
+    aside = [item for item in expected if isinstance(item, MalformedLine)]
+    summary = dataset_summary(path)
+    assert (summary.lines, summary.prompts) == (lines, len(expected) - len(aside))
+    assert summary.set_aside == Counter(item.cause for item in aside)
+    assert summary.examples == {item.cause: f"line {item.position + 1}: {item.reason}" for item in reversed(aside)}
     # The offsets and lengths read each prompt back (the form-feed padded one included).
     plan = plan_shard(path, 0, 1)
     loaded = list(plan.iter_prompts())

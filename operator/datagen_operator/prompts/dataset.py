@@ -413,14 +413,19 @@ class DatasetSummary:
 
 
 def dataset_summary(path: str | Path, declared: DatasetFormat = "auto") -> DatasetSummary:
-    """Count the valid prompts and the lines set aside, by cause (reads the whole dataset once)."""
-    plan = plan_shard(path, 0, 1, declared)
+    """Count the valid prompts and the lines set aside, by cause (reads the whole dataset once, streamed:
+    only the counts are kept)."""
+    scan = ShardScan(path, 0, 1, declared)
+    prompts = 0
     set_aside: dict[str, int] = {}
     examples: dict[str, str] = {}
-    for line in plan.malformed:
-        set_aside[line.cause] = set_aside.get(line.cause, 0) + 1
-        examples.setdefault(line.cause, f"line {line.position + 1}: {line.reason}")
-    return DatasetSummary(str(plan.path), plan.format, plan.lines_total, len(plan.prompts), set_aside, examples)
+    for item in scan:
+        if not isinstance(item, MalformedLine):
+            prompts += 1
+            continue
+        set_aside[item.cause] = set_aside.get(item.cause, 0) + 1
+        examples.setdefault(item.cause, f"line {item.position + 1}: {item.reason}")
+    return DatasetSummary(str(scan.path), scan.format, scan.lines_total, prompts, set_aside, examples)
 
 
 def check_dataset(path: str | Path, declared: DatasetFormat = "auto") -> DatasetSummary:
