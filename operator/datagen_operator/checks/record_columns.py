@@ -34,7 +34,7 @@ from datagen_operator.checks.record_checks import (
 COLUMNS = ("input_ids", "output_ids", "finish_reason", "completion_tokens", "has_tools")
 """The stored columns the checks read."""
 
-PROMPT_TAIL = 16
+PROMPT_TAIL = 8
 """Prompt ids looked at from the end; a prompt whose tail test reads further is checked one by one."""
 
 _KINDS: tuple[str | None, ...] = (None, "stop", "length", "abort")

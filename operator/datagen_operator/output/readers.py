@@ -84,7 +84,7 @@ class RecordBatches:
         parquet_keys: set[int] | None = None
         at = 0
         for path in parquets:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names, use_threads=False):
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names):
                 keep = first[at : at + batch.num_rows]
                 at += batch.num_rows
                 yield batch if keep.all() else batch.filter(pa.array(keep))
@@ -151,7 +151,7 @@ def _key_batches(parquets: list[Path]) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     for path in parquets:  # streamed: pq.read_table of the two columns holds ~7x their size while decoding
-        yield from pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536, use_threads=False)
+        yield from pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536)
 
 
 def _keys_at(parquets: list[Path], rows: Any) -> Iterator[tuple[str, int]]:
