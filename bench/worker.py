@@ -1,24 +1,28 @@
-"""Benchmark: `datagen worker` against a minimal aiohttp client, same simulator, same requests, one run.
+"""Benchmark: `datagen worker` against a minimal aiohttp client doing the same work, same simulator, one run.
 
-    .venv/bin/python bench/worker.py [--prompts 1500] [--answer-tokens 4096] [--concurrency 64] [--rounds 3]
+    .venv/bin/python bench/worker.py [--prompts 3000] [--answer-tokens 4096] [--concurrency 64] [--rounds 3]
 
 Starts the SGLang simulator (one process, wire speed: no sleeps) on loopback, with fixed 4k-token
-answers (reasoning + answer, lognormal sigma 0). Then `--rounds` pairs, back to back:
-- baseline: the worker's requests (the same prompts rendered here, the same sampling_params: the spec's
-  and the stop ids the worker adds) POSTed to /generate at the same concurrency, each response parsed
-  with orjson and discarded;
+answers (reasoning + answer, lognormal sigma 0). Then `--rounds` triples, back to back:
+- baseline: the minimal client doing the worker's work from the same dataset: each prompt rendered in its
+  event loop when its lane sends it, with the worker's own `Renderer` (the model's template, the same
+  ids), the worker's request (the same sampling_params: the spec's and the stop ids the worker adds)
+  POSTed to /generate at the same concurrency, each response parsed with orjson and discarded (no checks,
+  nothing stored);
+- HTTP-only baseline: the same client with every prompt rendered before the clock starts (its cost of
+  HTTP and parsing alone), printed for reference: the worker renders as it goes, so this one does less;
 - worker: `datagen worker` as ONE subprocess into a fresh output directory with --no-compact, then a
   second invocation that only compacts.
-Both sides are timed by one observer, the simulator's own `sglang:generation_tokens_total` counter
+Every side is timed by one observer, the simulator's own `sglang:generation_tokens_total` counter
 sampled every 50 ms, over the same steady-state window: from 10 % to 90 % of the run's output tokens
-(start-up, the render helper's start and the tail where lanes run dry are outside it for both). Each
-pair gives a ratio; the median ratio is reported (the machine is shared: pairs taken back to back see
-the same load), with the load average before and after. Prints, last line:
+(start-up and the tail where lanes run dry are outside it for all). Each triple gives the ratios; the
+medians are reported (the machine is shared: runs taken back to back see the same load), with the load
+average before and after. Prints, last line:
 
     worker_vs_baseline=<ratio> worker_tokens_per_s=<n> parquet_bytes_per_token=<x>
 
-and before it CPU seconds per million stored tokens (generation, compaction) and JSONL bytes per token.
-"Stored tokens" are input_ids + output_ids of every record.
+and before it `worker_vs_http_only_baseline=`, CPU seconds per million stored tokens (generation,
+compaction) and JSONL bytes per token. "Stored tokens" are input_ids + output_ids of every record.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -126,12 +132,15 @@ def write_dataset(path: Path, prompts: int) -> None:
 
 
 def render_all(dataset: Path, tokenizer_dir: Path) -> list[list[int]]:
-    return render_with_params(dataset, tokenizer_dir, 8192)[0]
+    """Every prompt of the dataset as the worker renders it."""
+    renderer, _ = renderer_and_params(dataset, tokenizer_dir, 8192)
+    return [renderer.render(orjson.loads(line)["messages"], None) for line in dataset.read_bytes().splitlines()]
 
 
-def render_with_params(dataset: Path, tokenizer_dir: Path, max_new_tokens: int) -> tuple[list[list[int]], dict]:
-    """The prompts as the worker renders them, and the sampling_params its requests carry (the spec's and
-    the stop ids the records are checked against): the baseline sends exactly the worker's requests."""
+def renderer_and_params(dataset: Path, tokenizer_dir: Path, max_new_tokens: int) -> tuple[Any, dict]:
+    """The worker's Renderer (its tokenizer, template and variables) and the sampling_params its requests
+    carry (the spec's and the stop ids the records are checked against): the baseline sends exactly the
+    worker's requests."""
     from datagen_operator.api import parse_spec
     from datagen_operator.api.resolve import resolve_model
     from datagen_operator.checks.record_checks import expectations_for, read_model_eos_ids
@@ -141,11 +150,10 @@ def render_with_params(dataset: Path, tokenizer_dir: Path, max_new_tokens: int) 
     spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), max_new_tokens, 1))
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolved.trust_remote_code)
-    renderer = Renderer(tokenizer, template_variables(resolved))
     expect = expectations_for(resolved, tokenizer, read_model_eos_ids(tokenizer_dir))
-    params = run_sampling(spec.generation.sampling, expect.stop_token_ids)
-    prompts = [renderer.render(orjson.loads(line)["messages"], None) for line in dataset.read_bytes().splitlines()]
-    return prompts, params
+    return Renderer(tokenizer, template_variables(resolved)), run_sampling(
+        spec.generation.sampling, expect.stop_token_ids
+    )
 
 
 def _spec(dataset: Path, tokenizer_dir: Path, output: Path, max_new_tokens: int, concurrency: int) -> dict:
@@ -158,18 +166,20 @@ def _spec(dataset: Path, tokenizer_dir: Path, output: Path, max_new_tokens: int,
     }
 
 
-async def baseline(url: str, prompts: list[list[int]], params: dict, concurrency: int) -> tuple[float, int]:
-    """The minimal client: the worker's requests (same input_ids, same sampling_params), each response
-    parsed and discarded."""
-    payloads = [orjson.dumps({"input_ids": ids, "sampling_params": params}) for ids in prompts]
+async def baseline(
+    url: str, chats: list[list[dict]], params: dict, concurrency: int, render: Callable[[list[dict]], list[int]]
+) -> tuple[float, int]:
+    """The minimal client: each chat rendered with `render` in the event loop, sent as the worker's request
+    (same input_ids, same sampling_params), the response parsed and discarded."""
     tokens = 0
-    queue = iter(payloads)
+    queue = iter(chats)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def lane() -> None:
             nonlocal tokens
-            for payload in queue:
+            for messages in queue:
+                payload = orjson.dumps({"input_ids": render(messages), "sampling_params": params})
                 async with session.post(
                     url + "/generate", data=payload, headers={"Content-Type": "application/json"}
                 ) as response:
@@ -209,7 +219,7 @@ def generation_stats(logs: list[dict]) -> tuple[float, float, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=1500)
+    parser.add_argument("--prompts", type=int, default=3000)
     parser.add_argument("--answer-tokens", type=int, default=4096)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
@@ -226,17 +236,31 @@ def main() -> int:
         dataset = workdir / "prompts.jsonl"
         write_dataset(dataset, args.prompts)
         max_new = args.answer_tokens * 2
-        prompts, params = render_with_params(dataset, tokenizer_dir, max_new)
-        asyncio.run(baseline(url, prompts[: args.concurrency], params, args.concurrency))  # warm-up
+        renderer, params = renderer_and_params(dataset, tokenizer_dir, max_new)
+        chats = [orjson.loads(line)["messages"] for line in dataset.read_bytes().splitlines()]
+        rendered = {id(chat): renderer.render(chat, None) for chat in chats}
+
+        def render_inline(messages: list[dict]) -> list[int]:
+            return renderer.render(messages, None)
+
+        def pre_rendered(messages: list[dict]) -> list[int]:
+            return rendered[id(messages)]
+
+        asyncio.run(baseline(url, chats[: args.concurrency], params, args.concurrency, pre_rendered))  # warm-up
         print(load_text(), flush=True)
         base_rates: list[float] = []
+        http_rates: list[float] = []
         worker_rates: list[float] = []
         ratios: list[float] = []
+        http_ratios: list[float] = []
         runs: list[dict] = []
         for round_index in range(args.rounds):
+            watch = TokenWatch(url)
+            asyncio.run(baseline(url, chats, params, args.concurrency, pre_rendered))
+            http_rates.append(watch.steady_rate())
             cpu_before, sim_before = time.process_time(), process_cpu_s(sim.pid)
             watch = TokenWatch(url)
-            seconds, tokens = asyncio.run(baseline(url, prompts, params, args.concurrency))
+            seconds, tokens = asyncio.run(baseline(url, chats, params, args.concurrency, render_inline))
             base_rates.append(watch.steady_rate())
             base_whole = tokens / seconds
             base_cpu, base_sim_cpu = time.process_time() - cpu_before, process_cpu_s(sim.pid) - sim_before
@@ -247,6 +271,7 @@ def main() -> int:
             wall, cpu, logs = run_worker(spec, url, ["--no-compact"])
             worker_rates.append(watch.steady_rate())
             ratios.append(worker_rates[-1] / base_rates[-1])
+            http_ratios.append(worker_rates[-1] / http_rates[-1])
             worker_sim_cpu = process_cpu_s(sim.pid) - sim_before
             gen_s, gen_cpu, gen_tokens = generation_stats(logs)
             layout = OutputLayout(output)
@@ -261,8 +286,9 @@ def main() -> int:
                  "worker_sim_cpu": worker_sim_cpu}
             )  # fmt: skip
             print(
-                f"pair {round_index}: baseline {base_rates[-1]:,.0f} tok/s, worker {worker_rates[-1]:,.0f} tok/s "
-                f"(steady window), ratio {ratios[-1]:.3f}; baseline whole run {base_whole:,.0f} tok/s, worker whole generation phase {gen_tokens / gen_s:,.0f} "
+                f"round {round_index}: baseline {base_rates[-1]:,.0f} tok/s (HTTP only {http_rates[-1]:,.0f}), "
+                f"worker {worker_rates[-1]:,.0f} tok/s (steady window), ratio {ratios[-1]:.3f} "
+                f"(to the HTTP-only baseline {http_ratios[-1]:.3f}); baseline whole run {base_whole:,.0f} tok/s, worker whole generation phase {gen_tokens / gen_s:,.0f} "
                 f"tok/s ({gen_s:.2f}s of {wall:.2f}s wall incl. start-up); compaction run {c_wall:.2f}s; "
                 f"{load_text()}",
                 flush=True,
@@ -289,7 +315,11 @@ def main() -> int:
         print(f"compaction_cpu_s_per_million_stored_tokens={run['compact_cpu'] / stored_m:.3f} (incl. start-up)")
         print(f"jsonl_bytes_per_token={run['jsonl'] / run['stored']:.3f}")
         print(f"baseline_tokens_per_s={statistics.median(base_rates):.0f} (median of {args.rounds}, steady window)")
-        print(f"pair ratios: {', '.join(f'{r:.3f}' for r in ratios)}; {load_text()}")
+        print(f"ratios: {', '.join(f'{r:.3f}' for r in ratios)}; {load_text()}")
+        print(
+            f"worker_vs_http_only_baseline={statistics.median(http_ratios):.3f} (the client with every prompt "
+            f"rendered before the clock: {', '.join(f'{r:.3f}' for r in http_ratios)})"
+        )
         print(
             f"worker_vs_baseline={statistics.median(ratios):.3f} "
             f"worker_tokens_per_s={statistics.median(worker_rates):.0f} "
