@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,19 @@ def test_presets_lists_every_family() -> None:
 
 def test_unknown_command_exits_2() -> None:
     assert datagen("frobnicate").returncode == 2
+
+
+def test_commands_run_arrow_on_its_jemalloc_pool_unless_the_user_chose_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datagen_operator import cli
+
+    monkeypatch.delenv(cli.ARROW_POOL_VARIABLE, raising=False)
+    assert cli.main(["presets"]) == 0
+    assert os.environ[cli.ARROW_POOL_VARIABLE] == "jemalloc"
+    monkeypatch.setenv(cli.ARROW_POOL_VARIABLE, "system")
+    assert cli.main(["presets"]) == 0
+    assert os.environ[cli.ARROW_POOL_VARIABLE] == "system"
+    # The installed pyarrow has the pool (a wheel without it would fall back with a warning on every command).
+    probe = "import pyarrow; print(pyarrow.default_memory_pool().backend_name)"
+    env = {**os.environ, cli.ARROW_POOL_VARIABLE: "jemalloc"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "jemalloc", result.stderr
