@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -294,12 +294,3 @@ def _write_parquet(
         writer.close()
         sources.close()
     return rows, tokens, orphans
-
-
-def parquet_records(path: Path) -> Iterator[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
-            row["finish_reason"] = orjson.loads(row["finish_reason"]) if row["finish_reason"] else None
-            yield row

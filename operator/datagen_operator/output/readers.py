@@ -10,38 +10,20 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.progress import ShardProgress
-from datagen_operator.output.layout import OutputLayout, shard_indices
-from datagen_operator.output.parquet import parquet_records
+from datagen_operator.output.layout import RECORD_FIELDS, OutputLayout, shard_indices
 from datagen_operator.output.segments import complete_lines, segment_records
 
 # --- readers --------------------------------------------------------------------------------
 
 
 def iter_shard_records(output_dir: str | Path, shard_index: int) -> Iterator[dict[str, Any]]:
-    layout = OutputLayout(Path(output_dir))
-    # Keys by their 64-bit hash: a million records hold 64 MB here, not the keys' strings and tuples.
-    seen: set[int] = set()
-
-    def from_parquet() -> Iterator[dict[str, Any]]:
-        for parquet in sorted(layout.data_dir.glob(f"shard-{shard_index:05d}-of-*.parquet")):
-            for record in parquet_records(parquet):
-                key = hash((record["id"], record["sample"]))
-                if key not in seen:
-                    seen.add(key)
-                    yield record
-
-    had_parquet = any(layout.data_dir.glob(f"shard-{shard_index:05d}-of-*.parquet"))
-    yield from from_parquet()
-    segments = layout.segments(shard_index)
-    for segment in segments:
-        for record in segment_records(segment):
-            key = hash((record["id"], record["sample"]))
-            if key not in seen:
-                seen.add(key)
-                yield record
-    if not had_parquet and any(not segment.exists() for segment in segments):
-        # A compaction finished while we read: what vanished with the segments is in the Parquet now.
-        yield from from_parquet()
+    for part in RecordBatches(output_dir, RECORD_FIELDS, rows=1024).shard_parts(shard_index):
+        if isinstance(part, dict):
+            yield part
+            continue
+        for record in part.to_pylist():
+            record["finish_reason"] = orjson.loads(record["finish_reason"]) if record["finish_reason"] else None
+            yield record
 
 
 def iter_records(output_dir: str | Path) -> Iterator[dict[str, Any]]:
@@ -68,20 +50,34 @@ class RecordBatches:
         self.duplicates = 0
 
     def __iter__(self) -> Iterator[Any]:
-        for index in shard_indices(self.layout):
-            yield from self._shard(index)
+        from datagen_operator.output.parquet import ColumnBatch
 
-    def _shard(self, index: int) -> Iterator[Any]:
+        for index in shard_indices(self.layout):
+            pending = ColumnBatch()  # segment records, gathered into a batch
+            for part in self.shard_parts(index):
+                if isinstance(part, dict):
+                    pending.add(part)
+                    if pending.rows < self.rows:
+                        continue
+                    part = None
+                if pending.rows:  # they go out in order, before what follows them
+                    yield from pending.table().select(self.names).to_batches()
+                    pending = ColumnBatch()
+                if part is not None:
+                    yield part
+            if pending.rows:
+                yield from pending.table().select(self.names).to_batches()
+
+    def shard_parts(self, index: int) -> Iterator[Any]:
+        """One shard's records exactly once, in order: Arrow batches from its Parquet (repeats dropped), then
+        the records of its segments not in the Parquet, as dicts (a line still being written skipped)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
-
-        from datagen_operator.output.parquet import ColumnBatch
 
         layout, names, rows = self.layout, self.names, self.rows
         parquets = sorted(layout.data_dir.glob(f"shard-{index:05d}-of-*.parquet"))
         first = first_occurrences(parquets)
         self.duplicates += int(len(first) - first.sum())
-        parquet_keys: set[int] | None = None
         at = 0
         for path in parquets:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names):
@@ -89,8 +85,9 @@ class RecordBatches:
                 at += batch.num_rows
                 yield batch if keep.all() else batch.filter(pa.array(keep))
         segments = layout.segments(index)
+        # Keys by their 64-bit hash: a million records hold 64 MB here, not the keys' strings and tuples.
         seen: set[int] = set()
-        columns = ColumnBatch()
+        parquet_keys: set[int] | None = None
         for segment in segments:
             for record in segment_records(segment):
                 key = hash((record["id"], record["sample"]))
@@ -99,12 +96,7 @@ class RecordBatches:
                 if key in seen or (parquet_keys is not None and key in parquet_keys):
                     continue
                 seen.add(key)
-                columns.add(record)
-                if columns.rows >= rows:
-                    yield from columns.table().select(names).to_batches()
-                    columns = ColumnBatch()
-        if columns.rows:
-            yield from columns.table().select(names).to_batches()
+                yield record
         if not parquets and any(not segment.exists() for segment in segments):
             # A compaction finished while we read: what vanished with the segments is in the Parquet now.
             for path in sorted(layout.data_dir.glob(f"shard-{index:05d}-of-*.parquet")):
