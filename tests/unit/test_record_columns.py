@@ -48,6 +48,7 @@ EXPECTATIONS = {
 ALPHABET = [1, 2, 3, THINK, END_THINK, IM_END, BEGIN, END, NEWLINE, CHANNEL, ANALYSIS, MESSAGE, RETURN]
 FINISHES: list[Any] = [
     {"type": "stop", "matched": IM_END},
+    {"type": "stop", "matched": "NaN happened"},  # SGLang's NaN guard: a stop id written, matched a string
     {"type": "length", "length": 9},
     {"type": "abort", "message": "x"},
     {"type": "weird"},

@@ -227,8 +227,7 @@ async def run_canary(
     from datagen_operator.prompts.render import Renderer, RenderError, template_variables
 
     resolved = resolve_model(spec)
-    model_eos = rc.read_model_eos_ids(model_dir or Path(spec.model.tokenizer_path or spec.model.path))
-    expect = rc.expectations_for(resolved, tokenizer, model_eos)
+    expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_path or spec.model.path))
     ctx = check_context(resolved, spec.checks, expect.think_end_id)
     renderer = Renderer(tokenizer, template_variables(resolved))
     wanted = spec.checks.canary_prompts + len(PROBES)

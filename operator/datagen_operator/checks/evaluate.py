@@ -226,11 +226,19 @@ def _termination(tally: Tally) -> CheckResult:
     n = tally.records
     bad = tally.count(rc.BAD_TERMINATION)
     aborted = tally.count(rc.ABORTED)
-    passed = bad == 0 and aborted == 0
-    if passed:
+    nan = tally.count(rc.NAN_REPLACED)
+    count = bad + aborted + nan
+    if count == 0:
         verdict = "every finished output ends with a stop token"
     else:
         parts = []
+        if nan:
+            parts.append(
+                f'{_frac(nan, n)} outputs ended on SGLang\'s NaN guard (finish_reason.matched "NaN happened"): the '
+                "model sampled an id outside its vocabulary (NaN or inf logits) and SGLang wrote a stop id in its "
+                "place; these records are not what the model generated: check the weights, dtype/quantization and "
+                "the kernels (a numerically broken server), then regenerate them"
+            )
         if bad:
             parts.append(
                 f"{_frac(bad, n)} outputs finished `stop` without a stop token last: output_ids were trimmed or "
@@ -241,10 +249,10 @@ def _termination(tally: Tally) -> CheckResult:
         verdict = "; ".join(parts)
     return CheckResult(
         name=TERMINATION,
-        passed=passed,
-        rate=_rate(bad + aborted, n),
+        passed=count == 0,
+        rate=_rate(count, n),
         threshold=0.0,
-        count=bad + aborted,
+        count=count,
         total=n,
         verdict=verdict,
     )

@@ -56,7 +56,7 @@ def run_preflight(
     found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({aside} lines set aside)" if aside else "")
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer, rc.read_model_eos_ids(tokenizer_dir))
+    expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
     renderer = Renderer(tokenizer, template_variables(resolved))
     manifest = read_manifest(output)
     estimate = estimate_output(spec, plan, renderer, manifest)

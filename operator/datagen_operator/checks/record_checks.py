@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from datagen_operator.api.resolve import ResolvedModel
+from datagen_operator.presets.sglang_names import SGLANG_ADDITIONAL_STOP_TEXTS
 
 # Flag names: stable strings, counted by workers and read by the rolling checks.
 TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -26,6 +27,10 @@ TRUNCATED = "truncated"
 BAD_TERMINATION = "bad_termination"
 UNBALANCED_TOOL_CALLS = "unbalanced_tool_calls"
 ABORTED = "aborted"
+NAN_REPLACED = "nan_replaced"
+"""A `stop` whose `finish_reason.matched` is not a token id: SGLang sampled an id outside the vocabulary (NaN or
+inf logits), wrote a stop id in its place and reported `matched: "NaN happened"` (`Req._check_vocab_boundary_finish`).
+The last id is a stop id, so only `matched` tells; the record's tail is not what the model sampled."""
 PROMPT_CLOSES_THINK = "prompt_closes_think"
 """A thinking run whose rendered prompt ends with an empty think block: the template was rendered with
 thinking off (the seeds' case), so the model is told not to reason."""
@@ -41,6 +46,7 @@ ALL_FLAGS: tuple[str, ...] = (
     BAD_TERMINATION,
     UNBALANCED_TOOL_CALLS,
     ABORTED,
+    NAN_REPLACED,
     PROMPT_CLOSES_THINK,
 )
 
@@ -76,7 +82,9 @@ class Expectations:
     """Whitespace tokens a template may put after the opener or closer at the end of the prompt."""
 
 
-def _token_id(tokenizer: TokenLookup, text: str, fixed: int | None) -> int | None:
+def _token_id(tokenizer: TokenLookup | None, text: str, fixed: int | None) -> int | None:
+    if tokenizer is None:
+        return fixed
     token_id = tokenizer.convert_tokens_to_ids(text)
     unk = getattr(tokenizer, "unk_token_id", None)
     if token_id is None or (unk is not None and token_id == unk and fixed is None):
@@ -84,9 +92,11 @@ def _token_id(tokenizer: TokenLookup, text: str, fixed: int | None) -> int | Non
     return token_id
 
 
-def _opener_ids(tokenizer: TokenLookup, text: str, fixed: int | None) -> tuple[int, ...]:
+def _opener_ids(tokenizer: TokenLookup | None, text: str, fixed: int | None) -> tuple[int, ...]:
     """A one-token opener by its id; a longer one (harmony's channel header) as the ids it encodes to."""
     token_id = _token_id(tokenizer, text, fixed)
+    if tokenizer is None:
+        return (token_id,) if token_id is not None else ()
     unk = getattr(tokenizer, "unk_token_id", None)
     if token_id is not None and token_id != unk:
         return (token_id,)
@@ -98,21 +108,21 @@ def _single_token_ids(tokenizer: TokenLookup, texts: tuple[str, ...]) -> frozens
     return frozenset(ids[0] for ids in encoded if len(ids) == 1)
 
 
-def expectations_for(
-    resolved: ResolvedModel, tokenizer: TokenLookup, model_eos_ids: frozenset[int] = frozenset()
-) -> Expectations:
-    """Expectations from the resolved model knowledge, with ids looked up in the run's tokenizer.
+def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup | None, model_dir: Path | None) -> Expectations:
+    """What a faithful record of this run looks like: the one source the preflight, the worker, the canary, the
+    rolling checks, verify and export read. Ids are looked up in the run's tokenizer, else the preset's fixed ids.
 
-    Stop ids are what SGLang stops at: the preset's, the model's config and generation_config
-    `eos_token_id` (`model_eos_ids`, see `read_model_eos_ids`), and the tokenizer's eos only when nothing
-    else names one (Kimi's tokenizer eos `[EOS]` is not what the model writes; `<|im_end|>` is).
+    Stop ids are the union SGLang 0.5.23 stops on (`Req._check_token_based_finish`): the request's
+    `stop_token_ids` (the preset's stop tokens), `eos_token_id` of the model's config.json and
+    generation_config.json (`model_dir`), the tokenizer's `eos_token_id`, and the tokenizer's additional stop
+    tokens (`attach_additional_stop_token_ids`). An output that ends on any of them ended as SGLang ends it.
     """
     preset = resolved.preset
     start_fixed = preset.think_start.id if preset and preset.think_start else None
     end_fixed = preset.think_end.id if preset and preset.think_end else None
     think_start = _opener_ids(tokenizer, resolved.think_start, start_fixed) if resolved.think_start else ()
     think_end = _token_id(tokenizer, resolved.think_end, end_fixed) if resolved.think_end else None
-    stops: set[int] = set(model_eos_ids)
+    stops: set[int] = set(read_model_eos_ids(model_dir)) if model_dir is not None else set()
     pairs: list[tuple[int, int]] = []
     if preset is not None:
         for token in preset.stop_tokens:
@@ -123,9 +133,7 @@ def expectations_for(
             begin_id, end_id = _token_id(tokenizer, begin.text, begin.id), _token_id(tokenizer, end.text, end.id)
             if begin_id is not None and end_id is not None:
                 pairs.append((begin_id, end_id))
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if not stops and eos is not None:
-        stops.add(eos)
+    stops |= tokenizer_stop_ids(tokenizer)
     return Expectations(
         thinking=resolved.thinking,
         think_start_ids=think_start,
@@ -133,8 +141,23 @@ def expectations_for(
         stop_token_ids=frozenset(stops),
         tool_marker_pairs=tuple(pairs),
         prompt_prefills_opener=bool(preset and preset.thinking.prompt_prefills_opener),
-        prompt_tail_skip_ids=_single_token_ids(tokenizer, PROMPT_TAIL_WHITESPACE),
+        prompt_tail_skip_ids=_single_token_ids(tokenizer, PROMPT_TAIL_WHITESPACE) if tokenizer else frozenset(),
     )
+
+
+def tokenizer_stop_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's part of SGLang's stop set: its `eos_token_id` and the added tokens SGLang registers as
+    additional stop ids (`SGLANG_ADDITIONAL_STOP_TEXTS`)."""
+    if tokenizer is None:
+        return frozenset()
+    ids: set[int] = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if _is_token_id(eos):
+        ids.add(eos)
+    get_added_vocab = getattr(tokenizer, "get_added_vocab", None)
+    added = get_added_vocab() if callable(get_added_vocab) else {}
+    ids |= {added[text] for text in SGLANG_ADDITIONAL_STOP_TEXTS if _is_token_id(added.get(text))}
+    return frozenset(ids)
 
 
 def read_model_eos_ids(model_dir: Path) -> frozenset[int]:
@@ -148,6 +171,22 @@ def read_model_eos_ids(model_dir: Path) -> frozenset[int]:
         values = value if isinstance(value, list) else [value]
         ids |= {item for item in values if isinstance(item, int) and not isinstance(item, bool)}
     return frozenset(ids)
+
+
+def stop_matched_no_token(finish_reason: Any) -> bool:
+    """A `stop` finish whose `matched` is neither a token id nor a list of them. The runs send no stop strings
+    (`spec.generation.sampling` refuses `stop`), so in SGLang 0.5.23 this is only its NaN guard
+    (`FINISH_MATCHED_STR(matched="NaN happened")`). A plain string finish (no `matched` known) is not one."""
+    if not isinstance(finish_reason, dict) or finish_reason.get("type") != "stop" or "matched" not in finish_reason:
+        return False
+    matched = finish_reason["matched"]
+    if isinstance(matched, list):
+        return not all(_is_token_id(item) for item in matched)
+    return not _is_token_id(matched)
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def finish_type(finish_reason: Any) -> str | None:
@@ -188,6 +227,8 @@ class RecordFacts(NamedTuple):
     reasoning: int = NO_THINK_END_FOUND
     """After the reasoning's start: NO_THINK_END_FOUND, EMPTY (the closer first) or WRITTEN."""
     tool_calls_unbalanced: bool = False
+    stop_not_token: bool = False
+    """A `stop` whose `matched` is not a token id (stop_matched_no_token): SGLang's NaN guard."""
 
 
 def inspect_record(
@@ -212,6 +253,7 @@ def record_facts(
 ) -> RecordFacts:
     """The facts of one record, looked up only where `flags_of` will read them (this runs on every record)."""
     kind = finish_type(finish_reason)
+    nan = kind == "stop" and stop_matched_no_token(finish_reason)
     mismatch = completion_tokens is not None and len(output_ids) != completion_tokens
     leak = mismatch and _leaks_prompt_suffix(
         input_ids, output_ids, len(output_ids) - (completion_tokens or 0), expect.suffix_leak_window
@@ -224,13 +266,13 @@ def record_facts(
     )
     end_id, opener = expect.think_end_id, expect.think_start_ids
     if end_id is None:
-        return RecordFacts(kind, mismatch, leak, stop_last, tool_calls_unbalanced=unbalanced)
+        return RecordFacts(kind, mismatch, leak, stop_last, tool_calls_unbalanced=unbalanced, stop_not_token=nan)
     if not expect.thinking:
         opener_found = _find_seq(output_ids, opener) >= 0
         end_found = _find(output_ids, end_id) >= 0
         return RecordFacts(
             kind, mismatch, leak, stop_last, opener_in_output=opener_found, think_end_in_output=end_found,
-            tool_calls_unbalanced=unbalanced,
+            tool_calls_unbalanced=unbalanced, stop_not_token=nan,
         )  # fmt: skip
     closes = prompt_closes_think(input_ids, expect)
     starts_in_prompt = not opener or prompt_opens_think(input_ids, expect)
@@ -238,14 +280,15 @@ def record_facts(
     if not starts_in_prompt and opened_at < 0:
         return RecordFacts(
             kind, mismatch, leak, stop_last, False, closes, False, _find(output_ids, end_id) >= 0,
-            tool_calls_unbalanced=unbalanced,
+            tool_calls_unbalanced=unbalanced, stop_not_token=nan,
         )  # fmt: skip
     reasoning_from = 0 if starts_in_prompt else opened_at + len(opener)
     end_at = _find(output_ids, end_id, reasoning_from)
     reasoning = NO_THINK_END_FOUND if end_at < 0 else EMPTY if end_at - reasoning_from <= 0 else WRITTEN
     return RecordFacts(
-        kind, mismatch, leak, stop_last, starts_in_prompt, closes, opened_at >= 0, end_at >= 0, reasoning, unbalanced
-    )
+        kind, mismatch, leak, stop_last, starts_in_prompt, closes, opened_at >= 0, end_at >= 0, reasoning, unbalanced,
+        nan,
+    )  # fmt: skip
 
 
 def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
@@ -262,6 +305,8 @@ def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
         flags.add(TRUNCATED)
     elif kind == "stop" and not facts.ends_with_stop:
         flags.add(BAD_TERMINATION)
+    if kind == "stop" and facts.stop_not_token:
+        flags.add(NAN_REPLACED)
     if expect.think_end_id is not None:
         _reasoning_flags(facts, expect, flags)
     if facts.tool_calls_unbalanced and kind == "stop" and expect.tool_marker_pairs:

@@ -28,6 +28,7 @@ from datagen_operator.checks.record_checks import (
     prompt_closes_think,
     prompt_opens_think,
     record_facts,
+    stop_matched_no_token,
     tail_end,
 )
 
@@ -47,6 +48,7 @@ _BOOLS = (
     "opener_in_output",
     "think_end_in_output",
     "tool_calls_unbalanced",
+    "stop_not_token",
 )
 _REASONING_SHIFT = 2 + len(_BOOLS)
 """A combination of facts as one int: kind (2 bits), one bit per boolean, then `reasoning` (2 bits)."""
@@ -122,17 +124,21 @@ class _Lists:
         return np.diff(np.searchsorted(positions, self.offsets))
 
 
-def _kinds(finish_reason: Any) -> Any:
-    """Each row's finish kind as an index into _KINDS: the stored JSON strings are few distinct values."""
+def _kinds(finish_reason: Any) -> tuple[Any, Any]:
+    """Each row's finish kind as an index into _KINDS, and whether it is a stop on no token id
+    (stop_matched_no_token): the stored JSON strings are few distinct values."""
     import pyarrow.compute as pc
 
     encoded = pc.dictionary_encode(finish_reason)
-    codes = []
+    codes, no_token = [], []
     for text in encoded.dictionary.to_pylist():
-        kind = finish_type(orjson.loads(text)) if text else None
+        finish = orjson.loads(text) if text else None
+        kind = finish_type(finish)
         codes.append(_KINDS.index(kind if kind in _KINDS else None))
+        no_token.append(kind == "stop" and stop_matched_no_token(finish))
     indices = encoded.indices.fill_null(-1).to_numpy()
-    return np.asarray([*codes, 0], np.int64)[indices]  # a null finish_reason (-1) picks the appended None
+    # A null finish_reason (-1) picks the appended entry: kind None, no stop.
+    return np.asarray([*codes, 0], np.int64)[indices], np.asarray([*no_token, False], bool)[indices]
 
 
 def _prompt_tails(inputs: _Lists, expect: Expectations) -> tuple[Any, Any, Any]:
@@ -176,7 +182,7 @@ def batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
     """The flags of every record in an Arrow batch with COLUMNS (the store's Parquet schema)."""
     outputs = _Lists(batch.column("output_ids"))
     n = batch.num_rows
-    kinds = _kinds(batch.column("finish_reason"))
+    kinds, stop_not_token = _kinds(batch.column("finish_reason"))
     completion = batch.column("completion_tokens")
     expected_len = completion.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     mismatch = completion.is_valid().to_numpy(zero_copy_only=False) & (outputs.lengths != expected_len)
@@ -191,6 +197,7 @@ def batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
 
     code = kinds | ends_with_stop.astype(np.int64) << (2 + _BOOLS.index("ends_with_stop"))
     code |= unbalanced.astype(np.int64) << (2 + _BOOLS.index("tool_calls_unbalanced"))
+    code |= stop_not_token.astype(np.int64) << (2 + _BOOLS.index("stop_not_token"))
     if expect.think_end_id is not None:
         reasoning_code, undecided = _reasoning(batch, outputs, expect)
         code |= reasoning_code

@@ -8,6 +8,7 @@ template, and the manifest's Parquet checksums are re-hashed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from array import array
 from collections import Counter, defaultdict
@@ -309,6 +310,12 @@ def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: 
     )
 
 
+def _loaded_from(tokenizer: Any) -> Path | None:
+    """The directory a transformers tokenizer was loaded from (its model directory, for config eos ids)."""
+    where = getattr(tokenizer, "name_or_path", None)
+    return Path(where) if isinstance(where, str) and where and Path(where).is_dir() else None
+
+
 def verify_output(
     output: Path,
     spec: DataGenRunSpec | None,
@@ -316,6 +323,7 @@ def verify_output(
     tokenizer: Any = None,
     dataset: Path | None = None,
     fidelity: bool = True,
+    model_dir: Path | None = None,
 ) -> VerifyReport:
     from datagen_operator.output.manifest import read_manifest
     from datagen_operator.output.readers import RecordBatches, iter_rejects
@@ -325,18 +333,14 @@ def verify_output(
     resolved: ResolvedModel | None = resolve_model(spec) if spec is not None else None
     fingerprint = (manifest or {}).get("fingerprint", {})
     thinking = resolved.thinking if resolved else bool(fingerprint.get("thinking"))
-    expect = rc.expectations_for(resolved, tokenizer) if resolved and tokenizer is not None else None
-    if expect is None and resolved is not None and resolved.preset is not None:
-        p = resolved.preset
-        expect = rc.Expectations(
-            thinking=thinking,
-            think_start_ids=(p.think_start.id,) if p.think_start and p.think_start.id is not None else (),
-            think_end_id=p.think_end.id if p.think_end else None,
-            stop_token_ids=frozenset(t.id for t in p.stop_tokens if t.id is not None),
-            tool_marker_pairs=tuple(
-                (b.id, e.id) for b, e in p.tool_call_markers if b.id is not None and e.id is not None
-            ),
-        )
+    expect = None
+    if resolved is not None and (tokenizer is not None or resolved.preset is not None):
+        expect = rc.expectations_for(resolved, tokenizer, model_dir or _loaded_from(tokenizer))
+        if tokenizer is None:
+            # No tokenizer to read SGLang's stop set from: every request sent it (the fingerprint's sampling).
+            sent = (fingerprint.get("sampling") or {}).get("stop_token_ids") or ()
+            stops = expect.stop_token_ids | {i for i in sent if isinstance(i, int)}
+            expect = dataclasses.replace(expect, stop_token_ids=stops)
     if expect is None:
         raise ValueError("cannot tell what faithful records look like: pass --run RUN.yaml (and --tokenizer)")
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))

@@ -53,3 +53,9 @@ def resolved_tool_call_parser(name: str | None) -> str | None:
 def resolved_reasoning_parser(name: str | None) -> str | None:
     """The name `/server_info` reports for `--reasoning-parser name`."""
     return None if name is None else RESOLVED_REASONING_PARSERS.get(name, name)
+
+
+# Added tokens SGLang 0.5.23 stops on besides the eos ids (`attach_additional_stop_token_ids` in
+# sglang/srt/utils/hf_transformers/common.py, `_ADDITIONAL_STOP_TOKEN_TEXTS`): turn-final markers some
+# checkpoints ship without eos metadata. tests/contract holds this equal to the wheel's own tuple.
+SGLANG_ADDITIONAL_STOP_TEXTS: tuple[str, ...] = ("<|eom_id|>", "<|content_model_end_sampling|>", "<|ifm|im_end|>")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datagen_operator.checks.record_checks import Expectations, expectations_for, read_model_eos_ids
+from datagen_operator.checks.record_checks import Expectations, expectations_for
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
 from datagen_operator.prompts.render import Renderer, RenderError, RenderPool, load_tokenizer, template_variables
@@ -51,6 +51,6 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         render_pool.close()
         raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
     render_pool.renderer = renderer
-    expect = expectations_for(c.resolved, tokenizer, read_model_eos_ids(Path(c.tokenizer_dir)))
+    expect = expectations_for(c.resolved, tokenizer, Path(c.tokenizer_dir))
     sampling = run_sampling(spec.generation.sampling, expect.stop_token_ids)
     return Inputs(plan, tokenizer, renderer, render_pool, expect, sampling)

@@ -46,6 +46,8 @@ class FaultConfig:
     reset_rate: float = 0.0
     stream_error_rate: float = 0.0
     abort_rate: float = 0.0
+    nan_rate: float = 0.0
+    """SGLang's NaN guard: a sampled id outside the vocabulary, replaced by a stop id (model.nan_guarded)."""
     hang_s: float = 0.0
     hang_rate: float = 1.0
     crash_after_requests: int = 0
@@ -167,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-fault-reset-rate", type=_rate, default=0.0, help="connection reset mid-response")
     sim.add_argument("--sim-fault-stream-error-rate", type=_rate, default=0.0, help="error event mid-stream")
     sim.add_argument("--sim-fault-abort-rate", type=_rate, default=0.0, help="finish_reason abort, partial output")
+    sim.add_argument(
+        "--sim-fault-nan-rate",
+        type=_rate,
+        default=0.0,
+        help='NaN logits mid-answer: a stop id written in place, finish_reason {"type": "stop", "matched": "NaN happened"}',
+    )
     sim.add_argument("--sim-fault-hang-s", type=_non_negative_float, default=0.0, help="delay before answering")
     sim.add_argument("--sim-fault-hang-rate", type=_rate, default=1.0, help="share of requests that hang")
     sim.add_argument(
@@ -248,6 +256,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             reset_rate=args.sim_fault_reset_rate,
             stream_error_rate=args.sim_fault_stream_error_rate,
             abort_rate=args.sim_fault_abort_rate,
+            nan_rate=args.sim_fault_nan_rate,
             hang_s=args.sim_fault_hang_s,
             hang_rate=args.sim_fault_hang_rate,
             crash_after_requests=args.sim_crash_after_requests,

@@ -3,7 +3,7 @@
 Each generation request gets the next request number; every kind of fault draws its own uniform number
 from a hash of (seed, request number, kind), so a retried request may succeed, runs are reproducible,
 and a rate of 1.0 (or 0.0) is exact. At most one of the response faults applies, in the order
-5xx > reset > abort > stream error; a hang delays whatever follows.
+5xx > reset > abort > NaN > stream error; a hang delays whatever follows.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ class FaultPlan:
     """Reset the connection halfway through the response body (or stream)."""
     abort: bool = False
     """Finish with finish_reason abort and half the output."""
+    nan: bool = False
+    """Halfway through, sample an id outside the vocabulary (NaN logits): SGLang's guard ends the answer there."""
     stream_error: bool = False
     """Send an error event halfway through a stream, then [DONE]."""
 
     @property
     def any(self) -> bool:
-        return bool(self.hang_s or self.http_status or self.reset or self.abort or self.stream_error)
+        return bool(self.hang_s or self.http_status or self.reset or self.abort or self.nan or self.stream_error)
 
 
 NO_FAULTS = FaultPlan()
@@ -46,7 +48,12 @@ def _hits(rate: float, seed: int, request_number: int, kind: str) -> bool:
 
 def plan_faults(config: FaultConfig, request_number: int) -> FaultPlan:
     if not (
-        config.error_5xx_rate or config.reset_rate or config.abort_rate or config.stream_error_rate or config.hang_s
+        config.error_5xx_rate
+        or config.reset_rate
+        or config.abort_rate
+        or config.nan_rate
+        or config.stream_error_rate
+        or config.hang_s
     ):
         return NO_FAULTS
     seed = config.seed
@@ -57,6 +64,8 @@ def plan_faults(config: FaultConfig, request_number: int) -> FaultPlan:
         return FaultPlan(hang_s=hang_s, reset=True)
     if _hits(config.abort_rate, seed, request_number, "abort"):
         return FaultPlan(hang_s=hang_s, abort=True)
+    if _hits(config.nan_rate, seed, request_number, "nan"):
+        return FaultPlan(hang_s=hang_s, nan=True)
     if _hits(config.stream_error_rate, seed, request_number, "stream-error"):
         return FaultPlan(hang_s=hang_s, stream_error=True)
     return FaultPlan(hang_s=hang_s)

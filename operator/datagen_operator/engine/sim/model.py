@@ -283,6 +283,23 @@ def complete(
     return finish_output(natural, params, vocab, max_new_tokens, config.kept_stop_id)
 
 
+NAN_MATCHED = "NaN happened"
+"""SGLang 0.5.23's `finish_reason.matched` when a sampled id falls outside the vocabulary."""
+
+
+def nan_guarded(completion: Completion, stop_token_ids: frozenset[int], vocab: SimVocab) -> Completion:
+    """What SGLang's `Req._check_vocab_boundary_finish` makes of an id sampled outside the vocabulary halfway
+    through: that id replaced by the request's first stop id, then by the model's first eos id when it has one;
+    the answer ends there with `{"type": "stop", "matched": "NaN happened"}`."""
+    keep = len(completion.run) // 2
+    eos, stops = vocab.eos_ids, stop_token_ids
+    replacement = next(iter(eos)) if eos else next(iter(stops)) if stops else None
+    if replacement is None:
+        return completion  # nothing to write in its place: SGLang would emit the bad id; not simulated
+    run = completion.run.prefix(keep) + vocab.single(replacement)
+    return Completion(run, {"type": "stop", "matched": NAN_MATCHED}, completion.run.prefix(keep).text())
+
+
 def aborted(completion: Completion, message: str, status_code: int) -> Completion:
     """The first half of a completion with an abort finish reason (an aborted request)."""
     run = completion.run.prefix(len(completion.run) // 2)

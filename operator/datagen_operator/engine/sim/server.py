@@ -32,7 +32,7 @@ from aiohttp import web
 from datagen_operator.engine.sim import chat, protocol
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
-from datagen_operator.engine.sim.model import Completion, aborted, complete
+from datagen_operator.engine.sim.model import Completion, aborted, complete, nan_guarded
 from datagen_operator.engine.sim.prefix_cache import PrefixCache
 from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
 from datagen_operator.engine.sim.reasoning import split_reasoning
@@ -210,6 +210,8 @@ class Simulator:
         )
         if plan.abort:
             completion = aborted(completion, "Simulated abort (--sim-fault-abort-rate)", 500)
+        elif plan.nan:
+            completion = nan_guarded(completion, item.params.stop_token_ids, self.vocab)
         return completion
 
     def _cached_tokens(self, item: GenerateItem) -> int:
