@@ -1,5 +1,6 @@
-"""k8s/observe.py after a resume: the previous attempt's shard ConfigMaps are baseline (judged by the workers
-Job's status.startTime), and a worker's exit 7 names the volume failure when its ConfigMap does not."""
+"""k8s/observe.py after a resume: every shard ConfigMap's records are judged, a previous attempt's (older than the
+workers Job's status.startTime) without its losses; and a worker's exit 7 names the volume failure when its
+ConfigMap does not."""
 
 from __future__ import annotations
 
@@ -31,35 +32,29 @@ def worker_pod(name: str, code: int, message: str | None = None) -> dict[str, An
     }
 
 
-# Shard 0 failed in the previous attempt and has not started again (its snapshot predates the Job's start);
-# shard 1 is this attempt's worker, which resumed on 40 records (its own baseline) and has 1 new reject.
+# Shard 0 failed in the previous attempt (it lost 2 answers to the volume) and has not started again (its
+# snapshot predates the Job's start); shard 1 is this attempt's worker, which resumed on 40 records.
 OLD = cm(shard=0, shard_count=2, started_at=START_S - 3600, state="failed", prompts_total=50, records_done=30,
-         records_rejected=4, set_aside={"malformed": 2, "too_long": 1}, flags={"empty": 3})  # fmt: skip
+         records_rejected=4, records_unwritten=2, set_aside={"malformed": 2, "too_long": 1},
+         flags={"empty": 3})  # fmt: skip
 NEW = cm(shard=1, shard_count=2, started_at=START_S + 5, state="running", prompts_total=50, records_done=45,
-         records_rejected=1, baseline={"records": 40}, flags={"empty": 1})  # fmt: skip
+         records_rejected=1, flags={"empty": 1})  # fmt: skip
 
 
-def test_a_previous_attempts_snapshot_is_all_baseline() -> None:
+def test_the_whole_output_is_judged_but_a_previous_attempts_losses_are_not_this_ones() -> None:
     counters = o.progress_counters([OLD, NEW], job(startTime=JOB_START, active=2))
     assert counters is not None
-    judged = counters.judged
-    assert (judged.records, judged.rejected, judged.malformed, judged.too_long) == (5, 1, 0, 0)
-    assert judged.flags.get("empty", 0) == 1
-    assert counters.tally.records == 75 and counters.tally.rejected == 5  # totals still shown whole
-    assert judged.lines == 100  # the set-aside rates keep their denominator
+    tally = counters.tally
+    assert (tally.records, tally.rejected, tally.malformed, tally.too_long) == (75, 5, 2, 1)
+    assert tally.flags.get("empty", 0) == 4 and tally.lines == 100
+    assert tally.unwritten == 0  # shard 0's lost answers were the previous attempt's
 
 
-def test_without_a_job_start_each_workers_own_baseline_counts() -> None:
+def test_without_a_job_start_every_snapshot_is_this_attempts() -> None:
     for workers_job in (None, job(active=2)):  # no Job yet, or one whose controller has not set startTime
         counters = o.progress_counters([OLD, NEW], workers_job)
         assert counters is not None
-        judged = counters.judged
-        assert (judged.records, judged.rejected, judged.malformed, judged.too_long) == (35, 5, 2, 1)
-
-
-def test_a_snapshot_of_this_attempt_is_judged() -> None:
-    counters = o.progress_counters([NEW], job(startTime=JOB_START))
-    assert counters is not None and counters.judged.rejected == 1 and counters.judged.records == 5
+        assert (counters.tally.records, counters.tally.unwritten) == (75, 2)
     assert o.job_started_at(job(startTime=JOB_START)) == START_S
     assert o.job_started_at(None) is None and o.job_started_at({}) is None
 

@@ -126,9 +126,6 @@ class ShardProgress:
     """Free bytes of the output volume when it failed."""
     records_unwritten: int = 0
     """Answers this run received but could not write (the volume failed); a rerun generates them again."""
-    baseline: dict[str, Any] = field(default_factory=dict)
-    """What earlier runs left on disk when this one started (records, tool_records, rejected, malformed,
-    too_long, flags): the rolling checks judge only what this run adds, so a halt is not repeated on resume."""
 
     @property
     def records_done(self) -> int:

@@ -30,6 +30,9 @@ MAX_MALFORMED_RATE = 0.10
 past one in ten, the file or its format is likely the wrong one."""
 MAX_TOO_LONG_RATE = 0.10
 """Prompts set aside because prompt + max_new_tokens exceeds the server's context."""
+MIN_RECORDS_TO_JUDGE = 16
+"""Records before the record checks give a verdict (rolling checks, an existing output at the preflight): fewer
+say too little about a rate."""
 MAX_SERVER_FAILURE_RATE = 0.05
 """Records that ran out of attempts (5xx, timeouts, resets): a rerun retries them, but this many means a
 sick server."""
@@ -127,17 +130,54 @@ def _frac(count: int, total: int) -> str:
 def evaluate(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
     """Every check over the tally; a check with nothing to look at passes with total 0."""
     return [
+        *record_checks(tally, ctx),
+        _server_errors(tally, ctx),
+        *dataset_checks(tally),
+        _server_failures(tally),
+        _output_volume(tally),
+    ]
+
+
+def record_checks(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
+    """The checks over written records' flags: what an existing output is judged by before a resume."""
+    return [
         _reasoning(tally, ctx),
         _token_counts(tally, ctx),
         _termination(tally),
         _truncation(tally, ctx),
         _tool_calls(tally, ctx),
-        _server_errors(tally, ctx),
-        _malformed(tally),
-        _too_long(tally),
-        _server_failures(tally),
-        _output_volume(tally),
     ]
+
+
+def dataset_checks(tally: Tally) -> list[CheckResult]:
+    """The checks over the dataset's lines set aside: known before any server (the preflight)."""
+    return [_malformed(tally), _too_long(tally)]
+
+
+THRESHOLD_FIELDS: dict[str, str] = {
+    REASONING_CAPTURED: "spec.checks.minReasoningRate",
+    TOKEN_COUNTS: "spec.checks.maxTokenMismatchRate",
+    TRUNCATION: "spec.checks.maxTruncationRate",
+    TOOL_CALLS: "spec.checks.maxErrorRate",
+    SERVER_ERRORS: "spec.checks.maxErrorRate",
+}
+"""The spec field that sets each check's threshold (the others are fixed: docs/checks.md)."""
+
+CHECK_FLAGS: dict[str, tuple[str, ...]] = {
+    REASONING_CAPTURED: (rc.NO_THINK_END, rc.EMPTY_REASONING, rc.NO_THINK_START, rc.UNEXPECTED_REASONING),
+    TOKEN_COUNTS: (rc.TOKEN_COUNT_MISMATCH, rc.PROMPT_SUFFIX_LEAK),
+    TERMINATION: (rc.BAD_TERMINATION, rc.ABORTED, rc.NAN_REPLACED),
+    TRUNCATION: (rc.TRUNCATED,),
+    TOOL_CALLS: (rc.UNBALANCED_TOOL_CALLS,),
+}
+"""The record flags each record check counts."""
+
+
+def measured(check: CheckResult) -> str:
+    """A failed check in numbers: `termination 15/1500 = 1.0%, threshold 0.0%`."""
+    rate = f"{check.rate:.1%}" if check.rate is not None else "?"
+    threshold = f"{check.threshold:.1%}" if check.threshold is not None else "?"
+    return f"{check.name} {check.count}/{check.total} = {rate}, threshold {threshold}"
 
 
 def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:

@@ -27,7 +27,19 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.evaluate import (
+    CHECK_FLAGS,
+    MIN_RECORDS_TO_JUDGE,
+    THRESHOLD_FIELDS,
+    CheckContext,
+    Tally,
+    check_context,
+    dataset_checks,
+    measured,
+    record_checks,
+)
 from datagen_operator.engine.requests import run_sampling
+from datagen_operator.output.records import ContextLimit, model_context_limit
 
 PREFLIGHT = "preflight"
 
@@ -52,12 +64,18 @@ def run_preflight(
             check_dataset(dataset, spec.dataset.format)  # raises EmptyDataset, naming the causes
     except (DatasetError, OSError) as error:  # EmptyDataset is one
         return _failed("DatasetUnusable", str(error))
-    aside = len(plan.malformed)
-    found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({aside} lines set aside)" if aside else "")
-
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
     renderer = Renderer(tokenizer, template_variables(resolved))
+    model_dir = Path(spec.model.path) if (Path(spec.model.path) / "config.json").is_file() else tokenizer_dir
+    lines = judge_dataset(spec, plan, renderer, model_context_limit(_read_config(model_dir), spec.server.extra_args))
+    if lines.failed:
+        return _failed(
+            "DatasetUnusable",
+            f"spec.dataset.path {dataset}: {lines.failed}; {lines.examples}. Refused before any server started: fix "
+            "or remove those lines (each line's cause is named above), or point spec.dataset.path at the right file",
+        )
+    found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
     manifest = read_manifest(output)
     estimate = estimate_output(spec, plan, renderer, manifest)
     room = room_verdict(estimate, output, free_bytes(output))
@@ -81,7 +99,112 @@ def run_preflight(
             f"{output} was generated with a different fingerprint; changed: {'; '.join(changes)}. Resume with the "
             "same tokenizer, template and generation settings, or write to a new spec.output.path",
         )
-    return _passed(f"{found}; {output} resumes with the same fingerprint")
+    existing = judge_existing_records(output, expect, check_context(resolved, spec.checks, expect.think_end_id))
+    if existing.failed:
+        return _failed(
+            "OutputFailsChecks",
+            f"spec.output.path {output} already holds {existing.records} records that fail the checks a resume "
+            f"would be judged by: {existing.failed}. Refused before any server started: write to a new "
+            f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
+            f"--exclude-flags {existing.flags} leaves the flagged records out of the training data)",
+        )
+    return _passed(f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)")
+
+
+# --- what is known before a server: the dataset's lines, an existing output's records ----------------
+
+
+@dataclass(frozen=True)
+class DatasetLines:
+    """The dataset's lines judged by the rolling checks' own dataset rules (checks.evaluate.dataset_checks)."""
+
+    tally: Tally
+    checks: list[CheckResult]
+    examples: str
+    """The first lines of each cause (line number, id, why), for the message."""
+
+    @property
+    def set_aside(self) -> int:
+        return self.tally.malformed + self.tally.too_long
+
+    @property
+    def failed(self) -> str:
+        return "; ".join(f"{measured(c)}: {c.verdict}" for c in self.checks if not c.passed)
+
+
+def judge_dataset(spec: DataGenRunSpec, plan: Any, renderer: Any, limit: ContextLimit) -> DatasetLines:
+    """Every valid prompt rendered as the worker renders it: lines that are not prompts or that the template
+    cannot render (`malformed`), and prompts whose tokens + max_new_tokens exceed the model's context
+    (`too_long`), out of the dataset's lines. The workers judge too_long again against the running server's
+    own limit (its KV pool may be smaller)."""
+    from datagen_operator.output.records import too_long_reason
+    from datagen_operator.prompts.render import RenderError
+
+    max_new_tokens = spec.generation.sampling.max_new_tokens
+    unrenderable: list[str] = []
+    too_long: list[str] = []
+    for prompt in plan.iter_prompts():
+        try:
+            ids = renderer.render(prompt.messages, prompt.tools)
+        except RenderError as error:
+            unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): {error}")
+            continue
+        reason = too_long_reason(len(ids), max_new_tokens, limit)
+        if reason is not None:
+            too_long.append(f"line {prompt.position + 1} (id {prompt.id!r}): {reason}")
+    bad = [f"line {line.position + 1}: {line.reason}" for line in plan.malformed]
+    tally = Tally(
+        lines=len(plan.prompts) + len(plan.malformed),
+        malformed=len(plan.malformed) + len(unrenderable),
+        too_long=len(too_long),
+    )
+    firsts = [*bad[:2], *unrenderable[:2], *too_long[:2]]
+    return DatasetLines(tally, dataset_checks(tally), "e.g. " + "; ".join(firsts) if firsts else "")
+
+
+@dataclass(frozen=True)
+class ExistingRecords:
+    """An existing output's records judged by the rolling checks' record rules (checks.evaluate.record_checks)."""
+
+    records: int
+    checks: list[CheckResult]
+    """Empty below MIN_RECORDS_TO_JUDGE records, as for the rolling checks."""
+
+    @property
+    def failed(self) -> str:
+        return "; ".join(f"{measured(c)}: {c.verdict}" for c in self.checks if not c.passed)
+
+    @property
+    def fields(self) -> str:
+        names = {THRESHOLD_FIELDS[c.name] for c in self.checks if not c.passed and c.name in THRESHOLD_FIELDS}
+        return " and ".join(sorted(names)) or "nothing (these checks have no threshold to raise)"
+
+    @property
+    def flags(self) -> str:
+        """The flags the failed checks count, for `datagen export --exclude-flags`."""
+        return ",".join(sorted({flag for c in self.checks if not c.passed for flag in CHECK_FLAGS.get(c.name, ())}))
+
+
+def judge_existing_records(output: Path, expect: rc.Expectations, ctx: CheckContext) -> ExistingRecords:
+    """The records an output already holds, flagged by the same rules and judged by the same thresholds as
+    the rolling checks will judge the whole output: a resume over records that already fail is refused here,
+    not after the GPU time."""
+    from datagen_operator.checks.verify import stored_record_counts
+
+    counts = stored_record_counts(output, expect)
+    if counts.records < MIN_RECORDS_TO_JUDGE:
+        return ExistingRecords(counts.records, [])
+    return ExistingRecords(counts.records, record_checks(Tally.of(counts), ctx))
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 # --- the output volume -----------------------------------------------------------------------------

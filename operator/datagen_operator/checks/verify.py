@@ -407,6 +407,17 @@ def verify_output(
     )
 
 
+def stored_record_counts(output: Path, expect: rc.Expectations) -> RecordCounts:
+    """The flags of every record the output holds (Parquet and segments, exactly once), checked in columns as
+    verify checks them: what the preflight judges an output by before a resume."""
+    from datagen_operator.output.readers import RecordBatches
+
+    counts = RecordCounts()
+    for batch in RecordBatches(output, (*COLUMNS, "cached_tokens")):
+        counts.merge(_batch_counts(batch, batch_flags(batch, expect).counts()))
+    return counts
+
+
 def _batch_counts(batch: Any, flags: Counter[str]) -> RecordCounts:
     """RecordCounts.add over a batch: token counts are list lengths, a missing cached count is 0."""
     import pyarrow.compute as pc

@@ -26,7 +26,7 @@ from datagen_operator.api.status import (
     ConditionStatus,
     Progress,
 )
-from datagen_operator.checks.evaluate import CheckContext, evaluate
+from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
@@ -34,8 +34,6 @@ from datagen_operator.control.server import server_verdict
 
 PROBE_FAILED = "ProbeFailed"
 """ParsersVerified=False (and Succeeded=False) when the server's parsers could not be read at all."""
-MIN_RECORDS_FOR_ROLLING_CHECKS = 16
-"""Below this many records a rate says little; DataFaithful stays Unknown."""
 
 
 class Step(StrEnum):
@@ -275,7 +273,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     stopped = (observed.progress.failure_reason if observed.progress else None) or (
         workers.failure_reason if workers else None
     )
-    lost_now = bool(observed.progress and observed.progress.judged.unwritten)  # this attempt's, not a stale one
+    lost_now = bool(observed.progress and observed.progress.tally.unwritten)  # this attempt's (stale_events)
     if stopped and workers is not None and (workers.shards_failed or lost_now):
         message = (observed.progress.failure_message if observed.progress else None) or workers.failure_message
         updates.append(_u(PROGRESSING, "False", stopped, message or stopped))
@@ -382,15 +380,15 @@ def _rolling_checks(
 ) -> tuple[bool, tuple[CheckResult, ...]]:
     """DataFaithful over the records so far (appended to `updates`): (faithful, the checks)."""
     checks: tuple[CheckResult, ...] = ()
-    tally = observed.progress.judged if observed.progress else None
-    if tally is None or tally.records < MIN_RECORDS_FOR_ROLLING_CHECKS:
+    tally = observed.progress.tally if observed.progress else None
+    if tally is None or tally.records < MIN_RECORDS_TO_JUDGE:
         have = tally.records if tally else 0
         updates.append(
             _u(
                 DATA_FAITHFUL,
                 "Unknown",
                 "Collecting",
-                f"{have} records so far; judging from {MIN_RECORDS_FOR_ROLLING_CHECKS}",
+                f"{have} records so far; judging from {MIN_RECORDS_TO_JUDGE}",
             )
         )
         faithful = True

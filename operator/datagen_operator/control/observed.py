@@ -83,17 +83,12 @@ class ProgressCounters:
     tokens_per_second: float = 0.0
     malformed: int = 0
     tally: Tally = field(default_factory=Tally)
-    """Records, rejects and inline record-check flags (see checks.record_checks)."""
-    baseline: Tally = field(default_factory=Tally)
-    """What the output held when this attempt's workers started: the rolling checks judge `judged` only."""
+    """The whole output's records, rejects and inline record-check flags (see checks.record_checks): the
+    records resumed from (judged by the preflight, with the same checks) and this attempt's. Each shard's
+    snapshot counts every set-aside line once, however many attempts read it."""
     failure_reason: str | None = None
     failure_message: str | None = None
     """A shard that stopped for a named cause (OutputVolumeFull...), in plain words with the run's counts."""
-
-    @property
-    def judged(self) -> Tally:
-        """This attempt's own records and set-asides: a halt on earlier ones is not repeated on resume."""
-        return self.tally - self.baseline
 
 
 @dataclass(frozen=True)

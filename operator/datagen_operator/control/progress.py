@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from datagen_operator.api.progress import RecordCounts, ShardProgress
+from datagen_operator.api.progress import ShardProgress
 from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.observed import ProgressCounters
 
@@ -31,19 +31,13 @@ def snapshot_tally(s: ShardProgress) -> Tally:
     )
 
 
-def snapshot_baseline(s: ShardProgress, attempt_started_at: float | None = None) -> Tally:
-    """What the output held when the shard's worker started (its `baseline`). A snapshot older than this
-    attempt (a worker of an earlier `datagen run`) is all baseline: nothing in it is new."""
-    if attempt_started_at is not None and s.started_at < attempt_started_at:
-        whole = snapshot_tally(s)
-        return whole - Tally(lines=whole.lines)  # `lines` is a denominator, never judged away
-    b = s.baseline
-    return Tally.of(
-        RecordCounts.from_storage(b),
-        rejected=int(b.get("rejected", 0)),
-        malformed=int(b.get("malformed", 0)),
-        too_long=int(b.get("too_long", 0)),
-    )
+def stale_events(s: ShardProgress, attempt_started_at: float | None) -> Tally:
+    """What a snapshot older than this attempt (a worker of an earlier `datagen run`, a previous Job's
+    ConfigMap) says happened then and not now: answers lost to the volume and requests out of attempts. Its
+    records, flags and set-aside lines stay: the rolling checks judge the whole output."""
+    if attempt_started_at is None or s.started_at >= attempt_started_at:
+        return Tally()
+    return Tally(failed=s.records_failed, unwritten=s.records_unwritten)
 
 
 def failure_of(snapshots: list[ShardProgress]) -> tuple[str, str] | None:
@@ -70,12 +64,12 @@ def counters_from_snapshots(
 ) -> ProgressCounters:
     """Sum the workers' snapshots.
 
-    `attempt_started_at`: when this attempt began (the local runner's start); older snapshots count as
-    baseline. Otherwise each worker's own `baseline` (what the disk held when it started) is used."""
+    `attempt_started_at`: when this attempt began (the local runner's start, the workers Job's): what older
+    snapshots say was lost or failed then is not this attempt's (`stale_events`)."""
     snapshots = list(snapshots)
     prompts_total = prompts_done = completion = malformed = 0
     rate = 0.0
-    tally, baseline = Tally(), Tally()
+    tally = Tally()
     for s in snapshots:
         prompts_total += s.prompts_total
         prompts_done += s.prompts_done
@@ -84,8 +78,7 @@ def counters_from_snapshots(
         malformed += sum(map(int, s.set_aside.values())) if s.set_aside else s.prompts_malformed
         if not s.finished:
             rate += s.tokens_per_s
-        tally = tally + snapshot_tally(s)
-        baseline = baseline + snapshot_baseline(s, attempt_started_at)
+        tally = tally + snapshot_tally(s) - stale_events(s, attempt_started_at)
     failure = failure_of(snapshots)
     return ProgressCounters(
         prompts_total=prompts_total,
@@ -94,7 +87,6 @@ def counters_from_snapshots(
         tokens_per_second=rate,
         malformed=malformed,
         tally=tally,
-        baseline=baseline,
         failure_reason=failure[0] if failure else None,
         failure_message=failure[1] if failure else None,
     )

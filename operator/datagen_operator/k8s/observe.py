@@ -250,7 +250,8 @@ def shard_snapshots(configmaps: Iterable[Obj]) -> list[ShardProgress]:
 
 def progress_counters(configmaps: Iterable[Obj], workers_job: Obj | None = None) -> ProgressCounters | None:
     """The shards' ConfigMaps summed. With the workers Job, snapshots of workers that started before its
-    status.startTime (a previous attempt's, left in the ConfigMaps after a resume) count as baseline, not new."""
+    status.startTime (a previous attempt's, left in the ConfigMaps after a resume) say what was lost then, not now
+    (control.progress.stale_events)."""
     snapshots = shard_snapshots(configmaps)
     if not snapshots:
         return None

@@ -159,6 +159,48 @@ def context_limit(infos: Iterable[Mapping[str, Any]]) -> ContextLimit:
     return ContextLimit(min(contexts, default=None), min(inputs, default=None))
 
 
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "model_max_length",
+    "max_position_embeddings",
+)
+"""Where SGLang 0.5.23 reads a model's context length, in order (`get_context_length`)."""
+
+
+def model_context_limit(config: Mapping[str, Any], extra_args: Sequence[str]) -> ContextLimit:
+    """The context SGLang will derive before it runs (`ModelConfig._derive_context_length`): `--context-length`
+    when the server is given one (SGLang refuses a longer one unless told otherwise), else the model's config
+    (its `text_config` for a multimodal model), scaled by `rope_scaling.factor` unless the scaling names its
+    original length or is llama3's. What the KV pool allows is known only once the server runs."""
+    declared = _context_length_arg(extra_args)
+    if declared is not None:
+        return ContextLimit(declared, None)
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    rope = text.get("rope_scaling") if isinstance(text.get("rope_scaling"), Mapping) else None
+    factor = 1.0
+    if rope and "original_max_position_embeddings" not in rope and rope.get("rope_type") != "llama3":
+        factor = float(rope.get("factor", 1) or 1)
+    for key in CONTEXT_LENGTH_KEYS:
+        value = _positive_int(text.get(key))
+        if value is not None:
+            return ContextLimit(int(factor * value), None)
+    return ContextLimit(2048 if text else None, None)  # SGLang's default; no config at all: unknown
+
+
+def _context_length_arg(extra_args: Sequence[str]) -> int | None:
+    for index, arg in enumerate(extra_args):
+        if arg == "--context-length" and index + 1 < len(extra_args):
+            value = extra_args[index + 1]
+        elif arg.startswith("--context-length="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        return _positive_int(int(value)) if value.isdigit() else None
+    return None
+
+
 def too_long_reason(prompt_tokens: int, max_new_tokens: int, limit: ContextLimit) -> str | None:
     """Why the server would refuse (or cut) this request for its length, or None when it fits."""
     if limit.max_input is not None and prompt_tokens >= limit.max_input:

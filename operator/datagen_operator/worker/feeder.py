@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from typing import Any
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
@@ -29,8 +28,6 @@ class Feeder(Publishing):
     def _init_progress(self, recovered: int) -> None:
 
         c, writer = self.config, self.writer
-        # What earlier runs set aside: the rolling checks judge only what this run adds (docs/checks.md).
-        aside_before = Counter(TOO_LONG if cause == TOO_LONG else "malformed" for cause in writer.set_aside.values())
         # Counts from what the writer holds on disk (never from an older progress.json); the dataset's
         # totals and what is left of each prompt come as the feeder reads the plan (`_plan_prompt`).
         counts = RecordCounts()
@@ -48,14 +45,6 @@ class Feeder(Publishing):
             records_rejected=len(writer.rejected),
         )
         self.remaining, self.planned = {}, False
-        p.baseline = {
-            "records": p.records_done,
-            "tool_records": p.counts.tool_records,
-            "rejected": p.records_rejected,
-            "malformed": aside_before["malformed"],
-            "too_long": aside_before[TOO_LONG],
-            "flags": dict(p.flags),
-        }
         self.progress = p
         self.tracker = Tracker(p)
         log.info(
