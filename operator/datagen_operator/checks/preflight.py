@@ -56,6 +56,7 @@ def run_preflight(
     )
     from datagen_operator.output.manifest import read_manifest
     from datagen_operator.prompts.dataset import DatasetError, check_dataset, plan_shard
+    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin, write_pin
     from datagen_operator.prompts.render import Renderer, template_variables
 
     try:
@@ -76,6 +77,10 @@ def run_preflight(
             "or remove those lines (each line's cause is named above), or point spec.dataset.path at the right file",
         )
     found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
+    pin, pinned = pin_dataset(dataset, spec.dataset.format), read_pin(output)
+    changed = pin_changes(pinned, pin) if pinned is not None else None
+    if changed is not None:
+        return _failed("DatasetChanged", changed_message(dataset, changed))
     manifest = read_manifest(output)
     estimate = estimate_output(spec, plan, renderer, manifest)
     room = room_verdict(estimate, output, free_bytes(output))
@@ -83,7 +88,8 @@ def run_preflight(
         return _failed("OutputVolumeTooSmall", room.message)
     found += f"; {room.message}" if room.message else ""
     if manifest is None:
-        return _passed(f"{found}; {output} is new")
+        write_pin(output, pin)
+        return _passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new")
     current = build_fingerprint(
         tokenizer=tokenizer_fingerprint(tokenizer_dir),
         chat_template=chat_template_sha256(renderer.chat_template),
@@ -108,6 +114,8 @@ def run_preflight(
             f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
             f"--exclude-flags {existing.flags} leaves the flagged records out of the training data)",
         )
+    if pinned is None:
+        write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
     return _passed(f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)")
 
 

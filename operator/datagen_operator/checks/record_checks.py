@@ -152,7 +152,7 @@ def tokenizer_stop_ids(tokenizer: Any) -> frozenset[int]:
         return frozenset()
     ids: set[int] = set()
     eos = getattr(tokenizer, "eos_token_id", None)
-    if _is_token_id(eos):
+    if isinstance(eos, int) and not isinstance(eos, bool):
         ids.add(eos)
     get_added_vocab = getattr(tokenizer, "get_added_vocab", None)
     added = get_added_vocab() if callable(get_added_vocab) else {}

@@ -32,6 +32,7 @@ from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 COMPLETENESS = "completeness"
 PROMPT_FIDELITY = "prompt_fidelity"
 INTEGRITY = "integrity"
+DATASET_PIN = "dataset_pin"
 EXAMPLES_PER_FLAG = 3
 CONTEXT_TOKENS = 12
 """Tokens shown on each side of the think boundary in an example."""
@@ -310,6 +311,25 @@ def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: 
     )
 
 
+def _dataset_pin(output: Path, dataset: Path, declared: Any) -> CheckResult:
+    """The dataset is the one the output was started with (prompts/pin.py): every line's hash, not a sample."""
+    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin
+
+    pinned = read_pin(output)
+    if pinned is None:
+        return CheckResult(name=DATASET_PIN, passed=True, verdict="no pin in the output (started before pinning)")
+    current = pin_dataset(dataset, declared)
+    changes = pin_changes(pinned, current)
+    if changes is None:
+        return CheckResult(
+            name=DATASET_PIN, passed=True, total=current.lines,
+            verdict=f"all {current.lines} lines are the pinned dataset's (sha256 {current.sha256[:12]})",
+        )  # fmt: skip
+    return CheckResult(
+        name=DATASET_PIN, passed=False, count=1, total=current.lines, verdict=changed_message(dataset, changes)
+    )
+
+
 def _loaded_from(tokenizer: Any) -> Path | None:
     """The directory a transformers tokenizer was loaded from (its model directory, for config eos ids)."""
     where = getattr(tokenizer, "name_or_path", None)
@@ -394,6 +414,8 @@ def verify_output(
     ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
     checks.append(_completeness(keys, duplicates, set_aside))
+    if dataset_path is not None:
+        checks.append(_dataset_pin(output, dataset_path, spec.dataset.format if spec else "auto"))
     if fidelity:
         renderer = (
             Renderer(tokenizer, template_variables(resolved))

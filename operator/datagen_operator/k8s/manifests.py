@@ -594,10 +594,11 @@ def _server_args(urls: list[str]) -> list[str]:
 
 def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation: int) -> Manifest:
     """The inputs checked before the server is created (no GPU): dataset, tokenizer, an existing output's
-    fingerprint. Read-only mounts; the verdict comes back as the termination message."""
+    fingerprint and records. It writes one thing, the dataset's pin into the output (prompts/pin.py); the
+    verdict comes back as the termination message."""
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
-    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=False)
+    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
     args = [
         "preflight", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
         "--output", output_dir(spec), "--termination-log", TERMINATION_LOG,

@@ -177,8 +177,10 @@ def model_context_limit(config: Mapping[str, Any], extra_args: Sequence[str]) ->
     declared = _context_length_arg(extra_args)
     if declared is not None:
         return ContextLimit(declared, None)
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
-    rope = text.get("rope_scaling") if isinstance(text.get("rope_scaling"), Mapping) else None
+    nested = config.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else config
+    scaling = text.get("rope_scaling")
+    rope: Mapping[str, Any] | None = scaling if isinstance(scaling, Mapping) else None
     factor = 1.0
     if rope and "original_max_position_embeddings" not in rope and rope.get("rope_type") != "llama3":
         factor = float(rope.get("factor", 1) or 1)

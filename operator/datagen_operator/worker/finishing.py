@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from datagen_operator.api.exit_codes import (
+    EXIT_BAD_INPUT,
     EXIT_DRAINED,
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -15,7 +16,7 @@ from datagen_operator.api.exit_codes import (
 )
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.worker.feeder import Feeder
-from datagen_operator.worker.shard_files import record_shard
+from datagen_operator.worker.shard_files import dataset_change, record_shard
 
 log = logging.getLogger("datagen.worker")
 
@@ -29,7 +30,12 @@ class Finishing(Feeder):
             return await self._finish_volume_failed()
         # A drained worker does not start compacting (it could outlast the grace period); the next run does.
         complete = self.planned and not self.remaining and self.fatal is None and not self.drained
-        if self.fatal is not None:
+        changed = await asyncio.to_thread(dataset_change, c) if complete else None
+        if changed is not None:  # edited while this shard read it: its records may mix two datasets
+            log.error("%s", changed)
+            code = EXIT_BAD_INPUT
+            p.state, p.message = "failed", changed
+        elif self.fatal is not None:
             code, message = self.fatal
             p.state, p.message = "failed", message
         elif complete:

@@ -92,3 +92,17 @@ def record_shard(layout: OutputLayout, shard_index: int, p: ShardProgress, compa
         return manifest
 
     update_manifest(layout, change)
+
+
+def dataset_change(config: WorkerConfig) -> str | None:
+    """The dataset against the pin in the output (prompts/pin.py), or the pin written when there is none yet
+    (a worker run without the preflight): every shard computes the same one."""
+    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin, write_pin
+
+    current = pin_dataset(config.dataset, config.spec.dataset.format)
+    pinned = read_pin(config.output)
+    if pinned is None:
+        write_pin(config.output, current)
+        return None
+    changes = pin_changes(pinned, current)
+    return changed_message(config.dataset, changes) if changes else None

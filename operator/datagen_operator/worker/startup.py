@@ -21,10 +21,10 @@ from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.engine.client.reads import make_session
 from datagen_operator.output.records import context_limit
 from datagen_operator.output.writer import ShardWriter
-from datagen_operator.worker.config import FingerprintMismatch
+from datagen_operator.worker.config import BadInput, FingerprintMismatch
 from datagen_operator.worker.generation import Generation
 from datagen_operator.worker.servers import Stopped, server_infos, verifier
-from datagen_operator.worker.shard_files import claim_output, keep_run_file
+from datagen_operator.worker.shard_files import claim_output, dataset_change, keep_run_file
 
 log = logging.getLogger("datagen.worker")
 
@@ -34,6 +34,9 @@ class Startup(Generation):
         from datagen_operator.worker.inputs import load_inputs
 
         c = self.config
+        changed = await asyncio.to_thread(dataset_change, c)
+        if changed is not None:
+            raise BadInput(changed)
         self._inputs = inputs = await load_inputs(c)
         session = make_session(c.spec.clients.concurrency, len(c.servers))
         try:

@@ -1,0 +1,90 @@
+"""The dataset is pinned to its output: an edit, a deletion or an append is named by line and id, and refused by a
+resume's preflight (before any server), by the workers, and by `datagen verify`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from datagen_operator.api import load_run
+from datagen_operator.checks.preflight import run_preflight
+from datagen_operator.checks.verify import DATASET_PIN, verify_output
+from datagen_operator.prompts.pin import pin_changes, pin_dataset, read_pin
+from datagen_operator.prompts.render import load_tokenizer
+from tests.harness.sim import start_sim
+from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
+
+PARSERS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-reasoning-tokens", "40")
+
+
+def _copy(path: Path) -> tuple[Path, list[bytes]]:
+    lines = [line for line in PROMPTS.read_bytes().splitlines() if line.strip()]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, lines
+
+
+def _edit(path: Path, lines: list[bytes], at: int, appended: int = 0) -> str:
+    """Change line `at` (0-based) and append `appended` prompts; the edited prompt's id."""
+    edited = orjson.loads(lines[at])
+    edited["messages"][-1]["content"] += " (edited)"
+    extra = [orjson.dumps({"id": f"new-{i}", "messages": [{"role": "user", "content": "hi"}]}) for i in range(appended)]
+    path.write_bytes(b"\n".join([*lines[:at], orjson.dumps(edited), *lines[at + 1 :], *extra]) + b"\n")
+    return str(edited["id"])
+
+
+def test_changes_are_named_by_line_and_id(tmp_path: Path) -> None:
+    dataset, lines = _copy(tmp_path / "d.jsonl")
+    pinned = pin_dataset(dataset)
+    assert pin_changes(pinned, pin_dataset(dataset)) is None
+    edited_id = _edit(dataset, lines, 2, appended=3)
+    changes = pin_changes(pinned, pin_dataset(dataset))
+    assert changes is not None
+    assert f"1 line edited (line 3 (id {edited_id!r}))" in changes
+    assert "3 lines appended (line " in changes and "'new-0'" in changes
+    dataset.write_bytes(b"\n".join(lines[:-2]) + b"\n")
+    assert f"2 lines removed from the end (line {len(lines) - 1}, line {len(lines)})" in (
+        pin_changes(pinned, pin_dataset(dataset)) or ""
+    )
+
+
+def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_and_verify(
+    tmp_path: Path, standin: Path
+) -> None:
+    dataset, lines = _copy(tmp_path / "d.jsonl")
+    run_file = manifest(tmp_path, standin, dataset=dataset, clients__shards=1)
+    spec = load_run(run_file).spec
+    tokenizer = load_tokenizer(standin, trust_remote_code=False)
+    first = run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out")
+    assert first.passed and "pinned: sha256" in first.message
+    assert read_pin(tmp_path / "out") is not None
+
+    def worker(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
+             str(tmp_path / "out"), "--server", url, "--shard-index", "0", "--shard-count", "1"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    with start_sim(*PARSERS) as sim:
+        assert worker(sim.url).returncode == 0
+        edited_id = _edit(dataset, lines, 4, appended=100)
+        refused = worker(sim.url)
+    assert refused.returncode == 2, refused.stdout + refused.stderr  # bad input: retrying cannot help
+    assert f"line 5 (id {edited_id!r})" in refused.stderr + refused.stdout
+
+    outcome = run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out")
+    assert not outcome.passed and outcome.reason == "DatasetChanged"
+    assert "1 line edited" in outcome.message and "100 lines appended" in outcome.message
+    assert "new spec.output.path" in outcome.message
+
+    report = verify_output(tmp_path / "out", spec, tokenizer=tokenizer, dataset=dataset)
+    pin_check = next(c for c in report.checks if c.name == DATASET_PIN)
+    assert not pin_check.passed and f"id {edited_id!r}" in pin_check.verdict
+
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "InputsVerified=False (DatasetChanged)" in " ".join(result.stdout.split())
+    assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
