@@ -306,6 +306,38 @@ MUTATIONS: list[Mutation] = [
         ("spec.server.extraArgs", ["--chat-template", "/t.jinja"]),
     ),
     mutate("extraArgs with a flag SGLang takes", KIMI, None, ("spec.server.extraArgs", ["--watchdog-timeout", "600"])),
+    # Data-changing flags (api/extra_args.py), also as SGLang reads an abbreviation.
+    mutate(
+        "extraArgs with server-side sampling params",
+        KIMI,
+        "spec.server.extraArgs[0]",
+        ("spec.server.extraArgs", ["--preferred-sampling-params", '{"temperature": 1.5}']),
+    ),
+    mutate(
+        "extraArgs with an abbreviated refused flag",
+        KIMI,
+        "spec.server.extraArgs[1]",
+        ("spec.server.extraArgs", ["--watchdog-timeout=600", "--preferred-sampling={}"]),
+    ),
+    mutate(
+        "extraArgs with an abbreviated managed flag",
+        KIMI,
+        "spec.server.extraArgs[0]",
+        ("spec.server.extraArgs", ["--mem-fraction", "0.5"]),
+    ),
+    mutate(
+        "speculative decoding with min_p",
+        KIMI,
+        "spec.generation.sampling.min_p",
+        ("spec.server.extraArgs", ["--speculative-algorithm", "EAGLE"]),
+        ("spec.generation.sampling.min_p", 0.05),
+    ),
+    mutate(
+        "speculative decoding with temperature and top_p",
+        KIMI,
+        None,
+        ("spec.server.extraArgs", ["--speculative-algorithm", "EAGLE"]),
+    ),
     mutate("export two formats", KIMI, None, ("spec.export", {"formats": ["speculators", "trl"], "maxLength": 8192})),
     mutate(
         "export path leaving the output",

@@ -59,6 +59,26 @@ def resolve_launch(argv: list[str]) -> dict[str, Any]:
     return {key: resolved[key] for key in keys}
 
 
+def parsed_fields(argv: list[str], keys: list[str]) -> dict[str, Any]:
+    """`sglang serve` on `argv`, parsed and not yet resolved: each ServerArgs field of `keys` as the flags set it
+    (an argparse refusal: {"exit": code})."""
+    try:
+        parsed = _STATE["server_args"].prepare_server_args(argv)
+    except SystemExit as refusal:
+        return {"exit": refusal.code}
+    return {key: getattr(parsed, key) for key in keys}
+
+
+def server_info_args(argv: list[str]) -> dict[str, Any]:
+    """The server args `/server_info` reports for a launch on `argv`: `resolved_dict()` after resolution,
+    as `build_server_info` reads them, made plain as the endpoint makes them."""
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+
+    parsed = _STATE["server_args"].prepare_server_args(argv)
+    parsed.resolve_once()
+    return dict(msgspec_to_builtins(parsed.resolved_dict()))
+
+
 def option_strings() -> dict[str, list[str]]:
     """Every flag of `sglang serve`'s parser by destination (e.g. tp_size: --tp-size, --tensor-parallel-size)."""
     import argparse

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from datagen_operator.api.errors import UNKNOWN_FIELD, FieldError, SpecError, field_errors
-from datagen_operator.api.extra_args import extra_arg_errors
+from datagen_operator.api.extra_args import extra_arg_errors, speculative_sampling_errors
 from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
 
 if TYPE_CHECKING:
@@ -33,7 +33,9 @@ def _parse(document: dict[str, Any]) -> tuple[DataGenRun, ResolvedModel]:
         # Unknown fields alone, as the API server reports them (it refuses them before validating anything;
         # a misspelled key's "missing" twin is no news).
         raise SpecError([e for e in errors if e.message.startswith(UNKNOWN_FIELD)] or errors) from None
-    errors = extra_arg_errors(run.spec.server.extra_args)
+    extra_args = run.spec.server.extra_args
+    errors = extra_arg_errors(extra_args)
+    errors += speculative_sampling_errors(extra_args, run.spec.generation.sampling.model_dump())
     resolved = None
     try:
         resolved = resolve_model(run.spec)

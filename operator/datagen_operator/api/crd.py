@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from datagen_operator.api.extra_args import extra_arg_cel_rules
+from datagen_operator.api.extra_args import extra_arg_cel_rules, speculative_sampling_cel_rules
 from datagen_operator.api.names import (
     NAME_CHARACTERS_MESSAGE,
     RUN_NAME_PATTERN,
@@ -190,7 +190,7 @@ def _spec_schema() -> dict[str, Any]:
     env_items["x-kubernetes-validations"] = [
         {"rule": "has(self.value) != has(self.valueFrom)", "message": "set exactly one of value, valueFrom"}
     ]
-    schema["x-kubernetes-validations"] = _spec_rules()
+    schema["x-kubernetes-validations"] = _spec_rules() + speculative_sampling_cel_rules()
     return schema
 
 

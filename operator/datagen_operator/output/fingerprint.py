@@ -22,13 +22,68 @@ TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
 )  # fmt: skip
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 
-# /server_info keys that change which tokens the model writes; everything else (addresses, timestamps,
-# parallelism, memory sizes measured from free GPU memory at start, parsers the native /generate never runs)
-# differs between replicas and restarts with the same data, and must not refuse a resume.
-DATA_SERVER_KEYS: tuple[str, ...] = (
-    "revision", "dtype", "quantization", "kv_cache_dtype", "context_length", "chat_template",
-    "json_model_override_args", "enable_deterministic_inference", "skip_tokenizer_init",
-)  # fmt: skip
+# /server_info keys (ServerArgs fields, `resolved_dict()`) that change which tokens the model writes, each with
+# the SGLang flag that sets it: the model's definition, the numeric formats it is stored and run in, and the
+# decoding algorithm. Everything else (addresses, timestamps, parallelism, kernels and backends that compute
+# the same layer at the same precision, memory sizes measured from free GPU memory at start, parsers the
+# native /generate never runs, the per-launch random seed) differs between replicas and restarts with the
+# same data, and must not refuse a resume. The review of every flag: docs/data-args.md; flags that change
+# the data without a spec field to say so are refused in extraArgs instead (api/extra_args.py).
+DATA_SERVER_ARGS: dict[str, str] = {
+    # the model's definition
+    "revision": "--revision",
+    "json_model_override_args": "--json-model-override-args",
+    "model_config_parser": "--model-config-parser",
+    "context_length": "--context-length",
+    "load_format": "--load-format",
+    "chat_template": "--chat-template",
+    "skip_tokenizer_init": "--skip-tokenizer-init",
+    # numeric formats of weights, activations, caches and communication
+    "dtype": "--dtype",
+    "quantization": "--quantization",
+    "quantization_param_path": "--quantization-param-path",
+    "modelopt_quant": "--modelopt-quant",
+    "modelopt_checkpoint_restore_path": "--modelopt-checkpoint-restore-path",
+    "rl_quant_profile": "--rl-quant-profile",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "prefill_kv_cache_dequant_dtype": "--prefill-kv-cache-dequant-dtype",
+    "enable_fp32_lm_head": "--enable-fp32-lm-head",
+    "enable_tf32_matmul": "--enable-tf32-matmul",
+    "enable_quant_communications": "--enable-quant-communications",
+    "flashinfer_mxfp4_moe_precision": "--flashinfer-mxfp4-moe-precision",
+    "deepep_dispatcher_output_dtype": "--deepep-dispatcher-output-dtype",
+    "flashinfer_a2a_dispatch_type": "--flashinfer-a2a-dispatch-type",
+    "enable_w4a4_mxfp4_megamoe": "--enable-w4a4-mxfp4-megamoe",
+    "enforce_shared_experts_fusion": "--enforce-shared-experts-fusion",
+    "mamba_ssm_dtype": "--mamba-ssm-dtype",
+    "enable_mamba_cache_stochastic_rounding": "--enable-mamba-cache-stochastic-rounding",
+    "enable_int8_mamba_checkpoint": "--enable-int8-mamba-checkpoint",
+    "qsa_indexer_dtype": "--qsa-indexer-dtype",
+    "enable_deepseek_v4_fp4_indexer": "--enable-deepseek-v4-fp4-indexer",
+    "dsv4_prefill_backend": "--dsv4-prefill-backend",
+    "kt_weight_path": "--kt-weight-path",
+    "kt_method": "--kt-method",
+    "kt_num_gpu_experts": "--kt-num-gpu-experts",
+    "kt_max_deferred_experts_per_token": "--kt-max-deferred-experts-per-token",
+    # the decoding algorithm
+    "enable_hisparse": "--enable-hisparse",
+    "hisparse_config": "--hisparse-config",
+    "dllm_algorithm": "--dllm-algorithm",
+    "dllm_algorithm_config": "--dllm-algorithm-config",
+    "speculative_algorithm": "--speculative-algorithm",
+    "speculative_use_rejection_sampling": "--speculative-use-rejection-sampling",
+    "sampling_backend": "--sampling-backend",
+    "enable_deterministic_inference": "--enable-deterministic-inference",
+    # refused in extraArgs, recorded too: a worker may be pointed at a server started by hand
+    "preferred_sampling_params": "--preferred-sampling-params",
+    "rl_on_policy_target": "--rl-on-policy-target",
+    "enable_strict_thinking": "--enable-strict-thinking",
+    "enable_watermark": "--enable-watermark",
+    "speculative_accept_threshold_single": "--speculative-accept-threshold-single",
+    "speculative_accept_threshold_acc": "--speculative-accept-threshold-acc",
+    "forward_hooks": "--forward-hooks",
+}
+DATA_SERVER_KEYS: tuple[str, ...] = tuple(DATA_SERVER_ARGS)
 
 
 def tokenizer_files(tokenizer_dir: Path) -> list[Path]:
