@@ -50,7 +50,7 @@ def _bodies(preset: str, spec_sampling: dict[str, Any]) -> dict[str, dict[str, A
     run = run_sampling(spec, stops)
     bodies = {
         f"worker-sample{sample}-{'stream' if stream else 'whole'}": generate_payload(
-            Job(position=0, id="p", sample=sample, input_ids=PROMPT, has_tools=False), run, stream=stream
+            Job(position=0, id="p", sample=sample, input_ids=PROMPT, has_tools=False, prompt_hash=0), run, stream=stream
         )
         for sample in (0, 1)
         for stream in (False, True)

@@ -45,6 +45,8 @@ def make_record(
         "attempts": 1,
         "has_tools": False,
         "flags": flags if flags is not None else (["truncated"] if finish == "length" else []),
+        "line": 0,
+        "prompt_hash": 0,
     }
 
 

@@ -105,8 +105,9 @@ def test_install_reconcile_upgrade_uninstall(
 
     first, first_output = create_run("kimi-k25-b1")
     wait_ready(first, operator)
-    # What the run's workers write lands in its output folder; it must outlive the run and the operator.
-    first_output.mkdir(parents=True)
+    # What the run's workers write lands in its output folder (the preflight made it, to pin the dataset);
+    # it must outlive the run and the operator.
+    first_output.mkdir(parents=True, exist_ok=True)
     (first_output / "manifest.json").write_text("{}")
 
     # --- upgrade: new values reach the Deployment; the upgraded operator serves deletes and new runs --
@@ -125,7 +126,7 @@ def test_install_reconcile_upgrade_uninstall(
     assert (first_output / "manifest.json").read_text() == "{}"  # deleting a run keeps its data
     second, second_output = create_run("kimi-k25-b2")
     wait_ready(second, operator)
-    second_output.mkdir(parents=True)
+    second_output.mkdir(parents=True, exist_ok=True)
     (second_output / "manifest.json").write_text("{}")
     server = statefulsets.get(name=f"{second}-server", namespace=namespace)
     refused = refused_calls(operator)  # the rendered RBAC covered every call the operator made

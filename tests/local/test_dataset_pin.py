@@ -88,3 +88,42 @@ def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_an
     assert result.returncode == 1, result.stdout + result.stderr
     assert "InputsVerified=False (DatasetChanged)" in " ".join(result.stdout.split())
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
+
+
+def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin: Path) -> None:
+    """A record generated from a line edited mid-run (the pin says otherwise) is found by its stored hash, even
+    when the file was put back afterwards: every record, not a fidelity sample."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.checks.test_verify import rewrite_shard
+
+    dataset, _ = _copy(tmp_path / "d.jsonl")
+    run_file = manifest(tmp_path, standin, dataset=dataset, clients__shards=1)
+    spec = load_run(run_file).spec
+    tokenizer = load_tokenizer(standin, trust_remote_code=False)
+    assert run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out").passed
+    with start_sim(*PARSERS) as sim:
+        done = subprocess.run(
+            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
+             str(tmp_path / "out"), "--server", sim.url, "--shard-index", "0", "--shard-count", "1"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    passed = verify_output(tmp_path / "out", spec, tokenizer=tokenizer, dataset=dataset)
+    pin_check = next(c for c in passed.checks if c.name == DATASET_PIN)
+    assert pin_check.passed and pin_check.total == len(_copy(tmp_path / "again.jsonl")[1])
+
+    def tamper(rows: list[dict]) -> list[dict]:
+        rows[3]["prompt_hash"] ^= 1
+        return rows
+
+    rewrite_shard(tmp_path / "out", tamper)
+    table = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet")))
+    assert table.schema.field("prompt_hash").type == pa.uint64()
+    tampered_id = table.column("id")[3].as_py()
+    report = verify_output(tmp_path / "out", spec, tokenizer=tokenizer, dataset=dataset)
+    pin_check = next(c for c in report.checks if c.name == DATASET_PIN)
+    assert not pin_check.passed and pin_check.count == 1
+    assert f"1/{pin_check.total} records were generated from prompts that are not the pinned" in pin_check.verdict
+    assert repr(tampered_id) in pin_check.verdict

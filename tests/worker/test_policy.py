@@ -114,7 +114,7 @@ def test_stream_errors_and_early_ends_are_retryable_or_permanent_as_the_server_s
 
 def test_payload_always_has_max_new_tokens_and_per_sample_seeds() -> None:
     sampling = {"max_new_tokens": 64, "temperature": 0.6, "sampling_seed": 10}
-    job = Job(0, "p", 2, [1, 2, 3], False)
+    job = Job(0, "p", 2, [1, 2, 3], False, 0)
     body = orjson.loads(generate_payload(job, sampling, stream=False))
     assert body == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 64, "temperature": 0.6,
                                                                   "sampling_seed": 12}}  # fmt: skip

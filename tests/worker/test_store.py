@@ -34,6 +34,8 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "attempts": 1,
         "has_tools": False,
         "flags": list(flags),
+        "line": ord(prompt[0]),
+        "prompt_hash": 2**64 - 1,  # the whole uint64 range survives segments and Parquet
     }
 
 

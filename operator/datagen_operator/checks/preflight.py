@@ -277,7 +277,7 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
     for index, output_ids in enumerate(outputs):
         meta = {"finish_reason": {"type": "stop", "matched": output_ids[-1]}, "prompt_tokens": len(input_ids),
                 "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
-        job = Job(index, f"prompt-{index:09d}", 0, input_ids, False)
+        job = Job(index, f"prompt-{index:09d}", 0, input_ids, False, 2**63 + index)
         record = build_record(job, Answer(output_ids, meta, "http://10.0.0.1:30000", 1, 12.3456), frozenset())
         segment += len(encode_record(record))
         batch.add(record)

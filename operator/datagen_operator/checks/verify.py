@@ -311,23 +311,33 @@ def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: 
     )
 
 
-def _dataset_pin(output: Path, dataset: Path, declared: Any) -> CheckResult:
-    """The dataset is the one the output was started with (prompts/pin.py): every line's hash, not a sample."""
-    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin
+def _dataset_pin(pin: Any, records: PinCheck, dataset: Path | None, declared: Any) -> CheckResult:
+    """The output came from one dataset (prompts/pin.py): every record's prompt hash equals the pinned hash of its
+    line, and the dataset file (when given) is still the pinned one: every line, not a sample."""
+    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset
 
-    pinned = read_pin(output)
-    if pinned is None:
-        return CheckResult(name=DATASET_PIN, passed=True, verdict="no pin in the output (started before pinning)")
-    current = pin_dataset(dataset, declared)
-    changes = pin_changes(pinned, current)
-    if changes is None:
+    if pin is None:
+        return CheckResult(name=DATASET_PIN, passed=True, verdict="no dataset pin in the output (nothing to hold)")
+    problems = []
+    if records.differ:
+        problems.append(
+            f"{records.differ}/{records.checked} records were generated from prompts that are not the pinned "
+            f"dataset's lines (e.g. {', '.join(records.examples)}): the dataset changed under the run; regenerate "
+            "them into a new spec.output.path"
+        )
+    if dataset is not None:
+        changes = pin_changes(pin, pin_dataset(dataset, declared))
+        if changes is not None:
+            problems.append(changed_message(dataset, changes))
+    if problems:
         return CheckResult(
-            name=DATASET_PIN, passed=True, total=current.lines,
-            verdict=f"all {current.lines} lines are the pinned dataset's (sha256 {current.sha256[:12]})",
+            name=DATASET_PIN, passed=False, count=max(1, records.differ), total=records.checked,
+            verdict="; ".join(problems),
         )  # fmt: skip
     return CheckResult(
-        name=DATASET_PIN, passed=False, count=1, total=current.lines, verdict=changed_message(dataset, changes)
-    )
+        name=DATASET_PIN, passed=True, total=records.checked,
+        verdict=f"{records.checked} records' prompts are the pinned dataset's lines (sha256 {pin.sha256[:12]})",
+    )  # fmt: skip
 
 
 def _loaded_from(tokenizer: Any) -> Path | None:
@@ -373,8 +383,13 @@ def verify_output(
         dataset_path = None
     # One streamed pass over the records and one over the dataset; what is kept per record is its key's
     # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
+    from datagen_operator.prompts.pin import read_pin
+
+    pin = read_pin(output)
+    pins = PinCheck(pin.line_hashes if pin is not None else None)
     read = _read_records(
-        RecordBatches(output, (*COLUMNS, "cached_tokens")),
+        RecordBatches(output, (*COLUMNS, "cached_tokens", "line", "prompt_hash")),
+        pins,
         expect,
         tokenizer,
         fidelity_size=thresholds.fidelity_sample if fidelity else 0,
@@ -414,8 +429,7 @@ def verify_output(
     ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
     checks.append(_completeness(keys, duplicates, set_aside))
-    if dataset_path is not None:
-        checks.append(_dataset_pin(output, dataset_path, spec.dataset.format if spec else "auto"))
+    checks.append(_dataset_pin(pin, pins, dataset_path, spec.dataset.format if spec else "auto"))
     if fidelity:
         renderer = (
             Renderer(tokenizer, template_variables(resolved))
@@ -502,8 +516,42 @@ class _RecordsPass:
     """hash(id) of the prompts the records name (only when asked: counted without the dataset)."""
 
 
+@dataclass
+class PinCheck:
+    """Every record's `prompt_hash` against the pinned hash of its dataset line (prompts/pin.py)."""
+
+    pinned: Any
+    """np.ndarray of line hashes, or None (no pin)."""
+    checked: int = 0
+    differ: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, batch: Any) -> None:
+        import numpy as np
+
+        if self.pinned is None:
+            return
+        lines = batch.column("line").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        hashes = batch.column("prompt_hash").fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint64)
+        inside = (lines >= 0) & (lines < len(self.pinned))
+        pinned = np.zeros(len(lines), np.uint64)
+        pinned[inside] = self.pinned[lines[inside]]
+        bad = np.flatnonzero(~inside | (pinned != hashes))
+        self.checked += len(lines)
+        self.differ += len(bad)
+        if len(bad) and len(self.examples) < 5:
+            ids = batch.column("id").take(bad[: 5 - len(self.examples)]).to_pylist()
+            self.examples += [f"{i!r} (line {int(lines[b]) + 1})" for i, b in zip(ids, bad.tolist(), strict=False)]
+
+
 def _read_records(
-    batches: Any, expect: rc.Expectations, tokenizer: Any, *, fidelity_size: int, name_prompts: bool
+    batches: Any,
+    pins: PinCheck,
+    expect: rc.Expectations,
+    tokenizer: Any,
+    *,
+    fidelity_size: int,
+    name_prompts: bool,
 ) -> _RecordsPass:
     """One pass over the records (RecordBatches), checked in columns (record_columns)."""
     import numpy as np
@@ -520,6 +568,7 @@ def _read_records(
             prompts.update(map(hash, ids))
         flags = batch_flags(batch, expect)
         counts.merge(_batch_counts(batch, flags.counts()))
+        pins.add(batch)
         for flag in sorted(flags.counts()):
             wanted = EXAMPLES_PER_FLAG - len(examples[flag])
             if wanted > 0:

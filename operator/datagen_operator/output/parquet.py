@@ -37,6 +37,8 @@ def parquet_schema() -> Any:
             ("attempts", pa.int32()),
             ("has_tools", pa.bool_()),
             ("flags", pa.list_(pa.string())),
+            ("line", pa.int64()),
+            ("prompt_hash", pa.uint64()),
         ]
     )
 

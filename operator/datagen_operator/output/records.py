@@ -23,6 +23,8 @@ class Job:
     sample: int
     input_ids: list[int]
     has_tools: bool
+    prompt_hash: int
+    """prompts.pin.prompt_hash of the dataset line the prompt was read from: verify checks it against the pin."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -76,6 +78,8 @@ def build_record(job: Job, answer: Answer, flags: frozenset[str]) -> dict[str, A
         "attempts": answer.attempts,
         "has_tools": job.has_tools,
         "flags": sorted(flags),
+        "line": job.position,
+        "prompt_hash": job.prompt_hash,
     }
 
 

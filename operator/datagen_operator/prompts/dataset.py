@@ -518,7 +518,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
     valid = 0
     for batch in parquet.iter_batches(batch_size=4096):
         for obj in batch.to_pylist():
-            obj = _normalise_parquet_row(obj)
+            obj = normalise_parquet_row(obj)
             raw = orjson.dumps(obj, default=str)[:200]
             prompt_id, problem = validate_prompt(obj)
             if problem is not None:
@@ -538,7 +538,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
     scan.valid_lines_total = valid
 
 
-def _normalise_parquet_row(obj: dict[str, Any]) -> dict[str, Any]:
+def normalise_parquet_row(obj: dict[str, Any]) -> dict[str, Any]:
     """Parquet has no free-form JSON: messages or tools may be stored as JSON strings, structs add nulls."""
     raw_id = obj.get("id")
     if isinstance(raw_id, int) and not isinstance(raw_id, bool):

@@ -4,6 +4,10 @@ edit, a deletion or an append under a run is named by line and id instead of mix
 
 The pin is two files in the output directory: `dataset.pin.json` (path, format, lines, bytes, sha256) and
 `dataset.lines.u64` (the line hashes, little-endian uint64, one per physical line or Parquet row: 8 bytes a line).
+
+A line's hash is `prompt_hash` of the object it parses to (keys sorted), so the worker hashes the very object
+it sends and stores that hash with each record; `datagen verify` then checks every record against the pin. A line
+that does not parse is hashed as its bytes; a blank line is 0.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from datagen_operator.prompts.dataset import DatasetFormat, detect_format
+from datagen_operator.prompts.dataset import UTF8_BOM, DatasetFormat, detect_format, normalise_parquet_row
 
 PIN_FILE = "dataset.pin.json"
 LINES_FILE = "dataset.lines.u64"
@@ -53,23 +57,40 @@ def pin_dataset(path: Path, declared: DatasetFormat = "auto") -> DatasetPin:
     hashes: list[int] = []
     if form == "jsonl":
         with path.open("rb") as file:
-            for line in file:
+            for number, line in enumerate(file):
                 whole.update(line)
-                hashes.append(_line_hash(line.rstrip(b"\r\n")))
+                if number == 0 and line.startswith(UTF8_BOM):
+                    line = line[len(UTF8_BOM) :]
+                hashes.append(_jsonl_line_hash(line))
     else:
         import pyarrow.parquet as pq
 
-        whole.update(path.read_bytes())
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                whole.update(block)
         for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-            hashes.extend(
-                _line_hash(orjson.dumps(row, default=str, option=orjson.OPT_SORT_KEYS)) for row in batch.to_pylist()
-            )
+            hashes.extend(prompt_hash(normalise_parquet_row(row)) for row in batch.to_pylist())
     return DatasetPin(
         str(path), form, len(hashes), path.stat().st_size, whole.hexdigest(), np.asarray(hashes, np.uint64)
     )
 
 
-def _line_hash(data: bytes) -> int:
+def prompt_hash(obj: Any) -> int:
+    """The 64-bit hash of a parsed dataset line, as the pin and each record hold it."""
+    return _bytes_hash(orjson.dumps(obj, default=str, option=orjson.OPT_SORT_KEYS))
+
+
+def _jsonl_line_hash(line: bytes) -> int:
+    stripped = line.strip()
+    if not stripped:
+        return 0
+    try:
+        return prompt_hash(orjson.loads(stripped))
+    except orjson.JSONDecodeError:
+        return _bytes_hash(stripped)
+
+
+def _bytes_hash(data: bytes) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 

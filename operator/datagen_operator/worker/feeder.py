@@ -122,8 +122,10 @@ class Feeder(Publishing):
         from collections import deque
 
         from datagen_operator.prompts.dataset import MalformedLine, prompt_from
+        from datagen_operator.prompts.pin import changed_message, prompt_hash
 
         n = self.samples
+        pinned = self.pinned
         ahead: deque[tuple[list[Any], asyncio.Future[list[Any]]]] = deque()
         max_ahead = max(2, 2 * self.inputs.render_pool.processes + 1)
         try:
@@ -137,7 +139,13 @@ class Feeder(Publishing):
                 ref, obj = item
                 if not self._plan_prompt(ref):
                     continue
-                batch.append(prompt_from(ref, obj))
+                line_hash = prompt_hash(obj)
+                if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
+                    # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
+                    message = changed_message(self.config.dataset, f"line {ref.position + 1} (id {ref.id!r}) edited")
+                    self._set_fatal(EXIT_BAD_INPUT, message)
+                    return
+                batch.append((prompt_from(ref, obj), line_hash))
                 if len(batch) >= self.RENDER_BATCH:
                     ahead.append((batch, asyncio.ensure_future(self._render(batch))))
                     batch = []
@@ -166,7 +174,7 @@ class Feeder(Publishing):
                 future.cancel()
 
     async def _render(self, prompts: list[Any]) -> list[Any]:
-        return await self.inputs.render_pool.render([(prompt.messages, prompt.tools) for prompt in prompts])
+        return await self.inputs.render_pool.render([(prompt.messages, prompt.tools) for prompt, _ in prompts])
 
     async def _queue_rendered(
         self, queue: asyncio.Queue[Any], prompts: list[Any], future: asyncio.Future[list[Any]], n: int
@@ -177,7 +185,7 @@ class Feeder(Publishing):
         writer = self.writer
         limit: ContextLimit = self.context_limit
         max_new_tokens = int(self.inputs.sampling["max_new_tokens"])
-        for prompt, result in zip(prompts, results, strict=True):
+        for (prompt, line_hash), result in zip(prompts, results, strict=True):
             if isinstance(result, str):
                 self._set_aside(prompt.id, malformed_reject(prompt.position, result, "", prompt.id, UNRENDERABLE))
                 continue
@@ -191,7 +199,7 @@ class Feeder(Publishing):
             for sample in range(n):
                 key = (prompt.id, sample)
                 if key not in writer.done and key not in writer.rejected:
-                    await queue.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools))
+                    await queue.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools, line_hash))
 
     def _set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
         """A prompt that is never sent: recorded once in rejects.jsonl, all its samples counted apart from

@@ -21,6 +21,8 @@ from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.engine.client.reads import make_session
 from datagen_operator.output.records import context_limit
 from datagen_operator.output.writer import ShardWriter
+from datagen_operator.prompts.dataset import DatasetError
+from datagen_operator.prompts.pin import read_pin
 from datagen_operator.worker.config import BadInput, FingerprintMismatch
 from datagen_operator.worker.generation import Generation
 from datagen_operator.worker.servers import Stopped, server_infos, verifier
@@ -34,9 +36,14 @@ class Startup(Generation):
         from datagen_operator.worker.inputs import load_inputs
 
         c = self.config
-        changed = await asyncio.to_thread(dataset_change, c)
+        try:
+            changed = await asyncio.to_thread(dataset_change, c)
+        except (DatasetError, OSError) as error:
+            raise BadInput(f"dataset: {error}") from None
         if changed is not None:
             raise BadInput(changed)
+        pin = read_pin(c.output)
+        self.pinned = pin.line_hashes if pin is not None else None
         self._inputs = inputs = await load_inputs(c)
         session = make_session(c.spec.clients.concurrency, len(c.servers))
         try:

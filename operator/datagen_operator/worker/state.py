@@ -51,6 +51,8 @@ class WorkerState:
         """True once the feeder has read the whole plan (the totals are final)."""
         self._sinks: Sinks | None = None
         self.compaction: CompactionResult | None = None
+        self.pinned: Any = None
+        """np.ndarray: the dataset pin's line hashes (prompts/pin.py), read at start; each prompt is held to it."""
 
     @property
     def inputs(self) -> Inputs:
