@@ -6,7 +6,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from datagen_operator.api import SpecError, anchor_paths, load_run
+from datagen_operator.api import DataGenRun, SpecError, load_run
+from datagen_operator.api.local import run_on_this_machine
 
 
 def build_preset_standin(preset_name: str, model_dir: Path) -> Path:
@@ -22,6 +23,25 @@ def build_preset_standin(preset_name: str, model_dir: Path) -> Path:
     return ensure_standin(preset_name, model_dir)
 
 
+def _missing_model(run: DataGenRun, model_dir: Path, *, standin: bool, use_real: bool) -> str | None:
+    """Why a missing model directory stops the run, or None when --standin may build a stand-in there."""
+    field = "spec.model.tokenizerPath" if run.spec.model.tokenizer_path else "spec.model.path"
+    missing = f"{field}: {model_dir} does not exist on this machine"
+    if use_real:
+        return f"{missing}; point it at the model directory (SGLang loads the weights from there)"
+    if not standin:
+        return (
+            f"{missing}; point it at the model directory, or pass --standin to build the preset's stand-in tokenizer "
+            "there for a simulator run (synthetic data, not model output)"
+        )
+    if run.spec.model.preset is None:
+        return (
+            f"{missing}; --standin builds a preset's stand-in and spec.model.preset is not set: set it, or build one "
+            f"with datagen standin-tokenizer --preset PRESET --out {model_dir}"
+        )
+    return None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="datagen run",
@@ -33,6 +53,12 @@ def main(argv: list[str]) -> int:
     engine.add_argument("--simulator", action="store_true", help="use the SGLang simulator even where sglang runs")
     engine.add_argument("--sglang", action="store_true", help="require the real SGLang (fail without GPUs)")
     parser.add_argument(
+        "--standin",
+        action="store_true",
+        help="where model.path does not exist, build the preset's stand-in tokenizer there (simulator runs only: "
+        "synthetic data, not model output)",
+    )
+    parser.add_argument(
         "--sim-arg",
         action="append",
         default=[],
@@ -42,6 +68,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from rich.console import Console
+    from rich.markup import escape
 
     from datagen_operator.local.runner import LocalRunner, real_sglang_available
 
@@ -49,9 +76,9 @@ def main(argv: list[str]) -> int:
     if not console.is_terminal:  # logs and CI: wide enough that the report's verdicts stay readable
         console = Console(highlight=False, width=max(console.width, 140))
     try:
-        run = anchor_paths(load_run(args.manifest), Path(args.manifest).resolve().parent)
+        run = run_on_this_machine(load_run(args.manifest), Path(args.manifest).resolve().parent)
     except (SpecError, FileNotFoundError) as error:
-        console.print(f"[red]{args.manifest}: {error}[/]")
+        console.print(f"[red]{args.manifest}: {escape(str(error))}[/]")
         return 2
     if run.spec.server.nodes > 1:
         console.print(
@@ -69,18 +96,25 @@ def main(argv: list[str]) -> int:
     if args.sglang and not real_sglang_available():
         console.print(
             "[red]--sglang: sglang is not installed or no NVIDIA GPU is visible "
-            "(pip install 'datagen-operator[sglang]' installs the pinned SGLang)[/]"
+            + escape("(pip install -e '.[sglang]' in the checkout installs the pinned SGLang)")
+            + "[/]"
         )
         return 2
+    if use_real and not Path(run.spec.model.path).is_dir():
+        missing = (
+            f"spec.model.path: {run.spec.model.path} does not exist on this machine; point it at the model directory"
+        )
+        console.print(f"[red]{args.manifest}: {escape(missing)}[/]")
+        return 2
     if not model_dir.is_dir():
-        preset = run.spec.model.preset
-        if use_real or preset is None:
-            how = f"; for a simulator run: datagen standin-tokenizer --preset PRESET --out {model_dir}"
-            console.print(f"[red]model.path {model_dir} does not exist.[/]" + ("" if use_real else how))
+        refusal = _missing_model(run, model_dir, standin=args.standin, use_real=use_real)
+        if refusal is not None:
+            console.print(f"[red]{args.manifest}: {escape(refusal)}[/]")
             return 2
+        assert run.spec.model.preset is not None
         # A simulator run needs only a tokenizer of the preset's family: build the stand-in there, once.
-        console.print(f"[cyan]model.path {model_dir} does not exist: building the {preset} stand-in tokenizer there[/]")
-        build_preset_standin(preset, model_dir)
+        console.print(f"[cyan]--standin: building the {run.spec.model.preset} stand-in tokenizer at {model_dir}[/]")
+        build_preset_standin(run.spec.model.preset, model_dir)
     if not use_real:
         console.print(
             "[bold yellow]No GPU with sglang here: using the SGLang simulator (datagen sim-server).[/] "

@@ -1,0 +1,121 @@
+"""`datagen run` reads only what the manifest names on this machine: a missing model directory is refused unless
+the user asks for a stand-in (`--standin`), and a volume it cannot mount is refused naming the field."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from datagen_operator.api import load_run
+from datagen_operator.api.errors import SpecError
+from datagen_operator.api.local import run_on_this_machine
+from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest, stored_keys
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines
+
+
+def test_a_missing_model_path_is_refused_and_nothing_is_created(tmp_path: Path, standin: Path) -> None:
+    missing = tmp_path / "models" / "does-not-exist"
+    result = datagen_run(manifest(tmp_path, standin, model__path=str(missing)), *FAST_SIM)
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = flat(result.stdout)
+    assert f"spec.model.path: {missing} does not exist on this machine" in said
+    assert "pass --standin" in said
+    assert not missing.exists() and not (tmp_path / "models").exists(), "no stand-in may be built unasked"
+    assert not (tmp_path / "out").exists(), "nothing may be started"
+
+
+def test_standin_builds_the_presets_tokenizer_where_asked_and_the_run_succeeds(tmp_path: Path, standin: Path) -> None:
+    model = tmp_path / "models" / "qwen3"
+    run_file = manifest(tmp_path, standin, model__path=str(model), model__preset="qwen3")
+    result = datagen_run(run_file, "--standin", *FAST_SIM)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--standin: building the qwen3 stand-in tokenizer at" in flat(result.stdout)
+    assert (model / "tokenizer_config.json").exists()
+    assert len(stored_keys(tmp_path / "out")) == len([line for line in PROMPTS.read_text().splitlines() if line])
+
+
+def test_standin_without_a_preset_is_refused_naming_the_field(tmp_path: Path, standin: Path) -> None:
+    missing = tmp_path / "nowhere"
+    run_file = manifest(
+        tmp_path,
+        standin,
+        model__path=str(missing),
+        model__preset=None,
+        server__reasoningParser="kimi_k2",
+        server__toolCallParser="kimi_k2",
+    )
+    result = datagen_run(run_file, "--standin", *FAST_SIM)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "spec.model.preset is not set" in flat(result.stdout)
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "volume", "named"),
+    [
+        ("model", {"persistentVolumeClaim": {"claimName": "models"}}, "a persistentVolumeClaim (models)"),
+        ("dataset", {"persistentVolumeClaim": {"claimName": "data"}}, "a persistentVolumeClaim (data)"),
+        ("output", {"nfs": {"server": "nfs.local", "path": "/export"}}, "an NFS export (nfs.local:/export)"),
+    ],
+)
+def test_a_volume_datagen_run_cannot_mount_is_refused_naming_the_field(
+    tmp_path: Path, standin: Path, section: str, volume: dict, named: str
+) -> None:
+    run_file = manifest(tmp_path, standin, **{f"{section}__volume": volume})
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = flat(result.stdout)
+    assert f"spec.{section}.volume: {named} cannot be mounted by `datagen run` on one machine" in said
+    assert f"set spec.{section}.path to the directory on this machine" in said
+    assert not (tmp_path / "out").exists(), "nothing may be started"
+
+
+def test_hostpath_volumes_are_read_as_their_directories(tmp_path: Path, standin: Path) -> None:
+    """The cluster's layout (model volume at model.path, dataset and output paths inside their volumes), here."""
+    models, data = tmp_path / "host-models", tmp_path / "host-data"
+    shutil.copytree(standin, models / "kimi")
+    (data / "prompts").mkdir(parents=True)
+    shutil.copy(PROMPTS, data / "prompts" / "p.jsonl")
+    run_file = manifest(
+        tmp_path,
+        standin,
+        model__path="/models/kimi",
+        model__subPath="kimi",
+        model__volume={"hostPath": {"path": str(models)}},
+        dataset__path="prompts/p.jsonl",
+        dataset__volume={"hostPath": {"path": str(data)}},
+        output__path="eagle3/run",
+        output__volume={"hostPath": {"path": str(data)}},
+    )
+    local = run_on_this_machine(load_run(run_file), tmp_path).spec
+    assert (local.model.path, local.dataset.path, local.output.path) == (
+        str(models / "kimi"),
+        str(data / "prompts" / "p.jsonl"),
+        str(data / "eagle3" / "run"),
+    )
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stored_keys(data / "eagle3" / "run")
+
+
+def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Path, standin: Path) -> None:
+    run_file = manifest(
+        tmp_path,
+        standin,
+        model__path="/models/kimi",
+        model__subPath="k2/int4",
+        model__tokenizerPath="/models/kimi/tok",
+        model__volume={"hostPath": {"path": "/srv/models"}},
+    )
+    model = run_on_this_machine(load_run(run_file), tmp_path).spec.model
+    assert (model.path, model.tokenizer_path) == ("/srv/models/k2/int4", "/srv/models/k2/int4/tok")
+    with pytest.raises(SpecError) as refused:
+        run_on_this_machine(
+            load_run(manifest(tmp_path, standin, model__volume={"nfs": {"server": "s", "path": "/m"}})), tmp_path
+        )
+    assert [e.field for e in refused.value.errors] == ["spec.model.volume"]
