@@ -1,5 +1,6 @@
-"""One expectations source: the canary, the worker (whose flags the rolling checks count) and `datagen verify` judge
-the same records with the same stop set and give identical flags; the stop set is SGLang's union.
+"""One expectations source: the canary, the worker (whose flags the rolling checks count), a resume's preflight and
+`datagen verify` judge the same records with the same stop set and give identical flags; the stop set is SGLang's
+union. (`datagen export` reads the stored flags: it judges nothing again.)
 
 The model is the Kimi-K2 stand-in run with no preset and the right parsers: its tokenizer's eos (`[EOS]`) is not
 its config's eos (`<|im_end|>`), the case where the canary passed and verify then refused every record.
@@ -23,6 +24,7 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.evaluate import TERMINATION, Tally, check_context, evaluate
+from datagen_operator.checks.preflight import judge_existing_records
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.render import load_tokenizer
@@ -115,6 +117,14 @@ def test_canary_worker_rolling_and_verify_flag_the_same_records(tmp_path: Path, 
     verify_termination = next(c for c in report.checks if c.name == TERMINATION)
     rolling = evaluate(Tally.of(progress.counts), check_context(resolve_model(spec), spec.checks, expect.think_end_id))
     rolling_termination = next(c for c in rolling if c.name == TERMINATION)
+    # A resume's preflight recomputes the flags from the stored ids and judges them by the same thresholds.
+    existing = judge_existing_records(tmp_path / "out", expect, check_context(resolve_model(spec), spec.checks, None))
+    assert existing.records == len(stored)
+    preflight_termination = next(c for c in existing.checks if c.name == TERMINATION)
+    assert (preflight_termination.passed, preflight_termination.count) == (
+        rolling_termination.passed,
+        rolling_termination.count,
+    )
     nan = worker_counts[rc.NAN_REPLACED]
     canary_nan = sum(rc.NAN_REPLACED in r["flags"] for r in canary_records)
     if nan_rate == "0":
