@@ -365,7 +365,7 @@ def _malformed(tally: Tally) -> CheckResult:
         MAX_MALFORMED_RATE,
         f"{_frac(bad, n)} dataset lines set aside unsent (malformed or unrenderable)",
         f"{_frac(bad, n)} dataset lines are not usable prompts or cannot be rendered by the chat template, above "
-        f"{MAX_MALFORMED_RATE:.0%}: check spec.dataset.path and its format; each line and its cause is in rejects.jsonl",
+        f"{MAX_MALFORMED_RATE:.0%}: check spec.dataset.path and its format (the format: docs/worker.md)",
     )
 
 

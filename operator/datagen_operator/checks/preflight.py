@@ -74,7 +74,8 @@ def run_preflight(
         return _failed(
             "DatasetUnusable",
             f"spec.dataset.path {dataset}: {lines.failed}; {lines.examples}. Refused before any server started: fix "
-            "or remove those lines (each line's cause is named above), or point spec.dataset.path at the right file",
+            "or remove those lines (the first of each cause are named above), or point spec.dataset.path at the right "
+            "file",
         )
     found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
     pin, pinned = pin_dataset(dataset, spec.dataset.format), read_pin(output)
