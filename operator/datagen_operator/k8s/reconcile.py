@@ -239,14 +239,16 @@ class Reconciler:
         preflight_job = self._named("Job", preflight_job_name(self.name))
         if preflight_job is not None and _annotation(preflight_job, m.DATA_GENERATION) != str(data_generation):
             preflight_job = None  # made for an older spec: its verdict does not apply
-        preflight = o.job_outcome(
+        # A verdict once recorded stands for this data generation: its pod may be gone (users, pod GC) and a
+        # Job without its pod would read as "no verdict".
+        preflight = remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks) or o.job_outcome(
             preflight_job, self._pods("preflight"), "preflight", "preflight"
-        ) or remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks)
+        )
         canary_job = self._named("Job", canary_job_name(self.name))
         if canary_job is not None and _annotation(canary_job, m.DATA_GENERATION) != str(data_generation):
             canary_job = None  # made for an older spec: its verdict does not apply
-        canary = o.job_outcome(canary_job, self._pods("canary"), "canary", "canary") or remembered_outcome(
-            old.conditions, CANARY_PASSED, data_generation, checks
+        canary = remembered_outcome(old.conditions, CANARY_PASSED, data_generation, checks) or o.job_outcome(
+            canary_job, self._pods("canary"), "canary", "canary"
         )
         workers_job = self._named("Job", workers_job_name(self.name))
         final = remembered_final(old.conditions, data_generation, checks) or o.job_outcome(
