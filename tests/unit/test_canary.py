@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datagen_operator.api import parse_spec
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.canary import CanaryRecord, judge_canary
-from datagen_operator.checks.evaluate import CheckContext
+from datagen_operator.checks.canary import CanaryRecord, judge_canary, markers_seen, vocabulary_families
+from datagen_operator.checks.evaluate import CheckContext, check_context
+from datagen_operator.presets import get_preset, preset_names
+from datagen_operator.presets.think_markers import ThinkMarkers, known_markers, preset_markers
+from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.tokenizer.standin import ensure_standin
+from tests.manifests import local_spec
 
 CTX = CheckContext(True, "kimi-k2.5", "<think>", "</think>", 163607, ChecksSpec())
 
@@ -48,3 +62,67 @@ def test_thinking_control_reads_the_median_length_ratio() -> None:
     reasoning = ThinkingControl((6.5, 8.0, 0.9, 7.2))
     verdict = judge_thinking_control(reasoning, CTX, "kimi-k2.5").verdict
     assert "reasons but never closes its reasoning" in verdict and "x6.8" in verdict  # median of 6.5 and 7.2
+
+
+# -- every preset's model writing another family's think markers -------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+PROMPT = [{"role": "user", "content": "Is 221 prime? Show your reasoning briefly."}]
+
+
+@cache
+def run_of(preset: str) -> tuple[ResolvedModel, Any, rc.Expectations, list[int]]:
+    """The preset's run on its stand-in tokenizer: what it expects, and one rendered prompt."""
+    model_dir = ensure_standin(preset)
+    changes = {"model.preset": preset, "generation.thinking": get_preset(preset).thinking.default}
+    spec = parse_spec(local_spec(model_dir, REPO / "examples" / "prompts" / "quickstart.jsonl", Path("/x"), **changes))
+    resolved = resolve_model(spec)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=False)
+    input_ids = Renderer(tokenizer, template_variables(resolved)).render(PROMPT, None)
+    return resolved, tokenizer, rc.expectations_for(resolved, tokenizer, model_dir), input_ids
+
+
+def written_by_another_family(preset: str, markers: ThinkMarkers) -> CanaryRecord:
+    """Reasoning inside `markers` (the opener only where the prompt did not open the reasoning), then an answer
+    and the preset's stop token."""
+    _, tokenizer, expect, input_ids = run_of(preset)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    opened = bool(expect.think_start_ids) and rc.prompt_opens_think(input_ids, expect)
+    stop = tokenizer.convert_tokens_to_ids(get_preset(preset).stop_tokens[0].text)
+    output = [*([] if opened else ids(markers.start)), *ids("221 = 13 x 17."), *ids(markers.end), *ids("No."), stop]
+    flags = rc.inspect_record(input_ids, output, {"type": "stop"}, len(output), False, expect)
+    return CanaryRecord("probe:reasoning", input_ids, output, {"type": "stop"}, len(output), False, flags)
+
+
+@pytest.mark.parametrize(
+    ("preset", "markers"),
+    [
+        (name, markers)
+        for name in preset_names()
+        for markers in known_markers()
+        if markers != preset_markers(get_preset(name))
+    ],
+    ids=lambda value: value if isinstance(value, str) else value.start,
+)
+def test_every_presets_model_writing_other_markers_is_named(preset: str, markers: ThinkMarkers) -> None:
+    resolved, tokenizer, expect, _ = run_of(preset)
+    records = [written_by_another_family(preset, markers)] * 3
+    seen = markers_seen(records, expect, vocabulary_families(tokenizer))
+    assert seen is not None and seen.written.markers == markers and seen.outputs == 3
+    ctx = replace(check_context(resolved, ChecksSpec(), expect.think_end_id), markers_seen=seen)
+    outcome = judge_canary(records, ctx, capped=False)
+    assert not outcome.passed
+    shown = f"`{markers.start}`…`{markers.end}`" if seen.written.opener_written else f"`{markers.end}`"
+    expected = f", not {preset}'s" if resolved.think_end else f" although {preset} does not reason"
+    assert f"3/3 outputs write {shown}{expected}" in outcome.message, outcome.message
+    assert f"the model at model.path is not a {preset} model, or {preset} is the wrong preset" in outcome.message
+    assert "does not think" not in outcome.message and "never closed" not in outcome.message
+
+
+def test_own_markers_are_not_other_markers() -> None:
+    _, tokenizer, expect, input_ids = run_of("qwen3")
+    think = [*tokenizer.encode("<think>a</think>b", add_special_tokens=False), 151645]
+    record = CanaryRecord("p", input_ids, think, {"type": "stop"}, len(think), False, frozenset())
+    assert markers_seen([record], expect, ("qwen3",)) is None

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import CheckContext, Tally, evaluate
+from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, Tally, evaluate
+from datagen_operator.presets.think_markers import MarkersWritten, ThinkMarkers
+
+THINK = ThinkMarkers("<think>", "</think>")
 
 CTX = CheckContext(True, "kimi-k2.5", "<think>", "</think>", 163607, ChecksSpec())
 
@@ -55,3 +60,80 @@ def test_tally_arithmetic() -> None:
     b = Tally(records=2, rejected=1, flags={rc.TRUNCATED: 1, rc.ABORTED: 1})
     assert (a + b).records == 5 and (a + b).flags == {rc.TRUNCATED: 2, rc.ABORTED: 1}
     assert ((a + b) - a) == Tally(records=2, rejected=1, flags={rc.TRUNCATED: 1, rc.ABORTED: 1})
+
+
+# -- another family's think markers in the outputs ---------------------------------------------------------------
+OLD_KIMI = ThinkMarkers("◁think▷", "◁/think▷")
+QWEN3 = CheckContext(True, "qwen3", "<think>", "</think>", 151668, ChecksSpec())
+
+
+def test_other_markers_are_named_instead_of_does_not_think() -> None:
+    seen = MarkersSeen(MarkersWritten(OLD_KIMI, opener_written=True), outputs=7, families=("qwen3",))
+    tally = Tally(records=7, flags={rc.NO_THINK_START: 7})
+    reasoning = by_name(evaluate(tally, replace(QWEN3, markers_seen=seen)))["reasoning_captured"]
+    assert not reasoning.passed and reasoning.count == 7
+    assert reasoning.verdict.startswith(
+        "7/7 outputs write `◁think▷`…`◁/think▷`, not qwen3's `<think>`…`</think>` (151668): the model at "
+        "model.path is not a qwen3 model, or qwen3 is the wrong preset for it"
+    ), reasoning.verdict
+    assert "does not think" not in reasoning.verdict and "never closed" not in reasoning.verdict
+    assert "server.reasoningParser: kimi" in reasoning.verdict  # no preset writes ◁think▷: SGLang's `kimi` reads it
+
+
+def test_a_closer_alone_is_named_when_the_template_opened_the_reasoning() -> None:
+    seen = MarkersSeen(MarkersWritten(OLD_KIMI, opener_written=False), outputs=7, families=("kimi-k2",))
+    tally = Tally(records=7, flags={rc.NO_THINK_END: 7})
+    reasoning = by_name(evaluate(tally, replace(CTX, markers_seen=seen)))["reasoning_captured"]
+    assert reasoning.verdict.startswith("7/7 outputs write `◁/think▷`, not kimi-k2.5's `<think>`…`</think>` (163607)")
+
+
+def test_markers_of_a_preset_name_that_preset() -> None:
+    """A gpt-oss run whose model writes `<think>` itself, on a Qwen3 vocabulary: the Qwen3 hybrid is the model."""
+    gpt_oss = CheckContext(True, "gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", 200007, ChecksSpec())
+    seen = MarkersSeen(MarkersWritten(THINK, True), outputs=3, families=("qwen3", "qwen3-thinking-2507"))
+    tally = Tally(records=3, flags={rc.NO_THINK_START: 3})
+    verdict = by_name(evaluate(tally, replace(gpt_oss, markers_seen=seen)))["reasoning_captured"].verdict
+    assert "not gpt-oss's `<|channel|>analysis<|message|>`…`<|end|>` (200007)" in verdict
+    assert "they are preset qwen3's (reasoning parser qwen3): point model.path at a gpt-oss model, or set " in verdict
+    assert "model.preset: qwen3" in verdict
+
+
+def test_candidates_are_named_when_the_vocabulary_does_not_tell() -> None:
+    gpt_oss = CheckContext(True, "gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", 200007, ChecksSpec())
+    seen = MarkersSeen(MarkersWritten(THINK, True), outputs=3, families=())
+    verdict = by_name(evaluate(Tally(records=3, flags={rc.NO_THINK_START: 3}), replace(gpt_oss, markers_seen=seen)))
+    assert "presets kimi-k2-thinking, qwen3, glm-4.5 write them" in verdict["reasoning_captured"].verdict
+
+
+def test_think_markers_where_the_preset_has_none_fail() -> None:
+    instruct = CheckContext(False, "kimi-k2-instruct", None, None, None, ChecksSpec())
+    assert by_name(evaluate(Tally(records=3), instruct))["reasoning_captured"].passed
+    seen = MarkersSeen(MarkersWritten(THINK, True), outputs=2, families=("kimi-k2", "kimi-k2-thinking"))
+    reasoning = by_name(evaluate(Tally(records=3), replace(instruct, markers_seen=seen)))["reasoning_captured"]
+    assert not reasoning.passed and reasoning.count == 2
+    assert reasoning.verdict.startswith(
+        "2/3 outputs write `<think>`…`</think>` although kimi-k2-instruct does not reason: the model at model.path "
+        "is not a kimi-k2-instruct model"
+    ), reasoning.verdict
+    assert "set model.preset: kimi-k2-thinking" in reasoning.verdict
+
+
+def test_other_markers_with_thinking_off_fail() -> None:
+    off = replace(QWEN3, thinking=False)
+    seen = MarkersSeen(MarkersWritten(OLD_KIMI, True), outputs=1, families=("qwen3",))
+    reasoning = by_name(evaluate(Tally(records=4), replace(off, markers_seen=seen)))["reasoning_captured"]
+    assert not reasoning.passed and reasoning.verdict.startswith("1/4 outputs write `◁think▷`…`◁/think▷`, not qwen3's")
+
+
+def test_other_markers_where_the_runs_own_are_no_token_fail() -> None:
+    """No preset and `kimi` on a Qwen3 model: `◁/think▷` is no token of the vocabulary, so no flag can judge the
+    outputs; the `<think>` ids they hold name the parser."""
+    kimi = CheckContext(True, None, "◁think▷", "◁/think▷", None, ChecksSpec())
+    assert by_name(evaluate(Tally(records=7), kimi))["reasoning_captured"].passed
+    seen = MarkersSeen(MarkersWritten(THINK, True), outputs=7, families=("qwen3", "qwen3-thinking-2507"))
+    reasoning = by_name(evaluate(Tally(records=7), replace(kimi, markers_seen=seen)))["reasoning_captured"]
+    assert not reasoning.passed
+    assert reasoning.verdict == (
+        "7/7 outputs write `<think>`…`</think>`, not the run's `◁think▷`…`◁/think▷`: the model at model.path writes "
+        "other markers than server.reasoningParser reads; use qwen3 (or set model.preset: qwen3)"
+    )

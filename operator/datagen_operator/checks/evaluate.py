@@ -5,6 +5,7 @@ One evaluation for the rolling checks (workers' counters), the canary and `datag
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
 from datagen_operator.api.progress import RecordCounts
@@ -12,6 +13,7 @@ from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
+from datagen_operator.presets.think_markers import MarkersWritten, ParserFix, ThinkMarkers, fix_for
 
 REASONING_CAPTURED = "reasoning_captured"
 TOKEN_COUNTS = "token_counts"
@@ -83,6 +85,18 @@ class Tally:
 
 
 @dataclass(frozen=True)
+class MarkersSeen:
+    """Another family's think markers in the outputs, read off their ids (rc.other_markers_in): where the run's
+    own markers are missing, these are the cause to name."""
+
+    written: MarkersWritten
+    outputs: int
+    """Outputs that hold them."""
+    families: tuple[str, ...] = ()
+    """The families the run's tokenizer belongs to (its vocabulary): which of the markers' writers the model is."""
+
+
+@dataclass(frozen=True)
 class CheckContext:
     """What the verdicts need to name causes: the run's thinking mode and tokens."""
 
@@ -92,6 +106,8 @@ class CheckContext:
     think_end: str | None
     think_end_id: int | None
     thresholds: ChecksSpec
+    markers_seen: MarkersSeen | None = None
+    """Set by the canary, which has the outputs' ids; the rolling checks count flags only."""
 
 
 def check_context(
@@ -180,24 +196,86 @@ def measured(check: CheckResult) -> str:
     return f"{check.name} {check.count}/{check.total} = {rate}, threshold {threshold}"
 
 
+def wrong_markers_verdict(
+    written: MarkersWritten, who: str, preset: str | None, expected: str | None, families: Collection[str] = ()
+) -> str:
+    """`who` ("7/7 outputs write", "the model writes") wrote another family's markers where the run expects
+    `expected` (None: a preset that does not reason): what was written, what was expected, the likely cause and
+    the fix named by presets/think_markers.py. The canary and ParsersVerified say it alike."""
+    fix = fix_for(written, families)
+    if expected is None:
+        head = f"{who} {written.shown()} although {preset} does not reason"
+    else:
+        head = f"{who} {written.shown()}, not {preset or 'the run'}'s {expected}"
+    if preset is None:
+        cause = "the model at model.path writes other markers than server.reasoningParser reads"
+        return f"{head}: {cause}; {parser_advice(fix)}"
+    cause = f"the model at model.path is not a {preset} model, or {preset} is the wrong preset for it"
+    return f"{head}: {cause}; {_preset_advice(fix, preset)}"
+
+
+def _preset_advice(fix: ParserFix, preset: str) -> str:
+    """Either side of a run whose preset and model disagree: the model to point at, or the preset to name."""
+    model = f"point model.path at a {preset} model"
+    if not fix.presets:
+        parsers = " or ".join(fix.parsers)
+        return (
+            f"no preset writes them (SGLang reads them with reasoning parser {parsers}): {model}, or run this model "
+            f"without a preset (server.reasoningParser: {parsers} and its server.toolCallParser)"
+        )
+    names = ", ".join(fix.presets)
+    if fix.parser is not None and len(fix.presets) == 1:
+        return f"they are preset {names}'s (reasoning parser {fix.parser}): {model}, or set model.preset: {names}"
+    if fix.parser is not None:
+        return (
+            f"presets {names} write them (reasoning parser {fix.parser}): {model}, or set model.preset to one of them"
+        )
+    return (
+        f"presets {names} write them (reasoning parsers {', '.join(fix.parsers)}) and the tokenizer does not tell "
+        f"which: {model}, or set model.preset to the model's own"
+    )
+
+
+def parser_advice(fix: ParserFix) -> str:
+    """The fix for a run that names its own reasoning parser: the one the markers and the family name, else the
+    candidates (never the first parser that reads the markers)."""
+    if fix.parser is not None:
+        also = f"or set model.preset: {' or '.join(fix.presets)}" if fix.presets else "no preset writes these markers"
+        return f"use {fix.parser} ({also})"
+    if not fix.parsers:
+        return "check the model's think tags"
+    candidates = ", ".join(f"{parser} (preset {', '.join(fix.presets_of(parser))})" for parser in fix.parsers)
+    return f"the markers do not tell the model's family: use its own reasoning parser, one of {candidates}"
+
+
+def _own_markers(ctx: CheckContext) -> str | None:
+    if ctx.think_start is None or ctx.think_end is None:
+        return None
+    ids = f" ({ctx.think_end_id})" if ctx.think_end_id is not None else ""
+    return ThinkMarkers(ctx.think_start, ctx.think_end).shown() + ids
+
+
+def _wrong_markers(seen: MarkersSeen, n: int, ctx: CheckContext) -> str:
+    who = f"{_frac(seen.outputs, n)} outputs write"
+    return wrong_markers_verdict(seen.written, who, ctx.preset, _own_markers(ctx), seen.families)
+
+
 def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
     n = tally.records
     end = f"`{ctx.think_end}` ({ctx.think_end_id})" if ctx.think_end_id is not None else f"`{ctx.think_end}`"
+    seen = ctx.markers_seen
+    if seen is not None and (ctx.think_end is None or ctx.think_end_id is None):
+        # Outputs with another family's markers where no flag can judge the run's own: a preset that does not
+        # reason, or run markers that are no token of this vocabulary (no preset, `kimi` on a Qwen3 model).
+        rate = _rate(seen.outputs, n)
+        return CheckResult(
+            name=REASONING_CAPTURED, passed=False, rate=1 - rate, threshold=1.0, count=seen.outputs, total=n,
+            verdict=_wrong_markers(seen, n, ctx),
+        )  # fmt: skip
     if ctx.think_end is None:
         return CheckResult(name=REASONING_CAPTURED, passed=True, total=n, verdict="model has no reasoning tokens")
     if not ctx.thinking:
-        bad = tally.count(rc.UNEXPECTED_REASONING)
-        rate = _rate(bad, n)
-        passed = bad == 0
-        verdict = (
-            f"no reasoning in {_frac(n, n)} outputs, as asked (thinking off)"
-            if passed
-            else f"{_frac(bad, n)} outputs contain think tags although the prompts close the think block "
-            "(thinking off): the template and the model disagree; check generation.thinking and the chat template"
-        )
-        return CheckResult(
-            name=REASONING_CAPTURED, passed=passed, rate=1 - rate, threshold=1.0, count=bad, total=n, verdict=verdict
-        )
+        return _reasoning_off(tally, ctx)
     missing_end = tally.count(rc.NO_THINK_END)
     empty = tally.count(rc.EMPTY_REASONING)
     no_start = tally.count(rc.NO_THINK_START)
@@ -205,22 +283,26 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
     bad = missing_end + empty + no_start
     captured = 1 - _rate(bad, n)
     passed = n == 0 or captured >= ctx.thresholds.min_reasoning_rate
+    # Another family's markers where the run's are missing say why: not "does not think", nor "never closed".
+    wrong = seen if missing_end or no_start else None
     causes: list[str] = []
-    if missing_end:
+    if wrong is not None:
+        causes.append(_wrong_markers(wrong, n, ctx))
+    elif missing_end:
         causes.append(f"no {end} in {_frac(missing_end, n)} outputs")
     if closed_prompts:
         causes.append(
             f"the prompts end with `{ctx.think_start}{ctx.think_end}`: thinking is off in the rendered template; "
             "set generation.thinking: true (and check the template's thinking switch)"
         )
-    elif missing_end:
+    elif missing_end and wrong is None:
         causes.append(
             "the reasoning was never closed, or never happened: check the chat template (the prompt must end with "
             f"`{ctx.think_start}` or let the model open it), max_new_tokens, and that the model is a thinking model"
         )
     if empty:
         causes.append(f"empty reasoning before {end} in {_frac(empty, n)} outputs: the model skipped thinking")
-    if no_start:
+    if no_start and wrong is None:
         causes.append(
             f"`{ctx.think_start}` never opened in {_frac(no_start, n)} outputs (nor at the end of the prompt): the model "
             "does not think (an instruct model under a thinking preset?); check model.path and model.preset"
@@ -239,6 +321,27 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
         total=n,
         verdict=verdict,
     )
+
+
+def _reasoning_off(tally: Tally, ctx: CheckContext) -> CheckResult:
+    """Thinking off: no output may hold think markers, the run's or another family's."""
+    n, seen = tally.records, ctx.markers_seen
+    own = tally.count(rc.UNEXPECTED_REASONING)
+    # The same output may hold both: the larger count is the least number of outputs at fault.
+    bad = max(own, seen.outputs if seen else 0)
+    causes: list[str] = []
+    if own:
+        causes.append(
+            f"{_frac(own, n)} outputs contain think tags although the prompts close the think block "
+            "(thinking off): the template and the model disagree; check generation.thinking and the chat template"
+        )
+    if seen is not None:
+        causes.insert(0, _wrong_markers(seen, n, ctx))
+    verdict = "; ".join(causes) or f"no reasoning in {_frac(n, n)} outputs, as asked (thinking off)"
+    return CheckResult(
+        name=REASONING_CAPTURED, passed=bad == 0, rate=1 - _rate(bad, n), threshold=1.0, count=bad, total=n,
+        verdict=verdict,
+    )  # fmt: skip
 
 
 def _token_counts(tally: Tally, ctx: CheckContext) -> CheckResult:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.presets.sglang_names import SGLANG_ADDITIONAL_STOP_TEXTS
+from datagen_operator.presets.think_markers import MarkersWritten, ThinkMarkers, known_markers
 
 # Flag names: stable strings, counted by workers and read by the rolling checks.
 TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -66,6 +67,14 @@ PROMPT_TAIL_WHITESPACE: tuple[str, ...] = ("\n", "\n\n", " ")
 """Texts a template may write after the think opener or closer (Qwen3-2507 ends the prompt `<think>\n`)."""
 
 
+class MarkerIds(NamedTuple):
+    """Think markers as the run's tokenizer encodes them: one added token each, or the text's ids."""
+
+    markers: ThinkMarkers
+    start_ids: tuple[int, ...]
+    end_ids: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Expectations:
     """What a faithful record of this run looks like, in token ids."""
@@ -80,6 +89,9 @@ class Expectations:
     suffix_leak_window: int = 8
     prompt_tail_skip_ids: frozenset[int] = frozenset()
     """Whitespace tokens a template may put after the opener or closer at the end of the prompt."""
+    other_markers: tuple[MarkerIds, ...] = ()
+    """Other families' think markers (presets/think_markers.py) in this tokenizer's ids; none without a
+    tokenizer. No flag reads them: where outputs hold them, the canary's verdict names them as the cause."""
 
 
 def _token_id(tokenizer: TokenLookup | None, text: str, fixed: int | None) -> int | None:
@@ -142,7 +154,36 @@ def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup | None, mod
         tool_marker_pairs=tuple(pairs),
         prompt_prefills_opener=bool(preset and preset.thinking.prompt_prefills_opener),
         prompt_tail_skip_ids=_single_token_ids(tokenizer, PROMPT_TAIL_WHITESPACE) if tokenizer else frozenset(),
+        other_markers=_other_marker_ids(tokenizer, resolved) if tokenizer else (),
     )
+
+
+def _other_marker_ids(tokenizer: TokenLookup, resolved: ResolvedModel) -> tuple[MarkerIds, ...]:
+    """Every known marker pair but the run's, as the tokenizer has them (an added token's id, else the text's
+    ids: a Qwen3 vocabulary holds `◁think▷` only as text)."""
+    own = (
+        ThinkMarkers(resolved.think_start, resolved.think_end) if resolved.think_start and resolved.think_end else None
+    )
+    found = []
+    for markers in known_markers():
+        if markers == own:
+            continue
+        start, end = _opener_ids(tokenizer, markers.start, None), _opener_ids(tokenizer, markers.end, None)
+        if start and end:
+            found.append(MarkerIds(markers, start, end))
+    return tuple(found)
+
+
+def other_markers_in(output_ids: Sequence[int], expect: Expectations) -> MarkersWritten | None:
+    """The other family's markers this output holds (the earliest found), None when it holds none. Read where the
+    run's own markers are missing (the canary), never per record on the workers' hot path."""
+    found: list[tuple[int, MarkersWritten]] = []
+    for markers, start_ids, end_ids in expect.other_markers:
+        starts_at, ends_at = _find_seq(output_ids, start_ids), _find_seq(output_ids, end_ids)
+        positions = [at for at in (starts_at, ends_at) if at >= 0]
+        if positions:
+            found.append((min(positions), MarkersWritten(markers, starts_at >= 0)))
+    return min(found, key=lambda item: item[0])[1] if found else None
 
 
 def tokenizer_stop_ids(tokenizer: Any) -> frozenset[int]:

@@ -13,10 +13,16 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
-from datagen_operator.presets.sglang_names import (
-    REASONING_PARSER_TAGS,
-    resolved_reasoning_parser,
-    resolved_tool_call_parser,
+from datagen_operator.checks.evaluate import parser_advice, wrong_markers_verdict
+from datagen_operator.presets.sglang_names import resolved_reasoning_parser, resolved_tool_call_parser
+from datagen_operator.presets.think_markers import (
+    MarkersWritten,
+    ThinkMarkers,
+    fix_for,
+    known_markers,
+    markers_read_by,
+    tool_parser_families,
+    written_in,
 )
 
 PARSERS = "parsers"
@@ -25,16 +31,39 @@ PARSERS = "parsers"
 def _describe(parser: str | None) -> str:
     if parser is None:
         return "no reasoning parser"
-    tags = REASONING_PARSER_TAGS.get(parser)
-    return f"`{parser}` ({tags[0]})" if tags else f"`{parser}`"
+    markers = markers_read_by(parser)
+    return f"`{parser}` ({markers.start})" if markers else f"`{parser}`"
 
 
-def _suggest(content: str, tool_parser: str | None) -> str | None:
-    """A parser whose tags appear in the content, preferring the one named like the tool-call parser."""
-    matching = [name for name, (start, end) in REASONING_PARSER_TAGS.items() if end in content or start in content]
-    if tool_parser in matching:
-        return tool_parser
-    return matching[0] if matching else None
+def _run_markers(resolved: ResolvedModel) -> ThinkMarkers | None:
+    if resolved.think_start is None or resolved.think_end is None:
+        return None
+    return ThinkMarkers(resolved.think_start, resolved.think_end)
+
+
+def _families(resolved: ResolvedModel) -> tuple[str, ...]:
+    """The model's family as the run says it: its preset's, else the family its tool-call parser is for."""
+    if resolved.preset is not None:
+        return (resolved.preset.family,)
+    return tool_parser_families(resolved.tool_call_parser)
+
+
+def _leak_cause(written: MarkersWritten | None, resolved: ResolvedModel, running: str | None, model_label: str) -> str:
+    """Why the server's parser left markers in content, and the fix. Under a preset whose markers they are not,
+    the model is wrong (or the preset), not the parser; otherwise the parser is named from the markers and the
+    model's family (presets/think_markers.py), never the first parser whose tags match. `written` is None for
+    the run's own model.thinkTokens, which no parser is known to read."""
+    preset = resolved.preset
+    own = _run_markers(resolved)
+    if preset is not None and written is not None and written.markers != own:
+        return wrong_markers_verdict(written, "the model writes", preset.name, own.shown() if own else None)
+    advice = "check the model's think tags"
+    if written is not None:
+        fix = fix_for(written, _families(resolved))
+        # The parser the server already runs is no fix: then the split went wrong elsewhere.
+        if fix.parser is None or fix.parser != running:
+            advice = parser_advice(fix)
+    return f"the server's reasoning parser {_describe(running)} does not match what {model_label} writes; {advice}"
 
 
 def _name_problems(info: dict[str, Any], resolved: ResolvedModel, model_label: str) -> list[str]:
@@ -73,17 +102,12 @@ def _read_probe(
     message = probe.get("message") or {}
     reasoning = message.get("reasoning_content") or ""
     content = message.get("content") or ""
-    known_tags = {tag for pair in REASONING_PARSER_TAGS.values() for tag in pair}
+    known_tags = {tag for pair in known_markers() for tag in pair}
     known_tags |= {tag for tag in (resolved.think_start, resolved.think_end) if tag}
     leaked_tags = sorted(tag for tag in known_tags if tag in content)
     if leaked_tags and not reasoning.strip():
-        suggestion = _suggest(content, resolved.tool_call_parser)
-        fix = f"use {suggestion}" if suggestion and suggestion != running_reasoning else "check the model's think tags"
-        return (
-            f"a chat probe got empty reasoning_content and {', '.join(leaked_tags)} inside content: the server's "
-            f"reasoning parser {_describe(running_reasoning)} does not match what {model_label} writes; {fix}",
-            "",
-        )
+        cause = _leak_cause(written_in(content), resolved, running_reasoning, model_label)
+        return f"a chat probe got empty reasoning_content and {', '.join(leaked_tags)} inside content: {cause}", ""
     if leaked_tags:
         return f"a chat probe found {', '.join(leaked_tags)} inside content: the reasoning split is off", ""
     if probe.get("finish_reason") == "length":
@@ -93,6 +117,11 @@ def _read_probe(
         )
     if not reasoning.strip():
         return None, "the chat probe's reply holds no reasoning and no think tags (the canary judges the model)"
+    other, own = written_in(reasoning), _run_markers(resolved)
+    if other is not None and other.markers != own:
+        # Another family's markers inside the reasoning: the parser took them for reasoning, the model is wrong.
+        expected = f", not {model_label}'s {own.shown()}" if own else ""
+        return None, f"the chat probe's reasoning holds {other.shown()}{expected} (the canary judges the model)"
     if not content.strip() and not message.get("tool_calls"):
         return None, "the chat probe's reply never closed its reasoning (the canary judges the model)"
     return None, "a chat probe split reasoning_content from content"

@@ -25,8 +25,10 @@ TOOL_CALL_PARSER_NAMES: tuple[str, ...] = (
     "response_template",
 )  # fmt: skip
 
-# Tags each reasoning parser looks for; `kimi` is the old ◁think▷ format that silently finds nothing in
-# Kimi-K2 output (field notes 1). Only the parsers the presets and the simulator use are listed.
+# Tags each reasoning parser looks for (its detector's start and end tokens in
+# sglang/srt/parser/reasoning_parser.py); `kimi` is the old ◁think▷ format that silently finds nothing in
+# Kimi-K2 output (field notes 1). Only the parsers the presets and the simulator use are listed; which family
+# writes which is presets/think_markers.py's to say (several parsers read `<think>`).
 REASONING_PARSER_TAGS: dict[str, tuple[str, str]] = {
     "kimi_k2": ("<think>", "</think>"),
     "kimi": ("◁think▷", "◁/think▷"),
@@ -36,6 +38,7 @@ REASONING_PARSER_TAGS: dict[str, tuple[str, str]] = {
     "deepseek-v3": ("<think>", "</think>"),
     "glm45": ("<think>", "</think>"),
     "minimax": ("<think>", "</think>"),
+    "gpt-oss": ("<|channel|>analysis<|message|>", "<|end|>"),  # GptOssDetector: harmony's analysis channel
 }
 
 # Names SGLang rewrites while resolving its arguments (`handle_deprecated_args` in
