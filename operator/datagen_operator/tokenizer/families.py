@@ -22,6 +22,13 @@ them null, so a run resolves them from the model's own tokenizer):
  [harmony]      gpt-oss tokenizer_config.json added_tokens_decoder (199998..200018, bos <|startoftext|>,
                 eos <|return|>, pad <|endoftext|>) and openai/gpt-oss gpt_oss/tokenizer.py (o200k_harmony,
                 reserved ids up to 201087)
+
+Chat templates: each stand-in's renders what the model's published template renders through transformers
+(tests/unit/test_real_templates.py compares them over a set of conversations, with the published copies in
+llama-cpp-python's sdist), but for the tools DeepSeek-R1 and gpt-oss declare, which the simulator reads, and
+conversations a published template refuses, which the stand-ins render. DeepSeek-R1's is held to the R1
+release's template (0528's own is not there). Kimi-K2.5/K2.6 (kimi-k2) and Qwen3-2507 have no published copy
+there: kimi-k2's follows [kimi-format]; 2507's is the Qwen3 one with its opener.
 """
 
 from __future__ import annotations
@@ -120,13 +127,6 @@ class Family:
 
 # -- Kimi-K2 [kimi-format] -------------------------------------------------------------------------------------
 KIMI_NAMED = tuple(AddedToken(*token) for token in kimi_tokens.NAMED_TOKENS)
-KIMI_PREFILL_TAIL = """\
-    {%- if thinking is defined and thinking is false -%}
-        <think></think>
-    {%- else -%}
-        <think>
-    {%- endif -%}
-{%- endif -%}"""
 _KIMI_FORMAT = ChatFormat(
     reasoning="think-tags",
     think_open="<think>",
@@ -154,7 +154,7 @@ _KIMI = Family(
     eos="[EOS]",
     pad="[PAD]",
     unk="[UNK]",
-    template="kimi_k2_chat_template.jinja",
+    template="kimi_k2_chat_template.jinja",  # not compared with a published one: none at hand (module docstring)
     model_config={
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
@@ -168,8 +168,6 @@ _KIMI = Family(
     model_max_length=262_144,
     chat=_KIMI_FORMAT,
 )
-# Kimi-K2-Thinking and K2-Instruct end the generation prompt at the assistant header.
-_KIMI_NO_PREFILL = ((KIMI_PREFILL_TAIL, "{%- endif -%}"),)
 
 # -- Qwen3 [qwen3-files] [sglang-budget] -------------------------------------------------------------------------
 _QWEN_SPECIAL = (
@@ -416,14 +414,16 @@ FAMILIES: dict[str, Family] = {
             _KIMI,
             name="kimi-k2-thinking",
             description="Kimi-K2-Thinking: always thinks; the model writes <think> itself",
-            template_edits=_KIMI_NO_PREFILL,
+            # Its own template: K2-Thinking's default system prompt, call ids and history differ from K2.5's.
+            template="kimi_k2_thinking_chat_template.jinja",
             chat=replace(_KIMI_FORMAT, prefill_tails=()),
         ),
         replace(
             _KIMI,
             name="kimi-k2-instruct",
             description="Kimi-K2-Instruct: no reasoning; tool calls in the Kimi-K2 format",
-            template_edits=_KIMI_NO_PREFILL,
+            # Its own template: no <think> anywhere, K2-Instruct's default system prompt and call ids.
+            template="kimi_k2_instruct_chat_template.jinja",
             chat=replace(_KIMI_FORMAT, reasoning="none", prefill_tails=(), thinks_unprompted=False),
         ),
         _QWEN3,
