@@ -115,11 +115,18 @@ def test_length_finish(sim: SimServer) -> None:
     assert len(result["output_ids"]) == 5 and IM_END not in result["output_ids"]
 
 
-def test_stop_exactly_at_max_new_tokens_reports_length_as_sglang_checks_length_first(sim: SimServer) -> None:
+def test_stop_exactly_at_max_new_tokens_is_a_stop_as_sglang_checks_stops_first(sim: SimServer) -> None:
+    """`Req.update_finish_state` checks stop strings, then stop tokens, then the length (contract:
+    tests/contract/test_sim_finish.py)."""
     natural = one(sim, chat_prompt("exact"))["output_ids"]
     cut = one(sim, chat_prompt("exact"), max_new_tokens=len(natural))
     assert cut["output_ids"] == natural
-    assert cut["meta_info"]["finish_reason"] == {"type": "length", "length": len(natural)}
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": natural[-1]}
+    shorter = one(sim, chat_prompt("exact"), max_new_tokens=len(natural) - 1)
+    assert shorter["meta_info"]["finish_reason"] == {"type": "length", "length": len(natural) - 1}
+    word = natural[len(natural) // 2]
+    at_cap = one(sim, chat_prompt("exact"), max_new_tokens=natural.index(word) + 1, stop_token_ids=[word])
+    assert at_cap["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
 
 
 def test_stop_token_ids(sim: SimServer) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from datagen_operator.engine.sim import resolution
 from datagen_operator.presets.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from datagen_operator.tokenizer.families import FAMILIES
 
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--tokenizer-path", help="tokenizer dir when it differs from --model-path")
     sg.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     sg.add_argument("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    sg.add_argument("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
+    sg.add_argument("--enable-dp-attention", action="store_true", help="deprecated: --dp-size N is --attn-dp-size N")
     sg.add_argument("--mem-fraction-static", type=float)
     sg.add_argument("--trust-remote-code", action="store_true")
     sg.add_argument("--reasoning-parser", choices=["auto", *REASONING_PARSER_NAMES])
@@ -140,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--nnodes", type=int, default=1)
     sg.add_argument("--node-rank", type=int, default=0)
     sg.add_argument("--dist-init-addr")
+    sg.add_argument("--revision")
+    sg.add_argument("--dtype", choices=resolution.DTYPE_CHOICES, default="auto")
+    sg.add_argument("--quantization", choices=resolution.QUANTIZATION_CHOICES)
+    sg.add_argument("--kv-cache-dtype", choices=resolution.KV_CACHE_DTYPE_CHOICES, default="auto")
+    sg.add_argument("--speculative-algorithm", help="EAGLE/EAGLE3/NEXTN reserve their draft tokens in the context")
+    sg.add_argument("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path")
+    sg.add_argument("--speculative-num-steps", type=int)
+    sg.add_argument("--speculative-eagle-topk", type=int)
+    sg.add_argument("--speculative-num-draft-tokens", type=int)
 
     sim = parser.add_argument_group("simulator-only flags")
     sim.add_argument("--sim-seed", type=int, default=0, help="model and fault seed (default 0)")
@@ -199,8 +211,13 @@ def _resolve_parser(name: str | None) -> str | None:
 
 
 def parse_settings(argv: list[str]) -> SimSettings:
-    """Parse the command line; argparse exits 2 on a bad flag or an unknown parser name."""
+    """Parse the command line; argparse exits 2 on a bad flag or an unknown parser name, and a launch SGLang's
+    resolution refuses raises `resolution.LaunchError`. Fields that depend on the model's config are resolved
+    once it is loaded (`resolution.model_resolved`)."""
     args = build_parser().parse_args(argv)
+    dp_size, attn_dp_size = resolution.data_parallel(
+        args.tp_size, args.dp_size, args.attn_dp_size, args.enable_dp_attention
+    )
     model_path = args.model_path
     served_name = args.served_model_name or model_path or "kimi-k2-standin"
     server_args: dict[str, Any] = {
@@ -215,7 +232,10 @@ def parse_settings(argv: list[str]) -> SimSettings:
         "host": args.host,
         "port": args.port,
         "tp_size": args.tp_size,
-        "dp_size": args.dp_size,
+        "dp_size": dp_size,
+        "attn_dp_size": attn_dp_size,
+        # Deprecated; reported for clients that still read it: whether attention DP runs (`resolved_dict`).
+        "enable_dp_attention": attn_dp_size > 1,
         "mem_fraction_static": args.mem_fraction_static,
         "reasoning_parser": _resolve_parser(args.reasoning_parser),
         "tool_call_parser": _resolve_parser(args.tool_call_parser),
@@ -229,6 +249,18 @@ def parse_settings(argv: list[str]) -> SimSettings:
         "nnodes": args.nnodes,
         "node_rank": args.node_rank,
         "dist_init_addr": args.dist_init_addr,
+        **resolution.DATA_ARG_DEFAULTS,
+        "revision": args.revision,
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "enable_deterministic_inference": args.enable_deterministic_inference,
+        "sampling_backend": resolution.sampling_backend(args.enable_deterministic_inference),
+        "speculative_algorithm": resolution.speculative_algorithm(args.speculative_algorithm),
+        "speculative_draft_model_path": args.speculative_draft_model_path,
+        "speculative_num_steps": args.speculative_num_steps,
+        "speculative_eagle_topk": args.speculative_eagle_topk,
+        "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
         "launch_command": shlex.join([sys.executable, "-m", "datagen_operator.cli", "sim-server", *argv]),
         "sim_speed": args.sim_speed,
         "sim_seed": args.sim_seed,

@@ -27,9 +27,11 @@ import math
 import random
 import struct
 from array import array
+from bisect import bisect_left
 from codecs import getincrementaldecoder
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from datagen_operator.engine.sim import formats
@@ -217,27 +219,32 @@ def natural_output(
 def _first_stop_string(
     run: TokenRun, stops: Sequence[str], vocab: SimVocab, skip_special: bool
 ) -> tuple[int, str, int] | None:
-    """(index of the token completing the earliest stop string, the string, its char offset) or None."""
+    """(index of the first token that completes a stop string, the string, its char offset) or None. Of the
+    strings that token completes, the first listed: SGLang checks each new token's tail for `stops` in order."""
     text = run.text(skip_special)
-    found = [(position + len(stop), position, stop) for stop in stops if (position := text.find(stop)) != -1]
+    found = [
+        (position + len(stop), order, position)
+        for order, stop in enumerate(stops)
+        if (position := text.find(stop)) != -1
+    ]
     if not found:
         return None
-    end, position, stop = min(found)
     table = vocab.text_bytes if skip_special else vocab.token_bytes
     decoder = getincrementaldecoder("utf-8")("replace")
-    decoded = 0
-    ids = run.ids()
-    for index, token_id in enumerate(ids):
-        decoded += len(decoder.decode(table[token_id]))
-        if decoded >= end:
-            return index, stop, position
-    return len(ids) - 1, stop, position
+    decoded = list(accumulate(len(decoder.decode(table[token_id])) for token_id in run.ids()))
+    # The token whose text reaches a string's end completes it (at most the last token: text is their join).
+    index, order, position = min(
+        (min(bisect_left(decoded, end), len(decoded) - 1), order, position) for end, order, position in found
+    )
+    return index, stops[order], position
 
 
 def finish_output(
     natural: TokenRun, params: SamplingParams, vocab: SimVocab, max_new_tokens: int, kept_stop_id: int | None = None
 ) -> Completion:
-    """Cut the natural output where SGLang would: length first, then stop tokens, then stop strings.
+    """Cut the natural output where SGLang would. Its checks after each token (`Req.update_finish_state`): a stop
+    string the token completes, then a stop token, then the length; so a stop on the max_new_tokens-th token
+    is a stop, not a length finish.
 
     A matched stop token is trimmed from `text` unless no_stop_trim, or it is `kept_stop_id` (SGLang keeps
     gpt-oss's `<|call|>` for the tool-call parser)."""
@@ -249,13 +256,12 @@ def finish_output(
         stop_ids = vocab.eos_ids | params.stop_token_ids
         token_stop = window.find_first(stop_ids, max(0, params.min_new_tokens - 1))
     string_stop = _first_stop_string(window, params.stop, vocab, skip) if params.stop else None
-    if string_stop is not None and (token_stop is None or string_stop[0] < token_stop[0]):
+    if string_stop is not None and (token_stop is None or string_stop[0] <= token_stop[0]):
         index, stop, char_offset = string_stop
-        if index + 1 < max_new_tokens:
-            run = window.prefix(index + 1)
-            text = run.text(skip) if params.no_stop_trim else window.text(skip)[:char_offset]
-            return Completion(run, {"type": "stop", "matched": stop}, text)
-    elif token_stop is not None and token_stop[0] + 1 < max_new_tokens:
+        run = window.prefix(index + 1)
+        text = run.text(skip) if params.no_stop_trim else window.text(skip)[:char_offset]
+        return Completion(run, {"type": "stop", "matched": stop}, text)
+    if token_stop is not None:
         index, stop_id = token_stop
         run = window.prefix(index + 1)
         trimmed = not params.no_stop_trim and stop_id != kept_stop_id

@@ -140,19 +140,21 @@ def _prompt_array(ids: object, vocab_size: int) -> array[int]:
     return prompt
 
 
-def _check_length(prompt_tokens: int, raw_params: object, context_length: int) -> None:
+def _check_length(prompt_tokens: int, raw_params: object, context_length: int, reserved_tokens: int = 0) -> None:
     """SGLang refuses (never shortens) a prompt that fills the context, or an explicit max_new_tokens that
     would overrun it; texts as `TokenizerManager._validate_one_request` words them. An absent or null
-    max_new_tokens is not checked there (the answer then stops at the context)."""
-    if prompt_tokens >= context_length:
+    max_new_tokens is not checked there (the answer then stops at the context). Both checks count the
+    `reserved_tokens` (EAGLE's draft tokens) as input, and so do the texts."""
+    input_tokens = prompt_tokens + reserved_tokens
+    if input_tokens >= context_length:
         raise RequestError(
-            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
+            f"The input ({input_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
         )
     max_new_tokens = raw_params.get("max_new_tokens") if isinstance(raw_params, dict) else None
-    if max_new_tokens is not None and max_new_tokens + prompt_tokens > context_length:
+    if max_new_tokens is not None and max_new_tokens + input_tokens > context_length:
         raise RequestError(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
-            f"You requested a total of {max_new_tokens + prompt_tokens} tokens: {prompt_tokens} tokens from the "
+            f"You requested a total of {max_new_tokens + input_tokens} tokens: {input_tokens} tokens from the "
             f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of tokens "
             "in the input messages or the completion to fit within the limit."
         )
@@ -169,9 +171,10 @@ def _rids(rid: object, count: int, is_batch: bool) -> list[str]:
 
 
 def parse_generate_request(
-    body: object, vocab: SimVocab, context_length: int, skip_tokenizer_init: bool = False
+    body: object, vocab: SimVocab, context_length: int, skip_tokenizer_init: bool = False, *, reserved_tokens: int = 0
 ) -> GenerateRequest:
-    """Validate a /generate body; RequestError (a 400) names the first problem."""
+    """Validate a /generate body; RequestError (a 400) names the first problem. `reserved_tokens`: the
+    tokenizer manager's `num_reserved_tokens` (speculative decoding's draft tokens)."""
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object.")
     _check_body_contract(body)
@@ -187,7 +190,7 @@ def parse_generate_request(
     params_list = []
     for ids, raw in zip(prompts, raw_list, strict=True):
         prompt = _prompt_array(ids, vocab.size)
-        _check_length(len(prompt), raw, context_length)
+        _check_length(len(prompt), raw, context_length, reserved_tokens)
         try:
             params_list.append(parse_sampling_params(raw))
         except SamplingParamsError as error:
@@ -404,11 +407,34 @@ KV_CAPACITY_JITTER = 0.02
 MAX_INPUT_MARGIN = 5
 
 
+def _share(key: str) -> float:
+    """A number in [0, 1) fixed by `key`."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") / 2**64
+
+
 def kv_capacity(context_length: int, replica_key: str) -> int:
     """`max_total_num_tokens` of one replica: seeded by `replica_key` (port and seed), so replicas differ."""
-    digest = hashlib.blake2b(replica_key.encode(), digest_size=8).digest()
-    share = int.from_bytes(digest, "little") / 2**64
-    return KV_CAPACITY_CONTEXTS * context_length + int(context_length * KV_CAPACITY_JITTER * share)
+    return KV_CAPACITY_CONTEXTS * context_length + int(context_length * KV_CAPACITY_JITTER * _share(replica_key))
+
+
+def dp_rank_capacities(context_length: int, server_key: str, dp_size: int, attn_dp_size: int) -> list[int]:
+    """The KV capacity of each DP rank of one server (`dp_size * attn_dp_size` of them): each data-parallel
+    replica is its own TP group and measures its own free memory; attention-DP ranks share one TP group, whose
+    measurement is the minimum over its GPUs, so they all hold the same."""
+    replicas = [kv_capacity(context_length, f"{server_key}:dp{rank}") for rank in range(dp_size)]
+    return [capacity for capacity in replicas for _ in range(attn_dp_size)]
+
+
+def loading_order(server_key: str, dp_size: int) -> list[int]:
+    """The order the data-parallel replicas finish loading in: they load in parallel, so any order."""
+    return sorted(range(dp_size), key=lambda rank: _share(f"{server_key}:loaded{rank}"))
+
+
+def reported_capacity(capacities: Sequence[int], order: Sequence[int], attn_dp_size: int) -> int:
+    """The `max_total_num_tokens` `/server_info` reports: the data-parallel controller keeps the first scheduler's
+    figure of each TP group as the group reports ready (`_record_scheduler_init_infos`), so the last replica to
+    finish loading wins; not the smallest, nor replica 0's."""
+    return capacities[order[-1] * attn_dp_size]
 
 
 def input_length_refusal(request: GenerateRequest, max_input: int) -> RequestError | None:

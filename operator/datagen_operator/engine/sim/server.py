@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from datagen_operator.engine.sim import chat, protocol
+from datagen_operator.engine.sim import chat, protocol, resolution
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
 from datagen_operator.engine.sim.model import Completion, aborted, complete, nan_guarded
@@ -101,6 +101,7 @@ class Simulator:
             self.metrics = SimMetrics(self.model_name, self.context_length)
         self.gpu = settings.speed.mode == "gpu"
         self.slots = asyncio.Semaphore(settings.speed.batch_capacity)
+        self.reserved_tokens = resolution.reserved_tokens(self.args)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -126,12 +127,25 @@ class Simulator:
         return web.Response(status=200 if self.ready else 503)
 
     @property
+    def _server_key(self) -> str:
+        return f"{self.args['port']}:{self.args.get('sim_seed', 0)}"
+
+    @property
+    def rank_capacities(self) -> list[int]:
+        """Each DP rank's KV capacity, measured from "free GPU memory" at start-up: differs per replica, server
+        (port) and seed."""
+        args = self.args
+        return protocol.dp_rank_capacities(self.context_length, self._server_key, args["dp_size"], args["attn_dp_size"])
+
+    @property
     def kv_capacity(self) -> int:
-        """Measured from "free GPU memory" at start-up: differs per replica (port) and seed."""
-        return protocol.kv_capacity(self.context_length, f"{self.args['port']}:{self.args.get('sim_seed', 0)}")
+        """The one DP rank's capacity `/server_info` reports."""
+        order = protocol.loading_order(self._server_key, self.args["dp_size"])
+        return protocol.reported_capacity(self.rank_capacities, order, self.args["attn_dp_size"])
 
     @property
     def max_req_input_len(self) -> int:
+        # Every rank's: the simulated KV pool (several contexts) never binds, so the context does.
         return protocol.max_req_input_len(self.context_length, self.kv_capacity)
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -144,7 +158,11 @@ class Simulator:
             "startup_time": self.started_at,
             "max_total_num_tokens": self.kv_capacity,
             "max_req_input_len": self.max_req_input_len,
-            "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {}}],
+            # One per DP rank (`get_internal_state` fans out to every rank).
+            "internal_states": [
+                {"last_gen_throughput": 0.0, "memory_usage": {"token_capacity": capacity}}
+                for capacity in self.rank_capacities
+            ],
         }
         return _json(info)
 
@@ -260,7 +278,11 @@ class Simulator:
         number, plan = self._next_request()
         try:
             parsed = protocol.parse_generate_request(
-                await self._json_body(request), self.vocab, self.context_length, self.args["skip_tokenizer_init"]
+                await self._json_body(request),
+                self.vocab,
+                self.context_length,
+                self.args["skip_tokenizer_init"],
+                reserved_tokens=self.reserved_tokens,
             )
         except RequestError as error:
             self._crash_if_due(number)
@@ -422,7 +444,10 @@ class Simulator:
             parsed = chat.parse_chat_request(await self._json_body(request), self.vocab)
             prompt_ids = chat.render_prompt(parsed, self.vocab)
             generate = protocol.parse_generate_request(
-                {"input_ids": prompt_ids, "sampling_params": None}, self.vocab, self.context_length
+                {"input_ids": prompt_ids, "sampling_params": None},
+                self.vocab,
+                self.context_length,
+                reserved_tokens=self.reserved_tokens,
             )
         except RequestError as error:
             self._crash_if_due(number)
@@ -559,7 +584,11 @@ async def serve(settings: SimSettings, vocab: SimVocab) -> int:
 
 
 def main(argv: list[str]) -> int:
-    settings = parse_settings(argv)  # exits 2 on bad flags, like sglang.launch_server
+    try:
+        settings = parse_settings(argv)  # exits 2 on bad flags, like sglang.launch_server
+    except resolution.LaunchError as error:  # SGLang's resolution raises: the launch fails with status 1
+        print(f"sim-server: {error}", file=sys.stderr)
+        return 1
     level = logging.getLevelName(str(settings.server_args["log_level"]).upper())
     logging.basicConfig(
         level=level if isinstance(level, int) else logging.INFO, format="%(asctime)s %(name)s %(message)s"
@@ -572,7 +601,8 @@ def main(argv: list[str]) -> int:
             Path(chat_template) if chat_template and Path(chat_template).is_file() else None,
             settings.family,
         )
-    except (VocabError, OSError) as error:
+        settings.server_args.update(resolution.model_resolved(settings.server_args, vocab.model_config))
+    except (VocabError, OSError, resolution.LaunchError) as error:
         print(f"sim-server: {error}", file=sys.stderr)
         return 1
     args = settings.server_args

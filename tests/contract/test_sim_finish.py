@@ -1,0 +1,82 @@
+"""Where the simulator ends an output, and with which finish_reason, against SGLang's own per-token finish
+checks (`Req.update_finish_state`, pinned wheel) on the same tokens: stop strings before stop tokens before
+the length cap, so a stop on the max_new_tokens-th token is a stop, and of two stop strings one token
+completes, the first listed.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datagen_operator.engine.sim.config import ModelConfig
+from datagen_operator.engine.sim.model import ThinkingMode, finish_output, natural_output
+from datagen_operator.engine.sim.sampling import parse_sampling_params
+from datagen_operator.engine.sim.vocab import SimVocab, load_vocab
+from tests.contract import sglang_sim_side
+from tests.contract.conftest import SGLang
+
+CONFIG = ModelConfig(mean_answer_tokens=40, mean_reasoning_tokens=40, length_sigma=0)
+
+
+@pytest.fixture(scope="module")
+def vocab(standin_model_dir: Path) -> SimVocab:
+    return load_vocab(standin_model_dir)
+
+
+@pytest.fixture(scope="module")
+def output_ids(vocab: SimVocab) -> list[int]:
+    """A whole answer, reasoning and all, ending with the model's stop token."""
+    ids = natural_output(random.Random(7), ThinkingMode.UNPROMPTED, (), CONFIG, vocab).ids()
+    assert ids[-1] in vocab.eos_ids
+    return ids
+
+
+def _first_at(ids: list[int], vocab: SimVocab) -> tuple[int, str, str]:
+    """A token whose id, whose text and whose text's last two characters all first occur with it: the case
+    where a stop string and a stop id (or two stop strings) land on one token."""
+    for index in range(len(ids) - 10, 0, -1):
+        text = vocab.decode([ids[index]])
+        before = vocab.decode(ids[:index])
+        suffix = text.strip()[-2:]
+        if len(text.strip()) >= 3 and ids.index(ids[index]) == index and suffix not in before + text[: -len(suffix)]:
+            return index, text, suffix
+    raise AssertionError("no such token in the output")
+
+
+def _cases(ids: list[int], vocab: SimVocab) -> dict[str, dict[str, Any]]:
+    """Sampling params by case; `max_new_tokens` is already what the scheduler would let the request run to."""
+    last = len(ids)
+    word, text, suffix = _first_at(ids, vocab)
+    return {
+        "eos-is-the-last-allowed-token": {"max_new_tokens": last},
+        "eos-one-past-the-cap": {"max_new_tokens": last - 1},
+        "eos-well-inside-the-cap": {"max_new_tokens": last + 5},
+        "ignore-eos": {"max_new_tokens": last, "ignore_eos": True},
+        "request-stop-id-is-the-last-allowed-token": {"max_new_tokens": word + 1, "stop_token_ids": [ids[word]]},
+        "request-stop-id-one-past-the-cap": {"max_new_tokens": word, "stop_token_ids": [ids[word]]},
+        "stop-string-done-by-the-last-allowed-token": {"max_new_tokens": word + 1, "stop": [text]},
+        "stop-string-and-stop-id-on-one-token": {"max_new_tokens": last, "stop": [text], "stop_token_ids": [ids[word]]},
+        "two-stop-strings-on-one-token": {"max_new_tokens": last, "stop": [text, suffix]},
+        "two-stop-strings-reversed": {"max_new_tokens": last, "stop": [suffix, text]},
+    }
+
+
+def test_the_simulator_finishes_where_sglang_does(
+    sglang: SGLang, standin_model_dir: Path, vocab: SimVocab, output_ids: list[int]
+) -> None:
+    natural = vocab.run(output_ids)
+    for name, raw in _cases(output_ids, vocab).items():
+        sim = finish_output(natural, parse_sampling_params(raw), vocab, raw["max_new_tokens"])
+        expected = sglang.call(
+            sglang_sim_side.finish_state,
+            model_dir=str(standin_model_dir),
+            output_ids=output_ids,
+            sampling_params=raw,
+            eos_token_ids=sorted(vocab.eos_ids),
+            vocab_size=vocab.size,
+        )
+        assert {"finish_reason": sim.finish_reason, "finished_len": len(sim.run)} == expected, name
