@@ -47,6 +47,7 @@ def make_record(
         "flags": flags if flags is not None else (["truncated"] if finish == "length" else []),
         "line": 0,
         "prompt_hash": 0,
+        "run": "run-uid",
     }
 
 

@@ -119,3 +119,49 @@ def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Pat
             load_run(manifest(tmp_path, standin, model__volume={"nfs": {"server": "s", "path": "/m"}})), tmp_path
         )
     assert [e.field for e in refused.value.errors] == ["spec.model.volume"]
+
+
+def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(tmp_path: Path, standin: Path) -> None:
+    """One owner per output (output/lease.py): the second run is refused before it writes anything or starts a
+    server; the first generates every prompt once and names itself in each record."""
+    import subprocess
+    import sys
+    import time
+
+    from datagen_operator.output.lease import read_lease
+
+    out = tmp_path / "out"
+    first_file = manifest(tmp_path, standin, output=out, clients__concurrency=2)
+    slow = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(first_file), *slow],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(out.glob("shards/*/*.jsonl")):
+        time.sleep(0.2)
+    assert list(out.glob("shards/*/*.jsonl")), "the first run's workers never started"
+    lease = read_lease(out)
+    assert lease is not None and lease.pid == first.pid
+    run_yaml = (out / "run.yaml").read_bytes()
+
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    second = datagen_run(manifest(second_dir, standin, output=out), *FAST_SIM)
+    assert second.returncode == 1, second.stdout + second.stderr
+    said = flat(second.stdout)
+    assert f"OutputInUse: {out} is being written by datagen run t (pid {first.pid} on {lease.host})" in said, said
+    assert "started 1 server replica" not in said
+    assert (out / "run.yaml").read_bytes() == run_yaml, "the second run wrote nothing into the output"
+
+    stdout, _ = first.communicate(timeout=240)
+    assert first.returncode == 0, stdout
+    keys = stored_keys(out)
+    assert len(keys) == len(set(keys)) == len([line for line in PROMPTS.read_text().splitlines() if line])
+    import pyarrow.parquet as pq
+
+    runs = {r for path in out.glob("data/*.parquet") for r in pq.read_table(path, columns=["run"])["run"].to_pylist()}
+    assert runs == {f"local:{lease.host}:{first.pid}"}, "every record names the run that produced it"
+    assert read_lease(out) is None, "the finished run gave its lease back"

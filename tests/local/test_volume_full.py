@@ -66,8 +66,9 @@ def test_a_volume_that_fills_mid_run_names_itself_then_the_same_command_resumes(
     # reserve and lets the other finish: no full volume to see.
     path = run_file(tmp_path, output, shards=1)
     estimate, _ = preflight(path)
-    # Passes the preflight (room for the least), cannot hold the ~80-token answers the simulator gives.
-    small_volume.leave_free(estimate.lower + 8 * 1024)
+    # Passes the preflight (room for the least, after run.yaml and the lease the runner writes first: a block
+    # each), cannot hold the ~80-token answers the simulator gives.
+    small_volume.leave_free(estimate.lower + 16 * 1024)
 
     result = datagen_run(path, *FAST_SIM)
     text = result.stdout + result.stderr

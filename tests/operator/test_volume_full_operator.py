@@ -17,8 +17,6 @@ from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
 from tests.worker.volume import Volume, small_volume  # noqa: F401 (a size-limited filesystem)
 
-PIN_BLOCKS = 2 * 4096  # dataset.pin.json and dataset.lines.u64 of a dataset of a few lines
-
 
 def least_output(manifest: dict, data_dir: Path, volume: Path, tokenizer: Path) -> int:
     """The preflight's lower bound for this run, measured here on the same dataset and tokenizer."""
@@ -51,10 +49,8 @@ def test_a_full_output_volume_halts_the_run_naming_it(
         clients={"shards": 1},
         output={"path": name, "volume": {"hostPath": {"path": str(small_volume.root)}}},
     )
-    # Room for the least of the output (the preflight passes) and the dataset pin the preflight writes there
-    # (two small files, a filesystem block each), not for the simulator's answers.
-    least = least_output(manifest, data_dir, small_volume.root, standin_tokenizer)
-    small_volume.leave_free(least + PIN_BLOCKS + 8 * 1024)
+    # Room for the least of the output (the preflight passes), not for the simulator's answers.
+    small_volume.leave_free(least_output(manifest, data_dir, small_volume.root, standin_tokenizer) + 8 * 1024)
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
         runs.create(manifest)

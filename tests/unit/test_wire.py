@@ -60,7 +60,7 @@ def bodies(ids: list[int], rng: random.Random) -> list[bytes]:
 def record_line(ids: Any, meta: dict[str, Any], raw: bytes | None, prompt: list[int], expect: Expectations) -> bytes:
     job = Job(0, "q1", 0, prompt, True, 0)
     flags = inspect_record(prompt, ids, meta.get("finish_reason"), meta.get("completion_tokens"), True, expect)
-    record = build_record(job, Answer(ids, meta, "http://s", 1, 0.5), flags)
+    record = build_record(job, Answer(ids, meta, "http://s", 1, 0.5), flags, "run-uid")
     return encode_record(record, raw)
 
 

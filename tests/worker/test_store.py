@@ -36,6 +36,7 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "flags": list(flags),
         "line": ord(prompt[0]),
         "prompt_hash": 2**64 - 1,  # the whole uint64 range survives segments and Parquet
+        "run": "local:host:1",
     }
 
 

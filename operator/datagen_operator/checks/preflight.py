@@ -39,15 +39,53 @@ from datagen_operator.checks.evaluate import (
     record_checks,
 )
 from datagen_operator.engine.requests import run_sampling
+from datagen_operator.output.lease import (
+    STEP_MARGIN_S,
+    Holder,
+    OutputInUse,
+    lease_holder,
+    live_lease,
+    release_lease,
+    take_lease,
+)
 from datagen_operator.output.records import ContextLimit, model_context_limit
+from datagen_operator.output.volume import is_volume_error
 
 PREFLIGHT = "preflight"
 
 
 def run_preflight(
-    spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path
+    spec: DataGenRunSpec,
+    tokenizer: Any,
+    tokenizer_dir: Path,
+    dataset: Path,
+    output: Path,
+    holder: Holder | None = None,
 ) -> StepOutcome:
-    """Every pre-launch check; the first failure is the verdict, with the field and the fix."""
+    """Every pre-launch check; the first failure is the verdict, with the field and the fix.
+
+    With a holder (a run), the output's lease is taken first, for the server's startup budget and the canary
+    (output/lease.py), and given back when the verdict refuses: nothing will be generated then. Without one (a
+    check by hand) a lease of any run is only respected."""
+    try:
+        if holder is None:
+            busy = live_lease(output)
+            if busy is not None:
+                raise busy
+        else:
+            take_lease(output, holder, spec.server.startup_timeout + STEP_MARGIN_S)
+    except OutputInUse as busy:
+        return _failed("OutputInUse", str(busy))
+    except OSError as error:
+        if not is_volume_error(error):
+            raise  # a full volume is the room verdict's to name, below
+    outcome = _judge(spec, tokenizer, tokenizer_dir, dataset, output)
+    if holder is not None and not outcome.passed:
+        release_lease(output, holder)
+    return outcome
+
+
+def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
     from datagen_operator.output.fingerprint import (
         build_fingerprint,
         chat_template_sha256,
@@ -90,7 +128,7 @@ def run_preflight(
     found += f"; {room.message}" if room.message else ""
     if manifest is None:
         write_pin(output, pin)
-        return _passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new")
+        return _passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", len(plan.prompts))
     current = build_fingerprint(
         tokenizer=tokenizer_fingerprint(tokenizer_dir),
         chat_template=chat_template_sha256(renderer.chat_template),
@@ -117,7 +155,10 @@ def run_preflight(
         )
     if pinned is None:
         write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
-    return _passed(f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)")
+    return _passed(
+        f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
+        len(plan.prompts),
+    )
 
 
 # --- what is known before a server: the dataset's lines, an existing output's records ----------------
@@ -241,6 +282,8 @@ class OutputEstimate:
     parquet_min: float
     parquet_per_token: float
     mean_prompt_tokens: float
+    files: int = 0
+    """The run's small files written after this check (manifest, dataset pin), a block each at least."""
 
     @property
     def bytes_per_output_token(self) -> float:
@@ -254,7 +297,7 @@ class OutputEstimate:
         extra = tokens - self.min_tokens
         segments = self.records * (self.segment_min + extra * self.segment_per_token)
         parquet = self.records * (self.parquet_min + extra * self.parquet_per_token)
-        return int(segments + max(self.shards * RESERVE_BYTES, parquet))
+        return int(segments + max(self.shards * RESERVE_BYTES, parquet)) + self.files
 
     @property
     def lower(self) -> int:
@@ -279,7 +322,8 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
         meta = {"finish_reason": {"type": "stop", "matched": output_ids[-1]}, "prompt_tokens": len(input_ids),
                 "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
         job = Job(index, f"prompt-{index:09d}", 0, input_ids, False, 2**63 + index)
-        record = build_record(job, Answer(output_ids, meta, "http://10.0.0.1:30000", 1, 12.3456), frozenset())
+        answer = Answer(output_ids, meta, "http://10.0.0.1:30000", 1, 12.3456)
+        record = build_record(job, answer, frozenset(), "5f1c2b9e-7a41-4d2e-9c3b-1e8f0a6d4c27")  # a run UID
         segment += len(encode_record(record))
         batch.add(record)
     buffer = io.BytesIO()
@@ -330,7 +374,18 @@ def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: di
         parquet_min=max(1.0, short[1] + offset * parquet_per_token),
         parquet_per_token=parquet_per_token,
         mean_prompt_tokens=mean_prompt,
+        files=_files_bytes(len(prompts) + len(plan.malformed)),
     )
+
+
+FILE_BLOCK = 4096
+"""The smallest a file takes on common filesystems (ext4, xfs)."""
+
+
+def _files_bytes(dataset_lines: int) -> int:
+    """manifest.json and dataset.pin.json, a block each; the pin's line hashes (8 bytes a line, prompts/pin.py) in
+    whole blocks. (run.yaml and the lease are written before the free space is measured.)"""
+    return 2 * FILE_BLOCK + -(-8 * dataset_lines // FILE_BLOCK) * FILE_BLOCK
 
 
 @dataclass(frozen=True)
@@ -376,8 +431,10 @@ def free_bytes(output: Path) -> int | None:
     return free_on_volume(output)
 
 
-def _passed(message: str) -> StepOutcome:
-    return StepOutcome(True, "Passed", message, (CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message),))
+def _passed(message: str, prompts: int) -> StepOutcome:
+    """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total."""
+    check = CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message)
+    return StepOutcome(True, "Passed", message, (check,), prompts=prompts)
 
 
 def _failed(reason: str, message: str) -> StepOutcome:
@@ -394,12 +451,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dataset", help="dataset file (default: spec.dataset.path)")
     parser.add_argument("--output", help="output dir (default: spec.output.path)")
     parser.add_argument("--termination-log", help="also write the JSON verdict here (Kubernetes termination message)")
+    parser.add_argument("--lease-holder", help="take the output's lease for this run (its UID; output/lease.py)")
     args = parser.parse_args(argv)
 
     from datagen_operator.api import load_run
     from datagen_operator.prompts.render import load_tokenizer
 
-    spec = load_run(args.run).spec
+    run = load_run(args.run)
+    spec = run.spec
     tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_path or spec.model.path)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolve_model(spec).trust_remote_code)
     outcome = run_preflight(
@@ -408,6 +467,7 @@ def main(argv: list[str]) -> int:
         tokenizer_dir,
         Path(args.dataset or spec.dataset.path),
         Path(args.output or spec.output.path),
+        holder=lease_holder(args.lease_holder, run),
     )
     data = outcome.for_storage()
     sys.stdout.write(data.decode() + "\n")

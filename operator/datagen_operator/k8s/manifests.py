@@ -601,7 +601,7 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
     args = [
         "preflight", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
-        "--output", output_dir(spec), "--termination-log", TERMINATION_LOG,
+        "--output", output_dir(spec), "--termination-log", TERMINATION_LOG, "--lease-holder", run.uid,
     ]  # fmt: skip
     container = _datagen_container("preflight", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
@@ -671,7 +671,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "worker", "--run", RUN_FILE, "--output", output_dir(spec), "--dataset", dataset_file(spec),
         "--tokenizer", tokenizer_dir(spec), *_server_args(urls),
         "--progress-configmap", f"{run.name}-shard-$(JOB_COMPLETION_INDEX)", "--log-format", "json",
-        "--termination-log", TERMINATION_LOG,
+        "--termination-log", TERMINATION_LOG, "--lease-holder", run.uid,
     ]  # fmt: skip
     container = _datagen_container("worker", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})

@@ -39,6 +39,7 @@ from datagen_operator.control.policy import PERMANENT_EXITS, SHARD_RETRIES, Shar
 from datagen_operator.control.progress import counters_from_snapshots
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
+from datagen_operator.output.lease import STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
 
 POLL_S = 0.5
 WORKER_GRACE_S = 30.0
@@ -96,12 +97,22 @@ class LocalRunner:
         self.canary_task: asyncio.Task[StepOutcome] | None = None
         self.started = time.monotonic()
         self.started_at = time.time()
+        self.holder = Holder.this_process(self.run.metadata.name)
 
     # --- the loop ----------------------------------------------------------------------------------
 
     async def execute(self) -> int:
         from datagen_operator.output.volume import is_volume_error
 
+        try:
+            # Before anything is written there: a second run on this output is refused, naming this one.
+            take_lease(self.output, self.holder, self.spec.server.startup_timeout + STEP_MARGIN_S)
+        except OutputInUse as busy:
+            self._say(str(busy), "red")
+            return EXIT_FAILED
+        except OSError as error:
+            if not is_volume_error(error):
+                raise
         try:
             self._prepare_output()
         except OSError as error:
@@ -120,6 +131,7 @@ class LocalRunner:
         finally:
             await self._stop_everything()
             await self.session.close()
+            release_lease(self.output, self.holder)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
@@ -289,7 +301,9 @@ class LocalRunner:
 
         tokenizer_dir = Path(self.spec.model.tokenizer_path or self.spec.model.path)
         try:
-            return run_preflight(self.spec, self._tokenizer(), tokenizer_dir, Path(self.spec.dataset.path), self.output)
+            return run_preflight(
+                self.spec, self._tokenizer(), tokenizer_dir, Path(self.spec.dataset.path), self.output, self.holder
+            )
         except Exception as error:  # e.g. a tokenizer that does not load: that fails the preflight, with the reason
             return StepOutcome(False, "PreflightError", f"{type(error).__name__}: {error}")
 
@@ -345,6 +359,7 @@ class LocalRunner:
                 sys.executable, "-m", "datagen_operator.cli", "worker",
                 "--run", str(self.run_file), "--output", str(self.output),
                 "--shard-index", str(slot.index), "--shard-count", str(len(self.shards)),
+                "--lease-holder", self.holder.id,
             ]  # fmt: skip
             for url in urls:
                 argv += ["--server", url]

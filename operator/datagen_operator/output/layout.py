@@ -73,7 +73,7 @@ class KeySet:
 
 RECORD_FIELDS: tuple[str, ...] = (
     "id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "latency_s", "server", "attempts", "has_tools", "flags", "line", "prompt_hash",
+    "cached_tokens", "latency_s", "server", "attempts", "has_tools", "flags", "line", "prompt_hash", "run",
 )  # fmt: skip
 
 

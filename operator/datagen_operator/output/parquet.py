@@ -39,6 +39,7 @@ def parquet_schema() -> Any:
             ("flags", pa.list_(pa.string())),
             ("line", pa.int64()),
             ("prompt_hash", pa.uint64()),
+            ("run", pa.string()),
         ]
     )
 

@@ -61,8 +61,9 @@ class Answer:
     latency_s: float
 
 
-def build_record(job: Job, answer: Answer, flags: frozenset[str]) -> dict[str, Any]:
-    """The stored record; field order is the documented one (id and sample first)."""
+def build_record(job: Job, answer: Answer, flags: frozenset[str], run: str | None) -> dict[str, Any]:
+    """The stored record; field order is the documented one (id and sample first). `run` is the holder of the
+    output's lease that generated it (output/lease.py): the run's UID, or `local:<host>:<pid>`."""
     meta = answer.meta_info
     return {
         "id": job.id,
@@ -80,6 +81,7 @@ def build_record(job: Job, answer: Answer, flags: frozenset[str]) -> dict[str, A
         "flags": sorted(flags),
         "line": job.position,
         "prompt_hash": job.prompt_hash,
+        "run": run,
     }
 
 

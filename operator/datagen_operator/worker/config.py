@@ -14,6 +14,7 @@ import orjson
 from datagen_operator.api.exit_codes import exit_codes_help
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.output.lease import Holder, lease_holder
 
 
 class BadInput(Exception):
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
     parser.add_argument("--termination-log", help="on failure, write the cause here (Kubernetes: /dev/termination-log)")
+    parser.add_argument(
+        "--lease-holder",
+        help="hold the output's lease for this run (its UID; output/lease.py); without it a run's lease is respected",
+    )
     return parser
 
 
@@ -84,6 +89,8 @@ class WorkerConfig:
     sync_interval_s: float = 2.0
     progress_interval_s: float = 2.0
     termination_log: Path | None = None
+    lease_holder: Holder | None = None
+    """The run this worker generates for: it holds the output's lease and names itself in each record."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -94,8 +101,10 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
     from datagen_operator.prompts.render import default_render_processes
 
     try:
+        run = None
         if args.run:
-            spec = load_run(args.run).spec
+            run = load_run(args.run)
+            spec = run.spec
         else:
             try:
                 document = orjson.loads(args.spec_json)
@@ -150,6 +159,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         compact=not args.no_compact,
         render_processes=default_render_processes() if args.render_processes is None else max(0, args.render_processes),
         termination_log=Path(args.termination_log) if args.termination_log else None,
+        lease_holder=lease_holder(args.lease_holder, run),
     )
 
 

@@ -57,7 +57,7 @@ class Generation(Finishing):
             self.inputs.expect,
         )
         answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
-        record = build_record(job, answer, flags)
+        record = build_record(job, answer, flags, self.run_id)
         writer = self.writer
         writer.append(record, encode_record(record, reply.output_ids_json))
         # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,

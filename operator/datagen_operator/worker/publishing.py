@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.worker.stopping import Stopping
 
 log = logging.getLogger("datagen.worker")
@@ -29,11 +31,31 @@ class Publishing(Stopping):
         if self.sinks.configmap is not None:
             await self.sinks.configmap.write(snapshot, force=force)
 
+    async def _renew_lease(self) -> bool:
+        """Renew the output's lease every LEASE_RENEW_S; False (the worker stops) once another run holds it."""
+        from datagen_operator.output.lease import LEASE_RENEW_S, WORKER_LEASE_S, OutputInUse, take_lease
+
+        holder = self.config.lease_holder
+        if holder is None or time.monotonic() - self.lease_renewed < LEASE_RENEW_S:
+            return True
+        try:
+            await asyncio.to_thread(take_lease, self.config.output, holder, WORKER_LEASE_S)
+        except OutputInUse as busy:
+            self._set_fatal(EXIT_BAD_INPUT, str(busy))
+            return False
+        except OSError as error:
+            log.warning("could not renew the output's lease: %s", error)  # the next tick tries again
+            return True
+        self.lease_renewed = time.monotonic()
+        return True
+
     async def _progress_loop(self) -> None:
         from datagen_operator.output.volume import is_volume_error
 
         while self.volume_error is None:
             await asyncio.sleep(self.config.progress_interval_s)
+            if not await self._renew_lease():
+                return
             try:
                 await self._publish()
             except Exception as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from typing import Any
 
 from datagen_operator.api.exit_codes import (
@@ -26,7 +27,7 @@ from datagen_operator.prompts.pin import read_pin
 from datagen_operator.worker.config import BadInput, FingerprintMismatch
 from datagen_operator.worker.generation import Generation
 from datagen_operator.worker.servers import Stopped, server_infos, verifier
-from datagen_operator.worker.shard_files import claim_output, dataset_change, keep_run_file
+from datagen_operator.worker.shard_files import claim_output, dataset_change, hold_output, keep_run_file
 
 log = logging.getLogger("datagen.worker")
 
@@ -36,6 +37,9 @@ class Startup(Generation):
         from datagen_operator.worker.inputs import load_inputs
 
         c = self.config
+        # The output is this run's before anything is written there (the pin, the claim).
+        await asyncio.to_thread(hold_output, c)
+        self.lease_renewed = time.monotonic()
         try:
             changed = await asyncio.to_thread(dataset_change, c)
         except (DatasetError, OSError) as error:

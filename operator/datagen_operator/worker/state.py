@@ -53,6 +53,10 @@ class WorkerState:
         self.compaction: CompactionResult | None = None
         self.pinned: Any = None
         """np.ndarray: the dataset pin's line hashes (prompts/pin.py), read at start; each prompt is held to it."""
+        holder = config.lease_holder
+        self.run_id = holder.id if holder is not None else None
+        """The run named in each record: the holder of the output's lease (output/lease.py)."""
+        self.lease_renewed = 0.0
 
     @property
     def inputs(self) -> Inputs:

@@ -1,0 +1,187 @@
+"""One owner per output: a lease file in the output directory, so two runs never generate into one output.
+
+Two DataGenRuns with the same volume and path (other namespaces, identical specs), or two `datagen run` on one
+directory, would otherwise both run: two servers, every prompt generated twice, the shards racing in compaction.
+The preflight takes the lease before any server, the canary and the workers take it again (renewing it while
+they run); a step of another run finds it held and is refused naming the holder (`OutputInUse`).
+
+`lease.json` names the holder (a run's UID in a cluster, `local:<host>:<pid>` for `datagen run`), the run to name
+in a refusal, and when it expires. A lease is stale once expired, or at once when its holder is a process of
+this host that is gone; a stale lease is taken over. Every take, renewal and release reads, decides and writes
+under a lock directory (`mkdir` is atomic on any filesystem, NFS included), so of two takers racing exactly one
+holds the lease, and an expired holder cannot renew over the run that took its output over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+from datagen_operator.api.spec import DataGenRun
+
+LEASE_FILE = "lease.json"
+WORKER_LEASE_S = 300.0
+"""How long a worker's lease lasts; workers renew it every progress interval, far more often."""
+LEASE_RENEW_S = 30.0
+STEP_MARGIN_S = 1800.0
+"""Beyond the server's startup budget, how long the preflight's lease lasts: the canary takes it next."""
+LOCK_DIR = ".lease.lock"
+LOCK_WAIT_S = 10.0
+LOCK_STALE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    id: str
+    """The run's UID in a cluster, `local:<host>:<pid>` for `datagen run`."""
+    run: str
+    """What a refusal names: `namespace/name` or `datagen run <manifest>`."""
+    host: str | None = None
+    pid: int | None = None
+    """For a local holder: its process, so a lease of a run that is gone is taken over at once."""
+
+    @classmethod
+    def this_process(cls, run_name: str) -> Holder:
+        """`datagen run` itself: its workers (child processes) hold the lease under the same id."""
+        return cls.parse(f"local:{socket.gethostname()}:{os.getpid()}", run_name)
+
+    @classmethod
+    def parse(cls, text: str, run_name: str) -> Holder:
+        """A holder from its id, as the step command lines pass it (`--lease-holder`)."""
+        parts = text.split(":")
+        if len(parts) == 3 and parts[0] == "local" and parts[2].isdigit():
+            host, pid = parts[1], int(parts[2])
+            return cls(text, f"datagen run {run_name} (pid {pid} on {host})", host, pid)
+        return cls(text, run_name)
+
+
+@dataclass(frozen=True)
+class Lease:
+    holder: str
+    run: str
+    host: str | None
+    pid: int | None
+    renewed_at: float
+    expires_at: float
+
+    def stale(self, now: float) -> bool:
+        if now >= self.expires_at:
+            return True
+        return self.host == socket.gethostname() and self.pid is not None and not _alive(self.pid)
+
+
+class OutputInUse(Exception):
+    """The output is leased to another run."""
+
+    def __init__(self, output: Path, lease: Lease, now: float) -> None:
+        self.lease = lease
+        left = max(0, round(lease.expires_at - now))
+        super().__init__(
+            f"OutputInUse: {output} is being written by {lease.run} (lease holder {lease.holder}, renewed "
+            f"{max(0, round(now - lease.renewed_at))} s ago, expires in {left} s); two runs on one output would "
+            "generate every prompt twice: set another spec.output.path, or stop that run (its lease then expires "
+            "and this run takes the output over)"
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_lease(output: Path) -> Lease | None:
+    try:
+        data = orjson.loads((output / LEASE_FILE).read_bytes())
+        return Lease(**data)
+    except FileNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, TypeError):
+        return None  # a torn or foreign file holds nothing; it is replaced below
+
+
+def live_lease(output: Path, holder_id: str | None = None, now: float | None = None) -> OutputInUse | None:
+    """The refusal a step gets from a live lease that is not `holder_id`'s, without taking it."""
+    moment = time.time() if now is None else now
+    current = read_lease(output)
+    if current is None or current.holder == holder_id or current.stale(moment):
+        return None
+    return OutputInUse(output, current, moment)
+
+
+def lease_holder(holder_id: str | None, run: DataGenRun | None) -> Holder | None:
+    """The holder a step's `--lease-holder` names, called after its run file's `namespace/name`."""
+    if holder_id is None:
+        return None
+    if run is None:
+        return Holder.parse(holder_id, f"run {holder_id}")
+    namespace = run.metadata.namespace
+    return Holder.parse(holder_id, f"{namespace}/{run.metadata.name}" if namespace else run.metadata.name)
+
+
+def take_lease(output: Path, holder: Holder, duration_s: float, now: float | None = None) -> Lease:
+    """Take or renew the output's lease for `duration_s`; OutputInUse when another run holds it."""
+    output.mkdir(parents=True, exist_ok=True)
+    with _locked(output):
+        moment = time.time() if now is None else now
+        current = read_lease(output)
+        if current is not None and current.holder != holder.id and not current.stale(moment):
+            raise OutputInUse(output, current, moment)
+        lease = Lease(holder.id, holder.run, holder.host, holder.pid, moment, moment + duration_s)
+        _write(output / LEASE_FILE, lease)
+        return lease
+
+
+def release_lease(output: Path, holder: Holder) -> None:
+    """Give the lease back (a local run at its end); someone else's lease is left alone."""
+    if not output.is_dir():
+        return
+    with _locked(output):
+        current = read_lease(output)
+        if current is not None and current.holder == holder.id:
+            with contextlib.suppress(FileNotFoundError):
+                (output / LEASE_FILE).unlink()
+
+
+@contextlib.contextmanager
+def _locked(output: Path) -> Iterator[None]:
+    """Read-decide-write of the lease, one taker at a time: `mkdir` is atomic on every filesystem (NFS too).
+    A lock left by a process that died inside this short section is broken once older than LOCK_STALE_S."""
+    lock = output / LOCK_DIR
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            lock.mkdir()
+            break
+        except FileExistsError:
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - lock.stat().st_mtime > LOCK_STALE_S:
+                    lock.rmdir()
+                    continue
+            if time.monotonic() > deadline:
+                raise OSError(f"the lease lock {lock} is held for over {LOCK_WAIT_S:.0f} s") from None
+            time.sleep(0.01)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.rmdir()
+
+
+def _write(path: Path, lease: Lease) -> None:
+    """Written whole, then renamed into place: a reader sees the old lease or the new, never a torn one."""
+    staging = path.with_name(f".{LEASE_FILE}.{uuid.uuid4().hex}.tmp")
+    staging.write_bytes(orjson.dumps(asdict(lease)))
+    os.replace(staging, path)

@@ -1,0 +1,102 @@
+"""output/lease.py: one owner per output, taken atomically, renewed by its holder, taken over once stale."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+from datagen_operator.output.lease import (
+    LEASE_FILE,
+    Holder,
+    OutputInUse,
+    live_lease,
+    read_lease,
+    release_lease,
+    take_lease,
+)
+from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+from tests.local.runs import PROMPTS
+from tests.manifests import local_run, write_run
+
+A = Holder("uid-a", "team-a/kimi-b1")
+B = Holder("uid-b", "team-b/kimi-b1")
+
+
+def test_one_holder_at_a_time_renewed_by_its_holder(tmp_path: Path) -> None:
+    first = take_lease(tmp_path, A, 60, now=1000.0)
+    assert (first.holder, first.expires_at) == ("uid-a", 1060.0)
+    with pytest.raises(OutputInUse) as refused:
+        take_lease(tmp_path, B, 60, now=1010.0)
+    message = str(refused.value)
+    assert message.startswith(f"OutputInUse: {tmp_path} is being written by team-a/kimi-b1 (lease holder uid-a")
+    assert "expires in 50 s" in message and "set another spec.output.path" in message
+    assert take_lease(tmp_path, A, 60, now=1050.0).expires_at == 1110.0  # renewed
+    assert live_lease(tmp_path, "uid-b", now=1100.0) is not None and live_lease(tmp_path, "uid-a", now=1100.0) is None
+
+
+def test_an_expired_lease_is_taken_over(tmp_path: Path) -> None:
+    take_lease(tmp_path, A, 60, now=1000.0)
+    taken = take_lease(tmp_path, B, 60, now=1061.0)
+    assert read_lease(tmp_path) == taken and taken.holder == "uid-b"
+    with pytest.raises(OutputInUse):  # the old holder lost it: it may not renew over the new one
+        take_lease(tmp_path, A, 60, now=1062.0)
+    assert [p.name for p in tmp_path.iterdir()] == [LEASE_FILE], "no staging file or lock left behind"
+
+
+def test_a_local_holder_that_is_gone_is_stale_at_once(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = Holder.parse(f"local:{os.uname().nodename}:{gone.stdout.strip()}", "quickstart")
+    take_lease(tmp_path, dead, 3600)
+    mine = Holder.this_process("quickstart")
+    assert mine.run == f"datagen run quickstart (pid {os.getpid()} on {os.uname().nodename})"
+    assert take_lease(tmp_path, mine, 3600).holder == mine.id
+    release_lease(tmp_path, dead)  # not its lease any more: left alone
+    assert read_lease(tmp_path) is not None
+    release_lease(tmp_path, mine)
+    assert read_lease(tmp_path) is None
+
+
+def test_of_many_racing_takers_of_a_stale_lease_exactly_one_holds_it(tmp_path: Path) -> None:
+    take_lease(tmp_path, A, 1, now=0.0)  # long expired
+    won: list[str] = []
+    refused: list[str] = []
+    start = threading.Barrier(8)
+
+    def taker(index: int) -> None:
+        start.wait()
+        try:
+            won.append(take_lease(tmp_path, Holder(f"uid-{index}", f"run-{index}"), 60).holder)
+        except OutputInUse as busy:
+            refused.append(busy.lease.holder)
+
+    threads = [threading.Thread(target=taker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    holder = read_lease(tmp_path)
+    assert holder is not None and won == [holder.holder], (won, refused)
+    assert len(refused) == 7 and set(refused) == {holder.holder}
+
+
+def test_a_worker_of_another_run_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    standin = ensure_standin_tokenizer()
+    output = tmp_path / "out"
+    take_lease(output, A, 600)
+    run_file = write_run(tmp_path / "run.yaml", local_run(standin, PROMPTS, output))
+    for holder in (["--lease-holder", "uid-b"], []):  # another run's worker, and one run by hand
+        worker = subprocess.run(
+            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output", str(output),
+             "--server", "http://127.0.0.1:9", "--shard-index", "0", "--shard-count", "1", *holder],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert worker.returncode == EXIT_BAD_INPUT, worker.stderr
+        assert "OutputInUse" in worker.stderr and "team-a/kimi-b1" in worker.stderr
+    assert read_lease(output).holder == "uid-a"  # type: ignore[union-attr]
+    assert {p.name for p in output.iterdir()} == {LEASE_FILE}, "nothing written: no pin, no claim"
