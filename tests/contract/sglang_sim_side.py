@@ -50,7 +50,8 @@ def finish_state(
     vocab_size: int,
 ) -> dict[str, Any]:
     """`Req.update_finish_state` after each token of `output_ids`, as the scheduler calls it once per decoded
-    token, until the request finishes: {"finish_reason": its JSON, "finished_len": the output length kept}.
+    token, until the request finishes: {"finish_reason": its JSON, "finished_len": the output length kept,
+    "output_ids": those ids, as the finish checks left them (the NaN guard writes a stop id over a bad one)}.
     An output that never finishes is {"finish_reason": None}."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -70,7 +71,11 @@ def finish_state(
         request.update_finish_state()
         if request.finished():
             kept = request.finished_len if request.finished_len is not None else len(request.output_ids)
-            return {"finish_reason": request.finished_reason.to_json(), "finished_len": kept}
+            return {
+                "finish_reason": request.finished_reason.to_json(),
+                "finished_len": kept,
+                "output_ids": request.output_ids[:kept],
+            }
     return {"finish_reason": None}
 
 

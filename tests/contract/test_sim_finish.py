@@ -79,4 +79,43 @@ def test_the_simulator_finishes_where_sglang_does(
             eos_token_ids=sorted(vocab.eos_ids),
             vocab_size=vocab.size,
         )
+        expected.pop("output_ids", None)
         assert {"finish_reason": sim.finish_reason, "finished_len": len(sim.run)} == expected, name
+
+
+def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
+    sglang: SGLang, standin_model_dir: Path, vocab: SimVocab, output_ids: list[int]
+) -> None:
+    """NaN logits make the sampler return an id outside the vocabulary; SGLang's `_check_vocab_boundary_finish`
+    writes a stop id over it and reports `matched: "NaN happened"`. The simulator's fault gives the same ids and
+    finish_reason, and the record checks flag that record (`nan_replaced`), its stop id notwithstanding."""
+    from datagen_operator.api import parse_spec
+    from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.checks import record_checks as rc
+    from datagen_operator.engine.sim.model import nan_guarded
+    from datagen_operator.prompts.render import load_tokenizer
+    from tests.manifests import local_spec
+
+    raw = {"max_new_tokens": len(output_ids) + 5}
+    completed = finish_output(vocab.run(output_ids), parse_sampling_params(raw), vocab, raw["max_new_tokens"])
+    sim = nan_guarded(completed, frozenset(), vocab)
+    keep = len(completed.run) // 2
+    sampled = [*output_ids[:keep], vocab.size, *output_ids[keep + 1 :]]  # the bad id, then what would follow
+    expected = sglang.call(
+        sglang_sim_side.finish_state,
+        model_dir=str(standin_model_dir),
+        output_ids=sampled,
+        sampling_params=raw,
+        eos_token_ids=sorted(vocab.eos_ids),
+        vocab_size=vocab.size,
+    )
+    assert expected["finish_reason"] == {"type": "stop", "matched": "NaN happened"}
+    assert {"finish_reason": sim.finish_reason, "output_ids": sim.run.ids()} == {
+        "finish_reason": expected["finish_reason"],
+        "output_ids": expected["output_ids"],
+    }
+    spec = parse_spec(local_spec(standin_model_dir, Path("/nonexistent"), Path("/nonexistent")))
+    tokenizer = load_tokenizer(standin_model_dir, trust_remote_code=False)
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, standin_model_dir)
+    flags = rc.inspect_record([1, 2, 3], expected["output_ids"], expected["finish_reason"], keep + 1, False, expect)
+    assert rc.NAN_REPLACED in flags
