@@ -127,3 +127,28 @@ def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin: Path) -> 
     assert not pin_check.passed and pin_check.count == 1
     assert f"1/{pin_check.total} records were generated from prompts that are not the pinned" in pin_check.verdict
     assert repr(tampered_id) in pin_check.verdict
+
+
+def test_prompts_render_on_the_outputs_pinned_date(tmp_path: Path) -> None:
+    """gpt-oss's template writes `Current date:` from `strftime_now`: every stage renders on the date the output
+    was pinned, so the canary's and the workers' prompts agree and verify's re-rendering matches on any later
+    day (a run across midnight, a verify a week on)."""
+    import dataclasses
+
+    from datagen_operator.output.readers import iter_records
+    from datagen_operator.prompts.pin import write_pin
+    from datagen_operator.tokenizer.standin import ensure_standin
+
+    model = ensure_standin("gpt-oss", tmp_path / "models" / "gpt-oss")
+    dataset, _ = _copy(tmp_path / "d.jsonl")
+    out = tmp_path / "out"
+    write_pin(out, dataclasses.replace(pin_dataset(dataset), rendered_on="2020-01-02"))
+    run_file = manifest(tmp_path, model, dataset=dataset, output=out, model__preset="gpt-oss", clients__shards=1)
+    result = datagen_run(run_file, *FAST_SIM)
+    assert result.returncode == 0, result.stdout + result.stderr  # verify re-rendered every sampled prompt alike
+    tokenizer = load_tokenizer(model, trust_remote_code=False)
+    stored = [tokenizer.decode(record["input_ids"]) for record in iter_records(out)]
+    canary = [orjson.loads(line) for line in (out / "canary.jsonl").read_bytes().splitlines()]
+    rendered = stored + [tokenizer.decode(r["input_ids"]) for r in canary if "input_ids" in r]
+    assert rendered and all("Current date: 2020-01-02" in text for text in rendered)
+    assert read_pin(out).rendered_on == "2020-01-02"  # type: ignore[union-attr]

@@ -246,12 +246,16 @@ async def run_canary(
     from datagen_operator.engine.client.policy import Rejected, RetryPolicy
     from datagen_operator.engine.client.pool import EndpointPool
     from datagen_operator.engine.client.reads import make_session
+    from datagen_operator.prompts.pin import render_date
     from datagen_operator.prompts.render import Renderer, RenderError, template_variables
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_path or spec.model.path))
     ctx = check_context(resolved, spec.checks, expect.think_end_id)
-    renderer = Renderer(tokenizer, template_variables(resolved))
+    # The canary's records sit in the output: its prompts render on the output's pinned date, as the workers'.
+    renderer = Renderer(
+        tokenizer, template_variables(resolved, render_date(record_file.parent) if record_file else None)
+    )
     wanted = spec.checks.canary_prompts + len(PROBES)
     run_budget = spec.generation.sampling.max_new_tokens
     cap = min(spec.checks.canary_max_new_tokens, run_budget)

@@ -94,7 +94,14 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     )
     from datagen_operator.output.manifest import read_manifest
     from datagen_operator.prompts.dataset import DatasetError, check_dataset, plan_shard
-    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin, write_pin
+    from datagen_operator.prompts.pin import (
+        changed_message,
+        pin_changes,
+        pin_dataset,
+        read_pin,
+        render_date,
+        write_pin,
+    )
     from datagen_operator.prompts.render import Renderer, template_variables
 
     try:
@@ -105,7 +112,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         return _failed("DatasetUnusable", str(error))
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
-    renderer = Renderer(tokenizer, template_variables(resolved))
+    renderer = Renderer(tokenizer, template_variables(resolved, render_date(output)))
     model_dir = Path(spec.model.path) if (Path(spec.model.path) / "config.json").is_file() else tokenizer_dir
     lines = judge_dataset(spec, plan, renderer, model_context_limit(_read_config(model_dir), spec.server.extra_args))
     if lines.failed:
@@ -127,7 +134,8 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         return _failed("OutputVolumeTooSmall", room.message)
     found += f"; {room.message}" if room.message else ""
     if manifest is None:
-        write_pin(output, pin)
+        if pinned is None:  # an unchanged pin stays as it is: its render date with it
+            write_pin(output, pin)
         return _passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", len(plan.prompts))
     current = build_fingerprint(
         tokenizer=tokenizer_fingerprint(tokenizer_dir),

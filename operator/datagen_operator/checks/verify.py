@@ -432,7 +432,7 @@ def verify_output(
     checks.append(_dataset_pin(pin, pins, dataset_path, spec.dataset.format if spec else "auto"))
     if fidelity:
         renderer = (
-            Renderer(tokenizer, template_variables(resolved))
+            Renderer(tokenizer, template_variables(resolved, pin.rendered_on if pin is not None else None))
             if tokenizer is not None and resolved is not None
             else None
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ class DatasetPin:
     sha256: str
     line_hashes: Any
     """np.ndarray[uint64]: one per line (row)."""
+    rendered_on: str
+    """UTC date (YYYY-MM-DD) the dataset was first pinned: the date a chat template's `strftime_now` gives every
+    prompt of this output (gpt-oss writes `Current date:`), so a prompt renders the same on any day."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -47,6 +51,7 @@ class DatasetPin:
             "lines": self.lines,
             "bytes": self.bytes,
             "sha256": self.sha256,
+            "rendered_on": self.rendered_on,
         }
 
 
@@ -71,8 +76,18 @@ def pin_dataset(path: Path, declared: DatasetFormat = "auto") -> DatasetPin:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
             hashes.extend(prompt_hash(normalise_parquet_row(row)) for row in batch.to_pylist())
     return DatasetPin(
-        str(path), form, len(hashes), path.stat().st_size, whole.hexdigest(), np.asarray(hashes, np.uint64)
+        str(path), form, len(hashes), path.stat().st_size, whole.hexdigest(), np.asarray(hashes, np.uint64), today()
     )
+
+
+def today() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def render_date(output: Path) -> str:
+    """The date prompts of this output render with: its pin's, or today's for an output not pinned yet."""
+    pin = read_pin(output)
+    return pin.rendered_on if pin is not None else today()
 
 
 def prompt_hash(obj: Any) -> int:
@@ -109,7 +124,15 @@ def read_pin(output: Path) -> DatasetPin | None:
         hashes = np.frombuffer((output / LINES_FILE).read_bytes(), dtype="<u8")
     except FileNotFoundError:
         return None
-    return DatasetPin(summary["path"], summary["format"], summary["lines"], summary["bytes"], summary["sha256"], hashes)
+    return DatasetPin(
+        summary["path"],
+        summary["format"],
+        summary["lines"],
+        summary["bytes"],
+        summary["sha256"],
+        hashes,
+        summary["rendered_on"],
+    )
 
 
 def pin_changes(pinned: DatasetPin, current: DatasetPin) -> str | None:

@@ -6,10 +6,13 @@ template's thinking switch is passed here, and the ids go to /generate as they a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,13 +28,33 @@ log = logging.getLogger("datagen.worker.render")
 GENERIC_THINKING_SWITCHES = ("thinking", "enable_thinking")
 
 
-def template_variables(resolved: ResolvedModel) -> dict[str, Any]:
-    """Extra chat-template variables that switch thinking on or off for this run."""
+RENDERED_ON = "datagen_rendered_on"
+"""The variable that carries the output's render date (prompts/pin.py `rendered_on`) to every Renderer, helpers'
+included; the Renderer takes it out and pins the template's clock with it (`pinned_template`)."""
+_STRFTIME_CALL = re.compile(r"""strftime_now\(\s*(['"])(.*?)\1\s*\)""")
+
+
+def pinned_template(template: str, rendered_on: str | None) -> str:
+    """The template with `strftime_now` answering for `rendered_on`, so a prompt renders to the same ids whichever
+    day the worker, the canary or verify renders it (gpt-oss writes `Current date:`). transformers hands templates
+    only plain data (a clock passed as a variable arrives as a placeholder), so the clock is shadowed inside the
+    template: a macro, defined first, answering each format the template asks for."""
+    formats = sorted({match.group(2) for match in _STRFTIME_CALL.finditer(template)})
+    if rendered_on is None or not formats:
+        return template
+    day = datetime.strptime(rendered_on, "%Y-%m-%d")
+    answers = ", ".join(f"{json.dumps(f)}: {json.dumps(day.strftime(f))}" for f in formats)
+    return f"{{%- macro strftime_now(format) -%}}{{{{ {{{answers}}}[format] }}}}{{%- endmacro -%}}\n{template}"
+
+
+def template_variables(resolved: ResolvedModel, rendered_on: str | None = None) -> dict[str, Any]:
+    """Extra chat-template variables: the run's thinking switch, and the output's render date when known."""
+    clock: dict[str, Any] = {RENDERED_ON: rendered_on} if rendered_on else {}
     preset = resolved.preset
     if preset is not None:
         switch = preset.thinking.switch
-        return {switch: resolved.thinking} if switch else {}
-    return dict.fromkeys(GENERIC_THINKING_SWITCHES, resolved.thinking)
+        return {**({switch: resolved.thinking} if switch else {}), **clock}
+    return {**dict.fromkeys(GENERIC_THINKING_SWITCHES, resolved.thinking), **clock}
 
 
 def load_tokenizer(tokenizer_dir: str | Path, *, trust_remote_code: bool) -> Any:
@@ -58,9 +81,8 @@ def lean_variables(tokenizer: Any, variables: dict[str, Any]) -> dict[str, Any]:
     return {**tokenizer.special_tokens_map, **variables}
 
 
-def lean_renderer(tokenizer: Any, variables: dict[str, Any]) -> LeanRenderer | str:
+def lean_renderer(tokenizer: Any, template: Any, variables: dict[str, Any]) -> LeanRenderer | str:
     """The lean renderer over a loaded tokenizer's own encoder, or why there is none."""
-    template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         return "the tokenizer has several named chat templates"
     encode = backend_encoder(tokenizer)
@@ -86,11 +108,18 @@ class Renderer:
 
     def __init__(self, tokenizer: Any, variables: dict[str, Any]) -> None:
         self.tokenizer = tokenizer
-        self.variables = variables
         self.chat_template: str | None = getattr(tokenizer, "chat_template", None)
+        """The model's own template, as the fingerprint records it."""
         if not self.chat_template:
             raise RenderError("the tokenizer has no chat template; pre-tokenized prompts need the model's own template")
-        lean = lean_renderer(tokenizer, variables)
+        self.variables = {k: v for k, v in variables.items() if k != RENDERED_ON}
+        self.template = (
+            pinned_template(self.chat_template, variables.get(RENDERED_ON))
+            if isinstance(self.chat_template, str)
+            else self.chat_template
+        )
+        """What renders: the model's template, its clock pinned to the output's render date."""
+        lean = lean_renderer(tokenizer, self.template, self.variables)
         self.lean: LeanRenderer | None = None if isinstance(lean, str) else lean
         self.rendered = 0
         self.checked = 0
@@ -106,7 +135,13 @@ class Renderer:
         """Exactly what transformers renders and tokenizes (the definition the lean path must match)."""
         try:
             ids = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **self.variables
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                chat_template=self.template,
+                **self.variables,
             )
         except Exception as error:  # jinja errors, template `raise_exception`, bad tool schemas
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None

@@ -11,6 +11,7 @@ from typing import Any
 from datagen_operator.checks.record_checks import Expectations, expectations_for
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
+from datagen_operator.prompts.pin import render_date
 from datagen_operator.prompts.render import Renderer, RenderError, RenderPool, load_tokenizer, template_variables
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
@@ -39,7 +40,7 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
             await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
     except (DatasetError, OSError) as error:
         raise BadInput(f"dataset: {error}") from None
-    variables = template_variables(c.resolved)
+    variables = template_variables(c.resolved, render_date(c.output))  # the pin is written by now
     # Helpers start loading the tokenizer now, in parallel with this process.
     render_pool = RenderPool(variables, c.tokenizer_dir, c.resolved.trust_remote_code, c.render_processes)
     try:
