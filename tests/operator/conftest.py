@@ -32,6 +32,8 @@ PROMPTS = [
 
 KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-answer-tokens", "40",
         "--sim-mean-reasoning-tokens", "60")  # fmt: skip
+WORKER_IMAGE = "datagen-operator/datagen:test"
+"""The operator's worker image in these tests (the test kubelet runs the pods' commands on this machine)."""
 SLOW = ("--sim-speed", "gpu", "--sim-tokens-per-s", "40", "--sim-ttft-s", "0.05")
 """About 2.5 s per request: the run lasts long enough to crash a worker and restart the operator mid-run."""
 
@@ -181,8 +183,9 @@ OperatorFactory = Callable[..., OperatorHandle]
 
 @pytest.fixture
 def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorFactory]:
-    """`(server_urls) -> handle`: the operator in-process as ServiceAccount datagen-operator of the test's
-    namespace, bound to a ClusterRole with exactly k8s/rbac.py's rules. Call again after `.stop()` to restart."""
+    """`(server_urls, worker_image=...) -> handle`: the operator in-process as ServiceAccount datagen-operator of
+    the test's namespace, bound to a ClusterRole with exactly k8s/rbac.py's rules. Call again after `.stop()` to
+    restart (with another worker image: an operator upgrade)."""
     from kopf.testing import KopfRunner
 
     rbac = client.RbacAuthorizationV1Api(control_plane.api_client())
@@ -198,12 +201,12 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
     kubeconfig = control_plane.kubeconfig_for_service_account(namespace, "datagen-operator")
     handles: list[OperatorHandle] = []
 
-    def start(server_urls: list[str]) -> OperatorHandle:
+    def start(server_urls: list[str], worker_image: str = WORKER_IMAGE) -> OperatorHandle:
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
         monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
         monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
-        monkeypatch.setenv("DATAGEN_WORKER_IMAGE", "datagen-operator/datagen:test")
+        monkeypatch.setenv("DATAGEN_WORKER_IMAGE", worker_image)
         runner = KopfRunner(
             ["run", "--standalone", "--namespace", namespace, "-m", "datagen_operator.k8s.handlers"],
             timeout=60,

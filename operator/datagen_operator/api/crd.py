@@ -22,6 +22,7 @@ from datagen_operator.api.status import (
     DATA_FAITHFUL,
     PARSERS_VERIFIED,
     SERVER_READY,
+    SPEC_APPLIED,
     SUCCEEDED,
     DataGenRunStatus,
 )
@@ -246,12 +247,21 @@ def crd_manifest() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
+                        # What the run is doing, in one word: a halt reads Halted, not the last step it was at.
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                         _condition_column("Succeeded", SUCCEEDED),
                         _condition_column("Server", SERVER_READY),
                         _condition_column("Parsers", PARSERS_VERIFIED, priority=1),
                         _condition_column("Canary", CANARY_PASSED),
                         _condition_column("Faithful", DATA_FAITHFUL),
                         {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
+                        # Empty until a change is refused: then DataFieldsFrozen (the run keeps its applied spec,
+                        # so Phase says Running over a change that is not running), Applied once reverted.
+                        {
+                            "name": "Spec",
+                            "type": "string",
+                            "jsonPath": f'.status.conditions[?(@.type=="{SPEC_APPLIED}")].reason',
+                        },
                         {
                             "name": "Reason",
                             "type": "string",

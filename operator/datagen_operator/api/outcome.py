@@ -27,6 +27,9 @@ class StepOutcome:
     reason: str
     message: str
     checks: tuple[CheckResult, ...] = ()
+    prompts: int | None = None
+    """The dataset's valid prompts, where the step counted them (a passed preflight): the run's progress total
+    from the start, before any worker has read the dataset."""
 
     def for_storage(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> bytes:
         """Compact JSON of at most `limit` bytes that `from_storage` reads back to the same verdict."""
@@ -49,7 +52,14 @@ class StepOutcome:
         """Raises orjson.JSONDecodeError, KeyError or ValueError when `data` is not a verdict."""
         body = orjson.loads(data)
         checks = tuple(CheckResult.model_validate(c) for c in body.get("checks", []))
-        return cls(bool(body["passed"]), str(body["reason"]), str(body["message"]), checks)
+        prompts = body.get("prompts")
+        return cls(
+            bool(body["passed"]),
+            str(body["reason"]),
+            str(body["message"]),
+            checks,
+            None if prompts is None else int(prompts),
+        )
 
     def _encode(self, checks: tuple[CheckResult, ...], width: int | None, *, reason_width: int | None = None) -> bytes:
         half = None if width is None else width // 2
@@ -67,6 +77,8 @@ class StepOutcome:
         }
         if len(checks) < len(self.checks):
             body["checksOmitted"] = len(self.checks) - len(checks)
+        if self.prompts is not None:
+            body["prompts"] = self.prompts
         return orjson.dumps(body)
 
 

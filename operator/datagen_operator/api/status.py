@@ -17,6 +17,8 @@ PROGRESSING = "Progressing"
 SUCCEEDED = "Succeeded"
 EXPORTED = "Exported"
 """Only with spec.export: set after the final verification passes (not in CONDITION_TYPES' metrics)."""
+SPEC_APPLIED = "SpecApplied"
+"""Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
 CONDITION_TYPES: tuple[str, ...] = (
     INPUTS_VERIFIED,
     SERVER_READY,
@@ -54,15 +56,27 @@ class Condition(StatusModel):
 
 class Progress(StatusModel):
     prompts_total: int = 0
+    """The dataset's valid prompts, as the preflight counted them before any server: the total from the start
+    (summed from the workers' counts only for a run whose preflight did not count)."""
     prompts_done: int = 0
+    """Prompts with nothing left to do (every sample recorded, refused or set aside): with one sample a prompt,
+    recordsDone; with more, the workers' own count, which starts over on a resume as they read the dataset."""
+    records_total: int = 0
+    """promptsTotal x generation.samplesPerPrompt."""
+    records_done: int = 0
+    """Samples with nothing left to do in the whole output: recorded, refused by the server or set aside. Never
+    goes backwards: a resumed worker counts what the output holds before it reads the dataset again."""
     records: int = 0
+    """Records in the output, the earlier attempts' included."""
+    dataset_prompts: int | None = None
+    """The preflight's count itself, kept here so that it stands across passes and operator restarts."""
     completion_tokens: int = 0
     tokens_per_second: float = 0.0
     shards_total: int = 0
     shards_done: int = 0
     rejected: int = 0
     summary: str = ""
-    """What `kubectl get dgr` shows, e.g. '1234/88000 prompts, 5.1k tok/s'."""
+    """What `kubectl get dgr` shows, e.g. '1234/88000 prompts, 5.1k tok/s' (records with samplesPerPrompt > 1)."""
 
 
 class CheckResult(StatusModel):
@@ -97,3 +111,7 @@ class DataGenRunStatus(StatusModel):
     server: ServerStatus | None = None
     started_at: str | None = None
     completed_at: str | None = None
+    worker_image: str | None = None
+    """The operator's worker image when the run started (Helm `workerImage`, DATAGEN_WORKER_IMAGE): the run's
+    preflight, canary, worker, verify and export pods keep it through an operator upgrade, so one output is
+    never made by two images. spec.clients.image, where set, is used instead."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from functools import partial
 
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
@@ -85,19 +86,54 @@ def human_rate(tokens_per_second: float) -> str:
     return f"{tokens_per_second:.0f}"
 
 
-def progress_of(counters: ProgressCounters | None, shards_total: int, shards_done: int) -> Progress:
+def progress_of(
+    counters: ProgressCounters | None,
+    shards_total: int,
+    shards_done: int,
+    *,
+    dataset_prompts: int | None = None,
+    samples: int = 1,
+    uncounted: str = "workers starting",
+    rate: bool = True,
+) -> Progress:
+    """The run's progress over its whole output; `uncounted` is the summary while no total is known, `rate`
+    False for a run that stops now (halted, suspended): the last rate is no longer anyone's.
+
+    The total is the preflight's count of the dataset (`dataset_prompts`) from the start: the workers' sum
+    grows as they read the dataset, so it stands in only where no preflight counted. Done is counted in
+    samples over the whole output (recorded, refused by the server, set aside), which a resumed worker reads
+    from disk before it reads the dataset again: it never goes backwards. The workers' per-prompt count starts
+    over on a resume, so it is shown only where no preflight counted."""
     c = counters or ProgressCounters()
-    summary = f"{c.prompts_done}/{c.prompts_total} prompts"
-    if c.prompts_done < c.prompts_total or c.tokens_per_second:  # a finished run has no rate to show
+    if dataset_prompts is None:
+        prompts_total, prompts_done = c.prompts_total, c.prompts_done
+        records_total = prompts_total * samples
+        records_done = c.tally.records + c.tally.rejected + c.records_set_aside
+    else:
+        prompts_total, records_total = dataset_prompts, dataset_prompts * samples
+        # A prompt set aside after some of its samples were recorded counts each once: never past the total.
+        records_done = min(records_total, c.tally.records + c.tally.rejected + c.records_set_aside)
+        # One sample a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
+        prompts_done = records_done if samples == 1 else min(prompts_total, c.prompts_done)
+    if dataset_prompts is None or samples == 1:
+        done, total, unit = prompts_done, prompts_total, "prompts"
+    else:
+        done, total, unit = records_done, records_total, "records"
+    summary = f"{done}/{total} {unit}"
+    producing = counters is not None and done < total
+    if rate and (producing or c.tokens_per_second):  # a finished run (or one not generating yet) has none
         summary += f", {human_rate(c.tokens_per_second)} tok/s"
-    if not c.prompts_total:
-        summary = "workers starting"
+    if not total:
+        summary = uncounted
     if c.tally.rejected or c.malformed:
         summary += f", {c.tally.rejected + c.malformed} set aside"
     return Progress(
-        prompts_total=c.prompts_total,
-        prompts_done=c.prompts_done,
+        prompts_total=prompts_total,
+        prompts_done=prompts_done,
+        records_total=records_total,
+        records_done=records_done,
         records=c.tally.records,
+        dataset_prompts=dataset_prompts,
         completion_tokens=c.completion_tokens,
         tokens_per_second=round(c.tokens_per_second, 1),
         shards_total=shards_total,
@@ -105,6 +141,18 @@ def progress_of(counters: ProgressCounters | None, shards_total: int, shards_don
         rejected=c.tally.rejected + c.malformed,
         summary=summary,
     )
+
+
+def _uncounted(observed: Observed, begun: bool) -> str:
+    """The Progress column before any total is known: what the run is doing instead, never a step it is not at."""
+    preflight = observed.preflight
+    if observed.workers is not None:
+        return "workers starting"
+    if preflight is None:
+        return "waiting for the workers' count" if begun else "preflight running"
+    if not preflight.passed:
+        return "halted at the preflight"
+    return "waiting for the workers' count"  # a preflight that did not count (an older worker image's)
 
 
 def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContext | None) -> Decision:
@@ -136,7 +184,22 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     halt_on_failure = spec.checks.on_failure == "Halt"
     shards = spec.clients.shards
     workers = observed.workers
-    progress = progress_of(observed.progress, shards, workers.shards_done if workers else 0)
+    started = workers is not None
+    # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
+    # that got further before the preflight existed (an operator upgrade) is not sent back to it.
+    begun = observed.parsers is not None or observed.canary is not None or started
+    begun = begun or bool(observed.server and observed.server.instances)
+    preflight = observed.preflight
+    counted = partial(
+        progress_of,
+        observed.progress,
+        shards,
+        workers.shards_done if workers else 0,
+        dataset_prompts=preflight.prompts if preflight is not None and preflight.passed else None,
+        samples=spec.generation.samples_per_prompt,
+        uncounted=_uncounted(observed, begun),
+    )
+    progress, stopped_at = counted(), counted(rate=False)
 
     # A finished run stays finished: its verdict is final and the GPUs are released.
     if observed.final is not None:
@@ -165,17 +228,11 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     if observed.suspended:
         suspended = (
             _u(SERVER_READY, "False", "Suspended", "spec.suspend is true: server stopped, GPUs released, output kept"),
-            _u(PROGRESSING, "False", "Suspended", f"suspended at {progress.summary}"),
+            _u(PROGRESSING, "False", "Suspended", f"suspended at {stopped_at.summary}"),
             _u(SUCCEEDED, "Unknown", "Suspended", "resume with spec.suspend: false; work continues where it stopped"),
         )
-        return Decision(step=Step.SUSPENDED, phase="Suspended", updates=suspended, progress=progress)
+        return Decision(step=Step.SUSPENDED, phase="Suspended", updates=suspended, progress=stopped_at)
 
-    started = workers is not None
-    # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
-    # that got further before the preflight existed (an operator upgrade) is not sent back to it.
-    begun = observed.parsers is not None or observed.canary is not None or started
-    begun = begun or bool(observed.server and observed.server.instances)
-    preflight = observed.preflight
     if preflight is None and not begun:
         checking = (
             _u(INPUTS_VERIFIED, "Unknown", "Checking", "checking the dataset, tokenizer and output before a server"),
@@ -207,7 +264,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     updates.append(server.condition)
     if server.fatal:
         updates.append(_u(SUCCEEDED, "False", "ServerFailed", server.condition.message))
-        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=progress)
+        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=stopped_at)
     if server.condition.status != "True":
         # Workers that already started keep running: they pause by themselves while the server is down.
         updates += _waiting_for(observed, "the server", started)
@@ -278,18 +335,18 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         message = (observed.progress.failure_message if observed.progress else None) or workers.failure_message
         updates.append(_u(PROGRESSING, "False", stopped, message or stopped))
         updates.append(_u(SUCCEEDED, "False", stopped, message or stopped))
-        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=progress)
+        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=stopped_at)
 
     # Bulk generation with rolling checks over the workers' counters.
     faithful, checks = _rolling_checks(observed, context, updates)
     if not faithful and halt_on_failure:
-        return _checks_failed(progress, updates, checks)
+        return _checks_failed(stopped_at, updates, checks)
 
     if workers is not None and workers.shards_failed:
         message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
         updates.append(_u(PROGRESSING, "False", "WorkersFailed", message))
         updates.append(_u(SUCCEEDED, "False", "WorkersFailed", f"{message}; the output is kept and a rerun resumes"))
-        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), checks=checks, progress=progress)
+        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), checks=checks, progress=stopped_at)
     updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
     updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
     return Decision(

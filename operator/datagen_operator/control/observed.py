@@ -78,7 +78,11 @@ class ProgressCounters:
     """Counters summed over the shards' progress snapshots."""
 
     prompts_total: int = 0
+    """The prompts the workers have read so far: the whole dataset only once each has read its shard."""
     prompts_done: int = 0
+    """Prompts with nothing left, as the workers count them while reading the dataset."""
+    records_set_aside: int = 0
+    """Samples of prompts set aside unsent (unrenderable, too long), in the whole output."""
     completion_tokens: int = 0
     tokens_per_second: float = 0.0
     malformed: int = 0

@@ -67,12 +67,13 @@ def counters_from_snapshots(
     `attempt_started_at`: when this attempt began (the local runner's start, the workers Job's): what older
     snapshots say was lost or failed then is not this attempt's (`stale_events`)."""
     snapshots = list(snapshots)
-    prompts_total = prompts_done = completion = malformed = 0
+    prompts_total = prompts_done = set_aside = completion = malformed = 0
     rate = 0.0
     tally = Tally()
     for s in snapshots:
         prompts_total += s.prompts_total
         prompts_done += s.prompts_done
+        set_aside += s.records_set_aside
         completion += s.output_tokens
         # `set_aside` counts every cause (malformed lines, unrenderable, too long); older workers only malformed.
         malformed += sum(map(int, s.set_aside.values())) if s.set_aside else s.prompts_malformed
@@ -83,6 +84,7 @@ def counters_from_snapshots(
     return ProgressCounters(
         prompts_total=prompts_total,
         prompts_done=prompts_done,
+        records_set_aside=set_aside,
         completion_tokens=completion,
         tokens_per_second=rate,
         malformed=malformed,

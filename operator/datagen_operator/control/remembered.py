@@ -4,10 +4,18 @@ halt that stands until the spec changes. Pure functions of the status; an operat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS
-from datagen_operator.api.status import DATA_FAITHFUL, SUCCEEDED, CheckResult, Condition, DataGenRunStatus
+from datagen_operator.api.status import (
+    DATA_FAITHFUL,
+    INPUTS_VERIFIED,
+    SUCCEEDED,
+    CheckResult,
+    Condition,
+    DataGenRunStatus,
+)
 from datagen_operator.control.decide import PROBE_FAILED
 from datagen_operator.control.observed import HaltedBefore
 
@@ -41,6 +49,15 @@ def remembered_outcome(
             return None
         return StepOutcome(condition.status == "True", condition.reason, condition.message, tuple(checks))
     return None
+
+
+def remembered_preflight(status: DataGenRunStatus, data_generation: int) -> StepOutcome | None:
+    """The preflight's verdict from InputsVerified, with the dataset's prompt count it gave (kept in
+    status.progress): the run's total stands once the preflight's pod is gone."""
+    outcome = remembered_outcome(status.conditions, INPUTS_VERIFIED, data_generation, status.checks)
+    if outcome is None or status.progress is None:
+        return outcome
+    return replace(outcome, prompts=status.progress.dataset_prompts)
 
 
 def remembered_final(

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import posixpath
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -566,6 +567,23 @@ def _job(
         "metadata": _meta(run, name, component, meta_annotations),
         "spec": {**job_spec, "template": template},
     }
+
+
+def started_worker_image(
+    recorded: str | None, jobs: Iterable[Mapping[str, Any]], spec_image: str | None, operator_image: str
+) -> str:
+    """The operator's worker image a run started with, which all its pods keep (status.workerImage): an
+    operator upgrade mid-run must not leave workers on one image and verify on another. `recorded` at the
+    run's first pass; for a run an older operator started, the image of its first Job (unless that was
+    spec.clients.image's, which says nothing of the operator's); else, for a new run, the operator's now."""
+    if recorded:
+        return recorded
+    first = min(jobs, key=lambda job: str(job["metadata"].get("creationTimestamp") or ""), default=None)
+    if first is not None and not spec_image:
+        containers = ((first.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+        if containers and containers[0].get("image"):
+            return str(containers[0]["image"])
+    return operator_image
 
 
 def _datagen_container(

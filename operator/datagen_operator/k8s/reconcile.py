@@ -32,8 +32,8 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
     EXPORTED,
-    INPUTS_VERIFIED,
     PARSERS_VERIFIED,
+    SPEC_APPLIED,
     DataGenRunStatus,
     ServerStatus,
 )
@@ -41,7 +41,12 @@ from datagen_operator.checks.evaluate import check_context
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import Observed, ProbeFailures
-from datagen_operator.control.remembered import remembered_final, remembered_halt, remembered_outcome
+from datagen_operator.control.remembered import (
+    remembered_final,
+    remembered_halt,
+    remembered_outcome,
+    remembered_preflight,
+)
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
@@ -50,8 +55,6 @@ from datagen_operator.k8s.settings import Settings
 
 log = logging.getLogger("datagen.operator")
 
-SPEC_APPLIED = "SpecApplied"
-"""Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
 CHILDREN_ACCEPTED = "ChildrenAccepted"
 """Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
 
@@ -97,6 +100,8 @@ class Reconciler:
     group_set: Mapping[str, Any] | None = None
     """The run's LeaderWorkerSet (server.nodes > 1), read once per pass: the operator does not watch them, so it
     runs where LWS is not installed."""
+    worker_image: str | None = None
+    """The operator's worker image the run started with (status.workerImage), found once per pass."""
 
     # --- cache reads ---------------------------------------------------------------------------
 
@@ -128,6 +133,9 @@ class Reconciler:
             return decision
 
         spec, resolved, data_generation, refused = await self._apply_spec(run, spec, resolved, generation)
+        self.worker_image = m.started_worker_image(
+            old.worker_image, self._children("Job"), spec.clients.image, self.ctx.settings.worker_image
+        )
         urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
         context = check_context(resolved, spec.checks)  # no tokenizer here: the preset's think-end id
         halted = remembered_halt(old, generation)
@@ -241,7 +249,7 @@ class Reconciler:
             preflight_job = None  # made for an older spec: its verdict does not apply
         # A verdict once recorded stands for this data generation: its pod may be gone (users, pod GC) and a
         # Job without its pod would read as "no verdict".
-        preflight = remembered_outcome(old.conditions, INPUTS_VERIFIED, data_generation, checks) or o.job_outcome(
+        preflight = remembered_preflight(old, data_generation) or o.job_outcome(
             preflight_job, self._pods("preflight"), "preflight", "preflight"
         )
         canary_job = self._named("Job", canary_job_name(self.name))
@@ -371,7 +379,7 @@ class Reconciler:
                 wanted["kind"], server_name(self.name), lambda: kube.ensure(dict(wanted), workload, patch=scale)
             )
 
-        image = spec.clients.image or self.ctx.settings.worker_image
+        image = spec.clients.image or self.worker_image or self.ctx.settings.worker_image
         preflight = self._named("Job", preflight_job_name(self.name))
         if preflight is not None and _annotation(preflight, m.DATA_GENERATION) != str(data_generation):
             await kube.delete("Job", self.namespace, preflight_job_name(self.name))
@@ -441,6 +449,7 @@ class Reconciler:
             server=server,
             started_at=old.started_at or rfc3339(now),
             completed_at=(old.completed_at or rfc3339(now)) if finished else None,
+            worker_image=self.worker_image or old.worker_image,
         )
         new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         before = old.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -43,6 +43,7 @@ class Feeder(Publishing):
             fingerprint_sha256=self.progress.fingerprint_sha256,
             counts=counts,
             records_rejected=len(writer.rejected),
+            records_set_aside=self._set_aside_on_disk(),
         )
         self.remaining, self.planned = {}, False
         self.progress = p
@@ -54,6 +55,12 @@ class Feeder(Publishing):
             p.records_done,
             extra={"fields": {"recovered_records": recovered}},
         )
+
+    def _set_aside_on_disk(self) -> int:
+        """Samples of the prompts set aside in the output (unrenderable, too long), counted from the start as
+        the records are: a resumed worker's progress does not go backwards while it reads the dataset again."""
+        aside = sum(1 for cause in self.writer.set_aside.values() if cause in (TOO_LONG, UNRENDERABLE))
+        return aside * self.samples
 
     def _plan_line(self, line: Any) -> None:
         """A dataset line this shard owns that is set aside (bad JSON, id, messages, tools, duplicate)."""
@@ -70,14 +77,16 @@ class Feeder(Publishing):
         cause = writer.set_aside.get(f"line:{ref.position}")
         if cause is not None:
             # Set aside by an earlier run (unrenderable, too long): never sent again. Written before causes
-            # existed, an unrenderable prompt's entry says only "malformed".
+            # existed, an unrenderable prompt's entry says only "malformed" (its samples are counted here, not
+            # from the start: only here is the line known to be a prompt).
+            if cause not in (TOO_LONG, UNRENDERABLE):
+                p.records_set_aside += n
             cause = TOO_LONG if cause == TOO_LONG else UNRENDERABLE
             if cause == TOO_LONG:
                 p.prompts_too_long += 1
             else:
                 p.prompts_rejected += 1
             p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
-            p.records_set_aside += n
             p.prompts_done += 1
             return False
         left = sum(
@@ -98,6 +107,7 @@ class Feeder(Publishing):
         p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
         p.prompts_total = p.records_total = p.prompts_malformed = p.prompts_rejected = p.prompts_too_long = 0
         p.set_aside = {}
+        p.records_set_aside = self._set_aside_on_disk()
         self.remaining = {}
         for item in ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format):
             if isinstance(item, MalformedLine):
