@@ -157,6 +157,32 @@ def _controller_methods(*names: str) -> dict[str, Any]:
     return {name: namespace[name] for name in names}
 
 
+def scheduler_max_new_tokens(input_len: int, sampling_params: dict[str, Any], context_len: int) -> int:
+    """`Scheduler.init_req_max_new_tokens` (compiled from the wheel's source, as its module does not import behind
+    the stubs) on one request of a server whose KV pool does not bind: `max_req_len` as `TpModelWorker` sets it
+    (`context_len - 1` below the pool), the memory budget left as asked."""
+    import logging
+
+    import sglang
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    path = Path(sglang.__file__).parent / "srt" / "managers" / "scheduler.py"
+    tree = ast.parse(path.read_text())
+    scheduler = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Scheduler")
+    method = next(n for n in scheduler.body if isinstance(n, ast.FunctionDef) and n.name == "init_req_max_new_tokens")
+    namespace: dict[str, Any] = {"logger": logging.getLogger("sglang.contract")}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    allocator = types.SimpleNamespace(max_new_tokens_for_memory=lambda _input, wanted, **_: wanted)
+    scheduler_self = types.SimpleNamespace(
+        max_new_tokens_limit=None, max_req_len=context_len - 1, max_total_num_tokens=1 << 40, kv_shard_widening=1,
+        page_size=1, token_to_kv_pool_allocator=allocator, sliding_window_size=None, chunked_prefill_size=8192,
+    )  # fmt: skip
+    params = SamplingParams(**sampling_params)  # its defaults too (max_new_tokens 128 when unset)
+    request = types.SimpleNamespace(origin_input_ids=[0] * input_len, sampling_params=params, rid="contract")
+    namespace["init_req_max_new_tokens"](scheduler_self, request)
+    return int(params.max_new_tokens)
+
+
 def dp_init_info(group_infos: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """What the data-parallel controller hands the HTTP server (and so `/server_info`) when its replicas'
     TP groups report ready in the order given: `_record_scheduler_init_infos` per group, then `get_init_info`."""

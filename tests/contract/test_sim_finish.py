@@ -119,3 +119,22 @@ def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
     expect = rc.expectations_for(resolve_model(spec), tokenizer, standin_model_dir)
     flags = rc.inspect_record([1, 2, 3], expected["output_ids"], expected["finish_reason"], keep + 1, False, expect)
     assert rc.NAN_REPLACED in flags
+
+
+@pytest.mark.parametrize(
+    ("input_len", "max_new_tokens"),
+    [(1000, 64), (262_144 - 64, 64), (262_144 - 65, 64), (262_144 - 66, 64), (262_144 - 10, None), (100, None)],
+)
+def test_the_scheduler_caps_max_new_tokens_where_sglangs_does(
+    sglang: SGLang, vocab: SimVocab, input_len: int, max_new_tokens: int | None
+) -> None:
+    """The scheduler keeps two tokens of the context free (`max_req_len - input_len - 1`, `max_req_len` the context
+    less one): a request the tokenizer manager admits with prompt + max_new_tokens at the context ends
+    `length` two tokens short."""
+    from datagen_operator.engine.sim.protocol import parse_generate_request
+
+    context = 262_144  # the stand-in's max_position_embeddings
+    params = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    request = parse_generate_request({"input_ids": [100] * input_len, "sampling_params": params}, vocab, context)
+    expected = sglang.call(sglang_sim_side.scheduler_max_new_tokens, input_len, params, context)
+    assert request.items[0].max_new_tokens == expected

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from datagen_operator.engine.limits import reserved_tokens
 from datagen_operator.engine.sim import protocol, resolution
 from datagen_operator.engine.sim.config import parse_settings
 from datagen_operator.engine.sim.protocol import RequestError, parse_generate_request
@@ -95,7 +96,7 @@ def test_the_simulator_resolves_a_launch_as_sglang_does(sglang: SGLang, standin_
     expected = _sglang_args(sglang, standin_model_dir, flags)
     sim = _sim_args(standin_model_dir, flags)
     assert {key: sim[key] for key in KEYS} == {key: expected[key] for key in KEYS}
-    assert resolution.reserved_tokens(sim) == expected["num_reserved_tokens"]
+    assert reserved_tokens(sim) == expected["num_reserved_tokens"]
 
 
 @pytest.mark.parametrize("launch", list(REFUSED))
@@ -140,7 +141,7 @@ def _sim_verdict(vocab: SimVocab, input_len: int, max_new_tokens: int | None, re
 def test_speculative_draft_tokens_count_in_the_length_checks_as_in_sglang(
     sglang: SGLang, standin_model_dir: Path, vocab: SimVocab, launch: str
 ) -> None:
-    reserved = resolution.reserved_tokens(_sim_args(standin_model_dir, LAUNCHES[launch]))
+    reserved = reserved_tokens(_sim_args(standin_model_dir, LAUNCHES[launch]))
     # Each side of both limits: the input alone, and the input with max_new_tokens.
     cases = [(CONTEXT - reserved - 1, None), (CONTEXT - reserved, None), (100, CONTEXT - 100 - reserved),
              (100, CONTEXT - 100 - reserved + 1), (CONTEXT - 4, 1)]  # fmt: skip

@@ -98,3 +98,33 @@ def test_a_prompt_over_the_context_is_set_aside_unsent_and_stays_so_on_resume(
     assert len(list(iter_rejects(output))) == 1
     again = progress(output)
     assert (again["prompts_too_long"], again["records_set_aside"], again["records_rejected"]) == (1, 2, 0)
+
+
+def test_speculative_draft_slots_count_against_the_context() -> None:
+    """EAGLE keeps its draft tokens in the output slots: SGLang counts them as input (engine/limits.py)."""
+    info = {
+        "context_length": 1000, "speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1,
+        "speculative_num_steps": 3, "speculative_num_draft_tokens": 4,
+    }  # fmt: skip
+    limit = context_limit([info, {"context_length": 1000}])
+    assert limit == ContextLimit(1000, None, 4)
+    assert too_long_reason(484, 512, limit) is None
+    assert too_long_reason(485, 512, limit) == (
+        "485 prompt tokens + 4 speculative draft slots + max_new_tokens 512 = 1001 exceeds the server's context "
+        "length of 1000 tokens"
+    )
+
+
+def test_the_workers_verdict_is_the_speculative_servers_own() -> None:
+    """Read from a speculative server's /server_info, the limit refuses exactly what the server refuses."""
+    from tests.sim.http import get, post
+
+    flags = ("--context-length", "600", "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/d")
+    with start_sim(*SIM_FLAGS, *flags, tokenizer_dir=standin()) as sim:
+        limit = context_limit([get(sim.url, "/server_info").json()])
+        assert limit.reserved > 0
+        fits = 600 - 512 - limit.reserved
+        for prompt_tokens in (fits, fits + 1):
+            body = {"input_ids": [100] * prompt_tokens, "sampling_params": {"max_new_tokens": 512}}
+            refused = post(sim.url, "/generate", body).status == 400
+            assert refused == (too_long_reason(prompt_tokens, 512, limit) is not None), prompt_tokens

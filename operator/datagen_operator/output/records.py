@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.engine.limits import reserved_tokens
+
 # Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
 # prompts.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
 UNRENDERABLE = "unrenderable"
@@ -142,6 +144,8 @@ class ContextLimit:
 
     context_length: int | None
     max_input: int | None
+    reserved: int = 0
+    """Tokens the server counts as input on top of the prompt (EAGLE's draft slots, engine/limits.py)."""
 
 
 def _positive_int(value: Any) -> int | None:
@@ -153,7 +157,9 @@ def context_limit(infos: Iterable[Mapping[str, Any]]) -> ContextLimit:
     free GPU memory at start-up, so replicas can differ)."""
     contexts: list[int] = []
     inputs: list[int] = []
+    reserved = 0
     for info in infos:
+        reserved = max(reserved, reserved_tokens(info))
         declared = _positive_int(info.get("context_length"))
         max_input = _positive_int(info.get("max_req_input_len"))
         if max_input is not None:
@@ -162,7 +168,7 @@ def context_limit(infos: Iterable[Mapping[str, Any]]) -> ContextLimit:
             contexts.append(declared)
         elif max_input is not None:
             contexts.append(max_input + 6)
-    return ContextLimit(min(contexts, default=None), min(inputs, default=None))
+    return ContextLimit(min(contexts, default=None), min(inputs, default=None), reserved)
 
 
 CONTEXT_LENGTH_KEYS = (
@@ -216,9 +222,11 @@ def too_long_reason(prompt_tokens: int, max_new_tokens: int, limit: ContextLimit
             f"the prompt has {prompt_tokens} tokens; the server takes fewer than {limit.max_input} "
             "(max_req_input_len in /server_info)"
         )
-    if limit.context_length is not None and prompt_tokens + max_new_tokens > limit.context_length:
+    total = prompt_tokens + limit.reserved + max_new_tokens
+    if limit.context_length is not None and total > limit.context_length:
+        drafts = f" + {limit.reserved} speculative draft slots" if limit.reserved else ""
         return (
-            f"{prompt_tokens} prompt tokens + max_new_tokens {max_new_tokens} = {prompt_tokens + max_new_tokens} "
+            f"{prompt_tokens} prompt tokens{drafts} + max_new_tokens {max_new_tokens} = {total} "
             f"exceeds the server's context length of {limit.context_length} tokens"
         )
     return None

@@ -170,6 +170,13 @@ def _rids(rid: object, count: int, is_batch: bool) -> list[str]:
     raise RequestError("rid must be a string or a list of strings, one per prompt.")
 
 
+def scheduler_max_new_tokens(prompt_tokens: int, requested: int | None, context_length: int) -> int:
+    """The scheduler's cap (`Scheduler.init_req_max_new_tokens`): `max_req_len - input_len - 1`, `max_req_len`
+    being the context less one, so an admitted request ends two tokens short of the context."""
+    room = max(0, context_length - prompt_tokens - 2)
+    return room if requested is None else min(requested, room)
+
+
 def parse_generate_request(
     body: object, vocab: SimVocab, context_length: int, skip_tokenizer_init: bool = False, *, reserved_tokens: int = 0
 ) -> GenerateRequest:
@@ -201,8 +208,7 @@ def parse_generate_request(
     items: list[GenerateItem] = []
     for prompt_index, (ids, params) in enumerate(zip(prompts, params_list, strict=True)):
         prompt = _prompt_array(ids, vocab.size)
-        room = context_length - len(prompt)
-        max_new = room if params.max_new_tokens is None else min(params.max_new_tokens, room)
+        max_new = scheduler_max_new_tokens(len(prompt), params.max_new_tokens, context_length)
         for sample in range(params.n):
             index = len(items)
             rid = rids[index] if samples > 1 else rids[prompt_index]

@@ -130,11 +130,3 @@ def model_resolved(args: Mapping[str, Any], model_config: Mapping[str, Any]) -> 
         given = _ngram_params(given[0], given[2])
     keys = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
     return resolved | dict(zip(keys, given, strict=True))
-
-
-def reserved_tokens(args: Mapping[str, Any]) -> int:
-    """Output slots reserved per request on top of its input (`managers/utils.compute_num_reserved_tokens`):
-    EAGLE and EAGLE3 keep their draft tokens there, so the length checks count them; other algorithms none."""
-    if args.get("speculative_algorithm") not in ("EAGLE", "EAGLE3"):
-        return 0
-    return max(args["speculative_eagle_topk"] * args["speculative_num_steps"], args["speculative_num_draft_tokens"])

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from datagen_operator.engine.limits import reserved_tokens
 from datagen_operator.engine.sim import chat, protocol, resolution
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
@@ -101,7 +102,7 @@ class Simulator:
             self.metrics = SimMetrics(self.model_name, self.context_length)
         self.gpu = settings.speed.mode == "gpu"
         self.slots = asyncio.Semaphore(settings.speed.batch_capacity)
-        self.reserved_tokens = resolution.reserved_tokens(self.args)
+        self.reserved_tokens = reserved_tokens(self.args)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -460,8 +461,7 @@ class Simulator:
                 chat.openai_error("Simulated server error (--sim-fault-5xx-rate)", plan.http_status), plan.http_status
             )
         prompt = generate.items[0].prompt
-        room = self.context_length - len(prompt)
-        max_new = room if parsed.params.max_new_tokens is None else min(parsed.params.max_new_tokens, room)
+        max_new = protocol.scheduler_max_new_tokens(len(prompt), parsed.params.max_new_tokens, self.context_length)
         items = [
             GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
             for sample in range(parsed.params.n)
