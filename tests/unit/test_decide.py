@@ -167,6 +167,21 @@ def test_a_passed_preflight_asks_for_the_server_and_stays_reported() -> None:
     assert conditions(d)["InputsVerified"] == ("True", "Passed")
 
 
+def test_a_complete_output_goes_to_the_final_verification_without_a_server() -> None:
+    s = spec()
+    complete = StepOutcome(True, "Passed", "every record is there", prompts=24, complete=True)
+    d = decide(s, Observed(1, preflight=complete, server=ServerObservation(1)), context(s))
+    assert d.step is Step.FINAL_VERIFY and not d.server_wanted and not d.workers_wanted
+    assert conditions(d)["ServerReady"] == ("False", "NotNeeded")
+    assert d.progress is not None and d.progress.summary == "24/24 prompts"
+    # The verdict, then: the run ends Succeeded with the whole output counted, no server ever asked for.
+    verified = StepOutcome(True, "Verified", "ok")
+    done = decide(s, Observed(1, preflight=complete, server=ServerObservation(1), final=verified), context(s))
+    assert done.step is Step.DONE and conditions(done)["Succeeded"] == ("True", "Completed")
+    assert done.progress is not None and done.progress.summary == "24/24 prompts"
+    assert StepOutcome.from_storage(complete.for_storage()) == complete
+
+
 def test_a_run_begun_before_the_preflight_existed_is_not_sent_back() -> None:
     s = spec()
     d = decide(s, Observed(1, server=READY, parsers=PASS), context(s))

@@ -30,6 +30,9 @@ class StepOutcome:
     prompts: int | None = None
     """The dataset's valid prompts, where the step counted them (a passed preflight): the run's progress total
     from the start, before any worker has read the dataset."""
+    complete: bool = False
+    """A passed preflight over an output that already holds every record the spec asks for (every shard done):
+    nothing is left to generate, so the run goes to the final verification without a server."""
 
     def for_storage(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> bytes:
         """Compact JSON of at most `limit` bytes that `from_storage` reads back to the same verdict."""
@@ -59,6 +62,7 @@ class StepOutcome:
             str(body["message"]),
             checks,
             None if prompts is None else int(prompts),
+            bool(body.get("complete", False)),
         )
 
     def _encode(self, checks: tuple[CheckResult, ...], width: int | None, *, reason_width: int | None = None) -> bytes:
@@ -79,6 +83,8 @@ class StepOutcome:
             body["checksOmitted"] = len(self.checks) - len(checks)
         if self.prompts is not None:
             body["prompts"] = self.prompts
+        if self.complete:
+            body["complete"] = True
         return orjson.dumps(body)
 
 

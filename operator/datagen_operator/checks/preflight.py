@@ -163,10 +163,26 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         )
     if pinned is None:
         write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
+    if output_complete(manifest, len(plan.prompts) * spec.generation.samples_per_prompt):
+        return _passed(
+            f"{found}; {output} already holds every record ({existing.records} pass the checks): nothing to "
+            "generate, no server needed; verifying the output",
+            len(plan.prompts),
+            complete=True,
+        )
     return _passed(
         f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
         len(plan.prompts),
     )
+
+
+def output_complete(manifest: dict[str, Any], wanted: int) -> bool:
+    """Every shard finished and every sample the spec asks for has its record (or was refused or set aside for
+    good): what the shards' manifest entries count, written as each shard completes, so never more than there is."""
+    counts = manifest.get("counts") or {}
+    done = sum(int(counts.get(key) or 0) for key in ("records", "rejected", "set_aside_records"))
+    shards = int(manifest.get("shard_count") or 0)
+    return shards > 0 and int(counts.get("shards_complete") or 0) >= shards and done >= wanted
 
 
 # --- what is known before a server: the dataset's lines, an existing output's records ----------------
@@ -439,10 +455,10 @@ def free_bytes(output: Path) -> int | None:
     return free_on_volume(output)
 
 
-def _passed(message: str, prompts: int) -> StepOutcome:
+def _passed(message: str, prompts: int, *, complete: bool = False) -> StepOutcome:
     """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total."""
     check = CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message)
-    return StepOutcome(True, "Passed", message, (check,), prompts=prompts)
+    return StepOutcome(True, "Passed", message, (check,), prompts=prompts, complete=complete)
 
 
 def _failed(reason: str, message: str) -> StepOutcome:

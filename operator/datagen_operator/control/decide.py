@@ -200,6 +200,8 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         uncounted=_uncounted(observed, begun),
     )
     progress, stopped_at = counted(), counted(rate=False)
+    if preflight is not None and preflight.passed and preflight.complete:
+        progress = stopped_at = _complete(progress)
 
     # A finished run stays finished: its verdict is final and the GPUs are released.
     if observed.final is not None:
@@ -253,6 +255,15 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     updates: list[ConditionUpdate] = []
     if preflight is not None:
         updates.append(_u(INPUTS_VERIFIED, "True", preflight.reason, preflight.message))
+    if preflight is not None and preflight.complete and not begun:
+        # The output already holds every record: verified from its files, without a server (on GPUs, no
+        # model load for nothing) and without a canary.
+        updates.append(_u(SERVER_READY, "False", "NotNeeded", "the output is complete: no server was started"))
+        updates.append(
+            _u(PROGRESSING, "True", "Verifying", "every record is already in the output; final verification")
+        )
+        updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
+        return Decision(step=Step.FINAL_VERIFY, phase="Verifying", updates=tuple(updates), progress=progress)
     if workers is not None and not workers.shards_failed and workers.shards_done >= workers.shards_total:
         # Every record is written: the final verification reads files only. The server is released and not
         # looked at again, so a server that is stopping can never ask for itself back (a model reload).
@@ -410,6 +421,24 @@ def _outcomes(observed: Observed) -> list[tuple[str, StepOutcome]]:
     """The remembered parser and canary verdicts, to keep reporting once the server is gone."""
     pairs = ((PARSERS_VERIFIED, observed.parsers), (CANARY_PASSED, observed.canary))
     return [(condition, outcome) for condition, outcome in pairs if outcome is not None]
+
+
+def _complete(progress: Progress) -> Progress:
+    """A run over a complete output: every sample is done (what the preflight read from its manifest), whether
+    or not this run's own workers ever counted them (they never ran)."""
+    samples = progress.records_total // progress.prompts_total if progress.prompts_total else 1
+    done, total, unit = (
+        (progress.prompts_total, progress.prompts_total, "prompts")
+        if samples == 1
+        else (progress.records_total, progress.records_total, "records")
+    )
+    return progress.model_copy(
+        update={
+            "prompts_done": progress.prompts_total,
+            "records_done": progress.records_total,
+            "summary": f"{done}/{total} {unit}",
+        }
+    )
 
 
 def _final_verify(
