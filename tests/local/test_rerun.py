@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 
 
@@ -29,3 +31,57 @@ def test_a_finished_output_is_verified_without_a_server(tmp_path: Path, standin:
     assert "CanaryPassed" not in said.split("InputsVerified=True")[-1], "no canary either"
     assert f"Succeeded=True (Completed): {len(keys)}/{len(keys)} prompts" in said
     assert stored_keys(tmp_path / "out") == keys, "nothing generated twice"
+
+
+def test_a_resume_whose_canary_passed_with_the_same_fingerprint_does_not_rerun_it(
+    tmp_path: Path, standin: Path
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_file = manifest(tmp_path, standin, clients__concurrency=2)
+    out = tmp_path / "out"
+    slow = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *slow],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(out.glob("shards/*/*.jsonl")):
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=90)
+    assert first.returncode == 130
+    canary_records = (out / "canary.jsonl").read_bytes()
+
+    again = datagen_run(run_file, *FAST_SIM)
+    said = flat(again.stdout)
+    assert again.returncode == 0, said
+    assert "canary: passed before on this output with the same fingerprint; not rerun" in said
+    assert "CanaryPassed=True (Passed): passed before with the same fingerprint (not rerun)" in said
+    assert (out / "canary.jsonl").read_bytes() == canary_records, "no canary request was sent again"
+
+    # Held to its key only: another fingerprint (other checks, tokenizer, template or data fields) is not answered.
+    from datagen_operator.local.runner import CANARY_VERDICT, remembered_canary
+
+    stored = orjson.loads((out / CANARY_VERDICT).read_bytes())
+    assert remembered_canary(out, stored["key"]) is not None
+    assert remembered_canary(out, "0" * 64) is None
+
+
+def test_the_canary_key_moves_with_the_checks_and_data_fields_not_with_live_ones(tmp_path: Path, standin: Path) -> None:
+    from datagen_operator.api import load_run
+    from datagen_operator.local.runner import LocalRunner
+
+    def key(**changes: object) -> str:
+        run = load_run(manifest(tmp_path, standin, **changes))
+        return LocalRunner(run, tmp_path / "out", simulator=True)._canary_key()
+
+    base = key()
+    assert key(clients__concurrency=7) == base  # how the run is carried out
+    assert key(checks__minReasoningRate=0.99) != base  # what the canary is judged by
+    assert key(generation__sampling__temperature=0.9) != base  # what the records hold

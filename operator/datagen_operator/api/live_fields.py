@@ -7,6 +7,7 @@ the workers have started, so an output never mixes two configurations.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
@@ -30,9 +31,10 @@ LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
 generation, output, shards) and is frozen once the workers have started."""
 
 
-def _without_live(document: dict[str, Any]) -> dict[str, Any]:
+def without_fields(document: dict[str, Any], paths: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    """A copy of a spec document without the fields at `paths`."""
     out = copy.deepcopy(document)
-    for path in LIVE_FIELDS:
+    for path in paths:
         node = out
         for key in path[:-1]:
             node = node.get(key, {})
@@ -52,7 +54,7 @@ def changed_data_fields(new: dict[str, Any], applied: dict[str, Any]) -> list[st
         elif a != b:
             changed.append(f"spec.{path}")
 
-    walk(_without_live(new), _without_live(applied), "")
+    walk(without_fields(new, LIVE_FIELDS), without_fields(applied, LIVE_FIELDS), "")
     return changed
 
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.util
+import os
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import yaml
 
 from datagen_operator.api import DataGenRun
@@ -65,6 +68,27 @@ class ShardSlot:
     failed: str | None = None
     failure_reason: str | None = None
     retries: int = 0
+
+
+CANARY_VERDICT = "canary.verdict.json"
+"""A passed canary's verdict, beside its records, with the key it holds for (LocalRunner._canary_key)."""
+
+
+def remembered_canary(output: Path, key: str) -> StepOutcome | None:
+    try:
+        data = orjson.loads((output / CANARY_VERDICT).read_bytes())
+        outcome = StepOutcome.from_storage(orjson.dumps(data["outcome"]))
+    except (FileNotFoundError, orjson.JSONDecodeError, KeyError, ValueError):
+        return None
+    if data.get("key") != key or not outcome.passed:
+        return None
+    return replace(outcome, message=f"passed before with the same fingerprint (not rerun): {outcome.message}")
+
+
+def remember_canary(output: Path, key: str, outcome: StepOutcome) -> None:
+    staging = output / f".{CANARY_VERDICT}.tmp"
+    staging.write_bytes(orjson.dumps({"key": key, "outcome": orjson.loads(outcome.for_storage())}))
+    os.replace(staging, output / CANARY_VERDICT)
 
 
 @dataclass
@@ -320,8 +344,13 @@ class LocalRunner:
     async def _run_canary(self) -> StepOutcome:
         from datagen_operator.checks.canary import run_canary
 
+        key = self._canary_key()
+        remembered = remembered_canary(self.output, key)
+        if remembered is not None:
+            self._say("canary: passed before on this output with the same fingerprint; not rerun", "cyan")
+            return remembered
         try:
-            return await run_canary(
+            outcome = await run_canary(
                 self.spec,
                 self._tokenizer(),
                 Path(self.spec.dataset.path),
@@ -330,6 +359,25 @@ class LocalRunner:
             )
         except Exception as error:  # the canary could not even run: that fails it, with the reason
             return StepOutcome(False, "CanaryError", f"{type(error).__name__}: {error}")
+        if outcome.passed:
+            remember_canary(self.output, key, outcome)
+        return outcome
+
+    def _canary_key(self) -> str:
+        """What a canary verdict holds for: the spec's data fields and its checks, the tokenizer's files and the
+        chat template. A resume with all of them unchanged needs no second canary."""
+        from datagen_operator.api.live_fields import LIVE_FIELDS, without_fields
+        from datagen_operator.output.fingerprint import chat_template_sha256, tokenizer_fingerprint
+
+        document = self.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        judged = without_fields(document, [path for path in LIVE_FIELDS if path != ("checks",)])
+        tokenizer_dir = Path(self.spec.model.tokenizer_path or self.spec.model.path)
+        key = {
+            "spec": judged,
+            "tokenizer": tokenizer_fingerprint(tokenizer_dir)["sha256"],
+            "chat_template": chat_template_sha256(getattr(self._tokenizer(), "chat_template", None)),
+        }
+        return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     async def _supervise_workers(self, urls: list[str]) -> None:
         for slot in self.shards:
