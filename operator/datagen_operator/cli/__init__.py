@@ -17,7 +17,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "standin-tokenizer": (
         "datagen_operator.tokenizer.kimi_tiktoken",
         "standin_tokenizer_main",
-        "build the Kimi-K2-format stand-in tokenizer directory (--kimi-tiktoken: the real K2.5 layout)",
+        "build a preset's stand-in tokenizer directory (--preset NAME, default kimi-k2.5; --kimi-tiktoken: "
+        "the real K2.5 layout)",
     ),
     "worker": ("datagen_operator.worker.main", "main", "generate one shard (what worker pods run)"),
     "preflight": ("datagen_operator.checks.preflight", "main", "check dataset, tokenizer and output before a server"),
@@ -45,8 +46,24 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a command killed by SIGPIPE (128 + 13): `datagen crd | head` reads as usual."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # inside the try: buffered output meets a closed pipe here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader (`head`, `less` quit early) has all it wanted. Python ignores SIGPIPE, so the write raises;
+        # point stdout at /dev/null so the interpreter's final flush does not raise (and print) again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2

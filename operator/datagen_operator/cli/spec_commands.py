@@ -115,16 +115,22 @@ def _group_comment(nodes: int, gpus: int, port: int) -> str:
     )
 
 
-def presets_main(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="datagen presets", description="List the model presets.").parse_args(argv)
-    from rich.console import Console
-    from rich.table import Table
+def _table_width(rows: list[tuple[str, ...]]) -> int:
+    """Columns the presets table needs with no cell cut: each column's widest cell, 1 space of padding either
+    side, and the borders between and around them."""
+    from rich.cells import cell_len
 
+    widths = [max(cell_len(cell) for cell in column) for column in zip(PRESET_COLUMNS, *rows, strict=True)]
+    return sum(width + 2 for width in widths) + len(widths) + 1
+
+
+PRESET_COLUMNS = ("preset", "reasoning parser", "tool-call parser", "thinking", "think tokens", "stop", "attention")
+
+
+def _preset_rows() -> list[tuple[str, ...]]:
     from datagen_operator.presets import presets
 
-    table = Table(title="model presets")
-    for column in ("preset", "reasoning parser", "tool-call parser", "thinking", "think tokens", "stop", "attention"):
-        table.add_column(column)
+    rows: list[tuple[str, ...]] = []
     for name, p in sorted(presets().items()):
         thinking = (
             "no" if not p.thinking.supported else ("always" if p.thinking.switch is None else f"`{p.thinking.switch}`")
@@ -134,8 +140,34 @@ def presets_main(argv: list[str]) -> int:
         tokens = f"{p.think_start.text} {p.think_end.text}" if p.think_start and p.think_end else "-"
         stops = " ".join(t.text for t in p.stop_tokens)
         attention = "MLA: set attentionDataParallel" if p.mla else "-"
-        table.add_row(
-            name, p.reasoning_parser or "none", p.tool_call_parser or "none", thinking, tokens, stops, attention
+        rows.append(
+            (name, p.reasoning_parser or "none", p.tool_call_parser or "none", thinking, tokens, stops, attention)
         )
-    Console().print(table)
+    return rows
+
+
+def presets_main(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="datagen presets", description="List the model presets.").parse_args(argv)
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = _preset_rows()
+    table = Table(title="model presets")
+    for column in PRESET_COLUMNS:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    width = _table_width(rows)
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a pipe or a file has no width: rich's 80 would cut every name
+        console = Console(highlight=False, width=width)
+    if width <= console.width:
+        console.print(table)
+        return 0
+    # A terminal narrower than the table: one block per preset, so no name is cut to "deepsee…".
+    for row in rows:
+        console.print(f"[bold]{escape(row[0])}[/]")
+        for column, value in zip(PRESET_COLUMNS[1:], row[1:], strict=True):
+            console.print(f"  {column + ':':<18}{escape(value)}", soft_wrap=True)
     return 0

@@ -42,6 +42,19 @@ def _missing_model(run: DataGenRun, model_dir: Path, *, standin: bool, use_real:
     return None
 
 
+def _missing_dataset(run: DataGenRun) -> str | None:
+    """Why the dataset stops the run before anything starts, naming the field to fix (the preflight's own
+    message names only the file)."""
+    dataset = Path(run.spec.dataset.path)
+    if dataset.is_file():
+        return None
+    what = "is a directory, not a file" if dataset.is_dir() else "does not exist on this machine"
+    return (
+        f"spec.dataset.path: {dataset} {what}; point it at the prompts file (JSONL, one "
+        '{"id": "...", "messages": [{"role": "user", "content": "..."}]} a line, or Parquet; README, "The dataset")'
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="datagen run",
@@ -91,6 +104,10 @@ def main(argv: list[str]) -> int:
     if args.output is not None:
         output_spec = run.spec.output.model_copy(update={"path": str(args.output.resolve())})
         run = run.model_copy(update={"spec": run.spec.model_copy(update={"output": output_spec})})
+    missing_dataset = _missing_dataset(run)
+    if missing_dataset is not None:
+        console.print(f"[red]{args.manifest}: {escape(missing_dataset)}[/]")
+        return 2
     model_dir = Path(run.spec.model.tokenizer_path or run.spec.model.path)
     use_real = args.sglang or (not args.simulator and real_sglang_available())
     if args.sglang and not real_sglang_available():

@@ -160,8 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-ttft-s", type=_non_negative_float, default=0.2, help="time to first token (gpu)")
     sim.add_argument("--sim-batch-capacity", type=int, default=256, help="running requests; more queue (gpu)")
     sim.add_argument("--sim-load-seconds", type=_non_negative_float, default=0.0, help="/health 503 this long")
-    sim.add_argument("--sim-mean-answer-tokens", type=_positive_float, default=400.0)
-    sim.add_argument("--sim-mean-reasoning-tokens", type=_positive_float, default=800.0)
+    sim.add_argument(
+        "--sim-mean-answer-tokens", type=_positive_float, default=400.0, help="mean answer length (lognormal)"
+    )
+    sim.add_argument(
+        "--sim-mean-reasoning-tokens", type=_positive_float, default=800.0, help="mean reasoning length (lognormal)"
+    )
     sim.add_argument("--sim-length-sigma", type=_non_negative_float, default=0.6, help="lognormal sigma; 0 fixes")
     sim.add_argument("--sim-tool-call-rate", type=_rate, default=0.5, help="when the prompt declares tools")
     sim.add_argument(
@@ -170,14 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prompt whose tail neither opens reasoning nor turns it off gets none (default: a thinking model "
         "opens it itself, as Kimi-K2-Thinking does)",
     )
-    sim.add_argument("--sim-misconfig", choices=get_args(Misconfig))
+    sim.add_argument(
+        "--sim-misconfig",
+        choices=get_args(Misconfig),
+        help="a broken model or template, to see the checks catch it: never-close-think (reasoning with no "
+        "closer), kimi-tags (the old ◁think▷ markers as text), ignore-thinking (never reasons); default: none",
+    )
     sim.add_argument(
         "--sim-family",
         choices=sorted(FAMILIES),
         help="the model family the tokenizer belongs to (default: a stand-in's own, else detected from its tokens)",
     )
-    sim.add_argument("--sim-fault-5xx-rate", type=_rate, default=0.0)
-    sim.add_argument("--sim-fault-5xx-status", type=int, default=500)
+    sim.add_argument("--sim-fault-5xx-rate", type=_rate, default=0.0, help="share of requests answered 5xx")
+    sim.add_argument("--sim-fault-5xx-status", type=int, default=500, help="the status of those answers")
     sim.add_argument("--sim-fault-reset-rate", type=_rate, default=0.0, help="connection reset mid-response")
     sim.add_argument("--sim-fault-stream-error-rate", type=_rate, default=0.0, help="error event mid-stream")
     sim.add_argument("--sim-fault-abort-rate", type=_rate, default=0.0, help="finish_reason abort, partial output")
