@@ -29,7 +29,6 @@ from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.presets.think_markers import MarkersWritten
 from datagen_operator.tokenizer.families import FAMILIES
 
-CANARY = "canary"
 MODEL_THINKING = "model_thinking"
 
 # Built-in probes: a reasoning question, a tool call and a multi-turn conversation, whatever the dataset holds.

@@ -13,6 +13,7 @@ from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
+from datagen_operator.output.records import TOO_LONG
 from datagen_operator.presets.think_markers import MarkersWritten, ParserFix, ThinkMarkers, fix_for
 
 REASONING_CAPTURED = "reasoning_captured"
@@ -22,7 +23,6 @@ TRUNCATION = "truncation"
 TOOL_CALLS = "tool_calls"
 SERVER_ERRORS = "server_errors"
 MALFORMED = "malformed"
-TOO_LONG = "too_long"
 SERVER_FAILURES = "server_failures"
 OUTPUT_VOLUME = "output_volume"
 

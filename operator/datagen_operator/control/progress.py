@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.observed import ProgressCounters
-
-TOO_LONG = "too_long"
+from datagen_operator.output.records import TOO_LONG
 
 
 def snapshot_tally(s: ShardProgress) -> Tally:

@@ -19,7 +19,6 @@ LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 """DNS name of the group's leader pod (through the LeaderWorkerSet's headless Service)."""
 WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 """0 on the leader, 1..size-1 on the workers: SGLang's --node-rank."""
-GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
 DIST_INIT_PORT = 20000
 """Where rank 0 (the leader) listens for the other ranks' torch.distributed rendezvous."""
 

@@ -19,7 +19,6 @@ import numpy as np
 import orjson
 
 OUTPUT_IDS_KEY = b'"output_ids"'
-_DIGITS_AND_COMMAS = b"0123456789,"
 _PREFIX_PARSE_LIMIT = 64
 """A slice from the start up to this many ids is parsed from the front of the bytes, not the whole array."""
 

@@ -58,13 +58,3 @@ def cluster_role(name: str = "datagen-operator") -> dict[str, Any]:
         "metadata": {"name": name},
         "rules": [dict(rule) for rule in CLUSTER_RULES],
     }
-
-
-def cluster_role_binding(service_account: str, namespace: str, name: str = "datagen-operator") -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
-    }

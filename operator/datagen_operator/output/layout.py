@@ -57,9 +57,6 @@ class KeySet:
     def add(self, key: Key) -> None:
         self._hashes.add(hash(key))
 
-    def add_hash(self, value: int) -> None:
-        self._hashes.add(value)
-
     def discard(self, key: Key) -> None:
         self._hashes.discard(hash(key))
 

@@ -171,10 +171,6 @@ class ShardWriter:
         self._buffered += len(line)
         self.done.add((record["id"], record["sample"]))
 
-    @property
-    def buffered_bytes(self) -> int:
-        return self._buffered
-
     def flush(self) -> None:
         """Write the buffered lines with one write(). When the volume fails part-way (ENOSPC, EIO), the
         whole records before the failure stay, the torn rest is cut off, and PartialFlush says how many
