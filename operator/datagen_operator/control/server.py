@@ -14,6 +14,16 @@ _IMAGE_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageNam
 _CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
 
 
+LOADING_REPORT_S = 30.0
+"""How often a log that shows only transitions repeats ServerReady's Loading message: a model takes minutes
+to load, and a line every half minute says it still does (at least once a minute, whatever the poll)."""
+
+
+def loading_line_due(reason: str, said_at: float | None, now: float) -> bool:
+    """Whether to repeat the Loading message now; `said_at` is when it was last shown (monotonic seconds)."""
+    return reason == "Loading" and (said_at is None or now - said_at >= LOADING_REPORT_S)
+
+
 @dataclass(frozen=True)
 class ServerVerdict:
     condition: ConditionUpdate

@@ -25,7 +25,7 @@ from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import OUTPUT_VOLUME_FULL
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.api.status import Condition
+from datagen_operator.api.status import SERVER_READY, Condition
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
@@ -40,6 +40,7 @@ from datagen_operator.control.observed import (
 )
 from datagen_operator.control.policy import PERMANENT_EXITS, SHARD_RETRIES, ShardExit, shard_exit
 from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
 from datagen_operator.output.lease import STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
@@ -122,6 +123,7 @@ class LocalRunner:
         self.started = time.monotonic()
         self.started_at = time.time()
         self.holder = Holder.this_process(self.run.metadata.name)
+        self.loading_said_at: float | None = None
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -478,6 +480,21 @@ class LocalRunner:
         self.decision = decision
         for event in transition_events(before, self.conditions):
             self._event(event)
+        self._repeat_loading()
+
+    def _repeat_loading(self) -> None:
+        """Events show transitions only; without the live table the Loading message would stay at its first
+        second for the whole load. Repeat it (its time moved) every LOADING_REPORT_S."""
+        ready = next((c for c in self.conditions if c.type == SERVER_READY), None)
+        if ready is None or ready.reason != "Loading":
+            self.loading_said_at = None
+            return
+        now = time.monotonic()
+        if self.loading_said_at is None:  # its transition event has just said it
+            self.loading_said_at = now
+        elif not self.live and loading_line_due(ready.reason, self.loading_said_at, now):
+            self._say(f"{ready.type}={ready.status} ({ready.reason}): {ready.message}")
+            self.loading_said_at = now
 
     def _event(self, event: Event) -> None:
         colour = "yellow" if event.type == "Warning" else "white"
