@@ -246,10 +246,13 @@ def test_cli_refuses_bad_input(run_output: Path, tmp_path: Path, capsys: pytest.
     out = tmp_path / "x"
     assert main([str(run_output), "--format", "speculators", "--out", str(out), "--exclude-flags", "truncate"]) == 2
     assert "unknown truncate" in capsys.readouterr().err
-    assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == 0
+    # A store with an unfinished shard and no run.yaml cannot pass verification: exported only when asked.
+    assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == 1
+    assert "--allow-unverified" in capsys.readouterr().err and not out.exists()
+    assert main([str(run_output), "--format", "speculators", "--out", str(out), "--allow-unverified"]) == 0
     assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == 2  # an export is there
     assert "--overwrite" in capsys.readouterr().err
-    assert main([str(run_output), "--format", "trl", "--out", str(out), "--overwrite"]) == 0
+    assert main([str(run_output), "--format", "trl", "--out", str(out), "--overwrite", "--allow-unverified"]) == 0
     assert not list((out / "data").glob("part-*.jsonl")) and list((out / "data").glob("part-*.parquet"))
     assert main([str(run_output), "--format", "text", "--out", str(tmp_path / "t")]) == 2  # no run.yaml, no tokenizer
     assert "--tokenizer" in capsys.readouterr().err

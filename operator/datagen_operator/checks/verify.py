@@ -717,12 +717,171 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
         console.print(examples)
 
 
+POD_MOUNTS = ("/mnt/datagen/dataset", "/mnt/datagen/output")
+"""Where the operator's pods mount a run's dataset and output volumes (k8s/manifests.py, held equal by a test):
+a path under them in a cluster output's run.yaml means nothing on another machine."""
+
+EXIT_NOT_VERIFIED = 1
+EXIT_BAD_INPUT = 2
+
+
+def holds_records(output: Path) -> bool:
+    """A manifest, a shard's segment or a compacted Parquet file: something the checks can judge."""
+    from datagen_operator.output.layout import OutputLayout
+
+    layout = OutputLayout(output)
+    return (
+        layout.manifest.exists()
+        or any(layout.data_dir.glob("shard-*.parquet"))
+        or any(layout.shards_dir.glob("*/segment-*.jsonl"))
+    )
+
+
+def nothing_to_verify(output: Path) -> tuple[str, int] | None:
+    """One line saying what OUTPUT is when it holds no record, and the exit code; None when the checks apply.
+    A run halted before its workers (a parser mismatch, a failed canary) leaves run.yaml, the dataset pin and
+    logs: a table of checks over zero records would only repeat "missing" for each prompt."""
+    if holds_records(output):
+        return None
+    run_file = output / "run.yaml"
+    if run_file.exists():
+        name = _run_name(run_file)
+        return (
+            f"{output}: the output of DataGenRun {name}, with no record in it: the run stopped (or has not yet "
+            "started its workers) before any was written, so there is nothing to verify; why it stopped is its "
+            f"Succeeded condition (`kubectl describe dgr {name}`, or the `datagen run` log; server logs in "
+            f"{output / 'logs'})",
+            EXIT_NOT_VERIFIED,
+        )
+    return (
+        f"{output}: not a datagen output: no manifest.json, run.yaml, shards/ or data/ in it (a run writes them "
+        "in its spec.output.path)",
+        EXIT_BAD_INPUT,
+    )
+
+
+def _run_name(run_file: Path) -> str:
+    import yaml
+
+    try:
+        document = yaml.safe_load(run_file.read_text()) or {}
+        return str(document.get("metadata", {}).get("name") or "?")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return "?"
+
+
+def on_this_machine(spec: DataGenRunSpec, output: Path) -> tuple[Path | None, list[str]]:
+    """The run's dataset as this machine sees it, and notes on paths that are the pods' only.
+
+    A cluster output's run.yaml is the applied manifest: a path on a volume is relative to that volume (or,
+    written by a pod, under its mount). The output directory is that volume's `spec.output.path`, so the
+    volume's root is OUTPUT less those parts, and a dataset on the same volume is found from there."""
+    written = Path(spec.dataset.path)
+    if written.is_file():
+        return written, []
+    notes: list[str] = []
+    root = _volume_root(spec, output)
+    candidate = None
+    if root is not None and spec.dataset.volume is not None and spec.dataset.volume == spec.output.volume:
+        candidate = root / _inside_volume(spec.dataset.path)
+    if candidate is not None and candidate.is_file():
+        return candidate, notes
+    notes.append(
+        f"spec.dataset.path {spec.dataset.path} is not a file here"
+        + (f" (nor {candidate})" if candidate is not None else "")
+        + ": pass --dataset FILE to re-render prompts"
+    )
+    return None, notes
+
+
+def _inside_volume(path: str) -> str:
+    for mount in POD_MOUNTS:
+        if path == mount or path.startswith(mount + "/"):
+            return path[len(mount) :].lstrip("/")
+    return path.lstrip("/")
+
+
+def _volume_root(spec: DataGenRunSpec, output: Path) -> Path | None:
+    """The output volume's root on this machine: OUTPUT less spec.output.path's parts, when it ends in them."""
+    if spec.output.volume is None:
+        return None
+    parts = Path(_inside_volume(spec.output.path)).parts
+    resolved = output.resolve()
+    if not parts or resolved.parts[-len(parts) :] != parts:
+        return None
+    return resolved.parents[len(parts) - 1]
+
+
+def _load_spec(run_file: Path, output: Path) -> DataGenRunSpec | None:
+    """The run's spec with its paths as this machine reads them: a local run's relative paths against its
+    manifest's folder; a cluster run's (volumes named) left as written, for on_this_machine to place."""
+    from datagen_operator.api import anchor_paths, load_run
+
+    if not run_file.exists():
+        return None
+    run = load_run(run_file)
+    if run.spec.output.volume is not None or run.spec.dataset.volume is not None:
+        return run.spec
+    return anchor_paths(run, run_file.resolve().parent).spec
+
+
+@dataclass(frozen=True)
+class HostVerification:
+    report: VerifyReport
+    notes: list[str]
+    """Why a check could not use the run's own paths here (a pod's path), and the flag that fills in."""
+
+
+def verify_here(
+    output: Path,
+    run_file: Path,
+    *,
+    tokenizer_dir: str | None = None,
+    dataset: str | None = None,
+    trust_remote_code: bool = False,
+    fidelity: bool | None = True,
+) -> HostVerification:
+    """`datagen verify` on this machine (also export's gate). Raises ValueError with the one line to show.
+    `fidelity=None`: re-render prompts when the tokenizer and the dataset are both found here."""
+    from datagen_operator.api import SpecError
+
+    try:
+        spec = _load_spec(run_file, output)
+    except SpecError as error:
+        raise ValueError(f"{run_file}: {error}") from error
+    notes: list[str] = []
+    dataset_path = Path(dataset) if dataset else None
+    if dataset_path is None and spec is not None:
+        dataset_path, notes = on_this_machine(spec, output)
+    tokenizer = None
+    directory = tokenizer_dir or (spec.model.tokenizer_path or spec.model.path if spec else None)
+    if directory and Path(directory).is_dir():
+        from datagen_operator.prompts.render import load_tokenizer
+
+        trust = trust_remote_code or (resolve_model(spec).trust_remote_code if spec else False)
+        try:
+            tokenizer = load_tokenizer(directory, trust_remote_code=trust)
+        except ValueError as error:  # e.g. remote code without --trust-remote-code: say so, no traceback
+            raise ValueError(f"tokenizer {directory}: {error}") from error
+    elif directory:
+        field = "spec.model.tokenizerPath" if spec and spec.model.tokenizer_path else "spec.model.path"
+        notes.append(f"{field} {directory} is not a directory here: pass --tokenizer DIR (the model directory)")
+    if fidelity is None:
+        fidelity = tokenizer is not None and dataset_path is not None
+    report = verify_output(output, spec, tokenizer=tokenizer, dataset=dataset_path, fidelity=fidelity)
+    return HostVerification(report, notes)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="datagen verify", description="Check an output directory for faithfulness.")
     parser.add_argument("output", help="the run's output directory")
     parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml if present)")
     parser.add_argument("--tokenizer", help="tokenizer dir (default: the run's model path)")
-    parser.add_argument("--dataset", help="dataset file (default: the run's dataset path)")
+    parser.add_argument(
+        "--dataset",
+        help="dataset file (default: the run's dataset path; for a cluster output, that path on the output's "
+        "volume, found from OUTPUT)",
+    )
     parser.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -733,45 +892,39 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--termination-log", help="also write the compact verdict here (Kubernetes)")
     args = parser.parse_args(argv)
 
-    from datagen_operator.api import SpecError, anchor_paths, load_run
-
     output = Path(args.output)
     if not output.is_dir():
         print(f"error: {output}: not a directory", file=sys.stderr)
-        return 2
-    run_file = Path(args.run) if args.run else output / "run.yaml"
-    spec = None
+        return EXIT_BAD_INPUT
+    empty = nothing_to_verify(output)
+    if empty is not None:
+        line, code = empty
+        if args.json:
+            sys.stdout.write(orjson.dumps({"passed": False, "records": 0, "verdict": line}).decode() + "\n")
+        else:
+            print(line)
+        if args.termination_log:
+            Path(args.termination_log).write_bytes(StepOutcome(False, "NoRecords", line).for_storage())
+        return code
     try:
-        spec = anchor_paths(load_run(run_file), run_file.resolve().parent).spec if run_file.exists() else None
-    except SpecError as error:
-        print(f"error: {run_file}: {error}", file=sys.stderr)
-        return 2
-    tokenizer = None
-    tokenizer_dir = args.tokenizer or (spec.model.tokenizer_path or spec.model.path if spec else None)
-    if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        from datagen_operator.prompts.render import load_tokenizer
-
-        trust = args.trust_remote_code or (resolve_model(spec).trust_remote_code if spec else False)
-        try:
-            tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust)
-        except ValueError as error:  # e.g. remote code without --trust-remote-code: say so, no traceback
-            print(f"error: tokenizer {tokenizer_dir}: {error}", file=sys.stderr)
-            return 2
-    try:
-        report = verify_output(
+        verified = verify_here(
             output,
-            spec,
-            tokenizer=tokenizer,
-            dataset=Path(args.dataset) if args.dataset else None,
+            Path(args.run) if args.run else output / "run.yaml",
+            tokenizer_dir=args.tokenizer,
+            dataset=args.dataset,
+            trust_remote_code=args.trust_remote_code,
             fidelity=not args.no_fidelity,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    report = verified.report
     if args.json:
         sys.stdout.write(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
+        for note in verified.notes:
+            print(f"note: {note}")
         render_report(report)
     if args.termination_log:
         Path(args.termination_log).write_bytes(report.outcome().for_storage())
-    return 0 if report.passed else 1
+    return 0 if report.passed else EXIT_NOT_VERIFIED

@@ -279,6 +279,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trust-remote-code", action="store_true", help="default: what the run's preset says")
     parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    parser.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="with --format: export an output that fails `datagen verify` (or cannot be verified here); by "
+        "default such an output is refused",
+    )
     parser.add_argument("--termination-log", help="with --formats: write the verdict (JSON) here too")
     args = parser.parse_args(argv)
     if (args.export_format is None) == (args.formats is None):
@@ -312,6 +318,39 @@ def main_formats(args: argparse.Namespace) -> int:
     return EXIT_OK if outcome.passed else EXIT_FAILED
 
 
+def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int] | None:
+    """Why OUTPUT is not exported, in one line, and the exit code; None to go ahead. An output with no record
+    (a halted run's, or not a run's at all) has nothing to export. Otherwise the output is verified first, as
+    `datagen verify` would here (prompts re-rendered where the tokenizer and dataset are found): training on
+    data that failed a check is what this project exists to prevent, so that takes --allow-unverified."""
+    from datagen_operator.checks.verify import nothing_to_verify, verify_here
+
+    empty = nothing_to_verify(output)
+    if empty is not None:
+        return f"nothing to export: {empty[0]}", EXIT_BAD_INPUT
+    if args.allow_unverified:
+        return None
+    try:
+        verified = verify_here(
+            output,
+            Path(args.run) if args.run else output / "run.yaml",
+            tokenizer_dir=args.tokenizer,
+            trust_remote_code=args.trust_remote_code,
+            fidelity=None,
+        )
+    except ValueError as error:
+        return f"{output} cannot be verified here ({error}); --allow-unverified exports it anyway", EXIT_FAILED
+    failed = [check for check in verified.report.checks if not check.passed]
+    if not failed:
+        return None
+    named = ", ".join(f"{check.name} ({check.verdict})" for check in failed)
+    return (
+        f"{output} fails verification: {named}; `datagen verify {output}` shows the report, "
+        "--allow-unverified exports it anyway (rows keep their record flags)",
+        EXIT_FAILED,
+    )
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.formats is not None:
@@ -343,6 +382,11 @@ def main(argv: list[str]) -> int:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    refusal = unverified_refusal(output, args)
+    if refusal is not None:
+        line, code = refusal
+        print(f"error: {line}", file=sys.stderr)
+        return code
     if args.overwrite and out_dir.is_dir():
         clear_previous_export(out_dir)
     options = ExportOptions(
