@@ -1,19 +1,26 @@
 """Benchmark: the operator on the real control plane (etcd, kube-apiserver, controller-manager, scheduler,
-kwok GPU nodes), as its own ServiceAccount with the rules of k8s/rbac.py.
+kwok GPU nodes), as its own ServiceAccount with the rules of k8s/rbac.py, with `--runs` DataGenRuns applied at
+once.
 
-    .venv/bin/python bench/operator.py [--runs 50] [--window 60] [--samples 5]
+    .venv/bin/python bench/operator.py [--runs 100] [--window 60]
 
-- apply_to_pod_s: median over `--samples` runs (applied one at a time) of the time from the API server
-  accepting a DataGenRun to its first server pod object existing (operator: spec ConfigMap, RBAC,
-  Services, StatefulSet; then the StatefulSet controller makes the pod). Also printed: apply to the first
-  status write.
-- writes_per_run_min: with `--runs` runs in steady state, every POST/PUT/PATCH/DELETE the operator process
-  sends to the API server (kopf's and ours: counted inside the operator process at the HTTP client),
-  over `--window` seconds, per run per minute. Steady state here: server pods Running on kwok nodes while
-  the model "loads" (the operator's own /health_generate probe is refused), the longest wait of a real run.
-- rss_mb_50_runs: the operator process's resident memory with those runs.
+- first_status_p50_s / _p95_s: over the runs, the time from the API server accepting a DataGenRun to its first
+  status write (what `kubectl get dgr` first shows), all `--runs` applied back to back.
+- apply_to_pod: the same to its first server pod object (the preflight's verdict first, then the operator's
+  spec ConfigMap, RBAC, Services, StatefulSet; then the StatefulSet controller makes the pod).
+- writes_per_run_min: with every run in steady state, every POST/PUT/PATCH/DELETE the operator process sends
+  to the API server (kopf's and ours: counted inside the operator process at the HTTP client), over
+  `--window` seconds, per run per minute. Steady state here: server pods Running on kwok nodes while the
+  model "loads" (the operator's own /health_generate probe is refused), the longest wait of a real run.
+- rss_mb_<runs>_runs: the operator process's resident memory with those runs.
 
-Last line: `apply_to_pod_s=<s> writes_per_run_min=<n> rss_mb_50_runs=<m>` (goals: < 2 s, <= 10, < 200 MB).
+The preflight pods land on a stand-in CPU node whose kubelet (a `tests.harness.kubelet.PodRunner` that runs no
+process) ends each with a passing verdict in its termination message, as the real step writes it: the
+preflight's own cost is its pod's, not the operator's, and 100 tokenizer loads at once would measure this
+2-core machine instead.
+
+Last line: `first_status_p50_s=<s> first_status_p95_s=<s> writes_per_run_min=<n> rss_mb_<runs>_runs=<m>`
+(goals: p95 <= 5 s, <= 2 writes/run/min, <= 250 MB).
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -49,12 +55,14 @@ def serve_operator(counts_file: Path, namespace: str) -> int:
     """Runs `datagen operator` in this process, counting API writes at aiohttp (kopf and kubernetes_asyncio)."""
     import aiohttp
 
-    counts = {"writes": 0}
+    counts: dict[str, Any] = {"writes": 0, "by_kind": {}}
     original = aiohttp.ClientSession._request
 
     async def counting(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) -> Any:
         if method.upper() in ("POST", "PUT", "PATCH", "DELETE") and ":9/" not in str(url):
             counts["writes"] += 1
+            kind = f"{method.upper()} {_kind_of(str(url))}"
+            counts["by_kind"][kind] = counts["by_kind"].get(kind, 0) + 1
         return await original(self, method, url, *args, **kwargs)
 
     aiohttp.ClientSession._request = counting  # type: ignore[method-assign]
@@ -68,6 +76,15 @@ def serve_operator(counts_file: Path, namespace: str) -> int:
     from datagen_operator.k8s.main import main
 
     return main(["--namespace", namespace])
+
+
+def _kind_of(url: str) -> str:
+    """`datagenruns/status`, `events`, `configmaps`...: the resource a write went to, without names."""
+    parts = url.split("?")[0].split("/")
+    if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+        rest = parts[parts.index("namespaces") + 2 :]
+        return "/".join([rest[0], *rest[2:]])
+    return parts[-1]
 
 
 # --- the benchmark ---------------------------------------------------------------------------------
@@ -93,6 +110,29 @@ def run_manifest(name: str) -> dict[str, Any]:
     }
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def passing_preflights() -> type:
+    """A stand-in kubelet for the CPU pods (the preflight's): each ends at once with a passing verdict."""
+    from datagen_operator.api.outcome import StepOutcome
+    from tests.harness.kubelet import PodRunner, now
+
+    verdict = StepOutcome(True, "Passed", "24 prompts in /data/p.jsonl (bench stand-in)", prompts=24).for_storage()
+
+    class Runner(PodRunner):
+        def _run(self, pod: Any) -> None:
+            key = (pod.metadata.namespace, pod.metadata.name)
+            self.finished.add(key)
+            terminated = {"exitCode": 0, "reason": "Completed", "startedAt": now(), "finishedAt": now(),
+                          "message": verdict.decode()}  # fmt: skip
+            self._write_status(pod, "Succeeded", {"terminated": terminated}, ready=False)
+
+    return Runner
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -102,9 +142,8 @@ def rss_mb(pid: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--window", type=float, default=60.0)
-    parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--serve-operator", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -112,7 +151,6 @@ def main() -> int:
         return serve_operator(args.serve_operator, args.namespace)
 
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     from datagen_operator.k8s.rbac import CLUSTER_RULES
     from tests.harness.controlplane import ClusterSettings, LocalControlPlane
@@ -158,56 +196,51 @@ def main() -> int:
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_manifest(name))
             return time.monotonic()
 
-        def pod_exists(name: str) -> bool:
-            try:
-                core.read_namespaced_pod(f"{name}-server-0", namespace)
-                return True
-            except ApiException as error:
-                if error.status == 404:
-                    return False
-                raise
-
-        def has_status(name: str) -> bool:
-            return bool(custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name).get("status"))
-
-        to_pod: list[float] = []
-        to_status: list[float] = []
-        for index in range(args.samples):
+        kubelet = passing_preflights()(cluster, workdir / "kubelet").start()
+        created: dict[str, float] = {}
+        for index in range(args.runs):
             name = f"run-{index:03d}"
-            started = create(name)
-            pending = {"pod": True, "status": True}
-            while any(pending.values()):
-                if time.monotonic() - started > 60:
-                    raise SystemExit(f"{name}: no server pod or status within 60 s; see {workdir}/operator.log")
-                if pending["pod"] and pod_exists(name):
-                    to_pod.append(time.monotonic() - started)
-                    pending["pod"] = False
-                if pending["status"] and has_status(name):
-                    to_status.append(time.monotonic() - started)
-                    pending["status"] = False
-                time.sleep(0.02)
-        for index in range(args.samples, args.runs):
-            create(f"run-{index:03d}")
-        deadline = time.monotonic() + 180
-        while not all(has_status(f"run-{i:03d}") for i in range(args.runs)):
+            created[name] = create(name)
+        first_status: dict[str, float] = {}
+        first_pod: dict[str, float] = {}
+        deadline = time.monotonic() + 300
+        while len(first_pod) < args.runs:
             if time.monotonic() > deadline:
-                raise SystemExit("not every run got a status within 180 s")
-            time.sleep(1)
+                missing = sorted(set(created) - set(first_pod))[:5]
+                raise SystemExit(f"no server pod within 300 s for {missing}...; see {workdir}/operator.log")
+            seen = time.monotonic()
+            for run in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+                name = run["metadata"]["name"]
+                if run.get("status") and name not in first_status:
+                    first_status[name] = seen - created[name]
+            for pod in core.list_namespaced_pod(namespace, label_selector="datagen.dev/component=server").items:
+                name = pod.metadata.name.rsplit("-server-", 1)[0]
+                if name in created and name not in first_pod:
+                    first_pod[name] = seen - created[name]
+            time.sleep(0.1)
+        kubelet.stop()
         time.sleep(20)  # past the start-up writes of the last runs
-        before = json.loads(counts.read_text())["writes"]
+        start_counts = json.loads(counts.read_text())
         time.sleep(args.window)
-        after = json.loads(counts.read_text())["writes"]
+        end_counts = json.loads(counts.read_text())
+        before, after = start_counts["writes"], end_counts["writes"]
+        kinds = {k: v - start_counts["by_kind"].get(k, 0) for k, v in end_counts["by_kind"].items()}
         writes = (after - before) / args.runs / (args.window / 60)
         rss = rss_mb(operator.pid)
-        print(f"operator log: {workdir}/operator.log")
-        print(
-            f"apply to server pod: median {statistics.median(to_pod):.2f} s, max {max(to_pod):.2f} s; "
-            f"apply to first status write: median {statistics.median(to_status):.2f} s"
+        status_p50, status_p95 = (
+            percentile(list(first_status.values()), 50),
+            percentile(list(first_status.values()), 95),
         )
+        pod_p50, pod_p95 = percentile(list(first_pod.values()), 50), percentile(list(first_pod.values()), 95)
+        print(f"operator log: {workdir}/operator.log")
+        print(f"{args.runs} runs applied at once in {max(created.values()) - min(created.values()):.1f} s")
+        print(f"apply to first status write: p50 {status_p50:.2f} s, p95 {status_p95:.2f} s")
+        print(f"apply to server pod: p50 {pod_p50:.2f} s, p95 {pod_p95:.2f} s")
         print(f"steady state: {after - before} API writes in {args.window:.0f} s by the operator for {args.runs} runs")
+        print("  by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v))
         print(
-            f"apply_to_pod_s={statistics.median(to_pod):.2f} writes_per_run_min={writes:.2f} "
-            f"rss_mb_{args.runs}_runs={rss:.0f}"
+            f"first_status_p50_s={status_p50:.2f} first_status_p95_s={status_p95:.2f} "
+            f"writes_per_run_min={writes:.2f} rss_mb_{args.runs}_runs={rss:.0f}"
         )
         return 0
     finally:
