@@ -142,8 +142,11 @@ def build_fingerprint(
 def prelaunch_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """What differs between an output's fingerprint and the run's, on everything known before a server runs
     (tokenizer files, chat template, sampling, preset, thinking): a refused resume costs no model load."""
-    without_server = lambda fingerprint: {k: v for k, v in fingerprint.items() if k != "server"}  # noqa: E731
-    return diff_fingerprints(without_server(recorded), without_server(current))
+    return diff_fingerprints(_without_server(recorded), _without_server(current))
+
+
+def _without_server(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fingerprint.items() if k != "server"}
 
 
 def fingerprint_sha256(fingerprint: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ import contextlib
 import fcntl
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,9 @@ import orjson
 from datagen_operator.output.layout import OutputLayout, write_atomic
 
 MANIFEST_FORMAT = "datagen-output/v1"
+
+ManifestChange = Callable[[dict[str, Any] | None], dict[str, Any]]
+"""What a writer does to the manifest under the lock: the current one (None before the first) in, the new one out."""
 
 
 @contextlib.contextmanager
@@ -33,12 +36,13 @@ def read_manifest(output_dir: str | Path) -> dict[str, Any] | None:
     """The run's manifest.json, or None before any worker has started."""
     path = OutputLayout(Path(output_dir)).manifest
     try:
-        return orjson.loads(path.read_bytes())
+        manifest: dict[str, Any] = orjson.loads(path.read_bytes())
+        return manifest
     except FileNotFoundError:
         return None
 
 
-def update_manifest(layout: OutputLayout, change: Any) -> dict[str, Any]:
+def update_manifest(layout: OutputLayout, change: ManifestChange) -> dict[str, Any]:
     """Apply `change(manifest_or_None) -> manifest` under the lock and write it atomically."""
     with manifest_lock(layout):
         current = read_manifest(layout.root)

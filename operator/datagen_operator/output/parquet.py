@@ -7,7 +7,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -15,10 +15,15 @@ from datagen_operator.api.progress import RecordCounts
 from datagen_operator.output.layout import RECORD_FIELDS, Key, KeySet, OutputLayout, fsync_dir, keys_path, sha256_file
 from datagen_operator.output.segments import parse_record_line, recover_segment
 
+if TYPE_CHECKING:  # imported where used: the worker starts without numpy's or pyarrow's import time
+    import numpy as np
+    import numpy.typing as npt
+    import pyarrow as pa
+
 # --- Parquet ---------------------------------------------------------------------------------------
 
 
-def parquet_schema() -> Any:
+def parquet_schema() -> pa.Schema:
     import pyarrow as pa
 
     tokens = pa.list_(pa.int32())
@@ -92,7 +97,7 @@ class ColumnBatch:
             column.append(value)
         self.rows += 1
 
-    def table(self) -> Any:
+    def table(self) -> pa.Table:
         import pyarrow as pa
 
         schema = parquet_schema()
@@ -174,7 +179,7 @@ class _Sources:
             fd = self._fds[segment] = os.open(self.paths[segment], os.O_RDONLY)
         return parse_record_line(os.pread(fd, int(self.lengths[at]), int(self.offsets[at])))
 
-    def unused(self) -> Any:
+    def unused(self) -> npt.NDArray[np.intp]:
         """Positions of the records not written yet, in segment order."""
         import numpy as np
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.output.layout import RECORD_FIELDS, OutputLayout, shard_indices
 from datagen_operator.output.segments import complete_lines, segment_records
+
+if TYPE_CHECKING:  # imported where used: the worker starts without numpy's or pyarrow's import time
+    import numpy as np
+    import numpy.typing as npt
+    import pyarrow as pa
 
 # --- readers --------------------------------------------------------------------------------
 
@@ -49,7 +54,7 @@ class RecordBatches:
         self.rows = rows
         self.duplicates = 0
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
         from datagen_operator.output.parquet import ColumnBatch
 
         for index in shard_indices(self.layout):
@@ -68,7 +73,7 @@ class RecordBatches:
             if pending.rows:
                 yield from pending.table().select(self.names).to_batches()
 
-    def shard_parts(self, index: int) -> Iterator[Any]:
+    def shard_parts(self, index: int) -> Iterator[pa.RecordBatch | dict[str, Any]]:
         """One shard's records exactly once, in order: Arrow batches from its Parquet (repeats dropped), then
         the records of its segments not in the Parquet, as dicts (a line still being written skipped)."""
         import pyarrow as pa
@@ -102,8 +107,8 @@ class RecordBatches:
             for path in sorted(layout.data_dir.glob(f"shard-{index:05d}-of-*.parquet")):
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names):
                     keys = zip(batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True)
-                    keep = [hash(key) not in seen for key in keys]
-                    yield batch if all(keep) else batch.filter(pa.array(keep))
+                    unseen = [hash(key) not in seen for key in keys]
+                    yield batch if all(unseen) else batch.filter(pa.array(unseen))
 
 
 def _keys(parquets: list[Path]) -> Iterator[tuple[str, int]]:
@@ -111,8 +116,8 @@ def _keys(parquets: list[Path]) -> Iterator[tuple[str, int]]:
         yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
 
 
-def first_occurrences(parquets: list[Path]) -> Any:
-    """np.ndarray of bool over the rows of `parquets` (in order): True for the first row of each (id, sample).
+def first_occurrences(parquets: list[Path]) -> npt.NDArray[np.bool_]:
+    """Bools over the rows of `parquets` (in order): True for the first row of each (id, sample).
 
     Keys are grouped by a 64-bit hash computed with numpy over the id column's bytes (no Python object per
     row, the columns streamed: 8 bytes a row are kept); only rows whose hash repeats are compared as
@@ -139,14 +144,14 @@ def first_occurrences(parquets: list[Path]) -> Any:
     return keep
 
 
-def _key_batches(parquets: list[Path]) -> Iterator[Any]:
+def _key_batches(parquets: list[Path]) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
     for path in parquets:  # streamed: pq.read_table of the two columns holds ~7x their size while decoding
         yield from pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536)
 
 
-def _keys_at(parquets: list[Path], rows: Any) -> Iterator[tuple[str, int]]:
+def _keys_at(parquets: list[Path], rows: npt.NDArray[np.intp]) -> Iterator[tuple[str, int]]:
     """(id, sample) of the given ascending rows."""
     at = 0
     for batch in _key_batches(parquets):
@@ -160,7 +165,7 @@ def _keys_at(parquets: list[Path], rows: Any) -> Iterator[tuple[str, int]]:
 _HASH_BASE = 0x100000001B3  # FNV's 64-bit prime: odd, so powers of it never vanish mod 2**64
 
 
-def _key_hashes(ids: Any, samples: Any) -> Any:
+def _key_hashes(ids: pa.StringArray, samples: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint64]:
     """A 64-bit polynomial hash of each (id, sample), from the string column's offsets and bytes."""
     import numpy as np
 
@@ -173,7 +178,10 @@ def _key_hashes(ids: Any, samples: Any) -> Any:
     terms = data * powers[position]
     sums = np.add.reduceat(terms, np.minimum(starts, max(len(terms) - 1, 0))) if len(terms) else np.zeros(0, np.uint64)
     sums = np.where(lengths > 0, sums if len(terms) else 0, 0).astype(np.uint64)
-    return sums ^ (lengths.astype(np.uint64) << np.uint64(40)) ^ (samples.astype(np.uint64) * np.uint64(_HASH_BASE))
+    hashes: npt.NDArray[np.uint64] = (
+        sums ^ (lengths.astype(np.uint64) << np.uint64(40)) ^ (samples.astype(np.uint64) * np.uint64(_HASH_BASE))
+    )
+    return hashes
 
 
 def iter_rejects(output_dir: str | Path) -> Iterator[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import shutil
 from pathlib import Path
+from typing import TypeGuard
 
 from datagen_operator.api.reasons import OUTPUT_VOLUME_ERROR, OUTPUT_VOLUME_FULL, OUTPUT_VOLUME_READ_ONLY
 
@@ -23,7 +24,7 @@ def volume_reason(error: OSError) -> str:
     return VOLUME_REASONS.get(error.errno or 0, OUTPUT_VOLUME_ERROR)
 
 
-def is_volume_error(error: BaseException) -> bool:
+def is_volume_error(error: BaseException) -> TypeGuard[OSError]:
     return isinstance(error, OSError) and error.errno in VOLUME_ERRNOS
 
 

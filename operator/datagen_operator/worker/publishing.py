@@ -60,6 +60,6 @@ class Publishing(Stopping):
                 await self._publish()
             except Exception as error:
                 if is_volume_error(error):
-                    self._volume_failed(error)  # type: ignore[arg-type]
+                    self._volume_failed(error)
                     return
                 log.exception("progress update failed")
