@@ -5,12 +5,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv testbin test test-fast test-consumers lint demo dev-cluster crd bench images clean
+.PHONY: venv testbin test test-fast test-consumers lint demo dev-cluster crd bench images clean dist
 
+# The checkout, installed editable with the dev extras. pip's own output is hundreds of lines: show one line
+# per package it fetches (the first time this takes a minute or more) instead of nothing.
 $(VENV)/.installed: pyproject.toml
+	@echo "==> $(VENV): a virtual environment with datagen-operator installed from this checkout (pip install -e '.[dev]')"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@set -o pipefail; $(PY) -m pip install --progress-bar off -e '.[dev]' \
+	  | { grep --line-buffered -E '^(Collecting|Building|Successfully built)' || true; } | cut -c1-110 | sed -u 's/^/    /'
+	@echo "==> installed: the datagen command is $(VENV)/bin/datagen ('source $(VENV)/bin/activate' puts it on PATH)"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -54,11 +59,20 @@ bench: venv
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache demo-output .dev-cluster
+	rm -rf $(VENV) .pytest_cache .ruff_cache demo-output .dev-cluster dist
+
+# A wheel of this checkout, for a machine without it (no release is published on PyPI):
+# pip install 'dist/datagen_operator-<version>-py3-none-any.whl[sglang]'. pip fetches setuptools to build it.
+DIST ?= dist
+dist: venv
+	rm -rf $(DIST)/datagen_operator-*.whl
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) .
+	@ls $(DIST)/datagen_operator-*.whl
 
 # Container images (images/), with CONTAINER_ENGINE=docker|podman|nerdctl or, unset, the first of those
-# that answers `<engine> info`. Where none does it says so and fails. CI pushes them on tags
-# (.github/workflows/images.yml).
+# that answers `<engine> info`. Where none does it says so and fails. PUSH=1 pushes both to IMAGE_REGISTRY
+# (the engine must be logged in there). CI pushes them on version tags (.github/workflows/images.yml); until
+# a release is tagged nothing is published, so a cluster needs images built and pushed this way.
 CONTAINER_ENGINE ?=
 CONTAINER_ENGINES := docker podman nerdctl
 IMAGE_REGISTRY ?= ghcr.io/datagen-operator
@@ -81,9 +95,15 @@ images:
 	  fi; \
 	fi; \
 	echo "make images: building with $$engine"; \
-	set -x; \
+	( set -x; \
 	"$$engine" build -f images/Dockerfile.operator -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) . && \
-	"$$engine" build -f images/Dockerfile.worker -t $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) .
+	"$$engine" build -f images/Dockerfile.worker -t $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) . ) || exit 1; \
+	if [ -n "$(PUSH)" ]; then \
+	  ( set -x; "$$engine" push $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) && "$$engine" push $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) ) || exit 1; \
+	else \
+	  echo "make images: built, not pushed (PUSH=1 pushes them to $(IMAGE_REGISTRY))"; \
+	fi; \
+	echo "make images: the chart runs them with --set image.repository=$(IMAGE_REGISTRY)/operator --set image.tag=$(IMAGE_TAG) --set workerImage.repository=$(IMAGE_REGISTRY)/datagen --set workerImage.tag=$(IMAGE_TAG)"
 
 # helm lint --strict of the chart, with its default values and every charts/datagen-operator/ci/*-values.yaml.
 .PHONY: chart-lint

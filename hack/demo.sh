@@ -21,3 +21,5 @@ fi
 bulk=$(find out/misconfigured -name '*.jsonl' -path '*/shards/*' 2>/dev/null | xargs -r cat | wc -l)
 echo
 echo "demo: the misconfigured run halted before bulk generation (${bulk} bulk records written). Demo OK."
+echo
+echo "The datagen command is $datagen: 'source .venv/bin/activate' puts it on PATH for the README's commands."
