@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@set -o pipefail; $(PY) -m pip install --progress-bar off -e '.[dev]' \
-	  | { grep --line-buffered -E '^(Collecting|Building|Successfully built)' || true; } | cut -c1-110 | sed -u 's/^/    /'
+	  | { grep --line-buffered -E '^(Collecting|Building|Successfully built|Installing collected)' || true; } | cut -c1-110 | sed -u 's/^/    /'
 	@echo "==> installed: the datagen command is $(VENV)/bin/datagen ('source $(VENV)/bin/activate' puts it on PATH)"
 	touch $@
 
