@@ -1,5 +1,5 @@
-"""The generation loop: `concurrency` lanes send jobs and record each answer or rejection, the writer
-is flushed and synced as they go, the drain waits for requests in flight."""
+"""The generation phase: the feeder, `concurrency` lanes, the flush and progress loops run together; the
+drain waits for requests in flight; then the finisher says how the shard ended."""
 
 from __future__ import annotations
 
@@ -9,120 +9,52 @@ import logging
 import time
 from typing import Any
 
-from datagen_operator.api.exit_codes import (
-    EXIT_FINGERPRINT_MISMATCH,
-    EXIT_SERVER_UNREACHABLE,
-)
-from datagen_operator.checks.record_checks import inspect_record
-from datagen_operator.engine.client.generate import Reply
-from datagen_operator.engine.client.policy import (
-    Drained,
-    EndpointsRejected,
-    GaveUp,
-    Rejected,
-    ServerUnreachable,
-)
-from datagen_operator.output.records import (
-    Answer,
-    Job,
-    build_record,
-    encode_record,
-    generate_payload,
-    server_reject,
-)
-from datagen_operator.worker.finishing import Finishing
-from datagen_operator.worker.progress import Sinks
+from datagen_operator.engine.client.pool import EndpointPool
+from datagen_operator.output.writer import ShardWriter
+from datagen_operator.worker.config import WorkerConfig
+from datagen_operator.worker.feeder import Feeder
+from datagen_operator.worker.finishing import Finisher
+from datagen_operator.worker.lanes import Lanes
+from datagen_operator.worker.ledger import Ledger
+from datagen_operator.worker.publisher import Publisher
+from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.volume_guard import VolumeGuard
 
 log = logging.getLogger("datagen.worker")
 
 
-class Generation(Finishing):
-    def _finish_key(self, prompt_id: str) -> None:
-        left = self.remaining.get(prompt_id, 0) - 1
-        if left <= 0:
-            self.remaining.pop(prompt_id, None)
-            self.progress.prompts_done += 1
-        else:
-            self.remaining[prompt_id] = left
+class Generation:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        pool: EndpointPool,
+        writer: ShardWriter,
+        ledger: Ledger,
+        stop: Stop,
+        volume: VolumeGuard,
+        publisher: Publisher,
+        feeder: Feeder,
+        lanes: Lanes,
+        finisher: Finisher,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.writer = writer
+        self.ledger = ledger
+        self.stop = stop
+        self.volume = volume
+        self.publisher = publisher
+        self.feeder = feeder
+        self.lanes = lanes
+        self.finisher = finisher
 
-    def _record(self, job: Job, reply: Reply) -> None:
-        """Check, encode and buffer one answer (synchronous: nothing here waits)."""
-        meta = reply.meta_info
-        flags = inspect_record(
-            job.input_ids,
-            reply.output_ids,
-            meta.get("finish_reason"),
-            meta.get("completion_tokens"),
-            job.has_tools,
-            self.inputs.expect,
-        )
-        answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
-        record = build_record(job, answer, flags, self.run_id)
-        writer = self.writer
-        writer.append(record, encode_record(record, reply.output_ids_json))
-        # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,
-        # never answers held back in memory (they would be generated again on resume).
-        if not self._write(writer.flush):
-            return
-        self.progress.counts.add(
-            len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags, job.has_tools
-        )
-        self._finish_key(job.id)
-
-    def _rejected(self, job: Job, rejected: Rejected) -> None:
-        entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
-        if not self._write(self.writer.add_reject, entry):
-            return
-        self.progress.records_rejected += 1
-        self._finish_key(job.id)
-
-    async def _lane(self, queue: asyncio.Queue[Any]) -> None:
-        """One of `concurrency` lanes: takes the next job, sends it, records it, repeats."""
-        client, sampling = self.client, self.inputs.sampling
-        while True:
-            job = await queue.get()
-            if job is None or self.stop_new.is_set():
-                return
-            try:
-                reply = await client.generate(generate_payload(job, sampling, stream=client.stream))
-            except Rejected as rejected:
-                if self.volume_error is not None:
-                    return
-                self._rejected(job, rejected)
-                continue
-            except GaveUp as gave_up:
-                log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
-                self.progress.records_failed += 1
-                continue
-            except Drained:
-                return
-            except ServerUnreachable as error:
-                self._set_fatal(EXIT_SERVER_UNREACHABLE, str(error))
-                return
-            except EndpointsRejected as error:
-                self._set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
-                return
-            if self.volume_error is not None:
-                self.unwritten += 1  # finished on the server as the volume failed: nowhere to keep it
-                return
-            self._record(job, reply)
-
-    async def _generate(self) -> int:
-        from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, kubernetes_namespace
-
-        c = self.config
-        self._sinks = Sinks(
-            FileSink(self.layout.progress(c.shard_index)),
-            ConfigMapSink(c.progress_configmap, kubernetes_namespace(c.progress_namespace))
-            if c.progress_configmap
-            else None,
-            Display(),
-        )
+    async def run(self) -> int:
+        c, p = self.config, self.ledger.progress
         if c.metrics_port is not None:
-            from datagen_operator.worker.metrics import serve_metrics
+            from datagen_operator.worker.metrics import serve_metrics  # prometheus_client only where asked for
 
-            serve_metrics(c.metrics_port, self._snapshot)
-        await self._publish(force=True)
+            serve_metrics(c.metrics_port, self.publisher.snapshot)
+        await self.publisher.publish(force=True)
 
         # Start-up left millions of long-lived objects (tokenizer, transformers): keep the cyclic GC off
         # them, and let it run less often; per-record garbage is acyclic and freed by refcounting anyway.
@@ -130,31 +62,25 @@ class Generation(Finishing):
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
         cpu_before = time.process_time()
-        started, tokens_before, records_before = (
-            time.perf_counter(),
-            self.progress.output_tokens,
-            self.progress.records_done,
-        )
-        lanes = [asyncio.create_task(self._lane(self.queue)) for _ in range(c.spec.clients.concurrency)]
-        feeder = asyncio.create_task(self._feed(self.queue))
+        started, tokens_before, records_before = time.perf_counter(), p.output_tokens, p.records_done
+        lanes = [asyncio.create_task(self.lanes.lane()) for _ in range(c.spec.clients.concurrency)]
         background = [
-            feeder,
+            asyncio.create_task(self.feeder.feed()),
             asyncio.create_task(self._flush_loop()),
-            asyncio.create_task(self._progress_loop()),
+            asyncio.create_task(self.publisher.loop()),
         ]
-        all_lanes = asyncio.gather(*lanes)
         try:
-            await self._wait_lanes(all_lanes, lanes)
+            await self._wait_lanes(lanes)
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await self.pool.close()
         elapsed = time.perf_counter() - started
-        made = self.progress.output_tokens - tokens_before
+        made = p.output_tokens - tokens_before
         log.info(
             "generation phase: %d records, %d output tokens in %.2fs",
-            self.progress.records_done - records_before,
+            p.records_done - records_before,
             made,
             elapsed,
             extra={
@@ -165,10 +91,12 @@ class Generation(Finishing):
                 }
             },
         )
-        return await self._finish()
+        return await self.finisher.finish()
 
-    async def _wait_lanes(self, all_lanes: Any, lanes: list[asyncio.Task[None]]) -> None:
-        stop_wait = asyncio.create_task(self.stop_new.wait())
+    async def _wait_lanes(self, lanes: list[asyncio.Task[None]]) -> None:
+        # Typed as plain futures: asyncio.wait takes one kind, and the lanes' results are not read.
+        all_lanes: asyncio.Future[Any] = asyncio.gather(*lanes)
+        stop_wait: asyncio.Future[Any] = asyncio.create_task(self.stop.stop_new.wait())
         await asyncio.wait([all_lanes, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         if all_lanes.done():
@@ -176,7 +104,7 @@ class Generation(Finishing):
             return
         # Draining: in-flight requests get the grace period (or until a second signal), then are abandoned
         # (regenerated on resume).
-        abandon = asyncio.create_task(self.abandon.wait())
+        abandon: asyncio.Future[Any] = asyncio.create_task(self.stop.abandon.wait())
         await asyncio.wait(
             [all_lanes, abandon], timeout=self.config.drain_timeout_s, return_when=asyncio.FIRST_COMPLETED
         )
@@ -189,17 +117,18 @@ class Generation(Finishing):
         await asyncio.gather(*lanes, return_exceptions=True)
 
     async def _flush_loop(self) -> None:
-        """Flush every interval, fsync every few; a volume failure stops the lanes (it must not end this
-        task unseen while they go on generating)."""
+        """Flush every interval, fsync every few; a volume failure stops the lanes (it must not end this task
+        unseen while they go on generating)."""
+        c, writer, volume = self.config, self.writer, self.volume
         last_sync = time.monotonic()
-        while self.volume_error is None:
-            await asyncio.sleep(self.config.flush_interval_s)
-            if not self._write(self.writer.flush):
+        while volume.error is None:
+            await asyncio.sleep(c.flush_interval_s)
+            if not volume.write(writer.flush):
                 return
-            if time.monotonic() - last_sync >= self.config.sync_interval_s:
+            if time.monotonic() - last_sync >= c.sync_interval_s:
                 last_sync = time.monotonic()
                 try:
-                    await asyncio.to_thread(self.writer.sync)
+                    await asyncio.to_thread(writer.sync)
                 except OSError as error:  # sync raises volume errors only
-                    self._volume_failed(error)
+                    self.volume.failed(error)
                     return

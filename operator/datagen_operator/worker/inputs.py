@@ -21,6 +21,7 @@ class Inputs:
     plan: ShardScan
     """The shard's plan, streamed: the feeder reads it as requests go out."""
     tokenizer: Any
+    """transformers' tokenizer (AutoTokenizer: its class depends on the model; untyped)."""
     renderer: Renderer
     render_pool: RenderPool
     """Helper processes rendering prompts (closed with the worker's session)."""

@@ -1,6 +1,9 @@
 """`datagen worker`: generate one shard of a run. What the client Job pods and the local runner execute.
 
-Exit codes: api/exit_codes.py (docs/worker.md explains each).
+`Worker` builds the shard's parts once, in the order start-up meets what they need, and passes each the
+parts it works with: the inputs, the servers' pool and the client, the stop signals, the volume guard, the
+ledger over the writer, the publisher, the feeder, the lanes, the finisher. How a run ends is mapped to
+the exit code here. Exit codes: api/exit_codes.py (docs/worker.md explains each).
 """
 
 from __future__ import annotations
@@ -8,20 +11,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
 
 from datagen_operator.api.exit_codes import (
     EXIT_BAD_INPUT,
+    EXIT_DRAINED,
     EXIT_FINGERPRINT_MISMATCH,
     EXIT_OUTPUT_VOLUME,
+    EXIT_SERVER_UNREACHABLE,
 )
+from datagen_operator.api.progress import ShardProgress
+from datagen_operator.engine.client.generate import GenerateClient
+from datagen_operator.engine.client.policy import RetryPolicy, ServerUnreachable
+from datagen_operator.engine.client.pool import EndpointPool
+from datagen_operator.engine.client.reads import make_session
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.volume import is_volume_error, volume_reason
+from datagen_operator.prompts.pin import read_pin
 from datagen_operator.worker.config import (
     BadInput,
     FingerprintMismatch,
+    WorkerConfig,
     build_parser,
     config_from_args,
     setup_logging,
 )
-from datagen_operator.worker.startup import Startup
+from datagen_operator.worker.failure import FailureReport
+from datagen_operator.worker.feeder import Feeder
+from datagen_operator.worker.finishing import Finisher
+from datagen_operator.worker.generation import Generation
+from datagen_operator.worker.inputs import Inputs, load_inputs
+from datagen_operator.worker.jobs import JobQueue
+from datagen_operator.worker.lanes import Lanes
+from datagen_operator.worker.lease import WorkerLease
+from datagen_operator.worker.ledger import start_ledger
+from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, Sinks, Tracker, kubernetes_namespace
+from datagen_operator.worker.publisher import Publisher
+from datagen_operator.worker.servers import ServerCheck, Stopped
+from datagen_operator.worker.startup import check_dataset, claim_shard, data_fingerprint, meet_servers, open_shard
+from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.volume_guard import VolumeGuard
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 log = logging.getLogger("datagen.worker")
 
@@ -37,23 +74,101 @@ def main(argv: list[str]) -> int:
     return asyncio.run(Worker(config).run())
 
 
-class Worker(Startup):
+class Worker:
     """One shard's worker; `run` maps how it ended to the exit code."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.layout = OutputLayout(config.output)
+        # Start-up's progress (its start time, then the fingerprint) until the generation's counters replace it.
+        self.tracker = Tracker(
+            ShardProgress(shard=config.shard_index, shard_count=config.shard_count, started_at=time.time())
+        )
+        self.failure = FailureReport(config, self.tracker)
 
     async def run(self) -> int:
         try:
             return await self._run()
         except BadInput as error:
             log.error("%s", error)
-            return self._fail(EXIT_BAD_INPUT, str(error))
+            return self.failure.fail(EXIT_BAD_INPUT, str(error))
         except FingerprintMismatch as error:
             log.error("%s", error)
-            return self._fail(EXIT_FINGERPRINT_MISMATCH, str(error))
+            return self.failure.fail(EXIT_FINGERPRINT_MISMATCH, str(error))
         except OSError as error:
-            from datagen_operator.output.volume import is_volume_error, volume_reason
-
             if not is_volume_error(error):
                 raise
             # Failed before generation (the manifest, the reserve): nothing was generated.
-            message, reason = self._volume_text(error), volume_reason(error)
-            return self._fail(EXIT_OUTPUT_VOLUME, message, reason)
+            message, reason = self.failure.volume_text(error), volume_reason(error)
+            return self.failure.fail(EXIT_OUTPUT_VOLUME, message, reason)
+
+    async def _run(self) -> int:
+        c = self.config
+        # The output is this run's before anything is written there (the pin, the claim).
+        lease = WorkerLease(c)
+        await asyncio.to_thread(lease.hold)
+        await check_dataset(c)
+        pin = read_pin(c.output)
+        inputs = await load_inputs(c)
+        session = make_session(c.spec.clients.concurrency, len(c.servers))
+        try:
+            return await self._with_session(session, inputs, lease, pin.line_hashes if pin is not None else None)
+        finally:
+            await session.close()
+            inputs.render_pool.close()
+
+    async def _with_session(
+        self, session: aiohttp.ClientSession, inputs: Inputs, lease: WorkerLease, pinned: npt.NDArray[np.uint64] | None
+    ) -> int:
+        c, tracker = self.config, self.tracker
+        check = ServerCheck(session)
+        pool = EndpointPool(c.servers, session, unreachable_after_s=c.server_timeout_s, verify=check, stop=None)
+        jobs = JobQueue(c.spec.clients.concurrency)
+        stop = Stop(pool, jobs, tracker, c.drain_timeout_s)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.request_drain, sig)
+        try:
+            servers = await meet_servers(session, pool, c, stop.stop_new)
+        except ServerUnreachable as error:
+            log.error("%s", error)
+            return self.failure.fail(EXIT_SERVER_UNREACHABLE, str(error))
+        except Stopped:
+            return self.failure.fail(EXIT_DRAINED, "stopped before any server answered")
+        check.expected = servers.fingerprint
+        claim_shard(self.layout, c, data_fingerprint(c, inputs, servers), tracker.progress)
+
+        writer, report = await open_shard(self.layout, c)
+        volume = VolumeGuard(stop)
+        ledger = start_ledger(c, writer, volume, tracker, report.records)
+        client = GenerateClient(
+            pool,
+            policy=RetryPolicy(c.spec.clients.max_attempts, c.backoff_base_s, c.backoff_cap_s),
+            request_timeout_s=c.spec.clients.request_timeout,
+            stream=servers.stream,
+            on_retry=tracker.on_retry,
+        )
+        try:
+            sinks = Sinks(
+                FileSink(self.layout.progress(c.shard_index)),
+                ConfigMapSink(c.progress_configmap, kubernetes_namespace(c.progress_namespace))
+                if c.progress_configmap
+                else None,
+                Display(),
+            )
+            publisher = Publisher(tracker, pool, sinks, lease, stop, volume, c.progress_interval_s)
+            generation = Generation(
+                c,
+                pool,
+                writer,
+                ledger,
+                stop,
+                volume,
+                publisher,
+                Feeder(c, inputs, ledger, jobs, stop, servers.limit, pinned),
+                Lanes(c, inputs, client, jobs, writer, ledger, stop, volume),
+                Finisher(c, self.layout, writer, ledger, stop, volume, publisher, self.failure),
+            )
+            return await generation.run()
+        finally:
+            writer.release_reserve()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from datagen_operator.api.progress import ShardProgress
@@ -18,7 +18,7 @@ class ProgressCollector(Collector):
     def __init__(self, snapshot: Callable[[], ShardProgress]) -> None:
         self.snapshot = snapshot
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         p = self.snapshot()
         labels = ["shard"]
         shard = [str(p.shard)]

@@ -15,11 +15,16 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from datagen_operator.api.progress import ShardProgress
+
+if TYPE_CHECKING:  # imported where used: a worker without a terminal or a ConfigMap never loads them
+    from kubernetes_asyncio.client import ApiClient, CoreV1Api
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 log = logging.getLogger("datagen.worker.progress")
 
@@ -28,9 +33,13 @@ class Tracker:
     """Counters updated on the hot path with plain integer adds; snapshots are built on the slow path."""
 
     def __init__(self, progress: ShardProgress, window_s: float = 30.0) -> None:
+        self._window_s = window_s
+        self.restart(progress)
+
+    def restart(self, progress: ShardProgress) -> None:
+        """Count into `progress` from now on, from zero (the generation's counters replace start-up's)."""
         self.progress = progress
         self.errors: Counter[str] = Counter()
-        self._window_s = window_s
         self._samples: deque[tuple[float, int]] = deque()
 
     def on_retry(self, kind: str) -> None:
@@ -84,17 +93,17 @@ class ConfigMapSink:
         self.name = name
         self.namespace = namespace
         self.min_interval_s = min_interval_s
-        self._api: Any = None
-        self._client: Any = None
+        self._api: CoreV1Api | None = None
+        self._client: ApiClient | None = None
         self._last = float("-inf")
         self._logged: set[str] = set()
 
-    async def _connect(self) -> Any:
+    async def _connect(self) -> CoreV1Api:
         from kubernetes_asyncio import client, config
 
         kubeconfig = os.environ.get("KUBECONFIG")
         if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]  # unannotated in kubernetes_asyncio
         else:
             # Explicit: the library reads $KUBECONFIG once, at import time.
             await config.load_kube_config(config_file=kubeconfig.split(os.pathsep)[0] if kubeconfig else None)
@@ -125,10 +134,10 @@ class ConfigMapSink:
                 await self._client.close()
 
 
-_console: Any = None
+_console: Console | None = None
 
 
-def terminal_console() -> Any:
+def terminal_console() -> Console:
     """One rich Console on stderr shared by the progress bar and the log handler, so log lines print
     above the bar instead of through it."""
     global _console
@@ -146,8 +155,8 @@ class Display:
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.log_interval_s = log_interval_s
         self._last_log = float("-inf")  # the first update always logs
-        self._bar: Any = None
-        self._task: Any = None
+        self._bar: tuple[Progress, TaskID] | None = None
+        """The bar and its one task, once the first snapshot is shown."""
 
     def update(self, snapshot: ShardProgress) -> None:
         if self.tty:
@@ -162,7 +171,7 @@ class Display:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         if self._bar is None:
-            self._bar = Progress(
+            bar = Progress(
                 TextColumn(f"shard {snapshot.shard}/{snapshot.shard_count}"),
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -171,19 +180,20 @@ class Display:
                 console=terminal_console(),
                 transient=False,
             )
-            self._bar.start()
-            self._task = self._bar.add_task("records", total=snapshot.records_total, info="")
+            bar.start()
+            self._bar = bar, bar.add_task("records", total=snapshot.records_total, info="")
+        bar, task = self._bar
         info = (
             f"{snapshot.state} {snapshot.tokens_per_s / 1000:.1f}k tok/s in-flight {snapshot.in_flight} "
             f"rejected {snapshot.records_rejected} set aside {sum(snapshot.set_aside.values())} retries {sum(snapshot.errors.values())}"
         )
         done = snapshot.records_done + snapshot.records_rejected + snapshot.records_set_aside
-        self._bar.update(self._task, completed=done, total=snapshot.records_total, info=info)
+        bar.update(task, completed=done, total=snapshot.records_total, info=info)
 
     def close(self, snapshot: ShardProgress) -> None:
         if self._bar is not None:
             self._update_bar(snapshot)
-            self._bar.stop()
+            self._bar[0].stop()
             self._bar = None
         log.info("%s", snapshot.message or snapshot.summary_line(), extra={"fields": _log_fields(snapshot)})
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
 from datagen_operator.engine.client.policy import ServerUnreachable
-from datagen_operator.engine.client.pool import Endpoint, EndpointPool, Verifier
+from datagen_operator.engine.client.pool import Endpoint, EndpointPool
 from datagen_operator.engine.client.reads import fetch_server_info
 from datagen_operator.output.fingerprint import diff_fingerprints, server_fingerprint
 
@@ -56,18 +55,21 @@ async def server_infos(
         delay = min(delay * 1.5, 5.0)
 
 
-def verifier(session: aiohttp.ClientSession, expected: Callable[[], dict[str, Any] | None]) -> Verifier:
-    """Re-check a server that (re)appears against `expected()` (the servers' fingerprint, once known)."""
+class ServerCheck:
+    """The pool's verifier: re-checks a server that (re)appears against the servers' fingerprint, once
+    `expected` is known (met at start)."""
 
-    async def verify(endpoint: Endpoint) -> str | None:
-        fingerprint = expected()
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self.expected: dict[str, Any] | None = None
+
+    async def __call__(self, endpoint: Endpoint) -> str | None:
+        fingerprint = self.expected
         if fingerprint is None:
             return None
         try:
-            info = await fetch_server_info(session, endpoint.url)
+            info = await fetch_server_info(self.session, endpoint.url)
         except Exception as error:
             return f"no /server_info: {error}"
         changes = diff_fingerprints(fingerprint, server_fingerprint(info))
         return "server changed: " + "; ".join(changes) if changes else None
-
-    return verify

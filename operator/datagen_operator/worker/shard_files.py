@@ -12,7 +12,7 @@ from datagen_operator.output.fingerprint import diff_fingerprints, fingerprint_s
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
 from datagen_operator.output.parquet import CompactionResult
-from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
+from datagen_operator.worker.config import FingerprintMismatch, WorkerConfig
 
 
 def claim_output(layout: OutputLayout, c: WorkerConfig, fingerprint: dict[str, Any]) -> None:
@@ -92,22 +92,6 @@ def record_shard(layout: OutputLayout, shard_index: int, p: ShardProgress, compa
         return manifest
 
     update_manifest(layout, change)
-
-
-def hold_output(config: WorkerConfig) -> None:
-    """Take the output's lease for the worker's run (or, run by hand without one, respect a run's lease):
-    BadInput naming the holder when another run writes this output."""
-    from datagen_operator.output.lease import WORKER_LEASE_S, OutputInUse, live_lease, take_lease
-
-    try:
-        if config.lease_holder is None:
-            busy = live_lease(config.output)
-            if busy is not None:
-                raise busy
-        else:
-            take_lease(config.output, config.lease_holder, WORKER_LEASE_S)
-    except OutputInUse as busy:
-        raise BadInput(str(busy)) from None
 
 
 def dataset_change(config: WorkerConfig) -> str | None:

@@ -1,151 +1,127 @@
-"""Start-up before generation: the inputs, the HTTP session, the signal handlers, the servers and their
-fingerprint, the shard's files claimed and recovered, the client built."""
+"""Start-up before generation, as steps that each hand back what they found: the dataset held to its pin, the
+servers met (their fingerprint, context limit, whether to stream), the data fingerprint, the shard's files
+claimed and recovered."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import time
+from dataclasses import dataclass
 from typing import Any
 
-from datagen_operator.api.exit_codes import (
-    EXIT_DRAINED,
-    EXIT_SERVER_UNREACHABLE,
-)
-from datagen_operator.engine.client.generate import GenerateClient
-from datagen_operator.engine.client.policy import (
-    RetryPolicy,
-    ServerUnreachable,
-)
+import aiohttp
+
+from datagen_operator.api.progress import ShardProgress
 from datagen_operator.engine.client.pool import EndpointPool
-from datagen_operator.engine.client.reads import make_session
-from datagen_operator.output.records import context_limit
-from datagen_operator.output.writer import ShardWriter
+from datagen_operator.output.fingerprint import (
+    build_fingerprint,
+    chat_template_sha256,
+    diff_fingerprints,
+    fingerprint_sha256,
+    server_fingerprint,
+    tokenizer_fingerprint,
+)
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.records import ContextLimit, context_limit
+from datagen_operator.output.writer import RecoveryReport, ShardWriter, remove_stale_temporaries
 from datagen_operator.prompts.dataset import DatasetError
-from datagen_operator.prompts.pin import read_pin
-from datagen_operator.worker.config import BadInput, FingerprintMismatch
-from datagen_operator.worker.generation import Generation
-from datagen_operator.worker.servers import Stopped, server_infos, verifier
-from datagen_operator.worker.shard_files import claim_output, dataset_change, hold_output, keep_run_file
+from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
+from datagen_operator.worker.inputs import Inputs
+from datagen_operator.worker.servers import server_infos
+from datagen_operator.worker.shard_files import claim_output, dataset_change, keep_run_file
 
 log = logging.getLogger("datagen.worker")
 
 
-class Startup(Generation):
-    async def _run(self) -> int:
-        from datagen_operator.worker.inputs import load_inputs
+async def check_dataset(config: WorkerConfig) -> None:
+    """BadInput when the dataset differs from the output's pin (the pin written when there is none yet)."""
+    try:
+        changed = await asyncio.to_thread(dataset_change, config)
+    except (DatasetError, OSError) as error:
+        raise BadInput(f"dataset: {error}") from None
+    if changed is not None:
+        raise BadInput(changed)
 
-        c = self.config
-        # The output is this run's before anything is written there (the pin, the claim).
-        await asyncio.to_thread(hold_output, c)
-        self.lease_renewed = time.monotonic()
-        try:
-            changed = await asyncio.to_thread(dataset_change, c)
-        except (DatasetError, OSError) as error:
-            raise BadInput(f"dataset: {error}") from None
-        if changed is not None:
-            raise BadInput(changed)
-        pin = read_pin(c.output)
-        self.pinned = pin.line_hashes if pin is not None else None
-        self._inputs = inputs = await load_inputs(c)
-        session = make_session(c.spec.clients.concurrency, len(c.servers))
-        try:
-            return await self._with_session(session, inputs.tokenizer)
-        finally:
-            await session.close()
-            inputs.render_pool.close()
 
-    async def _with_session(self, session: Any, tokenizer: Any) -> int:
-        from datagen_operator.output.fingerprint import (
-            build_fingerprint,
-            chat_template_sha256,
-            fingerprint_sha256,
-            server_fingerprint,
-            tokenizer_fingerprint,
+@dataclass(frozen=True)
+class Servers:
+    """What the run's servers told the worker at start."""
+
+    fingerprint: dict[str, Any]
+    """Their data-affecting /server_info (every server's the same, or FingerprintMismatch)."""
+    limit: ContextLimit
+    stream: bool
+    """Stream /generate: asked for, and the servers stream incremental output_ids."""
+
+
+async def meet_servers(
+    session: aiohttp.ClientSession, pool: EndpointPool, config: WorkerConfig, stop: asyncio.Event
+) -> Servers:
+    """Waits for at least one server (ServerUnreachable, or Stopped by a signal); FingerprintMismatch when two
+    servers would generate different data."""
+    infos = await server_infos(session, pool, config.server_timeout_s, stop)
+    prints = {url: server_fingerprint(info) for url, info in infos.items()}
+    first_url, first = next(iter(prints.items()))
+    for url, other in prints.items():
+        if other != first:
+            changes = "; ".join(diff_fingerprints(first, other))
+            raise FingerprintMismatch(f"servers {first_url} and {url} differ: {changes}")
+    limit = context_limit(infos.values())
+    log.info(
+        "server context: %s tokens (prompt + max_new_tokens), inputs under %s tokens",
+        limit.context_length or "unknown",
+        limit.max_input or "unknown",
+    )
+    stream = bool(config.spec.generation.stream)
+    if stream and not infos[first_url].get("incremental_streaming_output", False):
+        log.warning(
+            "generation.stream is on but %s streams cumulative output_ids (O(n^2) bytes); "
+            "not streaming. Start SGLang with --incremental-streaming-output to stream.",
+            first_url,
         )
-        from datagen_operator.output.writer import remove_stale_temporaries
+        stream = False
+    return Servers(first, limit, stream)
 
-        c = self.config
-        pool = EndpointPool(
-            c.servers,
-            session,
-            unreachable_after_s=c.server_timeout_s,
-            verify=verifier(session, lambda: self.server_fp),
-            stop=None,
-        )
-        self._pool = pool
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._request_drain, sig)
-        try:
-            infos = await server_infos(session, pool, c.server_timeout_s, self.stop_new)
-        except ServerUnreachable as error:
-            log.error("%s", error)
-            return self._fail(EXIT_SERVER_UNREACHABLE, str(error))
-        except Stopped:
-            return self._fail(EXIT_DRAINED, "stopped before any server answered")
-        prints = {url: server_fingerprint(info) for url, info in infos.items()}
-        first_url, first = next(iter(prints.items()))
-        for url, other in prints.items():
-            if other != first:
-                from datagen_operator.output.fingerprint import diff_fingerprints
 
-                changes = "; ".join(diff_fingerprints(first, other))
-                raise FingerprintMismatch(f"servers {first_url} and {url} differ: {changes}")
-        self.server_fp = first
-        self._context_limit = context_limit(infos.values())
-        log.info(
-            "server context: %s tokens (prompt + max_new_tokens), inputs under %s tokens",
-            self.context_limit.context_length or "unknown",
-            self.context_limit.max_input or "unknown",
-        )
-        stream = bool(c.spec.generation.stream)
-        if stream and not infos[first_url].get("incremental_streaming_output", False):
-            log.warning(
-                "generation.stream is on but %s streams cumulative output_ids (O(n^2) bytes); "
-                "not streaming. Start SGLang with --incremental-streaming-output to stream.",
-                first_url,
-            )
-            stream = False
+def data_fingerprint(config: WorkerConfig, inputs: Inputs, servers: Servers) -> dict[str, Any]:
+    """Everything that decides the tokens: the output holds records of one fingerprint only."""
+    c = config
+    return build_fingerprint(
+        tokenizer=tokenizer_fingerprint(c.tokenizer_dir),
+        chat_template=chat_template_sha256(inputs.renderer.chat_template),
+        server=servers.fingerprint,
+        sampling=inputs.sampling,
+        preset=c.resolved.preset.name if c.resolved.preset else None,
+        thinking=c.resolved.thinking,
+    )
 
-        fingerprint = build_fingerprint(
-            tokenizer=tokenizer_fingerprint(c.tokenizer_dir),
-            chat_template=chat_template_sha256(self.inputs.renderer.chat_template),
-            server=first,
-            sampling=self.inputs.sampling,
-            preset=c.resolved.preset.name if c.resolved.preset else None,
-            thinking=c.resolved.thinking,
-        )
-        removed = remove_stale_temporaries(self.layout, c.shard_index)
-        if removed:
-            log.info("removed %d temporary files an earlier run left behind", removed)
-        self.progress.fingerprint_sha256 = fingerprint_sha256(fingerprint)  # shown even when the claim fails
-        claim_output(self.layout, c, fingerprint)
-        keep_run_file(c)
 
-        writer = ShardWriter(self.layout, c.shard_index)
-        # The compacted Parquet counts as recorded even in a --no-compact run.
-        report = await asyncio.to_thread(writer.recover, self.layout.parquet(c.shard_index, c.shard_count))
-        # Room for a true progress.json and manifest entry should the volume fill up (freed then).
-        writer.hold_reserve()
-        if report.torn_bytes or report.corrupt_lines:
-            log.warning(
-                "recovered shard %d: dropped a torn tail of %d bytes and %d damaged lines; they will be regenerated",
-                c.shard_index,
-                report.torn_bytes,
-                report.corrupt_lines,
-            )
-        self._writer = writer
-        self._init_progress(report.records)
-        self._client = GenerateClient(
-            pool,
-            policy=RetryPolicy(c.spec.clients.max_attempts, c.backoff_base_s, c.backoff_cap_s),
-            request_timeout_s=c.spec.clients.request_timeout,
-            stream=stream,
-            on_retry=self.tracker.on_retry,
+def claim_shard(
+    layout: OutputLayout, config: WorkerConfig, fingerprint: dict[str, Any], progress: ShardProgress
+) -> None:
+    """The output is this fingerprint's (FingerprintMismatch otherwise), with the run file beside it; what an
+    earlier run of this shard left half-written is gone."""
+    removed = remove_stale_temporaries(layout, config.shard_index)
+    if removed:
+        log.info("removed %d temporary files an earlier run left behind", removed)
+    progress.fingerprint_sha256 = fingerprint_sha256(fingerprint)  # shown even when the claim fails
+    claim_output(layout, config, fingerprint)
+    keep_run_file(config)
+
+
+async def open_shard(layout: OutputLayout, config: WorkerConfig) -> tuple[ShardWriter, RecoveryReport]:
+    """The shard's writer over what earlier runs recorded (a torn tail cut off), holding the reserve."""
+    c = config
+    writer = ShardWriter(layout, c.shard_index)
+    # The compacted Parquet counts as recorded even in a --no-compact run.
+    report = await asyncio.to_thread(writer.recover, layout.parquet(c.shard_index, c.shard_count))
+    # Room for a true progress.json and manifest entry should the volume fill up (freed then).
+    writer.hold_reserve()
+    if report.torn_bytes or report.corrupt_lines:
+        log.warning(
+            "recovered shard %d: dropped a torn tail of %d bytes and %d damaged lines; they will be regenerated",
+            c.shard_index,
+            report.torn_bytes,
+            report.corrupt_lines,
         )
-        try:
-            return await self._generate()
-        finally:
-            writer.release_reserve()
+    return writer, report

@@ -1,0 +1,35 @@
+"""The queue between the feeder and the lanes: jobs in dataset order, then one end marker (None) per lane."""
+
+from __future__ import annotations
+
+import asyncio
+
+from datagen_operator.output.records import Job
+
+
+class JobQueue:
+    """Bounded to twice the lanes: the feeder renders only as far ahead as the lanes can use."""
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.queue: asyncio.Queue[Job | None] = asyncio.Queue(maxsize=2 * lanes)
+
+    async def put(self, job: Job) -> None:
+        await self.queue.put(job)
+
+    async def get(self) -> Job | None:
+        return await self.queue.get()
+
+    async def end(self) -> None:
+        """One end marker per lane, after the last job."""
+        for _ in range(self.lanes):
+            await self.queue.put(None)
+
+    def release(self) -> None:
+        """Wake every lane waiting for a job so it can stop: queued jobs are dropped (not recorded, so the
+        next run does them)."""
+        queue = self.queue
+        while not queue.empty():
+            queue.get_nowait()
+        for _ in range(self.lanes):
+            queue.put_nowait(None)

@@ -1,0 +1,107 @@
+"""The lanes: `concurrency` of them each take the next job, send it to /generate, and record the answer
+(checked, encoded, written through) or the server's refusal."""
+
+from __future__ import annotations
+
+import logging
+
+from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_SERVER_UNREACHABLE
+from datagen_operator.checks.record_checks import inspect_record
+from datagen_operator.engine.client.generate import GenerateClient, Reply
+from datagen_operator.engine.client.policy import Drained, EndpointsRejected, GaveUp, Rejected, ServerUnreachable
+from datagen_operator.output.records import Answer, Job, build_record, encode_record, generate_payload, server_reject
+from datagen_operator.output.writer import ShardWriter
+from datagen_operator.worker.config import WorkerConfig
+from datagen_operator.worker.inputs import Inputs
+from datagen_operator.worker.jobs import JobQueue
+from datagen_operator.worker.ledger import Ledger
+from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.volume_guard import VolumeGuard
+
+log = logging.getLogger("datagen.worker")
+
+
+class Lanes:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        inputs: Inputs,
+        client: GenerateClient,
+        jobs: JobQueue,
+        writer: ShardWriter,
+        ledger: Ledger,
+        stop: Stop,
+        volume: VolumeGuard,
+    ) -> None:
+        self.inputs = inputs
+        self.client = client
+        self.jobs = jobs
+        self.writer = writer
+        self.ledger = ledger
+        self.stop = stop
+        self.volume = volume
+        holder = config.lease_holder
+        self.run_id = holder.id if holder is not None else None
+        """The run named in each record: the holder of the output's lease (output/lease.py)."""
+
+    async def lane(self) -> None:
+        """One lane: takes the next job, sends it, records it, repeats."""
+        client, sampling, stop, volume = self.client, self.inputs.sampling, self.stop, self.volume
+        while True:
+            job = await self.jobs.get()
+            if job is None or stop.stop_new.is_set():
+                return
+            try:
+                reply = await client.generate(generate_payload(job, sampling, stream=client.stream))
+            except Rejected as rejected:
+                if volume.error is not None:
+                    return
+                self._rejected(job, rejected)
+                continue
+            except GaveUp as gave_up:
+                log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
+                self.ledger.progress.records_failed += 1
+                continue
+            except Drained:
+                return
+            except ServerUnreachable as error:
+                stop.set_fatal(EXIT_SERVER_UNREACHABLE, str(error))
+                return
+            except EndpointsRejected as error:
+                stop.set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
+                return
+            if volume.error is not None:
+                volume.unwritten += 1  # finished on the server as the volume failed: nowhere to keep it
+                return
+            self._record(job, reply)
+
+    def _record(self, job: Job, reply: Reply) -> None:
+        """Check, encode and buffer one answer (synchronous: nothing here waits)."""
+        meta = reply.meta_info
+        flags = inspect_record(
+            job.input_ids,
+            reply.output_ids,
+            meta.get("finish_reason"),
+            meta.get("completion_tokens"),
+            job.has_tools,
+            self.inputs.expect,
+        )
+        answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
+        record = build_record(job, answer, flags, self.run_id)
+        writer = self.writer
+        writer.append(record, encode_record(record, reply.output_ids_json))
+        # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,
+        # never answers held back in memory (they would be generated again on resume).
+        if not self.volume.write(writer.flush):
+            return
+        self.ledger.progress.counts.add(
+            len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags, job.has_tools
+        )
+        self.ledger.finish_sample(job.id)
+
+    def _rejected(self, job: Job, rejected: Rejected) -> None:
+        entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
+        if not self.volume.write(self.writer.add_reject, entry):
+            return
+        self.ledger.progress.records_rejected += 1
+        self.ledger.finish_sample(job.id)

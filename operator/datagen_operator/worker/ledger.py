@@ -1,0 +1,153 @@
+"""The shard's ledger: its counters from what is on disk, the plan counted as the feeder reads it, and what is
+left of each prompt, so progress, the final state and the manifest say exactly what the output holds."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from datagen_operator.api.progress import RecordCounts, ShardProgress
+from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject
+from datagen_operator.output.writer import ShardWriter
+from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan
+from datagen_operator.worker.config import WorkerConfig
+from datagen_operator.worker.progress import Tracker
+from datagen_operator.worker.volume_guard import VolumeGuard
+
+log = logging.getLogger("datagen.worker")
+
+
+def start_ledger(
+    config: WorkerConfig, writer: ShardWriter, volume: VolumeGuard, tracker: Tracker, recovered: int
+) -> Ledger:
+    """The generation's counters, from what the writer holds on disk (never from an older progress.json); the
+    dataset's totals and what is left of each prompt come as the feeder reads the plan. They replace the
+    start-up's progress in `tracker`."""
+    c, early = config, tracker.progress
+    counts = RecordCounts()
+    counts.merge(writer.summary)
+    counts.merge(writer.written)
+    counts.records = len(writer.done)
+    p = ShardProgress(
+        shard=c.shard_index,
+        shard_count=c.shard_count,
+        state="running",
+        servers_total=len(c.servers),
+        started_at=early.started_at,
+        fingerprint_sha256=early.fingerprint_sha256,
+        counts=counts,
+        records_rejected=len(writer.rejected),
+        records_set_aside=set_aside_on_disk(writer, c.spec.generation.samples_per_prompt),
+    )
+    tracker.restart(p)
+    log.info(
+        "shard %d/%d: %d records already recorded; reading the dataset as requests go out",
+        c.shard_index,
+        c.shard_count,
+        p.records_done,
+        extra={"fields": {"recovered_records": recovered}},
+    )
+    return Ledger(config, writer, volume, p)
+
+
+def set_aside_on_disk(writer: ShardWriter, samples: int) -> int:
+    """Samples of the prompts set aside in the output (unrenderable, too long), counted from the start as the
+    records are: a resumed worker's progress does not go backwards while it reads the dataset again."""
+    aside = sum(1 for cause in writer.set_aside.values() if cause in (TOO_LONG, UNRENDERABLE))
+    return aside * samples
+
+
+class Ledger:
+    def __init__(self, config: WorkerConfig, writer: ShardWriter, volume: VolumeGuard, progress: ShardProgress) -> None:
+        self.config = config
+        self.writer = writer
+        self.volume = volume
+        self.progress = progress
+        self.samples = config.spec.generation.samples_per_prompt
+        self.remaining: dict[str, int] = {}
+        """Samples left per prompt id of the plan read so far."""
+        self.planned = False
+        """True once the feeder has read the whole plan (the totals are final)."""
+
+    def plan_line(self, line: MalformedLine) -> None:
+        """A dataset line this shard owns that is set aside (bad JSON, id, messages, tools, duplicate)."""
+        p = self.progress
+        self.writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id, line.cause))
+        p.prompts_malformed += 1
+        p.set_aside[line.cause] = p.set_aside.get(line.cause, 0) + 1
+
+    def plan_prompt(self, ref: PromptRef) -> bool:
+        """Count one valid prompt of the plan; True when samples of it are still to generate."""
+        p, writer, n = self.progress, self.writer, self.samples
+        p.prompts_total += 1
+        p.records_total += n
+        cause = writer.set_aside.get(f"line:{ref.position}")
+        if cause is not None:
+            # Set aside by an earlier run (unrenderable, too long): never sent again. Written before causes
+            # existed, an unrenderable prompt's entry says only "malformed" (its samples are counted here, not
+            # from the start: only here is the line known to be a prompt).
+            if cause not in (TOO_LONG, UNRENDERABLE):
+                p.records_set_aside += n
+            cause = TOO_LONG if cause == TOO_LONG else UNRENDERABLE
+            if cause == TOO_LONG:
+                p.prompts_too_long += 1
+            else:
+                p.prompts_rejected += 1
+            p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
+            p.prompts_done += 1
+            return False
+        left = sum(
+            1 for sample in range(n) if (ref.id, sample) not in writer.done and (ref.id, sample) not in writer.rejected
+        )
+        if left:
+            self.remaining[ref.id] = left
+            return True
+        p.prompts_done += 1
+        return False
+
+    def to_send(self, prompt_id: str, sample: int) -> bool:
+        key = (prompt_id, sample)
+        return key not in self.writer.done and key not in self.writer.rejected
+
+    def set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
+        """A prompt that is never sent: recorded once in rejects.jsonl, all its samples counted apart from
+        server errors, the prompt done."""
+        if not self.volume.write(self.writer.add_reject, entry):
+            return
+        p, cause = self.progress, entry["cause"]
+        if cause == TOO_LONG:
+            p.prompts_too_long += 1
+        else:
+            p.prompts_rejected += 1
+        p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
+        p.records_set_aside += self.remaining.pop(prompt_id)
+        p.prompts_done += 1
+
+    def finish_sample(self, prompt_id: str) -> None:
+        """One sample recorded or refused for good: the prompt is done with its last."""
+        left = self.remaining.get(prompt_id, 0) - 1
+        if left <= 0:
+            self.remaining.pop(prompt_id, None)
+            self.progress.prompts_done += 1
+        else:
+            self.remaining[prompt_id] = left
+
+    def count_from_disk(self) -> None:
+        """Set the counts and totals exactly from the disk and a whole pass over the plan (a failure's final
+        report: the feeder may not have read the whole plan)."""
+        c, p, writer, n = self.config, self.progress, self.writer, self.samples
+        p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
+        p.prompts_total = p.records_total = p.prompts_malformed = p.prompts_rejected = p.prompts_too_long = 0
+        p.set_aside = {}
+        p.records_set_aside = set_aside_on_disk(writer, n)
+        self.remaining = {}
+        for item in ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format):
+            if isinstance(item, MalformedLine):
+                p.prompts_malformed += 1
+                p.set_aside[item.cause] = p.set_aside.get(item.cause, 0) + 1
+                continue
+            ref = item[0]
+            if f"line:{ref.position}" not in writer.set_aside:
+                p.records_done += sum(1 for sample in range(n) if (ref.id, sample) in writer.done)
+                p.records_rejected += sum(1 for sample in range(n) if (ref.id, sample) in writer.rejected)
+            self.plan_prompt(ref)
