@@ -20,9 +20,11 @@ VERSION = next(
 
 def test_make_dist_builds_a_wheel_that_runs_datagen(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    # -o: take the venv as it is (this test runs in it); reinstalling it is not what is tested.
+    # The venv this test runs in, taken as it is (-o): reinstalling it is not what is tested.
+    venv = sys.prefix
+    make = [shutil.which("make") or "make", "--no-print-directory", f"VENV={venv}", "-o", f"{venv}/.installed"]
     result = subprocess.run(
-        [shutil.which("make") or "make", "--no-print-directory", "-o", ".venv/.installed", "dist", f"DIST={dist}"],
+        [*make, "dist", f"DIST={dist}"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
