@@ -72,6 +72,16 @@ def test_a_folder_that_is_no_output_is_named_as_such(tmp_path: Path, capsys: pyt
     assert "not a datagen output" in capsys.readouterr().err
 
 
+def test_verify_of_the_folder_above_outputs_names_them(
+    finished: Path, halted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for output in (finished, halted):
+        shutil.copytree(output, tmp_path / output.parent.name)
+    assert datagen(["verify", str(tmp_path)]) == 2
+    out = lines(capsys.readouterr().out)
+    assert len(out) == 1 and out[0].endswith(f"; the outputs in it: {finished.parent.name}, {halted.parent.name}")
+
+
 def as_cluster_output(finished: Path, volume: Path, *, dataset_path: str, output_path: str) -> Path:
     """The finished output where a cluster run on one `data` claim leaves it, seen from a machine that mounts
     the claim at `volume`: the dataset and the output on it, run.yaml the applied manifest (pod paths)."""

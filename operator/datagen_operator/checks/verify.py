@@ -753,11 +753,15 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
             f"{output / 'logs'})",
             EXIT_NOT_VERIFIED,
         )
-    return (
+    line = (
         f"{output}: not a datagen output: no manifest.json, run.yaml, shards/ or data/ in it (a run writes them "
-        "in its spec.output.path)",
-        EXIT_BAD_INPUT,
+        "in its spec.output.path)"
     )
+    # `datagen verify out` for `out/quickstart`: name the outputs one level down.
+    inside = sorted(d.name for d in output.iterdir() if d.is_dir() and ((d / "run.yaml").exists() or holds_records(d)))
+    if inside:
+        line += f"; the outputs in it: {', '.join(inside[:5])}" + (", ..." if len(inside) > 5 else "")
+    return line, EXIT_BAD_INPUT
 
 
 def _run_name(run_file: Path) -> str:
