@@ -84,3 +84,13 @@ def test_a_resume_over_records_that_already_fail_is_refused_before_any_server(tm
     assert "spec.checks.maxTokenMismatchRate" in text and "a new spec.output.path" in text
     assert "--exclude-flags prompt_suffix_leak,token_count_mismatch" in text
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
+
+
+def test_a_missing_dataset_is_refused_naming_the_field(tmp_path: Path, standin: Path) -> None:
+    """The same words in a cluster (the preflight pod's verdict) as on one machine: the field, then the cause."""
+    missing = tmp_path / "nowhere.jsonl"
+    spec = load_run(manifest(tmp_path, standin, dataset=missing)).spec
+    tokenizer = load_tokenizer(standin, trust_remote_code=True)
+    outcome = run_preflight(spec, tokenizer, standin, missing, tmp_path / "out")
+    assert (outcome.passed, outcome.reason) == (False, "DatasetUnusable")
+    assert outcome.message.startswith(f"spec.dataset.path {missing}: "), outcome.message

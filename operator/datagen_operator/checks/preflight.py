@@ -109,7 +109,9 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         if not plan.prompts:
             check_dataset(dataset, spec.dataset.format)  # raises EmptyDataset, naming the causes
     except (DatasetError, OSError) as error:  # EmptyDataset is one
-        return _failed("DatasetUnusable", str(error))
+        said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
+        named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
+        return _failed("DatasetUnusable", named)
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
     renderer = Renderer(tokenizer, template_variables(resolved, render_date(output)))
