@@ -54,8 +54,8 @@ class Publisher:
             await self.sinks.configmap.write(snapshot, force=force)
 
     async def close(self, snapshot: ShardProgress) -> None:
-        """The last snapshot, to every sink (the display and the ConfigMap closed after it); progress.json is
-        the finisher's to write, as the failing volume lets it."""
+        """The last snapshot to the display and the ConfigMap, which close after it. progress.json is not
+        written here: the finisher writes it itself, where a failed volume may refuse it."""
         self.sinks.display.close(snapshot)
         if self.sinks.configmap is not None:
             await self.sinks.configmap.write(snapshot, force=True)
