@@ -13,7 +13,11 @@ each pod bound to it as a real local process:
 - a pod whose ServiceAccount token is mounted gets KUBECONFIG for a TokenRequest token of that account, so
   the worker patches its progress ConfigMap under its real Role;
 - the pod's status is written the way a kubelet writes it: Running + Ready, then Succeeded/Failed with the
-  container's exit code and termination message; a deleted pod's process gets SIGTERM, then the pod goes.
+  container's exit code and termination message;
+- a deleted pod goes as a kubelet lets it go (graceful deletion): its process gets SIGTERM and the pod's grace
+  period (then SIGKILL), the pod gets its terminal phase (Succeeded/Failed with the container's exit and
+  termination message, so the Job controller counts it and drops its `batch.kubernetes.io/job-tracking`
+  finalizer), and only then the final delete (grace 0). A pod deleted before its container started is Failed.
 
 Server pods stay on kwok's GPU nodes; the simulator on loopback answers for them.
 """
@@ -69,6 +73,8 @@ class PodRunner:
     finished: set[tuple[str, str]] = field(default_factory=set)
     history: list[tuple[str, str, int]] = field(default_factory=list)
     """(namespace, pod, exit code) of every process this kubelet ran."""
+    started: list[tuple[str, str]] = field(default_factory=list)
+    """(namespace, pod) of every pod this kubelet started, in order: counts pods the API has since forgotten."""
     only_label: str | None = None
     """Run only pods carrying this label (others scheduled here stay Pending), e.g. to leave a chart's
     operator Deployment to the test, which runs it itself."""
@@ -171,7 +177,7 @@ class PodRunner:
             key = (pod.metadata.namespace, pod.metadata.name)
             seen.add(key)
             if pod.metadata.deletion_timestamp is not None:
-                self._delete(key)
+                self._delete(key, pod)
             elif key in self.pods:
                 self._check_exit(key)
             elif key not in self.finished and pod.status.phase == "Pending" and self._runs(pod):
@@ -183,18 +189,38 @@ class PodRunner:
     def _runs(self, pod: Any) -> bool:
         return self.only_label is None or self.only_label in (pod.metadata.labels or {})
 
-    def _delete(self, key: tuple[str, str]) -> None:
+    def _delete(self, key: tuple[str, str], pod: Any) -> None:
         if key in self.finished and key not in self.pods:
-            return
+            return  # already terminal: the API server removes it (once the Job controller dropped its finalizer)
         local = self.pods.pop(key, None)
         if local is not None:
             self._draining.append(local)
         self.finished.add(key)
+        if local is None and not self._runs(pod):
+            # Not this kubelet's to run (only_label): the test that runs it also ends it.
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_pod(key[1], key[0], grace_period_seconds=0)
+            return
+        grace = pod.metadata.deletion_grace_period_seconds
+        if grace is None:
+            grace = pod.spec.termination_grace_period_seconds
+        grace_s = float(30 if grace is None else grace)
 
         def stop_then_remove() -> None:
-            if local is not None:
-                _terminate(local.process, 30)  # SIGTERM: the worker drains and syncs its files
-                self.history.append((key[0], key[1], local.process.returncode))
+            if local is None:
+                # Deleted before its container started: a kubelet reports the pod Failed.
+                state = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "startedAt": now(),
+                                        "finishedAt": now(), "message": "deleted before the container started"}}  # fmt: skip
+                phase = "Failed"
+            else:
+                _terminate(local.process, grace_s)  # SIGTERM: the worker drains and syncs its files
+                exit_code = _exit_code(local.process.returncode)
+                self.history.append((key[0], key[1], exit_code))
+                state = {"terminated": self._terminated(local, exit_code)}
+                phase = "Succeeded" if exit_code == 0 else "Failed"
+            # The terminal phase before the final delete, as a kubelet does: a Job's pod keeps its tracking
+            # finalizer (and the pod stays) until the Job controller has counted a terminal phase.
+            self._write_status(pod, phase, state, ready=False)
             with contextlib.suppress(ApiException):
                 self.core.delete_namespaced_pod(key[1], key[0], grace_period_seconds=0)
 
@@ -255,6 +281,7 @@ class PodRunner:
             )
         started = now()
         key = (namespace, name)
+        self.started.append(key)
         self.pods[key] = LocalPod(
             name, namespace, process, workdir, termination_log, log_path,
             container.termination_message_policy == "FallbackToLogsOnError", started,
@@ -290,20 +317,26 @@ class PodRunner:
             return
         del self.pods[key]
         self.finished.add(key)
-        exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128+N, as a kubelet reports
-        message = local.termination_log.read_text(errors="replace") if local.termination_log.exists() else ""
-        if not message and exit_code and local.fallback_to_logs:
-            message = "\n".join(local.log_path.read_text(errors="replace").splitlines()[-20:])[-2048:]
+        exit_code = _exit_code(code)
         self.history.append((key[0], key[1], exit_code))
-        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                      "startedAt": local.started, "finishedAt": now()}  # fmt: skip
-        if message:
-            terminated["message"] = message[-4096:]
         try:
             pod = self.core.read_namespaced_pod(key[1], key[0])
         except ApiException:
             return
-        self._write_status(pod, "Succeeded" if exit_code == 0 else "Failed", {"terminated": terminated}, ready=False)
+        state = {"terminated": self._terminated(local, exit_code)}
+        self._write_status(pod, "Succeeded" if exit_code == 0 else "Failed", state, ready=False)
+
+    def _terminated(self, local: LocalPod, exit_code: int) -> dict[str, Any]:
+        """The container's terminated state: its exit code and termination message (or its log's tail, for
+        FallbackToLogsOnError after a failure)."""
+        message = local.termination_log.read_text(errors="replace") if local.termination_log.exists() else ""
+        if not message and exit_code and local.fallback_to_logs:
+            message = "\n".join(local.log_path.read_text(errors="replace").splitlines()[-20:])[-2048:]
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                      "startedAt": local.started, "finishedAt": now()}  # fmt: skip
+        if message:
+            terminated["message"] = message[-4096:]
+        return terminated
 
     def _write_status(self, pod: Any, phase: str, state: dict[str, Any], *, ready: bool) -> None:
         stamp = now()
@@ -363,6 +396,11 @@ def map_path(arg: str, paths: dict[str, str]) -> str:
         if arg == mount or arg.startswith(mount.rstrip("/") + "/"):
             return paths[mount] + arg[len(mount) :]
     return arg
+
+
+def _exit_code(returncode: int) -> int:
+    """A process's exit as a kubelet reports it: killed by signal N is 128+N."""
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 def _terminate(process: subprocess.Popen[bytes], grace_s: float) -> None:
