@@ -77,7 +77,19 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
     return events
 
 
-# False for these reasons is a normal step of a healthy run, not a problem to warn about.
+# False for these reasons is a normal step of a healthy run, not a problem to warn about. Released: every run
+# gives its GPUs back when its shards are done (a halt is warned of by Succeeded=False, not by the release).
 _EXPECTED_FALSE_REASONS = frozenset(
-    {"Pending", "Loading", "Waiting", "NotStarted", "Suspended", "Completed", "Running", "Creating", "Scheduling"}
+    {
+        "Pending",
+        "Loading",
+        "Waiting",
+        "NotStarted",
+        "Suspended",
+        "Completed",
+        "Running",
+        "Creating",
+        "Scheduling",
+        "Released",
+    }
 )

@@ -164,7 +164,26 @@ def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContex
         # A halt stands until the spec changes: nothing is asked for again (not even the server).
         halted = observed.halted
         return Decision(step=Step.HALTED, phase=halted.phase, checks=halted.checks, progress=halted.progress)
-    return _server_released_reads_false(_decide(spec, observed, context))
+    return _server_released_reads_false(_verdicts_recorded(_decide(spec, observed, context), observed))
+
+
+def _verdicts_recorded(decision: Decision, observed: Observed) -> Decision:
+    """Every step verdict observed is written into its condition, whatever step the run is on (a canary verdict
+    that comes in while the server is down, a preflight's while suspended): the pod whose termination message
+    holds it may be gone by the next pass (users, pod GC, namespace deletion), and then the condition is the only
+    record left of it."""
+    said = {update.type for update in decision.updates}
+    verdicts = (
+        (INPUTS_VERIFIED, observed.preflight),
+        (PARSERS_VERIFIED, observed.parsers),
+        (CANARY_PASSED, observed.canary),
+    )
+    missing = tuple(
+        _u(type_, "True" if outcome.passed else "False", outcome.reason, outcome.message)
+        for type_, outcome in verdicts
+        if outcome is not None and type_ not in said
+    )
+    return replace(decision, updates=decision.updates + missing) if missing else decision
 
 
 def _server_released_reads_false(decision: Decision) -> Decision:

@@ -15,9 +15,10 @@ from datagen_operator.api.status import (
     CheckResult,
     Condition,
     DataGenRunStatus,
+    Progress,
 )
 from datagen_operator.control.decide import PROBE_FAILED
-from datagen_operator.control.observed import HaltedBefore
+from datagen_operator.control.observed import HaltedBefore, WorkersObservation
 
 HALT_REASONS = frozenset(
     {
@@ -86,3 +87,12 @@ def remembered_halt(status: DataGenRunStatus, generation: int) -> HaltedBefore |
     return HaltedBefore(
         reason=succeeded.reason, phase=status.phase or "Halted", checks=tuple(status.checks), progress=status.progress
     )
+
+
+def remembered_workers(progress: Progress | None, shards: int) -> WorkersObservation | None:
+    """Every shard done, as the status last reported it: what the workers' Job said once it is gone (deleted by
+    a user, or by its TTL) before the final verdict is recorded. Shards are frozen once bulk work starts, so a
+    count reported for the run's shards stays true."""
+    if progress is None or shards < 1 or progress.shards_total != shards or progress.shards_done < shards:
+        return None
+    return WorkersObservation(shards_total=shards, shards_done=shards)

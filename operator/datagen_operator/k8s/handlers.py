@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from typing import Any
 
@@ -32,6 +33,22 @@ STOP_WAIT_S = 300.0
 RUN = (API_GROUP, API_VERSION, PLURAL)
 
 
+class QuietSuccesses(logging.Filter):
+    """kopf logs "Handler 'x' succeeded." and "Indexer 'x' succeeded." at INFO for every watch event it hands to
+    a handler: every shard's progress write (~every 6 s per shard), every pod update. They bury what a person
+    needs (the transitions, a deletion's wait), so they are dropped; a handler's failure is still logged."""
+
+    PER_EVENT = re.compile(r"(Handler|Indexer) '[^']+' succeeded\.")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and self.PER_EVENT.fullmatch(str(record.msg)))
+
+
+# kopf's per-object logger; handlers.py is what every way of running the operator imports (datagen operator,
+# `kopf run -m`), so the filter is set here.
+logging.getLogger("kopf.objects").addFilter(QuietSuccesses())
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """A kubeconfig when one is named (tests, development), else the pod's own ServiceAccount."""
@@ -46,7 +63,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # kopf keeps its own bookkeeping in annotations: the status belongs to the run's conditions.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
-    settings.posting.level = logging.ERROR  # events are the transitions; log lines stay in the log
+    # Events are the transitions, posted by the reconciler itself (k8s/reconcile.py: a namespace being deleted
+    # refuses them, which kopf's poster would retry and log as 9 errors each); log lines stay in the log.
+    settings.posting.level = logging.ERROR
     # `kubectl describe` shows who said it ("From"): the operator, not the framework under it.
     settings.posting.reporting_component = REPORTING_COMPONENT
     settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
@@ -55,7 +74,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # No CRD or namespace scanning: resources are known, namespaces are named (or all): no RBAC for either.
     settings.scanning.disabled = True
     operator = Settings.from_env()
-    memo.ctx = OperatorContext(operator, await Kube.connect(), aiohttp.ClientSession(), children=lambda *a: [])
+    memo.ctx = OperatorContext(
+        operator,
+        await Kube.connect(),
+        aiohttp.ClientSession(),
+        children=lambda *a: [],
+        reporter=(REPORTING_COMPONENT, settings.posting.reporting_instance),
+    )
 
 
 @kopf.on.cleanup()
@@ -157,8 +182,7 @@ async def run_daemon(
         "RoleBinding": run_rolebindings,
     }
     ctx.children = lambda kind, ns, run: list(indexes[kind].get((ns, run), ()))
-    post = lambda e: kopf.event(body, type=e.type, reason=e.reason, message=e.message)  # noqa: E731
-    reconciler = Reconciler(ctx, namespace, name, post_event=post)
+    reconciler = Reconciler(ctx, namespace, name)
     waker = ctx.waker(namespace, name)
     failures = 0
     try:

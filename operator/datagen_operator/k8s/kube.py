@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -155,6 +156,42 @@ class Kube:
         listed = await self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}")
         return self.api.sanitize_for_serialization(listed).get("items") or []
 
+    async def post_event(
+        self, involved: Mapping[str, Any], type_: str, reason: str, message: str, *, component: str, instance: str
+    ) -> None:
+        """A core/v1 Event about `involved` (an object reference), from `component` (kubectl describe's "From").
+        Raises ApiException; the caller decides what a refused event means (events are auxiliary)."""
+        stamp = datetime.now(UTC)
+        namespace = involved["namespace"]
+        body: Any = {  # a plain dict, as every body here (the client serializes it as it is)
+            "metadata": {"generateName": f"{component}-", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "action": "Reconcile",
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": instance,
+            "count": 1,
+            "firstTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "eventTime": stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+        await self.core.create_namespaced_event(namespace, body)
+
+    async def takes_new_content(self, namespace: str) -> bool:
+        """Whether the namespace accepts new objects: False once it is being deleted (or gone). Asked with a
+        dry-run create, which the API server's NamespaceLifecycle admission answers without storing anything."""
+        probe: Any = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "datagen-probe-"}}
+        try:
+            await self.core.create_namespaced_config_map(namespace, probe, dry_run="All")
+        except ApiException as error:
+            if namespace_terminating(error) or error.status == 404:
+                return False
+            raise
+        return True
+
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.writes += 1
         await self.custom.patch_namespaced_custom_object_status(
@@ -181,6 +218,21 @@ def refusal(error: ApiException) -> str | None:
         return str(json.loads(error.body or b"").get("message") or error.reason)
     except (TypeError, ValueError, AttributeError):
         return str(error.body or error.reason)
+
+
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+"""The cause the API server gives when it refuses new content in a namespace that is being deleted."""
+
+
+def namespace_terminating(error: ApiException) -> bool:
+    """A 403 'unable to create new content in namespace X because it is being terminated'."""
+    if error.status != 403:
+        return False
+    try:
+        details = json.loads(error.body or b"").get("details") or {}
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return any(cause.get("reason") == NAMESPACE_TERMINATING for cause in details.get("causes") or [])
 
 
 def drifted(wanted: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:

@@ -48,8 +48,6 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    if not args.verbose:
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one "succeeded" line per child event
     from datagen_operator.k8s.settings import Settings
 
     if args.metrics_port is not None:

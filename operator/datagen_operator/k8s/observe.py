@@ -283,12 +283,19 @@ def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str)
             except (orjson.JSONDecodeError, KeyError, ValueError):
                 continue
     finished = job_finished(job)
-    if finished is None:
+    if finished is None or not ended:
+        # No pod seen ended: the cache has not caught up yet, or its pods are gone (a user, pod GC): there is no
+        # verdict to read, and no failure either (job_lost: the step runs again).
         return None
-    last = _exit_text(sorted(ended, key=lambda item: item[0])[-1][1]) if ended else "no pod ran"
+    last = _exit_text(sorted(ended, key=lambda item: item[0])[-1][1])
     if finished == "Complete":
         return StepOutcome(
             False, "NoVerdict", f"the {what} pod ended without a verdict in its termination message ({last})"
         )
     condition = _condition(job, "Failed") or {}
     return StepOutcome(False, "Error", f"the {what} Job failed ({condition.get('reason', '')}): {last}")
+
+
+def job_lost(job: Obj | None, pods: Iterable[Obj]) -> bool:
+    """A finished one-shot Job none of whose pods is left: its verdict went with them, unread."""
+    return job is not None and job_finished(job) is not None and not list(pods)

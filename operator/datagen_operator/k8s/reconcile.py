@@ -28,7 +28,7 @@ from datagen_operator.api.names import (
 )
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.spec import API_GROUP, API_VERSION, DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
     EXPORTED,
@@ -46,11 +46,12 @@ from datagen_operator.control.remembered import (
     remembered_halt,
     remembered_outcome,
     remembered_preflight,
+    remembered_workers,
 )
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.kube import Kube, drifted, refusal
+from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refusal
 from datagen_operator.k8s.settings import Settings
 
 log = logging.getLogger("datagen.operator")
@@ -69,6 +70,8 @@ class OperatorContext:
     http: aiohttp.ClientSession
     children: Lookup
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    reporter: tuple[str, str] = ("datagen-operator", "datagen-operator")
+    """(component, instance) the operator's events come from: kubectl describe's "From"."""
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -90,7 +93,6 @@ class Reconciler:
     """The status this operator last wrote; the watch may lag behind it."""
     last_write: float = 0.0
     server_info: dict[str, Any] | None = None
-    post_event: Callable[[Event], None] = lambda event: None
     refused_writes: dict[str, str] = field(default_factory=dict)
     """'Kind/name' -> the API server's words, for writes it refused; cleared when the same write succeeds."""
     refused_pods: dict[str, str] = field(default_factory=dict)
@@ -102,6 +104,10 @@ class Reconciler:
     runs where LWS is not installed."""
     worker_image: str | None = None
     """The operator's worker image the run started with (status.workerImage), found once per pass."""
+    namespace_going: bool = False
+    """The run's namespace is being deleted (the API server refuses new content there): the run is only let go."""
+    probed: tuple[frozenset[tuple[str, bool]], float] | None = None
+    """The run's pods (uid, terminating) when the namespace was last asked whether it is being deleted, and when."""
 
     # --- cache reads ---------------------------------------------------------------------------
 
@@ -117,9 +123,45 @@ class Reconciler:
     # --- the pass ------------------------------------------------------------------------------
 
     async def run_pass(self, body: Mapping[str, Any]) -> Decision | None:
-        meta = body["metadata"]
-        if meta.get("deletionTimestamp"):
+        if body["metadata"].get("deletionTimestamp"):
             return None  # the finalizer's turn: nothing may be (re)created now
+        try:
+            if not self.namespace_going and await self._namespace_deleted():
+                self._let_go()
+            if not self.namespace_going:
+                return await self._pass(body)
+        except ApiException as error:
+            if not namespace_terminating(error):
+                raise
+            self._let_go()
+        # The namespace goes: its pods were deleted first, and the run's DataGenRun only follows once they are
+        # gone. The workers' Job holds a failed pod of each unfinished shard for a replacement that the namespace
+        # will never accept (its tracking finalizer), so the children are stopped as a deletion stops them;
+        # nothing is judged, reported or created any more.
+        await stop_children(self.ctx.kube, self.namespace, self.name)
+        return None
+
+    def _let_go(self) -> None:
+        if not self.namespace_going:
+            log.info("%s/%s: the namespace is being deleted: stopping the run's children", self.namespace, self.name)
+        self.namespace_going = True
+
+    async def _namespace_deleted(self) -> bool:
+        """Whether the namespace is being deleted, asked only while some pod of the run is terminating (a
+        namespace's deletion starts with its pods): again when the run's pods change, else once a minute."""
+        pods = frozenset(
+            (p["metadata"]["uid"], bool(p["metadata"].get("deletionTimestamp"))) for p in self._children("Pod")
+        )
+        if not any(terminating for _, terminating in pods):
+            return False
+        now = asyncio.get_running_loop().time()
+        if self.probed is not None and self.probed[0] == pods and now - self.probed[1] < NAMESPACE_PROBE_S:
+            return False
+        self.probed = (pods, now)
+        return not await self.ctx.kube.takes_new_content(self.namespace)
+
+    async def _pass(self, body: Mapping[str, Any]) -> Decision | None:
+        meta = body["metadata"]
         generation = int(meta.get("generation") or 1)
         run = m.RunRef(self.name, self.namespace, meta["uid"])
         old = DataGenRunStatus.model_validate(self.status if self.status is not None else body.get("status") or {})
@@ -201,7 +243,11 @@ class Reconciler:
         return spec, resolved, data_generation, refused
 
     def _bulk_started(self) -> bool:
-        return self._named("Job", workers_job_name(self.name)) is not None
+        """The workers' Job exists, or the workers wrote progress: a finished workers' Job deleted by hand does not
+        make the output's records unwritten."""
+        if self._named("Job", workers_job_name(self.name)) is not None:
+            return True
+        return bool(o.shard_snapshots(self._children("ConfigMap")))
 
     # --- observe -------------------------------------------------------------------------------
 
@@ -270,7 +316,9 @@ class Reconciler:
             parsers=remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
             parser_probes=self.parser_probes,
             canary=canary,
-            workers=o.workers_observation(workers_job, self._pods("worker"), spec.clients.shards),
+            # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
+            workers=o.workers_observation(workers_job, self._pods("worker"), spec.clients.shards)
+            or remembered_workers(old.progress, spec.clients.shards),
             progress=o.progress_counters(self._children("ConfigMap"), workers_job),
             final=final,
             export=remembered_outcome(old.conditions, EXPORTED, data_generation)
@@ -309,6 +357,8 @@ class Reconciler:
         try:
             await write()
         except ApiException as error:
+            if namespace_terminating(error):
+                raise  # not a refusal of this child: the namespace goes (run_pass lets the run go)
             words = refusal(error)
             if kind == m.LWS_KIND and error.status == 404:
                 words = LWS_MISSING
@@ -379,6 +429,20 @@ class Reconciler:
                 wanted["kind"], server_name(self.name), lambda: kube.ensure(dict(wanted), workload, patch=scale)
             )
 
+        if observed.halted is None:
+            for step_job, component, verdict in (
+                (preflight_job_name(self.name), "preflight", observed.preflight),
+                (canary_job_name(self.name), "canary", observed.canary),
+                (verify_job_name(self.name), "verify", observed.final),
+                (export_job_name(self.name), "export", observed.export),
+            ):
+                if verdict is None and o.job_lost(self._named("Job", step_job), self._pods(component)):
+                    # Its pods went before their verdict was read (the operator was away): the step runs again,
+                    # rather than read as a failure. A recorded verdict never gets here (remembered first).
+                    log.info(
+                        "%s/%s: Job %s ended, its pods gone unread: it runs again", self.namespace, self.name, step_job
+                    )
+                    await kube.delete("Job", self.namespace, step_job)
         image = spec.clients.image or self.worker_image or self.ctx.settings.worker_image
         preflight = self._named("Job", preflight_job_name(self.name))
         if preflight is not None and _annotation(preflight, m.DATA_GENERATION) != str(data_generation):
@@ -467,7 +531,33 @@ class Reconciler:
             if previous is None or (previous.status, previous.reason) != (condition.status, condition.reason):
                 metrics.count_transition(condition.type, condition.status, condition.reason)
         for event in transition_events(old.conditions, conditions):
-            self.post_event(event)
+            await self._post_event(body, event)
+
+    async def _post_event(self, body: Mapping[str, Any], event: Event) -> None:
+        """One transition: logged (what a person reading the log needs) and posted as an event on the run. An
+        event is auxiliary: refused or failed, it is not retried, and a namespace being deleted stops the run."""
+        level = logging.WARNING if event.type == "Warning" else logging.INFO
+        log.log(level, "%s/%s: %s", self.namespace, self.name, event.message)
+        meta = body["metadata"]
+        involved = {
+            "apiVersion": body.get("apiVersion") or f"{API_GROUP}/{API_VERSION}",
+            "kind": body.get("kind") or "DataGenRun",
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": meta["uid"],
+        }
+        component, instance = self.ctx.reporter
+        try:
+            await self.ctx.kube.post_event(
+                involved, event.type, event.reason, event.message, component=component, instance=instance
+            )
+        except ApiException as error:
+            if namespace_terminating(error):
+                self._let_go()
+            elif error.status not in (404, 409):  # 404: the run or its namespace is gone; 409: a name clash
+                log.warning("%s/%s: event %s not posted: %s", self.namespace, self.name, event.reason, error.reason)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.warning("%s/%s: event %s not posted: %r", self.namespace, self.name, event.reason, error)
 
 
 def _signature(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -493,6 +583,9 @@ def children_accepted(refused: Mapping[str, str], old: DataGenRunStatus) -> list
     return []
 
 
+NAMESPACE_PROBE_S = 60.0
+"""How often a run whose pods stay terminating (a pod on a node that is gone, say) asks again whether its
+namespace is being deleted, when its pods did not change."""
 RESTART_HASH = f"{m.API_GROUP}/restart-hash"
 LWS_MISSING = (
     "LeaderWorkerSet is not installed in this cluster (no leaderworkersets.leaderworkerset.x-k8s.io): a server over "

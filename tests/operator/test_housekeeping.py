@@ -1,0 +1,280 @@
+"""A run lets Kubernetes tidy up: deleting its namespace, or the run itself (`kubectl delete dgr`), completes
+within a minute in every phase (the server loading, bulk generation, finished, halted), with no ERROR in the
+operator's log; and a healthy run says what it does in Normal events and INFO lines, not in warnings or one
+"succeeded" line per watch event.
+
+Kubernetes deletes a namespace's pods first and the rest (the DataGenRun among it) only once they are gone. A
+deleted pod of the workers' Job (an Indexed Job with backoffLimitPerIndex) is held by its tracking finalizer until
+a replacement exists, which a namespace being deleted never accepts: the operator lets the run go (stops its
+children as a deletion does) or the namespace never goes. The test kubelet gives a deleted pod its terminal
+phase before it goes, as a kubelet does, so the Job controller sees what it sees in a cluster.
+
+The operator watches a namespace of its own here (its ServiceAccount lives in the test's namespace, which
+stays): deleting the runs' namespace must not take the operator's credentials with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from datagen_operator.k8s.rbac import CLUSTER_RULES
+from tests.harness.controlplane import Cluster
+from tests.harness.kubelet import PodRunner
+from tests.harness.processes import free_port
+from tests.harness.sim import SimServer
+from tests.manifests import cluster_run
+from tests.operator.conftest import KIMI, SLOW, Runs, new_name
+
+DELETION_S = 60.0
+PER_EVENT = re.compile(r"(Handler|Indexer) '[^']+' succeeded\.")
+"""kopf's line for every watch event handed to a handler or an indexer."""
+
+
+class OperatorLog(logging.Handler):
+    """Every record the operator logs (kopf's loggers and ours) while it runs in this process."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith(("kopf", "datagen")):
+            self.records.append(record)
+
+    def lines(self, level: int = logging.INFO) -> list[str]:
+        return [f"{r.levelname} {r.name} {r.getMessage()}" for r in self.records if r.levelno >= level]
+
+    def errors(self) -> list[str]:
+        return self.lines(logging.ERROR)
+
+    def per_event(self) -> list[str]:
+        return [line for r in self.records if PER_EVENT.fullmatch(line := r.getMessage())]
+
+
+@pytest.fixture
+def run_namespace(control_plane: Cluster) -> Iterator[str]:
+    """A namespace for the runs alone (the tests delete it); removed afterwards if a test left it."""
+    core = client.CoreV1Api(control_plane.api_client())
+    name = f"t-runs-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"datagen.dev/test": "true"}}})
+    deadline = time.monotonic() + 30
+    while not core.list_namespaced_service_account(name, field_selector="metadata.name=default").items:
+        assert time.monotonic() < deadline, f"ServiceAccount default in {name}"
+        time.sleep(0.2)
+    yield name
+    with contextlib.suppress(ApiException):
+        core.delete_namespace(name)
+
+
+LoggedOperator = Callable[[list[str]], OperatorLog]
+
+
+@pytest.fixture
+def logged_operator(
+    control_plane: Cluster, namespace: str, run_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LoggedOperator]:
+    """`(server_urls) -> its log`: the operator in-process, watching `run_namespace`, as ServiceAccount
+    datagen-operator of the test's namespace bound to exactly k8s/rbac.py's rules (as tests/operator/conftest.py's
+    `operator`, which watches the test's own namespace)."""
+    from kopf.testing import KopfRunner
+
+    rbac = client.RbacAuthorizationV1Api(control_plane.api_client())
+    role = f"datagen-operator-{namespace}"
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": [dict(r) for r in CLUSTER_RULES]})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "datagen-operator", "namespace": namespace}],
+        }
+    )
+    kubeconfig = control_plane.kubeconfig_for_service_account(namespace, "datagen-operator")
+    log = OperatorLog()
+    logging.getLogger().addHandler(log)
+    runners: list[Any] = []
+
+    def start(server_urls: list[str]) -> OperatorLog:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
+        monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
+        monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
+        monkeypatch.setenv("DATAGEN_WORKER_IMAGE", "datagen-operator/datagen:test")
+        runner = KopfRunner(
+            ["run", "--standalone", "--namespace", run_namespace, "-m", "datagen_operator.k8s.handlers"], timeout=60
+        )
+        runner.__enter__()
+        runners.append(runner)
+        return log
+
+    yield start
+    for runner in runners:
+        runner.__exit__(None, None, None)
+    logging.getLogger().removeHandler(log)
+    for call in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+        with contextlib.suppress(ApiException):
+            call(role)
+
+
+LENIENT = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
+STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
+LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens", "8")
+
+
+def many_prompts(data_dir: Path, count: int = 120) -> None:
+    """Enough prompts that a run is still generating when the strict checks come in."""
+    lines = [
+        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why?"}]} for i in range(count)
+    ]
+    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def to_phase(phase: str, runs: Runs, name: str, kubelet: PodRunner, sim: SimServer, data: Path, tok: Path) -> None:
+    """Create the run and bring it to `phase`; the simulator is started here except for "loading"."""
+    if phase == "halted":
+        many_prompts(data)
+        sampling = {"sampling": {"max_new_tokens": 64}}
+        runs.create(cluster_run(name, data, tok, generation=sampling, checks=LENIENT))
+    else:
+        runs.create(cluster_run(name, data, tok))
+    if phase == "loading":
+        runs.wait(name, "InputsVerified", "True", "Passed", timeout=90)
+        runs.wait(name, "ServerReady", "False", "Loading", timeout=60)
+        return
+    sim.spawn().wait_ready()
+    if phase == "finished":
+        runs.wait(name, "Succeeded", "True", "Completed", timeout=240)
+        return
+    runs.wait(name, "Progressing", "True", "Running", timeout=150)
+    if phase == "bulk":
+        runs.wait_for("workers running", lambda: len(kubelet.running(runs.namespace, f"{name}-workers-")) == 2)
+        return
+    records = lambda: (runs.get(name)["status"].get("progress") or {}).get("records", 0)  # noqa: E731
+    runs.wait_for("16 records", lambda: records() >= 16, 120)
+    runs.patch_spec(name, {"checks": STRICT})  # the rolling checks halt it: its workers' Job is suspended
+    runs.wait(name, "Succeeded", "False", "ChecksFailed", timeout=60)
+    runs.wait_for("the workers stopped", lambda: not kubelet.running(runs.namespace, f"{name}-workers-"), 60)
+
+
+def sim_flags(phase: str) -> tuple[str, ...]:
+    return {"finished": KIMI, "halted": (*KIMI, *SLOW, *LONG_ANSWERS)}.get(phase, (*KIMI, *SLOW))
+
+
+def gone(read: Callable[[], Any]) -> bool:
+    try:
+        read()
+    except ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
+
+
+def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("kubectl") or str(Path(cluster.binary("kubectl")))  # type: ignore[attr-defined]
+    return subprocess.run([binary, f"--kubeconfig={cluster.kubeconfig}", *args], capture_output=True, text=True)
+
+
+def evidence(cluster: Cluster, line: str) -> None:
+    with (cluster.logs_dir / "housekeeping.log").open("a") as log:  # stdout belongs to KopfRunner here
+        log.write(line + "\n")
+
+
+@pytest.mark.parametrize("how", ["namespace", "run"])
+@pytest.mark.parametrize("phase", ["loading", "bulk", "finished", "halted"])
+def test_deleting_the_namespace_or_the_run_completes_within_a_minute(
+    phase: str,
+    how: str,
+    control_plane: Cluster,
+    run_namespace: str,
+    logged_operator: LoggedOperator,
+    kubelet: PodRunner,
+    data_dir: Path,
+    standin_tokenizer: Path,
+) -> None:
+    runs = Runs(control_plane, run_namespace)
+    name = new_name(phase)
+    sim = SimServer(sim_flags(phase), tokenizer_dir=standin_tokenizer, port=free_port())
+    with sim:
+        log = logged_operator([sim.url])
+        to_phase(phase, runs, name, kubelet, sim, data_dir, standin_tokenizer)
+        before = runs.condition(name, "Succeeded")
+        assert before is not None
+        seen: list[tuple[str, str]] = []
+
+        def done() -> bool:
+            with contextlib.suppress(ApiException):  # the run is gone before its namespace
+                succeeded = runs.condition(name, "Succeeded") or {}
+                seen.append((succeeded.get("status", ""), succeeded.get("reason", "")))
+            if how == "namespace":
+                return gone(lambda: runs.core.read_namespace(run_namespace))
+            return (
+                gone(lambda: runs.get(name))
+                and not runs.core.list_namespaced_pod(run_namespace, label_selector=f"datagen.dev/run={name}").items
+            )
+
+        started = time.monotonic()
+        if how == "namespace":
+            runs.core.delete_namespace(run_namespace)
+        else:
+            # Not waited for by kubectl: the test polls the run while its finalizer works.
+            deleted = kubectl(control_plane, "-n", run_namespace, "delete", "dgr", name, "--wait=false")
+            assert deleted.returncode == 0, deleted.stderr
+        finished = False
+        while not finished and time.monotonic() - started < DELETION_S:
+            finished = done()
+            time.sleep(0.3)
+        took = time.monotonic() - started
+        state = "" if finished else runs.describe()
+        time.sleep(2)  # what the operator logs as the run goes
+    errors = log.errors()
+    evidence(control_plane, f"{phase}/{how}: {'gone' if finished else 'NOT gone'} after {took:.1f} s, "
+             f"{len(errors)} ERROR lines, Succeeded seen {sorted(set(seen))}")  # fmt: skip
+    assert finished, f"{how} of a {phase} run not done after {took:.0f} s:\n{state}"
+    assert not errors, errors[:3]
+    changed = {s for s in seen if s != ("", "") and s != (before["status"], before["reason"])}
+    assert not changed, f"Succeeded was {before['status']} ({before['reason']}), then {changed}: a false verdict"
+
+
+def test_a_successful_run_warns_of_nothing_and_logs_no_line_per_watch_event(
+    control_plane: Cluster,
+    run_namespace: str,
+    logged_operator: LoggedOperator,
+    kubelet: PodRunner,
+    data_dir: Path,
+    standin_tokenizer: Path,
+) -> None:
+    runs = Runs(control_plane, run_namespace)
+    name = new_name("quiet")
+    sim = SimServer(KIMI, tokenizer_dir=standin_tokenizer).spawn()
+    with sim:
+        sim.wait_ready()
+        log = logged_operator([sim.url])
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 3}))
+        runs.wait(name, "Succeeded", "True", "Completed", timeout=240)
+        time.sleep(2)
+    events = runs.events(name)
+    warnings = [(e.reason, e.message) for e in events if e.type == "Warning"]
+    info = log.lines()
+    evidence(control_plane, f"{name}: {len(events)} events ({len(warnings)} Warning), {len(info)} INFO+ lines, "
+             f"{len(log.per_event())} per-event lines:\n  " + "\n  ".join(info))  # fmt: skip
+    assert {e.reason for e in events} >= {"InputsVerifiedPassed", "ServerReadyReleased", "SucceededCompleted"}
+    assert not warnings, warnings
+    assert not log.per_event(), f"{len(log.per_event())} lines like {log.per_event()[:2]}"
+    # What a person reading the log needs: each transition, in the events' words.
+    said = "\n".join(info)
+    for transition in ("InputsVerified=True (Passed)", "CanaryPassed=True (Passed)", "Succeeded=True (Completed)"):
+        assert f"{runs.namespace}/{name}: {transition}" in said, transition
