@@ -241,8 +241,9 @@ def test_deleting_the_namespace_or_the_run_completes_within_a_minute(
         state = "" if finished else runs.describe()
         time.sleep(2)  # what the operator logs as the run goes
     errors = log.errors()
+    let_go = [line.partition("(")[2].partition(")")[0] for line in log.lines() if "namespace is being deleted" in line]
     evidence(control_plane, f"{phase}/{how}: {'gone' if finished else 'NOT gone'} after {took:.1f} s, "
-             f"{len(errors)} ERROR lines, Succeeded seen {sorted(set(seen))}")  # fmt: skip
+             f"{len(errors)} ERROR lines, Succeeded seen {sorted(set(seen))}, let go: {let_go}")  # fmt: skip
     assert finished, f"{how} of a {phase} run not done after {took:.0f} s:\n{state}"
     assert not errors, errors[:3]
     changed = {s for s in seen if s != ("", "") and s != (before["status"], before["reason"])}

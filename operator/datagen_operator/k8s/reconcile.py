@@ -127,13 +127,13 @@ class Reconciler:
             return None  # the finalizer's turn: nothing may be (re)created now
         try:
             if not self.namespace_going and await self._namespace_deleted():
-                self._let_go()
+                self._let_go("a pod of the run terminates and the namespace takes no new objects")
             if not self.namespace_going:
                 return await self._pass(body)
         except ApiException as error:
             if not namespace_terminating(error):
                 raise
-            self._let_go()
+            self._let_go(f"the API server refused a write: {error.reason}")
         # The namespace goes: its pods were deleted first, and the run's DataGenRun only follows once they are
         # gone. The workers' Job holds a failed pod of each unfinished shard for a replacement that the namespace
         # will never accept (its tracking finalizer), so the children are stopped as a deletion stops them;
@@ -141,9 +141,10 @@ class Reconciler:
         await stop_children(self.ctx.kube, self.namespace, self.name)
         return None
 
-    def _let_go(self) -> None:
+    def _let_go(self, why: str) -> None:
         if not self.namespace_going:
-            log.info("%s/%s: the namespace is being deleted: stopping the run's children", self.namespace, self.name)
+            said = "%s/%s: the namespace is being deleted (%s): stopping the run's children, reporting nothing more"
+            log.info(said, self.namespace, self.name, why)
         self.namespace_going = True
 
     async def _namespace_deleted(self) -> bool:
@@ -553,7 +554,7 @@ class Reconciler:
             )
         except ApiException as error:
             if namespace_terminating(error):
-                self._let_go()
+                self._let_go(f"the API server refused event {event.reason}")
             elif error.status not in (404, 409):  # 404: the run or its namespace is gone; 409: a name clash
                 log.warning("%s/%s: event %s not posted: %s", self.namespace, self.name, event.reason, error.reason)
         except (aiohttp.ClientError, TimeoutError) as error:
