@@ -105,6 +105,9 @@ def logged_operator(
     kubeconfig = control_plane.kubeconfig_for_service_account(namespace, "datagen-operator")
     log = OperatorLog()
     logging.getLogger().addHandler(log)
+    # An in-process worker run earlier in the session (its setup_logging) stops `datagen` records at their own
+    # logger; the operator's must reach the root's handler here, as they reach the operator pod's output.
+    monkeypatch.setattr(logging.getLogger("datagen"), "propagate", True)
     runners: list[Any] = []
 
     def start(server_urls: list[str]) -> OperatorLog:
