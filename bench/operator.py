@@ -218,7 +218,6 @@ def main() -> int:
                 if name in created and name not in first_pod:
                     first_pod[name] = seen - created[name]
             time.sleep(0.1)
-        kubelet.stop()
         time.sleep(20)  # past the start-up writes of the last runs
         start_counts = json.loads(counts.read_text())
         time.sleep(args.window)
@@ -227,6 +226,7 @@ def main() -> int:
         kinds = {k: v - start_counts["by_kind"].get(k, 0) for k, v in end_counts["by_kind"].items()}
         writes = (after - before) / args.runs / (args.window / 60)
         rss = rss_mb(operator.pid)
+        kubelet.stop()  # after the window: its node's deletion would leave the finished preflight pods terminating
         status_p50, status_p95 = (
             percentile(list(first_status.values()), 50),
             percentile(list(first_status.values()), 95),
