@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -33,6 +34,25 @@ def datagen_run(run_file: Path, *extra: str, timeout: float = 240) -> subprocess
         text=True,
         timeout=timeout,
     )
+
+
+SLOW_SIM = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
+"""A simulator slow enough that a run is still generating when the test acts on it."""
+
+
+def start_generating(run_file: Path, output: Path, timeout: float = 120) -> subprocess.Popen[str]:
+    """`datagen run` on the slow simulator in a child process, returned once its workers write records."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *SLOW_SIM],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not list(output.glob("shards/*/*.jsonl")):
+        time.sleep(0.2)
+    assert list(output.glob("shards/*/*.jsonl")), "the run's workers never started"
+    return process
 
 
 def dataset_ids() -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 from datagen_operator.api import load_run
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.local import run_on_this_machine
-from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest, stored_keys
+from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest, start_generating, stored_keys
 
 
 def flat(text: str) -> str:
@@ -124,25 +124,11 @@ def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Pat
 def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(tmp_path: Path, standin: Path) -> None:
     """One owner per output (output/lease.py): the second run is refused before it writes anything or starts a
     server; the first generates every prompt once and names itself in each record."""
-    import subprocess
-    import sys
-    import time
 
     from datagen_operator.output.lease import read_lease
 
     out = tmp_path / "out"
-    first_file = manifest(tmp_path, standin, output=out, clients__concurrency=2)
-    slow = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "datagen_operator.cli", "run", str(first_file), *slow],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(out.glob("shards/*/*.jsonl")):
-        time.sleep(0.2)
-    assert list(out.glob("shards/*/*.jsonl")), "the first run's workers never started"
+    first = start_generating(manifest(tmp_path, standin, output=out, clients__concurrency=2), out)
     lease = read_lease(out)
     assert lease is not None and lease.pid == first.pid
     run_yaml = (out / "run.yaml").read_bytes()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
+from tests.local.runs import FAST_SIM, datagen_run, manifest, start_generating, stored_keys
 
 
 def flat(text: str) -> str:
@@ -37,22 +37,10 @@ def test_a_resume_whose_canary_passed_with_the_same_fingerprint_does_not_rerun_i
     tmp_path: Path, standin: Path
 ) -> None:
     import signal
-    import subprocess
-    import sys
-    import time
 
     run_file = manifest(tmp_path, standin, clients__concurrency=2)
     out = tmp_path / "out"
-    slow = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *slow],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(out.glob("shards/*/*.jsonl")):
-        time.sleep(0.2)
+    first = start_generating(run_file, out)
     first.send_signal(signal.SIGINT)
     first.communicate(timeout=90)
     assert first.returncode == 130

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from tests.local.runs import FAST_SIM, datagen_run, dataset_ids, manifest, stored_keys
+from tests.local.runs import FAST_SIM, datagen_run, dataset_ids, manifest, start_generating, stored_keys
 
 
 def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path) -> None:
@@ -112,17 +112,7 @@ def _children_of(output: Path) -> list[str]:
 def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin: Path) -> None:
     run_file = manifest(tmp_path, standin, clients__concurrency=2)
     out = tmp_path / "out"
-    slow = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *slow],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(out.glob("shards/*/*.jsonl")):
-        time.sleep(0.2)
-    assert list(out.glob("shards/*/*.jsonl")), "workers never started"
+    process = start_generating(run_file, out)
     time.sleep(1.0)
     process.send_signal(signal.SIGINT)
     stdout, _ = process.communicate(timeout=90)

@@ -181,13 +181,9 @@ class OperatorHandle:
 OperatorFactory = Callable[..., OperatorHandle]
 
 
-@pytest.fixture
-def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorFactory]:
-    """`(server_urls, worker_image=...) -> handle`: the operator in-process as ServiceAccount datagen-operator of
-    the test's namespace, bound to a ClusterRole with exactly k8s/rbac.py's rules. Call again after `.stop()` to
-    restart (with another worker image: an operator upgrade)."""
-    from kopf.testing import KopfRunner
-
+def operator_account(control_plane: Cluster, namespace: str) -> tuple[Path, Callable[[], None]]:
+    """The kubeconfig of ServiceAccount datagen-operator of `namespace`, bound to a ClusterRole with exactly
+    k8s/rbac.py's rules, and what removes that role again."""
     rbac = client.RbacAuthorizationV1Api(control_plane.api_client())
     role = f"datagen-operator-{namespace}"
     rbac.create_cluster_role({"metadata": {"name": role}, "rules": [dict(r) for r in CLUSTER_RULES]})
@@ -198,7 +194,23 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
             "subjects": [{"kind": "ServiceAccount", "name": "datagen-operator", "namespace": namespace}],
         }
     )
-    kubeconfig = control_plane.kubeconfig_for_service_account(namespace, "datagen-operator")
+
+    def unbind() -> None:
+        for call in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+            with contextlib.suppress(ApiException):
+                call(role)
+
+    return control_plane.kubeconfig_for_service_account(namespace, "datagen-operator"), unbind
+
+
+@pytest.fixture
+def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorFactory]:
+    """`(server_urls, worker_image=...) -> handle`: the operator in-process as ServiceAccount datagen-operator of
+    the test's namespace, bound to a ClusterRole with exactly k8s/rbac.py's rules. Call again after `.stop()` to
+    restart (with another worker image: an operator upgrade)."""
+    from kopf.testing import KopfRunner
+
+    kubeconfig, unbind = operator_account(control_plane, namespace)
     handles: list[OperatorHandle] = []
 
     def start(server_urls: list[str], worker_image: str = WORKER_IMAGE) -> OperatorHandle:
@@ -219,9 +231,21 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
     yield start
     for handle in handles:
         handle.stop()
-    for call in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
-        with contextlib.suppress(ApiException):
-            call(role)
+    unbind()
+
+
+LENIENT = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
+STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
+LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens", "8")
+"""Answers longer than max_new_tokens (64): truncated records, which a strict maxTruncationRate halts on."""
+
+
+def many_prompts(data_dir: Path, count: int = 120) -> None:
+    """Enough prompts that a run is still generating when the strict checks come in."""
+    lines = [
+        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why?"}]} for i in range(count)
+    ]
+    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def new_name(prefix: str) -> str:

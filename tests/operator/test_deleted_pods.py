@@ -8,7 +8,6 @@ is re-created (the UIDs), no step pod runs again (the test kubelet's count of th
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +21,17 @@ from tests.harness.kubelet import PodRunner
 from tests.harness.processes import free_port
 from tests.harness.sim import SimServer
 from tests.manifests import cluster_run
-from tests.operator.conftest import KIMI, SLOW, OperatorFactory, Runs, new_name
+from tests.operator.conftest import (
+    KIMI,
+    LENIENT,
+    LONG_ANSWERS,
+    SLOW,
+    STRICT,
+    OperatorFactory,
+    Runs,
+    many_prompts,
+    new_name,
+)
 
 VERDICTS = ("InputsVerified", "ParsersVerified", "CanaryPassed", "DataFaithful", "Exported", "Succeeded")
 """Conditions that hold a step's verdict once they read True or False (DataFaithful: the final verification's)."""
@@ -248,20 +257,6 @@ def test_deleting_finished_step_children_at_every_phase_changes_nothing(
     assert status["progress"] == before["progress"], "the count stands without the workers' Job"
     assert status["progress"]["shardsDone"] == 2 and status["progress"]["promptsDone"] == 24
     assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
-
-
-LENIENT = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
-STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
-LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens", "8")
-"""Answers longer than max_new_tokens (64): truncated records, which a strict maxTruncationRate halts on."""
-
-
-def many_prompts(data_dir: Path, count: int = 120) -> None:
-    """Enough prompts that a run is still generating when the strict checks come in."""
-    lines = [
-        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why?"}]} for i in range(count)
-    ]
-    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 @pytest.mark.parametrize("what", ["pods", "jobs"])

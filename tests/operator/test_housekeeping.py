@@ -16,7 +16,6 @@ stays): deleting the runs' namespace must not take the operator's credentials wi
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import secrets
@@ -31,13 +30,22 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from datagen_operator.k8s.rbac import CLUSTER_RULES
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.processes import free_port
 from tests.harness.sim import SimServer
 from tests.manifests import cluster_run
-from tests.operator.conftest import KIMI, SLOW, Runs, new_name
+from tests.operator.conftest import (
+    KIMI,
+    LENIENT,
+    LONG_ANSWERS,
+    SLOW,
+    STRICT,
+    Runs,
+    many_prompts,
+    new_name,
+    operator_account,
+)
 
 DELETION_S = 60.0
 PER_EVENT = re.compile(r"(Handler|Indexer) '[^']+' succeeded\.")
@@ -92,17 +100,7 @@ def logged_operator(
     `operator`, which watches the test's own namespace)."""
     from kopf.testing import KopfRunner
 
-    rbac = client.RbacAuthorizationV1Api(control_plane.api_client())
-    role = f"datagen-operator-{namespace}"
-    rbac.create_cluster_role({"metadata": {"name": role}, "rules": [dict(r) for r in CLUSTER_RULES]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": "datagen-operator", "namespace": namespace}],
-        }
-    )
-    kubeconfig = control_plane.kubeconfig_for_service_account(namespace, "datagen-operator")
+    kubeconfig, unbind = operator_account(control_plane, namespace)
     log = OperatorLog()
     logging.getLogger().addHandler(log)
     # An in-process worker run earlier in the session (its setup_logging) stops `datagen` records at their own
@@ -127,22 +125,7 @@ def logged_operator(
     for runner in runners:
         runner.__exit__(None, None, None)
     logging.getLogger().removeHandler(log)
-    for call in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
-        with contextlib.suppress(ApiException):
-            call(role)
-
-
-LENIENT = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
-STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
-LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens", "8")
-
-
-def many_prompts(data_dir: Path, count: int = 120) -> None:
-    """Enough prompts that a run is still generating when the strict checks come in."""
-    lines = [
-        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why?"}]} for i in range(count)
-    ]
-    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    unbind()
 
 
 def to_phase(phase: str, runs: Runs, name: str, kubelet: PodRunner, sim: SimServer, data: Path, tok: Path) -> None:
