@@ -200,3 +200,14 @@ def parser_choices(dests: list[str]) -> dict[str, list[str] | None]:
     sglang_side._STATE["server_args"].ServerArgs.add_cli_args(parser)
     actions = {action.dest: action for action in parser._actions}
     return {dest: list(actions[dest].choices) if actions[dest].choices else None for dest in dests}
+
+
+def reasoning_tags(names: list[str]) -> dict[str, list[str]]:
+    """The (start, end) markers SGLang's own ReasoningParser detector for each name looks for."""
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    tags = {}
+    for name in names:
+        detector = ReasoningParser(model_type=name, stream_reasoning=False).detector
+        tags[name] = [detector.think_start_token, detector.think_end_token]
+    return tags
