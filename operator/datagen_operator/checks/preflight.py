@@ -43,10 +43,9 @@ from datagen_operator.output.lease import (
     STEP_MARGIN_S,
     Holder,
     OutputInUse,
+    claim_output,
     lease_holder,
-    live_lease,
     release_lease,
-    take_lease,
 )
 from datagen_operator.output.records import ContextLimit, model_context_limit
 from datagen_operator.output.volume import is_volume_error
@@ -68,12 +67,7 @@ def run_preflight(
     (output/lease.py), and given back when the verdict refuses: nothing will be generated then. Without one (a
     check by hand) a lease of any run is only respected."""
     try:
-        if holder is None:
-            busy = live_lease(output)
-            if busy is not None:
-                raise busy
-        else:
-            take_lease(output, holder, spec.server.startup_timeout + STEP_MARGIN_S)
+        claim_output(output, holder, spec.server.startup_timeout + STEP_MARGIN_S)
     except OutputInUse as busy:
         return _failed("OutputInUse", str(busy))
     except OSError as error:

@@ -121,6 +121,17 @@ def live_lease(output: Path, holder_id: str | None = None, now: float | None = N
     return OutputInUse(output, current, moment)
 
 
+def claim_output(output: Path, holder: Holder | None, duration_s: float) -> None:
+    """A step's claim on the output: a run's step takes (or renews) the lease; a step run by hand, without a
+    holder, only respects one. OutputInUse when another run holds it."""
+    if holder is not None:
+        take_lease(output, holder, duration_s)
+        return
+    busy = live_lease(output)
+    if busy is not None:
+        raise busy
+
+
 def lease_holder(holder_id: str | None, run: DataGenRun | None) -> Holder | None:
     """The holder a step's `--lease-holder` names, called after its run file's `namespace/name`."""
     if holder_id is None:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from datagen_operator.output.lease import LEASE_RENEW_S, WORKER_LEASE_S, OutputInUse, live_lease, take_lease
+from datagen_operator.output.lease import LEASE_RENEW_S, WORKER_LEASE_S, OutputInUse, claim_output, take_lease
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
 log = logging.getLogger("datagen.worker")
@@ -21,14 +21,8 @@ class WorkerLease:
     def hold(self) -> None:
         """Take the output's lease for the worker's run (or, run by hand without one, respect a run's lease):
         BadInput naming the holder when another run writes this output."""
-        config = self.config
         try:
-            if config.lease_holder is None:
-                busy = live_lease(config.output)
-                if busy is not None:
-                    raise busy
-            else:
-                take_lease(config.output, config.lease_holder, WORKER_LEASE_S)
+            claim_output(self.config.output, self.config.lease_holder, WORKER_LEASE_S)
         except OutputInUse as busy:
             raise BadInput(str(busy)) from None
         self.renewed = time.monotonic()
