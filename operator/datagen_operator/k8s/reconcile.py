@@ -195,6 +195,11 @@ class Reconciler:
             outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints[0])
             observed = replace(observed, parsers=outcome, parser_probes=self.parser_probes)
             decision = decide(spec, observed, context)
+        if not old.conditions:
+            # A new run: `kubectl get dgr` shows what it is about to do before its children are written (with
+            # many runs applied at once, those writes queue behind each other's).
+            await self._report(body, old, decision, generation, now, [], observed)
+            old = DataGenRunStatus.model_validate(self.status or {})
         await self._act(run, spec, resolved, decision, observed, urls, data_generation)
         extra = []
         if refused:
