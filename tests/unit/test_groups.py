@@ -15,8 +15,9 @@ from datagen_operator.control.observed import ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.groups import group_observation
-from datagen_operator.k8s.reconcile import LWS_MISSING, Reconciler, needs_restart, with_restart_hash
+from datagen_operator.k8s.reconcile import LWS_MISSING, Reconciler
 from tests.manifests import unit_spec
+from tests.unit.test_reconcile import restart_hash
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 LEADER_STS = {"metadata": {"name": "kimi-server"}, "status": {"updateRevision": "r1"}}
@@ -146,8 +147,8 @@ def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:
 def test_a_group_restarts_for_its_templates_not_for_live_placement() -> None:
     run = m.RunRef("kimi", "ml", "u")
     spec = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
-    base = with_restart_hash(m.server_workload(run, spec, 1))
+    base = restart_hash(m.server_workload(run, spec, 1))
     moved = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "nodeSelector": {"pool": "b"}}))
-    assert not needs_restart(with_restart_hash(m.server_workload(run, moved, 1)), base)
+    assert restart_hash(m.server_workload(run, moved, 1)) == base
     longer = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "shmSize": "128Gi"}))
-    assert needs_restart(with_restart_hash(m.server_workload(run, longer, 1)), base)
+    assert restart_hash(m.server_workload(run, longer, 1)) != base

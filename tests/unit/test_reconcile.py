@@ -9,7 +9,7 @@ from datagen_operator.control.observed import ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.reconcile import _signature, children_accepted, needs_restart, with_restart_hash
+from datagen_operator.k8s.reconcile import _signature, children_accepted
 from tests.manifests import unit_spec
 
 REFUSED = 'create Pod x-server-0 in StatefulSet x-server failed error: pods "x-server-0" is forbidden: exceeded quota'
@@ -74,15 +74,19 @@ def test_only_flips_make_a_status_write_urgent() -> None:
     assert _signature(status(0.99)) != _signature(status(0.99, reason="Paused")), "a condition changes"
 
 
+def restart_hash(workload: m.Manifest) -> str:
+    return m.with_restart_hash(workload)["metadata"]["annotations"][m.RESTART_HASH]
+
+
 def test_live_fields_change_the_template_but_not_the_restart_hash() -> None:
-    running = with_restart_hash(m.server_statefulset(RUN, SPEC, 1))
+    running = m.server_statefulset(RUN, SPEC, 1)
     server = SPEC.server.model_copy(update={"node_selector": {"pool": "h200"}, "priority_class_name": "batch"})
-    placed = with_restart_hash(m.server_statefulset(RUN, SPEC.model_copy(update={"server": server}), 1))
+    placed = m.server_statefulset(RUN, SPEC.model_copy(update={"server": server}), 1)
     assert placed["spec"]["template"] != running["spec"]["template"]
-    assert not needs_restart(placed, running)
+    assert restart_hash(placed) == restart_hash(running)
     image = SPEC.server.model_copy(update={"image": "lmsysorg/sglang:v0.5.24"})
-    assert needs_restart(
-        with_restart_hash(m.server_statefulset(RUN, SPEC.model_copy(update={"server": image}), 1)), running
+    assert restart_hash(m.server_statefulset(RUN, SPEC.model_copy(update={"server": image}), 1)) != restart_hash(
+        running
     )
 
 

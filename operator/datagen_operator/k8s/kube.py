@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,11 +41,17 @@ class Kube:
         if path:
             await config.load_kube_config(config_file=path, client_configuration=configuration)
         else:
-            config.load_incluster_config(client_configuration=configuration)
+            load_incluster: Callable[..., None] = config.load_incluster_config  # the library has no type hints
+            load_incluster(client_configuration=configuration)
         return cls(client.ApiClient(configuration))
 
     async def close(self) -> None:
         await self.api.close()
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        """A client model as the plain JSON dict the API server sent (what the watch cache holds too)."""
+        plain: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return plain
 
     def _ops(self, kind: str) -> tuple[Any, Any, Any, Any]:
         """(create, read, patch, delete) for a namespaced kind."""
@@ -98,7 +104,7 @@ class Kube:
     async def read(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         _, read, _, _ = self._ops(kind)
         try:
-            return self.api.sanitize_for_serialization(await read(name, namespace))
+            return self._plain(await read(name, namespace))
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -123,7 +129,7 @@ class Kube:
             force=True,
             _content_type="application/apply-patch+yaml",
         )
-        return self.api.sanitize_for_serialization(applied)
+        return self._plain(applied)
 
     async def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         *_, delete = self._ops(kind)
@@ -154,7 +160,8 @@ class Kube:
     async def events_about(self, namespace: str, uid: str) -> list[Mapping[str, Any]]:
         """Events whose involved object is `uid` (a controller's FailedCreate holds the API server's refusal)."""
         listed = await self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}")
-        return self.api.sanitize_for_serialization(listed).get("items") or []
+        items: list[Mapping[str, Any]] = self._plain(listed).get("items") or []
+        return items
 
     async def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str, *, component: str, instance: str
@@ -247,4 +254,4 @@ def _contains(obj: Any, subset: Any) -> bool:
     if isinstance(subset, list):
         # Lists compare item by item: the server adds defaults inside items (a Service port's protocol).
         return isinstance(obj, list) and len(obj) == len(subset) and all(map(_contains, obj, subset))
-    return obj == subset
+    return bool(obj == subset)

@@ -523,6 +523,26 @@ def server_workload(
     return server_statefulset(run, spec, replicas, resolved)
 
 
+RESTART_HASH = f"{API_GROUP}/restart-hash"
+LIVE_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
+"""The server pod template's live parts (spec.server's placement): a running server keeps the template it
+started with; a change reaches the next server start (or at once, while no server pod holds a node)."""
+
+
+def with_restart_hash(workload: Manifest) -> Manifest:
+    """The StatefulSet (or a group's LeaderWorkerSet) annotated with the hash of what needs a server restart:
+    its pod templates without the live fields (a change of image, args, resources, volumes)."""
+    if workload["kind"] == LWS_KIND:
+        group = workload["spec"]["leaderWorkerTemplate"]
+        templates = [group["leaderTemplate"], group["workerTemplate"]]
+    else:
+        templates = [workload["spec"]["template"]]
+    restart = [{**t, "spec": {k: v for k, v in t["spec"].items() if k not in LIVE_POD_FIELDS}} for t in templates]
+    digest = template_hash(restart[0] if len(restart) == 1 else restart)
+    annotations = {**workload["metadata"].get("annotations", {}), RESTART_HASH: digest}
+    return {**workload, "metadata": {**workload["metadata"], "annotations": annotations}}
+
+
 def client_placement(spec: DataGenRunSpec) -> dict[str, Any]:
     """nodeSelector and tolerations of every CPU pod of the run (preflight, canary, workers, verify)."""
     clients = spec.clients

@@ -25,14 +25,16 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 def _condition(obj: Obj, type_: str) -> Mapping[str, Any] | None:
-    for condition in (obj.get("status") or {}).get("conditions") or []:
+    conditions: list[Mapping[str, Any]] = (obj.get("status") or {}).get("conditions") or []
+    for condition in conditions:
         if condition.get("type") == type_:
             return condition
     return None
 
 
 def _container_status(pod: Obj, name: str) -> Mapping[str, Any] | None:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+    statuses: list[Mapping[str, Any]] = (pod.get("status") or {}).get("containerStatuses") or []
+    for status in statuses:
         if status.get("name") == name:
             return status
     return None

@@ -15,7 +15,6 @@ import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api import SpecError, parse_spec_resolved
-from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
 from datagen_operator.api.names import (
     canary_job_name,
     export_job_name,
@@ -38,6 +37,17 @@ from datagen_operator.api.status import (
     ServerStatus,
 )
 from datagen_operator.checks.evaluate import check_context
+from datagen_operator.control.children import (
+    Apply,
+    Child,
+    Create,
+    Delete,
+    Serve,
+    SuspendWorkers,
+    made_for,
+    plan,
+    spec_in_force,
+)
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import Observed, ProbeFailures
@@ -51,6 +61,7 @@ from datagen_operator.control.remembered import (
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
+from datagen_operator.k8s.inventory import JOBS, annotation, inventory
 from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refusal
 from datagen_operator.k8s.settings import Settings
 
@@ -224,29 +235,30 @@ class Reconciler:
     async def _apply_spec(
         self, run: m.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
     ) -> tuple[DataGenRunSpec, ResolvedModel, int, list[str]]:
-        """The spec in force (and its model), the generation of its data-affecting part, refused data changes."""
+        """The spec in force (and its model), the generation of its data-affecting part, refused data changes
+        (control/children.py `spec_in_force`), written to the run's spec ConfigMap."""
         name = spec_configmap_name(self.name)
         cm = self._named("ConfigMap", name) or await self.ctx.kube.read("ConfigMap", self.namespace, name)
-        new = m.spec_document(spec)
+        applied = None
+        applied_generation = None
+        if cm is not None:
+            applied = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
+            recorded = annotation(cm, m.DATA_GENERATION)
+            applied_generation = int(recorded) if recorded is not None else None
+        bulk_started = cm is not None and self._bulk_started()
+        in_force = spec_in_force(
+            m.spec_document(spec), applied, applied_generation, generation, bulk_started=bulk_started
+        )
+        if in_force.refused:
+            spec, resolved = parse_spec_resolved(in_force.document)
+        manifest = m.spec_configmap(run, spec, in_force.data_generation)
         if cm is None:
-            await self.ctx.kube.create(m.spec_configmap(run, spec, generation))
-            return spec, resolved, generation, []
-        applied = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
-        data_generation = int((cm["metadata"].get("annotations") or {}).get(m.DATA_GENERATION, generation))
-        changed = changed_data_fields(new, applied)
-        refused: list[str] = []
-        if changed and self._bulk_started():
-            refused = changed
-            spec, resolved = parse_spec_resolved(merge_live_fields(new, applied))
-            new = m.spec_document(spec)
-        elif changed:
-            data_generation = generation  # before bulk work a data change is fine: the steps run again
-        if new != applied:
-            manifest = m.spec_configmap(run, spec, data_generation)
+            await self.ctx.kube.create(manifest)
+        elif m.spec_document(spec) != applied:
             await self.ctx.kube.patch(
                 "ConfigMap", self.namespace, name, {"metadata": manifest["metadata"], "data": manifest["data"]}
             )
-        return spec, resolved, data_generation, refused
+        return spec, resolved, in_force.data_generation, in_force.refused
 
     def _bulk_started(self) -> bool:
         """The workers' Job exists, or the workers wrote progress: a finished workers' Job deleted by hand does not
@@ -296,19 +308,18 @@ class Reconciler:
                 self.refused_pods[f"Job/{job['metadata']['name']}"] = words
 
         checks = old.checks
-        preflight_job = self._named("Job", preflight_job_name(self.name))
-        if preflight_job is not None and _annotation(preflight_job, m.DATA_GENERATION) != str(data_generation):
-            preflight_job = None  # made for an older spec: its verdict does not apply
+
+        def current(job_name: str) -> Mapping[str, Any] | None:
+            job = self._named("Job", job_name)
+            return job if job is not None and made_for(annotation(job, m.DATA_GENERATION), data_generation) else None
+
         # A verdict once recorded stands for this data generation: its pod may be gone (users, pod GC) and a
         # Job without its pod would read as "no verdict".
         preflight = remembered_preflight(old, data_generation) or o.job_outcome(
-            preflight_job, self._pods("preflight"), "preflight", "preflight"
+            current(preflight_job_name(self.name)), self._pods("preflight"), "preflight", "preflight"
         )
-        canary_job = self._named("Job", canary_job_name(self.name))
-        if canary_job is not None and _annotation(canary_job, m.DATA_GENERATION) != str(data_generation):
-            canary_job = None  # made for an older spec: its verdict does not apply
         canary = remembered_outcome(old.conditions, CANARY_PASSED, data_generation, checks) or o.job_outcome(
-            canary_job, self._pods("canary"), "canary", "canary"
+            current(canary_job_name(self.name)), self._pods("canary"), "canary", "canary"
         )
         workers_job = self._named("Job", workers_job_name(self.name))
         final = remembered_final(old.conditions, data_generation, checks) or o.job_outcome(
@@ -397,92 +408,96 @@ class Reconciler:
         urls: list[str],
         data_generation: int,
     ) -> None:
-        kube = self.ctx.kube
-        shards = spec.clients.shards
-        for manifest in (m.worker_service_account(run), m.worker_role(run, shards), m.worker_role_binding(run)):
-            await self._apply(manifest)
-        for index in range(shards):
-            await self._apply(m.shard_configmap(run, index))  # its data is the worker's, never drift
+        """Sends what control/children.py plans, in its order; a refusal is kept for ChildrenAccepted."""
         grouped = spec.server.nodes > 1
-        sts = self._named("StatefulSet", server_name(self.name))
-        if grouped and sts is not None:
-            # server.nodes went above 1: the single-node server and its headless Service make way for the group
-            # (LWS makes its own headless Service, one that publishes not-ready leaders to their workers).
-            await kube.delete("StatefulSet", self.namespace, server_name(self.name))
-            await kube.delete("Service", self.namespace, server_name(self.name))
-            sts = None
-        if not grouped and any(o.is_group_worker(p, server_name(self.name)) for p in self._pods("server")):
-            await kube.delete(m.LWS_KIND, self.namespace, server_name(self.name))  # server.nodes went back to 1
-        if not grouped:
-            await self._apply(m.headless_service(run, spec))
-        for index in range(spec.server.replicas):
-            await self._apply(m.replica_service(run, spec, index))
-        # A scale-down leaves Services of replicas that no longer exist.
-        workload = self.group_set if grouped else sts
-        had = int((workload or {}).get("spec", {}).get("replicas") or 0)
-        for index in range(spec.server.replicas, had):
-            await kube.delete("Service", self.namespace, server_pod_name(self.name, index))
-
-        replicas = spec.server.replicas if decision.server_wanted else 0
-        if workload is not None or decision.server_wanted:
-            wanted: Mapping[str, Any] = with_restart_hash(m.server_workload(run, spec, replicas, resolved))
-            if workload is not None and o.holds_a_node(self._pods("server")) and not needs_restart(wanted, workload):
-                # Only live fields moved while a server holds its GPUs (a model load): the running template
-                # stays, only the replica count may move; the change reaches the next server start.
-                wanted = workload
-            scale = {"spec": {"replicas": replicas}}
-            await self._write(
-                wanted["kind"], server_name(self.name), lambda: kube.ensure(dict(wanted), workload, patch=scale)
-            )
-
-        if observed.halted is None:
-            for step_job, component, verdict in (
-                (preflight_job_name(self.name), "preflight", observed.preflight),
-                (canary_job_name(self.name), "canary", observed.canary),
-                (verify_job_name(self.name), "verify", observed.final),
-                (export_job_name(self.name), "export", observed.export),
-            ):
-                if verdict is None and o.job_lost(self._named("Job", step_job), self._pods(component)):
-                    # Its pods went before their verdict was read (the operator was away): the step runs again,
-                    # rather than read as a failure. A recorded verdict never gets here (remembered first).
-                    log.info(
-                        "%s/%s: Job %s ended, its pods gone unread: it runs again", self.namespace, self.name, step_job
-                    )
-                    await kube.delete("Job", self.namespace, step_job)
+        statefulset = self._named("StatefulSet", server_name(self.name))
+        workload = self.group_set if grouped else statefulset
+        server = m.with_restart_hash(m.server_workload(run, spec, spec.server.replicas, resolved))
+        children = inventory(
+            self.name, self._children("Job"), self._children("Pod"), statefulset, self.group_set, grouped=grouped
+        )
+        actions = plan(
+            spec,
+            decision,
+            observed,
+            children,
+            data_generation,
+            urls=urls,
+            server_restart_hash=annotation(server, m.RESTART_HASH) or "",
+        )
         image = spec.clients.image or self.worker_image or self.ctx.settings.worker_image
-        preflight = self._named("Job", preflight_job_name(self.name))
-        if preflight is not None and _annotation(preflight, m.DATA_GENERATION) != str(data_generation):
-            await kube.delete("Job", self.namespace, preflight_job_name(self.name))
-        elif decision.step == Step.PREFLIGHT and preflight is None:
-            await self._create(m.preflight_job(run, spec, image, data_generation))
+        for action in actions:
+            match action:
+                case Apply(child, index):
+                    await self._apply(self._build(child, index, run, spec, image, data_generation, urls))
+                case Create(child, job_urls):
+                    await self._create(self._build(child, 0, run, spec, image, data_generation, list(job_urls)))
+                case Delete(child, index, why):
+                    kind, name = self._kind_and_name(child, index)
+                    if why:
+                        log.info("%s/%s: %s %s %s", self.namespace, self.name, kind, name, why)
+                    await self.ctx.kube.delete(kind, self.namespace, name)
+                case Serve(replicas, keep_template):
+                    await self._serve(replicas, workload if keep_template and workload else server, workload)
+                case SuspendWorkers(suspend):
+                    body = {"spec": {"suspend": suspend}}
+                    await self.ctx.kube.patch("Job", self.namespace, workers_job_name(self.name), body)
 
-        canary = self._named("Job", canary_job_name(self.name))
-        stale_canary = canary is not None and _annotation(canary, m.DATA_GENERATION) != str(data_generation)
-        if canary is not None and (stale_canary or (decision.step == Step.SUSPENDED and not o.job_finished(canary))):
-            await kube.delete("Job", self.namespace, canary_job_name(self.name))
-        elif decision.canary_wanted and canary is None and observed.server:
-            ready = list(observed.server.ready_endpoints) or urls
-            await self._create(m.canary_job(run, spec, image, ready, data_generation))
+    async def _serve(self, replicas: int, template: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
+        wanted = {**template, "spec": {**template["spec"], "replicas": replicas}}
+        scale = {"spec": {"replicas": replicas}}
+        await self._write(
+            wanted["kind"], server_name(self.name), lambda: self.ctx.kube.ensure(wanted, existing, patch=scale)
+        )
 
-        workers = self._named("Job", workers_job_name(self.name))
-        if workers is None and decision.workers_wanted:
-            await self._create(m.workers_job(run, spec, image, urls, suspend=False))
-        elif workers is not None and not o.job_finished(workers):
-            if _annotation(workers, m.SERVER_URLS) != ",".join(urls):
-                # The server list changed (replicas): workers drain, a new Job resumes every shard.
-                await kube.delete("Job", self.namespace, workers_job_name(self.name))
-            elif bool(workers["spec"].get("suspend")) != (not decision.workers_wanted):
-                await kube.patch(
-                    "Job",
-                    self.namespace,
-                    workers_job_name(self.name),
-                    {"spec": {"suspend": not decision.workers_wanted}},
-                )
+    def _build(
+        self,
+        child: Child,
+        index: int,
+        run: m.RunRef,
+        spec: DataGenRunSpec,
+        image: str,
+        data_generation: int,
+        urls: list[str],
+    ) -> m.Manifest:
+        match child:
+            case Child.WORKER_ACCOUNT:
+                return m.worker_service_account(run)
+            case Child.WORKER_ROLE:
+                return m.worker_role(run, spec.clients.shards)
+            case Child.WORKER_ROLE_BINDING:
+                return m.worker_role_binding(run)
+            case Child.SHARD_PROGRESS:
+                return m.shard_configmap(run, index)  # its data is the worker's, never drift
+            case Child.HEADLESS_SERVICE:
+                return m.headless_service(run, spec)
+            case Child.REPLICA_SERVICE:
+                return m.replica_service(run, spec, index)
+            case Child.PREFLIGHT:
+                return m.preflight_job(run, spec, image, data_generation)
+            case Child.CANARY:
+                return m.canary_job(run, spec, image, urls, data_generation)
+            case Child.WORKERS:
+                return m.workers_job(run, spec, image, urls, suspend=False)
+            case Child.VERIFY:
+                return m.verify_job(run, spec, image)
+            case Child.EXPORT:
+                return m.export_job(run, spec, image)
+        raise ValueError(f"{child} is not built by the operator, only scaled or deleted")
 
-        if decision.step == Step.FINAL_VERIFY and self._named("Job", verify_job_name(self.name)) is None:
-            await self._create(m.verify_job(run, spec, image))
-        if decision.step == Step.EXPORT and self._named("Job", export_job_name(self.name)) is None:
-            await self._create(m.export_job(run, spec, image))
+    def _kind_and_name(self, child: Child, index: int) -> tuple[str, str]:
+        if child in JOBS:
+            return "Job", JOBS[child][0](self.name)
+        match child:
+            case Child.SERVER_STATEFULSET:
+                return "StatefulSet", server_name(self.name)
+            case Child.SERVER_GROUP:
+                return m.LWS_KIND, server_name(self.name)
+            case Child.HEADLESS_SERVICE:
+                return "Service", server_name(self.name)
+            case Child.REPLICA_SERVICE:
+                return "Service", server_pod_name(self.name, index)
+        raise ValueError(f"{child} is never deleted by the operator (its owner reference removes it)")
 
     # --- report --------------------------------------------------------------------------------
 
@@ -592,38 +607,11 @@ def children_accepted(refused: Mapping[str, str], old: DataGenRunStatus) -> list
 NAMESPACE_PROBE_S = 60.0
 """How often a run whose pods stay terminating (a pod on a node that is gone, say) asks again whether its
 namespace is being deleted, when its pods did not change."""
-RESTART_HASH = f"{m.API_GROUP}/restart-hash"
 LWS_MISSING = (
     "LeaderWorkerSet is not installed in this cluster (no leaderworkersets.leaderworkerset.x-k8s.io): a server over "
     "several nodes (server.nodes > 1) is a LeaderWorkerSet group; install LWS (docs/install.md) or set server.nodes "
     "to 1"
 )
-LIVE_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
-"""The server pod template's live parts (spec.server's placement): a running server keeps the template it
-started with; a change reaches the next server start (or at once, while no server pod holds a node)."""
-
-
-def with_restart_hash(workload: m.Manifest) -> m.Manifest:
-    """The StatefulSet (or a group's LeaderWorkerSet) annotated with the hash of what needs a server restart:
-    its pod templates without the live fields."""
-    if workload["kind"] == m.LWS_KIND:
-        group = workload["spec"]["leaderWorkerTemplate"]
-        templates = [group["leaderTemplate"], group["workerTemplate"]]
-    else:
-        templates = [workload["spec"]["template"]]
-    restart = [{**t, "spec": {k: v for k, v in t["spec"].items() if k not in LIVE_POD_FIELDS}} for t in templates]
-    digest = m.template_hash(restart[0] if len(restart) == 1 else restart)
-    annotations = {**workload["metadata"].get("annotations", {}), RESTART_HASH: digest}
-    return {**workload, "metadata": {**workload["metadata"], "annotations": annotations}}
-
-
-def needs_restart(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
-    """A change beyond the live fields (image, args, resources, volumes): the server must restart for it."""
-    return _annotation(wanted, RESTART_HASH) != _annotation(existing, RESTART_HASH)
-
-
-def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
 
 
 async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:

@@ -1,0 +1,259 @@
+"""Which of a run's children to create, apply, scale or delete: every child rule of the operator, pure.
+
+`plan` reads the decision (control/decide.py) and a summary of the children that exist (`Children`, built by
+k8s/inventory.py from the watch cache) and returns actions in the order they are to be sent. The shell
+(k8s/reconcile.py) builds the manifest each action names (k8s/manifests.py) and sends it; it decides nothing.
+lws's planner/executor split is the model: the rules are unit-tested here without a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.observed import Observed
+
+
+class Child(StrEnum):
+    """A child of a run, as the planner names it (the shell knows its kind, name and builder)."""
+
+    WORKER_ACCOUNT = "WorkerAccount"
+    WORKER_ROLE = "WorkerRole"
+    WORKER_ROLE_BINDING = "WorkerRoleBinding"
+    SHARD_PROGRESS = "ShardProgress"
+    """One ConfigMap per shard (index), where its worker publishes progress."""
+    HEADLESS_SERVICE = "HeadlessService"
+    """The single-node server's headless Service (a LeaderWorkerSet makes its own)."""
+    REPLICA_SERVICE = "ReplicaService"
+    """One Service per server replica (index): the URL the workers and the canary send to."""
+    SERVER_STATEFULSET = "ServerStatefulSet"
+    SERVER_GROUP = "ServerGroup"
+    """The LeaderWorkerSet of a server over several nodes (server.nodes > 1)."""
+    PREFLIGHT = "Preflight"
+    CANARY = "Canary"
+    WORKERS = "Workers"
+    VERIFY = "Verify"
+    EXPORT = "Export"
+
+
+STEP_JOBS = (Child.PREFLIGHT, Child.CANARY, Child.VERIFY, Child.EXPORT)
+"""The one-shot Jobs whose pods write a verdict (the workers' Job writes progress instead)."""
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What the plan needs to know of an existing Job."""
+
+    data_generation: str | None = None
+    """Its data-generation annotation: the spec generation of the data fields it was made for."""
+    finished: bool = False
+    pods_gone: bool = False
+    """Finished, and none of its pods is left: their verdict went with them, unread."""
+    suspended: bool = False
+    server_urls: str | None = None
+    """The workers' Job: the server URLs it was made with (comma-joined)."""
+
+
+@dataclass(frozen=True)
+class Children:
+    """The run's children that exist now (the watch cache, plus the LeaderWorkerSet read once per pass)."""
+
+    jobs: Mapping[Child, JobState] = field(default_factory=dict)
+    statefulset: bool = False
+    group: bool = False
+    group_workers_left: bool = False
+    """Worker pods of a server group exist (left when server.nodes went back to 1)."""
+    server_replicas: int = 0
+    """The replica count of the server workload in use (the group's when server.nodes > 1)."""
+    server_holds_a_node: bool = False
+    """A server pod is bound to a node: it holds its GPUs, replacing it costs a model load."""
+    server_restart_hash: str | None = None
+    """The restart hash of the server workload in use (None: none exists)."""
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Server-side apply of a child the operator owns whole, when it is missing or drifted."""
+
+    child: Child
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create a Job that is missing (a Job's pod template is immutable: it is never re-applied)."""
+
+    child: Child
+    urls: tuple[str, ...] = ()
+    """The server URLs its pods send to (canary, workers)."""
+
+
+@dataclass(frozen=True)
+class Delete:
+    child: Child
+    index: int = 0
+    why: str = ""
+    """Said in the operator's log (empty: the deletion is routine and not logged)."""
+
+
+@dataclass(frozen=True)
+class Serve:
+    """The server workload at `replicas` (0 releases the GPUs), applied or scaled."""
+
+    replicas: int
+    keep_template: bool
+    """Keep the running pod template: only live fields moved while a server holds its GPUs (a model load).
+    The change reaches the next server start; only the replica count may move now."""
+
+
+@dataclass(frozen=True)
+class SuspendWorkers:
+    suspend: bool
+
+
+Action = Apply | Create | Delete | Serve | SuspendWorkers
+
+
+def made_for(job_data_generation: str | None, data_generation: int) -> bool:
+    """Whether a step Job was made for this spec's data fields: one made for an older spec's is not this
+    spec's, and its verdict does not apply."""
+    return job_data_generation == str(data_generation)
+
+
+def plan(
+    spec: DataGenRunSpec,
+    decision: Decision,
+    observed: Observed,
+    children: Children,
+    data_generation: int,
+    *,
+    urls: Sequence[str],
+    server_restart_hash: str,
+) -> list[Action]:
+    """The actions that bring the run's children to what `decision` needs. `urls` are the servers' Service
+    URLs; `server_restart_hash` is that of the server workload the spec wants now."""
+    actions: list[Action] = [Apply(Child.WORKER_ACCOUNT), Apply(Child.WORKER_ROLE), Apply(Child.WORKER_ROLE_BINDING)]
+    actions += [Apply(Child.SHARD_PROGRESS, index) for index in range(spec.clients.shards)]
+    actions += _server(spec, decision, children, server_restart_hash)
+    actions += _steps(decision, observed, children, data_generation, urls)
+    return actions
+
+
+def _server(spec: DataGenRunSpec, decision: Decision, children: Children, restart_hash: str) -> list[Action]:
+    actions: list[Action] = []
+    grouped = spec.server.nodes > 1
+    workload = children.group if grouped else children.statefulset
+    if grouped and children.statefulset:
+        # server.nodes went above 1: the single-node server and its headless Service make way for the group
+        # (LWS makes its own headless Service, one that publishes not-ready leaders to their workers).
+        actions += [Delete(Child.SERVER_STATEFULSET), Delete(Child.HEADLESS_SERVICE)]
+    if not grouped and children.group_workers_left:
+        actions.append(Delete(Child.SERVER_GROUP))  # server.nodes went back to 1
+    if not grouped:
+        actions.append(Apply(Child.HEADLESS_SERVICE))
+    actions += [Apply(Child.REPLICA_SERVICE, index) for index in range(spec.server.replicas)]
+    had = children.server_replicas if workload else 0
+    # A scale-down leaves Services of replicas that no longer exist.
+    actions += [Delete(Child.REPLICA_SERVICE, index) for index in range(spec.server.replicas, had)]
+    if workload or decision.server_wanted:
+        keep = workload and children.server_holds_a_node and children.server_restart_hash == restart_hash
+        actions.append(Serve(spec.server.replicas if decision.server_wanted else 0, keep_template=bool(keep)))
+    return actions
+
+
+def _steps(
+    decision: Decision, observed: Observed, children: Children, data_generation: int, urls: Sequence[str]
+) -> list[Action]:
+    actions: list[Action] = []
+    jobs = children.jobs
+    if observed.halted is None:
+        verdicts = {
+            Child.PREFLIGHT: observed.preflight,
+            Child.CANARY: observed.canary,
+            Child.VERIFY: observed.final,
+            Child.EXPORT: observed.export,
+        }
+        for step in STEP_JOBS:
+            job = jobs.get(step)
+            if verdicts[step] is None and job is not None and job.pods_gone:
+                # Its pods went before their verdict was read (the operator was away): the step runs again,
+                # rather than read as a failure. A recorded verdict never gets here (remembered first).
+                actions.append(Delete(step, why="ended, its pods gone unread: it runs again"))
+
+    preflight = jobs.get(Child.PREFLIGHT)
+    if preflight is not None and not made_for(preflight.data_generation, data_generation):
+        actions.append(Delete(Child.PREFLIGHT))
+    elif decision.step == Step.PREFLIGHT and preflight is None:
+        actions.append(Create(Child.PREFLIGHT))
+
+    canary = jobs.get(Child.CANARY)
+    stale = canary is not None and not made_for(canary.data_generation, data_generation)
+    if canary is not None and (stale or (decision.step == Step.SUSPENDED and not canary.finished)):
+        actions.append(Delete(Child.CANARY))
+    elif decision.canary_wanted and canary is None and observed.server:
+        actions.append(Create(Child.CANARY, tuple(observed.server.ready_endpoints) or tuple(urls)))
+
+    workers = jobs.get(Child.WORKERS)
+    if workers is None and decision.workers_wanted:
+        actions.append(Create(Child.WORKERS, tuple(urls)))
+    elif workers is not None and not workers.finished:
+        if workers.server_urls != ",".join(urls):
+            # The server list changed (replicas): workers drain, a new Job resumes every shard.
+            actions.append(Delete(Child.WORKERS))
+        elif workers.suspended != (not decision.workers_wanted):
+            actions.append(SuspendWorkers(not decision.workers_wanted))
+
+    if decision.step == Step.FINAL_VERIFY and Child.VERIFY not in jobs:
+        actions.append(Create(Child.VERIFY))
+    if decision.step == Step.EXPORT and Child.EXPORT not in jobs:
+        actions.append(Create(Child.EXPORT))
+    return _once(actions)
+
+
+def _once(actions: list[Action]) -> list[Action]:
+    """A child deleted twice in a pass (its pods gone, and made for an older spec) is deleted once."""
+    out: list[Action] = []
+    for action in actions:
+        if not (isinstance(action, Delete) and any(isinstance(a, Delete) and a.child == action.child for a in out)):
+            out.append(action)
+    return out
+
+
+# --- the spec in force (the run's spec ConfigMap) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecInForce:
+    document: dict[str, Any]
+    """The spec the run follows (normalized JSON): the new one, or the applied one with live fields moved."""
+    data_generation: int
+    """The generation of its data-affecting part (what step Jobs are annotated with)."""
+    refused: list[str]
+    """Data fields changed after bulk records were written, kept at their applied values."""
+
+
+def spec_in_force(
+    new: dict[str, Any],
+    applied: dict[str, Any] | None,
+    applied_data_generation: int | None,
+    generation: int,
+    *,
+    bulk_started: bool,
+) -> SpecInForce:
+    """Once bulk records exist, a change of a data field (api/live_fields.py) is refused so the output never
+    mixes two configurations; before, it is taken and the steps run again (a new data generation)."""
+    if applied is None:
+        return SpecInForce(new, generation, [])
+    data_generation = applied_data_generation if applied_data_generation is not None else generation
+    changed = changed_data_fields(new, applied)
+    refused: list[str] = []
+    document = new
+    if changed and bulk_started:
+        refused, document = changed, merge_live_fields(new, applied)
+    elif changed:
+        data_generation = generation
+    return SpecInForce(document, data_generation, refused)

@@ -1,0 +1,78 @@
+"""The run's children as the planner sees them (control/children.py `Children`), read from the watch cache's
+objects: which exist, for which data generation, finished or not, whether their pods are gone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from datagen_operator.api.names import (
+    canary_job_name,
+    export_job_name,
+    preflight_job_name,
+    server_name,
+    verify_job_name,
+    workers_job_name,
+)
+from datagen_operator.control.children import Child, Children, JobState
+from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import observe as o
+
+Obj = Mapping[str, Any]
+
+JOBS: dict[Child, tuple[Callable[[str], str], str]] = {
+    Child.PREFLIGHT: (preflight_job_name, "preflight"),
+    Child.CANARY: (canary_job_name, "canary"),
+    Child.WORKERS: (workers_job_name, "worker"),
+    Child.VERIFY: (verify_job_name, "verify"),
+    Child.EXPORT: (export_job_name, "export"),
+}
+"""Each Job child: its name (from the run's) and its pods' component label."""
+
+
+def annotation(obj: Obj | None, key: str) -> str | None:
+    value = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def job_state(job: Obj, pods: Sequence[Obj]) -> JobState:
+    return JobState(
+        data_generation=annotation(job, m.DATA_GENERATION),
+        finished=o.job_finished(job) is not None,
+        pods_gone=o.job_lost(job, pods),
+        suspended=bool((job.get("spec") or {}).get("suspend")),
+        server_urls=annotation(job, m.SERVER_URLS),
+    )
+
+
+def inventory(
+    run: str,
+    jobs: Sequence[Obj],
+    pods: Sequence[Obj],
+    statefulset: Obj | None,
+    group: Obj | None,
+    *,
+    grouped: bool,
+) -> Children:
+    """`pods` are all the run's pods; `group` is its LeaderWorkerSet (read by the shell when server.nodes > 1)."""
+    by_name = {job["metadata"]["name"]: job for job in jobs}
+
+    def component(label: str) -> list[Obj]:
+        return [p for p in pods if (p["metadata"].get("labels") or {}).get(m.COMPONENT_LABEL) == label]
+
+    states = {
+        child: job_state(by_name[name(run)], component(label))
+        for child, (name, label) in JOBS.items()
+        if name(run) in by_name
+    }
+    server_pods = component("server")
+    workload = group if grouped else statefulset
+    return Children(
+        jobs=states,
+        statefulset=statefulset is not None,
+        group=group is not None,
+        group_workers_left=any(o.is_group_worker(p, server_name(run)) for p in server_pods),
+        server_replicas=int(((workload or {}).get("spec") or {}).get("replicas") or 0),
+        server_holds_a_node=o.holds_a_node(server_pods),
+        server_restart_hash=annotation(workload, m.RESTART_HASH),
+    )

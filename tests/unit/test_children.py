@@ -1,0 +1,299 @@
+"""The operator's child rules (control/children.py), one test per rule, without a cluster: which children a
+pass applies, creates, scales, suspends or deletes, given the decision and what exists. The operator tests
+(tests/operator/) run the same rules against a real API server; these name each rule and its edge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datagen_operator.api import parse_spec
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.control.children import (
+    Action,
+    Apply,
+    Child,
+    Children,
+    Create,
+    Delete,
+    JobState,
+    Serve,
+    SuspendWorkers,
+    made_for,
+    plan,
+    spec_in_force,
+)
+from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.observed import HaltedBefore, Observed, ServerInstance, ServerObservation
+from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s.inventory import inventory
+from tests.manifests import unit_spec
+
+SPEC = parse_spec(unit_spec())  # two replicas, one node each
+URLS = ["http://kimi-server-0.ml:30000", "http://kimi-server-1.ml:30000"]
+HASH = "restart-1"
+PASSED = StepOutcome(True, "Passed", "ok")
+CURRENT = JobState(data_generation="1")
+OLDER = JobState(data_generation="0")
+
+
+def decision(step: Step, *, server: bool = False, workers: bool = False) -> Decision:
+    return Decision(step=step, phase="Running", server_wanted=server, workers_wanted=workers)
+
+
+def planned(
+    step: Step = Step.PREFLIGHT,
+    children: Children | None = None,
+    *,
+    spec: DataGenRunSpec = SPEC,
+    server: bool = False,
+    workers: bool = False,
+    observed: Observed | None = None,
+) -> list[Action]:
+    return plan(
+        spec,
+        decision(step, server=server, workers=workers),
+        observed or Observed(generation=1),
+        children or Children(),
+        1,
+        urls=URLS,
+        server_restart_hash=HASH,
+    )
+
+
+def steps(actions: list[Action]) -> list[Action]:
+    """The actions about Jobs (the server's and the shared children's set aside)."""
+    jobs = {Child.PREFLIGHT, Child.CANARY, Child.WORKERS, Child.VERIFY, Child.EXPORT}
+    return [a for a in actions if isinstance(a, SuspendWorkers) or getattr(a, "child", None) in jobs]
+
+
+def serving(actions: list[Action]) -> list[Serve]:
+    return [a for a in actions if isinstance(a, Serve)]
+
+
+# --- every pass ------------------------------------------------------------------------------------
+
+
+def test_every_pass_applies_the_workers_rbac_one_progress_configmap_per_shard_and_the_services() -> None:
+    spec = parse_spec(unit_spec(clients={"shards": 3}))
+    actions = planned(spec=spec)
+    applied = [a for a in actions if isinstance(a, Apply)]
+    assert applied == [
+        Apply(Child.WORKER_ACCOUNT),
+        Apply(Child.WORKER_ROLE),
+        Apply(Child.WORKER_ROLE_BINDING),
+        *(Apply(Child.SHARD_PROGRESS, i) for i in range(3)),
+        Apply(Child.HEADLESS_SERVICE),
+        Apply(Child.REPLICA_SERVICE, 0),
+        Apply(Child.REPLICA_SERVICE, 1),
+    ]
+
+
+# --- the server ------------------------------------------------------------------------------------
+
+
+def test_no_server_workload_is_written_before_one_is_wanted() -> None:
+    assert serving(planned(Step.PREFLIGHT)) == []
+
+
+def test_a_wanted_server_is_served_at_the_specs_replicas() -> None:
+    assert serving(planned(Step.WAIT_FOR_SERVER, server=True)) == [Serve(2, keep_template=False)]
+
+
+def test_a_server_no_longer_wanted_is_scaled_to_zero_not_deleted() -> None:
+    actions = planned(Step.DONE, Children(statefulset=True, server_replicas=2))
+    assert serving(actions) == [Serve(0, keep_template=False)]
+    assert not [a for a in actions if isinstance(a, Delete)]
+
+
+def test_a_server_on_its_node_keeps_its_template_when_only_live_fields_moved() -> None:
+    loaded = Children(statefulset=True, server_replicas=2, server_holds_a_node=True, server_restart_hash=HASH)
+    assert serving(planned(Step.RUN_WORKERS, loaded, server=True)) == [Serve(2, keep_template=True)]
+
+
+def test_a_server_on_its_node_restarts_for_a_change_beyond_the_live_fields() -> None:
+    loaded = Children(statefulset=True, server_replicas=2, server_holds_a_node=True, server_restart_hash="older")
+    assert serving(planned(Step.RUN_WORKERS, loaded, server=True)) == [Serve(2, keep_template=False)]
+
+
+def test_a_server_on_no_node_yet_takes_the_new_template() -> None:
+    pending = Children(statefulset=True, server_replicas=2, server_holds_a_node=False, server_restart_hash=HASH)
+    assert serving(planned(Step.WAIT_FOR_SERVER, pending, server=True)) == [Serve(2, keep_template=False)]
+
+
+def test_a_scale_down_deletes_the_services_of_replicas_that_no_longer_exist() -> None:
+    spec = parse_spec(unit_spec(server={"replicas": 1}))
+    actions = planned(Step.RUN_WORKERS, Children(statefulset=True, server_replicas=3), spec=spec, server=True)
+    assert [a for a in actions if isinstance(a, Delete)] == [
+        Delete(Child.REPLICA_SERVICE, 1),
+        Delete(Child.REPLICA_SERVICE, 2),
+    ]
+
+
+def test_going_to_several_nodes_replaces_the_statefulset_and_its_headless_service_with_a_group() -> None:
+    spec = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
+    actions = planned(Step.WAIT_FOR_SERVER, Children(statefulset=True, server_replicas=2), spec=spec, server=True)
+    assert [a for a in actions if isinstance(a, Delete)] == [
+        Delete(Child.SERVER_STATEFULSET),
+        Delete(Child.HEADLESS_SERVICE),
+    ]
+    assert Apply(Child.HEADLESS_SERVICE) not in actions, "LWS makes its own headless Service"
+    # The group does not exist yet: no Services of "had" replicas to prune, a new workload served.
+    assert serving(actions) == [Serve(2, keep_template=False)]
+
+
+def test_going_back_to_one_node_deletes_the_group_its_workers_were_left_by() -> None:
+    actions = planned(Step.WAIT_FOR_SERVER, Children(group=True, group_workers_left=True), server=True)
+    assert Delete(Child.SERVER_GROUP) in actions
+    assert Delete(Child.SERVER_GROUP) not in planned(Step.WAIT_FOR_SERVER, Children(group=True), server=True)
+
+
+# --- the step Jobs ---------------------------------------------------------------------------------
+
+
+def test_the_preflight_is_created_once_for_its_step() -> None:
+    assert steps(planned(Step.PREFLIGHT)) == [Create(Child.PREFLIGHT)]
+    assert steps(planned(Step.PREFLIGHT, Children(jobs={Child.PREFLIGHT: CURRENT}))) == []
+
+
+def test_a_step_job_of_an_older_data_generation_is_deleted_and_not_recreated_in_the_same_pass() -> None:
+    assert steps(planned(Step.PREFLIGHT, Children(jobs={Child.PREFLIGHT: OLDER}))) == [Delete(Child.PREFLIGHT)]
+    canary = Children(jobs={Child.PREFLIGHT: CURRENT, Child.CANARY: OLDER})
+    assert steps(planned(Step.RUN_CANARY, canary, server=True)) == [Delete(Child.CANARY)]
+    assert made_for("3", 3) and not made_for("2", 3) and not made_for(None, 3)
+
+
+def test_a_finished_step_job_whose_pods_went_unread_runs_again() -> None:
+    lost = JobState(data_generation="1", finished=True, pods_gone=True)
+    actions = steps(planned(Step.PREFLIGHT, Children(jobs={Child.PREFLIGHT: lost})))
+    assert actions == [Delete(Child.PREFLIGHT, why="ended, its pods gone unread: it runs again")]
+
+
+def test_a_lost_pod_of_an_older_data_generation_is_deleted_once() -> None:
+    lost = JobState(data_generation="0", finished=True, pods_gone=True)
+    assert len(steps(planned(Step.PREFLIGHT, Children(jobs={Child.PREFLIGHT: lost})))) == 1
+
+
+def test_a_recorded_verdict_keeps_its_job_though_its_pods_are_gone() -> None:
+    lost = JobState(data_generation="1", finished=True, pods_gone=True)
+    children = Children(jobs={Child.PREFLIGHT: lost, Child.CANARY: lost, Child.VERIFY: lost})
+    observed = Observed(generation=1, preflight=PASSED, canary=PASSED, final=PASSED)
+    assert steps(planned(Step.DONE, children, observed=observed)) == []
+
+
+def test_a_halted_run_never_reruns_a_step_whose_pods_are_gone() -> None:
+    lost = JobState(data_generation="1", finished=True, pods_gone=True)
+    observed = Observed(generation=1, halted=HaltedBefore(reason="CanaryFailed", phase="Failed"))
+    assert steps(planned(Step.HALTED, Children(jobs={Child.CANARY: lost}), observed=observed)) == []
+
+
+def test_the_canary_goes_to_the_ready_servers_or_else_every_url() -> None:
+    ready = ServerObservation(2, (ServerInstance("kimi-server-1", running=True, ready=True, endpoint=URLS[1]),))
+    observed = Observed(generation=1, server=ready)
+    assert steps(planned(Step.RUN_CANARY, server=True, observed=observed)) == [Create(Child.CANARY, (URLS[1],))]
+    none_ready = Observed(generation=1, server=ServerObservation(2))
+    assert steps(planned(Step.RUN_CANARY, server=True, observed=none_ready)) == [Create(Child.CANARY, tuple(URLS))]
+    assert steps(planned(Step.RUN_CANARY, server=True)) == [], "no server observed: no canary"
+
+
+def test_suspending_deletes_an_unfinished_canary_and_keeps_a_finished_one() -> None:
+    running = Children(jobs={Child.CANARY: CURRENT})
+    assert steps(planned(Step.SUSPENDED, running)) == [Delete(Child.CANARY)]
+    finished = Children(jobs={Child.CANARY: JobState(data_generation="1", finished=True)})
+    assert steps(planned(Step.SUSPENDED, finished)) == []
+
+
+def test_the_workers_job_is_created_with_every_server_url() -> None:
+    assert steps(planned(Step.RUN_WORKERS, server=True, workers=True)) == [Create(Child.WORKERS, tuple(URLS))]
+
+
+def test_the_workers_are_suspended_and_resumed_with_the_decision() -> None:
+    running = Children(jobs={Child.WORKERS: JobState(server_urls=",".join(URLS))})
+    assert steps(planned(Step.WAIT_FOR_SERVER, running, server=True)) == [SuspendWorkers(True)]
+    paused = Children(jobs={Child.WORKERS: JobState(server_urls=",".join(URLS), suspended=True)})
+    assert steps(planned(Step.RUN_WORKERS, paused, server=True, workers=True)) == [SuspendWorkers(False)]
+    assert steps(planned(Step.RUN_WORKERS, running, server=True, workers=True)) == []
+
+
+def test_a_changed_server_list_replaces_the_workers_job() -> None:
+    older = Children(jobs={Child.WORKERS: JobState(server_urls=URLS[0])})
+    assert steps(planned(Step.RUN_WORKERS, older, server=True, workers=True)) == [Delete(Child.WORKERS)]
+
+
+def test_a_finished_workers_job_is_left_as_it_is() -> None:
+    done = Children(jobs={Child.WORKERS: JobState(server_urls=URLS[0], finished=True)})
+    assert steps(planned(Step.FINAL_VERIFY, done)) == [Create(Child.VERIFY)]
+
+
+def test_verify_and_export_are_created_once_for_their_steps() -> None:
+    assert steps(planned(Step.FINAL_VERIFY)) == [Create(Child.VERIFY)]
+    assert steps(planned(Step.FINAL_VERIFY, Children(jobs={Child.VERIFY: CURRENT}))) == []
+    assert steps(planned(Step.EXPORT)) == [Create(Child.EXPORT)]
+    assert steps(planned(Step.EXPORT, Children(jobs={Child.EXPORT: CURRENT}))) == []
+
+
+# --- the spec in force -----------------------------------------------------------------------------
+
+
+def document(**sections: Any) -> dict[str, Any]:
+    return m.spec_document(parse_spec(unit_spec(**sections)))
+
+
+def test_a_new_runs_spec_is_in_force_at_its_generation() -> None:
+    in_force = spec_in_force(document(), None, None, 4, bulk_started=False)
+    assert (in_force.document, in_force.data_generation, in_force.refused) == (document(), 4, [])
+
+
+def test_a_data_change_before_bulk_work_is_taken_as_a_new_data_generation() -> None:
+    new = document(generation={"sampling": {"max_new_tokens": 512}})
+    in_force = spec_in_force(new, document(), 1, 2, bulk_started=False)
+    assert (in_force.document, in_force.data_generation, in_force.refused) == (new, 2, [])
+
+
+def test_a_data_change_after_bulk_work_is_refused_and_live_fields_still_move() -> None:
+    new = document(generation={"sampling": {"max_new_tokens": 512}}, suspend=True)
+    in_force = spec_in_force(new, document(), 1, 2, bulk_started=True)
+    assert in_force.refused == ["spec.generation.sampling.max_new_tokens"], in_force.refused
+    assert in_force.data_generation == 1
+    assert in_force.document["generation"] == document()["generation"] and in_force.document["suspend"] is True
+
+
+def test_a_live_change_keeps_the_data_generation() -> None:
+    in_force = spec_in_force(document(suspend=True), document(), 1, 5, bulk_started=True)
+    assert (in_force.data_generation, in_force.refused) == (1, [])
+
+
+# --- the inventory the planner reads (k8s/inventory.py) --------------------------------------------
+
+
+def job(name: str, *, generation: str = "1", finished: bool = False, **spec: Any) -> dict[str, Any]:
+    conditions = [{"type": "Complete", "status": "True"}] if finished else []
+    return {
+        "metadata": {"name": name, "annotations": {m.DATA_GENERATION: generation}},
+        "spec": spec,
+        "status": {"conditions": conditions},
+    }
+
+
+def pod(name: str, component: str, node: str | None = None) -> dict[str, Any]:
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": {"name": name, "labels": {m.COMPONENT_LABEL: component}}, "spec": spec}
+
+
+def test_the_inventory_reads_jobs_pods_and_the_server_from_the_cache_objects() -> None:
+    jobs = [job("kimi-preflight", finished=True), job("kimi-canary", finished=True), job("kimi-workers", suspend=True)]
+    pods = [
+        pod("kimi-canary-x", "canary"),
+        pod("kimi-server-0", "server", node="gpu-1"),
+        pod("kimi-server-1-1", "server"),
+    ]
+    sts = m.with_restart_hash(m.server_statefulset(m.RunRef("kimi", "ml", "u"), SPEC, 2))
+    children = inventory("kimi", jobs, pods, sts, None, grouped=False)
+    assert children.jobs == {
+        Child.PREFLIGHT: JobState(data_generation="1", finished=True, pods_gone=True),
+        Child.CANARY: JobState(data_generation="1", finished=True, pods_gone=False),
+        Child.WORKERS: JobState(data_generation="1", suspended=True),
+    }
+    assert children.statefulset and not children.group and children.group_workers_left
+    assert (children.server_replicas, children.server_holds_a_node) == (2, True)
+    assert children.server_restart_hash == sts["metadata"]["annotations"][m.RESTART_HASH]
