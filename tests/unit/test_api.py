@@ -214,3 +214,18 @@ def test_types_are_strict_as_the_crd(path: str, value: Any) -> None:
 def test_snake_case_spelling_of_a_camel_case_field_is_unknown() -> None:
     document = with_changes("spec.clients.max_attempts", 3)
     assert "unknown field" in errors_of(document)["spec.clients.max_attempts"]
+
+
+def test_the_tokenizer_directory_is_the_tokenizer_path_else_the_model_path_and_no_field() -> None:
+    from datagen_operator.api.crd import crd_manifest
+
+    spec = parse_run(kimi_run()).spec
+    assert spec.model.tokenizer_path is None and spec.model.tokenizer_dir == spec.model.path
+    own = parse_run(with_changes("spec.model.tokenizerPath", "/models/tok")).spec
+    assert own.model.tokenizer_dir == "/models/tok"
+    # a rule over the spec, not a field of it: not written, not read, not in the CRD
+    assert "tokenizerDir" not in own.model.model_dump(by_alias=True)
+    assert "tokenizer_dir" not in own.model.model_dump()
+    (version,) = crd_manifest()["spec"]["versions"]
+    spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "tokenizerDir" not in spec_schema["properties"]["model"]["properties"]

@@ -139,6 +139,12 @@ class ModelSpec(SpecModel):
         "model). Relative; no '.' or '..' segments.",
     )
 
+    @property
+    def tokenizer_dir(self) -> str:
+        """The tokenizer's directory: tokenizerPath, else the model directory (a rule, not a field: it is
+        neither written nor in the CRD)."""
+        return self.tokenizer_path or self.path
+
 
 class ServerSpec(SpecModel):
     # The CRD's rules for this object, beside the validators that check the same for `datagen validate`.

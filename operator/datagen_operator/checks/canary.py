@@ -249,7 +249,7 @@ async def run_canary(
     from datagen_operator.prompts.render import Renderer, RenderError, template_variables
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_path or spec.model.path))
+    expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_dir))
     ctx = check_context(resolved, spec.checks, expect.think_end_id)
     # The canary's records sit in the output: its prompts render on the output's pinned date, as the workers'.
     renderer = Renderer(
@@ -396,9 +396,7 @@ def main(argv: list[str]) -> int:
 
     spec = load_run(args.run).spec
     resolved = resolve_model(spec)
-    tokenizer = load_tokenizer(
-        args.tokenizer or spec.model.tokenizer_path or spec.model.path, trust_remote_code=resolved.trust_remote_code
-    )
+    tokenizer = load_tokenizer(args.tokenizer or spec.model.tokenizer_dir, trust_remote_code=resolved.trust_remote_code)
     outcome = asyncio.run(
         run_canary(
             spec,

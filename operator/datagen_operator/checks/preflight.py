@@ -479,7 +479,7 @@ def main(argv: list[str]) -> int:
 
     run = load_run(args.run)
     spec = run.spec
-    tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_path or spec.model.path)
+    tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolve_model(spec).trust_remote_code)
     outcome = run_preflight(
         spec,

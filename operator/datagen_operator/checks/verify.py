@@ -858,7 +858,7 @@ def verify_here(
     if dataset_path is None and spec is not None:
         dataset_path, notes = on_this_machine(spec, output)
     tokenizer = None
-    directory = tokenizer_dir or (spec.model.tokenizer_path or spec.model.path if spec else None)
+    directory = tokenizer_dir or (spec.model.tokenizer_dir if spec else None)
     if directory and Path(directory).is_dir():
         from datagen_operator.prompts.render import load_tokenizer
 

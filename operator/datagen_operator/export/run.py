@@ -237,7 +237,7 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
 
     run_file = run_file or output / "run.yaml"
     spec = anchor_paths(load_run(run_file), run_file.resolve().parent).spec if run_file.exists() else None
-    directory = tokenizer_dir or (spec.model.tokenizer_path or spec.model.path if spec else None)
+    directory = tokenizer_dir or (spec.model.tokenizer_dir if spec else None)
     if not directory or not Path(directory).is_dir():
         raise ValueError(f"no tokenizer directory (got {directory!r}): pass --tokenizer DIR")
     trust = trust_remote_code or (resolve_model(spec).trust_remote_code if spec else False)

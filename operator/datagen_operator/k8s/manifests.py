@@ -164,11 +164,6 @@ def output_dir(spec: DataGenRunSpec) -> str:
     return _inside(OUTPUT_MOUNT, spec.output.path) if spec.output.volume else spec.output.path
 
 
-def tokenizer_dir(spec: DataGenRunSpec) -> str:
-    """The model volume is mounted at model.path, so the tokenizer is where the spec says."""
-    return spec.model.tokenizer_path or spec.model.path
-
-
 def server_urls(run: str, namespace: str, spec: DataGenRunSpec, override: tuple[str, ...] = ()) -> list[str]:
     """One URL per replica: its own Service's DNS name, or (tests only) the operator's override."""
     replicas = spec.server.replicas
@@ -638,7 +633,7 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
     args = [
-        "preflight", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
+        "preflight", "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir, "--dataset", dataset_file(spec),
         "--output", output_dir(spec), "--termination-log", TERMINATION_LOG, "--lease-holder", run.uid,
     ]  # fmt: skip
     container = _datagen_container("preflight", image, args, [run_mount, *model_mounts, *data_mounts], spec)
@@ -672,7 +667,7 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
     # The output is mounted writable so the canary's records stay with the data, passed or failed.
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
     args = [
-        "canary", "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--dataset", dataset_file(spec),
+        "canary", "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir, "--dataset", dataset_file(spec),
         *_server_args(urls), "--records", posixpath.join(output_dir(spec), CANARY_RECORDS),
         "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
@@ -707,7 +702,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
     shards = spec.clients.shards
     args = [
         "worker", "--run", RUN_FILE, "--output", output_dir(spec), "--dataset", dataset_file(spec),
-        "--tokenizer", tokenizer_dir(spec), *_server_args(urls),
+        "--tokenizer", spec.model.tokenizer_dir, *_server_args(urls),
         "--progress-configmap", f"{run.name}-shard-$(JOB_COMPLETION_INDEX)", "--log-format", "json",
         "--termination-log", TERMINATION_LOG, "--lease-holder", run.uid,
     ]  # fmt: skip
@@ -753,7 +748,7 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=False)
     args = [
-        "verify", output_dir(spec), "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec),
+        "verify", output_dir(spec), "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir,
         "--dataset", dataset_file(spec), "--json", "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
     container = _datagen_container("verify", image, args, [run_mount, *model_mounts, *data_mounts], spec)
@@ -779,7 +774,7 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
     args = [
         "export", output_dir(spec), "--formats", ",".join(spec.export.formats), "--out", export_dir(spec),
-        "--run", RUN_FILE, "--tokenizer", tokenizer_dir(spec), "--termination-log", TERMINATION_LOG,
+        "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir, "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
     if spec.export.max_length is not None:
         args += ["--max-length", str(spec.export.max_length)]

@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     if missing_dataset is not None:
         console.print(f"[red]{args.manifest}: {escape(missing_dataset)}[/]")
         return 2
-    model_dir = Path(run.spec.model.tokenizer_path or run.spec.model.path)
+    model_dir = Path(run.spec.model.tokenizer_dir)
     use_real = args.sglang or (not args.simulator and real_sglang_available())
     if args.sglang and not real_sglang_available():
         console.print(

@@ -305,7 +305,7 @@ class LocalRunner:
         if self.tokenizer is None:
             from datagen_operator.prompts.render import load_tokenizer
 
-            path = self.spec.model.tokenizer_path or self.spec.model.path
+            path = self.spec.model.tokenizer_dir
             self.tokenizer = load_tokenizer(path, trust_remote_code=self.resolved.trust_remote_code)
         return self.tokenizer
 
@@ -325,7 +325,7 @@ class LocalRunner:
     def _run_preflight(self) -> StepOutcome:
         from datagen_operator.checks.preflight import run_preflight
 
-        tokenizer_dir = Path(self.spec.model.tokenizer_path or self.spec.model.path)
+        tokenizer_dir = Path(self.spec.model.tokenizer_dir)
         try:
             return run_preflight(
                 self.spec, self._tokenizer(), tokenizer_dir, Path(self.spec.dataset.path), self.output, self.holder
@@ -373,7 +373,7 @@ class LocalRunner:
 
         document = self.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
         judged = without_fields(document, [path for path in LIVE_FIELDS if path != ("checks",)])
-        tokenizer_dir = Path(self.spec.model.tokenizer_path or self.spec.model.path)
+        tokenizer_dir = Path(self.spec.model.tokenizer_dir)
         key = {
             "spec": judged,
             "tokenizer": tokenizer_fingerprint(tokenizer_dir)["sha256"],

@@ -134,7 +134,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
     if count < 1 or not 0 <= index < count:
         raise BadInput(f"shard index {index} is outside 0..{count - 1} (shard count {count})")
     dataset = Path(args.dataset or spec.dataset.path)
-    tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_path or spec.model.path)
+    tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_dir)
     for url in args.server:
         if not url.startswith(("http://", "https://")):
             raise BadInput(f"--server {url!r} is not an http(s) URL")
