@@ -13,12 +13,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 from datagen_operator.control.observed import ServerInstance, ServerObservation
-from datagen_operator.k8s.observe import replica_index, server_instance
-
-Obj = Mapping[str, Any]
+from datagen_operator.k8s.observe import Obj, replica_index, server_instance
 
 
 def worker_rank(pod_name: str, leader: str) -> int | None:

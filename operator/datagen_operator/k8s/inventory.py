@@ -3,8 +3,7 @@ objects: which exist, for which data generation, finished or not, whether their 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from datagen_operator.api.names import (
     canary_job_name,
@@ -17,8 +16,7 @@ from datagen_operator.api.names import (
 from datagen_operator.control.children import Child, Children, JobState
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-
-Obj = Mapping[str, Any]
+from datagen_operator.k8s.observe import Obj
 
 JOBS: dict[Child, tuple[Callable[[str], str], str]] = {
     Child.PREFLIGHT: (preflight_job_name, "preflight"),

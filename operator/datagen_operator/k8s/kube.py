@@ -13,9 +13,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
-from datagen_operator.k8s.manifests import LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH
-
-Manifest = dict[str, Any]
+from datagen_operator.k8s.manifests import LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH, Manifest
 
 FIELD_MANAGER = "datagen-operator"
 """Who owns the fields the operator applies (metadata.managedFields)."""
