@@ -12,6 +12,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.export.formats import IGNORE_INDEX, Selection
 from datagen_operator.export.manifest import read_export_manifest
 from datagen_operator.export.run import ExportOptions, TextCodec, export_output, main
@@ -244,33 +245,35 @@ VOCAB_PLUS = 200_000
 
 def test_cli_refuses_bad_input(run_output: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "x"
-    assert main([str(run_output), "--format", "speculators", "--out", str(out), "--exclude-flags", "truncate"]) == 2
+    refused = main([str(run_output), "--format", "speculators", "--out", str(out), "--exclude-flags", "truncate"])
+    assert refused == EXIT_BAD_INPUT
     assert "unknown truncate" in capsys.readouterr().err
     # A store with an unfinished shard and no run.yaml cannot pass verification: exported only when asked.
-    assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == 1
+    assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == EXIT_FAILED_VERDICT
     assert "--allow-unverified" in capsys.readouterr().err and not out.exists()
-    assert main([str(run_output), "--format", "speculators", "--out", str(out), "--allow-unverified"]) == 0
-    assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == 2  # an export is there
+    assert main([str(run_output), "--format", "speculators", "--out", str(out), "--allow-unverified"]) == EXIT_OK
+    assert main([str(run_output), "--format", "speculators", "--out", str(out)]) == EXIT_BAD_INPUT  # an export is there
     assert "--overwrite" in capsys.readouterr().err
-    assert main([str(run_output), "--format", "trl", "--out", str(out), "--overwrite", "--allow-unverified"]) == 0
+    assert main([str(run_output), "--format", "trl", "--out", str(out), "--overwrite", "--allow-unverified"]) == EXIT_OK
     assert not list((out / "data").glob("part-*.jsonl")) and list((out / "data").glob("part-*.parquet"))
-    assert main([str(run_output), "--format", "text", "--out", str(tmp_path / "t")]) == 2  # no run.yaml, no tokenizer
+    no_tokenizer = main([str(run_output), "--format", "text", "--out", str(tmp_path / "t")])  # nor run.yaml
+    assert no_tokenizer == EXIT_BAD_INPUT
     assert "--tokenizer" in capsys.readouterr().err
 
 
 def test_cli_formats_writes_the_export_jobs_verdict(run_output: Path, tmp_path: Path) -> None:
     """--formats (the export Job of spec.export): each format in OUT/<format>, rerunnable, and the
-    verdict as a StepOutcome in --termination-log; a failure is a verdict too, exit 1."""
+    verdict as a StepOutcome in --termination-log; a failure is a verdict too (EXIT_FAILED_VERDICT)."""
     from datagen_operator.api.outcome import StepOutcome
 
     out, log = tmp_path / "export", tmp_path / "termination-log"
     for _ in range(2):  # a rerun (the Job's retry) replaces the first export
         args = [str(run_output), "--formats", "speculators,trl", "--out", str(out), "--termination-log", str(log)]
-        assert main([*args, "--exclude-flags", "truncated"]) == 0
+        assert main([*args, "--exclude-flags", "truncated"]) == EXIT_OK
         outcome = StepOutcome.from_storage(log.read_text())
         assert outcome.passed and outcome.reason == "Exported" and "speculators: " in outcome.message
         assert read_export_manifest(out / "trl")["counts"] == read_export_manifest(out / "speculators")["counts"]
     args = [str(run_output), "--formats", "text", "--out", str(out), "--termination-log", str(log)]
-    assert main(args) == 1  # no run.yaml, no tokenizer
+    assert main(args) == EXIT_FAILED_VERDICT  # no run.yaml, no tokenizer
     outcome = StepOutcome.from_storage(log.read_text())
     assert not outcome.passed and outcome.reason == "ExportFailed" and "--tokenizer" in outcome.message

@@ -1,5 +1,7 @@
-"""The `datagen worker` exit codes: what the worker says, and what the local runner and the operator's
-workers Job read (which ones a retry can fix is control/policy.py). docs/worker.md explains each to a person."""
+"""The exit codes of the programs the shells start: what `datagen worker` says, and what the local runner and
+the operator's workers Job read (which ones a retry can fix is control/policy.py; docs/worker.md explains each
+to a person); and what the step programs (`datagen preflight`, `canary`, `verify`, `export`) say, which the
+operator's step Jobs fail on."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ EXIT_SERVER_UNREACHABLE = 4
 EXIT_DRAINED = 5
 EXIT_INCOMPLETE = 6
 EXIT_OUTPUT_VOLUME = 7
+
+EXIT_FAILED_VERDICT = 1
+"""A step program's verdict is written (stdout, --termination-log) and it is not a pass: a refusal or a failed
+check. Running the step again gives the same verdict, so its Job fails at once, no retry (k8s/manifests.py).
+A step exits EXIT_OK with a passing verdict, EXIT_BAD_INPUT when there is nothing it can judge. No worker code:
+from the worker, 1 is Python's uncaught exception, a crash, which is retried."""
 
 MEANINGS: dict[int, str] = {
     EXIT_OK: "the shard is complete (every record written or permanently rejected) and compacted to Parquet",

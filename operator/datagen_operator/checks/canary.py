@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
@@ -410,4 +411,4 @@ def main(argv: list[str]) -> int:
     sys.stdout.write(data.decode() + "\n")
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)
-    return 0 if outcome.passed else 1
+    return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT

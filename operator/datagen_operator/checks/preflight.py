@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
@@ -493,4 +494,4 @@ def main(argv: list[str]) -> int:
     sys.stdout.write(data.decode() + "\n")
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)
-    return 0 if outcome.passed else 1
+    return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
@@ -721,9 +722,6 @@ POD_MOUNTS = ("/mnt/datagen/dataset", "/mnt/datagen/output")
 """Where the operator's pods mount a run's dataset and output volumes (k8s/manifests.py, held equal by a test):
 a path under them in a cluster output's run.yaml means nothing on another machine."""
 
-EXIT_NOT_VERIFIED = 1
-EXIT_BAD_INPUT = 2
-
 
 def holds_records(output: Path) -> bool:
     """A manifest, a shard's segment or a compacted Parquet file: something the checks can judge."""
@@ -751,7 +749,7 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
             "started its workers) before any was written, so there is nothing to verify; why it stopped is its "
             f"Succeeded condition (`kubectl describe dgr {name}`, or the `datagen run` log; server logs in "
             f"{output / 'logs'})",
-            EXIT_NOT_VERIFIED,
+            EXIT_FAILED_VERDICT,
         )
     line = (
         f"{output}: not a datagen output: no manifest.json, run.yaml, shards/ or data/ in it (a run writes them "
@@ -931,4 +929,4 @@ def main(argv: list[str]) -> int:
         render_report(report)
     if args.termination_log:
         Path(args.termination_log).write_bytes(report.outcome().for_storage())
-    return 0 if report.passed else EXIT_NOT_VERIFIED
+    return EXIT_OK if report.passed else EXIT_FAILED_VERDICT

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.export import FORMATS
 from datagen_operator.export.formats import (
     OVER_LENGTH_POLICIES,
@@ -43,7 +44,6 @@ from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlP
 if TYPE_CHECKING:
     from datagen_operator.api.outcome import StepOutcome
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 1
 DATA_DIR = "data"
 """Parts go in OUT/data/, alone: consumers that load every *.json/*.jsonl of a directory (speculators'
 prepare-data) must not pick up the manifest or token_freq.json beside them."""
@@ -315,7 +315,7 @@ def main_formats(args: argparse.Namespace) -> int:
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)
     sys.stdout.write(data.decode() + "\n")
-    return EXIT_OK if outcome.passed else EXIT_FAILED
+    return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT
 
 
 def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int] | None:
@@ -339,7 +339,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
             fidelity=None,
         )
     except ValueError as error:
-        return f"{output} cannot be verified here ({error}); --allow-unverified exports it anyway", EXIT_FAILED
+        return f"{output} cannot be verified here ({error}); --allow-unverified exports it anyway", EXIT_FAILED_VERDICT
     failed = [check for check in verified.report.checks if not check.passed]
     if not failed:
         return None
@@ -347,7 +347,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
     return (
         f"{output} fails verification: {named}; `datagen verify {output}` shows the report, "
         "--allow-unverified exports it anyway (rows keep their record flags)",
-        EXIT_FAILED,
+        EXIT_FAILED_VERDICT,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
 from datagen_operator.api.names import (
     canary_job_name,
     export_job_name,
@@ -66,9 +67,6 @@ SERVER_CPU_PER_GPU = 4
 SERVER_MEMORY_PER_GPU_GI = 32
 """Default server requests per GPU when server.cpu/memory are unset; memory comes on top of shmSize, because
 the memory-backed /dev/shm counts against the pod's memory limit."""
-
-# The worker's exit codes (docs/worker.md); the workers' podFailurePolicy comes from control.policy.
-"""The output volume failed (full, read-only, I/O errors): a retry would only fill it again; fix it, then resume."""
 
 STARTUP_PERIOD_S = 10
 STARTUP_PROBE_BACKSTOP_S = 7 * 24 * 3600
@@ -625,6 +623,14 @@ def _server_args(urls: list[str]) -> list[str]:
     return [arg for url in urls for arg in ("--server", url)]
 
 
+def _fails_on_its_verdict(container: str) -> dict[str, Any]:
+    """A step's exit with a written verdict that did not pass is no flake: the Job fails at once, no retry."""
+    return {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": container, "operator": "In", "values": [EXIT_FAILED_VERDICT]},
+    }
+
+
 def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation: int) -> Manifest:
     """The inputs checked before the server is created (no GPU): dataset, tokenizer, an existing output's
     fingerprint and records. It writes one thing, the dataset's pin into the output (prompts/pin.py); the
@@ -641,8 +647,7 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
         "backoffLimit": 2,
         "podFailurePolicy": {
             "rules": [
-                # exit 1 is a verdict (written to the termination message), not a flake: no retry
-                {"action": "FailJob", "onExitCodes": {"containerName": "preflight", "operator": "In", "values": [1]}},
+                _fails_on_its_verdict("preflight"),
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]
         },
@@ -676,8 +681,7 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
         "backoffLimit": 2,
         "podFailurePolicy": {
             "rules": [
-                # exit 1 is a verdict (written to the termination message), not a flake: no retry
-                {"action": "FailJob", "onExitCodes": {"containerName": "canary", "operator": "In", "values": [1]}},
+                _fails_on_its_verdict("canary"),
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]
         },
@@ -754,11 +758,7 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     container = _datagen_container("verify", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 1,
-        "podFailurePolicy": {
-            "rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": "verify", "operator": "In", "values": [1]}}
-            ]
-        },
+        "podFailurePolicy": {"rules": [_fails_on_its_verdict("verify")]},
     }
     return _job(
         run, spec, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
@@ -783,11 +783,7 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     container = _datagen_container("export", image, args, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 1,
-        "podFailurePolicy": {
-            "rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": "export", "operator": "In", "values": [1]}}
-            ]
-        },
+        "podFailurePolicy": {"rules": [_fails_on_its_verdict("export")]},
     }
     return _job(
         run, spec, export_job_name(run.name), "export", container, [run_volume, *model_volumes, *data_volumes], job_spec

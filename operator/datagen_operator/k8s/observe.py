@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.exit_codes import EXIT_OK, EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.control.observed import ProgressCounters, ServerInstance, ServerObservation, WorkersObservation
@@ -199,7 +200,7 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
         exits = [
             f"{p['metadata']['name']} {_exit_text(t)}"
             for p in pods
-            if (t := _terminated(p, "worker")) is not None and t.get("exitCode")
+            if (t := _terminated(p, "worker")) is not None and t.get("exitCode") not in (None, EXIT_OK)
         ]
         parts = [condition.get("message") or f"{failed} shard(s) failed after their retries", *exits[-2:]]
         message = "; ".join(part for part in parts if part)
@@ -219,7 +220,6 @@ def volume_exit_reason(pods: Iterable[Obj]) -> str | None:
     """The named cause of a worker that exited 7 (its output volume failed), for when its shard ConfigMap
     lacks `failure_reason`: the termination message starts with the reason ('OutputVolumeFull: /out has ...');
     a message cut short or missing still means the volume failed (OutputVolumeFull, as `datagen run` says)."""
-    from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
     from datagen_operator.api.reasons import OUTPUT_VOLUME_FULL, OUTPUT_VOLUME_REASONS
 
     for pod in pods:

@@ -1,0 +1,50 @@
+"""api.exit_codes: the step programs' and the worker's exit codes, named once; the programs exit with the names
+and the Jobs' failure policies are written with them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from datagen_operator.api import parse_spec
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK, MEANINGS
+from datagen_operator.api.spec import ExportSpec
+from datagen_operator.checks import verify
+from datagen_operator.control.policy import ShardExit, shard_exit
+from datagen_operator.export import run as export
+from datagen_operator.k8s import manifests as m
+from tests.manifests import unit_spec
+
+RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+SPEC = parse_spec(unit_spec()).model_copy(update={"export": ExportSpec.model_validate({"formats": ["trl"]})})
+
+STEP_JOBS = {
+    "preflight": m.preflight_job(RUN, SPEC, "img:1", 1),
+    "canary": m.canary_job(RUN, SPEC, "img:1", ["http://a"], 1),
+    "verify": m.verify_job(RUN, SPEC, "img:1"),
+    "export": m.export_job(RUN, SPEC, "img:1"),
+}
+
+
+@pytest.mark.parametrize("step", STEP_JOBS)
+def test_a_step_job_fails_at_once_on_the_exit_of_a_written_verdict(step: str) -> None:
+    rules = STEP_JOBS[step]["spec"]["podFailurePolicy"]["rules"]
+    (fail,) = [rule for rule in rules if rule["action"] == "FailJob"]
+    assert fail["onExitCodes"] == {"containerName": step, "operator": "In", "values": [EXIT_FAILED_VERDICT]}
+
+
+def test_a_failed_verdict_is_no_worker_code_so_a_worker_exiting_1_crashed_and_is_retried() -> None:
+    assert EXIT_FAILED_VERDICT not in MEANINGS and {EXIT_OK, EXIT_BAD_INPUT} <= MEANINGS.keys()
+    assert shard_exit(EXIT_FAILED_VERDICT, 0) is ShardExit.RETRY
+
+
+def test_the_step_programs_exit_with_the_named_codes(tmp_path: Path) -> None:
+    assert verify.main([str(tmp_path / "missing")]) == EXIT_BAD_INPUT
+    (tmp_path / "run.yaml").write_text("metadata: {name: halted}\n")
+    terminated = tmp_path / "termination-log"
+    assert verify.main([str(tmp_path), "--termination-log", str(terminated)]) == EXIT_FAILED_VERDICT
+    assert orjson.loads(terminated.read_bytes())["passed"] is False  # the verdict is written
+    out = tmp_path / "export"
+    assert export.main([str(tmp_path), "--formats", "nope", "--out", str(out)]) == EXIT_FAILED_VERDICT
