@@ -1,11 +1,127 @@
-"""Condition reasons that cross a process boundary: a worker names them in its progress (and its exit
-message), the operator and `datagen run` put them on the Succeeded condition unchanged."""
+"""Every condition reason the package writes: the one-word CamelCase `reason` of status.conditions[], of a
+step's verdict (`StepOutcome.reason`, from a Job's termination message or a local child) and of a shard's
+`failure_reason`. A StrEnum, so what reaches the status, the termination message and progress.json is the value
+itself, byte for byte. Reasons read back from another process (a step's verdict, a remembered condition) are
+plain strings; compare them with the members (`reason == Reason.VERIFIED`)."""
 
 from __future__ import annotations
 
-OUTPUT_VOLUME_FULL = "OutputVolumeFull"
-"""ENOSPC or EDQUOT; also the reason when a worker's exit 7 comes without readable words."""
-OUTPUT_VOLUME_READ_ONLY = "OutputVolumeReadOnly"
-OUTPUT_VOLUME_ERROR = "OutputVolumeError"
-"""EIO, or any other write failure of the volume."""
-OUTPUT_VOLUME_REASONS = frozenset({OUTPUT_VOLUME_FULL, OUTPUT_VOLUME_READ_ONLY, OUTPUT_VOLUME_ERROR})
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # --- where a step stands (several conditions) -------------------------------------------------------------
+    WAITING = "Waiting"
+    """An earlier step is not done yet."""
+    RUNNING = "Running"
+    VERIFYING = "Verifying"
+    NOT_STARTED = "NotStarted"
+    COMPLETED = "Completed"
+    SUSPENDED = "Suspended"
+    """spec.suspend is true."""
+    HALTED = "Halted"
+    """Progressing=False of a halted run (Succeeded says why)."""
+    PAUSED = "Paused"
+    """Progressing=True while started workers wait for the server."""
+    EXPORTING = "Exporting"
+
+    # --- Succeeded=False --------------------------------------------------------------------------------------
+    INVALID_SPEC = "InvalidSpec"
+    PREFLIGHT_FAILED = "PreflightFailed"
+    SERVER_FAILED = "ServerFailed"
+    PARSERS_MISMATCH = "ParsersMismatch"
+    PROBE_FAILED = "ProbeFailed"
+    """ParsersVerified=False (and Succeeded=False) when the server's parsers could not be read at all."""
+    CANARY_FAILED = "CanaryFailed"
+    CHECKS_FAILED = "ChecksFailed"
+    """The rolling checks (or the final verification) crossed a threshold; DataFaithful=False says which."""
+    WORKERS_FAILED = "WorkersFailed"
+    EXPORT_FAILED = "ExportFailed"
+    """Also the export step's own verdict."""
+
+    # --- a shard's named failure (the worker's progress and exit message; Progressing and Succeeded) ---------
+    OUTPUT_VOLUME_FULL = "OutputVolumeFull"
+    """ENOSPC or EDQUOT; also the reason when a worker's exit 7 comes without readable words."""
+    OUTPUT_VOLUME_READ_ONLY = "OutputVolumeReadOnly"
+    OUTPUT_VOLUME_ERROR = "OutputVolumeError"
+    """EIO, or any other write failure of the volume."""
+
+    # --- InputsVerified: the preflight ------------------------------------------------------------------------
+    CHECKING = "Checking"
+    """The preflight is running."""
+    OUTPUT_IN_USE = "OutputInUse"
+    """Another run holds the output's lease."""
+    DATASET_UNUSABLE = "DatasetUnusable"
+    DATASET_CHANGED = "DatasetChanged"
+    """The dataset differs from the one pinned in the output."""
+    OUTPUT_VOLUME_TOO_SMALL = "OutputVolumeTooSmall"
+    FINGERPRINT_MISMATCH = "FingerprintMismatch"
+    """The existing output was made with other tokenizer files, template or generation settings."""
+    OUTPUT_FAILS_CHECKS = "OutputFailsChecks"
+    """The existing output's records fail the checks a resume would be judged by."""
+    PREFLIGHT_ERROR = "PreflightError"
+    """`datagen run`: the preflight raised instead of giving a verdict."""
+
+    # --- ServerReady ------------------------------------------------------------------------------------------
+    CREATING = "Creating"
+    REFUSED = "Refused"
+    """The API server refused to create a pod (a quota, an admission policy); also ChildrenAccepted=False."""
+    UNSCHEDULABLE = "Unschedulable"
+    INVALID_ARGS = "InvalidArgs"
+    """The server exited refusing its command line."""
+    IMAGE_PULL = "ImagePull"
+    CONTAINER_CONFIG = "ContainerConfig"
+    CRASH_LOOP = "CrashLoop"
+    PENDING = "Pending"
+    LOADING = "Loading"
+    """Started, loading the model, inside server.startupTimeout."""
+    STARTUP_TIMEOUT = "StartupTimeout"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    """Some replicas ready, not all: workers use the ready ones."""
+    RELEASED = "Released"
+    """The run needs no server any more (halted, all shards done, finished): scaled to zero, GPUs released."""
+    NOT_NEEDED = "NotNeeded"
+    """The output is already complete: no server was started."""
+
+    # --- ParsersVerified, CanaryPassed and the other one-shot steps' verdicts ---------------------------------
+    VERIFIED = "Verified"
+    """ParsersVerified=True; DataFaithful=True and the verify step's verdict after the final verification."""
+    MISMATCH = "Mismatch"
+    """The server's parsers are not the ones the preset requires."""
+    NOT_RUN = "NotRun"
+    """CanaryPassed: halted before the canary."""
+    PASSED = "Passed"
+    FAILED = "Failed"
+    NO_PROMPTS = "NoPrompts"
+    """The canary had no prompt it could send."""
+    CANARY_ERROR = "CanaryError"
+    """`datagen run`: the canary raised instead of giving a verdict."""
+    NO_VERDICT = "NoVerdict"
+    """A step's pod ended without a verdict in its termination message."""
+    ERROR = "Error"
+    """A step's Job failed without a verdict."""
+
+    # --- DataFaithful -----------------------------------------------------------------------------------------
+    COLLECTING = "Collecting"
+    """Too few records yet to judge."""
+    WITHIN_THRESHOLDS = "WithinThresholds"
+    THRESHOLD_CROSSED = "ThresholdCrossed"
+    VERIFICATION_FAILED = "VerificationFailed"
+    NO_RECORDS = "NoRecords"
+    """`datagen verify` found no records to verify."""
+
+    # --- Exported ---------------------------------------------------------------------------------------------
+    EXPORTED = "Exported"
+
+    # --- SpecApplied and ChildrenAccepted (the operator's own conditions) -------------------------------------
+    APPLIED = "Applied"
+    DATA_FIELDS_FROZEN = "DataFieldsFrozen"
+    """A data field changed after bulk records were written: the run keeps its applied spec."""
+    ACCEPTED = "Accepted"
+
+
+OUTPUT_VOLUME_REASONS = frozenset(
+    {Reason.OUTPUT_VOLUME_FULL, Reason.OUTPUT_VOLUME_READ_ONLY, Reason.OUTPUT_VOLUME_ERROR}
+)
+"""The causes a worker names when its output volume fails (its exit 7)."""

@@ -19,6 +19,7 @@ import orjson
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
@@ -145,7 +146,7 @@ def judge_canary(
     """
     if not records:
         why = f"; set aside: {_describe_set_aside(set_aside)}" if set_aside else " (empty dataset?)"
-        return StepOutcome(False, "NoPrompts", f"the canary had no prompt it could send{why}")
+        return StepOutcome(False, Reason.NO_PROMPTS, f"the canary had no prompt it could send{why}")
     counts = RecordCounts()
     for record in records:
         counts.add(len(record.input_ids), len(record.output_ids), 0, record.flags, record.has_tools)
@@ -175,10 +176,10 @@ def judge_canary(
     n = len(records)
     aside = f"; set aside {_describe_set_aside(set_aside)}" if set_aside else ""
     if failed:
-        return StepOutcome(False, "Failed", "; ".join(c.verdict for c in failed) + aside, tuple(checks))
+        return StepOutcome(False, Reason.FAILED, "; ".join(c.verdict for c in failed) + aside, tuple(checks))
     what = "reasoning closed, " if ctx.thinking and ctx.think_end_id is not None else ""  # only ids can tell
     message = f"{n}/{n} canary outputs pass ({what}token counts, termination){aside}"
-    return StepOutcome(True, "Passed", message, tuple(checks))
+    return StepOutcome(True, Reason.PASSED, message, tuple(checks))
 
 
 def markers_seen(records: list[CanaryRecord], expect: rc.Expectations, families: tuple[str, ...]) -> MarkersSeen | None:

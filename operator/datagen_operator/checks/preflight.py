@@ -24,6 +24,7 @@ from typing import Any
 
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
@@ -70,7 +71,7 @@ def run_preflight(
     try:
         claim_output(output, holder, spec.server.startup_timeout + STEP_MARGIN_S)
     except OutputInUse as busy:
-        return _failed("OutputInUse", str(busy))
+        return _failed(Reason.OUTPUT_IN_USE, str(busy))
     except OSError as error:
         if not is_volume_error(error):
             raise  # a full volume is the room verdict's to name, below
@@ -106,7 +107,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     except (DatasetError, OSError) as error:  # EmptyDataset is one
         said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
         named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
-        return _failed("DatasetUnusable", named)
+        return _failed(Reason.DATASET_UNUSABLE, named)
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
     renderer = Renderer(tokenizer, template_variables(resolved, render_date(output)))
@@ -114,7 +115,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     lines = judge_dataset(spec, plan, renderer, model_context_limit(_read_config(model_dir), spec.server.extra_args))
     if lines.failed:
         return _failed(
-            "DatasetUnusable",
+            Reason.DATASET_UNUSABLE,
             f"spec.dataset.path {dataset}: {lines.failed}; {lines.examples}. Refused before any server started: fix "
             "or remove those lines (the first of each cause are named above), or point spec.dataset.path at the right "
             "file",
@@ -123,12 +124,12 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     pin, pinned = pin_dataset(dataset, spec.dataset.format), read_pin(output)
     changed = pin_changes(pinned, pin) if pinned is not None else None
     if changed is not None:
-        return _failed("DatasetChanged", changed_message(dataset, changed))
+        return _failed(Reason.DATASET_CHANGED, changed_message(dataset, changed))
     manifest = read_manifest(output)
     estimate = estimate_output(spec, plan, renderer, manifest)
     room = room_verdict(estimate, output, free_bytes(output))
     if not room.passed:
-        return _failed("OutputVolumeTooSmall", room.message)
+        return _failed(Reason.OUTPUT_VOLUME_TOO_SMALL, room.message)
     found += f"; {room.message}" if room.message else ""
     if manifest is None:
         if pinned is None:  # an unchanged pin stays as it is: its render date with it
@@ -145,14 +146,14 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     changes = prelaunch_changes(manifest.get("fingerprint", {}), current)
     if changes:
         return _failed(
-            "FingerprintMismatch",
+            Reason.FINGERPRINT_MISMATCH,
             f"{output} was generated with a different fingerprint; changed: {'; '.join(changes)}. Resume with the "
             "same tokenizer, template and generation settings, or write to a new spec.output.path",
         )
     existing = judge_existing_records(output, expect, check_context(resolved, spec.checks, expect.think_end_id))
     if existing.failed:
         return _failed(
-            "OutputFailsChecks",
+            Reason.OUTPUT_FAILS_CHECKS,
             f"spec.output.path {output} already holds {existing.records} records that fail the checks a resume "
             f"would be judged by: {existing.failed}. Refused before any server started: write to a new "
             f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
@@ -455,7 +456,7 @@ def free_bytes(output: Path) -> int | None:
 def _passed(message: str, prompts: int, *, complete: bool = False) -> StepOutcome:
     """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total."""
     check = CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message)
-    return StepOutcome(True, "Passed", message, (check,), prompts=prompts, complete=complete)
+    return StepOutcome(True, Reason.PASSED, message, (check,), prompts=prompts, complete=complete)
 
 
 def _failed(reason: str, message: str) -> StepOutcome:

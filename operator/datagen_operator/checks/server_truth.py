@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
@@ -140,12 +141,14 @@ def verify_parsers(
     if problems:
         message = "; ".join(problems)
         check = CheckResult(name=PARSERS, passed=False, count=len(problems), total=1, verdict=message)
-        return StepOutcome(False, "Mismatch", message, (check,))
+        return StepOutcome(False, Reason.MISMATCH, message, (check,))
     message = (
         f"SGLang {info.get('version', '?')} runs reasoning parser {resolved.reasoning_parser or 'none'} and "
         f"tool-call parser {resolved.tool_call_parser or 'none'}" + (f"; {shown}" if shown else "")
     )
-    return StepOutcome(True, "Verified", message, (CheckResult(name=PARSERS, passed=True, total=1, verdict=message),))
+    return StepOutcome(
+        True, Reason.VERIFIED, message, (CheckResult(name=PARSERS, passed=True, total=1, verdict=message),)
+    )
 
 
 PROBE_FIRST_MAX_TOKENS = 4096

@@ -23,6 +23,7 @@ import orjson
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
@@ -65,10 +66,13 @@ class VerifyReport:
         failed = [c for c in self.checks if not c.passed]
         if failed:
             return StepOutcome(
-                False, "VerificationFailed", "; ".join(f"{c.name}: {c.verdict}" for c in failed), tuple(self.checks)
+                False,
+                Reason.VERIFICATION_FAILED,
+                "; ".join(f"{c.name}: {c.verdict}" for c in failed),
+                tuple(self.checks),
             )
         return StepOutcome(
-            True, "Verified", f"{len(self.checks)} checks pass over {self.records} records", tuple(self.checks)
+            True, Reason.VERIFIED, f"{len(self.checks)} checks pass over {self.records} records", tuple(self.checks)
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -906,7 +910,7 @@ def main(argv: list[str]) -> int:
         else:
             print(line)
         if args.termination_log:
-            Path(args.termination_log).write_bytes(StepOutcome(False, "NoRecords", line).for_storage())
+            Path(args.termination_log).write_bytes(StepOutcome(False, Reason.NO_RECORDS, line).for_storage())
         return code
     try:
         verified = verify_here(

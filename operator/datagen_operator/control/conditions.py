@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import CONDITION_TYPES, Condition, ConditionStatus
 
 
@@ -81,15 +82,14 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
 # gives its GPUs back when its shards are done (a halt is warned of by Succeeded=False, not by the release).
 _EXPECTED_FALSE_REASONS = frozenset(
     {
-        "Pending",
-        "Loading",
-        "Waiting",
-        "NotStarted",
-        "Suspended",
-        "Completed",
-        "Running",
-        "Creating",
-        "Scheduling",
-        "Released",
+        Reason.PENDING,
+        Reason.LOADING,
+        Reason.WAITING,
+        Reason.NOT_STARTED,
+        Reason.SUSPENDED,
+        Reason.COMPLETED,
+        Reason.RUNNING,
+        Reason.CREATING,
+        Reason.RELEASED,
     }
 )

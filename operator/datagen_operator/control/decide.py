@@ -13,6 +13,7 @@ from enum import StrEnum
 from functools import partial
 
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -32,9 +33,6 @@ from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
 from datagen_operator.control.server import server_verdict
-
-PROBE_FAILED = "ProbeFailed"
-"""ParsersVerified=False (and Succeeded=False) when the server's parsers could not be read at all."""
 
 
 class Step(StrEnum):
@@ -159,7 +157,9 @@ def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContex
     """`spec` and `context` are None when the spec does not parse (then `observed.spec_error` says why)."""
     if observed.spec_error is not None or spec is None or context is None:
         message = observed.spec_error or "the spec did not parse"
-        return Decision(step=Step.INVALID, phase="Invalid", updates=(_u(SUCCEEDED, "False", "InvalidSpec", message),))
+        return Decision(
+            step=Step.INVALID, phase="Invalid", updates=(_u(SUCCEEDED, "False", Reason.INVALID_SPEC, message),)
+        )
     if observed.halted is not None:
         # A halt stands until the spec changes: nothing is asked for again (not even the server).
         halted = observed.halted
@@ -194,7 +194,7 @@ def _server_released_reads_false(decision: Decision) -> Decision:
     why = {Step.FINAL_VERIFY: "all shards done", Step.EXPORT: "run finished", Step.DONE: "run finished"}.get(
         decision.step, "run halted"
     )
-    released = _u(SERVER_READY, "False", "Released", f"{why}; server stopped and GPUs released")
+    released = _u(SERVER_READY, "False", Reason.RELEASED, f"{why}; server stopped and GPUs released")
     updates = tuple(released if u.type == SERVER_READY and u.status == "True" else u for u in decision.updates)
     return replace(decision, updates=updates)
 
@@ -228,46 +228,61 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         verdict = _u(
             DATA_FAITHFUL,
             "True" if final.passed else "False",
-            "Verified" if final.passed else "ChecksFailed",
+            Reason.VERIFIED if final.passed else Reason.CHECKS_FAILED,
             final.message,
         )
-        released = _u(SERVER_READY, "False", "Released", "run finished; server stopped and GPUs released")
+        released = _u(SERVER_READY, "False", Reason.RELEASED, "run finished; server stopped and GPUs released")
         if final.passed and spec.export is not None:
             return _export(spec, observed.export, progress, final.checks, (released, verdict))
         if final.passed:
-            succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed")
+            succeeded = _u(SUCCEEDED, "True", Reason.COMPLETED, f"{progress.summary}; verification passed")
         else:
             succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
         return Decision(
             step=Step.DONE,
             phase="Succeeded" if final.passed else "Failed",
-            updates=(released, _u(PROGRESSING, "False", "Completed", progress.summary), verdict, succeeded),
+            updates=(released, _u(PROGRESSING, "False", Reason.COMPLETED, progress.summary), verdict, succeeded),
             checks=final.checks,
             progress=progress,
         )
 
     if observed.suspended:
         suspended = (
-            _u(SERVER_READY, "False", "Suspended", "spec.suspend is true: server stopped, GPUs released, output kept"),
-            _u(PROGRESSING, "False", "Suspended", f"suspended at {stopped_at.summary}"),
-            _u(SUCCEEDED, "Unknown", "Suspended", "resume with spec.suspend: false; work continues where it stopped"),
+            _u(
+                SERVER_READY,
+                "False",
+                Reason.SUSPENDED,
+                "spec.suspend is true: server stopped, GPUs released, output kept",
+            ),
+            _u(PROGRESSING, "False", Reason.SUSPENDED, f"suspended at {stopped_at.summary}"),
+            _u(
+                SUCCEEDED,
+                "Unknown",
+                Reason.SUSPENDED,
+                "resume with spec.suspend: false; work continues where it stopped",
+            ),
         )
         return Decision(step=Step.SUSPENDED, phase="Suspended", updates=suspended, progress=stopped_at)
 
     if preflight is None and not begun:
         checking = (
-            _u(INPUTS_VERIFIED, "Unknown", "Checking", "checking the dataset, tokenizer and output before a server"),
-            _u(SERVER_READY, "False", "NotStarted", "the server starts once the inputs are verified"),
-            _u(PROGRESSING, "False", "Waiting", "waiting for the preflight"),
-            _u(SUCCEEDED, "Unknown", "Running", "preflight running"),
+            _u(
+                INPUTS_VERIFIED,
+                "Unknown",
+                Reason.CHECKING,
+                "checking the dataset, tokenizer and output before a server",
+            ),
+            _u(SERVER_READY, "False", Reason.NOT_STARTED, "the server starts once the inputs are verified"),
+            _u(PROGRESSING, "False", Reason.WAITING, "waiting for the preflight"),
+            _u(SUCCEEDED, "Unknown", Reason.RUNNING, "preflight running"),
         )
         return Decision(step=Step.PREFLIGHT, phase="Preflight", updates=checking, progress=progress)
     if preflight is not None and not preflight.passed:
         refused = (
             _u(INPUTS_VERIFIED, "False", preflight.reason, preflight.message),
-            _u(SERVER_READY, "False", "NotStarted", "no server was started: the inputs failed the preflight"),
-            _u(PROGRESSING, "False", "Halted", "no GPU time was used"),
-            _u(SUCCEEDED, "False", "PreflightFailed", preflight.message),
+            _u(SERVER_READY, "False", Reason.NOT_STARTED, "no server was started: the inputs failed the preflight"),
+            _u(PROGRESSING, "False", Reason.HALTED, "no GPU time was used"),
+            _u(SUCCEEDED, "False", Reason.PREFLIGHT_FAILED, preflight.message),
         )
         return Decision(step=Step.HALTED, phase="Halted", updates=refused, checks=preflight.checks, progress=progress)
 
@@ -277,23 +292,23 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     if preflight is not None and preflight.complete and not begun:
         # The output already holds every record: verified from its files, without a server (on GPUs, no
         # model load for nothing) and without a canary.
-        updates.append(_u(SERVER_READY, "False", "NotNeeded", "the output is complete: no server was started"))
+        updates.append(_u(SERVER_READY, "False", Reason.NOT_NEEDED, "the output is complete: no server was started"))
         updates.append(
-            _u(PROGRESSING, "True", "Verifying", "every record is already in the output; final verification")
+            _u(PROGRESSING, "True", Reason.VERIFYING, "every record is already in the output; final verification")
         )
-        updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
+        updates.append(_u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"))
         return Decision(step=Step.FINAL_VERIFY, phase="Verifying", updates=tuple(updates), progress=progress)
     if workers is not None and not workers.shards_failed and workers.shards_done >= workers.shards_total:
         # Every record is written: the final verification reads files only. The server is released and not
         # looked at again, so a server that is stopping can never ask for itself back (a model reload).
-        updates.append(_u(SERVER_READY, "False", "Released", "all shards done; server stopped and GPUs released"))
+        updates.append(_u(SERVER_READY, "False", Reason.RELEASED, "all shards done; server stopped and GPUs released"))
         updates += [_u(c, "True" if o.passed else "False", o.reason, o.message) for c, o in _outcomes(observed)]
         return _final_verify(observed, context, halt_on_failure, progress, updates)
 
     server = server_verdict(observed.server, spec.server.startup_timeout)
     updates.append(server.condition)
     if server.fatal:
-        updates.append(_u(SUCCEEDED, "False", "ServerFailed", server.condition.message))
+        updates.append(_u(SUCCEEDED, "False", Reason.SERVER_FAILED, server.condition.message))
         return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=stopped_at)
     if server.condition.status != "True":
         # Workers that already started keep running: they pause by themselves while the server is down.
@@ -314,7 +329,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         said = "reading /server_info and probing chat completions"
         if probes.count:
             said += f" (attempt {probes.count} of {PARSER_PROBE_ATTEMPTS} failed: {probes.last_error})"
-        updates.append(_u(PARSERS_VERIFIED, "Unknown", "Verifying", said))
+        updates.append(_u(PARSERS_VERIFIED, "Unknown", Reason.VERIFYING, said))
         updates += _waiting_for(observed, "parser verification", started, parsers=False)
         return Decision(
             step=Step.VERIFY_PARSERS,
@@ -327,11 +342,13 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     parsers = parsers_seen
     updates.append(_u(PARSERS_VERIFIED, "True" if parsers.passed else "False", parsers.reason, parsers.message))
     if not parsers.passed and halt_on_failure:
-        unread = parsers.reason == PROBE_FAILED
+        unread = parsers.reason == Reason.PROBE_FAILED
         why = "the server's parsers could not be read" if unread else "the server's parsers are wrong"
-        updates.append(_u(CANARY_PASSED, "Unknown", "NotRun", f"halted before the canary: {why}"))
-        updates.append(_u(PROGRESSING, "False", "Halted", "no bulk work was started"))
-        updates.append(_u(SUCCEEDED, "False", PROBE_FAILED if unread else "ParsersMismatch", parsers.message))
+        updates.append(_u(CANARY_PASSED, "Unknown", Reason.NOT_RUN, f"halted before the canary: {why}"))
+        updates.append(_u(PROGRESSING, "False", Reason.HALTED, "no bulk work was started"))
+        updates.append(
+            _u(SUCCEEDED, "False", Reason.PROBE_FAILED if unread else Reason.PARSERS_MISMATCH, parsers.message)
+        )
         return Decision(
             step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=parsers.checks, progress=progress
         )
@@ -339,19 +356,19 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     # The canary: real prompts, raw token checks, before any bulk record.
     if observed.canary is None:
         updates.append(
-            _u(CANARY_PASSED, "Unknown", "Running", f"sending {spec.checks.canary_prompts} prompts and the probes")
+            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {spec.checks.canary_prompts} prompts and the probes")
         )
-        updates.append(_u(DATA_FAITHFUL, "Unknown", "NotStarted", "no records yet"))
-        updates.append(_u(PROGRESSING, "False", "Waiting", "bulk generation starts after the canary passes"))
-        updates.append(_u(SUCCEEDED, "Unknown", "Running", "canary running"))
+        updates.append(_u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"))
+        updates.append(_u(PROGRESSING, "False", Reason.WAITING, "bulk generation starts after the canary passes"))
+        updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, "canary running"))
         return Decision(
             step=Step.RUN_CANARY, phase="Canary", server_wanted=True, updates=tuple(updates), progress=progress
         )
     canary = observed.canary
     updates.append(_u(CANARY_PASSED, "True" if canary.passed else "False", canary.reason, canary.message))
     if not canary.passed and halt_on_failure and not started:
-        updates.append(_u(PROGRESSING, "False", "Halted", "no bulk record was written"))
-        updates.append(_u(SUCCEEDED, "False", "CanaryFailed", canary.message))
+        updates.append(_u(PROGRESSING, "False", Reason.HALTED, "no bulk record was written"))
+        updates.append(_u(SUCCEEDED, "False", Reason.CANARY_FAILED, canary.message))
         return Decision(
             step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=canary.checks, progress=progress
         )
@@ -374,11 +391,13 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
 
     if workers is not None and workers.shards_failed:
         message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
-        updates.append(_u(PROGRESSING, "False", "WorkersFailed", message))
-        updates.append(_u(SUCCEEDED, "False", "WorkersFailed", f"{message}; the output is kept and a rerun resumes"))
+        updates.append(_u(PROGRESSING, "False", Reason.WORKERS_FAILED, message))
+        updates.append(
+            _u(SUCCEEDED, "False", Reason.WORKERS_FAILED, f"{message}; the output is kept and a rerun resumes")
+        )
         return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), checks=checks, progress=stopped_at)
-    updates.append(_u(PROGRESSING, "True", "Running", progress.summary))
-    updates.append(_u(SUCCEEDED, "Unknown", "Running", progress.summary))
+    updates.append(_u(PROGRESSING, "True", Reason.RUNNING, progress.summary))
+    updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, progress.summary))
     return Decision(
         step=Step.RUN_WORKERS,
         phase="Running",
@@ -403,17 +422,19 @@ def _export(
     if export is None:
         updates = (
             *verified,
-            _u(PROGRESSING, "True", "Exporting", f"verification passed; exporting {formats}"),
-            _u(EXPORTED, "Unknown", "Exporting", f"writing {formats} to {spec.export.path}"),
-            _u(SUCCEEDED, "Unknown", "Exporting", "verification passed; export running"),
+            _u(PROGRESSING, "True", Reason.EXPORTING, f"verification passed; exporting {formats}"),
+            _u(EXPORTED, "Unknown", Reason.EXPORTING, f"writing {formats} to {spec.export.path}"),
+            _u(SUCCEEDED, "Unknown", Reason.EXPORTING, "verification passed; export running"),
         )
         return Decision(step=Step.EXPORT, phase="Exporting", updates=updates, checks=checks, progress=progress)
     exported = _u(EXPORTED, "True" if export.passed else "False", export.reason, export.message)
     if export.passed:
-        succeeded = _u(SUCCEEDED, "True", "Completed", f"{progress.summary}; verification passed; exported")
+        succeeded = _u(SUCCEEDED, "True", Reason.COMPLETED, f"{progress.summary}; verification passed; exported")
     else:
-        succeeded = _u(SUCCEEDED, "False", "ExportFailed", f"verification passed; export failed: {export.message}")
-    updates = (*verified, _u(PROGRESSING, "False", "Completed", progress.summary), exported, succeeded)
+        succeeded = _u(
+            SUCCEEDED, "False", Reason.EXPORT_FAILED, f"verification passed; export failed: {export.message}"
+        )
+    updates = (*verified, _u(PROGRESSING, "False", Reason.COMPLETED, progress.summary), exported, succeeded)
     return Decision(
         step=Step.DONE,
         phase="Succeeded" if export.passed else "Failed",
@@ -430,7 +451,7 @@ def _probe_gave_up(observed: Observed) -> StepOutcome | None:
         return None
     return StepOutcome(
         False,
-        PROBE_FAILED,
+        Reason.PROBE_FAILED,
         f"the server answers its health checks but its parsers could not be read in {probes.count} attempts: "
         f"{probes.last_error}",
     )
@@ -467,16 +488,23 @@ def _final_verify(
     if not faithful and halt_on_failure:
         return _checks_failed(progress, updates, checks)
     total = observed.workers.shards_total if observed.workers else 0
-    updates.append(_u(PROGRESSING, "True", "Verifying", f"all {total} shards done; final verification"))
-    updates.append(_u(SUCCEEDED, "Unknown", "Verifying", "final verification of the output"))
+    updates.append(_u(PROGRESSING, "True", Reason.VERIFYING, f"all {total} shards done; final verification"))
+    updates.append(_u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"))
     return Decision(step=Step.FINAL_VERIFY, phase="Verifying", updates=tuple(updates), checks=checks, progress=progress)
 
 
 def _checks_failed(progress: Progress, updates: list[ConditionUpdate], checks: tuple[CheckResult, ...]) -> Decision:
     updates.append(
-        _u(PROGRESSING, "False", "Halted", f"workers paused at {progress.summary}; fix and update the spec to resume")
+        _u(
+            PROGRESSING,
+            "False",
+            Reason.HALTED,
+            f"workers paused at {progress.summary}; fix and update the spec to resume",
+        )
     )
-    updates.append(_u(SUCCEEDED, "False", "ChecksFailed", "rolling checks crossed a threshold (see DataFaithful)"))
+    updates.append(
+        _u(SUCCEEDED, "False", Reason.CHECKS_FAILED, "rolling checks crossed a threshold (see DataFaithful)")
+    )
     return Decision(step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=checks, progress=progress)
 
 
@@ -492,7 +520,7 @@ def _rolling_checks(
             _u(
                 DATA_FAITHFUL,
                 "Unknown",
-                "Collecting",
+                Reason.COLLECTING,
                 f"{have} records so far; judging from {MIN_RECORDS_TO_JUDGE}",
             )
         )
@@ -503,11 +531,21 @@ def _rolling_checks(
         faithful = not failed
         if faithful:
             updates.append(
-                _u(DATA_FAITHFUL, "True", "WithinThresholds", f"{len(checks)} checks pass over {tally.records} records")
+                _u(
+                    DATA_FAITHFUL,
+                    "True",
+                    Reason.WITHIN_THRESHOLDS,
+                    f"{len(checks)} checks pass over {tally.records} records",
+                )
             )
         else:
             updates.append(
-                _u(DATA_FAITHFUL, "False", "ThresholdCrossed", "; ".join(f"{c.name}: {c.verdict}" for c in failed))
+                _u(
+                    DATA_FAITHFUL,
+                    "False",
+                    Reason.THRESHOLD_CROSSED,
+                    "; ".join(f"{c.name}: {c.verdict}" for c in failed),
+                )
             )
     return faithful, checks
 
@@ -515,13 +553,13 @@ def _rolling_checks(
 def _waiting_for(observed: Observed, what: str, started: bool, parsers: bool = True) -> list[ConditionUpdate]:
     updates = []
     if parsers and observed.parsers is None:
-        updates.append(_u(PARSERS_VERIFIED, "Unknown", "Waiting", f"waiting for {what}"))
+        updates.append(_u(PARSERS_VERIFIED, "Unknown", Reason.WAITING, f"waiting for {what}"))
     if observed.canary is None:
-        updates.append(_u(CANARY_PASSED, "Unknown", "Waiting", f"waiting for {what}"))
+        updates.append(_u(CANARY_PASSED, "Unknown", Reason.WAITING, f"waiting for {what}"))
     if started:
-        updates.append(_u(PROGRESSING, "True", "Paused", f"workers wait for {what}"))
+        updates.append(_u(PROGRESSING, "True", Reason.PAUSED, f"workers wait for {what}"))
     else:
-        updates.append(_u(DATA_FAITHFUL, "Unknown", "NotStarted", "no records yet"))
-        updates.append(_u(PROGRESSING, "False", "Waiting", f"waiting for {what}"))
-    updates.append(_u(SUCCEEDED, "Unknown", "Running", f"waiting for {what}"))
+        updates.append(_u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"))
+        updates.append(_u(PROGRESSING, "False", Reason.WAITING, f"waiting for {what}"))
+    updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, f"waiting for {what}"))
     return updates

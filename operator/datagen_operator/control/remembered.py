@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS
+from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
 from datagen_operator.api.status import (
     DATA_FAITHFUL,
     INPUTS_VERIFIED,
@@ -17,24 +17,23 @@ from datagen_operator.api.status import (
     DataGenRunStatus,
     Progress,
 )
-from datagen_operator.control.decide import PROBE_FAILED
 from datagen_operator.control.observed import HaltedBefore, WorkersObservation
 
 HALT_REASONS = frozenset(
     {
-        "PreflightFailed",
-        "ServerFailed",
-        "ParsersMismatch",
-        PROBE_FAILED,
-        "CanaryFailed",
-        "ChecksFailed",
-        "WorkersFailed",
+        Reason.PREFLIGHT_FAILED,
+        Reason.SERVER_FAILED,
+        Reason.PARSERS_MISMATCH,
+        Reason.PROBE_FAILED,
+        Reason.CANARY_FAILED,
+        Reason.CHECKS_FAILED,
+        Reason.WORKERS_FAILED,
     }
     | OUTPUT_VOLUME_REASONS
 )
 """Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 
-FINAL_FAITHFUL_REASONS = frozenset({"Verified", "ChecksFailed"})
+FINAL_FAITHFUL_REASONS = frozenset({Reason.VERIFIED, Reason.CHECKS_FAILED})
 """DataFaithful reasons that only the final verification sets (rolling checks use others)."""
 
 
@@ -72,7 +71,7 @@ def remembered_final(
     if (faithful.observed_generation or 0) < data_generation:
         return None
     passed = faithful.status == "True"
-    reason = "Verified" if passed else (succeeded.reason if succeeded else "VerificationFailed")
+    reason = Reason.VERIFIED if passed else (succeeded.reason if succeeded else Reason.VERIFICATION_FAILED)
     return StepOutcome(passed, reason, faithful.message, tuple(checks))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from datagen_operator.api.duration import format_duration
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import SERVER_READY, ConditionStatus
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import ServerInstance, ServerObservation
@@ -21,7 +22,7 @@ to load, and a line every half minute says it still does (at least once a minute
 
 def loading_line_due(reason: str, said_at: float | None, now: float) -> bool:
     """Whether to repeat the Loading message now; `said_at` is when it was last shown (monotonic seconds)."""
-    return reason == "Loading" and (said_at is None or now - said_at >= LOADING_REPORT_S)
+    return reason == Reason.LOADING and (said_at is None or now - said_at >= LOADING_REPORT_S)
 
 
 @dataclass(frozen=True)
@@ -41,35 +42,35 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
         return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
 
     if observed is None:
-        return verdict("False", "Creating", "creating 1 server replica(s)")
+        return verdict("False", Reason.CREATING, "creating 1 server replica(s)")
     instances = observed.instances
     wanted = observed.replicas_wanted
     ready = [i for i in instances if i.ready]
     if observed.refused and not ready:
         # Not fatal: a quota frees up, a policy is fixed; the controller keeps retrying and so does the run.
-        return verdict("False", "Refused", observed.refused)
+        return verdict("False", Reason.REFUSED, observed.refused)
     if not instances:
-        return verdict("False", "Creating", f"creating {wanted} server replica(s)")
+        return verdict("False", Reason.CREATING, f"creating {wanted} server replica(s)")
 
     unschedulable = [i for i in instances if not i.scheduled and i.unschedulable_message]
     if unschedulable and not ready:
         first = unschedulable[0]
-        return verdict("False", "Unschedulable", f"{first.name}: {first.unschedulable_message}")
+        return verdict("False", Reason.UNSCHEDULABLE, f"{first.name}: {first.unschedulable_message}")
     invalid = [i for i in instances if i.last_exit and "invalid choice" in i.last_exit]
     if invalid and not ready:
-        return verdict("False", "InvalidArgs", f"the server refused its arguments: {_crash_message(invalid[0])}")
-    for reasons, reason in ((_IMAGE_REASONS, "ImagePull"), (_CONFIG_REASONS, "ContainerConfig")):
+        return verdict("False", Reason.INVALID_ARGS, f"the server refused its arguments: {_crash_message(invalid[0])}")
+    for reasons, reason in ((_IMAGE_REASONS, Reason.IMAGE_PULL), (_CONFIG_REASONS, Reason.CONTAINER_CONFIG)):
         stuck = [i for i in instances if i.waiting_reason in reasons]
         if stuck and not ready:
             return verdict("False", reason, f"{stuck[0].name}: {stuck[0].waiting_reason}")
     crashing = [i for i in instances if i.waiting_reason in _CRASH_REASONS or (i.last_exit and not i.running)]
     if crashing and not ready:
-        return verdict("False", "CrashLoop", _crash_message(crashing[0]))
+        return verdict("False", Reason.CRASH_LOOP, _crash_message(crashing[0]))
 
     if len(ready) >= wanted:
-        return verdict("True", "Ready", f"{len(ready)}/{wanted} replica(s) ready; /health_generate answers")
+        return verdict("True", Reason.READY, f"{len(ready)}/{wanted} replica(s) ready; /health_generate answers")
     if ready:
-        return verdict("True", "Degraded", f"{len(ready)}/{wanted} replica(s) ready; workers use the ready ones")
+        return verdict("True", Reason.DEGRADED, f"{len(ready)}/{wanted} replica(s) ready; workers use the ready ones")
 
     loading = [i.loading_seconds for i in instances if i.loading_seconds is not None]
     if loading:
@@ -78,11 +79,15 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
         if longest > startup_timeout_s:
             return verdict(
                 "False",
-                "StartupTimeout",
+                Reason.STARTUP_TIMEOUT,
                 f"the model did not load within server.startupTimeout ({budget}); raise it or check the server logs",
                 fatal=True,
             )
-        return verdict("False", "Loading", f"loading the model: {format_duration(round(longest))} of {budget} budget")
+        return verdict(
+            "False", Reason.LOADING, f"loading the model: {format_duration(round(longest))} of {budget} budget"
+        )
     if unschedulable:
-        return verdict("False", "Unschedulable", f"{unschedulable[0].name}: {unschedulable[0].unschedulable_message}")
-    return verdict("False", "Pending", f"0/{wanted} replica(s) started")
+        return verdict(
+            "False", Reason.UNSCHEDULABLE, f"{unschedulable[0].name}: {unschedulable[0].unschedulable_message}"
+        )
+    return verdict("False", Reason.PENDING, f"0/{wanted} replica(s) started")

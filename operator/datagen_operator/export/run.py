@@ -197,6 +197,7 @@ def export_run(
 
     `codec` is called only when the text format is asked for (it loads the run's tokenizer)."""
     from datagen_operator.api.outcome import StepOutcome
+    from datagen_operator.api.reasons import Reason
 
     words = []
     try:
@@ -212,8 +213,8 @@ def export_run(
             words[-1] += f", {left_out} left out" if left_out else ""
     except (OSError, ValueError) as error:
         done = f" ({'; '.join(words)})" if words else ""
-        return StepOutcome(False, "ExportFailed", f"{export_format}: {error}{done}")
-    return StepOutcome(True, "Exported", f"{'; '.join(words)} in {root}")
+        return StepOutcome(False, Reason.EXPORT_FAILED, f"{export_format}: {error}{done}")
+    return StepOutcome(True, Reason.EXPORTED, f"{'; '.join(words)} in {root}")
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -295,14 +296,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main_formats(args: argparse.Namespace) -> int:
     """--formats: the export Job of a run with spec.export; its verdict in the termination message."""
     from datagen_operator.api.outcome import StepOutcome
+    from datagen_operator.api.reasons import Reason
 
     formats = [name.strip() for name in args.formats.split(",") if name.strip()]
     exclude = frozenset(flag.strip() for flag in args.exclude_flags.split(",") if flag.strip())
     output = Path(args.output)
     if not formats or set(formats) - set(FORMATS):
-        outcome = StepOutcome(False, "ExportFailed", f"--formats {args.formats!r}: each one of {', '.join(FORMATS)}")
+        outcome = StepOutcome(
+            False, Reason.EXPORT_FAILED, f"--formats {args.formats!r}: each one of {', '.join(FORMATS)}"
+        )
     elif not output.is_dir():
-        outcome = StepOutcome(False, "ExportFailed", f"{output}: not a directory")
+        outcome = StepOutcome(False, Reason.EXPORT_FAILED, f"{output}: not a directory")
     else:
 
         def codec() -> TextCodec:

@@ -13,6 +13,7 @@ import orjson
 from datagen_operator.api.exit_codes import EXIT_OK, EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
 from datagen_operator.control.observed import ProgressCounters, ServerInstance, ServerObservation, WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots
 
@@ -220,14 +221,13 @@ def volume_exit_reason(pods: Iterable[Obj]) -> str | None:
     """The named cause of a worker that exited 7 (its output volume failed), for when its shard ConfigMap
     lacks `failure_reason`: the termination message starts with the reason ('OutputVolumeFull: /out has ...');
     a message cut short or missing still means the volume failed (OutputVolumeFull, as `datagen run` says)."""
-    from datagen_operator.api.reasons import OUTPUT_VOLUME_FULL, OUTPUT_VOLUME_REASONS
 
     for pod in pods:
         terminated = _terminated(pod, "worker")
         if terminated is None or terminated.get("exitCode") != EXIT_OUTPUT_VOLUME:
             continue
         named = (terminated.get("message") or "").strip().partition(":")[0]
-        return named if named in OUTPUT_VOLUME_REASONS else OUTPUT_VOLUME_FULL
+        return Reason(named) if named in OUTPUT_VOLUME_REASONS else Reason.OUTPUT_VOLUME_FULL
     return None
 
 
@@ -292,10 +292,10 @@ def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str)
     last = _exit_text(sorted(ended, key=lambda item: item[0])[-1][1])
     if finished == "Complete":
         return StepOutcome(
-            False, "NoVerdict", f"the {what} pod ended without a verdict in its termination message ({last})"
+            False, Reason.NO_VERDICT, f"the {what} pod ended without a verdict in its termination message ({last})"
         )
     condition = _condition(job, "Failed") or {}
-    return StepOutcome(False, "Error", f"the {what} Job failed ({condition.get('reason', '')}): {last}")
+    return StepOutcome(False, Reason.ERROR, f"the {what} Job failed ({condition.get('reason', '')}): {last}")
 
 
 def job_lost(job: Obj | None, pods: Iterable[Obj]) -> bool:

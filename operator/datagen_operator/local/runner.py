@@ -23,7 +23,7 @@ import yaml
 from datagen_operator.api import DataGenRun
 from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.reasons import OUTPUT_VOLUME_FULL
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import SERVER_READY, Condition
 from datagen_operator.checks import record_checks as rc
@@ -331,7 +331,7 @@ class LocalRunner:
                 self.spec, self._tokenizer(), tokenizer_dir, Path(self.spec.dataset.path), self.output, self.holder
             )
         except Exception as error:  # e.g. a tokenizer that does not load: that fails the preflight, with the reason
-            return StepOutcome(False, "PreflightError", f"{type(error).__name__}: {error}")
+            return StepOutcome(False, Reason.PREFLIGHT_ERROR, f"{type(error).__name__}: {error}")
 
     async def _verify_parsers(self) -> None:
         """The server's own word on its parsers; a failed read is counted, and decide() bounds the retries."""
@@ -360,7 +360,7 @@ class LocalRunner:
                 record_file=self.output / "canary.jsonl",
             )
         except Exception as error:  # the canary could not even run: that fails it, with the reason
-            return StepOutcome(False, "CanaryError", f"{type(error).__name__}: {error}")
+            return StepOutcome(False, Reason.CANARY_ERROR, f"{type(error).__name__}: {error}")
         if outcome.passed:
             remember_canary(self.output, key, outcome)
         return outcome
@@ -427,7 +427,7 @@ class LocalRunner:
                 return snapshot.failure_reason, snapshot.message
         free = free_bytes(self.output)
         return (
-            OUTPUT_VOLUME_FULL,
+            Reason.OUTPUT_VOLUME_FULL,
             f"the output volume of {self.output} failed ({free} bytes free); free space or grow it, then resume",
         )
 
@@ -486,7 +486,7 @@ class LocalRunner:
         """Events show transitions only; without the live table the Loading message would stay at its first
         second for the whole load. Repeat it (its time moved) every LOADING_REPORT_S."""
         ready = next((c for c in self.conditions if c.type == SERVER_READY), None)
-        if ready is None or ready.reason != "Loading":
+        if ready is None or ready.reason != Reason.LOADING:
             self.loading_said_at = None
             return
         now = time.monotonic()

@@ -7,21 +7,21 @@ import shutil
 from pathlib import Path
 from typing import TypeGuard
 
-from datagen_operator.api.reasons import OUTPUT_VOLUME_ERROR, OUTPUT_VOLUME_FULL, OUTPUT_VOLUME_READ_ONLY
+from datagen_operator.api.reasons import Reason
 
 VOLUME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 """Write failures that are the volume's, not this program's: retrying on the same volume cannot help."""
 VOLUME_REASONS = {
-    errno.ENOSPC: OUTPUT_VOLUME_FULL,
-    errno.EDQUOT: OUTPUT_VOLUME_FULL,
-    errno.EROFS: OUTPUT_VOLUME_READ_ONLY,
-    errno.EIO: OUTPUT_VOLUME_ERROR,
+    errno.ENOSPC: Reason.OUTPUT_VOLUME_FULL,
+    errno.EDQUOT: Reason.OUTPUT_VOLUME_FULL,
+    errno.EROFS: Reason.OUTPUT_VOLUME_READ_ONLY,
+    errno.EIO: Reason.OUTPUT_VOLUME_ERROR,
 }
 
 
-def volume_reason(error: OSError) -> str:
+def volume_reason(error: OSError) -> Reason:
     """The condition reason for a failed write of the output volume."""
-    return VOLUME_REASONS.get(error.errno or 0, OUTPUT_VOLUME_ERROR)
+    return VOLUME_REASONS.get(error.errno or 0, Reason.OUTPUT_VOLUME_ERROR)
 
 
 def is_volume_error(error: BaseException) -> TypeGuard[OSError]:
@@ -40,14 +40,16 @@ def free_bytes(path: Path) -> int | None:
 
 def volume_failure_text(reason: str, output: str | Path, free: int | None, done: int, total: int, why: str = "") -> str:
     """The cause in plain words and what to do: the same sentence on stderr, in progress and the condition."""
-    what = {
-        OUTPUT_VOLUME_FULL: f"{output} has {free if free is not None else 'an unknown number of'} bytes free",
-        OUTPUT_VOLUME_READ_ONLY: f"{output} is read-only",
-    }.get(reason, f"{output} fails to write")
-    fix = {
-        OUTPUT_VOLUME_FULL: "free space or grow the volume and the run resumes",
-        OUTPUT_VOLUME_READ_ONLY: "mount the volume writable and the run resumes",
-    }.get(reason, "repair or replace the volume and the run resumes")
+    whats: dict[str, str] = {
+        Reason.OUTPUT_VOLUME_FULL: f"{output} has {free if free is not None else 'an unknown number of'} bytes free",
+        Reason.OUTPUT_VOLUME_READ_ONLY: f"{output} is read-only",
+    }
+    fixes: dict[str, str] = {
+        Reason.OUTPUT_VOLUME_FULL: "free space or grow the volume and the run resumes",
+        Reason.OUTPUT_VOLUME_READ_ONLY: "mount the volume writable and the run resumes",
+    }
+    what = whats.get(reason, f"{output} fails to write")
+    fix = fixes.get(reason, "repair or replace the volume and the run resumes")
     return f"{what} after {done}/{total} records" + (f" ({why})" if why else "") + f"; {fix}"
 
 
