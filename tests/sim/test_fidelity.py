@@ -1,4 +1,4 @@
-"""The simulator behaves as SGLang 0.5.23 does where our gate depends on it (sglang-contract.md).
+"""The simulator behaves as SGLang 0.5.23 does where our gate depends on it (docs/sglang-fidelity.md).
 
 Parser names in /server_info as resolved; memory-derived sizes that differ per replica; the context-length
 400 instead of a shortened answer; connection refused while loading, then 503 while warming up; in-stream

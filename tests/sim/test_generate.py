@@ -1,4 +1,4 @@
-"""POST /generate against the simulator, as sglang-contract.md describes SGLang 0.5.23."""
+"""POST /generate against the simulator, as SGLang 0.5.23 answers it (docs/sglang-fidelity.md)."""
 
 from __future__ import annotations
 

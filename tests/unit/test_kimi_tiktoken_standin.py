@@ -31,7 +31,8 @@ from datagen_operator.tokenizer.corpus import training_lines
 REPO = Path(__file__).resolve().parents[2]
 # The tokenizer files of moonshotai/Kimi-K2.5 (and K2-Thinking, K2.6): no tokenizer.json, no special_tokens_map.
 REAL_KIMI_TOKENIZER_FILES = ["chat_template.jinja", "tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json"]
-# (content, id, special) straight from shared/reference/kimi-k2-format.md.
+# (content, id, special) as tokenizer_config.json `added_tokens_decoder` of moonshotai/Kimi-K2.5 lists them
+# (https://huggingface.co/moonshotai/Kimi-K2.5), written out apart from tokenizer/kimi_tokens.py.
 REFERENCE_TABLE = [
     ("[BOS]", 163584, True), ("[EOS]", 163585, True), ("<|im_end|>", 163586, True),
     ("<|im_user|>", 163587, True), ("<|im_assistant|>", 163588, True), ("[EOT]", 163593, True),

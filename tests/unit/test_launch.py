@@ -75,7 +75,8 @@ def test_a_server_side_chat_template_is_refused_naming_the_fix() -> None:
 
 
 def test_a_sampling_seed_turns_on_deterministic_inference() -> None:
-    """SGLang ignores sampling_seed without --enable-deterministic-inference (sglang-contract.md)."""
+    """SGLang ignores sampling_seed without --enable-deterministic-inference (SGLang 0.5.23
+    sglang/srt/sampling/sampling_batch_info.py)."""
     assert "--enable-deterministic-inference" not in server_argv(parse_run(kimi_run()).spec)
     seeded = parse_run(with_changes("spec.generation.sampling.sampling_seed", 7)).spec
     assert server_argv(seeded).count("--enable-deterministic-inference") == 1

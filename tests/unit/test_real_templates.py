@@ -13,8 +13,9 @@ never committed). Each family of `FAMILIES` is held to the closest one there:
 | gpt-oss | openai-gpt-oss-120b.jinja | the gpt-oss template (20b's is the same) |
 
 No counterpart in the sdist, so not compared with a real template: kimi-k2 (Kimi-K2.5/K2.6; Kimi-K3.jinja is a
-different format; its template follows shared/reference/kimi-k2-format.md) and qwen3-thinking-2507 (held
-instead to the qwen3 stand-in plus its generation prompt: test_qwen3_2507_is_the_hybrid_template_opening_think).
+different format; its template follows moonshotai/Kimi-K2.5's, tokenizer/families.py [kimi-format]) and
+qwen3-thinking-2507 (held instead to the qwen3 stand-in plus its generation prompt:
+test_qwen3_2507_is_the_hybrid_template_opening_think).
 
 Both sides render through transformers' `apply_chat_template(tokenize=False, add_generation_prompt=True)` of
 the family's stand-in tokenizer (the real template passed as `chat_template=`), over the same conversations:

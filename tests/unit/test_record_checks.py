@@ -1,4 +1,4 @@
-"""Per-record raw-token checks on Kimi-K2 ids (kimi-k2-format.md)."""
+"""Per-record raw-token checks on Kimi-K2 ids (tokenizer/kimi_tokens.py)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from datagen_operator.tokenizer.standin import (
     standin_dir_name,
 )
 
-# (content, id, special) straight from shared/reference/kimi-k2-format.md.
+# (content, id, special) as tokenizer_config.json `added_tokens_decoder` of moonshotai/Kimi-K2.5 lists them
+# (https://huggingface.co/moonshotai/Kimi-K2.5), written out apart from tokenizer/kimi_tokens.py.
 REFERENCE_TABLE = [
     ("[BOS]", 163584, True), ("[EOS]", 163585, True), ("<|im_end|>", 163586, True),
     ("<|im_user|>", 163587, True), ("<|im_assistant|>", 163588, True), ("[EOT]", 163593, True),

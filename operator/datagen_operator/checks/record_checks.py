@@ -1,8 +1,8 @@
 """Per-record checks on raw token ids: one implementation for the worker's inline counters,
 the canary and `datagen verify`.
 
-Everything here looks at token ids, never at decoded text (field notes 3): `text` is decoded with
-skip_special_tokens and can hide or show tags that the ids say otherwise.
+Everything here looks at token ids, never at decoded text: `text` is decoded with skip_special_tokens (true by
+default, SGLang 0.5.23 sglang/srt/sampling/sampling_params.py) and can hide or show tags that the ids say otherwise.
 """
 
 from __future__ import annotations
@@ -202,7 +202,8 @@ def tokenizer_stop_ids(tokenizer: Any) -> frozenset[int]:
 
 
 def read_model_eos_ids(model_dir: Path) -> frozenset[int]:
-    """`eos_token_id` of config.json and generation_config.json: ids SGLang stops at (sglang-contract.md)."""
+    """`eos_token_id` of config.json and generation_config.json: ids SGLang stops at (SGLang 0.5.23
+    sglang/srt/configs/model_config.py `_get_hf_eos_token_id`)."""
     ids: set[int] = set()
     for name in ("config.json", "generation_config.json"):
         try:

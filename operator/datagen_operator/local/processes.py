@@ -1,7 +1,8 @@
 """Child processes of a local run: started in their own process group, stopped as a group.
 
-Stopping the group matters for the real SGLang: a parent kill alone leaves the tensor-parallel
-scheduler processes holding GPU memory (field notes 7).
+Stopping the group matters for the real SGLang: it runs each tensor-parallel rank's scheduler in a child process
+of its own (`sglang::scheduler_TP<n>`, SGLang 0.5.23 sglang/srt/entrypoints/engine.py), and a parent kill alone
+leaves them holding GPU memory.
 """
 
 from __future__ import annotations

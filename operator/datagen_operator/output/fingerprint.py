@@ -1,8 +1,9 @@
 """The data fingerprint: what must not change between the records of one output directory.
 
-Chat-template drift between generation and training silently corrupts drafter data (field notes 5), so
-every output records the sha256 of the tokenizer files and of the chat template, the server's version
-and data-affecting args (from its own /server_info), the sampling params, preset and thinking switch.
+Chat-template drift between generation and training silently corrupts drafter data (SpecForge issue 296 and
+PR 182, github.com/sgl-project/SpecForge), so every output records the sha256 of the tokenizer files and of the
+chat template, the server's version and data-affecting args (from its own /server_info), the sampling params,
+preset and thinking switch.
 A worker refuses to resume into an output whose fingerprint differs, and says what changed.
 """
 

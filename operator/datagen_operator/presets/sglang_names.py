@@ -27,7 +27,7 @@ TOOL_CALL_PARSER_NAMES: tuple[str, ...] = (
 
 # Tags each reasoning parser looks for (its detector's start and end tokens in
 # sglang/srt/parser/reasoning_parser.py); `kimi` is the old ◁think▷ format that silently finds nothing in
-# Kimi-K2 output (field notes 1). Only the parsers the presets and the simulator use are listed; which family
+# Kimi-K2 output. Only the parsers the presets and the simulator use are listed; which family
 # writes which is presets/think_markers.py's to say (several parsers read `<think>`).
 REASONING_PARSER_TAGS: dict[str, tuple[str, str]] = {
     "kimi_k2": ("<think>", "</think>"),

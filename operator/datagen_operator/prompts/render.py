@@ -1,7 +1,8 @@
 """Prompts rendered to input_ids with the model's own tokenizer and chat template.
 
-The rendered prompt, not the server, decides whether the model thinks (kimi-k2-format.md): the
-template's thinking switch is passed here, and the ids go to /generate as they are.
+The rendered prompt, not the server, decides whether the model thinks: /generate applies no chat template to
+`input_ids` (SGLang 0.5.23 sglang/srt/managers/io_struct.py `GenerateReqInput`), so the template's thinking
+switch is passed here, and the ids go to /generate as they are.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ prompt says whether it should think). Pure data, cheap to import.
 
 Sources of the ids (a checked id names its source; the rest are marked unverified and the presets leave
 them null, so a run resolves them from the model's own tokenizer):
- [kimi-format]  shared/reference/kimi-k2-format.md
+ [kimi-format]  moonshotai/Kimi-K2.5's published files (https://huggingface.co/moonshotai/Kimi-K2.5):
+                tokenizer_config.json added_tokens_decoder (ids 163584..163839, `special` flags),
+                config.json eos_token_id 163586 (<|im_end|>), chat_template.jinja (the message format and
+                the `thinking` switch); K2.6 and K2-Thinking share the vocabulary
  [qwen3-files]  Qwen3 tokenizer_config.json/config.json (added_tokens_decoder 151643..151668, eos 151645,
                 vocab_size 151936), as reproduced in github.com/akougkas/warpio-cli
                 warpio-docs/ai-docs/model_cards/qwen3:4b.md

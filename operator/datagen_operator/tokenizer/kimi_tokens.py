@@ -1,4 +1,5 @@
-"""The Kimi-K2 family's special and structural tokens, as data (shared/reference/kimi-k2-format.md).
+"""The Kimi-K2 family's special and structural tokens, as data (tokenizer_config.json `added_tokens_decoder` of
+https://huggingface.co/moonshotai/Kimi-K2.5).
 
 `special` is the tokenizer's flag: True means `skip_special_tokens` drops the token from decoded text.
 The think and tool-call tokens are NOT special, so they survive decoding; `<|im_end|>` is.

@@ -16,8 +16,8 @@ HEALTH_TIMEOUT_S = 10.0
 async def is_healthy(
     session: aiohttp.ClientSession, base_url: str, path: str = "/health_generate", timeout_s: float = HEALTH_TIMEOUT_S
 ) -> bool:
-    """SGLang answers 200 or 503 with an EMPTY body: the status code is the whole answer (field notes 6);
-    never look for 'ok' in it."""
+    """SGLang answers 200 or 503 with an EMPTY body: the status code is the whole answer (SGLang 0.5.23
+    sglang/srt/entrypoints/http_server.py `health_generate`); never look for 'ok' in it."""
     try:
         async with session.get(base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             await response.read()

@@ -1,4 +1,5 @@
-"""`/metrics` with SGLang's `sglang:*` names (sglang-contract.md), labelled with model_name."""
+"""`/metrics` with SGLang's `sglang:*` names (SGLang 0.5.23 sglang/srt/observability/metrics_collector.py),
+labelled with model_name."""
 
 from __future__ import annotations
 

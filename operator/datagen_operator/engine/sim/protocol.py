@@ -1,4 +1,5 @@
-"""/generate request parsing and response bodies (sglang-contract.md), as pure functions.
+"""/generate request parsing and response bodies, as pure functions (SGLang 0.5.23
+sglang/srt/managers/io_struct.py `GenerateReqInput`, sglang/srt/entrypoints/http_server.py `generate_request`).
 
 Bodies are assembled from pre-serialized pieces: `output_ids` JSON comes straight from the token run's
 cached digits, so a 4,000-token answer costs a few slices and one `orjson.dumps` of the text.

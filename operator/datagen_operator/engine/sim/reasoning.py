@@ -1,6 +1,7 @@
 """Reasoning parsing of the chat endpoint, as SGLang 0.5.23 does it (non-streaming).
 
-Only `/v1/chat/completions` (and `/separate_reasoning`) run these; `/generate` never does (sglang-contract.md).
+Only `/v1/chat/completions` (and `/separate_reasoning`) run these; `/generate` never does (SGLang 0.5.23
+sglang/srt/entrypoints/http_server.py: `generate_request` returns the tokenizer manager's output as it is).
 Ported from sglang/srt/parser/reasoning_parser.py, harmony_parser.py and the force-reasoning decision of
 entrypoints/openai/serving_chat.py with parser/template_detection.py:
 

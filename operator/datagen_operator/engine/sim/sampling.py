@@ -1,10 +1,12 @@
-"""`sampling_params` of /generate, validated as SGLang 0.5.23 does, in its two stages (sglang-contract.md).
+"""`sampling_params` of /generate, validated as SGLang 0.5.23 does, in its two stages.
 
-1. The HTTP contract gate (`sglang/api/v1` schema): an unknown key (e.g. OpenAI's `max_tokens`) or a value of
-   the wrong JSON type (a float `max_new_tokens`, a string `top_k`) is a 400 with a flat body
-   `{"error": "<text>"}`, texts worded as SGLang's (serde's) are. `null` means "the default".
-2. `SamplingParams.verify` in the tokenizer manager: values out of range (`top_k: 0`, `repetition_penalty`
-   above 2, a negative temperature, ...) are a 400 with `{"error": {"message": ...}}`.
+1. The HTTP contract gate (sglang/srt/entrypoints/api_contract.py, the schema of sglang/api/v1/api_types.py):
+   an unknown key (e.g. OpenAI's `max_tokens`) or a value of the wrong JSON type (a float `max_new_tokens`, a
+   string `top_k`) is a 400 with a flat body `{"error": "<text>"}`, texts worded as SGLang's (serde's) are.
+   `null` means "the default".
+2. `SamplingParams.verify` (sglang/srt/sampling/sampling_params.py) in the tokenizer manager: values out of range
+   (`top_k: 0`, `repetition_penalty` above 2, a negative temperature, ...) are a 400 with
+   `{"error": {"message": ...}}`.
 tests/contract/test_generate_requests.py runs SGLang's own code on a corpus and holds this module to it.
 Keys SGLang accepts but the simulator does not model (grammars, penalties, logit_bias, beam_width,
 watermark, choice) are validated and otherwise ignored.
