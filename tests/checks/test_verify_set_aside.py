@@ -3,13 +3,7 @@ long): completeness passes, the report lists each cause with its count, nothing 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import orjson
-
 from datagen_operator.checks.verify import COMPLETENESS, account_set_aside
-from datagen_operator.output.layout import OutputLayout
-from datagen_operator.output.readers import iter_rejects
 from tests.checks.set_aside_output import verify_produced
 
 EXPECTED_CAUSES = {"bad_json": 1, "duplicate_id": 1, "invalid_tools": 1, "too_long": 1, "unrenderable": 1}
@@ -38,28 +32,6 @@ def test_without_the_dataset_causes_come_from_the_rejects(produced) -> None:
     document = {**document, "dataset": {"path": str(output / "absent.jsonl")}}
     report = verify_produced(document, None, output)
     assert report.set_aside == EXPECTED_CAUSES
-
-
-def test_rejects_written_before_causes_existed_still_count_as_set_aside(produced, tmp_path: Path) -> None:
-    document, dataset, output = produced
-    import shutil
-
-    old = tmp_path / "old"
-    shutil.copytree(output, old)
-    rejects = OutputLayout(old).rejects(0)
-    legacy = []
-    for entry in iter_rejects(old):
-        entry.pop("cause")
-        if entry["kind"] == "too_long":  # such prompts used to reach the server; keep only the unrenderable one
-            continue
-        legacy.append(orjson.dumps(entry))
-    rejects.write_bytes(b"\n".join(legacy) + b"\n")
-    report = verify_produced(document, dataset, old)
-    completeness = next(c for c in report.checks if c.name == COMPLETENESS)
-    # The too-long prompt has no entry now: it is missing (2 samples); the unrenderable one is accounted.
-    assert not completeness.passed
-    assert completeness.verdict.startswith("2 (id, sample) missing, e.g. [('too-long', 0), ('too-long', 1)]")
-    assert report.set_aside == {"bad_json": 1, "duplicate_id": 1, "invalid_tools": 1, "unrenderable": 1}
 
 
 def test_account_set_aside_matches_entries_to_their_own_line() -> None:

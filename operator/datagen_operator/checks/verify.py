@@ -153,8 +153,7 @@ def account_set_aside(
     `dataset_prompts`: (line, id) of every valid prompt, `dataset_causes`: the cause of every dataset line
     set aside when read (both None without the dataset). A valid prompt is set aside when a `line:<n>`
     entry for its own line carries its id (a duplicate's entry carries the kept prompt's id, on
-    another line). Entries written before causes existed say only `malformed`: for a valid prompt that
-    can only be the template failing to render it.
+    another line).
     """
     from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, reject_cause
 
@@ -173,8 +172,7 @@ def account_set_aside(
     for line, prompt_id in dataset_prompts:
         rejected = by_line.get(line)
         if rejected is not None and rejected.get("id") == prompt_id:
-            cause = reject_cause(rejected)
-            prompts[prompt_id] = cause if cause == TOO_LONG else UNRENDERABLE
+            prompts[prompt_id] = reject_cause(rejected)
     causes = Counter(dataset_causes or ())
     causes.update(prompts.values())
     return SetAside(prompts, dict(causes))

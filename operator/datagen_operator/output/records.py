@@ -122,8 +122,8 @@ def too_long_reject(position: int, prompt_id: str, reason: str) -> dict[str, Any
 
 
 def reject_cause(entry: Mapping[str, Any]) -> str:
-    """The cause of a rejects.jsonl entry; entries written before causes existed have only a kind."""
-    return str(entry.get("cause") or entry.get("kind") or "unknown")
+    """The cause of a dataset line's rejects.jsonl entry (`malformed_reject`, `too_long_reject`)."""
+    return str(entry.get("cause") or "unknown")
 
 
 # --- the server's context -------------------------------------------------------------------------

@@ -83,12 +83,8 @@ class Ledger:
         p.records_total += n
         cause = writer.set_aside.get(f"line:{ref.position}")
         if cause is not None:
-            # Set aside by an earlier run (unrenderable, too long): never sent again. Written before causes
-            # existed, an unrenderable prompt's entry says only "malformed" (its samples are counted here, not
-            # from the start: only here is the line known to be a prompt).
-            if cause not in (TOO_LONG, UNRENDERABLE):
-                p.records_set_aside += n
-            cause = TOO_LONG if cause == TOO_LONG else UNRENDERABLE
+            # Set aside by an earlier run (unrenderable, too long): never sent again. Its samples are counted
+            # from the start (set_aside_on_disk).
             if cause == TOO_LONG:
                 p.prompts_too_long += 1
             else:
