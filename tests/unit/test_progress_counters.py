@@ -41,6 +41,6 @@ def test_a_worker_that_exited_adds_no_rate(state: str) -> None:
 def test_set_aside_prompts_of_every_cause_are_counted() -> None:
     snapshots = [
         snapshot("running", prompts_malformed=1, set_aside={"bad_json": 1, "too_long": 2, "unrenderable": 1}),
-        snapshot("running", prompts_malformed=3),  # a worker from before set_aside was published
+        snapshot("running", prompts_malformed=3, set_aside={"bad_json": 2, "duplicate_id": 1}),
     ]
     assert counters_from_snapshots(snapshots).malformed == 4 + 3

@@ -14,11 +14,8 @@ def snapshot_tally(s: ShardProgress) -> Tally:
     """One shard's counts, each cause apart: server 4xx (`records_rejected`), prompts set aside unsent
     (`set_aside` by cause: too long, or malformed/unrenderable), records out of attempts, answers lost to
     the output volume."""
-    if s.set_aside:
-        too_long = int(s.set_aside.get(TOO_LONG, 0))
-        malformed = sum(map(int, s.set_aside.values())) - too_long
-    else:  # a worker from before set_aside was published
-        too_long, malformed = 0, s.prompts_malformed
+    too_long = int(s.set_aside.get(TOO_LONG, 0))
+    malformed = sum(map(int, s.set_aside.values())) - too_long
     return Tally.of(
         s.counts,
         rejected=s.records_rejected,
@@ -74,8 +71,7 @@ def counters_from_snapshots(
         prompts_done += s.prompts_done
         set_aside += s.records_set_aside
         completion += s.output_tokens
-        # `set_aside` counts every cause (malformed lines, unrenderable, too long); older workers only malformed.
-        malformed += sum(map(int, s.set_aside.values())) if s.set_aside else s.prompts_malformed
+        malformed += sum(map(int, s.set_aside.values()))  # every cause: malformed lines, unrenderable, too long
         if not s.finished:
             rate += s.tokens_per_s
         tally = tally + snapshot_tally(s) - stale_events(s, attempt_started_at)
