@@ -182,7 +182,7 @@ def test_a_complete_output_goes_to_the_final_verification_without_a_server() -> 
     assert StepOutcome.from_storage(complete.for_storage()) == complete
 
 
-def test_a_run_begun_before_the_preflight_existed_is_not_sent_back() -> None:
+def test_a_run_begun_without_a_preflight_verdict_is_not_sent_back() -> None:
     s = spec()
     d = decide(s, Observed(1, server=READY, parsers=PASS), context(s))
     assert d.step is Step.RUN_CANARY and d.server_wanted

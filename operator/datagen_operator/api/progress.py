@@ -68,7 +68,7 @@ class RecordCounts:
 
     @classmethod
     def from_storage(cls, data: Mapping[str, Any]) -> RecordCounts:
-        """Summaries written before `tool_records` was counted read as 0 tool records."""
+        """A count missing from `data` reads as 0."""
         numbers = {f.name: int(data.get(f.name, 0)) for f in fields(cls) if f.name != "flags"}
         return cls(**numbers, flags=Counter({str(k): int(v) for k, v in (data.get("flags") or {}).items()}))
 

@@ -150,7 +150,7 @@ def _uncounted(observed: Observed, begun: bool) -> str:
         return "waiting for the workers' count" if begun else "preflight running"
     if not preflight.passed:
         return "halted at the preflight"
-    return "waiting for the workers' count"  # a preflight that did not count (an older worker image's)
+    return "waiting for the workers' count"  # a passed preflight whose count is not at hand
 
 
 def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContext | None) -> Decision:
@@ -205,7 +205,8 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
     workers = observed.workers
     started = workers is not None
     # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
-    # that got further before the preflight existed (an operator upgrade) is not sent back to it.
+    # that got further (a server, a gate verdict or workers observed) with no preflight verdict at hand is not
+    # sent back to it.
     begun = observed.parsers is not None or observed.canary is not None or started
     begun = begun or bool(observed.server and observed.server.instances)
     preflight = observed.preflight
