@@ -107,7 +107,8 @@ def test_the_preflights_count_is_remembered_with_its_verdict() -> None:
     remembered = remembered_preflight(stored, 3)
     assert remembered is not None and remembered.passed and remembered.prompts == 2000
     assert remembered_preflight(stored, 4) is None, "a changed dataset is counted again"
-    # A status an older operator wrote (no count): the verdict stands, the total comes from the workers.
+    # A status without the count (progress.datasetPrompts unset): the verdict stands, the total comes from the
+    # workers.
     older = remembered_preflight(DataGenRunStatus(conditions=[inputs], progress=Progress(prompts_total=256)), 3)
     assert older is not None and older.prompts is None
 
