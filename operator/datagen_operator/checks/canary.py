@@ -383,7 +383,8 @@ def _write_records(path: Path, records: list[CanaryRecord], set_aside: list[SetA
     path.write_bytes(b"".join(line + b"\n" for line in lines))
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`datagen canary`'s arguments; what the shells pass is api/commands.py's CanaryCommand."""
     parser = argparse.ArgumentParser(prog="datagen canary", description="Run the canary against running servers.")
     parser.add_argument("--run", required=True, help="the DataGenRun manifest")
     parser.add_argument("--server", action="append", required=True, help="server base URL (repeatable)")
@@ -391,7 +392,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dataset", help="dataset file (default: spec.dataset.path)")
     parser.add_argument("--records", help="where to write the canary's records (JSONL)")
     parser.add_argument("--termination-log", help="also write the JSON verdict here (Kubernetes termination message)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
 
     from datagen_operator.api import load_run
     from datagen_operator.prompts.render import load_tokenizer

@@ -464,7 +464,8 @@ def _failed(reason: str, message: str) -> StepOutcome:
     return StepOutcome(False, reason, message, (check,))
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`datagen preflight`'s arguments; what the shells pass is api/commands.py's PreflightCommand."""
     parser = argparse.ArgumentParser(
         prog="datagen preflight", description="Check the dataset, tokenizer and output before a server is launched."
     )
@@ -474,7 +475,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output", help="output dir (default: spec.output.path)")
     parser.add_argument("--termination-log", help="also write the JSON verdict here (Kubernetes termination message)")
     parser.add_argument("--lease-holder", help="take the output's lease for this run (its UID; output/lease.py)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
 
     from datagen_operator.api import load_run
     from datagen_operator.prompts.render import load_tokenizer

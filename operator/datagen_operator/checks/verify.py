@@ -876,7 +876,8 @@ def verify_here(
     return HostVerification(report, notes)
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`datagen verify`'s arguments; what the shells pass is api/commands.py's VerifyCommand."""
     parser = argparse.ArgumentParser(prog="datagen verify", description="Check an output directory for faithfulness.")
     parser.add_argument("output", help="the run's output directory")
     parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml if present)")
@@ -894,7 +895,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-fidelity", action="store_true", help="skip re-rendering prompts")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--termination-log", help="also write the compact verdict here (Kubernetes)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
 
     output = Path(args.output)
     if not output.is_dir():

@@ -245,7 +245,8 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
     return load_tokenizer(directory, trust_remote_code=trust)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """`datagen export`'s arguments; what the operator passes is api/commands.py's ExportCommand."""
     parser = argparse.ArgumentParser(
         prog="datagen export",
         description="Write a run's exact token records in a trainer's format (docs/export.md).",
@@ -287,6 +288,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "default such an output is refused",
     )
     parser.add_argument("--termination-log", help="with --formats: write the verdict (JSON) here too")
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.export_format is None) == (args.formats is None):
         parser.error("give one of --format or --formats")

@@ -16,6 +16,14 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.commands import (
+    CanaryCommand,
+    Command,
+    ExportCommand,
+    PreflightCommand,
+    VerifyCommand,
+    WorkerCommand,
+)
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
 from datagen_operator.api.names import (
     canary_job_name,
@@ -600,12 +608,12 @@ def started_worker_image(
 
 
 def _datagen_container(
-    name: str, image: str, args: list[str], mounts: list[dict[str, Any]], spec: DataGenRunSpec
+    name: str, image: str, command: Command, mounts: list[dict[str, Any]], spec: DataGenRunSpec
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": name,
         "image": image,
-        "command": ["datagen", *args],
+        "command": ["datagen", *command.argv()],
         "env": [{"name": "HOME", "value": SCRATCH_HOME}, {"name": "TMPDIR", "value": SCRATCH_HOME}],
         "terminationMessagePath": TERMINATION_LOG,
         # The verdict file when the program wrote one; else the log's tail (a crash explains itself).
@@ -617,10 +625,6 @@ def _datagen_container(
     if resources:
         container["resources"] = resources
     return container
-
-
-def _server_args(urls: list[str]) -> list[str]:
-    return [arg for url in urls for arg in ("--server", url)]
 
 
 def _fails_on_its_verdict(container: str) -> dict[str, Any]:
@@ -638,11 +642,16 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
-    args = [
-        "preflight", "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir, "--dataset", dataset_file(spec),
-        "--output", output_dir(spec), "--termination-log", TERMINATION_LOG, "--lease-holder", run.uid,
-    ]  # fmt: skip
-    container = _datagen_container("preflight", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    # The model volume is mounted at model.path, so the tokenizer is where the spec says.
+    command = PreflightCommand(
+        run=RUN_FILE,
+        tokenizer=spec.model.tokenizer_dir,
+        dataset=dataset_file(spec),
+        output=output_dir(spec),
+        termination_log=TERMINATION_LOG,
+        lease_holder=run.uid,
+    )
+    container = _datagen_container("preflight", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 2,
         "podFailurePolicy": {
@@ -671,12 +680,15 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
     model_volumes, model_mounts = _model_volume(spec)
     # The output is mounted writable so the canary's records stay with the data, passed or failed.
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
-    args = [
-        "canary", "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir, "--dataset", dataset_file(spec),
-        *_server_args(urls), "--records", posixpath.join(output_dir(spec), CANARY_RECORDS),
-        "--termination-log", TERMINATION_LOG,
-    ]  # fmt: skip
-    container = _datagen_container("canary", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    command = CanaryCommand(
+        run=RUN_FILE,
+        tokenizer=spec.model.tokenizer_dir,
+        dataset=dataset_file(spec),
+        servers=tuple(urls),
+        records=posixpath.join(output_dir(spec), CANARY_RECORDS),
+        termination_log=TERMINATION_LOG,
+    )
+    container = _datagen_container("canary", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 2,
         "podFailurePolicy": {
@@ -704,13 +716,19 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
     shards = spec.clients.shards
-    args = [
-        "worker", "--run", RUN_FILE, "--output", output_dir(spec), "--dataset", dataset_file(spec),
-        "--tokenizer", spec.model.tokenizer_dir, *_server_args(urls),
-        "--progress-configmap", f"{run.name}-shard-$(JOB_COMPLETION_INDEX)", "--log-format", "json",
-        "--termination-log", TERMINATION_LOG, "--lease-holder", run.uid,
-    ]  # fmt: skip
-    container = _datagen_container("worker", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    # No shard index: each pod's is $JOB_COMPLETION_INDEX (an Indexed Job), the count is spec.clients.shards.
+    command = WorkerCommand(
+        run=RUN_FILE,
+        output=output_dir(spec),
+        dataset=dataset_file(spec),
+        tokenizer=spec.model.tokenizer_dir,
+        servers=tuple(urls),
+        progress_configmap=f"{run.name}-shard-$(JOB_COMPLETION_INDEX)",
+        log_format="json",
+        termination_log=TERMINATION_LOG,
+        lease_holder=run.uid,
+    )
+    container = _datagen_container("worker", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     on_exit = lambda action, codes: {  # noqa: E731
         "action": action,
@@ -751,11 +769,15 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=False)
-    args = [
-        "verify", output_dir(spec), "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir,
-        "--dataset", dataset_file(spec), "--json", "--termination-log", TERMINATION_LOG,
-    ]  # fmt: skip
-    container = _datagen_container("verify", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    command = VerifyCommand(
+        output=output_dir(spec),
+        run=RUN_FILE,
+        tokenizer=spec.model.tokenizer_dir,
+        dataset=dataset_file(spec),
+        json=True,
+        termination_log=TERMINATION_LOG,
+    )
+    container = _datagen_container("verify", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 1,
         "podFailurePolicy": {"rules": [_fails_on_its_verdict("verify")]},
@@ -772,15 +794,17 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
-    args = [
-        "export", output_dir(spec), "--formats", ",".join(spec.export.formats), "--out", export_dir(spec),
-        "--run", RUN_FILE, "--tokenizer", spec.model.tokenizer_dir, "--termination-log", TERMINATION_LOG,
-    ]  # fmt: skip
-    if spec.export.max_length is not None:
-        args += ["--max-length", str(spec.export.max_length)]
-    if spec.export.exclude_flags:
-        args += ["--exclude-flags", ",".join(spec.export.exclude_flags)]
-    container = _datagen_container("export", image, args, [run_mount, *model_mounts, *data_mounts], spec)
+    command = ExportCommand(
+        output=output_dir(spec),
+        formats=tuple(spec.export.formats),
+        out=export_dir(spec),
+        run=RUN_FILE,
+        tokenizer=spec.model.tokenizer_dir,
+        termination_log=TERMINATION_LOG,
+        max_length=spec.export.max_length,
+        exclude_flags=tuple(spec.export.exclude_flags),
+    )
+    container = _datagen_container("export", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {
         "backoffLimit": 1,
         "podFailurePolicy": {"rules": [_fails_on_its_verdict("export")]},

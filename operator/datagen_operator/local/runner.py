@@ -21,6 +21,7 @@ import orjson
 import yaml
 
 from datagen_operator.api import DataGenRun
+from datagen_operator.api.commands import WorkerCommand
 from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
@@ -51,6 +52,9 @@ SERVER_GRACE_S = 15.0
 MAX_SERVER_RESTARTS = 3
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+DATAGEN = (sys.executable, "-m", "datagen_operator.cli")
+"""How a child runs `datagen`: this interpreter (its environment), whatever `datagen` is on the PATH."""
 
 
 def gpus_available() -> bool:
@@ -315,7 +319,7 @@ class LocalRunner:
             argv = server_argv(self.spec, host="127.0.0.1", port=port, python=sys.executable, resolved=self.resolved)
             if self.simulator:
                 # The simulator takes sglang.launch_server's own flags: only the program differs.
-                argv = [sys.executable, "-m", "datagen_operator.cli", "sim-server", *argv[3:], *self.sim_args]
+                argv = [*DATAGEN, "sim-server", *argv[3:], *self.sim_args]
             child = Child(f"server-{index}", argv, self.logs / f"server-{index}.log")
             await child.start()
             self.servers.append((child, f"http://127.0.0.1:{port}"))
@@ -405,16 +409,21 @@ class LocalRunner:
                     slot.retries += 1
             if not urls:
                 continue
-            argv = [
-                sys.executable, "-m", "datagen_operator.cli", "worker",
-                "--run", str(self.run_file), "--output", str(self.output),
-                "--shard-index", str(slot.index), "--shard-count", str(len(self.shards)),
-                "--lease-holder", self.holder.id,
-            ]  # fmt: skip
-            for url in urls:
-                argv += ["--server", url]
+            argv = self.worker_argv(slot.index, urls)
             slot.child = Child(f"worker-{slot.index}", argv, self.logs / f"worker-{slot.index}.log")
             await slot.child.start()
+
+    def worker_argv(self, index: int, urls: list[str]) -> list[str]:
+        """Shard `index`'s `datagen worker`: on the ready servers, holding the output's lease for this run."""
+        command = WorkerCommand(
+            run=str(self.run_file),
+            output=str(self.output),
+            shard_index=index,
+            shard_count=len(self.shards),
+            servers=tuple(urls),
+            lease_holder=self.holder.id,
+        )
+        return [*DATAGEN, *command.argv()]
 
     def _volume_failure(self, index: int) -> tuple[str, str]:
         """A worker's exit 7: its cause from its progress.json (written into its freed reserve), else from
