@@ -1,7 +1,7 @@
 """SGLang's own request validation on the requests we send, and on a corpus the simulator must judge alike.
 
-The bodies are built by the functions the worker (`output.records.generate_payload` over
-`engine.requests.run_sampling`), the canary (`engine.requests.run_sampling` + `generate_body`) and the
+The bodies are built by the functions the worker and the canary (`engine.requests.generate_body` over
+`engine.requests.run_sampling`) and the
 parser probe (`engine.client.reads.chat_probe_body`) use. SGLang's side runs its HTTP contract gate, its batch
 normalisation, the tokenizer manager's length validation and `SamplingParams` construction, `normalize()` and
 `verify()` (tests/contract/sglang_side.py).
@@ -19,7 +19,6 @@ from datagen_operator.engine.client.reads import chat_probe_body
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.engine.sim.protocol import RequestError, parse_generate_request
 from datagen_operator.engine.sim.sampling import SamplingParamsError, parse_sampling_params
-from datagen_operator.output.records import Job, generate_payload
 from datagen_operator.presets import get_preset, preset_names
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
@@ -49,8 +48,8 @@ def _bodies(preset: str, spec_sampling: dict[str, Any]) -> dict[str, dict[str, A
     stops = _stop_ids(preset)
     run = run_sampling(spec, stops)
     bodies = {
-        f"worker-sample{sample}-{'stream' if stream else 'whole'}": generate_payload(
-            Job(position=0, id="p", sample=sample, input_ids=PROMPT, has_tools=False, prompt_hash=0), run, stream=stream
+        f"worker-sample{sample}-{'stream' if stream else 'whole'}": generate_body(
+            PROMPT, run, sample=sample, stream=stream
         )
         for sample in (0, 1)
         for stream in (False, True)

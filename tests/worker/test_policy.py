@@ -22,13 +22,14 @@ from datagen_operator.engine.client.policy import (
     classify_status,
     error_reason,
 )
+from datagen_operator.engine.requests import generate_body, sampling_for_sample
 from datagen_operator.output.fingerprint import (
     diff_fingerprints,
     server_fingerprint,
     tokenizer_files,
     tokenizer_fingerprint,
 )
-from datagen_operator.output.records import Job, generate_payload, sampling_for_sample
+from datagen_operator.output.records import Job
 from datagen_operator.prompts.render import template_variables
 from tests.manifests import bare_spec
 
@@ -115,11 +116,11 @@ def test_stream_errors_and_early_ends_are_retryable_or_permanent_as_the_server_s
 def test_payload_always_has_max_new_tokens_and_per_sample_seeds() -> None:
     sampling = {"max_new_tokens": 64, "temperature": 0.6, "sampling_seed": 10}
     job = Job(0, "p", 2, [1, 2, 3], False, 0)
-    body = orjson.loads(generate_payload(job, sampling, stream=False))
+    body = orjson.loads(generate_body(job.input_ids, sampling, sample=job.sample))
     assert body == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 64, "temperature": 0.6,
                                                                   "sampling_seed": 12}}  # fmt: skip
     assert sampling_for_sample({"max_new_tokens": 1}, 3) == {"max_new_tokens": 1}
-    assert orjson.loads(generate_payload(job, {"max_new_tokens": 1}, stream=True))["stream"] is True
+    assert orjson.loads(generate_body(job.input_ids, {"max_new_tokens": 1}, stream=True))["stream"] is True
 
 
 def _resolved(preset: str | None, thinking: bool | None, **server: str):

@@ -25,6 +25,20 @@ def run_sampling(spec_sampling: SamplingParams, stop_token_ids: Iterable[int]) -
     return params
 
 
-def generate_body(input_ids: list[int], params: Mapping[str, Any]) -> bytes:
-    """A non-streaming, pre-tokenized `/generate` request."""
-    return orjson.dumps({"input_ids": input_ids, "sampling_params": params})
+def sampling_for_sample(sampling: Mapping[str, Any], sample: int) -> Mapping[str, Any]:
+    """Sampling params for one sample. A fixed seed is offset by the sample index: samples of one prompt
+    must differ (the same seed would make them identical) yet stay reproducible."""
+    seed = sampling.get("sampling_seed")
+    if seed is None or sample == 0:
+        return sampling
+    return {**sampling, "sampling_seed": seed + sample}
+
+
+def generate_body(input_ids: list[int], params: Mapping[str, Any], *, sample: int = 0, stream: bool = False) -> bytes:
+    """The pre-tokenized `/generate` request for one sample of a prompt (the worker's and the canary's), streamed
+    when `stream`. `max_new_tokens` is always in `params` (the spec requires it; SGLang's default is 128). No
+    `rid`: a retried request must not collide with an abandoned one still running."""
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_for_sample(params, sample)}
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)

@@ -1,4 +1,5 @@
-"""Pure builders: the /generate request for a (prompt, sample), and the record made from its answer."""
+"""Pure builders: the record made from the answer to a (prompt, sample), and the rejects (the request it answers
+is engine/requests.py's `generate_body`)."""
 
 from __future__ import annotations
 
@@ -31,24 +32,6 @@ class Job:
     @property
     def key(self) -> tuple[str, int]:
         return (self.id, self.sample)
-
-
-def sampling_for_sample(sampling: dict[str, Any], sample: int) -> dict[str, Any]:
-    """Sampling params for one sample. A fixed seed is offset by the sample index: samples of one prompt
-    must differ (the same seed would make them identical) yet stay reproducible."""
-    seed = sampling.get("sampling_seed")
-    if seed is None or sample == 0:
-        return sampling
-    return {**sampling, "sampling_seed": seed + sample}
-
-
-def generate_payload(job: Job, sampling: dict[str, Any], *, stream: bool) -> bytes:
-    """The /generate body. `max_new_tokens` is always in `sampling` (the spec requires it; SGLang's
-    default is 128). No `rid`: a retried request must not collide with an abandoned one still running."""
-    body: dict[str, Any] = {"input_ids": job.input_ids, "sampling_params": sampling_for_sample(sampling, job.sample)}
-    if stream:
-        body["stream"] = True
-    return orjson.dumps(body)
 
 
 @dataclass(frozen=True, slots=True)

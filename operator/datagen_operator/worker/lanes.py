@@ -9,7 +9,8 @@ from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_SERV
 from datagen_operator.checks.record_checks import inspect_record
 from datagen_operator.engine.client.generate import GenerateClient, Reply
 from datagen_operator.engine.client.policy import Drained, EndpointsRejected, GaveUp, Rejected, ServerUnreachable
-from datagen_operator.output.records import Answer, Job, build_record, encode_record, generate_payload, server_reject
+from datagen_operator.engine.requests import generate_body
+from datagen_operator.output.records import Answer, Job, build_record, encode_record, server_reject
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
@@ -52,7 +53,9 @@ class Lanes:
             if job is None or stop.stop_new.is_set():
                 return
             try:
-                reply = await client.generate(generate_payload(job, sampling, stream=client.stream))
+                reply = await client.generate(
+                    generate_body(job.input_ids, sampling, sample=job.sample, stream=client.stream)
+                )
             except Rejected as rejected:
                 if volume.error is not None:
                     return
