@@ -594,9 +594,10 @@ def started_worker_image(
     recorded: str | None, jobs: Iterable[Mapping[str, Any]], spec_image: str | None, operator_image: str
 ) -> str:
     """The operator's worker image a run started with, which all its pods keep (status.workerImage): an
-    operator upgrade mid-run must not leave workers on one image and verify on another. `recorded` at the
-    run's first pass; for a run an older operator started, the image of its first Job (unless that was
-    spec.clients.image's, which says nothing of the operator's); else, for a new run, the operator's now."""
+    operator upgrade mid-run must not leave workers on one image and verify on another. `recorded` in the
+    run's first status write, before any child; for a run whose status was lost (restored without it), the
+    image of its first Job (unless that was spec.clients.image's, which says nothing of the operator's);
+    else, for a new run, the operator's now."""
     if recorded:
         return recorded
     first = min(jobs, key=lambda job: str(job["metadata"].get("creationTimestamp") or ""), default=None)
@@ -627,12 +628,14 @@ def _datagen_container(
     return container
 
 
+def _on_exit(action: str, container: str, codes: list[int]) -> dict[str, Any]:
+    """A podFailurePolicy rule: what the Job controller does when `container` exits with one of `codes`."""
+    return {"action": action, "onExitCodes": {"containerName": container, "operator": "In", "values": codes}}
+
+
 def _fails_on_its_verdict(container: str) -> dict[str, Any]:
     """A step's exit with a written verdict that did not pass is no flake: the Job fails at once, no retry."""
-    return {
-        "action": "FailJob",
-        "onExitCodes": {"containerName": container, "operator": "In", "values": [EXIT_FAILED_VERDICT]},
-    }
+    return _on_exit("FailJob", container, [EXIT_FAILED_VERDICT])
 
 
 def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation: int) -> Manifest:
@@ -730,10 +733,6 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
     )
     container = _datagen_container("worker", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
-    on_exit = lambda action, codes: {  # noqa: E731
-        "action": action,
-        "onExitCodes": {"containerName": "worker", "operator": "In", "values": codes},
-    }
     job_spec = {
         "completionMode": "Indexed",
         "completions": shards,
@@ -743,8 +742,8 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "podFailurePolicy": {
             "rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-                on_exit("Ignore", list(FREE_EXITS)),
-                on_exit("FailIndex", sorted(PERMANENT_EXITS)),
+                _on_exit("Ignore", "worker", list(FREE_EXITS)),
+                _on_exit("FailIndex", "worker", sorted(PERMANENT_EXITS)),
             ]
         },
     }
