@@ -9,6 +9,7 @@ from typing import Any
 from datagen_operator.api import parse_spec
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.control.children import (
     Action,
     Apply,
@@ -21,6 +22,7 @@ from datagen_operator.control.children import (
     SuspendWorkers,
     made_for,
     plan,
+    spec_applied,
     spec_in_force,
 )
 from datagen_operator.control.decide import Decision, Step
@@ -261,6 +263,27 @@ def test_a_data_change_after_bulk_work_is_refused_and_live_fields_still_move() -
 def test_a_live_change_keeps_the_data_generation() -> None:
     in_force = spec_in_force(document(suspend=True), document(), 1, 5, bulk_started=True)
     assert (in_force.data_generation, in_force.refused) == (1, [])
+
+
+def test_spec_applied_shows_a_refusal_with_the_fix_and_clears_only_once_shown() -> None:
+    assert spec_applied([], []) == []
+    (refused,) = spec_applied(["spec.generation.sampling.max_new_tokens"], [])
+    assert (refused.type, refused.status, refused.reason) == ("SpecApplied", "False", "DataFieldsFrozen")
+    assert "spec.generation.sampling.max_new_tokens" in refused.message and "new output path" in refused.message
+    shown = DataGenRunStatus.model_validate(
+        {
+            "conditions": [
+                {
+                    "type": "SpecApplied",
+                    "status": "False",
+                    "reason": "DataFieldsFrozen",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+    )
+    (cleared,) = spec_applied([], shown.conditions)
+    assert (cleared.status, cleared.reason) == ("True", "Applied")
 
 
 # --- the inventory the planner reads (k8s/inventory.py) --------------------------------------------

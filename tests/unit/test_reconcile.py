@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.status import DataGenRunStatus
+from datagen_operator.control.children import children_accepted
 from datagen_operator.control.observed import ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.reconcile import _signature, children_accepted
+from datagen_operator.k8s.reconcile import _signature
 from tests.manifests import unit_spec
 
 REFUSED = 'create Pod x-server-0 in StatefulSet x-server failed error: pods "x-server-0" is forbidden: exceeded quota'
@@ -40,8 +41,10 @@ def test_a_refused_server_pod_is_named_not_creating_forever() -> None:
 
 def test_children_accepted_shows_only_after_a_refusal_and_clears() -> None:
     fresh = DataGenRunStatus()
-    assert children_accepted({}, fresh) == []
-    (refused,) = children_accepted({"Job/x-preflight": 'jobs.batch "x-preflight" is forbidden: exceeded quota'}, fresh)
+    assert children_accepted({}, fresh.conditions) == []
+    (refused,) = children_accepted(
+        {"Job/x-preflight": 'jobs.batch "x-preflight" is forbidden: exceeded quota'}, fresh.conditions
+    )
     assert (refused.status, refused.reason) == ("False", "Refused") and "Job/x-preflight: jobs.batch" in refused.message
     shown = DataGenRunStatus.model_validate(
         {
@@ -55,7 +58,7 @@ def test_children_accepted_shows_only_after_a_refusal_and_clears() -> None:
             ]
         }
     )
-    (cleared,) = children_accepted({}, shown)
+    (cleared,) = children_accepted({}, shown.conditions)
     assert (cleared.status, cleared.reason) == ("True", "Accepted")
 
 

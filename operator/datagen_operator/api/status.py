@@ -19,6 +19,8 @@ EXPORTED = "Exported"
 """Only with spec.export: set after the final verification passes (not in CONDITION_TYPES' metrics)."""
 SPEC_APPLIED = "SpecApplied"
 """Shown only once a change was refused: False while data-affecting fields differ from the applied spec."""
+CHILDREN_ACCEPTED = "ChildrenAccepted"
+"""Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
 CONDITION_TYPES: tuple[str, ...] = (
     INPUTS_VERIFIED,
     SERVER_READY,

@@ -13,7 +13,10 @@ from enum import StrEnum
 from typing import Any
 
 from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import CHILDREN_ACCEPTED, SPEC_APPLIED, Condition
+from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.decide import Decision, Step
 from datagen_operator.control.observed import Observed
 
@@ -257,3 +260,32 @@ def spec_in_force(
     elif changed:
         data_generation = generation
     return SpecInForce(document, data_generation, refused)
+
+
+def spec_applied(refused: Sequence[str], conditions: Sequence[Condition]) -> list[ConditionUpdate]:
+    """SpecApplied: False while a data change is refused (naming the fields and the fix); True once the spec
+    in force is the one written again (only when it was shown before)."""
+    if refused:
+        message = (
+            f"{', '.join(refused)} changed after bulk records were written; the run keeps its applied spec so the "
+            "output never mixes two configurations. Revert the change, or create a new run with a new output path."
+        )
+        return [ConditionUpdate(SPEC_APPLIED, "False", Reason.DATA_FIELDS_FROZEN, message)]
+    if any(c.type == SPEC_APPLIED for c in conditions):
+        return [ConditionUpdate(SPEC_APPLIED, "True", Reason.APPLIED, "the spec in force is the one written")]
+    return []
+
+
+def children_accepted(refused: Mapping[str, str], conditions: Sequence[Condition]) -> list[ConditionUpdate]:
+    """ChildrenAccepted: False while the API server refuses a child or a Job's pod, in its own words; True once
+    none is refused (only when it was shown before: a run that never had a refusal carries no such condition)."""
+    if refused:
+        message = "; ".join(f"{key}: {words}" for key, words in sorted(refused.items()))
+        return [ConditionUpdate(CHILDREN_ACCEPTED, "False", Reason.REFUSED, message[:2000])]
+    if any(c.type == CHILDREN_ACCEPTED for c in conditions):
+        return [
+            ConditionUpdate(
+                CHILDREN_ACCEPTED, "True", Reason.ACCEPTED, "the API server accepted every child of the run"
+            )
+        ]
+    return []

@@ -32,7 +32,6 @@ from datagen_operator.api.status import (
     CANARY_PASSED,
     EXPORTED,
     PARSERS_VERIFIED,
-    SPEC_APPLIED,
     DataGenRunStatus,
     ServerStatus,
 )
@@ -44,8 +43,10 @@ from datagen_operator.control.children import (
     Delete,
     Serve,
     SuspendWorkers,
+    children_accepted,
     made_for,
     plan,
+    spec_applied,
     spec_in_force,
 )
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
@@ -66,9 +67,6 @@ from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refu
 from datagen_operator.k8s.settings import Settings
 
 log = logging.getLogger("datagen.operator")
-
-CHILDREN_ACCEPTED = "ChildrenAccepted"
-"""Shown only once the API server refused a child (or a Job's pod): False, in its words, while any is refused."""
 
 Lookup = Callable[[str, str, str], list[Mapping[str, Any]]]
 """(kind, namespace, run) -> the run's children of that kind from the watch cache."""
@@ -212,21 +210,10 @@ class Reconciler:
             await self._report(body, old, decision, generation, now, [], observed)
             old = DataGenRunStatus.model_validate(self.status or {})
         await self._act(run, spec, resolved, decision, observed, urls, data_generation)
-        extra = []
-        if refused:
-            extra.append(
-                ConditionUpdate(
-                    SPEC_APPLIED,
-                    "False",
-                    "DataFieldsFrozen",
-                    f"{', '.join(refused)} changed after bulk records were written; the run keeps its applied spec "
-                    "so the output never mixes two configurations. Revert the change, or create a new run with a "
-                    "new output path.",
-                )
-            )
-        elif any(c.type == SPEC_APPLIED for c in old.conditions):
-            extra.append(ConditionUpdate(SPEC_APPLIED, "True", "Applied", "the spec in force is the one written"))
-        extra += children_accepted({**self.refused_writes, **self.refused_pods}, old)
+        extra = [
+            *spec_applied(refused, old.conditions),
+            *children_accepted({**self.refused_writes, **self.refused_pods}, old.conditions),
+        ]
         await self._report(body, old, decision, generation, now, extra, observed)
         return decision
 
@@ -589,19 +576,6 @@ def _signature(status: Mapping[str, Any]) -> dict[str, Any]:
     out["conditions"] = [{k: v for k, v in c.items() if k != "message"} for c in status.get("conditions") or []]
     out["checks"] = [(c.get("name"), c.get("passed")) for c in status.get("checks") or []]
     return out
-
-
-def children_accepted(refused: Mapping[str, str], old: DataGenRunStatus) -> list[ConditionUpdate]:
-    """ChildrenAccepted: False while the API server refuses a child or a Job's pod, in its own words; True once
-    none is refused (only when it was shown before: a run that never had a refusal carries no such condition)."""
-    if refused:
-        message = "; ".join(f"{key}: {words}" for key, words in sorted(refused.items()))
-        return [ConditionUpdate(CHILDREN_ACCEPTED, "False", "Refused", message[:2000])]
-    if any(c.type == CHILDREN_ACCEPTED for c in old.conditions):
-        return [
-            ConditionUpdate(CHILDREN_ACCEPTED, "True", "Accepted", "the API server accepted every child of the run")
-        ]
-    return []
 
 
 NAMESPACE_PROBE_S = 60.0
