@@ -247,8 +247,9 @@ async def run_canary(
     from datagen_operator.engine.client.policy import Rejected, RetryPolicy
     from datagen_operator.engine.client.pool import EndpointPool
     from datagen_operator.engine.client.reads import make_session
+    from datagen_operator.prompts.lean_render import RenderError
     from datagen_operator.prompts.pin import render_date
-    from datagen_operator.prompts.render import Renderer, RenderError, template_variables
+    from datagen_operator.prompts.render import Renderer, template_variables
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_dir))

@@ -210,7 +210,7 @@ def judge_dataset(spec: DataGenRunSpec, plan: Any, renderer: Any, limit: Context
     (`too_long`), out of the dataset's lines. The workers judge too_long again against the running server's
     own limit (its KV pool may be smaller)."""
     from datagen_operator.output.records import too_long_reason
-    from datagen_operator.prompts.render import RenderError
+    from datagen_operator.prompts.lean_render import RenderError
 
     max_new_tokens = spec.generation.sampling.max_new_tokens
     unrenderable: list[str] = []
@@ -356,7 +356,7 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
 def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: dict[str, Any] | None) -> OutputEstimate:
     """Render a spread of prompts, then measure synthetic records made of their own token ids (output ids
     drawn from the same mix) with the worker's encoder and the Parquet writer."""
-    from datagen_operator.prompts.render import RenderError
+    from datagen_operator.prompts.lean_render import RenderError
 
     prompts = plan.prompts
     step = max(1, len(prompts) // SAMPLE_PROMPTS)

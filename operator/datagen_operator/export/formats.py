@@ -66,7 +66,8 @@ def is_over_length(length: int, selection: Selection) -> bool:
 
 
 def list_lengths(column: pa.Array) -> np.ndarray:
-    return pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+    lengths: np.ndarray = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+    return lengths
 
 
 @dataclass(frozen=True)

@@ -110,4 +110,5 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
 
 
 def read_export_manifest(directory: str | Path) -> dict[str, Any]:
-    return orjson.loads((Path(directory) / MANIFEST_NAME).read_bytes())
+    manifest: dict[str, Any] = orjson.loads((Path(directory) / MANIFEST_NAME).read_bytes())
+    return manifest

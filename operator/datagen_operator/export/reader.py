@@ -60,13 +60,13 @@ def shard_parquets(layout: OutputLayout, shard: int) -> list[Path]:
 
 def rows_for_tokens(row_group: pq.RowGroupMetaData, batch_tokens: int) -> int:
     """Rows per batch so a batch holds about `batch_tokens`, from the row group's uncompressed token bytes."""
-    token_bytes = sum(
+    token_bytes: int = sum(
         row_group.column(i).total_uncompressed_size
         for i in range(row_group.num_columns)
         if row_group.column(i).path_in_schema.split(".")[0] in ("input_ids", "output_ids")
     )
     tokens = max(1, token_bytes // 4)  # int32 values; the list levels add little
-    return max(1, row_group.num_rows * batch_tokens // tokens)
+    return max(1, int(row_group.num_rows) * batch_tokens // tokens)
 
 
 def _parquet_batches(path: Path, batch_tokens: int) -> Iterator[pa.RecordBatch]:

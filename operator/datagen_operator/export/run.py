@@ -83,7 +83,8 @@ def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
     encode = backend_encoder(tokenizer) or (lambda text: tokenizer.encode(text, add_special_tokens=False))
 
     def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text: str = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text
 
     return TextCodec(decode, encode, len(tokenizer))
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -45,6 +45,9 @@ from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
 from datagen_operator.output.lease import STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
+
+if TYPE_CHECKING:
+    from datagen_operator.checks.verify import VerifyReport
 
 POLL_S = 0.5
 WORKER_GRACE_S = 30.0
@@ -118,7 +121,7 @@ class LocalRunner:
         self.parser_probes = ProbeFailures()
         self.canary: StepOutcome | None = None
         self.final: StepOutcome | None = None
-        self.final_report: Any = None
+        self.final_report: VerifyReport | None = None
         self.export: StepOutcome | None = None
         self.tokenizer: Any = None
         self.stop = asyncio.Event()

@@ -101,7 +101,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
             index for index in special_ids if index not in named or _added_special(named[index])
         )
         # Token strings in the byte-level alphabet (what transformers and the tokenizer.json stand-in show).
-        self.byte_encoder: dict[int, str] = bytes_to_unicode()
+        self.byte_encoder: dict[int, str] = bytes_to_unicode()  # type: ignore[no-untyped-call]  # transformers
         self.byte_decoder = {char: byte for byte, char in self.byte_encoder.items()}
         self._id_bytes: list[bytes] = [b""] * self.n_words
         for token, rank in ranks.items():
@@ -114,7 +114,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         self.encoder: dict[str, int] = {token: index for index, token in self.decoder.items()}
         if additional_special_tokens is not None:  # transformers 5 saves it as extra_special_tokens
             kwargs["additional_special_tokens"] = additional_special_tokens
-        super().__init__(
+        super().__init__(  # type: ignore[no-untyped-call]  # transformers' base class has no type hints
             bos_token=bos_token,
             eos_token=eos_token,
             unk_token=unk_token,
@@ -139,7 +139,8 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         return [self.decoder[index] for index in self.model.encode(text, disallowed_special=())]
 
     def _convert_token_to_id(self, token: str) -> int:
-        return self.encoder.get(token, self.unk_token_id)
+        index: int = self.encoder.get(token, self.unk_token_id)
+        return index
 
     def _convert_id_to_token(self, index: int) -> str:
         return self.decoder[index]

@@ -11,8 +11,9 @@ from typing import Any
 from datagen_operator.checks.record_checks import Expectations, expectations_for
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
+from datagen_operator.prompts.lean_render import RenderError
 from datagen_operator.prompts.pin import render_date
-from datagen_operator.prompts.render import Renderer, RenderError, RenderPool, load_tokenizer, template_variables
+from datagen_operator.prompts.render import Renderer, RenderPool, load_tokenizer, template_variables
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
 

@@ -50,7 +50,7 @@ class RetryPolicy:
 
 def backoff_delay(attempt: int, policy: RetryPolicy, unit: float) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))); `unit` is a uniform [0, 1) draw."""
-    return unit * min(policy.cap_s, policy.base_s * 2 ** max(0, attempt - 1))
+    return unit * min(policy.cap_s, policy.base_s * 2.0 ** max(0, attempt - 1))
 
 
 def error_reason(body: bytes, limit: int = 500) -> str:

@@ -69,12 +69,15 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 
 
 async def fetch_server_info(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     """GET /server_info (SGLang >= 0.5.10), falling back to the deprecated /get_server_info."""
+    info: dict[str, Any]
     try:
-        return await get_json(session, url.rstrip("/") + "/server_info")
+        info = await get_json(session, url.rstrip("/") + "/server_info")
+        return info
     except RequestFailed as failure:
         if failure.status != 404:
             raise
-    return await get_json(session, url.rstrip("/") + "/get_server_info")
+    info = await get_json(session, url.rstrip("/") + "/get_server_info")
+    return info
 
 
 def make_session(concurrency: int, endpoints: int) -> aiohttp.ClientSession:
