@@ -58,7 +58,9 @@ def server_pod_name(run: str, index: int) -> str:
     return f"{run}-server-{index}"
 
 
-def shard_configmap_name(run: str, index: int) -> str:
+def shard_configmap_name(run: str, index: int | str) -> str:
+    """Shard `index`'s progress ConfigMap; an Indexed Job's one pod template passes "$(JOB_COMPLETION_INDEX)",
+    which the kubelet expands from each pod's environment."""
     return f"{run}-shard-{index}"
 
 

@@ -145,6 +145,11 @@ class ModelSpec(SpecModel):
         neither written nor in the CRD)."""
         return self.tokenizer_path or self.path
 
+    @property
+    def tokenizer_field(self) -> str:
+        """The spec field `tokenizer_dir` comes from, as an error message names it."""
+        return "spec.model.tokenizerPath" if self.tokenizer_path else "spec.model.path"
+
 
 class ServerSpec(SpecModel):
     # The CRD's rules for this object, beside the validators that check the same for `datagen validate`.

@@ -868,7 +868,7 @@ def verify_here(
         except ValueError as error:  # e.g. remote code without --trust-remote-code: say so, no traceback
             raise ValueError(f"tokenizer {directory}: {error}") from error
     elif directory:
-        field = "spec.model.tokenizerPath" if spec and spec.model.tokenizer_path else "spec.model.path"
+        field = spec.model.tokenizer_field if spec else "spec.model.path"
         notes.append(f"{field} {directory} is not a directory here: pass --tokenizer DIR (the model directory)")
     if fidelity is None:
         fidelity = tokenizer is not None and dataset_path is not None

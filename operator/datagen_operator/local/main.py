@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from datagen_operator.api import DataGenRun, SpecError, load_run
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.local import run_on_this_machine
 
 
@@ -25,8 +26,7 @@ def build_preset_standin(preset_name: str, model_dir: Path) -> Path:
 
 def _missing_model(run: DataGenRun, model_dir: Path, *, standin: bool, use_real: bool) -> str | None:
     """Why a missing model directory stops the run, or None when --standin may build a stand-in there."""
-    field = "spec.model.tokenizerPath" if run.spec.model.tokenizer_path else "spec.model.path"
-    missing = f"{field}: {model_dir} does not exist on this machine"
+    missing = f"{run.spec.model.tokenizer_field}: {model_dir} does not exist on this machine"
     if use_real:
         return f"{missing}; point it at the model directory (SGLang loads the weights from there)"
     if not standin:
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         run = run_on_this_machine(load_run(args.manifest), Path(args.manifest).resolve().parent)
     except (SpecError, FileNotFoundError) as error:
         console.print(f"[red]{args.manifest}: {escape(str(error))}[/]")
-        return 2
+        return EXIT_BAD_INPUT
     if run.spec.server.nodes > 1:
         console.print(
             f"[red]{args.manifest}: server.nodes is {run.spec.server.nodes}: a server over several nodes runs in "
@@ -100,14 +100,14 @@ def main(argv: list[str]) -> int:
             "docs/operator.md, 'A server over several nodes'). `datagen run` starts one server on this machine: "
             "set server.nodes to 1 to run it here.[/]"
         )
-        return 2
+        return EXIT_BAD_INPUT
     if args.output is not None:
         output_spec = run.spec.output.model_copy(update={"path": str(args.output.resolve())})
         run = run.model_copy(update={"spec": run.spec.model_copy(update={"output": output_spec})})
     missing_dataset = _missing_dataset(run)
     if missing_dataset is not None:
         console.print(f"[red]{args.manifest}: {escape(missing_dataset)}[/]")
-        return 2
+        return EXIT_BAD_INPUT
     model_dir = Path(run.spec.model.tokenizer_dir)
     use_real = args.sglang or (not args.simulator and real_sglang_available())
     if args.sglang and not real_sglang_available():
@@ -116,18 +116,18 @@ def main(argv: list[str]) -> int:
             + escape("(pip install -e '.[sglang]' in the checkout installs the pinned SGLang)")
             + "[/]"
         )
-        return 2
+        return EXIT_BAD_INPUT
     if use_real and not Path(run.spec.model.path).is_dir():
         missing = (
             f"spec.model.path: {run.spec.model.path} does not exist on this machine; point it at the model directory"
         )
         console.print(f"[red]{args.manifest}: {escape(missing)}[/]")
-        return 2
+        return EXIT_BAD_INPUT
     if not model_dir.is_dir():
         refusal = _missing_model(run, model_dir, standin=args.standin, use_real=use_real)
         if refusal is not None:
             console.print(f"[red]{args.manifest}: {escape(refusal)}[/]")
-            return 2
+            return EXIT_BAD_INPUT
         assert run.spec.model.preset is not None
         # A simulator run needs only a tokenizer of the preset's family: build the stand-in there, once.
         console.print(f"[cyan]--standin: building the {run.spec.model.preset} stand-in tokenizer at {model_dir}[/]")
