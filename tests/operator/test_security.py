@@ -187,8 +187,11 @@ def test_a_one_node_claim_shared_across_nodes_is_a_warning_on_the_run(
     operator(["http://127.0.0.1:9"])
     runs.create(manifest)
 
-    def warnings() -> list[str]:
-        return [e.message for e in runs.events(name) if e.reason == "StorageAccessMode" and e.type == "Warning"]
+    def warnings() -> list[Any]:
+        return [e for e in runs.events(name) if e.reason == "StorageAccessMode" and e.type == "Warning"]
 
-    (warning,) = runs.wait_for("the access-mode warning", warnings)
+    (event,) = runs.wait_for("the access-mode warning", warnings)
+    # Posted as the run's transitions are (one poster: refusals handled alike), not through kopf's.
+    assert (event.action, event.reporting_component) == ("Reconcile", "datagen-operator"), event
+    warning = event.message
     assert warning.startswith("PersistentVolumeClaim data is ReadWriteOnce, but 2 worker shards write the output")

@@ -542,30 +542,38 @@ class Reconciler:
             await self._post_event(body, event)
 
     async def _post_event(self, body: Mapping[str, Any], event: Event) -> None:
-        """One transition: logged (what a person reading the log needs) and posted as an event on the run. An
-        event is auxiliary: refused or failed, it is not retried, and a namespace being deleted stops the run."""
-        level = logging.WARNING if event.type == "Warning" else logging.INFO
-        log.log(level, "%s/%s: %s", self.namespace, self.name, event.message)
-        meta = body["metadata"]
-        involved = {
-            "apiVersion": body.get("apiVersion") or f"{API_GROUP}/{API_VERSION}",
-            "kind": body.get("kind") or "DataGenRun",
-            "name": self.name,
-            "namespace": self.namespace,
-            "uid": meta["uid"],
-        }
-        component, instance = self.ctx.reporter
-        try:
-            await self.ctx.kube.post_event(
-                involved, event.type, event.reason, event.message, component=component, instance=instance
-            )
-        except ApiException as error:
-            if namespace_terminating(error):
-                self._let_go(f"the API server refused event {event.reason}")
-            elif error.status not in (404, 409):  # 404: the run or its namespace is gone; 409: a name clash
-                log.warning("%s/%s: event %s not posted: %s", self.namespace, self.name, event.reason, error.reason)
-        except (aiohttp.ClientError, TimeoutError) as error:
-            log.warning("%s/%s: event %s not posted: %r", self.namespace, self.name, event.reason, error)
+        if not await post_run_event(self.ctx, body, event):
+            self._let_go(f"the API server refused event {event.reason}")
+
+
+async def post_run_event(ctx: OperatorContext, body: Mapping[str, Any], event: Event) -> bool:
+    """One event on the run (a transition, a storage warning), logged as well: what a person reading the log
+    needs. An event is auxiliary: refused or failed, it is not retried. False when the run's namespace is being
+    deleted (it takes no new content), for the caller to stop the run."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    level = logging.WARNING if event.type == "Warning" else logging.INFO
+    log.log(level, "%s/%s: %s", namespace, name, event.message)
+    involved = {
+        "apiVersion": body.get("apiVersion") or f"{API_GROUP}/{API_VERSION}",
+        "kind": body.get("kind") or "DataGenRun",
+        "name": name,
+        "namespace": namespace,
+        "uid": meta["uid"],
+    }
+    component, instance = ctx.reporter
+    try:
+        await ctx.kube.post_event(
+            involved, event.type, event.reason, event.message, component=component, instance=instance
+        )
+    except ApiException as error:
+        if namespace_terminating(error):
+            return False
+        if error.status not in (404, 409):  # 404: the run or its namespace is gone; 409: a name clash
+            log.warning("%s/%s: event %s not posted: %s", namespace, name, event.reason, error.reason)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        log.warning("%s/%s: event %s not posted: %r", namespace, name, event.reason, error)
+    return True
 
 
 def _signature(status: Mapping[str, Any]) -> dict[str, Any]:

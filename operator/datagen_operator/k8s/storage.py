@@ -15,6 +15,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api import SpecError, parse_spec
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL, DataGenRunSpec
+from datagen_operator.control.conditions import Event
+from datagen_operator.k8s.reconcile import post_run_event
 
 ONE_NODE_MODES = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
 
@@ -62,5 +64,5 @@ async def check_claims(spec: kopf.Spec, namespace: str, body: kopf.Body, memo: k
             raise
         modes[claim] = list(found.status.access_modes or found.spec.access_modes or [])
     for warning in access_mode_warnings(parsed, modes):
-        # kopf.event, not kopf.warn: warn obeys settings.posting.level, which keeps log lines out of events
-        kopf.event(body, type="Warning", reason="StorageAccessMode", message=warning)
+        # Posted as the run's transitions are (a namespace being deleted refuses it: nothing to retry then).
+        await post_run_event(memo.ctx, body, Event("Warning", "StorageAccessMode", warning))
