@@ -294,3 +294,30 @@ def test_a_new_run_shows_its_status_before_its_children_are_written(
     # Only the spec in force (its ConfigMap, what the pass decides from) is written before the status.
     assert writes[:first_status] == [f"ConfigMap/{name}-spec"], writes
     assert f"Job/{name}-preflight" in writes[first_status:], writes
+
+
+def test_a_step_that_crashes_is_retried_not_judged(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    """The model directory is not there yet (its loader Job still copying): the preflight crashes, writes no
+    verdict, and its Job runs it again; once the model is there the inputs pass. One crash, no halt."""
+    import shutil
+
+    from datagen_operator.api.exit_codes import EXIT_STEP_CRASHED
+
+    model = data_dir.parent / "model-arriving"
+    name = new_name("crashed")
+    operator(["http://127.0.0.1:9"])
+    runs.create(cluster_run(name, data_dir, model))
+
+    def preflight_exits() -> list[int]:
+        return [
+            code for ns, pod, code in kubelet.history if ns == runs.namespace and pod.startswith(f"{name}-preflight")
+        ]
+
+    runs.wait_for("the preflight's crash", preflight_exits, timeout=60)
+    shutil.copytree(standin_tokenizer, model)
+    runs.wait(name, "InputsVerified", "True", "Passed", timeout=90)
+    assert preflight_exits() == [EXIT_STEP_CRASHED, 0]
+    succeeded = runs.condition(name, "Succeeded")
+    assert succeeded is None or succeeded["status"] != "False", succeeded

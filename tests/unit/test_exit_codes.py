@@ -48,3 +48,41 @@ def test_the_step_programs_exit_with_the_named_codes(tmp_path: Path) -> None:
     assert orjson.loads(terminated.read_bytes())["passed"] is False  # the verdict is written
     out = tmp_path / "export"
     assert export.main([str(tmp_path), "--formats", "nope", "--out", str(out)]) == EXIT_FAILED_VERDICT
+
+
+STEP_MODULES = {
+    "preflight": "datagen_operator.checks.preflight",
+    "canary": "datagen_operator.checks.canary",
+    "verify": "datagen_operator.checks.verify",
+    "export": "datagen_operator.export.run",
+}
+
+
+@pytest.mark.parametrize("step", STEP_JOBS)
+def test_a_step_that_crashes_wrote_no_verdict_so_its_job_retries_the_pod(
+    step: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash (a volume hiccup, an OOM-killed import) is not the step's verdict: Python would exit 1, the code
+    of a written verdict, and its Job would fail at once. The step exits EXIT_STEP_CRASHED instead, which no
+    rule of its Job matches, so the Job retries the pod (backoffLimit) before anything is judged."""
+    import importlib
+
+    from datagen_operator import cli
+    from datagen_operator.api.exit_codes import EXIT_STEP_CRASHED
+
+    def crash(argv: list[str]) -> int:
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr(importlib.import_module(STEP_MODULES[step]), "main", crash)
+    assert cli.main([step, "--run", "run.yaml"]) == EXIT_STEP_CRASHED
+    assert "Stale file handle" in capsys.readouterr().err, "the traceback is the pod's termination message"
+    rules = STEP_JOBS[step]["spec"]["podFailurePolicy"]["rules"]
+    assert not any(EXIT_STEP_CRASHED in (rule.get("onExitCodes") or {}).get("values", []) for rule in rules)
+    assert STEP_JOBS[step]["spec"]["backoffLimit"] >= 1
+    assert EXIT_STEP_CRASHED not in MEANINGS, "no worker code either"
+
+
+def test_a_worker_crash_is_left_to_its_own_exit_codes() -> None:
+    from datagen_operator import cli
+
+    assert "worker" not in cli.STEP_PROGRAMS and set(cli.STEP_PROGRAMS) == set(STEP_JOBS)

@@ -18,6 +18,10 @@ EXIT_FAILED_VERDICT = 1
 check. Running the step again gives the same verdict, so its Job fails at once, no retry (k8s/manifests.py).
 A step exits EXIT_OK with a passing verdict, EXIT_BAD_INPUT when there is nothing it can judge. No worker code:
 from the worker, 1 is Python's uncaught exception, a crash, which is retried."""
+EXIT_STEP_CRASHED = 70
+"""A step program crashed (an uncaught exception, sysexits' EX_SOFTWARE): it wrote no verdict. Python itself
+would exit 1, EXIT_FAILED_VERDICT, and the step's Job would fail at once on a volume hiccup; no rule of the
+Job matches 70, so it retries the pod (its backoffLimit), and the last traceback is the termination message."""
 
 MEANINGS: dict[int, str] = {
     EXIT_OK: "the shard is complete (every record written or permanently rejected) and compacted to Parquet",

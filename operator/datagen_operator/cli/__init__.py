@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 # name -> (module, function, one-line help). Modules load lazily so `datagen validate` stays fast.
@@ -34,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+
+STEP_PROGRAMS = ("preflight", "canary", "verify", "export")
+"""The one-shot steps whose exit says whether a verdict was written (api/exit_codes.py)."""
 
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 """Read by Arrow when pyarrow is first imported (every subcommand imports it lazily, after this is set)."""
@@ -81,4 +85,12 @@ def _dispatch(args: list[str]) -> int:
     os.environ.setdefault(ARROW_POOL_VARIABLE, "jemalloc")
     module_name, function_name, _ = COMMANDS[name]
     function: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
-    return function(rest) or 0
+    if name not in STEP_PROGRAMS:
+        return function(rest) or 0
+    from datagen_operator.api.exit_codes import EXIT_STEP_CRASHED
+
+    try:
+        return function(rest) or 0
+    except Exception:  # not a verdict: the step's Job retries the pod (a written verdict exits 1)
+        traceback.print_exc()
+        return EXIT_STEP_CRASHED
