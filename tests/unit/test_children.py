@@ -242,26 +242,26 @@ def document(**sections: Any) -> dict[str, Any]:
 
 
 def test_a_new_runs_spec_is_in_force_at_its_generation() -> None:
-    in_force = spec_in_force(document(), None, None, 4, bulk_started=False)
+    in_force = spec_in_force(document(), None, None, 4, bulk_started=lambda: False)
     assert (in_force.document, in_force.data_generation, in_force.refused) == (document(), 4, [])
 
 
 def test_a_data_change_before_bulk_work_is_taken_as_a_new_data_generation() -> None:
     new = document(generation={"sampling": {"max_new_tokens": 512}})
-    in_force = spec_in_force(new, document(), 1, 2, bulk_started=False)
+    in_force = spec_in_force(new, document(), 1, 2, bulk_started=lambda: False)
     assert (in_force.document, in_force.data_generation, in_force.refused) == (new, 2, [])
 
 
 def test_a_data_change_after_bulk_work_is_refused_and_live_fields_still_move() -> None:
     new = document(generation={"sampling": {"max_new_tokens": 512}}, suspend=True)
-    in_force = spec_in_force(new, document(), 1, 2, bulk_started=True)
+    in_force = spec_in_force(new, document(), 1, 2, bulk_started=lambda: True)
     assert in_force.refused == ["spec.generation.sampling.max_new_tokens"], in_force.refused
     assert in_force.data_generation == 1
     assert in_force.document["generation"] == document()["generation"] and in_force.document["suspend"] is True
 
 
 def test_a_live_change_keeps_the_data_generation() -> None:
-    in_force = spec_in_force(document(suspend=True), document(), 1, 5, bulk_started=True)
+    in_force = spec_in_force(document(suspend=True), document(), 1, 5, bulk_started=lambda: True)
     assert (in_force.data_generation, in_force.refused) == (1, [])
 
 

@@ -7,7 +7,7 @@ lws's planner/executor split is the model: the rules are unit-tested here withou
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -245,7 +245,7 @@ def spec_in_force(
     applied_data_generation: int | None,
     generation: int,
     *,
-    bulk_started: bool,
+    bulk_started: Callable[[], bool],
 ) -> SpecInForce:
     """Once bulk records exist, a change of a data field (api/live_fields.py) is refused so the output never
     mixes two configurations; before, it is taken and the steps run again (a new data generation)."""
@@ -255,7 +255,7 @@ def spec_in_force(
     changed = changed_data_fields(new, applied)
     refused: list[str] = []
     document = new
-    if changed and bulk_started:
+    if changed and bulk_started():  # asked only for a change: it reads every shard's progress
         refused, document = changed, merge_live_fields(new, applied)
     elif changed:
         data_generation = generation

@@ -16,7 +16,7 @@ from datagen_operator.api.names import (
 from datagen_operator.control.children import Child, Children, JobState
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.observe import Obj
+from datagen_operator.k8s.observe import Obj, annotation
 
 JOBS: dict[Child, tuple[Callable[[str], str], str]] = {
     Child.PREFLIGHT: (preflight_job_name, "preflight"),
@@ -26,11 +26,6 @@ JOBS: dict[Child, tuple[Callable[[str], str], str]] = {
     Child.EXPORT: (export_job_name, "export"),
 }
 """Each Job child: its name (from the run's) and its pods' component label."""
-
-
-def annotation(obj: Obj | None, key: str) -> str | None:
-    value = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key)
-    return None if value is None else str(value)
 
 
 def job_state(job: Obj, pods: Sequence[Obj]) -> JobState:

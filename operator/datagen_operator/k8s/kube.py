@@ -14,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s.manifests import LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH, Manifest
+from datagen_operator.k8s.observe import annotation
 
 FIELD_MANAGER = "datagen-operator"
 """Who owns the fields the operator applies (metadata.managedFields)."""
@@ -148,8 +149,8 @@ class Kube:
         The running template is only ever replaced whole: a Job's pod template is immutable, and the server's
         is kept while it holds its GPUs (k8s/reconcile.py)."""
         meta = manifest["metadata"]
-        wanted_hash = (meta.get("annotations") or {}).get(TEMPLATE_HASH)
-        have_hash = (((existing or {}).get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH)
+        wanted_hash = annotation(manifest, TEMPLATE_HASH)
+        have_hash = annotation(existing, TEMPLATE_HASH)
         if existing is None or (wanted_hash is not None and wanted_hash != have_hash):
             await self.apply(manifest)
         elif patch and not _contains(existing, patch):

@@ -26,6 +26,12 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def annotation(obj: Obj | None, key: str) -> str | None:
+    """An object's annotation `key` (None: no such annotation, or no object)."""
+    value = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+    return None if value is None else str(value)
+
+
 def _condition(obj: Obj, type_: str) -> Mapping[str, Any] | None:
     conditions: list[Mapping[str, Any]] = (obj.get("status") or {}).get("conditions") or []
     for condition in conditions:

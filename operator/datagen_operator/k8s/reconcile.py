@@ -62,8 +62,9 @@ from datagen_operator.control.remembered import (
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.inventory import JOBS, annotation, inventory
+from datagen_operator.k8s.inventory import JOBS, inventory
 from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refusal
+from datagen_operator.k8s.observe import annotation
 from datagen_operator.k8s.settings import Settings
 
 log = logging.getLogger("datagen.operator")
@@ -232,9 +233,8 @@ class Reconciler:
             applied = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
             recorded = annotation(cm, m.DATA_GENERATION)
             applied_generation = int(recorded) if recorded is not None else None
-        bulk_started = cm is not None and self._bulk_started()
         in_force = spec_in_force(
-            m.spec_document(spec), applied, applied_generation, generation, bulk_started=bulk_started
+            m.spec_document(spec), applied, applied_generation, generation, bulk_started=self._bulk_started
         )
         if in_force.refused:
             spec, resolved = parse_spec_resolved(in_force.document)
