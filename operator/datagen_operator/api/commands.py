@@ -140,3 +140,7 @@ class ExportCommand(Command):
     termination_log: str | None = None
     max_length: int | None = None
     exclude_flags: tuple[str, ...] = field(default=(), metadata=JOINED)
+
+
+STEP_COMMANDS: tuple[type[Command], ...] = (PreflightCommand, CanaryCommand, VerifyCommand, ExportCommand)
+"""The one-shot steps: each writes a verdict, and its exit says whether it did (api/exit_codes.py)."""

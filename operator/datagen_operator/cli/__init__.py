@@ -8,6 +8,8 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from datagen_operator.api.commands import STEP_COMMANDS
+
 # name -> (module, function, one-line help). Modules load lazily so `datagen validate` stays fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("datagen_operator.cli.spec_commands", "validate_main", "check a DataGenRun manifest"),
@@ -36,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-STEP_PROGRAMS = ("preflight", "canary", "verify", "export")
+STEP_PROGRAMS = tuple(command.PROGRAM for command in STEP_COMMANDS)
 """The one-shot steps whose exit says whether a verdict was written (api/exit_codes.py)."""
 
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
