@@ -204,3 +204,45 @@ def test_a_model_that_opens_but_never_closes_its_reasoning_is_named(tmp_path: Pa
     assert outcome.message.startswith("kimi-k2-thinking opens `<think>` but never closes its reasoning"), (
         outcome.message
     )
+
+
+def conversations_spec(model_dir: Path) -> DataGenRunSpec:
+    changes = {
+        "generation": {"sampling": {"max_new_tokens": 2048}, "turns": "all"},
+        "checks.canaryPrompts": 4,
+    }
+    return parse_spec(
+        local_spec(model_dir, REPO / "examples" / "prompts" / "quickstart.jsonl", Path("/unused"), **changes)
+    )
+
+
+def test_whole_conversations_prove_a_second_turn_carries_the_first_answer(standin: Path) -> None:
+    with start_sim(*KIMI_FLAGS, *SHORT, "--enable-metrics") as sim:
+        before = sim_request_count(sim.url)
+        outcome = canary_outcome(sim.url, conversations_spec(standin), standin)
+        sent = sim_request_count(sim.url) - before
+    history = next(check for check in outcome.checks if check.name == "conversation_history")
+    assert outcome.passed and history.passed, outcome.message
+    assert "holds that answer" in history.verdict
+    assert sent == 8  # 4 prompts + 3 probes + the second turn
+
+
+def test_a_template_that_rewrites_earlier_answers_fails_the_canary_for_whole_conversations(
+    standin: Path, tmp_path: Path
+) -> None:
+    """Every output check passes (the first turn is fine): only a second turn shows the history is not the model's."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(standin, model_dir)
+    template_file = model_dir / "chat_template.jinja"
+    template = template_file.read_text()
+    branch = "{{- render_role(message) -}}\n    {%- if message['role'] == 'assistant' -%}"
+    assert branch in template
+    rewrite = "{%- set message = {'role': 'assistant', 'content': 'I answered.'} -%}"
+    template_file.write_text(template.replace(branch, f"{branch}\n        {rewrite}"))
+    with start_sim(*KIMI_FLAGS, *SHORT) as sim:
+        outcome = canary_outcome(sim.url, conversations_spec(model_dir), model_dir)
+        one_answer = canary_outcome(sim.url, spec_for(model_dir), model_dir)
+    assert one_answer.passed, one_answer.message  # one answer a line never renders history: nothing to catch
+    assert not outcome.passed
+    assert [c.name for c in outcome.checks if not c.passed] == ["conversation_history"]
+    assert "the chat template drops or rewrites earlier assistant turns" in outcome.message

@@ -101,7 +101,7 @@ def test_duplicates_and_missing_rows_are_caught(produced: tuple[Path, Path], tmp
     output = copy_output(source, tmp_path / "out")
     rewrite_shard(output, lambda rows: [*rows[1:], rows[2]])  # first row lost, third duplicated
     verdict = failed(report_for(run_file, output))["completeness"]
-    assert "1 (id, sample) missing" in verdict and "1 duplicate rows" in verdict
+    assert "1 (id, sample, turn) missing" in verdict and "1 duplicate rows" in verdict
 
 
 def test_changed_bytes_fail_integrity(produced: tuple[Path, Path], tmp_path: Path) -> None:

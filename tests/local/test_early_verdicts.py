@@ -22,7 +22,7 @@ def _mixed_dataset(path: Path) -> Path:
     good = [orjson.loads(line) for line in PROMPTS.read_bytes().splitlines() if line.strip()][:5]
     bad = [
         b"{not json",
-        b'{"messages": [{"role": "user", "content": "no id"}]}',
+        b'{"id": null, "messages": [{"role": "user", "content": "no id"}]}',
         b'{"id": "no-messages"}',
         b'{"id": "bad-tools", "messages": [{"role": "user", "content": "x"}], "tools": "nope"}',
         b"[1, 2, 3]",

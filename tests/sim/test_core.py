@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim.config import FaultConfig, ModelConfig
 from datagen_operator.engine.sim.faults import NO_FAULTS, plan_faults
 from datagen_operator.engine.sim.formats import read_tool_calls
@@ -20,7 +21,6 @@ from datagen_operator.engine.sim.model import (
     prompt_array,
     thinking_mode,
 )
-from datagen_operator.engine.sim.reasoning import split_reasoning
 from datagen_operator.engine.sim.sampling import SamplingParamsError, parse_sampling_params
 from datagen_operator.engine.sim.tokens import Span, TokenRun, TokenSource
 from datagen_operator.engine.sim.vocab import SimVocab, load_vocab

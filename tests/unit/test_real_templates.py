@@ -54,7 +54,7 @@ import jinja2.ext
 import jinja2.sandbox
 import pytest
 
-from datagen_operator.engine.sim.reasoning import template_toggle
+from datagen_operator.engine.reasoning import template_toggle
 from datagen_operator.presets import presets
 from datagen_operator.tokenizer.chat_template import _raise_exception, _strftime_now, _template_message, _tojson
 from datagen_operator.tokenizer.families import FAMILIES

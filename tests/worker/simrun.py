@@ -103,13 +103,13 @@ def reference_renderer(thinking: bool = True) -> Any:
     return Renderer(load_tokenizer(standin(), trust_remote_code=False), {"thinking": thinking})
 
 
-def raw_segment_keys(output: Path, shard: int = 0) -> Counter[tuple[str, int]]:
+def raw_segment_keys(output: Path, shard: int = 0) -> Counter[tuple[str, int, int]]:
     """Every record line in the shard's segments, counted by key (duplicates would show as 2)."""
-    counts: Counter[tuple[str, int]] = Counter()
+    counts: Counter[tuple[str, int, int]] = Counter()
     for segment in OutputLayout(output).segments(shard):
         for line in segment.read_bytes().splitlines():
             record = orjson.loads(line)
-            counts[(record["id"], record["sample"])] += 1
+            counts[(record["id"], record["sample"], record.get("turn", 0))] += 1
     return counts
 
 

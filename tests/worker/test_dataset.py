@@ -65,7 +65,7 @@ def test_malformed_lines_are_set_aside_once_across_shards(tmp_path: Path) -> Non
     lines: list[bytes | dict] = [
         _prompt(0),
         b"{not json",
-        {"messages": [{"role": "user", "content": "no id"}]},
+        {"id": "", "messages": [{"role": "user", "content": "an empty id"}]},  # no id at all: derived from content
         {"id": "p5", "messages": []},
         _prompt(1),
         _prompt(0),  # duplicate of line 0
@@ -81,7 +81,7 @@ def test_malformed_lines_are_set_aside_once_across_shards(tmp_path: Path) -> Non
     assert [position for position, _ in malformed] == [1, 2, 3, 5, 6, 7, 9, 10]
     reasons = dict(malformed)
     assert reasons[1].startswith("bad JSON")
-    assert reasons[2] == "missing id"
+    assert reasons[2] == "empty id"
     assert reasons[3] == "empty or missing messages"
     assert "duplicate id 'p0'" in reasons[5]
     valid = sorted(ref.id for plan in plans for ref in plan.prompts)

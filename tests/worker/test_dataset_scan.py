@@ -130,10 +130,10 @@ def _dataset(path: Path, bom: bool, final_newline: bool) -> Path:
     lines = [orjson.dumps(obj) for obj in _corpus()]
     rng = random.Random(7)
     lines += [orjson.dumps(_obj(f"dup{rng.randrange(40)}", [MESSAGE[0]], ABSENT)) for _ in range(200)]
-    lines += [b"{not json", b"", b"   ", b'  {"id": "padded", "messages": [{"role": "u"}]}\t', b"[1, 2]", b"\r"]
+    lines += [b"{not json", b"", b"   ", b'  {"id": "padded", "messages": [{"role": "user"}]}\t', b"[1, 2]", b"\r"]
     lines += [orjson.dumps(_obj("crlf", [MESSAGE[0]], ABSENT)) + b"\r", b'{"id": "caf\xc3\xa9", "messages": 1}']
     # Whitespace bytes.strip cuts but JSON does not allow; a bad line padded with spaces (its error's column).
-    lines += [b'\x0c{"id": "formfeed", "messages": [{"role": "u"}]}\x0b', b"  \x0c ", b"   [1,,]  "]
+    lines += [b'\x0c{"id": "formfeed", "messages": [{"role": "user"}]}\x0b', b"  \x0c ", b"   [1,,]  "]
     lines += [b"\xff\xfe not utf-8", orjson.dumps(_obj("long", [{"role": "user", "content": "x" * 5000}], ABSENT))]
     rng.shuffle(lines)
     lines.append(orjson.dumps(_obj("last", [MESSAGE[0]], ABSENT)))  # its length counts no newline without one
@@ -179,7 +179,7 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
         (b"\n", 1),
         (b"\n\n ", 3),
         (b"{}", 1),
-        (b'{"id": "a", "messages": [{"role": "u"}]}', 1),
+        (b'{"id": "a", "messages": [{"role": "user"}]}', 1),
     ],
 )
 def test_line_counts_at_the_edges_match_the_rules(tmp_path: Path, body: bytes, lines: int) -> None:

@@ -37,6 +37,9 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "line": ord(prompt[0]),
         "prompt_hash": 2**64 - 1,  # the whole uint64 range survives segments and Parquet
         "run": "local:host:1",
+        "turn": 0,
+        "answer_content": None,
+        "answer_reasoning": None,
     }
 
 
@@ -63,7 +66,7 @@ def test_records_round_trip_and_resume_index(tmp_path: Path) -> None:
     writer = ShardWriter(layout, 0)
     report = writer.recover()
     assert report.records == 3 and report.torn_bytes == 0
-    assert writer.done == {("a", 0), ("b", 0), ("a", 1)}
+    assert writer.done == {("a", 0, 0), ("b", 0, 0), ("a", 1, 0)}
     assert writer.summary.output_tokens == 15 and writer.summary.flags == {"truncated": 1}
     got = list(iter_records(tmp_path))
     assert [(r["id"], r["sample"]) for r in got] == [("a", 0), ("b", 0), ("a", 1)]
@@ -88,7 +91,7 @@ def test_torn_tail_is_dropped_and_the_next_run_writes_a_new_segment(tmp_path: Pa
 
     again = ShardWriter(layout, 0)
     report = again.recover()
-    assert report.torn_bytes > 0 and again.done == {("a", 0), ("b", 0)}
+    assert report.torn_bytes > 0 and again.done == {("a", 0, 0), ("b", 0, 0)}
     assert segment.read_bytes().endswith(b"\n") and keys_path(segment).exists()
     again.append(record("c"))
     again.close()
@@ -107,7 +110,7 @@ def test_damaged_line_inside_a_segment_is_skipped_and_regenerated(tmp_path: Path
     writer = ShardWriter(layout, 0)
     report = writer.recover()
     assert report.corrupt_lines == 1
-    assert writer.done == {("a", 0), ("c", 0)}
+    assert writer.done == {("a", 0, 0), ("c", 0, 0)}
     assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "c"]
     assert_batches_match(tmp_path)
 
@@ -120,7 +123,7 @@ def test_stale_keys_file_is_not_trusted(tmp_path: Path) -> None:
         file.write(json.dumps(record("z")).encode() + b"\n")
     writer = ShardWriter(layout, 0)
     writer.recover()
-    assert writer.done == {("a", 0), ("z", 0)}
+    assert writer.done == {("a", 0, 0), ("z", 0, 0)}
 
 
 def test_rejects_are_written_once_per_key_and_server_rejects_count_as_done(tmp_path: Path) -> None:
@@ -133,7 +136,7 @@ def test_rejects_are_written_once_per_key_and_server_rejects_count_as_done(tmp_p
     writer.close()
     again = ShardWriter(layout, 0)
     again.recover()
-    assert again.rejected == {("x", 1)} and again.reject_keys == {"line:3", "record:x#1"}
+    assert again.rejected == {("x", 1, 0)} and again.reject_keys == {"line:3", "record:x#1"}
     assert not again.add_reject({"key": "line:3", "kind": "malformed", "line": 3, "reason": "bad JSON"})
     again.close()
     assert [r["key"] for r in iter_rejects(tmp_path)] == ["line:3", "record:x#1"]
@@ -144,7 +147,7 @@ def test_compaction_writes_dataset_order_int32_parquet_readable_everywhere(tmp_p
     # Out of order, across two runs (two segments).
     write(layout, [record("c"), record("a", 1)])
     write(layout, [record("b", n_out=7), record("a")])
-    result = compact_shard(layout, 0, 1, [("a", 0), ("a", 1), ("b", 0), ("c", 0)])
+    result = compact_shard(layout, 0, 1, [("a", 0, 0), ("a", 1, 0), ("b", 0, 0), ("c", 0, 0)])
     assert result.rows == 4 and result.orphans == 0
     assert layout.segments(0) == []  # compacted data replaces the segments
     table = pq.read_table(result.path)
@@ -177,10 +180,10 @@ def test_compaction_writes_dataset_order_int32_parquet_readable_everywhere(tmp_p
 def test_compaction_keeps_orphans_and_merges_new_records_into_an_earlier_parquet(tmp_path: Path) -> None:
     layout = OutputLayout(tmp_path)
     write(layout, [record("b"), record("gone")])
-    first = compact_shard(layout, 0, 1, [("b", 0)])
+    first = compact_shard(layout, 0, 1, [("b", 0, 0)])
     assert first.orphans == 1 and first.rows == 2
     write(layout, [record("a")])  # the dataset grew: a new prompt before b
-    second = compact_shard(layout, 0, 1, [("a", 0), ("b", 0)])
+    second = compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0)])
     ids = pq.read_table(second.path)["id"].to_pylist()
     assert ids == ["a", "b", "gone"]
 
@@ -190,7 +193,7 @@ def test_crash_between_compaction_and_segment_removal_duplicates_nothing(tmp_pat
     write(layout, [record("a"), record("b")])
     saved = tmp_path / "saved"
     shutil.copytree(layout.shard_dir(0), saved)
-    compact_shard(layout, 0, 1, [("a", 0), ("b", 0)])
+    compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0)])
     shutil.rmtree(layout.shard_dir(0))
     shutil.copytree(saved, layout.shard_dir(0))  # segments still there, as if removal never ran
     assert sorted(r["id"] for r in iter_records(tmp_path)) == ["a", "b"]
@@ -198,7 +201,7 @@ def test_crash_between_compaction_and_segment_removal_duplicates_nothing(tmp_pat
     writer = ShardWriter(layout, 0)
     writer.recover(layout.parquet(0, 1))
     assert writer.summary.records == 2 and writer.summary.output_tokens == 10
-    again = compact_shard(layout, 0, 1, [("a", 0), ("b", 0)])
+    again = compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0)])
     assert again.rows == 2
 
 
@@ -232,7 +235,7 @@ def test_a_reader_racing_a_compaction_still_sees_every_record(tmp_path: Path) ->
         nonlocal calls
         calls += 1
         if calls == 2:
-            compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("c", 0)])
+            compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0), ("c", 0, 0)])
         yield from real(segment)
 
     readers.segment_records = compact_after_first_segment
@@ -258,7 +261,7 @@ def test_a_reader_racing_a_compaction_still_sees_every_record(tmp_path: Path) ->
 def test_duplicate_rows_in_parquet_are_read_once(tmp_path: Path) -> None:
     layout = OutputLayout(tmp_path)
     write(layout, [record("a"), record("b"), record("c")])
-    result = compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("c", 0)])
+    result = compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0), ("c", 0, 0)])
     table = pq.read_table(result.path)
     pq.write_table(pa.concat_tables([table, table.slice(1, 1), table]), result.path, row_group_size=2)
     assert [r["id"] for r in iter_records(tmp_path)] == ["a", "b", "c"]
@@ -273,8 +276,8 @@ def test_keys_sharing_a_hash_are_still_told_apart(tmp_path: Path, monkeypatch: p
 
     layout = OutputLayout(tmp_path)
     write(layout, [record("a"), record("b"), record("a", 1)])
-    result = compact_shard(layout, 0, 1, [("a", 0), ("b", 0), ("a", 1)])
+    result = compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0), ("a", 1, 0)])
     table = pq.read_table(result.path)
     pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), result.path)
-    monkeypatch.setattr(readers, "_key_hashes", lambda ids, samples: np.zeros(len(ids), np.uint64))
+    monkeypatch.setattr(readers, "_key_hashes", lambda ids, samples, turns: np.zeros(len(ids), np.uint64))
     assert readers.first_occurrences([result.path]).tolist() == [True, True, True, False]

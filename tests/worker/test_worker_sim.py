@@ -73,7 +73,7 @@ def test_two_shards_record_every_prompt_once_in_dataset_order(tmp_path: Path, si
     items = prompts(40)
     bad = {
         3: b"{broken json",
-        7: b'{"messages": [{"role": "user", "content": "no id"}]}',
+        7: b'{"id": null, "messages": [{"role": "user", "content": "no id"}]}',
         11: orjson.dumps(items[2]),  # duplicate id p0002
         20: b'{"id": "empty", "messages": []}',
     }

@@ -30,6 +30,9 @@ class StepOutcome:
     prompts: int | None = None
     """The dataset's valid prompts, where the step counted them (a passed preflight): the run's progress total
     from the start, before any worker has read the dataset."""
+    turns: int | None = None
+    """With the prompts: the answers the dataset plans per sample (generation.turns all: every conversation's
+    planned turns; one a line otherwise), the run's total in records per sample."""
     complete: bool = False
     """A passed preflight over an output that already holds every record the spec asks for (every shard done):
     nothing is left to generate, so the run goes to the final verification without a server."""
@@ -55,13 +58,14 @@ class StepOutcome:
         """Raises orjson.JSONDecodeError, KeyError or ValueError when `data` is not a verdict."""
         body = orjson.loads(data)
         checks = tuple(CheckResult.model_validate(c) for c in body.get("checks", []))
-        prompts = body.get("prompts")
+        prompts, turns = body.get("prompts"), body.get("turns")
         return cls(
             bool(body["passed"]),
             str(body["reason"]),
             str(body["message"]),
             checks,
             None if prompts is None else int(prompts),
+            None if turns is None else int(turns),
             bool(body.get("complete", False)),
         )
 
@@ -83,6 +87,8 @@ class StepOutcome:
             body["checksOmitted"] = len(self.checks) - len(checks)
         if self.prompts is not None:
             body["prompts"] = self.prompts
+        if self.turns is not None:
+            body["turns"] = self.turns
         if self.complete:
             body["complete"] = True
         return orjson.dumps(body)

@@ -96,6 +96,10 @@ class ShardProgress:
     """Prompts whose tokens + max_new_tokens exceed the server's context (set aside before sending)."""
     set_aside: dict[str, int] = field(default_factory=dict)
     """cause -> prompts set aside: the dataset causes (prompts.dataset.CAUSES), `unrenderable`, `too_long`."""
+    turns_cut: dict[str, int] = field(default_factory=dict)
+    """generation.turns all: cause -> turns of conversations not generated (prompts.conversation.TURN_CAUSES): the
+    user turns after a dataset tool message (never planned), and the rest of a conversation after an answer that
+    called a tool, did not finish, or was refused (counted in records_set_aside, per sample)."""
     records_total: int = 0
     counts: RecordCounts = field(default_factory=RecordCounts)
     """The written records (resumed ones included): stored flat as records_done, tool_records,

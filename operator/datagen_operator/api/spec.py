@@ -349,9 +349,21 @@ def _known_parser(value: str | None, names: tuple[str, ...], kind: str) -> str |
 
 
 class DatasetSpec(SpecModel):
-    path: str = Field(min_length=1, description='JSONL ({"id", "messages", "tools"?} per line) or Parquet.')
+    path: str = Field(
+        min_length=1,
+        description="JSONL, a JSON array file or Parquet of conversations: `messages` or `conversations`, OpenAI "
+        "{role, content} or ShareGPT {from, value}, `tools` optional (docs/regenerate.md).",
+    )
     volume: VolumeSource | None = None
-    format: Literal["auto", "jsonl", "parquet"] = "auto"
+    format: Literal["auto", "jsonl", "json", "parquet"] = "auto"
+    id_field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The field holding each conversation's id (default `id`). A line without one gets an id "
+        "derived from its content, which survives reordering of the file.",
+    )
 
 
 class SamplingParams(BaseModel):
@@ -418,6 +430,12 @@ class GenerationSpec(SpecModel):
     )
     sampling: SamplingParams
     samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="Records per prompt (sample index 0..n-1).")
+    turns: Literal["last", "all"] = Field(
+        default="last",
+        description="`last`: one answer per line, to its last user message (a trailing assistant turn is dropped). "
+        "`all`: the dataset's assistant turns are not sent; every user turn is answered in order, each on the "
+        "model's own earlier answers (docs/regenerate.md).",
+    )
     stream: bool = Field(
         default=False,
         description="Stream responses (incremental deltas; the server gets --incremental-streaming-output).",

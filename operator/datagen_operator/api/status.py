@@ -64,7 +64,7 @@ class Progress(StatusModel):
     """Prompts with nothing left to do (every sample recorded, refused or set aside): with one sample a prompt,
     recordsDone; with more, the workers' own count, which starts over on a resume as they read the dataset."""
     records_total: int = 0
-    """promptsTotal x generation.samplesPerPrompt."""
+    """promptsTotal (datasetTurns for whole conversations) x generation.samplesPerPrompt."""
     records_done: int = 0
     """Samples with nothing left to do in the whole output: recorded, refused by the server or set aside. Never
     goes backwards: a resumed worker counts what the output holds before it reads the dataset again."""
@@ -72,6 +72,8 @@ class Progress(StatusModel):
     """Records in the output, the earlier attempts' included."""
     dataset_prompts: int | None = None
     """The preflight's count itself, kept here so that it stands across passes and operator restarts."""
+    dataset_turns: int | None = None
+    """generation.turns all: the preflight's count of the conversations' planned turns (records per sample)."""
     completion_tokens: int = 0
     tokens_per_second: float = 0.0
     shards_total: int = 0

@@ -207,14 +207,20 @@ def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
     return f"{len(set_aside)} prompt(s): {shown}{more}"
 
 
-def iter_canary_prompts(dataset: Path, dataset_format: str) -> Iterator[dict[str, Any]]:
-    """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed)."""
+def iter_canary_prompts(
+    dataset: Path, dataset_format: str, turns: str = "last", id_field: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
+    workers send its first request (prompts/conversation.py `request_messages`)."""
+    from datagen_operator.prompts.conversation import plan_turns, request_messages
     from datagen_operator.prompts.dataset import plan_shard
 
     yield from (dict(p) for p in PROBES)
-    plan = plan_shard(dataset, 0, 1, dataset_format)  # type: ignore[arg-type]
+    plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field)  # type: ignore[arg-type]
     for prompt in plan.iter_prompts():
-        yield {"id": prompt.id, "messages": prompt.messages, "tools": prompt.tools}
+        if turns == "all" and not len(plan_turns(prompt.messages)):
+            continue  # no user turn: the workers set it aside
+        yield {"id": prompt.id, "messages": request_messages(prompt.messages, turns), "tools": prompt.tools}
 
 
 def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc.Expectations) -> CanaryRecord:
@@ -263,7 +269,7 @@ async def run_canary(
     cap = min(spec.checks.canary_max_new_tokens, run_budget)
     full_params = run_sampling(spec.generation.sampling, expect.stop_token_ids)
     capped_params = {**full_params, "max_new_tokens": cap}
-    prompts = iter_canary_prompts(dataset, spec.dataset.format)
+    prompts = iter_canary_prompts(dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field)
     set_aside: list[SetAside] = []
     records: list[CanaryRecord] = []
 
@@ -322,12 +328,92 @@ async def run_canary(
             )
         elif seen is None and any(rc.NO_THINK_END in r.flags for r in records):
             first.append(opened_but_never_closed(ctx, model_label(spec)))
+        if spec.generation.turns == "all":
+            history = await history_probe(sent, records, renderer, resolved, one, full_params)
+            first.append(history)
         await pool.close()
     finally:
         await session.close()
     if record_file is not None:
         await asyncio.to_thread(_write_records, record_file, records, set_aside)
     return judge_canary(records, ctx, capped=capped, first=tuple(first), set_aside=tuple(set_aside))
+
+
+HISTORY = "conversation_history"
+FOLLOW_UP = "Thank you. Now say the same in one sentence."
+"""The probe's second user turn: any follow-up works, the point is what the prompt before it holds."""
+
+
+async def history_probe(
+    sent: list[tuple[dict[str, Any], list[int]]],
+    records: list[CanaryRecord],
+    renderer: Any,
+    resolved: ResolvedModel,
+    send: Any,
+    params: dict[str, Any],
+) -> CheckResult:
+    """generation.turns all: a canary answer continued by a second user turn, as the workers build it
+    (prompts/conversation.py): the answer split as SGLang's chat endpoint splits it must hold no think marker
+    in its content (a parser that splits wrongly would send reasoning back as the answer), and turn 2's prompt,
+    rendered by the model's template, must hold turn 1's answer (a template that drops or rewrites earlier
+    assistant turns would regenerate every later turn on a history the model never wrote). Turn 2 is sent too:
+    its output joins the canary's records and their checks."""
+    from datagen_operator.prompts.conversation import AnswerSplitter, finished_with_stop
+
+    pairs = zip(sent, records, strict=False)
+    found = next(
+        (
+            (prompt, record)
+            for (prompt, _), record in pairs
+            if finished_with_stop(record.finish_reason) and prompt["messages"]
+        ),
+        None,
+    )
+    if found is None:
+        return CheckResult(
+            name=HISTORY, passed=False, count=1, total=1,
+            verdict="no canary answer finished with a stop, so no second turn could be built on one: the history of "
+            "later turns is unproven",
+        )  # fmt: skip
+    prompt, record = found
+    try:
+        splitter = AnswerSplitter(
+            renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, renderer.variables
+        )
+    except ValueError as error:
+        return CheckResult(name=HISTORY, passed=False, count=1, total=1, verdict=str(error))
+    split = splitter.split(record.output_ids, record.finish_reason, record.has_tools)
+    problems = [
+        f"turn 1's answer, split by the reasoning parser {resolved.reasoning_parser}, holds {marker} in its content: "
+        "the next turn's history would carry reasoning as the answer"
+        for marker in (resolved.think_start, resolved.think_end)
+        if marker and marker in split.content
+    ]
+    messages = [*prompt["messages"], split.message(), {"role": "user", "content": FOLLOW_UP}]
+    turn_two = renderer.render(messages, prompt.get("tools"))
+    shown = renderer.tokenizer.decode(turn_two, skip_special_tokens=False)
+    answer = split.content.strip()
+    if answer and answer not in shown:
+        problems.append(
+            f"turn 2's prompt does not hold turn 1's answer ({answer[:60]!r}): the chat template drops or rewrites "
+            "earlier assistant turns, so every later turn would be generated on a history the model never wrote"
+        )
+    if problems:
+        return CheckResult(name=HISTORY, passed=False, count=len(problems), total=1, verdict="; ".join(problems))
+    second = await send({"id": f"{prompt['id']}:turn-2", "messages": messages}, turn_two, params)
+    if second is not None:
+        records.append(second)
+    kept = (
+        "with its reasoning"
+        if split.reasoning_content and split.reasoning_content.strip() in shown
+        else "as its content"
+    )
+    return CheckResult(
+        name=HISTORY,
+        passed=True,
+        total=1,
+        verdict=f"a second turn on {prompt['id']!r}'s answer holds that answer {kept} as the template renders it",
+    )
 
 
 def _cut(record: CanaryRecord) -> bool:

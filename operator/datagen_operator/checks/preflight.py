@@ -19,6 +19,7 @@ import io
 import random
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         tokenizer_fingerprint,
     )
     from datagen_operator.output.manifest import read_manifest
-    from datagen_operator.prompts.dataset import DatasetError, check_dataset, plan_shard
+    from datagen_operator.prompts.dataset import DatasetError, check_plan, plan_shard
     from datagen_operator.prompts.pin import (
         changed_message,
         pin_changes,
@@ -101,9 +102,8 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     from datagen_operator.prompts.render import Renderer, template_variables
 
     try:
-        plan = plan_shard(dataset, 0, 1, spec.dataset.format)
-        if not plan.prompts:
-            check_dataset(dataset, spec.dataset.format)  # raises EmptyDataset, naming the causes
+        plan = plan_shard(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
+        check_plan(plan)  # raises EmptyDataset or UnknownDatasetShape, naming the causes
     except (DatasetError, OSError) as error:  # EmptyDataset is one
         said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
         named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
@@ -121,7 +121,9 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
             "file",
         )
     found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
-    pin, pinned = pin_dataset(dataset, spec.dataset.format), read_pin(output)
+    found += f" ({lines.said})" if lines.said else ""
+    passed = partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
+    pin, pinned = pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field), read_pin(output)
     changed = pin_changes(pinned, pin) if pinned is not None else None
     if changed is not None:
         return _failed(Reason.DATASET_CHANGED, changed_message(dataset, changed))
@@ -134,7 +136,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     if manifest is None:
         if pinned is None:  # an unchanged pin stays as it is: its render date with it
             write_pin(output, pin)
-        return _passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", len(plan.prompts))
+        return passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", len(plan.prompts))
     current = build_fingerprint(
         tokenizer=tokenizer_fingerprint(tokenizer_dir),
         chat_template=chat_template_sha256(renderer.chat_template),
@@ -142,6 +144,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         sampling=run_sampling(spec.generation.sampling, expect.stop_token_ids),
         preset=resolved.preset.name if resolved.preset else None,
         thinking=resolved.thinking,
+        turns=spec.generation.turns,
     )
     changes = prelaunch_changes(manifest.get("fingerprint", {}), current)
     if changes:
@@ -161,14 +164,15 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         )
     if pinned is None:
         write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
-    if output_complete(manifest, len(plan.prompts) * spec.generation.samples_per_prompt):
-        return _passed(
+    planned = lines.turns if spec.generation.turns == "all" else len(plan.prompts)
+    if output_complete(manifest, planned * spec.generation.samples_per_prompt):
+        return passed(
             f"{found}; {output} already holds every record ({existing.records} pass the checks): nothing to "
             "generate, no server needed; verifying the output",
             len(plan.prompts),
             complete=True,
         )
-    return _passed(
+    return passed(
         f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
         len(plan.prompts),
     )
@@ -194,6 +198,10 @@ class DatasetLines:
     checks: list[CheckResult]
     examples: str
     """The first lines of each cause (line number, id, why), for the message."""
+    turns: int = 0
+    """The answers the dataset plans per sample: generation.turns all, its conversations' planned turns."""
+    said: str = ""
+    """What the preflight says of whole conversations (turns planned, cut, that may not fit), or ''."""
 
     @property
     def set_aside(self) -> int:
@@ -210,20 +218,31 @@ def judge_dataset(spec: DataGenRunSpec, plan: Any, renderer: Any, limit: Context
     (`too_long`), out of the dataset's lines. The workers judge too_long again against the running server's
     own limit (its KV pool may be smaller)."""
     from datagen_operator.output.records import too_long_reason
+    from datagen_operator.prompts.conversation import last_turn, plan_turns, request_messages
     from datagen_operator.prompts.lean_render import RenderError
 
     max_new_tokens = spec.generation.sampling.max_new_tokens
     unrenderable: list[str] = []
     too_long: list[str] = []
+    conversations = ConversationCounts()
     for prompt in plan.iter_prompts():
+        mode = spec.generation.turns
+        turns = plan_turns(prompt.messages) if mode == "all" else None
+        if turns is not None and not len(turns):
+            unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): no user message to answer")
+            continue
         try:
-            ids = renderer.render(prompt.messages, prompt.tools)
+            ids = renderer.render(request_messages(prompt.messages, mode), prompt.tools)
         except RenderError as error:
             unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): {error}")
             continue
         reason = too_long_reason(len(ids), max_new_tokens, limit)
         if reason is not None:
             too_long.append(f"line {prompt.position + 1} (id {prompt.id!r}): {reason}")
+        elif turns is not None:
+            conversations.count(prompt, turns, renderer, lambda n: too_long_reason(n, max_new_tokens, limit))
+        else:
+            conversations.trailing += last_turn(prompt.messages)[1] > 0
     bad = [f"line {line.position + 1}: {line.reason}" for line in plan.malformed]
     tally = Tally(
         lines=len(plan.prompts) + len(plan.malformed),
@@ -231,7 +250,64 @@ def judge_dataset(spec: DataGenRunSpec, plan: Any, renderer: Any, limit: Context
         too_long=len(too_long),
     )
     firsts = [*bad[:2], *unrenderable[:2], *too_long[:2]]
-    return DatasetLines(tally, dataset_checks(tally), "e.g. " + "; ".join(firsts) if firsts else "")
+    examples = "e.g. " + "; ".join(firsts) if firsts else ""
+    return DatasetLines(tally, dataset_checks(tally), examples, conversations.turns, conversations.said())
+
+
+@dataclass
+class ConversationCounts:
+    """What the preflight says of a dataset's conversations before any answer exists."""
+
+    conversations: int = 0
+    turns: int = 0
+    cut: int = 0
+    """User turns after a dataset tool message: never regenerated (prompts/conversation.py)."""
+    may_not_fit: int = 0
+    first_may_not_fit: str = ""
+    trailing: int = 0
+    """turns: last: lines ending with an assistant turn, which is dropped (the model answers the last user turn)."""
+
+    def count(self, prompt: Any, turns: Any, renderer: Any, too_long: Any) -> None:
+        """A conversation's turns; whether its last turn, with the dataset's own answers standing in for the
+        model's (which do not exist yet), would still fit the context."""
+        from datagen_operator.prompts.conversation import dataset_answers, turn_messages
+        from datagen_operator.prompts.lean_render import RenderError
+
+        self.conversations += 1
+        self.turns += len(turns)
+        self.cut += turns.cut
+        if len(turns) < 2:
+            return
+        last = len(turns) - 1
+        try:
+            ids = renderer.render(turn_messages(turns, last, dataset_answers(prompt.messages, turns)), prompt.tools)
+        except RenderError:
+            return  # the dataset's answers are only stand-ins; the workers render the model's
+        reason = too_long(len(ids))
+        if reason is not None:
+            self.may_not_fit += 1
+            self.first_may_not_fit = (
+                self.first_may_not_fit or f"line {prompt.position + 1} (id {prompt.id!r}): {reason}"
+            )
+
+    def said(self) -> str:
+        parts = []
+        if self.conversations:
+            parts.append(f"{self.turns} user turns to answer in {self.conversations} conversations")
+        if self.cut:
+            parts.append(f"{self.cut} user turns after a tool message not regenerated (docs/regenerate.md)")
+        if self.may_not_fit:
+            parts.append(
+                f"{self.may_not_fit} conversations may not fit all their turns (with the dataset's own answers as "
+                f"history, e.g. {self.first_may_not_fit}): a turn that does not fit is set aside as too_long when the "
+                "workers reach it, and its conversation ends there"
+            )
+        if self.trailing:
+            parts.append(
+                f"{self.trailing} lines end with an assistant turn: it is dropped and the model answers the last user "
+                "turn (generation.turns: all regenerates every turn)"
+            )
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -356,6 +432,7 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
 def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: dict[str, Any] | None) -> OutputEstimate:
     """Render a spread of prompts, then measure synthetic records made of their own token ids (output ids
     drawn from the same mix) with the worker's encoder and the Parquet writer."""
+    from datagen_operator.prompts.conversation import plan_turns, request_messages
     from datagen_operator.prompts.lean_render import RenderError
 
     prompts = plan.prompts
@@ -363,8 +440,10 @@ def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: di
     rendered: list[list[int]] = []
     for ref in prompts[::step][:SAMPLE_PROMPTS]:
         prompt = plan.load(ref)
+        if spec.generation.turns == "all" and not len(plan_turns(prompt.messages)):
+            continue
         try:
-            rendered.append(renderer.render(prompt.messages, prompt.tools))
+            rendered.append(renderer.render(request_messages(prompt.messages, spec.generation.turns), prompt.tools))
         except RenderError:
             continue  # set aside by the worker: writes no record
     rendered = [ids for ids in rendered if ids] or [[0]]
@@ -453,10 +532,11 @@ def free_bytes(output: Path) -> int | None:
     return free_on_volume(output)
 
 
-def _passed(message: str, prompts: int, *, complete: bool = False) -> StepOutcome:
-    """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total."""
+def _passed(message: str, prompts: int, *, turns: int | None = None, complete: bool = False) -> StepOutcome:
+    """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total;
+    `turns`: for whole conversations, their planned turns (records per sample)."""
     check = CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message)
-    return StepOutcome(True, Reason.PASSED, message, (check,), prompts=prompts, complete=complete)
+    return StepOutcome(True, Reason.PASSED, message, (check,), prompts=prompts, turns=turns, complete=complete)
 
 
 def _failed(reason: str, message: str) -> StepOutcome:

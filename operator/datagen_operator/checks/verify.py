@@ -1,8 +1,9 @@
 """`datagen verify OUTPUT_DIR`: every check over a finished (or running) output, as a report a person reads.
 
 Flags are recomputed from the stored token ids (the worker's own flags are not trusted), completeness is
-keyed by (id, sample), prompt fidelity re-renders a sample of prompts with the recorded tokenizer and
-template, and the manifest's Parquet checksums are re-hashed.
+keyed by (id, sample, turn), prompt fidelity re-renders a sample of prompts with the recorded tokenizer and
+template (for regenerated conversations every turn of the sampled ones, from the run's own recorded answers),
+and the manifest's Parquet checksums are re-hashed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, check_context, evaluate
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
+from datagen_operator.output.layout import Key
 
 COMPLETENESS = "completeness"
 PROMPT_FIDELITY = "prompt_fidelity"
@@ -156,6 +158,7 @@ def account_set_aside(
     another line).
     """
     from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, reject_cause
+    from datagen_operator.prompts.conversation import NO_USER_TURN
 
     by_line = {
         entry.get("line"): entry
@@ -166,7 +169,7 @@ def account_set_aside(
     if dataset_prompts is None:
         causes = Counter(reject_cause(entry) for entry in by_line.values())
         for entry in by_line.values():
-            if reject_cause(entry) in (TOO_LONG, UNRENDERABLE) and isinstance(entry.get("id"), str):
+            if reject_cause(entry) in (TOO_LONG, UNRENDERABLE, NO_USER_TURN) and isinstance(entry.get("id"), str):
                 prompts[entry["id"]] = reject_cause(entry)
         return SetAside(prompts, dict(causes))
     for line, prompt_id in dataset_prompts:
@@ -180,7 +183,7 @@ def account_set_aside(
 
 @dataclass
 class KeyCheck:
-    """Completeness over (id, sample) keys held as 64-bit hashes in sorted numpy arrays, so its memory is
+    """Completeness over (id, sample, turn) keys held as 64-bit hashes in sorted numpy arrays, so its memory is
     8 bytes a key; ids come back (a second pass) only to name a few examples. Two distinct keys share a
     hash with probability ~n^2/2^65 (3e-8 for a million)."""
 
@@ -190,14 +193,26 @@ class KeyCheck:
     """np.ndarray: the dataset's key hashes (every valid prompt x sample), unique, sorted; None: no dataset."""
     rejected: Any = None
     unsent: Any = None
-    missing_examples: list[tuple[str, int]] = field(default_factory=list)
-    extra_examples: list[tuple[str, int]] = field(default_factory=list)
+    missing_examples: list[Key] = field(default_factory=list)
+    extra_examples: list[Key] = field(default_factory=list)
 
     def missing(self) -> Any:
         return _minus(_minus(_minus(self.wanted, self.seen), self.rejected), self.unsent)
 
     def extra(self) -> Any:
         return _minus(self.seen, self.wanted)
+
+
+def turns_cut_keys(rejects: Iterable[Mapping[str, Any]]) -> list[Key]:
+    """The keys of conversations' turns never sent (records.turns_reject entries)."""
+    from datagen_operator.output.records import TURNS_KIND
+
+    keys: list[Key] = []
+    for entry in rejects:
+        if entry.get("kind") == TURNS_KIND and isinstance(entry.get("id"), str):
+            first, planned = int(entry.get("turn") or 0), int(entry.get("turns") or 0)
+            keys.extend((entry["id"], int(entry.get("sample", 0)), turn) for turn in range(first, planned))
+    return keys
 
 
 def _minus(a: Any, b: Any) -> Any:
@@ -218,8 +233,8 @@ def sorted_unique(values: Any) -> Any:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if len(ordered) else ordered
 
 
-def key_hashes(keys: Iterable[tuple[str, int]]) -> Any:
-    """Unique sorted 64-bit hashes of (id, sample) keys (Python's hash: consistent within one process)."""
+def key_hashes(keys: Iterable[Key]) -> Any:
+    """Unique sorted 64-bit hashes of (id, sample, turn) keys (Python's hash: consistent within one process)."""
     import numpy as np
 
     return sorted_unique(np.fromiter((hash(key) for key in keys), dtype=np.int64))
@@ -241,7 +256,7 @@ def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = 
     missing, extra = len(keys.missing()), len(keys.extra())
     problems = []
     if missing:
-        problems.append(f"{missing} (id, sample) missing, e.g. {keys.missing_examples}: rerun to resume them")
+        problems.append(f"{missing} (id, sample, turn) missing, e.g. {keys.missing_examples}: rerun to resume them")
     if duplicates:
         problems.append(f"{duplicates} duplicate rows")
     if extra:
@@ -314,7 +329,9 @@ def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: 
     )
 
 
-def _dataset_pin(pin: Any, records: PinCheck, dataset: Path | None, declared: Any) -> CheckResult:
+def _dataset_pin(
+    pin: Any, records: PinCheck, dataset: Path | None, declared: Any, id_field: str | None = None
+) -> CheckResult:
     """The output came from one dataset (prompts/pin.py): every record's prompt hash equals the pinned hash of its
     line, and the dataset file (when given) is still the pinned one: every line, not a sample."""
     from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset
@@ -329,7 +346,7 @@ def _dataset_pin(pin: Any, records: PinCheck, dataset: Path | None, declared: An
             "them into a new spec.output.path"
         )
     if dataset is not None:
-        changes = pin_changes(pin, pin_dataset(dataset, declared))
+        changes = pin_changes(pin, pin_dataset(dataset, declared, id_field=id_field))
         if changes is not None:
             problems.append(changed_message(dataset, changes))
     if problems:
@@ -377,6 +394,7 @@ def verify_output(
     if expect is None:
         raise ValueError("cannot tell what faithful records look like: pass --run RUN.yaml (and --tokenizer)")
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
+    turns_mode = spec.generation.turns if spec else str(fingerprint.get("turns", "last"))
     thresholds = spec.checks if spec else ChecksSpec()
 
     from datagen_operator.prompts.dataset import ShardScan
@@ -391,7 +409,7 @@ def verify_output(
     pin = read_pin(output)
     pins = PinCheck(pin.line_hashes if pin is not None else None)
     read = _read_records(
-        RecordBatches(output, (*COLUMNS, "cached_tokens", "line", "prompt_hash")),
+        RecordBatches(output, (*COLUMNS, "cached_tokens", "line", "prompt_hash", "turn")),
         pins,
         expect,
         tokenizer,
@@ -401,30 +419,58 @@ def verify_output(
     counts, records, reservoir, duplicates = read.counts, read.records, read.fidelity_sample, read.duplicates
     keys = KeyCheck(seen=read.keys)
     all_rejects = list(iter_rejects(output))
-    server = {(r["id"], r.get("sample", 0)): r for r in all_rejects if r.get("kind") == "server" and r.get("id")}
+    server = {
+        (r["id"], r.get("sample", 0), r.get("turn") or 0): r
+        for r in all_rejects
+        if r.get("kind") == "server" and r.get("id")
+    }
+    cut = turns_cut_keys(all_rejects)
 
     prompts: dict[str, Any] = {}
     dataset_prompts: list[tuple[int, str]] | None = None
     dataset_causes: list[str] | None = None
     dataset_count: int | None = None
+    planned: dict[str, int] = {}
+    """id -> answers planned, for the prompts set aside unsent."""
     if dataset_path is not None:
         # Only lines with a rejects.jsonl entry can be set aside; every other valid prompt is just counted.
         reject_lines = {entry.get("line") for entry in all_rejects if str(entry.get("key", "")).startswith("line:")}
         scanned = _read_dataset(
-            ShardScan(dataset_path, 0, 1, spec.dataset.format if spec else "auto"),
+            ShardScan(
+                dataset_path,
+                0,
+                1,
+                spec.dataset.format if spec else "auto",
+                id_field=spec.dataset.id_field if spec else None,
+            ),
             samples,
             reject_lines,
             {r["id"] for r in reservoir},
+            turns_mode,
         )
-        keys.wanted, prompts = scanned.wanted, scanned.sampled
+        keys.wanted, prompts, planned = scanned.wanted, scanned.sampled, scanned.turns
         dataset_prompts, dataset_causes, dataset_count = scanned.on_reject_lines, scanned.causes, scanned.prompts
     set_aside = account_set_aside(dataset_prompts, dataset_causes, all_rejects)
     keys.rejected = key_hashes(server)
-    keys.unsent = key_hashes((prompt_id, s) for prompt_id in set_aside.prompts for s in range(samples))
+    keys.unsent = key_hashes(
+        [
+            *((prompt_id, s, t) for prompt_id in set_aside.prompts for s in range(samples)
+              for t in range(planned.get(prompt_id, 1))),
+            *cut,
+        ]
+    )  # fmt: skip
     if keys.wanted is not None:
-        _name_examples(keys, output, dataset_path, spec.dataset.format if spec else "auto", samples)
+        _name_examples(
+            keys,
+            output,
+            dataset_path,
+            spec.dataset.format if spec else "auto",
+            samples,
+            turns_mode,
+            spec.dataset.id_field if spec else None,
+        )
     if dataset_count is None:
-        named = read.prompts | {hash(prompt_id) for prompt_id, _ in server} | {hash(i) for i in set_aside.prompts}
+        named = read.prompts | {hash(key[0]) for key in server} | {hash(i) for i in set_aside.prompts}
         prompts_named = len(named)
     else:
         prompts_named = dataset_count
@@ -432,14 +478,21 @@ def verify_output(
     ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
     checks.append(_completeness(keys, duplicates, set_aside))
-    checks.append(_dataset_pin(pin, pins, dataset_path, spec.dataset.format if spec else "auto"))
-    if fidelity:
-        renderer = (
-            Renderer(tokenizer, template_variables(resolved, pin.rendered_on if pin is not None else None))
-            if tokenizer is not None and resolved is not None
-            else None
+    checks.append(
+        _dataset_pin(
+            pin, pins, dataset_path, spec.dataset.format if spec else "auto", spec.dataset.id_field if spec else None
         )
-        checks.append(_fidelity(reservoir, prompts, renderer))
+    )
+    if fidelity:
+        rendered_on = pin.rendered_on if pin is not None else None
+        variables = template_variables(resolved, rendered_on) if resolved is not None else None
+        renderer = Renderer(tokenizer, variables) if tokenizer is not None and variables is not None else None
+        if turns_mode == "all":
+            from datagen_operator.checks.conversations import conversation_fidelity
+
+            checks.append(conversation_fidelity(output, reservoir, prompts, renderer, resolved, variables))
+        else:
+            checks.append(_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
         str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
@@ -497,7 +550,7 @@ class _FidelitySample:
         rows = rows[np.argsort(keys[rows], kind="stable")[: self.size]]
         if not len(rows):
             return
-        chosen = batch.select(["id", "input_ids"]).take(rows).to_pylist()
+        chosen = batch.select(["id", "sample", "turn", "input_ids"]).take(rows).to_pylist()
         self._kept = sorted([*self._kept, *zip(keys[rows].tolist(), chosen, strict=True)], key=lambda kept: kept[0])
         del self._kept[self.size :]
 
@@ -512,7 +565,7 @@ class _RecordsPass:
     keys: Any
     """np.ndarray: the records' key hashes, unique, sorted."""
     duplicates: int
-    """Parquet rows repeating an earlier (id, sample)."""
+    """Parquet rows repeating an earlier (id, sample, turn)."""
     examples: dict[str, list[Example]]
     fidelity_sample: list[dict[str, Any]]
     prompts: set[int]
@@ -566,7 +619,8 @@ def _read_records(
     fidelity_sample = _FidelitySample(fidelity_size)
     for batch in batches:
         ids = batch.column("id").to_pylist()
-        record_keys.extend(map(hash, zip(ids, batch.column("sample").to_pylist(), strict=True)))
+        turns = batch.column("turn").fill_null(0).to_pylist()
+        record_keys.extend(map(hash, zip(ids, batch.column("sample").to_pylist(), turns, strict=True)))
         if name_prompts:
             prompts.update(map(hash, ids))
         flags = batch_flags(batch, expect)
@@ -597,21 +651,28 @@ class _DatasetPass:
     """(line, id) of the valid prompts on lines that rejects.jsonl names."""
     sampled: dict[str, Any]
     """id -> Prompt for the ids asked for (the fidelity sample)."""
+    turns: dict[str, int] = field(default_factory=dict)
+    """id -> answers planned, for the prompts on lines that rejects.jsonl names."""
 
 
-def _read_dataset(scan: Any, samples: int, reject_lines: set[Any], sampled_ids: set[str]) -> _DatasetPass:
+def _read_dataset(
+    scan: Any, samples: int, reject_lines: set[Any], sampled_ids: set[str], turns_mode: str = "last"
+) -> _DatasetPass:
     """One pass over the dataset (a ShardScan of the whole of it); keys hashed a chunk at a time."""
     import numpy as np
 
+    from datagen_operator.prompts.conversation import planned_turns
     from datagen_operator.prompts.dataset import MalformedLine, prompt_from
 
     ids: list[str] = []
+    turns: list[int] = []
     chunks: list[Any] = []
 
     def hash_chunk() -> None:
         for sample in range(samples):
-            chunks.append(np.fromiter(map(hash, zip(ids, repeat(sample))), np.int64, len(ids)))
+            chunks.append(np.fromiter(map(hash, zip(ids, repeat(sample), turns)), np.int64, len(ids)))
         ids.clear()
+        turns.clear()
 
     result = _DatasetPass(0, None, [], [], {})
     for item in scan:
@@ -620,11 +681,14 @@ def _read_dataset(scan: Any, samples: int, reject_lines: set[Any], sampled_ids: 
             continue
         ref, obj = item
         result.prompts += 1
-        ids.append(ref.id)
+        planned = 1 if turns_mode != "all" else planned_turns(prompt_from(ref, obj).messages, turns_mode)
+        ids.extend(repeat(ref.id, planned))
+        turns.extend(range(planned))
         if len(ids) >= 65_536:
             hash_chunk()
         if ref.position in reject_lines:
             result.on_reject_lines.append((ref.position, ref.id))
+            result.turns[ref.id] = planned
         if ref.id in sampled_ids:
             result.sampled[ref.id] = prompt_from(ref, obj)
     hash_chunk()
@@ -634,7 +698,7 @@ def _read_dataset(scan: Any, samples: int, reject_lines: set[Any], sampled_ids: 
 
 def _output_tally(
     counts: RecordCounts,
-    server: Mapping[tuple[str, int], Mapping[str, Any]],
+    server: Mapping[Key, Mapping[str, Any]],
     prompts: int,
     set_aside: SetAside,
 ) -> Tally:
@@ -658,27 +722,42 @@ def _output_tally(
     )
 
 
-def _name_examples(keys: KeyCheck, output: Path, dataset: Path | None, fmt: Any, samples: int) -> None:
+def _name_examples(
+    keys: KeyCheck,
+    output: Path,
+    dataset: Path | None,
+    fmt: Any,
+    samples: int,
+    turns_mode: str = "last",
+    id_field: str | None = None,
+) -> None:
     """The first few missing and extra keys by name: a second pass, only when there are any."""
     import heapq
 
     from datagen_operator.output.readers import RecordBatches
-    from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+    from datagen_operator.prompts.conversation import planned_turns
+    from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
 
     missing, extra = set(keys.missing().tolist()), set(keys.extra().tolist())
     if missing and dataset is not None:
         found = (
-            (item[0].id, s)
-            for item in ShardScan(dataset, 0, 1, fmt)
+            (item[0].id, s, t)
+            for item in ShardScan(dataset, 0, 1, fmt, id_field=id_field)
             if not isinstance(item, MalformedLine)
             for s in range(samples)
+            for t in range(planned_turns(prompt_from(*item).messages, turns_mode))
         )
         keys.missing_examples = heapq.nsmallest(3, (k for k in found if hash(k) in missing))
     if extra:
         found = (
             key
             for batch in RecordBatches(output, ())
-            for key in zip(batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True)
+            for key in zip(
+                batch.column("id").to_pylist(),
+                batch.column("sample").to_pylist(),
+                batch.column("turn").fill_null(0).to_pylist(),
+                strict=True,
+            )
         )
         keys.extra_examples = heapq.nsmallest(3, (k for k in found if hash(k) in extra))
 

@@ -90,6 +90,7 @@ def progress_of(
     shards_done: int,
     *,
     dataset_prompts: int | None = None,
+    dataset_turns: int | None = None,
     samples: int = 1,
     uncounted: str = "workers starting",
     rate: bool = True,
@@ -101,23 +102,30 @@ def progress_of(
     grows as they read the dataset, so it stands in only where no preflight counted. Done is counted in
     samples over the whole output (recorded, refused by the server, set aside), which a resumed worker reads
     from disk before it reads the dataset again: it never goes backwards. The workers' per-prompt count starts
-    over on a resume, so it is shown only where no preflight counted."""
+    over on a resume, so it is shown only where no preflight counted. Whole conversations (`dataset_turns`, the
+    preflight's count of their planned turns) are counted in turns, their conversations beside them."""
     c = counters or ProgressCounters()
+    conversations = dataset_turns is not None
     if dataset_prompts is None:
         prompts_total, prompts_done = c.prompts_total, c.prompts_done
         records_total = prompts_total * samples
         records_done = c.tally.records + c.tally.rejected + c.records_set_aside
     else:
-        prompts_total, records_total = dataset_prompts, dataset_prompts * samples
+        prompts_total, records_total = dataset_prompts, (dataset_turns or dataset_prompts) * samples
         # A prompt set aside after some of its samples were recorded counts each once: never past the total.
         records_done = min(records_total, c.tally.records + c.tally.rejected + c.records_set_aside)
-        # One sample a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
-        prompts_done = records_done if samples == 1 else min(prompts_total, c.prompts_done)
-    if dataset_prompts is None or samples == 1:
+        # One answer a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
+        single = samples == 1 and not conversations
+        prompts_done = records_done if single else min(prompts_total, c.prompts_done)
+    if conversations and records_total:
+        done, total, unit = records_done, records_total, "turns" if samples == 1 else "records"
+    elif dataset_prompts is None or samples == 1:
         done, total, unit = prompts_done, prompts_total, "prompts"
     else:
         done, total, unit = records_done, records_total, "records"
     summary = f"{done}/{total} {unit}"
+    if conversations and total:
+        summary += f" ({prompts_done}/{prompts_total} conversations)"
     producing = counters is not None and done < total
     if rate and (producing or c.tokens_per_second):  # a finished run (or one not generating yet) has none
         summary += f", {human_rate(c.tokens_per_second)} tok/s"
@@ -132,6 +140,7 @@ def progress_of(
         records_done=records_done,
         records=c.tally.records,
         dataset_prompts=dataset_prompts,
+        dataset_turns=dataset_turns,
         completion_tokens=c.completion_tokens,
         tokens_per_second=round(c.tokens_per_second, 1),
         shards_total=shards_total,
@@ -216,6 +225,7 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
         shards,
         workers.shards_done if workers else 0,
         dataset_prompts=preflight.prompts if preflight is not None and preflight.passed else None,
+        dataset_turns=preflight.turns if preflight is not None and preflight.passed else None,
         samples=spec.generation.samples_per_prompt,
         uncounted=_uncounted(observed, begun),
     )

@@ -57,7 +57,7 @@ def remembered_preflight(status: DataGenRunStatus, data_generation: int) -> Step
     outcome = remembered_outcome(status.conditions, INPUTS_VERIFIED, data_generation, status.checks)
     if outcome is None or status.progress is None:
         return outcome
-    return replace(outcome, prompts=status.progress.dataset_prompts)
+    return replace(outcome, prompts=status.progress.dataset_prompts, turns=status.progress.dataset_turns)
 
 
 def remembered_final(

@@ -26,7 +26,7 @@ from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.api.status import SERVER_READY, Condition
+from datagen_operator.api.status import PROGRESSING, SERVER_READY, Condition
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from datagen_operator.checks.verify import VerifyReport
 
 POLL_S = 0.5
+PROGRESS_REPORT_S = 5.0
+"""How often a log without the live table repeats a changed Progressing message (done/total, tok/s)."""
 WORKER_GRACE_S = 30.0
 SERVER_GRACE_S = 15.0
 MAX_SERVER_RESTARTS = 3
@@ -131,6 +133,8 @@ class LocalRunner:
         self.started_at = time.time()
         self.holder = Holder.this_process(self.run.metadata.name)
         self.loading_said_at: float | None = None
+        self.progress_said: tuple[float | None, str] = (None, "")
+        """When Progressing's message was last said (its transition event says the first), and what it said."""
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -493,6 +497,21 @@ class LocalRunner:
         for event in transition_events(before, self.conditions):
             self._event(event)
         self._repeat_loading()
+        self._repeat_progress()
+
+    def _repeat_progress(self) -> None:
+        """Without the live table, Progressing's message (done/total, tok/s) would show only its first words
+        while the workers run: say it again every PROGRESS_REPORT_S when it changed."""
+        progressing = next((c for c in self.conditions if c.type == PROGRESSING), None)
+        if self.live or progressing is None or progressing.reason != Reason.RUNNING:
+            return
+        now = time.monotonic()
+        said_at, said = self.progress_said
+        if said_at is None:  # its transition event has just said it
+            self.progress_said = (now, progressing.message)
+        elif progressing.message != said and now - said_at >= PROGRESS_REPORT_S:
+            self._say(f"{progressing.type}={progressing.status} ({progressing.reason}): {progressing.message}")
+            self.progress_said = (now, progressing.message)
 
     def _repeat_loading(self) -> None:
         """Events show transitions only; without the live table the Loading message would stay at its first

@@ -127,9 +127,11 @@ def build_fingerprint(
     sampling: dict[str, Any],
     preset: str | None,
     thinking: bool,
+    turns: str = "last",
 ) -> dict[str, Any]:
     """Samples per prompt is deliberately not part of it: raising it later extends a run (sample k is
-    sent with seed + k either way)."""
+    sent with seed + k either way). `turns` is, when `all`: one output holds one answer per line or whole
+    regenerated conversations, never both (an output of one answer per line keeps its fingerprint)."""
     return {
         "tokenizer": tokenizer,
         "chat_template_sha256": chat_template,
@@ -137,6 +139,7 @@ def build_fingerprint(
         "sampling": dict(sorted(sampling.items())),
         "preset": preset,
         "thinking": thinking,
+        **({"turns": turns} if turns != "last" else {}),
     }
 
 

@@ -12,24 +12,31 @@ Layout (shared by all shards of a run):
 Crash safety. Each worker start opens a NEW segment and never appends to an older one, so a torn last
 line (kill -9 mid-write, or power loss before fsync) can only sit at the end of a segment that is no
 longer written; recovery truncates it and seals the segment. A record counts as done only once its
-whole line (ending in a newline) is in a segment, so resume is exactly-once by (id, sample): what is
-in the files is skipped, everything else is generated again.
+whole line (ending in a newline) is in a segment, so resume is exactly-once by (id, sample, turn): what
+is in the files is skipped, everything else is generated again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-Key = tuple[str, int]
-"""(prompt id, sample index): the identity of a record."""
+Key = tuple[str, int, int]
+"""(prompt id, sample index, turn): the identity of a record. `turn` is which of a conversation's answers the
+record holds (generation.turns: all, 0 = the answer to its first user turn); 0 for one answer per line."""
+
+
+def record_key(record: Mapping[str, Any]) -> Key:
+    """A stored record's key (a record without a turn is the one answer of its line)."""
+    return (record["id"], record["sample"], record.get("turn") or 0)
 
 
 class KeySet:
-    """A set of (id, sample) keys held as their 64-bit hashes (Python's, consistent within one process):
+    """A set of (id, sample, turn) keys held as their 64-bit hashes (Python's, consistent within one process):
     a million recorded keys take ~64 MB, not the ~170 MB of their tuples and strings, so a resumed worker's
     memory does not grow with what it already did. Two distinct keys share a hash with probability
     ~n^2/2^65 (3e-8 for a million keys)."""
@@ -71,6 +78,7 @@ class KeySet:
 RECORD_FIELDS: tuple[str, ...] = (
     "id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens",
     "cached_tokens", "latency_s", "server", "attempts", "has_tools", "flags", "line", "prompt_hash", "run",
+    "turn", "answer_content", "answer_reasoning",
 )  # fmt: skip
 
 

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from datagen_operator.api.progress import RecordCounts
-from datagen_operator.output.layout import RECORD_FIELDS, Key, KeySet, OutputLayout, fsync_dir, keys_path, sha256_file
+from datagen_operator.output.layout import (
+    RECORD_FIELDS,
+    Key,
+    KeySet,
+    OutputLayout,
+    fsync_dir,
+    keys_path,
+    record_key,
+    sha256_file,
+)
 from datagen_operator.output.segments import parse_record_line, recover_segment
 
 if TYPE_CHECKING:  # imported where used: the worker starts without numpy's or pyarrow's import time
@@ -45,6 +54,9 @@ def parquet_schema() -> pa.Schema:
             ("line", pa.int64()),
             ("prompt_hash", pa.uint64()),
             ("run", pa.string()),
+            ("turn", pa.int32()),
+            ("answer_content", pa.string()),
+            ("answer_reasoning", pa.string()),
         ]
     )
 
@@ -56,10 +68,10 @@ def parquet_keys_and_summary(path: Path, keys: KeySet) -> RecordCounts:
     import pyarrow.parquet as pq
 
     summary = RecordCounts()
-    columns = ["id", "sample", "input_ids", "output_ids", "cached_tokens", "flags", "has_tools"]
+    columns = ["id", "sample", "input_ids", "output_ids", "cached_tokens", "flags", "has_tools", "turn"]
     for batch in pq.ParquetFile(path).iter_batches(columns=columns, batch_size=8192):
         ids, samples = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-        keys.update(zip(ids, samples, strict=True))
+        keys.update(zip(ids, samples, batch.column(7).fill_null(0).to_pylist(), strict=True))
         summary.records += len(ids)
         summary.prompt_tokens += int(pc.sum(pc.list_value_length(batch.column(2))).as_py() or 0)
         summary.output_tokens += int(pc.sum(pc.list_value_length(batch.column(3))).as_py() or 0)
@@ -150,8 +162,8 @@ class _Sources:
         self.paths = layout.segments(shard_index)
         hashes, segments, offsets, lengths = array("q"), array("i"), array("q"), array("q")
         for index, segment in enumerate(self.paths):
-            for prompt_id, sample, offset, length in recover_segment(segment).entries:
-                hashes.append(hash((prompt_id, sample)))
+            for prompt_id, sample, turn, offset, length in recover_segment(segment).entries:
+                hashes.append(hash((prompt_id, sample, turn)))
                 segments.append(index)
                 offsets.append(offset)
                 lengths.append(length)
@@ -218,7 +230,7 @@ def compact_shard(
     if final.exists():
         for row in pq.read_table(final).to_pylist():
             row["finish_reason"] = orjson.loads(row["finish_reason"]) if row["finish_reason"] else None
-            previous[(row["id"], row["sample"])] = row
+            previous[record_key(row)] = row
 
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
@@ -264,7 +276,7 @@ def _write_parquet(
             if at < 0 or sources.used[at]:
                 return None
             record = sources.read(at)
-            if record is None or (record["id"], record["sample"]) != key:
+            if record is None or record_key(record) != key:
                 return None  # a hash collision: the orphan pass below writes that record
             sources.used[at] = True
             return record
@@ -291,7 +303,7 @@ def _write_parquet(
                 orphans += 1
         for at in sources.unused():
             record = sources.read(int(at))
-            if record is None or (record["id"], record["sample"]) in written:
+            if record is None or record_key(record) in written:
                 continue
             sources.used[at] = True
             emit(record)

@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from datagen_operator.api.progress import ShardProgress
-from datagen_operator.output.layout import RECORD_FIELDS, OutputLayout, shard_indices
+from datagen_operator.output.layout import RECORD_FIELDS, Key, OutputLayout, record_key, shard_indices
 from datagen_operator.output.segments import complete_lines, segment_records
 
 if TYPE_CHECKING:  # imported where used: the worker starts without numpy's or pyarrow's import time
     import numpy as np
     import numpy.typing as npt
     import pyarrow as pa
+
+    from datagen_operator.prompts.conversation import AnswerSplit
 
 # --- readers --------------------------------------------------------------------------------
 
@@ -44,13 +46,13 @@ def iter_records(output_dir: str | Path) -> Iterator[dict[str, Any]]:
 
 class RecordBatches:
     """The records `iter_records` yields, in its order and exactly once, as Arrow record batches of `columns`
-    (the store's Parquet schema; `id` and `sample` always included) of at most `rows` rows: no Python
+    (the store's Parquet schema; `id`, `sample` and `turn` always included) of at most `rows` rows: no Python
     object per record, for readers of millions of records (`datagen verify`). Iterate once; `duplicates`
-    then holds the Parquet rows skipped as repeats of an earlier (id, sample)."""
+    then holds the Parquet rows skipped as repeats of an earlier (id, sample, turn)."""
 
     def __init__(self, output_dir: str | Path, columns: Iterable[str], rows: int = 8192) -> None:
         self.layout = OutputLayout(Path(output_dir))
-        self.names = list(dict.fromkeys(["id", "sample", *columns]))
+        self.names = list(dict.fromkeys(["id", "sample", "turn", *columns]))
         self.rows = rows
         self.duplicates = 0
 
@@ -95,7 +97,7 @@ class RecordBatches:
         parquet_keys: set[int] | None = None
         for segment in segments:
             for record in segment_records(segment):
-                key = hash((record["id"], record["sample"]))
+                key = hash(record_key(record))
                 if parquets and parquet_keys is None:  # segments beside the Parquet: a compaction in progress
                     parquet_keys = {hash(k) for k in _keys(parquets)}
                 if key in seen or (parquet_keys is not None and key in parquet_keys):
@@ -106,28 +108,38 @@ class RecordBatches:
             # A compaction finished while we read: what vanished with the segments is in the Parquet now.
             for path in sorted(layout.data_dir.glob(f"shard-{index:05d}-of-*.parquet")):
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=names):
-                    keys = zip(batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True)
+                    keys = _batch_keys(batch)
                     unseen = [hash(key) not in seen for key in keys]
                     yield batch if all(unseen) else batch.filter(pa.array(unseen))
 
 
-def _keys(parquets: list[Path]) -> Iterator[tuple[str, int]]:
+def _batch_keys(batch: pa.RecordBatch) -> Iterator[Key]:
+    """The keys of a batch holding the id, sample and turn columns."""
+    turns = batch.column("turn").fill_null(0).to_pylist()
+    return zip(batch.column("id").to_pylist(), batch.column("sample").to_pylist(), turns, strict=True)
+
+
+def _keys(parquets: list[Path]) -> Iterator[Key]:
     for batch in _key_batches(parquets):
-        yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+        yield from _batch_keys(batch)
 
 
 def first_occurrences(parquets: list[Path]) -> npt.NDArray[np.bool_]:
-    """Bools over the rows of `parquets` (in order): True for the first row of each (id, sample).
+    """Bools over the rows of `parquets` (in order): True for the first row of each (id, sample, turn).
 
     Keys are grouped by a 64-bit hash computed with numpy over the id column's bytes (no Python object per
     row, the columns streamed: 8 bytes a row are kept); only rows whose hash repeats are compared as
-    (id, sample) values, so a collision costs time, never a record."""
+    (id, sample, turn) values, so a collision costs time, never a record."""
     import numpy as np
 
     hashes = np.concatenate(
         [np.zeros(0, np.uint64)]
         + [
-            _key_hashes(batch.column(0), batch.column(1).to_numpy(zero_copy_only=False))
+            _key_hashes(
+                batch.column(0),
+                batch.column(1).to_numpy(zero_copy_only=False),
+                batch.column(2).fill_null(0).to_numpy(zero_copy_only=False),
+            )
             for batch in _key_batches(parquets)
         ]
     )
@@ -137,7 +149,7 @@ def first_occurrences(parquets: list[Path]) -> npt.NDArray[np.bool_]:
     repeats = np.flatnonzero(ordered[1:] == ordered[:-1])
     if len(repeats):
         suspects = np.unique(np.concatenate([order[repeats], order[repeats + 1]]))  # ascending rows
-        seen: set[tuple[str, int]] = set()
+        seen: set[Key] = set()
         for row, key in zip(suspects.tolist(), _keys_at(parquets, suspects), strict=True):
             keep[row] = key not in seen
             seen.add(key)
@@ -148,25 +160,28 @@ def _key_batches(parquets: list[Path]) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
     for path in parquets:  # streamed: pq.read_table of the two columns holds ~7x their size while decoding
-        yield from pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65_536)
+        yield from pq.ParquetFile(path).iter_batches(columns=["id", "sample", "turn"], batch_size=65_536)
 
 
-def _keys_at(parquets: list[Path], rows: npt.NDArray[np.intp]) -> Iterator[tuple[str, int]]:
-    """(id, sample) of the given ascending rows."""
+def _keys_at(parquets: list[Path], rows: npt.NDArray[np.intp]) -> Iterator[Key]:
+    """(id, sample, turn) of the given ascending rows."""
     at = 0
     for batch in _key_batches(parquets):
         inside = rows[(rows >= at) & (rows < at + batch.num_rows)] - at
         if len(inside):
             taken = batch.take(inside)
-            yield from zip(taken.column(0).to_pylist(), taken.column(1).to_pylist(), strict=True)
+            yield from _batch_keys(taken)
         at += batch.num_rows
 
 
 _HASH_BASE = 0x100000001B3  # FNV's 64-bit prime: odd, so powers of it never vanish mod 2**64
+_TURN_MULTIPLIER = 0x9E3779B97F4A7C15  # odd (the golden ratio's 64 bits): turns spread apart from samples
 
 
-def _key_hashes(ids: pa.StringArray, samples: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint64]:
-    """A 64-bit polynomial hash of each (id, sample), from the string column's offsets and bytes."""
+def _key_hashes(
+    ids: pa.StringArray, samples: npt.NDArray[np.integer[Any]], turns: npt.NDArray[np.integer[Any]]
+) -> npt.NDArray[np.uint64]:
+    """A 64-bit polynomial hash of each (id, sample, turn), from the string column's offsets and bytes."""
     import numpy as np
 
     offsets = np.frombuffer(ids.buffers()[1], np.int32)[ids.offset : ids.offset + len(ids) + 1].astype(np.int64)
@@ -179,7 +194,10 @@ def _key_hashes(ids: pa.StringArray, samples: npt.NDArray[np.integer[Any]]) -> n
     sums = np.add.reduceat(terms, np.minimum(starts, max(len(terms) - 1, 0))) if len(terms) else np.zeros(0, np.uint64)
     sums = np.where(lengths > 0, sums if len(terms) else 0, 0).astype(np.uint64)
     hashes: npt.NDArray[np.uint64] = (
-        sums ^ (lengths.astype(np.uint64) << np.uint64(40)) ^ (samples.astype(np.uint64) * np.uint64(_HASH_BASE))
+        sums
+        ^ (lengths.astype(np.uint64) << np.uint64(40))
+        ^ (samples.astype(np.uint64) * np.uint64(_HASH_BASE))
+        ^ (turns.astype(np.uint64) * np.uint64(_TURN_MULTIPLIER))
     )
     return hashes
 
@@ -206,3 +224,22 @@ def read_progress(output_dir: str | Path) -> list[ShardProgress]:
         except (FileNotFoundError, orjson.JSONDecodeError, TypeError):
             continue
     return out
+
+
+def stored_answers(
+    output_dir: str | Path, shard_index: int, conversations: set[tuple[str, int]]
+) -> dict[tuple[str, int], dict[int, AnswerSplit]]:
+    """(id, sample) -> turn -> the recorded answer split, for the conversations asked for (a resumed worker's
+    conversations left mid-way): only the key and answer columns are read."""
+    from datagen_operator.prompts.conversation import AnswerSplit
+
+    found: dict[tuple[str, int], dict[int, AnswerSplit]] = {}
+    batches = RecordBatches(output_dir, ("answer_content", "answer_reasoning"), rows=4096)
+    for part in batches.shard_parts(shard_index):
+        rows = [part] if isinstance(part, dict) else part.to_pylist()
+        for row in rows:
+            conversation = (row["id"], row["sample"])
+            if conversation in conversations and row.get("answer_content") is not None:
+                answers = found.setdefault(conversation, {})
+                answers[row.get("turn") or 0] = AnswerSplit(row["answer_content"], row.get("answer_reasoning"))
+    return found

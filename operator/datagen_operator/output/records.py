@@ -1,5 +1,5 @@
-"""Pure builders: the record made from the answer to a (prompt, sample), and the rejects (the request it answers
-is engine/requests.py's `generate_body`)."""
+"""Pure builders: the record made from the answer to a (prompt, sample, turn), and the rejects (the request it
+answers is engine/requests.py's `generate_body`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 
 from datagen_operator.engine.limits import reserved_tokens
+from datagen_operator.output.layout import Key
+from datagen_operator.prompts.conversation import AnswerSplit, Turns
 
 # Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
 # prompts.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
@@ -17,9 +19,19 @@ UNRENDERABLE = "unrenderable"
 TOO_LONG = "too_long"
 
 
+@dataclass(slots=True)
+class Conversation:
+    """A conversation being regenerated (generation.turns all): its turns, tools and the model's answers so far.
+    One lane holds it from its first turn to be sent to its last, so its turns go out in order."""
+
+    turns: Turns
+    tools: list[dict[str, Any]] | None
+    answers: list[AnswerSplit]
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One record to make: a rendered prompt and a sample index."""
+    """One record to make: a rendered prompt, a sample index and, for a conversation, its turn."""
 
     position: int
     id: str
@@ -28,10 +40,12 @@ class Job:
     has_tools: bool
     prompt_hash: int
     """prompts.pin.prompt_hash of the dataset line the prompt was read from: verify checks it against the pin."""
+    turn: int = 0
+    conversation: Conversation | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.id, self.sample)
+    def key(self) -> Key:
+        return (self.id, self.sample, self.turn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +60,12 @@ class Answer:
     latency_s: float
 
 
-def build_record(job: Job, answer: Answer, flags: frozenset[str], run: str | None) -> dict[str, Any]:
+def build_record(
+    job: Job, answer: Answer, flags: frozenset[str], run: str | None, split: AnswerSplit | None = None
+) -> dict[str, Any]:
     """The stored record; field order is the documented one (id and sample first). `run` is the holder of the
-    output's lease that generated it (output/lease.py): the run's UID, or `local:<host>:<pid>`."""
+    output's lease that generated it (output/lease.py): the run's UID, or `local:<host>:<pid>`. `split`: a
+    conversation's answer as its next turn's history holds it (prompts/conversation.py)."""
     meta = answer.meta_info
     return {
         "id": job.id,
@@ -67,6 +84,9 @@ def build_record(job: Job, answer: Answer, flags: frozenset[str], run: str | Non
         "line": job.position,
         "prompt_hash": job.prompt_hash,
         "run": run,
+        "turn": job.turn,
+        "answer_content": split.content if split is not None else None,
+        "answer_reasoning": split.reasoning_content if split is not None else None,
     }
 
 
@@ -80,11 +100,13 @@ def encode_record(record: dict[str, Any], output_ids_json: bytes | None = None) 
 
 
 def server_reject(job: Job, status: int, reason: str, server: str, attempts: int) -> dict[str, Any]:
+    turn = f"@{job.turn}" if job.conversation is not None else ""
     return {
-        "key": f"record:{job.id}#{job.sample}",
+        "key": f"record:{job.id}#{job.sample}{turn}",
         "kind": "server",
         "id": job.id,
         "sample": job.sample,
+        "turn": job.turn,
         "line": job.position,
         "status": status,
         "reason": reason,
@@ -101,6 +123,17 @@ def malformed_reject(position: int, reason: str, excerpt: str, prompt_id: str | 
 
 def too_long_reject(position: int, prompt_id: str, reason: str) -> dict[str, Any]:
     return {"key": f"line:{position}", "kind": TOO_LONG, "cause": TOO_LONG, "line": position, "id": prompt_id,
+            "reason": reason}  # fmt: skip
+
+
+TURNS_KIND = "turns"
+
+
+def turns_reject(job: Job, cause: str, reason: str) -> dict[str, Any]:
+    """The turns of a conversation's sample from `job.turn` on, never sent (prompts.conversation.TURN_CAUSES)."""
+    planned = len(job.conversation.turns) if job.conversation is not None else job.turn + 1
+    return {"key": f"turns:{job.id}#{job.sample}@{job.turn}", "kind": TURNS_KIND, "cause": cause, "id": job.id,
+            "sample": job.sample, "turn": job.turn, "turns": planned, "line": job.position,
             "reason": reason}  # fmt: skip
 
 

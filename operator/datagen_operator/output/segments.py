@@ -11,15 +11,15 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.progress import RecordCounts
-from datagen_operator.output.layout import keys_path, write_atomic
+from datagen_operator.output.layout import keys_path, record_key, write_atomic
 
 # --- segments --------------------------------------------------------------------------------------
 
 
 @dataclass
 class SegmentScan:
-    entries: list[tuple[str, int, int, int]]
-    """(id, sample, byte offset, byte length) of each valid record line."""
+    entries: list[tuple[str, int, int, int, int]]
+    """(id, sample, turn, byte offset, byte length) of each valid record line."""
     summary: RecordCounts
     valid_bytes: int
     """Length of the prefix that ends with the last complete line."""
@@ -47,6 +47,7 @@ def parse_record_line(line: bytes) -> dict[str, Any] | None:
         not isinstance(record, dict)
         or not isinstance(record.get("id"), str)
         or not isinstance(record.get("sample"), int)
+        or not isinstance(record.get("turn", 0), int)
         or not isinstance(record.get("output_ids"), list)
         or not isinstance(record.get("input_ids"), list)
     ):
@@ -55,7 +56,7 @@ def parse_record_line(line: bytes) -> dict[str, Any] | None:
 
 
 def scan_segment_bytes(data: bytes) -> SegmentScan:
-    entries: list[tuple[str, int, int, int]] = []
+    entries: list[tuple[str, int, int, int, int]] = []
     summary = RecordCounts()
     corrupt = 0
     valid_bytes = data.rfind(b"\n") + 1
@@ -66,7 +67,7 @@ def scan_segment_bytes(data: bytes) -> SegmentScan:
         if record is None:
             corrupt += 1
             continue
-        entries.append((record["id"], record["sample"], offset, len(line) + 1))
+        entries.append((*record_key(record), offset, len(line) + 1))
         summary.add_record(record)
     return SegmentScan(entries, summary, valid_bytes, len(data) - valid_bytes, corrupt)
 
@@ -80,8 +81,15 @@ def load_sealed_keys(segment: Path) -> SegmentScan | None:
         return None
     if data.get("bytes") != size:
         return None
-    entries = [tuple(entry) for entry in data["entries"]]
+    entries = [_entry(entry) for entry in data["entries"]]
     return SegmentScan(entries, RecordCounts.from_storage(data["summary"]), size, 0, data.get("corrupt_lines", 0))
+
+
+def _entry(entry: list[Any]) -> tuple[str, int, int, int, int]:
+    """A keys-file entry; one of four values (id, sample, offset, length) was sealed before records had turns."""
+    if len(entry) == 4:
+        return (entry[0], entry[1], 0, entry[2], entry[3])
+    return (entry[0], entry[1], entry[2], entry[3], entry[4])
 
 
 def seal_segment(segment: Path, scan: SegmentScan) -> None:

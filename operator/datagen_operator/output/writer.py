@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.progress import RecordCounts
-from datagen_operator.output.layout import Key, KeySet, OutputLayout, fsync_dir, segment_seq
+from datagen_operator.output.layout import Key, KeySet, OutputLayout, fsync_dir, record_key, segment_seq
 from datagen_operator.output.manifest import manifest_lock
 from datagen_operator.output.parquet import parquet_keys_and_summary
 from datagen_operator.output.segments import SegmentScan, complete_lines, recover_segment, seal_segment, segment_records
@@ -77,6 +77,10 @@ class ShardWriter:
         self.reject_keys: set[str] = set()
         self.set_aside: dict[str, str] = {}
         """line:<n> -> cause, for every line set aside (dataset lines, unrenderable and too-long prompts)."""
+        self.turns_cut: dict[tuple[str, int], int] = {}
+        """(id, sample) -> the first of a conversation's turns never sent (records.turns_reject)."""
+        self.turns_cut_records = 0
+        """The turns those entries say were never sent."""
         self.summary = RecordCounts()
         """What `recover` found on disk (the worker's progress tracker counts from there on)."""
         self.written = RecordCounts()
@@ -86,10 +90,10 @@ class ShardWriter:
         self._segment: Path | None = None
         self._fd = -1
         self._size = 0
-        self._entries: list[tuple[str, int, int, int]] = []
+        self._entries: list[tuple[str, int, int, int, int]] = []
         self._segment_summary = RecordCounts()
-        self._pending: list[tuple[str, int, int, tuple[int, int, int, list[str], bool]]] = []
-        """(id, sample, line length, RecordCounts.add arguments) of the buffered lines."""
+        self._pending: list[tuple[Key, int, tuple[int, int, int, list[str], bool]]] = []
+        """(key, line length, RecordCounts.add arguments) of the buffered lines."""
         self._rejects_fd = -1
         self._dirty = False
 
@@ -108,14 +112,14 @@ class ShardWriter:
             scan = recover_segment(segment)
             torn += scan.torn_bytes
             corrupt += scan.corrupt_lines
-            keys = [(entry[0], entry[1]) for entry in scan.entries]
+            keys = [(entry[0], entry[1], entry[2]) for entry in scan.entries]
             if self.done.isdisjoint(keys):
                 self.done.update(keys)
                 self.summary.merge(scan.summary)
                 continue
             # Overlap only after a crash between compaction and segment removal: count new keys one by one.
             for record in segment_records(segment):
-                key = (record["id"], record["sample"])
+                key = record_key(record)
                 if key not in self.done:
                     self.done.add(key)
                     self.summary.add_record(record)
@@ -166,10 +170,11 @@ class ShardWriter:
             record["flags"],
             bool(record.get("has_tools")),
         )
-        self._pending.append((record["id"], record["sample"], len(line), counts))
+        key = record_key(record)
+        self._pending.append((key, len(line), counts))
         self._buffer.append(line)
         self._buffered += len(line)
-        self.done.add((record["id"], record["sample"]))
+        self.done.add(key)
 
     def flush(self) -> None:
         """Write the buffered lines with one write(). When the volume fails part-way (ENOSPC, EIO), the
@@ -197,18 +202,18 @@ class ShardWriter:
         """Index the buffered records that landed whole within `written` bytes; drop the others (cutting a
         torn line off the segment). Returns how many were dropped."""
         offset, landed, kept = self._size, 0, 0
-        for prompt_id, sample, length, counts in self._pending:
+        for key, length, counts in self._pending:
             if landed + length > written:
                 break
-            self._entries.append((prompt_id, sample, offset, length))
+            self._entries.append((*key, offset, length))
             self._segment_summary.add(*counts)
             self.written.add(*counts)
             offset += length
             landed += length
             kept += 1
         dropped = self._pending[kept:]
-        for prompt_id, sample, _, _ in dropped:
-            self.done.discard((prompt_id, sample))
+        for key, _, _ in dropped:
+            self.done.discard(key)
         if landed != written and self._fd >= 0:
             with contextlib.suppress(OSError):  # shrinking frees space; recovery cuts it otherwise
                 os.ftruncate(self._fd, offset)
@@ -287,12 +292,18 @@ class ShardWriter:
         return True
 
     def _index_reject(self, entry: dict[str, Any]) -> None:
-        from datagen_operator.output.records import reject_cause
+        from datagen_operator.output.records import TURNS_KIND, reject_cause
 
         key = str(entry.get("key"))
         self.reject_keys.add(key)
-        if entry.get("kind") == "server" and isinstance(entry.get("id"), str):
-            self.rejected.add((entry["id"], int(entry.get("sample", 0))))
+        kind, prompt_id = entry.get("kind"), entry.get("id")
+        if kind == "server" and isinstance(prompt_id, str):
+            self.rejected.add((prompt_id, int(entry.get("sample", 0)), int(entry.get("turn") or 0)))
+        elif kind == TURNS_KIND and isinstance(prompt_id, str):
+            conversation = (prompt_id, int(entry.get("sample", 0)))
+            turn = int(entry.get("turn") or 0)
+            self.turns_cut[conversation] = min(turn, self.turns_cut.get(conversation, turn))
+            self.turns_cut_records += max(0, int(entry.get("turns") or 0) - turn)
         elif key.startswith("line:"):
             self.set_aside[key] = reject_cause(entry)
 

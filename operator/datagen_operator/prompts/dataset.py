@@ -1,31 +1,48 @@
-"""Prompts from a JSONL or Parquet dataset, validated and assigned to shards deterministically.
+"""Prompts from a JSONL, JSON array or Parquet dataset, validated and assigned to shards deterministically.
+
+A line (a JSON array's element, a Parquet row) is a conversation: a `messages` list, or `conversations` when
+`messages` is absent or null, of OpenAI messages `{role, content, ...}` (role system/user/assistant/tool; other
+keys such as `reasoning_content`, `tool_calls`, `name`, `tool_call_id` are kept) or ShareGPT ones `{from, value}`
+(SHAREGPT_ROLES maps `from`), and optionally `tools`. `prompt_from` hands every caller OpenAI messages: a
+ShareGPT message becomes `{role, content}`.
 
 Shard assignment hashes the prompt id (blake2b, not Python's salted `hash`), so every restart, pod
 and machine agrees, and two lines with the same id always land in the same shard, where the second
 one is set aside as a duplicate. A line without a usable id is owned by shard `line % count`, so
 exactly one shard reports it.
 
-Ids are JSON strings. An integer id is refused per line (cause `bad_id`): the output keys records by a
-string id (Parquet column, resume keys, rejects, verify), so a silent `str()` would make integer 1 and
-string "1" the same prompt. A Parquet `id` column of an integer type is the exception: a column holds
-one type, so its ids cannot collide, and they are read as their decimal strings.
+Ids live in the id field (`id`, or spec.dataset.id_field). A line that has the field holds its id there, as
+a JSON string. An integer id is refused per line (cause `bad_id`): the output keys records by a string id
+(Parquet column, resume keys, rejects, verify), so a silent `str()` would make integer 1 and string "1" the
+same prompt. A Parquet id column of an integer type is the exception: a column holds one type, so its ids
+cannot collide, and they are read as their decimal strings.
 
-A line set aside here carries a `cause` (see CAUSES) and a human reason; `check_dataset` refuses a
-dataset with no valid prompt before anything is launched.
+A line WITHOUT the id field gets an id derived from its content (`derived_id`): "sha256:" and the first 16 hex
+digits of the SHA-256 of `orjson.dumps({"messages": <its normalised messages>, "tools": <its tools or null>},
+OPT_SORT_KEYS)`. It depends on nothing but the conversation, so it survives reordering the file, and two equal
+conversations are one prompt: the second is set aside as `duplicate_id`.
+
+A line set aside here carries a `cause` (see CAUSES: the first of its problems) and a human reason naming
+every problem it has, joined by "; ". In a reason, a number after a word counts from 1 ("line 12",
+"message 3", "element 4"); an index in brackets is JSON's, from 0 ("messages[2]", "tools[0]"), and so is a
+byte offset. `check_dataset` refuses a dataset with no valid prompt, or one mostly of a shape this reader does
+not know, before anything is launched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, fields
-from hashlib import blake2b
+from hashlib import blake2b, sha256
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import orjson
 
-DatasetFormat = Literal["auto", "jsonl", "parquet"]
+DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]
+ReadFormat = Literal["jsonl", "json", "parquet"]
 
 # Why a dataset line is set aside (the `cause` of its rejects.jsonl entry).
 BAD_JSON = "bad_json"
@@ -34,20 +51,48 @@ BAD_ID = "bad_id"
 DUPLICATE_ID = "duplicate_id"
 BAD_MESSAGES = "bad_messages"
 INVALID_TOOLS = "invalid_tools"
-CAUSES = (BAD_JSON, NOT_OBJECT, BAD_ID, DUPLICATE_ID, BAD_MESSAGES, INVALID_TOOLS)
+UNKNOWN_SHAPE = "unknown_shape"
+"""Not a conversation this reader knows: no messages/conversations list, or a message neither OpenAI nor ShareGPT."""
+CAUSES = (BAD_JSON, NOT_OBJECT, BAD_ID, DUPLICATE_ID, BAD_MESSAGES, INVALID_TOOLS, UNKNOWN_SHAPE)
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
+OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""`developer`: the OpenAI role gpt-oss's harmony template renders as its developer message."""
+SHAREGPT_ROLES: dict[str, str] = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+    "ipython": "tool",
+    "function_call": "assistant",  # the call's text is the assistant's turn (its value kept as content)
+}
+"""ShareGPT `from` -> OpenAI role."""
+EXPECTED_SHAPES = "expected system/developer/user/assistant/tool (OpenAI {role, content}) or ShareGPT {from: human|gpt|system|tool, value}"
+MESSAGE_PROBLEMS_NAMED = 3
+"""Bad messages of one line named in its reason; the rest are counted."""
+JSON_CHUNK_SIZE = 1 << 20
+"""Bytes read at a time from a JSON array file (a module global, so a test can make elements span reads)."""
+
 
 @dataclass(frozen=True, slots=True)
 class PromptRef:
-    """One valid prompt of this shard. `position` is its 0-based line (row) in the dataset."""
+    """One valid prompt of this shard. `position` is its 0-based line (row, JSON array element) in the dataset."""
 
     position: int
     id: str
     offset: int
-    """Byte offset of the JSONL line (-1 for Parquet rows, which are kept in memory)."""
+    """Byte offset of the JSONL line or JSON array element (-1 for Parquet rows, which are kept in memory)."""
     length: int
 
 
@@ -64,6 +109,7 @@ class Prompt:
     position: int
     id: str
     messages: list[dict[str, Any]]
+    """OpenAI messages, whichever shape the line had (normalised_messages)."""
     tools: list[dict[str, Any]] | None
 
 
@@ -90,6 +136,10 @@ class EmptyDataset(DatasetError):
     """The dataset has no valid prompt: a run over it would launch a server to generate nothing."""
 
 
+class UnknownDatasetShape(DatasetError):
+    """Most of the dataset's lines are of a shape this reader does not know: another kind of dataset."""
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """Why one prompt object is unusable: a `cause` from CAUSES and a reason a person can act on."""
@@ -108,51 +158,171 @@ def shard_of_line(position: int, shard_count: int) -> int:
     return position % shard_count
 
 
-def validate_prompt(obj: Any) -> tuple[str | None, Problem | None]:
-    """(id, None) for a usable prompt object, else (id-if-any, the problem)."""
+def validate_prompt(
+    obj: Any, id_field: str | None = None, *, integer_ids: bool = False
+) -> tuple[str | None, Problem | None]:
+    """(id, None) for a usable prompt object, else (id-if-any, the problem: every one the line has, in one
+    reason). The id is the id field's (`id_field`, default `id`), else derived from the content (module doc);
+    `integer_ids`: an integer id is read as its decimal string (a Parquet integer column)."""
     if not isinstance(obj, dict):
         return None, Problem(NOT_OBJECT, f"expected a JSON object, got {_json_type(obj)}")
-    raw_id = obj.get("id")
+    id_key = id_field or "id"
+    problems: list[Problem] = []
+    prompt_id: str | None = None
+    if id_key in obj:
+        prompt_id, id_problem = _id_problem(obj[id_key], id_key, integer_ids)
+        if id_problem is not None:
+            problems.append(id_problem)
+    messages: list[dict[str, Any]] | None = None
+    key = _messages_key(obj)
+    if key is not None:
+        messages, message_problems = _judge_messages(obj[key], key)
+        problems += message_problems
+    else:
+        other = [name for name in obj if name != id_key]
+        if other:
+            shown = ", ".join(repr(name) for name in other[:5]) + (
+                f" and {len(other) - 5} more" if len(other) > 5 else ""
+            )
+            problems.append(
+                Problem(
+                    UNKNOWN_SHAPE,
+                    f"no messages or conversations: the object has keys {shown}; expected a `messages` or "
+                    "`conversations` list of OpenAI {role, content} or ShareGPT {from, value} messages",
+                )
+            )
+        else:
+            problems.append(Problem(BAD_MESSAGES, "empty or missing messages"))
+    tools = obj.get("tools")
+    tools_reason = tools_problem(tools)
+    if tools_reason is not None:
+        problems.append(Problem(INVALID_TOOLS, tools_reason))
+    if problems:
+        return prompt_id, Problem(problems[0].cause, "; ".join(problem.reason for problem in problems))
+    if id_key not in obj:
+        assert messages is not None
+        prompt_id = derived_id(messages, tools)
+    return prompt_id, None
+
+
+def _id_problem(raw_id: Any, id_key: str, integer_ids: bool) -> tuple[str | None, Problem | None]:
+    """The id held in the id field, or why it is unusable."""
     if raw_id is None:
-        return None, Problem(BAD_ID, "missing id")
+        return None, Problem(BAD_ID, f"missing {id_key}")
+    if integer_ids and type(raw_id) is int:
+        return str(raw_id), None  # an integer column: one type for every row, so no collision (module doc)
     if not isinstance(raw_id, str):
-        hint = f'; write it as "id": "{raw_id}"' if isinstance(raw_id, int) and not isinstance(raw_id, bool) else ""
+        hint = (
+            f'; write it as "{id_key}": "{raw_id}"' if isinstance(raw_id, int) and not isinstance(raw_id, bool) else ""
+        )
         return None, Problem(
             BAD_ID,
-            f"id must be a JSON string, got {_json_type(raw_id)} {orjson.dumps(raw_id).decode()[:40]} "
+            f"{id_key} must be a JSON string, got {_json_type(raw_id)} {orjson.dumps(raw_id).decode()[:40]} "
             f'(ids are stored as strings, so integer 1 and string "1" would be one prompt){hint}',
         )
     if not raw_id:
-        return None, Problem(BAD_ID, "empty id")
-    messages = obj.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return raw_id, Problem(BAD_MESSAGES, "empty or missing messages")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            return raw_id, Problem(BAD_MESSAGES, f"messages[{index}] is not an object with a role")
-    tools_reason = tools_problem(obj.get("tools"))
-    if tools_reason is not None:
-        return raw_id, Problem(INVALID_TOOLS, tools_reason)
+        return None, Problem(BAD_ID, f"empty {id_key}")
     return raw_id, None
 
 
-def plain_prompt_id(obj: Any) -> str | None:
-    """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty list of
-    objects each with a string role, no tools), else None: then validate_prompt must judge it. Every object
-    this accepts, validate_prompt accepts with the same id (it checks a subset of the same conditions, on
+def _messages_key(obj: dict[str, Any]) -> str | None:
+    """Which key holds the conversation: `messages`, else `conversations` (ShareGPT dumps), else None (neither)."""
+    for key in ("messages", "conversations"):
+        if obj.get(key) is not None:
+            return key
+    for key in ("messages", "conversations"):
+        if key in obj:
+            return key  # null: judged as empty
+    return None
+
+
+def _judge_messages(messages: Any, key: str) -> tuple[list[dict[str, Any]] | None, list[Problem]]:
+    """(the messages as OpenAI messages, no problem), or (None, every bad message's problem)."""
+    if not isinstance(messages, list) or not messages:
+        return None, [Problem(BAD_MESSAGES, f"empty or missing {key}")]
+    out: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    for index, message in enumerate(messages):
+        where = f"message {index + 1} ({key}[{index}])"
+        if not isinstance(message, dict):
+            problems.append(Problem(BAD_MESSAGES, f"{where} is not an object, got {_json_type(message)}"))
+        elif "role" in message:
+            role = message["role"]
+            if isinstance(role, str) and role in OPENAI_ROLES:
+                out.append(message)
+            else:
+                problems.append(Problem(UNKNOWN_SHAPE, f"{where} has role {_shown(role)}; {EXPECTED_SHAPES}"))
+        elif "from" in message:
+            speaker = message["from"]
+            mapped = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
+            if mapped is None:
+                problems.append(Problem(UNKNOWN_SHAPE, f"{where} has from {_shown(speaker)}; {EXPECTED_SHAPES}"))
+            elif "value" not in message:
+                problems.append(Problem(UNKNOWN_SHAPE, f"{where} has from but no value; {EXPECTED_SHAPES}"))
+            elif not isinstance(message["value"], str):
+                problems.append(
+                    Problem(BAD_MESSAGES, f"{where} value must be a string, got {_json_type(message['value'])}")
+                )
+            else:
+                out.append({"role": mapped, "content": message["value"]})
+        else:
+            names = ", ".join(repr(name) for name in list(message)[:5])
+            found = f"keys {names}" if names else "no keys"
+            problems.append(Problem(UNKNOWN_SHAPE, f"{where} has {found}; {EXPECTED_SHAPES}"))
+    if len(problems) > MESSAGE_PROBLEMS_NAMED:
+        more = len(problems) - MESSAGE_PROBLEMS_NAMED
+        problems[MESSAGE_PROBLEMS_NAMED:] = [Problem(problems[0].cause, f"and {more} more bad messages")]
+    return (None, problems) if problems else (out, [])
+
+
+def normalised_messages(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """A valid line's messages as OpenAI messages: OpenAI ones as they are (the same dicts: their other keys
+    kept), ShareGPT ones as `{role, content}`; the line's own list when every message is OpenAI already."""
+    messages: list[dict[str, Any]] = obj.get("messages") or obj["conversations"]
+    for message in messages:
+        if "role" not in message:
+            return [
+                message if "role" in message else {"role": SHAREGPT_ROLES[message["from"]], "content": message["value"]}
+                for message in messages
+            ]
+    return messages
+
+
+def derived_id(messages: list[dict[str, Any]], tools: Any) -> str:
+    """The id of a line without an id field (module doc): its normalised messages and its tools (absent, null
+    and [] alike, as the prompt sent is the same), keys sorted."""
+    body = orjson.dumps({"messages": messages, "tools": tools or None}, default=str, option=orjson.OPT_SORT_KEYS)
+    return "sha256:" + sha256(body).hexdigest()[:16]
+
+
+def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
+    """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty `messages`
+    list of objects each with an OpenAI role, no tools), else None: then validate_prompt must judge it. Every
+    object this accepts, validate_prompt accepts with the same id (it checks a subset of the same conditions, on
     orjson's exact types), so the scan may skip validate_prompt for it (tests/worker/test_dataset_scan.py)."""
     if type(obj) is not dict:
         return None
-    prompt_id = obj.get("id")
+    prompt_id = obj.get(id_key)
     messages = obj.get("messages")
     if type(prompt_id) is not str or not prompt_id or type(messages) is not list or not messages:
         return None
     if obj.get("tools") is not None:
         return None
-    for message in messages:
-        if type(message) is not dict or type(message.get("role")) is not str:
-            return None
+    roles = OPENAI_ROLES
+    try:
+        for message in messages:
+            if type(message) is not dict or message.get("role") not in roles:
+                return None
+    except TypeError:  # an unhashable role (a list, an object): validate_prompt names it
+        return None
     return prompt_id
+
+
+def _shown(value: Any) -> str:
+    """A value found in a line, short, as a person would recognise it ('narrator', 1, null)."""
+    if isinstance(value, str):
+        return repr(value[:40])
+    return orjson.dumps(value, default=str).decode()[:40]
 
 
 def tools_problem(tools: Any) -> str | None:
@@ -235,7 +405,7 @@ class ShardPlan:
     """This shard's prompts in dataset order, plus the malformed lines it owns."""
 
     path: Path
-    format: Literal["jsonl", "parquet"]
+    format: ReadFormat
     shard_index: int
     shard_count: int
     prompts: list[PromptRef]
@@ -246,7 +416,7 @@ class ShardPlan:
     """Valid prompt lines in the whole dataset (every shard's, duplicates included): 0 means empty."""
 
     def load(self, ref: PromptRef, handle: Any = None) -> Prompt:
-        """The full prompt; `handle` is an open binary file of a JSONL dataset (saves reopening)."""
+        """The full prompt; `handle` is an open binary file of a JSONL or JSON dataset (saves reopening)."""
         if self.format == "parquet":
             obj = self._rows[ref.position]
         elif handle is not None:
@@ -265,19 +435,63 @@ class ShardPlan:
 
 
 def prompt_from(ref: PromptRef, obj: dict[str, Any]) -> Prompt:
-    """The prompt of a valid line, from its parsed object."""
-    return Prompt(ref.position, ref.id, obj["messages"], obj.get("tools") or None)
+    """The prompt of a valid line, from its parsed object: its messages as OpenAI messages (normalised_messages)."""
+    return Prompt(ref.position, ref.id, normalised_messages(obj), obj.get("tools") or None)
 
 
-def detect_format(path: Path, declared: DatasetFormat) -> Literal["jsonl", "parquet"]:
+def unit_of(form: str) -> str:
+    """What a position counts in a dataset of this format, for a person: a JSON array's elements are not lines."""
+    return "element" if form == "json" else "line"
+
+
+def detect_format(path: Path, declared: DatasetFormat) -> ReadFormat:
     if declared != "auto":
         return declared
     if path.suffix.lower() in (".parquet", ".pq"):
         return "parquet"
     with path.open("rb") as file:
-        if file.read(4) == b"PAR1":
+        head = file.read(4)
+        if head == b"PAR1":
             return "parquet"
-    return "jsonl"
+        file.seek(len(UTF8_BOM) if head.startswith(UTF8_BOM) else 0)
+        return "json" if _starts_json_array(file) else "jsonl"
+
+
+_FIRST_LINE_LIMIT = 1 << 20
+
+
+def _starts_json_array(file: IO[bytes]) -> bool:
+    """Whether the text from here is one JSON array rather than JSONL: its first non-whitespace byte is `[`,
+    unless the first line is a whole JSON value with more lines after it (JSONL whose first line is an array,
+    which an older reader took as JSONL: a line set aside, not the whole file misread)."""
+    while True:
+        block = file.read(1 << 16)
+        if not block:
+            return False
+        start = len(block) - len(block.lstrip(_JSON_WS))
+        if start < len(block):
+            break
+    if block[start] != ord("["):
+        return False
+    line = block[start:].split(b"\n", 1)[0]
+    while len(line) < _FIRST_LINE_LIMIT and len(line) == len(block) - start:
+        more = file.read(1 << 16)  # the first line continues past this block
+        if not more:
+            return True  # the whole file is that one line: one array
+        block += more
+        line = block[start:].split(b"\n", 1)[0]
+    if len(line) >= _FIRST_LINE_LIMIT:
+        return True  # a JSONL line this long that is an array is no dataset; an array file is
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return True  # `[`, or `[{...},`: a line of a multi-line array
+    rest = block[start + len(line) :]
+    while not rest.strip(_JSON_WS):
+        rest = file.read(1 << 16)
+        if not rest:
+            return True  # `[...]` alone: an array
+    return False
 
 
 class _Duplicate:
@@ -352,9 +566,17 @@ class _Assigner:
 class ShardScan:
     """One pass over the dataset, streamed: this shard's lines in dataset order, each a valid prompt (with
     its parsed object) or a line set aside. `lines_total` and `valid_lines_total` are known once the
-    iteration is exhausted. Memory: the ids' hashes only."""
+    iteration is exhausted. Memory: the ids' hashes only. `id_field`: spec.dataset.id_field (None: `id`)."""
 
-    def __init__(self, path: str | Path, shard_index: int, shard_count: int, declared: DatasetFormat = "auto") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        shard_index: int,
+        shard_count: int,
+        declared: DatasetFormat = "auto",
+        *,
+        id_field: str | None = None,
+    ) -> None:
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise DatasetError(f"shard index {shard_index} is outside 0..{shard_count - 1}")
         self.path = Path(path)
@@ -362,24 +584,34 @@ class ShardScan:
             raise DatasetError(f"dataset {self.path} does not exist or is not a file")
         self.format = detect_format(self.path, declared)
         self.shard_index, self.shard_count = shard_index, shard_count
+        self.id_field = id_field
         self.lines_total = 0
         self.valid_lines_total = 0
 
     def __iter__(self) -> Iterator[tuple[PromptRef, dict[str, Any]] | MalformedLine]:
         # The reader's own generator, not one wrapped around it: a layer per line less.
-        return _scan_jsonl(self) if self.format == "jsonl" else _scan_parquet(self)
+        if self.format == "jsonl":
+            return _scan_jsonl(self)
+        return _scan_json(self) if self.format == "json" else _scan_parquet(self)
 
 
 def has_prompt(scan: ShardScan) -> bool:
-    """Whether the dataset holds one valid prompt (any shard's): stops at the first, so a usable dataset
-    costs a line or two; one without any is read whole."""
-    whole = ShardScan(scan.path, 0, 1, scan.format)
+    """Whether the dataset holds one valid prompt (any shard's), read with the scan's format and id field:
+    stops at the first, so a usable dataset costs a line or two; one without any is read whole."""
+    whole = ShardScan(scan.path, 0, 1, scan.format, id_field=scan.id_field)
     return any(not isinstance(item, MalformedLine) for item in whole)
 
 
-def plan_shard(path: str | Path, shard_index: int, shard_count: int, declared: DatasetFormat = "auto") -> ShardPlan:
+def plan_shard(
+    path: str | Path,
+    shard_index: int,
+    shard_count: int,
+    declared: DatasetFormat = "auto",
+    *,
+    id_field: str | None = None,
+) -> ShardPlan:
     """Read the whole dataset once and keep what shard `shard_index` of `shard_count` owns."""
-    scan = ShardScan(path, shard_index, shard_count, declared)
+    scan = ShardScan(path, shard_index, shard_count, declared, id_field=id_field)
     prompts: list[PromptRef] = []
     malformed: list[MalformedLine] = []
     rows: dict[int, dict[str, Any]] = {}
@@ -411,11 +643,19 @@ class DatasetSummary:
     examples: dict[str, str]
     """cause -> the first such line's number and reason."""
 
+    @property
+    def non_blank(self) -> int:
+        """Lines that hold something: the valid prompts and every line set aside (duplicates included)."""
+        return self.prompts + sum(self.set_aside.values())
 
-def dataset_summary(path: str | Path, declared: DatasetFormat = "auto") -> DatasetSummary:
+
+def dataset_summary(
+    path: str | Path, declared: DatasetFormat = "auto", *, id_field: str | None = None
+) -> DatasetSummary:
     """Count the valid prompts and the lines set aside, by cause (reads the whole dataset once, streamed:
     only the counts are kept)."""
-    scan = ShardScan(path, 0, 1, declared)
+    scan = ShardScan(path, 0, 1, declared, id_field=id_field)
+    unit = unit_of(scan.format)
     prompts = 0
     set_aside: dict[str, int] = {}
     examples: dict[str, str] = {}
@@ -424,26 +664,54 @@ def dataset_summary(path: str | Path, declared: DatasetFormat = "auto") -> Datas
             prompts += 1
             continue
         set_aside[item.cause] = set_aside.get(item.cause, 0) + 1
-        examples.setdefault(item.cause, f"line {item.position + 1}: {item.reason}")
+        examples.setdefault(item.cause, f"{unit} {item.position + 1}: {item.reason}")
     return DatasetSummary(str(scan.path), scan.format, scan.lines_total, prompts, set_aside, examples)
 
 
-def check_dataset(path: str | Path, declared: DatasetFormat = "auto") -> DatasetSummary:
+def check_dataset(path: str | Path, declared: DatasetFormat = "auto", *, id_field: str | None = None) -> DatasetSummary:
     """The summary of a usable dataset; EmptyDataset (naming spec.dataset.path) when it has no valid prompt,
-    DatasetError when it cannot be read. For the runners to call before a server is launched."""
-    summary = dataset_summary(path, declared)
+    UnknownDatasetShape when more than half its non-blank lines are of an unknown shape (a dataset of another
+    kind, whose few lines that happen to parse as chats would be a run over the wrong data), DatasetError when
+    it cannot be read. For the runners to call before a server is launched."""
+    return _usable(dataset_summary(path, declared, id_field=id_field))
+
+
+def check_plan(plan: ShardPlan) -> DatasetSummary:
+    """check_dataset over a plan of the whole dataset (shard 0 of 1) already read: no second pass."""
+    if plan.shard_count != 1:
+        raise ValueError("check_plan needs the plan of the whole dataset (shard 0 of 1)")
+    unit = unit_of(plan.format)
+    set_aside: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for line in plan.malformed:
+        set_aside[line.cause] = set_aside.get(line.cause, 0) + 1
+        examples.setdefault(line.cause, f"{unit} {line.position + 1}: {line.reason}")
+    return _usable(
+        DatasetSummary(str(plan.path), plan.format, plan.lines_total, len(plan.prompts), set_aside, examples)
+    )
+
+
+def _usable(summary: DatasetSummary) -> DatasetSummary:
     if summary.prompts == 0:
         raise EmptyDataset(empty_dataset_message(summary))
+    unknown = summary.set_aside.get(UNKNOWN_SHAPE, 0)
+    if 2 * unknown > summary.non_blank:
+        raise UnknownDatasetShape(
+            f"spec.dataset.path {summary.path}: {unknown} of {summary.non_blank} {unit_of(summary.format)}s are of "
+            f"an unknown shape (e.g. {summary.examples[UNKNOWN_SHAPE]}); this is not a chat dataset this reader "
+            "knows: convert it, or point spec.dataset.path at the right file"
+        )
     return summary
 
 
 def empty_dataset_message(summary: DatasetSummary) -> str:
+    units = f"{unit_of(summary.format)}s"
     if not summary.set_aside:
-        return f"spec.dataset.path {summary.path}: the dataset is empty ({summary.lines} lines, no prompt)"
+        return f"spec.dataset.path {summary.path}: the dataset is empty ({summary.lines} {units}, no prompt)"
     causes = "; ".join(
         f"{count} {cause} (e.g. {summary.examples[cause]})" for cause, count in sorted(summary.set_aside.items())
     )
-    return f"spec.dataset.path {summary.path}: no valid prompt in {summary.lines} lines; set aside: {causes}"
+    return f"spec.dataset.path {summary.path}: no valid prompt in {summary.lines} {units}; set aside: {causes}"
 
 
 def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:
@@ -456,6 +724,8 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
     assigner = _Assigner(scan.shard_index, scan.shard_count)
     take_valid, set_aside, bad_line = assigner.take_valid, assigner.set_aside, assigner.bad_line
     loads, decode_error, plain_id, validate = orjson.loads, orjson.JSONDecodeError, plain_prompt_id, validate_prompt
+    id_field = scan.id_field
+    id_key = id_field or "id"
     position = -1
     valid = 0
     offset = 0
@@ -485,9 +755,9 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                     if bad is not None:
                         yield bad
                     continue
-            prompt_id = plain_id(obj)
+            prompt_id = plain_id(obj, id_key)
             if prompt_id is None:
-                prompt_id, problem = validate(obj)
+                prompt_id, problem = validate(obj, id_field)
                 if problem is not None:
                     aside = set_aside(position, prompt_id, problem, line.strip())
                     if aside is not None:
@@ -504,11 +774,50 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
     scan.valid_lines_total = valid
 
 
+def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:
+    """A JSON array's elements as lines (position: the element's 0-based index; offset and length: its bytes),
+    streamed (iter_json_array); where the array breaks, the rest is one more line, set aside as bad_json."""
+    assigner = _Assigner(scan.shard_index, scan.shard_count)
+    id_field = scan.id_field
+    id_key = id_field or "id"
+    position = 0
+    valid = 0
+    with scan.path.open("rb") as file:
+        for item in iter_json_array(file, scan.path):
+            if isinstance(item, ArrayBreak):
+                bad = assigner.bad_line(position, item.reason, item.excerpt)
+                if bad is not None:
+                    yield bad
+                position += 1
+                break
+            offset, data, obj = item
+            prompt_id = plain_prompt_id(obj, id_key)
+            problem = None
+            if prompt_id is None:
+                prompt_id, problem = validate_prompt(obj, id_field)
+            if problem is not None:
+                aside = assigner.set_aside(position, prompt_id, problem, data[:200])
+                if aside is not None:
+                    yield aside
+            else:
+                assert prompt_id is not None
+                valid += 1
+                ref = assigner.take_valid(position, prompt_id, offset, len(data))
+                if isinstance(ref, PromptRef):
+                    yield ref, obj
+                elif ref is DUPLICATE:
+                    yield assigner.duplicate(position, prompt_id, data[:200])
+            position += 1
+    scan.lines_total = position
+    scan.valid_lines_total = valid
+
+
 def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:
     import pyarrow.parquet as pq
 
     path = scan.path
     assigner = _Assigner(scan.shard_index, scan.shard_count)
+    id_field = scan.id_field
 
     try:
         parquet = pq.ParquetFile(path)
@@ -520,7 +829,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
         for obj in batch.to_pylist():
             obj = normalise_parquet_row(obj)
             raw = orjson.dumps(obj, default=str)[:200]
-            prompt_id, problem = validate_prompt(obj)
+            prompt_id, problem = validate_prompt(obj, id_field, integer_ids=True)
             if problem is not None:
                 aside = assigner.set_aside(position, prompt_id, problem, raw)
                 if aside is not None:
@@ -539,18 +848,188 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
 
 
 def normalise_parquet_row(obj: dict[str, Any]) -> dict[str, Any]:
-    """Parquet has no free-form JSON: messages or tools may be stored as JSON strings, structs add nulls."""
+    """Parquet has no free-form JSON: messages (or conversations) or tools may be stored as JSON strings,
+    structs add nulls. `conversations` is touched only where `messages` is null, the one it is read from, so
+    every row an older reader accepted keeps its pin hash."""
     raw_id = obj.get("id")
     if isinstance(raw_id, int) and not isinstance(raw_id, bool):
         obj["id"] = str(raw_id)  # an integer column: one type for every row, so no collision (module doc)
-    for key in ("messages", "tools"):
+    keys = ["messages", "tools"] if obj.get("messages") is not None else ["messages", "conversations", "tools"]
+    for key in keys:
         value = obj.get(key)
         if isinstance(value, str | bytes):
             with contextlib.suppress(orjson.JSONDecodeError):
                 obj[key] = orjson.loads(value)
-    messages = obj.get("messages")
-    if isinstance(messages, list):
-        obj["messages"] = [
-            {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m for m in messages
-        ]
+    for key in keys[:-1]:
+        messages = obj.get(key)
+        if isinstance(messages, list):
+            obj[key] = [{k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m for m in messages]
     return obj
+
+
+# -- JSON array files ------------------------------------------------------------------------------------------
+
+_JSON_WS = b" \t\r\n"
+_NOT_WS = re.compile(rb"[^ \t\r\n]")
+# Only brackets and commas outside strings delimit elements. One match skips, in C, every other byte and every
+# whole string (possessive: no backtracking), then takes one of: an opening bracket (group 1), a closing one (2),
+# a comma (3), the quote of a string the read ends inside (4), or the read's end (no group).
+_ARRAY_TOKEN = re.compile(rb'(?:[^"\[\]{},]++|"(?:[^"\\]++|\\.)*+")*+(?:([\[{])|([\]}])|(,)|(")|\Z)', re.DOTALL)
+# The rest of a string a read ended inside: group 1 is its closing quote, absent when this read ends in it too.
+_STRING_REST = re.compile(rb'(?:[^"\\]++|\\.)*+(")?', re.DOTALL)
+_OPENS, _CLOSES, _COMMA, _OPEN_STRING = 1, 2, 3, 4
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayBreak:
+    """Where a JSON array stops being readable: everything from `offset` on is one line set aside (bad_json)."""
+
+    offset: int
+    reason: str
+    excerpt: bytes
+
+
+def iter_json_array(
+    file: IO[bytes], path: Path | str = "", chunk_size: int | None = None
+) -> Iterator[tuple[int, bytes, Any] | ArrayBreak]:
+    """The elements of the JSON array in `file` (open binary, at its start), streamed `chunk_size` bytes at a
+    time (default JSON_CHUNK_SIZE): (offset, bytes, parsed value) per element, its byte span exact, and last an
+    ArrayBreak where the array is truncated or invalid. Memory: one read and the element being read."""
+    for index, span in enumerate(_ArraySpans(file, path, chunk_size or JSON_CHUNK_SIZE)):
+        if isinstance(span, ArrayBreak):
+            yield span
+            return
+        offset, data = span
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as error:
+            yield ArrayBreak(
+                offset,
+                f"bad JSON: the array breaks at element {index + 1} (byte offset {offset}): {error}; it and "
+                "everything after it are set aside",
+                data[:200],
+            )
+            return
+        yield offset, data, value
+
+
+class _ArraySpans:
+    """Each top-level element's (offset, bytes) of a JSON array, by bracket depth outside strings (the elements'
+    own syntax is left to orjson), then an ArrayBreak if it breaks. `buf` holds the current element's bytes and
+    one read; `base` is the file offset of buf[0]."""
+
+    def __init__(self, file: IO[bytes], path: Path | str, chunk_size: int) -> None:
+        self.file, self.path, self.chunk_size = file, path, chunk_size
+        self.buf = b""
+        self.base = 0
+        self.eof = False
+
+    def fill(self, keep: int) -> bool:
+        """Drop buf[:keep] and append one read; False at the end of the file. A read is at least as long as
+        what is kept, so an element of many reads is copied a bounded number of times, not once per read."""
+        chunk = b"" if self.eof else self.file.read(max(self.chunk_size, len(self.buf) - keep))
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf = self.buf[keep:] + chunk
+        self.base += keep
+        return True
+
+    def next_text(self, pos: int) -> int | None:
+        """The position of the next non-whitespace byte from `pos` (reading on), None at the end of the file."""
+        while (found := _NOT_WS.search(self.buf, pos)) is None:
+            if not self.fill(len(self.buf)):
+                return None
+            pos = 0
+        return found.start()
+
+    def __iter__(self) -> Iterator[tuple[int, bytes] | ArrayBreak]:
+        while len(self.buf) < len(UTF8_BOM) and self.fill(0):
+            pass
+        if self.buf[:2] in _UTF16_BOMS:
+            raise DatasetError(f"dataset {self.path} is UTF-16 (byte order mark); JSON must be UTF-8")
+        pos = self.next_text(len(UTF8_BOM) if self.buf.startswith(UTF8_BOM) else 0)
+        if pos is None:
+            return  # nothing but whitespace: no element
+        buf = self.buf
+        if buf[pos : pos + 1] != b"[":
+            raise DatasetError(
+                f"dataset {self.path} is not a JSON array: it starts with {_excerpt(buf[pos : pos + 40])!r} at byte "
+                f"offset {self.base + pos}; format json is one array of conversations (one a line is format jsonl)"
+            )
+        pos += 1
+        start = pos  # where the current element's bytes begin (after `[` or a `,`)
+        depth = 1
+        count = 0
+        in_string = False
+        token = _ARRAY_TOKEN.match
+        while True:
+            if in_string:
+                rest = _STRING_REST.match(buf, pos)
+                assert rest is not None  # it matches the empty string
+                pos = rest.end()
+                in_string = rest.group(1) is None
+            while not in_string:
+                match = token(buf, pos)
+                assert match is not None  # it matches at the read's end
+                pos = match.end()
+                kind = match.lastindex
+                if kind == _COMMA:
+                    if depth == 1:
+                        yield self._span(start, pos - 1)
+                        count += 1
+                        start = pos
+                elif kind == _OPENS:
+                    depth += 1
+                elif kind == _CLOSES:
+                    if depth > 1:
+                        depth -= 1
+                        continue
+                    at = pos - 1
+                    if buf[at] != ord("]"):
+                        yield self._break(start, count, f"a }} at byte offset {self.base + at} closes nothing")
+                        return
+                    offset, data = self._span(start, at)
+                    if data or count:
+                        yield offset, data  # `[]` has no element; `[1,]` an empty one (orjson refuses it)
+                        count += 1
+                    after = self.next_text(pos)
+                    if after is not None:
+                        offset = self.base + after
+                        yield ArrayBreak(
+                            offset,
+                            f"bad JSON: text after the array's closing ] at byte offset {offset}; set aside as "
+                            f"element {count + 1}",
+                            self.buf[after : after + 200],
+                        )
+                    return
+                elif kind == _OPEN_STRING:
+                    in_string = True
+                else:
+                    break  # the read's end
+            # The read ended inside an element: keep its bytes, read on.
+            if not self.fill(start):
+                end = self.base + len(buf)
+                yield self._break(
+                    start, count, f"the array ends at byte offset {end} before its closing ] (truncated?)"
+                )
+                return
+            buf = self.buf
+            pos -= start
+            start = 0
+
+    def _span(self, start: int, end: int) -> tuple[int, bytes]:
+        """The element between separators, its surrounding whitespace cut: (file offset, bytes)."""
+        data = self.buf[start:end]
+        stripped = data.lstrip(_JSON_WS)
+        return self.base + start + len(data) - len(stripped), stripped.rstrip(_JSON_WS)
+
+    def _break(self, start: int, count: int, what: str) -> ArrayBreak:
+        offset, _ = self._span(start, len(self.buf))
+        excerpt = self.buf[offset - self.base : offset - self.base + 200]
+        return ArrayBreak(
+            offset,
+            f"bad JSON: the array breaks at element {count + 1} (byte offset {offset}): {what}; it and everything "
+            "after it are set aside",
+            excerpt,
+        )

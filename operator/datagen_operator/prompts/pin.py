@@ -3,11 +3,14 @@ preflight and compared by every later reader (the workers at start and end, a re
 edit, a deletion or an append under a run is named by line and id instead of mixing two datasets in one output.
 
 The pin is two files in the output directory: `dataset.pin.json` (path, format, lines, bytes, sha256) and
-`dataset.lines.u64` (the line hashes, little-endian uint64, one per physical line or Parquet row: 8 bytes a line).
+`dataset.lines.u64` (the line hashes, little-endian uint64, one per physical line, JSON array element or Parquet
+row: 8 bytes a line).
 
 A line's hash is `prompt_hash` of the object it parses to (keys sorted), so the worker hashes the very object
 it sends and stores that hash with each record; `datagen verify` then checks every record against the pin. A line
-that does not parse is hashed as its bytes; a blank line is 0.
+that does not parse is hashed as its bytes; a blank line is 0. A JSON array's elements are its lines, read as the
+scan reads them (`iter_json_array`); where the array breaks, the rest of the file is one more line, hashed as its
+bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from datagen_operator.prompts.dataset import UTF8_BOM, DatasetFormat, detect_format, normalise_parquet_row
+from datagen_operator.prompts.dataset import (
+    UTF8_BOM,
+    ArrayBreak,
+    DatasetFormat,
+    detect_format,
+    iter_json_array,
+    normalise_parquet_row,
+    unit_of,
+    validate_prompt,
+)
 
 PIN_FILE = "dataset.pin.json"
 LINES_FILE = "dataset.lines.u64"
@@ -43,6 +55,8 @@ class DatasetPin:
     rendered_on: str
     """UTC date (YYYY-MM-DD) the dataset was first pinned: the date a chat template's `strftime_now` gives every
     prompt of this output (gpt-oss writes `Current date:`), so a prompt renders the same on any day."""
+    id_field: str | None = None
+    """spec.dataset.id_field, to name a changed line by its id (not stored: the pin holds content only)."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -55,8 +69,8 @@ class DatasetPin:
         }
 
 
-def pin_dataset(path: Path, declared: DatasetFormat = "auto") -> DatasetPin:
-    """The pin of the dataset as it is now, streamed (memory: 8 bytes a line)."""
+def pin_dataset(path: Path, declared: DatasetFormat = "auto", *, id_field: str | None = None) -> DatasetPin:
+    """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). `id_field` only names lines."""
     form = detect_format(path, declared)
     whole = hashlib.sha256()
     hashes: list[int] = []
@@ -68,15 +82,30 @@ def pin_dataset(path: Path, declared: DatasetFormat = "auto") -> DatasetPin:
                     line = line[len(UTF8_BOM) :]
                 hashes.append(_jsonl_line_hash(line))
     else:
-        import pyarrow.parquet as pq
-
         with path.open("rb") as file:
             for block in iter(lambda: file.read(1 << 20), b""):
                 whole.update(block)
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-            hashes.extend(prompt_hash(normalise_parquet_row(row)) for row in batch.to_pylist())
+        if form == "json":
+            with path.open("rb") as file:
+                for item in iter_json_array(file, path):
+                    if isinstance(item, ArrayBreak):
+                        hashes.append(_rest_hash(file, item.offset))
+                        break
+                    hashes.append(prompt_hash(item[2]))
+        else:
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+                hashes.extend(prompt_hash(normalise_parquet_row(row)) for row in batch.to_pylist())
     return DatasetPin(
-        str(path), form, len(hashes), path.stat().st_size, whole.hexdigest(), np.asarray(hashes, np.uint64), today()
+        str(path),
+        form,
+        len(hashes),
+        path.stat().st_size,
+        whole.hexdigest(),
+        np.asarray(hashes, np.uint64),
+        today(),
+        id_field,
     )
 
 
@@ -107,6 +136,15 @@ def _jsonl_line_hash(line: bytes) -> int:
 
 def _bytes_hash(data: bytes) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+
+
+def _rest_hash(file: Any, offset: int) -> int:
+    """_bytes_hash of the file from `offset` to its end, streamed (a broken JSON array's last line)."""
+    digest = blake2b(digest_size=8)
+    file.seek(offset)
+    for block in iter(lambda: file.read(1 << 20), b""):
+        digest.update(block)
+    return int.from_bytes(digest.digest(), "little")
 
 
 def write_pin(output: Path, pin: DatasetPin) -> None:
@@ -148,7 +186,9 @@ def pin_changes(pinned: DatasetPin, current: DatasetPin) -> str | None:
         added = list(range(pinned.lines, min(current.lines, pinned.lines + NAMED)))
         parts.append(f"{_lines(current.lines - pinned.lines)} appended ({_name_lines(current, added)})")
     if current.lines < pinned.lines:
-        gone = ", ".join(f"line {n + 1}" for n in range(current.lines, min(pinned.lines, current.lines + NAMED)))
+        gone = ", ".join(
+            f"{unit_of(current.format)} {n + 1}" for n in range(current.lines, min(pinned.lines, current.lines + NAMED))
+        )
         parts.append(f"{_lines(pinned.lines - current.lines)} removed from the end ({gone})")
     if not parts:
         parts.append(f"the bytes differ (sha256 {pinned.sha256[:12]} -> {current.sha256[:12]}) but no line does")
@@ -161,26 +201,48 @@ def _lines(count: int) -> str:
 
 def _name_lines(pin: DatasetPin, positions: list[int]) -> str:
     """`line 4 (id 'q-3')`, ids read from the current file."""
-    ids = _ids_at(Path(pin.path), pin.format, set(positions))
-    return ", ".join(f"line {n + 1}" + (f" (id {ids[n]!r})" if n in ids else "") for n in positions)
+    ids = _ids_at(Path(pin.path), pin.format, set(positions), pin.id_field)
+    return ", ".join(f"{unit_of(pin.format)} {n + 1}" + (f" (id {ids[n]!r})" if n in ids else "") for n in positions)
 
 
-def _ids_at(path: Path, form: str, positions: set[int]) -> dict[int, str]:
-    if form != "jsonl" or not positions:
+def _ids_at(path: Path, form: str, positions: set[int], id_field: str | None = None) -> dict[int, str]:
+    if form not in ("jsonl", "json") or not positions:
         return {}
     found: dict[int, str] = {}
+    last = max(positions)
     with path.open("rb") as file:
-        for n, line in enumerate(file):
+        if form == "jsonl":
+            objs: Any = ((n, _parsed(line) if n in positions else None) for n, line in enumerate(file))
+        else:
+            objs = (
+                (n, item[2]) for n, item in enumerate(iter_json_array(file, path)) if not isinstance(item, ArrayBreak)
+            )
+        for n, obj in objs:
             if n in positions:
-                try:
-                    value = orjson.loads(line).get("id")
-                except (orjson.JSONDecodeError, AttributeError):
-                    continue
-                if isinstance(value, str | int):
-                    found[n] = str(value)
-            if len(found) == len(positions) or n > max(positions):
+                prompt_id = _named_id(obj, id_field)
+                if prompt_id is not None:
+                    found[n] = prompt_id
+            if len(found) == len(positions) or n >= last:
                 break
     return found
+
+
+def _parsed(line: bytes) -> Any:
+    try:
+        return orjson.loads(line.removeprefix(UTF8_BOM))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _named_id(obj: Any, id_field: str | None) -> str | None:
+    """The id a person knows a line by: its id field's value (even one the scan refuses, such as an integer),
+    else the id derived from its content."""
+    if not isinstance(obj, dict):
+        return None
+    value = obj.get(id_field or "id")
+    if isinstance(value, str | int):
+        return str(value)
+    return validate_prompt(obj, id_field)[0] if (id_field or "id") not in obj else None
 
 
 def changed_message(dataset: Path, changes: str) -> str:

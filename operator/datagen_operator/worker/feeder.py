@@ -1,5 +1,7 @@
 """The feeder: the dataset read as requests go out, prompts rendered a few batches ahead and queued as jobs,
-prompts that are never sent set aside, a line edited since the pin refused."""
+prompts that are never sent set aside, a line edited since the pin refused. With generation.turns all it queues
+each conversation's first turn still to make; a conversation a crash left mid-way resumes from its last
+recorded turn once the plan is read (its earlier answers read back from the store)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,17 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+from datagen_operator.output.readers import stored_answers
 from datagen_operator.output.records import (
     UNRENDERABLE,
     ContextLimit,
+    Conversation,
     Job,
     malformed_reject,
     too_long_reason,
     too_long_reject,
 )
+from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, last_turn, plan_turns
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderResult, ids_from_result
@@ -25,6 +30,7 @@ from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.turns import NextTurns
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,8 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("datagen.worker")
 
-Batch = list[tuple[Prompt, int]]
-"""Prompts to render, each with its dataset line's hash (what the record keeps)."""
+Batch = list[tuple[Prompt, int, Turns | None]]
+"""Prompts to render (their first request's messages), each with its dataset line's hash (what the record
+keeps) and, with turns all, its conversation's turns."""
 
 
 class Feeder:
@@ -48,6 +55,7 @@ class Feeder:
         stop: Stop,
         limit: ContextLimit,
         pinned: npt.NDArray[np.uint64] | None,
+        turns: NextTurns | None = None,
     ) -> None:
         self.config = config
         self.inputs = inputs
@@ -57,6 +65,10 @@ class Feeder:
         self.limit = limit
         self.pinned = pinned
         """The dataset pin's line hashes (prompts/pin.py), read at start; each prompt is held to it."""
+        self.turns = turns
+        """generation.turns all: how a conversation's later turns are rendered."""
+        self.resumed: list[tuple[Prompt, int, Turns, int, int]] = []
+        """(prompt, line hash, turns, sample, first turn to make) of conversations a crash left mid-way."""
 
     async def feed(self) -> None:
         """Renders prompts still to do, in dataset order, a few batches ahead, and queues their jobs.
@@ -77,15 +89,31 @@ class Feeder:
                     ledger.plan_line(item)
                     continue
                 ref, obj = item
-                if not ledger.plan_prompt(ref):
-                    continue
+                turns: Turns | None = None
+                if self.turns is not None:
+                    prompt = prompt_from(ref, obj)
+                    turns = plan_turns(prompt.messages)
+                    if not ledger.plan_prompt(ref, max(1, len(turns)), turns.cut):
+                        continue
+                else:
+                    if not ledger.plan_prompt(ref):
+                        continue
+                    prompt = prompt_from(ref, obj)
+                    # A line ending with the dataset's answer: the model answers its last user turn instead.
+                    prompt = Prompt(prompt.position, prompt.id, last_turn(prompt.messages)[0], prompt.tools)
                 line_hash = prompt_hash(obj)
                 if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
                     # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
                     message = changed_message(self.config.dataset, f"line {ref.position + 1} (id {ref.id!r}) edited")
                     self.stop.set_fatal(EXIT_BAD_INPUT, message)
                     return
-                batch.append((prompt_from(ref, obj), line_hash))
+                if turns is not None and not len(turns):
+                    reason = "no user message to answer (generation.turns: all answers each user turn)"
+                    ledger.set_aside(prompt.id, malformed_reject(prompt.position, reason, "", prompt.id, NO_USER_TURN))
+                    continue
+                if turns is not None:
+                    prompt = Prompt(prompt.position, prompt.id, list(turns.inputs[0]), prompt.tools)
+                batch.append((prompt, line_hash, turns))
                 if len(batch) >= self.RENDER_BATCH:
                     ahead.append((batch, asyncio.ensure_future(self._render(batch))))
                     batch = []
@@ -95,6 +123,7 @@ class Feeder:
                 ahead.append((batch, asyncio.ensure_future(self._render(batch))))
             while ahead:
                 await self._queue_rendered(*ahead.popleft())
+            await self._queue_resumed()
             ledger.planned = True
             p = ledger.progress
             log.info(
@@ -114,13 +143,13 @@ class Feeder:
                 future.cancel()
 
     async def _render(self, prompts: Batch) -> list[RenderResult]:
-        return await self.inputs.render_pool.render([(prompt.messages, prompt.tools) for prompt, _ in prompts])
+        return await self.inputs.render_pool.render([(prompt.messages, prompt.tools) for prompt, _, _ in prompts])
 
     async def _queue_rendered(self, prompts: Batch, future: asyncio.Future[list[RenderResult]]) -> None:
         results = await future
         ledger, samples = self.ledger, self.ledger.samples
         max_new_tokens = int(self.inputs.sampling["max_new_tokens"])
-        for (prompt, line_hash), result in zip(prompts, results, strict=True):
+        for (prompt, line_hash, turns), result in zip(prompts, results, strict=True):
             if isinstance(result, str):
                 ledger.set_aside(prompt.id, malformed_reject(prompt.position, result, "", prompt.id, UNRENDERABLE))
                 continue
@@ -132,5 +161,37 @@ class Feeder:
                 continue
             has_tools = bool(prompt.tools)
             for sample in range(samples):
-                if ledger.to_send(prompt.id, sample):
-                    await self.jobs.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools, line_hash))
+                if turns is None:
+                    if ledger.turns_to_send(prompt.id, sample):
+                        await self.jobs.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools, line_hash))
+                    continue
+                to_send = ledger.turns_to_send(prompt.id, sample, len(turns))
+                if not to_send:
+                    continue
+                if to_send.start > 0:
+                    self.resumed.append((prompt, line_hash, turns, sample, to_send.start))
+                    continue
+                conversation = Conversation(turns, prompt.tools, [])
+                job = Job(prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, 0, conversation)
+                await self.jobs.put(job)
+
+    async def _queue_resumed(self) -> None:
+        """The conversations a crash left mid-way, each from its first turn not recorded, its earlier answers as
+        the store holds them (their splits, recorded with each turn)."""
+        if not self.resumed or self.turns is None:
+            return
+        wanted = {(prompt.id, sample) for prompt, _, _, sample, _ in self.resumed}
+        answers = await asyncio.to_thread(stored_answers, self.config.output, self.config.shard_index, wanted)
+        log.info("resuming %d conversation(s) from their last recorded turn", len(self.resumed))
+        for prompt, line_hash, turns, sample, start in self.resumed:
+            earlier = answers.get((prompt.id, sample), {})
+            if any(turn not in earlier for turn in range(start)):
+                message = f"conversation {prompt.id!r} sample {sample}: its recorded turns lost their answers"
+                self.stop.set_fatal(EXIT_BAD_INPUT, message)
+                return
+            conversation = Conversation(turns, prompt.tools, [earlier[turn] for turn in range(start)])
+            job = Job(prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation)
+            ready = await self.turns.rendered(job)
+            if ready is not None:
+                await self.jobs.put(ready)
+        self.resumed.clear()

@@ -129,9 +129,16 @@ class Finisher:
 
     def _compact(self) -> CompactionResult:
         c, samples = self.config, self.ledger.samples
-        scan = ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format)
+        scan = ShardScan(
+            c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format, id_field=c.spec.dataset.id_field
+        )
+        turns_of = self.ledger.turns_of
         order = (
-            (item[0].id, sample) for item in scan if not isinstance(item, MalformedLine) for sample in range(samples)
+            (item[0].id, sample, turn)
+            for item in scan
+            if not isinstance(item, MalformedLine)
+            for sample in range(samples)
+            for turn in range(turns_of(*item)[0])
         )
         result = compact_shard(self.layout, c.shard_index, c.shard_count, order)
         if result.orphans:

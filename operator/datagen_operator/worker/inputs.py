@@ -10,6 +10,7 @@ from typing import Any
 
 from datagen_operator.checks.record_checks import Expectations, expectations_for
 from datagen_operator.engine.requests import run_sampling
+from datagen_operator.prompts.conversation import AnswerSplitter
 from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
 from datagen_operator.prompts.lean_render import RenderError
 from datagen_operator.prompts.pin import render_date
@@ -29,6 +30,8 @@ class Inputs:
     expect: Expectations
     sampling: dict[str, Any]
     """The sampling params every /generate request of this run carries (stop tokens included)."""
+    splitter: AnswerSplitter | None = None
+    """generation.turns all: how an answer becomes the next turn's history."""
 
 
 async def load_inputs(config: WorkerConfig) -> Inputs:
@@ -37,9 +40,9 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
         # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
         # it (exit 2) naming why each line was set aside.
-        plan = ShardScan(c.dataset, c.shard_index, c.shard_count, spec.dataset.format)
+        plan = ShardScan(c.dataset, c.shard_index, c.shard_count, spec.dataset.format, id_field=spec.dataset.id_field)
         if not await asyncio.to_thread(has_prompt, plan):
-            await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format)
+            await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format, id_field=spec.dataset.id_field)
     except (DatasetError, OSError) as error:
         raise BadInput(f"dataset: {error}") from None
     variables = template_variables(c.resolved, render_date(c.output))  # the pin is written by now
@@ -56,4 +59,11 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
     render_pool.renderer = renderer
     expect = expectations_for(c.resolved, tokenizer, Path(c.tokenizer_dir))
     sampling = run_sampling(spec.generation.sampling, expect.stop_token_ids)
-    return Inputs(plan, tokenizer, renderer, render_pool, expect, sampling)
+    splitter = None
+    if spec.generation.turns == "all":
+        try:
+            splitter = AnswerSplitter(tokenizer, c.resolved.reasoning_parser, renderer.chat_template, variables)
+        except ValueError as error:
+            render_pool.close()
+            raise BadInput(f"generation.turns: {error}") from None
+    return Inputs(plan, tokenizer, renderer, render_pool, expect, sampling, splitter)

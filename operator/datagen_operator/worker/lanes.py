@@ -1,5 +1,7 @@
 """The lanes: `concurrency` of them each take the next job, send it to /generate, and record the answer
-(checked, encoded, written through) or the server's refusal."""
+(checked, encoded, written through) or the server's refusal. A lane that took a conversation's turn keeps the
+conversation: it sends each next turn as soon as the answer before it is recorded (worker/turns.py), so the
+turns go out in order and no lane waits on another's conversation."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from datagen_operator.engine.client.policy import Drained, EndpointsRejected, Ga
 from datagen_operator.engine.requests import generate_body
 from datagen_operator.output.records import Answer, Job, build_record, encode_record, server_reject
 from datagen_operator.output.writer import ShardWriter
+from datagen_operator.prompts.conversation import AnswerSplit
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.turns import NextTurns
 from datagen_operator.worker.volume_guard import VolumeGuard
 
 log = logging.getLogger("datagen.worker")
@@ -33,8 +37,10 @@ class Lanes:
         ledger: Ledger,
         stop: Stop,
         volume: VolumeGuard,
+        turns: NextTurns | None = None,
     ) -> None:
         self.inputs = inputs
+        self.turns = turns
         self.client = client
         self.jobs = jobs
         self.writer = writer
@@ -48,21 +54,26 @@ class Lanes:
     async def lane(self) -> None:
         """One lane: takes the next job, sends it, records it, repeats."""
         client, sampling, stop, volume = self.client, self.inputs.sampling, self.stop, self.volume
+        job: Job | None = None
         while True:
-            job = await self.jobs.get()
+            if job is None:
+                job = await self.jobs.get()
             if job is None or stop.stop_new.is_set():
                 return
+            sending, job = job, None
             try:
                 reply = await client.generate(
-                    generate_body(job.input_ids, sampling, sample=job.sample, stream=client.stream)
+                    generate_body(sending.input_ids, sampling, sample=sending.sample, stream=client.stream)
                 )
             except Rejected as rejected:
                 if volume.error is not None:
                     return
-                self._rejected(job, rejected)
+                self._rejected(sending, rejected)
+                if self.turns is not None:
+                    self.turns.after_refusal(sending, rejected.status or 0)
                 continue
             except GaveUp as gave_up:
-                log.warning("record %s#%d failed: %s", job.id, job.sample, gave_up.reason)
+                log.warning("record %s#%d failed: %s", sending.id, sending.sample, gave_up.reason)
                 self.ledger.progress.records_failed += 1
                 continue
             except Drained:
@@ -76,10 +87,14 @@ class Lanes:
             if volume.error is not None:
                 volume.unwritten += 1  # finished on the server as the volume failed: nowhere to keep it
                 return
-            self._record(job, reply)
+            split = self._record(sending, reply)
+            if split is not None and self.turns is not None:
+                meta = reply.meta_info
+                job = await self.turns.after_answer(sending, split, reply.output_ids, meta.get("finish_reason"))
 
-    def _record(self, job: Job, reply: Reply) -> None:
-        """Check, encode and buffer one answer (synchronous: nothing here waits)."""
+    def _record(self, job: Job, reply: Reply) -> AnswerSplit | None:
+        """Check, encode and buffer one answer (synchronous: nothing here waits). A conversation's answer comes
+        back split as its next turn's history holds it, once written."""
         meta = reply.meta_info
         flags = inspect_record(
             job.input_ids,
@@ -90,17 +105,21 @@ class Lanes:
             self.inputs.expect,
         )
         answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
-        record = build_record(job, answer, flags, self.run_id)
+        split = None
+        if job.conversation is not None and self.turns is not None:
+            split = self.turns.split(job, reply.output_ids, meta.get("finish_reason"))
+        record = build_record(job, answer, flags, self.run_id, split)
         writer = self.writer
         writer.append(record, encode_record(record, reply.output_ids_json))
         # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,
         # never answers held back in memory (they would be generated again on resume).
         if not self.volume.write(writer.flush):
-            return
+            return None
         self.ledger.progress.counts.add(
             len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags, job.has_tools
         )
         self.ledger.finish_sample(job.id)
+        return split
 
     def _rejected(self, job: Job, rejected: Rejected) -> None:
         entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)

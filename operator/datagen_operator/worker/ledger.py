@@ -9,7 +9,8 @@ from typing import Any
 from datagen_operator.api.progress import RecordCounts, ShardProgress
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject
 from datagen_operator.output.writer import ShardWriter
-from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan
+from datagen_operator.prompts.conversation import NO_USER_TURN, TOOL_TURN, plan_turns
+from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, prompt_from
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.progress import Tracker
 from datagen_operator.worker.volume_guard import VolumeGuard
@@ -53,8 +54,8 @@ def start_ledger(
 def set_aside_on_disk(writer: ShardWriter, samples: int) -> int:
     """Samples of the prompts set aside in the output (unrenderable, too long), counted from the start as the
     records are: a resumed worker's progress does not go backwards while it reads the dataset again."""
-    aside = sum(1 for cause in writer.set_aside.values() if cause in (TOO_LONG, UNRENDERABLE))
-    return aside * samples
+    aside = sum(1 for cause in writer.set_aside.values() if cause in (TOO_LONG, UNRENDERABLE, NO_USER_TURN))
+    return aside * samples + writer.turns_cut_records
 
 
 class Ledger:
@@ -65,7 +66,7 @@ class Ledger:
         self.progress = progress
         self.samples = config.spec.generation.samples_per_prompt
         self.remaining: dict[str, int] = {}
-        """Samples left per prompt id of the plan read so far."""
+        """Records left per prompt id of the plan read so far (samples x turns still to make)."""
         self.planned = False
         """True once the feeder has read the whole plan (the totals are final)."""
 
@@ -76,11 +77,14 @@ class Ledger:
         p.prompts_malformed += 1
         p.set_aside[line.cause] = p.set_aside.get(line.cause, 0) + 1
 
-    def plan_prompt(self, ref: PromptRef) -> bool:
-        """Count one valid prompt of the plan; True when samples of it are still to generate."""
+    def plan_prompt(self, ref: PromptRef, turns: int = 1, cut: int = 0) -> bool:
+        """Count one valid prompt of the plan, with the `turns` its conversation gets (`cut`: its user turns
+        after a dataset tool message, never planned); True when records of it are still to generate."""
         p, writer, n = self.progress, self.writer, self.samples
         p.prompts_total += 1
-        p.records_total += n
+        p.records_total += n * turns
+        if cut:
+            p.turns_cut[TOOL_TURN] = p.turns_cut.get(TOOL_TURN, 0) + cut
         cause = writer.set_aside.get(f"line:{ref.position}")
         if cause is not None:
             # Set aside by an earlier run (unrenderable, too long): never sent again. Its samples are counted
@@ -90,20 +94,38 @@ class Ledger:
             else:
                 p.prompts_rejected += 1
             p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
+            p.records_set_aside += n * (turns - 1)  # set_aside_on_disk counted one turn per sample
             p.prompts_done += 1
             return False
-        left = sum(
-            1 for sample in range(n) if (ref.id, sample) not in writer.done and (ref.id, sample) not in writer.rejected
-        )
+        left = sum(len(self.turns_to_send(ref.id, sample, turns)) for sample in range(n))
         if left:
             self.remaining[ref.id] = left
             return True
         p.prompts_done += 1
         return False
 
-    def to_send(self, prompt_id: str, sample: int) -> bool:
-        key = (prompt_id, sample)
-        return key not in self.writer.done and key not in self.writer.rejected
+    def turns_to_send(self, prompt_id: str, sample: int, turns: int = 1) -> range:
+        """The turns of (prompt, sample) still to make: a conversation resumes at its first turn not recorded,
+        refused or cut (its turns go out in order, so every earlier one is recorded)."""
+        writer = self.writer
+        end = min(turns, writer.turns_cut.get((prompt_id, sample), turns))
+        for turn in range(end):
+            key = (prompt_id, sample, turn)
+            if key in writer.rejected:
+                return range(0)  # refused: its cut (turns_reject) follows it, or a crash came between
+            if key not in writer.done:
+                return range(turn, end)
+        return range(0)
+
+    def cut_turns(self, prompt_id: str, entry: dict[str, Any]) -> None:
+        """A conversation's sample ends before its planned turns (records.turns_reject): recorded once, its turns
+        counted apart from server errors."""
+        if not self.volume.write(self.writer.add_reject, entry):
+            return
+        p, count = self.progress, int(entry["turns"]) - int(entry["turn"])
+        p.turns_cut[entry["cause"]] = p.turns_cut.get(entry["cause"], 0) + count
+        p.records_set_aside += count
+        self.finish_records(prompt_id, count)
 
     def set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
         """A prompt that is never sent: recorded once in rejects.jsonl, all its samples counted apart from
@@ -120,8 +142,11 @@ class Ledger:
         p.prompts_done += 1
 
     def finish_sample(self, prompt_id: str) -> None:
-        """One sample recorded or refused for good: the prompt is done with its last."""
-        left = self.remaining.get(prompt_id, 0) - 1
+        """One record made or refused for good: the prompt is done with its last."""
+        self.finish_records(prompt_id, 1)
+
+    def finish_records(self, prompt_id: str, count: int) -> None:
+        left = self.remaining.get(prompt_id, 0) - count
         if left <= 0:
             self.remaining.pop(prompt_id, None)
             self.progress.prompts_done += 1
@@ -137,13 +162,24 @@ class Ledger:
         p.set_aside = {}
         p.records_set_aside = set_aside_on_disk(writer, n)
         self.remaining = {}
-        for item in ShardScan(c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format):
+        for item in ShardScan(
+            c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format, id_field=c.spec.dataset.id_field
+        ):
             if isinstance(item, MalformedLine):
                 p.prompts_malformed += 1
                 p.set_aside[item.cause] = p.set_aside.get(item.cause, 0) + 1
                 continue
-            ref = item[0]
+            ref, obj = item
+            turns, cut = self.turns_of(ref, obj)
             if f"line:{ref.position}" not in writer.set_aside:
-                p.records_done += sum(1 for sample in range(n) if (ref.id, sample) in writer.done)
-                p.records_rejected += sum(1 for sample in range(n) if (ref.id, sample) in writer.rejected)
-            self.plan_prompt(ref)
+                keys = [(ref.id, sample, turn) for sample in range(n) for turn in range(turns)]
+                p.records_done += sum(1 for key in keys if key in writer.done)
+                p.records_rejected += sum(1 for key in keys if key in writer.rejected)
+            self.plan_prompt(ref, turns, cut)
+
+    def turns_of(self, ref: PromptRef, obj: dict[str, Any]) -> tuple[int, int]:
+        """(turns to generate, user turns cut at a tool message) of a valid dataset line."""
+        if self.config.spec.generation.turns != "all":
+            return 1, 0
+        turns = plan_turns(prompt_from(ref, obj).messages)
+        return len(turns), turns.cut

@@ -54,6 +54,7 @@ from datagen_operator.worker.publisher import Publisher
 from datagen_operator.worker.servers import ServerCheck, Stopped
 from datagen_operator.worker.startup import check_dataset, claim_shard, data_fingerprint, meet_servers, open_shard
 from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.turns import NextTurns
 from datagen_operator.worker.volume_guard import VolumeGuard
 
 if TYPE_CHECKING:
@@ -157,6 +158,7 @@ class Worker:
                 Display(),
             )
             publisher = Publisher(tracker, pool, sinks, lease, stop, volume, c.progress_interval_s)
+            turns = NextTurns(inputs, ledger, servers.limit, inputs.splitter) if inputs.splitter else None
             generation = Generation(
                 c,
                 pool,
@@ -165,8 +167,8 @@ class Worker:
                 stop,
                 volume,
                 publisher,
-                Feeder(c, inputs, ledger, jobs, stop, servers.limit, pinned),
-                Lanes(c, inputs, client, jobs, writer, ledger, stop, volume),
+                Feeder(c, inputs, ledger, jobs, stop, servers.limit, pinned, turns),
+                Lanes(c, inputs, client, jobs, writer, ledger, stop, volume, turns),
                 Finisher(c, self.layout, writer, ledger, stop, volume, publisher, self.failure),
             )
             return await generation.run()

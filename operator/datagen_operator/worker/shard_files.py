@@ -99,7 +99,7 @@ def dataset_change(config: WorkerConfig) -> str | None:
     (a worker run without the preflight): every shard computes the same one."""
     from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin, write_pin
 
-    current = pin_dataset(config.dataset, config.spec.dataset.format)
+    current = pin_dataset(config.dataset, config.spec.dataset.format, id_field=config.spec.dataset.id_field)
     pinned = read_pin(config.output)
     if pinned is None:
         write_pin(config.output, current)

@@ -93,6 +93,7 @@ def data_fingerprint(config: WorkerConfig, inputs: Inputs, servers: Servers) -> 
         sampling=inputs.sampling,
         preset=c.resolved.preset.name if c.resolved.preset else None,
         thinking=c.resolved.thinking,
+        turns=c.spec.generation.turns,
     )
 
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datagen_operator.engine.reasoning import DETECTORS, force_reasoning, split_reasoning
 from datagen_operator.engine.sim.formats import read_tool_calls
 from datagen_operator.engine.sim.model import Completion
 from datagen_operator.engine.sim.protocol import RequestError
-from datagen_operator.engine.sim.reasoning import DETECTORS, force_reasoning, split_reasoning
 from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
 from datagen_operator.engine.sim.vocab import SimVocab
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from datagen_operator.engine.sim.reasoning import harmony_events
+from datagen_operator.engine.reasoning import harmony_events
 from datagen_operator.tokenizer.families import ChatFormat, ToolCallFormat
 
 

@@ -30,13 +30,13 @@ import orjson
 from aiohttp import web
 
 from datagen_operator.engine.limits import reserved_tokens
+from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
 from datagen_operator.engine.sim.model import Completion, aborted, complete, nan_guarded
 from datagen_operator.engine.sim.prefix_cache import PrefixCache
 from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
-from datagen_operator.engine.sim.reasoning import split_reasoning
 from datagen_operator.engine.sim.vocab import SimVocab, VocabError, load_vocab
 from datagen_operator.presets.sglang_names import (
     PINNED_SGLANG_VERSION,

@@ -1,4 +1,5 @@
-"""Reasoning parsing of the chat endpoint, as SGLang 0.5.23 does it (non-streaming).
+"""Reasoning parsing of the chat endpoint, as SGLang 0.5.23 does it (non-streaming): the simulator's chat endpoint
+and the split of a regenerated answer into the next turn's history (prompts/conversation.py) both use it.
 
 Only `/v1/chat/completions` (and `/separate_reasoning`) run these; `/generate` never does (SGLang 0.5.23
 sglang/srt/entrypoints/http_server.py: `generate_request` returns the tokenizer manager's output as it is).

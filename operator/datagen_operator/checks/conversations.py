@@ -1,0 +1,122 @@
+"""Prompt fidelity of regenerated conversations (generation.turns all): every turn of the sampled conversations
+rebuilt from the dataset's user turns and the run's own recorded answers, rendered with the run's tokenizer and
+template, equal to the stored input_ids; and every recorded answer split equal to the split of its output_ids
+as SGLang's chat endpoint makes it (prompts/conversation.py). A template that re-renders history differently,
+or a split that drifted from the ids, fails here with the turn named."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from datagen_operator.api.resolve import ResolvedModel
+from datagen_operator.api.status import CheckResult
+from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
+
+PROMPT_FIDELITY = "prompt_fidelity"
+_COLUMNS = ("input_ids", "output_ids", "finish_reason", "has_tools", "answer_content", "answer_reasoning")
+
+
+def _conversation_records(output: Path, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(id, sample) -> its records in turn order, for the conversations asked for (one pass over the output)."""
+    from datagen_operator.output.readers import RecordBatches
+
+    found: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for batch in RecordBatches(output, _COLUMNS):
+        ids, samples = batch.column("id").to_pylist(), batch.column("sample").to_pylist()
+        rows = [at for at, key in enumerate(zip(ids, samples, strict=True)) if key in wanted]
+        if not rows:
+            continue
+        for record in batch.take(rows).to_pylist():
+            if isinstance(record["finish_reason"], str):
+                record["finish_reason"] = orjson.loads(record["finish_reason"])
+            found[(record["id"], record["sample"])].append(record)
+    for records in found.values():
+        records.sort(key=lambda record: record.get("turn") or 0)
+    return found
+
+
+def conversation_fidelity(
+    output: Path,
+    sampled: list[dict[str, Any]],
+    prompts: dict[str, Any],
+    renderer: Any,
+    resolved: ResolvedModel | None,
+    variables: dict[str, Any] | None,
+) -> CheckResult:
+    if renderer is None or resolved is None or variables is None:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            verdict="no tokenizer to re-render with: pass --tokenizer (or --no-fidelity)",
+        )
+    if not prompts:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            verdict="no dataset to re-render from: pass --dataset (or --no-fidelity)",
+        )
+    splitter = AnswerSplitter(renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, variables)
+    wanted = {(record["id"], record["sample"]) for record in sampled if record["id"] in prompts}
+    conversations = _conversation_records(output, wanted)
+    prompt_differ: list[str] = []
+    split_differ: list[str] = []
+    gaps: list[str] = []
+    compared = 0
+    for (prompt_id, sample), records in sorted(conversations.items()):
+        prompt = prompts[prompt_id]
+        turns = plan_turns(prompt.messages)
+        answers: list[AnswerSplit] = []
+        for record in records:
+            turn = record.get("turn") or 0
+            where = f"{prompt_id!r}#{sample} turn {turn + 1}"
+            if turn != len(answers) or turn >= len(turns):
+                gaps.append(where)  # a turn recorded without the one before it, or beyond the plan
+                break
+            compared += 1
+            fresh = renderer.render(turn_messages(turns, turn, answers), prompt.tools)
+            if list(record["input_ids"]) != fresh:
+                prompt_differ.append(where)
+            stored = AnswerSplit(record["answer_content"] or "", record["answer_reasoning"])
+            recomputed = splitter.split(record["output_ids"], record["finish_reason"], bool(record["has_tools"]))
+            if record["answer_content"] is None or stored != recomputed:
+                split_differ.append(where)
+            answers.append(stored)
+    problems = []
+    if prompt_differ:
+        problems.append(
+            f"{len(prompt_differ)}/{compared} turns' stored input_ids differ from their prompt rebuilt from the run's "
+            f"own earlier answers (e.g. {', '.join(prompt_differ[:3])}): the tokenizer or chat template changed since "
+            "generation, or the template renders history differently from what was sent"
+        )
+    if split_differ:
+        problems.append(
+            f"{len(split_differ)}/{compared} recorded answer splits differ from the split of their output_ids "
+            f"(e.g. {', '.join(split_differ[:3])}): the history sent with the next turn is not what SGLang's chat "
+            "endpoint would have given a client"
+        )
+    if gaps:
+        problems.append(f"{len(gaps)} conversations have a turn recorded without the one before it (e.g. {gaps[:3]})")
+    if problems:
+        count = len(prompt_differ) + len(split_differ) + len(gaps)
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            rate=count / max(compared, 1),
+            threshold=0.0,
+            count=count,
+            total=compared,
+            verdict="; ".join(problems),
+        )
+    return CheckResult(
+        name=PROMPT_FIDELITY,
+        passed=True,
+        rate=0.0,
+        threshold=0.0,
+        total=compared,
+        verdict=f"{compared} turns of {len(conversations)} sampled conversations re-render to the stored input_ids "
+        "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
+    )

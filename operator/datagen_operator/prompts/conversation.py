@@ -1,0 +1,187 @@
+"""A conversation regenerated turn by turn (`generation.turns: all`) and the one answer of `turns: last`.
+
+The rules, pure over a dataset line's (normalised) messages:
+
+- `turns: all`. The dataset's assistant messages are never sent. Every other message is an input; the inputs up
+  to each assistant slot that hold a user message are one turn (two user messages in a row are answered once,
+  as a chat client would send them). System messages stay where they are. Turn k's prompt is the inputs of turns
+  0..k with the model's own answers to turns 0..k-1 in between, rendered by the model's chat template (which
+  decides what earlier reasoning it keeps).
+- Tool results answer the *dataset's* assistant's tool calls, not the regenerated answer's: a conversation is
+  regenerated up to its first `tool` message; the user turns from there on are not planned (`TOOL_TURN`,
+  counted). An answer that itself calls a tool (the line declares tools and the answer holds a tool-call marker)
+  ends the conversation too (`ANSWER_CALLED_TOOL`): no dataset tool result answers it.
+- An answer that did not end with a stop (cut at max_new_tokens, aborted) ends the conversation
+  (`ANSWER_UNFINISHED`): its half-written text is no history a client would send.
+- `turns: last`. One answer per line, to its last user turn: trailing assistant messages are dropped (a ShareGPT
+  line ends with the dataset's answer; the model writes that answer again, never a second one in a row).
+
+How an answer becomes history is what SGLang's chat endpoint hands a client (`split_answer`): the output ids with
+the matched stop id trimmed (the detokenizer's `trim_matched_stop`), decoded with special tokens skipped unless
+the request has tools or the model speaks harmony (serving_chat), then split by the preset's reasoning parser
+(`engine/reasoning.py`, held to SGLang's own parsers by tests/contract). The split is stored with each turn's
+record, so verify rebuilds every prompt from the run's own answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
+
+Message = dict[str, Any]
+
+# Why turns of a conversation are not generated (the `cause` of their rejects.jsonl entry).
+TOOL_TURN = "tool_turn"
+ANSWER_CALLED_TOOL = "answer_called_tool"
+ANSWER_UNFINISHED = "answer_unfinished"
+EARLIER_TURN_REFUSED = "earlier_turn_refused"
+"""The server refused (4xx) an earlier turn, or its prompt could not be rendered or was too long."""
+NO_USER_TURN = "no_user_turn"
+TURN_CAUSES = (TOOL_TURN, ANSWER_CALLED_TOOL, ANSWER_UNFINISHED, EARLIER_TURN_REFUSED)
+
+
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """A conversation cut into the inputs of the answers to generate."""
+
+    inputs: tuple[tuple[Message, ...], ...]
+    """Per planned turn: the messages before its answer (since the previous answer)."""
+    cut: int = 0
+    """User turns not planned: from the first tool message on (TOOL_TURN)."""
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def _has_user(messages: Sequence[Message]) -> bool:
+    return any(message.get("role") == "user" for message in messages)
+
+
+def plan_turns(messages: Sequence[Message]) -> Turns:
+    """The turns `turns: all` generates for a conversation (see the module docstring)."""
+    inputs: list[tuple[Message, ...]] = []
+    pending: list[Message] = []
+    for at, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            rest = [*pending, *messages[at:]]
+            cut = sum(1 for m in rest if m.get("role") == "user")
+            return Turns(tuple(inputs), cut)
+        if role == "assistant":
+            if _has_user(pending):
+                inputs.append(tuple(pending))
+                pending = []
+            continue  # an assistant message before any user one is dropped with the others
+        pending.append(message)
+    if _has_user(pending):
+        inputs.append(tuple(pending))
+    return Turns(tuple(inputs))
+
+
+def planned_turns(messages: Sequence[Message], turns: str) -> int:
+    """How many answers a line gets: one with `turns: last`, one per planned turn with `all`."""
+    return len(plan_turns(messages)) if turns == "all" else 1
+
+
+def last_turn(messages: Sequence[Message]) -> tuple[list[Message], int]:
+    """`turns: last`: the messages with trailing assistant messages dropped, and how many were."""
+    end = len(messages)
+    while end and messages[end - 1].get("role") == "assistant":
+        end -= 1
+    return list(messages[:end]), len(messages) - end
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerSplit:
+    """An answer as SGLang's chat endpoint gives it to a client: what the next turn's history holds."""
+
+    content: str
+    reasoning_content: str | None
+
+    def message(self) -> Message:
+        """The assistant message a chat client sends back with the next turn."""
+        if self.reasoning_content is None:
+            return {"role": "assistant", "content": self.content}
+        return {"role": "assistant", "content": self.content, "reasoning_content": self.reasoning_content}
+
+
+def dataset_answers(messages: Sequence[Message], turns: Turns) -> list[AnswerSplit]:
+    """The dataset's own answer after each planned turn (empty where it has none): stand-ins for the model's, for
+    the preflight to estimate how long a conversation's later prompts grow before any answer exists."""
+    answers: list[AnswerSplit] = []
+    at = 0
+    for inputs in turns.inputs:
+        at = next(k for k in range(at, len(messages)) if messages[k] is inputs[-1]) + 1
+        following = messages[at] if at < len(messages) else None
+        if following is not None and following.get("role") == "assistant":
+            content, reasoning = following.get("content"), following.get("reasoning_content")
+            answers.append(
+                AnswerSplit(
+                    content if isinstance(content, str) else "", reasoning if isinstance(reasoning, str) else None
+                )
+            )
+        else:
+            answers.append(AnswerSplit("", None))
+    return answers
+
+
+def turn_messages(turns: Turns, turn: int, answers: Sequence[AnswerSplit]) -> list[Message]:
+    """Turn `turn`'s prompt messages: the inputs of turns 0..turn with the answers to 0..turn-1 in between."""
+    if not 0 <= turn < len(turns.inputs) or len(answers) < turn:
+        raise ValueError(f"turn {turn} of {len(turns.inputs)} needs {turn} earlier answers, got {len(answers)}")
+    out: list[Message] = []
+    for k in range(turn + 1):
+        out.extend(turns.inputs[k])
+        if k < turn:
+            out.append(answers[k].message())
+    return out
+
+
+def request_messages(
+    messages: Sequence[Message], turns: str, turn: int = 0, answers: Sequence[AnswerSplit] = ()
+) -> list[Message]:
+    """The messages a line's request `turn` renders: the worker's, the canary's, the preflight's and verify's."""
+    if turns == "all":
+        return turn_messages(plan_turns(messages), turn, answers)
+    return last_turn(messages)[0]
+
+
+def finished_with_stop(finish_reason: Any) -> bool:
+    return isinstance(finish_reason, Mapping) and finish_reason.get("type") == "stop"
+
+
+def calls_tool(output_ids: Sequence[int], tool_openers: Sequence[int]) -> bool:
+    """Whether the answer opened a tool call (any of the preset's tool-call opener ids)."""
+    return bool(tool_openers) and any(token in tool_openers for token in output_ids)
+
+
+class AnswerSplitter:
+    """`split_answer` for one run: its tokenizer, reasoning parser, template and template variables."""
+
+    def __init__(
+        self, tokenizer: Any, reasoning_parser: str | None, chat_template: str | None, variables: Mapping[str, Any]
+    ) -> None:
+        if reasoning_parser is not None and reasoning_parser not in DETECTORS:
+            raise ValueError(
+                f"reasoning parser {reasoning_parser!r}: how it splits an answer is not modelled here "
+                f"({', '.join(sorted(DETECTORS))} are), so the history of a later turn cannot be built as SGLang's "
+                "chat endpoint would; use generation.turns: last"
+            )
+        self.tokenizer = tokenizer
+        self.parser = reasoning_parser
+        # serving_chat decides once per request whether the output starts inside reasoning: from the template
+        # and the request's template variables, here the run's.
+        self.forced = force_reasoning(reasoning_parser, chat_template, variables) if reasoning_parser else False
+
+    def split(self, output_ids: Sequence[int], finish_reason: Any, has_tools: bool) -> AnswerSplit:
+        ids = list(output_ids)
+        matched = finish_reason.get("matched") if isinstance(finish_reason, Mapping) else None
+        if finished_with_stop(finish_reason) and isinstance(matched, int) and ids and ids[-1] == matched:
+            ids.pop()  # the matched stop id is trimmed before decoding (no_stop_trim is never sent)
+        keep_special = has_tools or self.parser == HARMONY_PARSER
+        text = self.tokenizer.decode(ids, skip_special_tokens=not keep_special)
+        split = split_reasoning(text, self.parser, self.forced)
+        return AnswerSplit(split.content, split.reasoning)

@@ -1,0 +1,84 @@
+"""A conversation's next turn (generation.turns all): after an answer is recorded, the lane that holds the
+conversation renders its next prompt from the model's own answers and sends it, or ends the conversation by
+the rules of prompts/conversation.py, each end recorded with its cause (records.turns_reject)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
+from datagen_operator.prompts.conversation import (
+    ANSWER_CALLED_TOOL,
+    ANSWER_UNFINISHED,
+    EARLIER_TURN_REFUSED,
+    AnswerSplit,
+    AnswerSplitter,
+    calls_tool,
+    finished_with_stop,
+    turn_messages,
+)
+from datagen_operator.prompts.render import ids_from_result
+from datagen_operator.worker.inputs import Inputs
+from datagen_operator.worker.ledger import Ledger
+
+
+class NextTurns:
+    def __init__(self, inputs: Inputs, ledger: Ledger, limit: ContextLimit, splitter: AnswerSplitter) -> None:
+        self.inputs = inputs
+        self.ledger = ledger
+        self.limit = limit
+        self.splitter = splitter
+        self.tool_openers = tuple(opener for opener, _ in inputs.expect.tool_marker_pairs)
+        self.max_new_tokens = int(inputs.sampling["max_new_tokens"])
+
+    def split(self, job: Job, output_ids: Sequence[int], finish_reason: Any) -> AnswerSplit:
+        return self.splitter.split(output_ids, finish_reason, job.has_tools)
+
+    async def after_answer(
+        self, job: Job, split: AnswerSplit, output_ids: Sequence[int], finish_reason: Any
+    ) -> Job | None:
+        """The conversation's next turn, ready to send, or None: it is done or ends here (recorded)."""
+        conversation = job.conversation
+        if conversation is None:
+            return None
+        conversation.answers.append(split)
+        following = dataclasses.replace(job, turn=job.turn + 1, input_ids=[])
+        if following.turn >= len(conversation.turns):
+            return None
+        if not finished_with_stop(finish_reason):
+            kind = finish_reason.get("type") if isinstance(finish_reason, dict) else finish_reason
+            self.end(following, ANSWER_UNFINISHED, f"turn {job.turn + 1}'s answer ended with {kind!r}, not a stop")
+            return None
+        if job.has_tools and calls_tool(output_ids, self.tool_openers):
+            self.end(following, ANSWER_CALLED_TOOL, f"turn {job.turn + 1}'s answer calls a tool")
+            return None
+        return await self.rendered(following)
+
+    def after_refusal(self, job: Job, status: int) -> None:
+        """The server refused a turn for good: the conversation's later turns are not sent."""
+        if job.conversation is not None and job.turn + 1 < len(job.conversation.turns):
+            following = dataclasses.replace(job, turn=job.turn + 1, input_ids=[])
+            self.end(following, EARLIER_TURN_REFUSED, f"the server refused turn {job.turn + 1} (HTTP {status})")
+
+    async def rendered(self, job: Job) -> Job | None:
+        """`job` (turn > 0, no input_ids yet) with its prompt rendered from the answers so far, or None when it
+        cannot be sent (the rest of the conversation ended, recorded)."""
+        conversation = job.conversation
+        assert conversation is not None
+        messages = turn_messages(conversation.turns, job.turn, conversation.answers)
+        [result] = await self.inputs.render_pool.render([(messages, conversation.tools)])
+        if isinstance(result, str):
+            self.end(job, UNRENDERABLE, f"turn {job.turn + 1}: {result}")
+            return None
+        input_ids = ids_from_result(result)
+        too_long = too_long_reason(len(input_ids), self.max_new_tokens, self.limit)
+        if too_long is not None:
+            self.end(job, TOO_LONG, f"turn {job.turn + 1}: {too_long}")
+            return None
+        return dataclasses.replace(job, input_ids=input_ids)
+
+    def end(self, job: Job, cause: str, reason: str) -> None:
+        """The conversation's sample ends before `job.turn`: its turns from there on are recorded as not sent."""
+        self.ledger.cut_turns(job.id, turns_reject(job, cause, reason))

@@ -1,0 +1,231 @@
+"""generation.turns all against the SGLang simulator: every user turn answered in order on the model's own earlier
+answers, one record per (id, sample, turn); the rules that end a conversation early, counted; kill -9 at any point
+resumes each conversation from its last recorded turn, every (id, sample, turn) exactly once."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.checks.verify import verify_output
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.readers import iter_records, iter_rejects
+from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
+from datagen_operator.prompts.dataset import Prompt
+from tests.harness.sim import start_sim
+from tests.worker.simrun import (
+    SIM_FLAGS,
+    TOOLS,
+    progress,
+    reference_renderer,
+    run_inprocess,
+    spawn,
+    spec,
+    standin,
+    write_dataset,
+)
+
+ORIGINAL = "ORIGINAL-ANSWER"
+"""Text of the dataset's own assistant turns: it must reach no prompt."""
+PACED = ("--sim-speed", "gpu", "--sim-ttft-s", "0.01", "--sim-batch-capacity", "256", "--sim-tokens-per-s", "300")
+
+
+def conversations(count: int, *, turns_of: Any = None) -> list[dict[str, Any]]:
+    out = []
+    for i in range(count):
+        user_turns = turns_of(i) if turns_of else 2 + i % 3
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}] if i % 4 == 0 else []
+        for t in range(user_turns):
+            messages.append({"role": "user", "content": f"conversation {i} question {t + 1}?"})
+            messages.append({"role": "assistant", "content": f"{ORIGINAL} {i}.{t}"})
+        out.append({"id": f"c{i:04d}", "messages": messages})
+    return out
+
+
+@cache
+def _splitter() -> AnswerSplitter:
+    renderer = reference_renderer()
+    return AnswerSplitter(renderer.tokenizer, "kimi_k2", renderer.chat_template, {"thinking": True})
+
+
+def by_conversation(output: Path) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    found: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for record in iter_records(output):
+        found.setdefault((record["id"], record["sample"]), []).append(record)
+    for records in found.values():
+        records.sort(key=lambda record: record["turn"])
+    return found
+
+
+def check_conversations(output: Path, items: list[dict[str, Any]], samples: int = 1) -> int:
+    """Every planned turn recorded exactly once, in order, each prompt the template's rendering of the dataset's
+    user turns with the run's own recorded answers, each recorded split the split of its output ids."""
+    renderer, splitter = reference_renderer(), _splitter()
+    keys = Counter((r["id"], r["sample"], r["turn"]) for r in iter_records(output))
+    assert not [k for k, n in keys.items() if n > 1], "duplicates"
+    wanted = {
+        (item["id"], s, t) for item in items for s in range(samples) for t in range(len(plan_turns(item["messages"])))
+    }
+    assert set(keys) == wanted, f"missing {sorted(wanted - set(keys))[:5]}, extra {sorted(set(keys) - wanted)[:5]}"
+    messages = {item["id"]: item for item in items}
+    for (prompt_id, _), records in by_conversation(output).items():
+        item = messages[prompt_id]
+        turns = plan_turns(item["messages"])
+        answers: list[AnswerSplit] = []
+        for record in records:
+            assert record["turn"] == len(answers)
+            expected = renderer.reference(turn_messages(turns, record["turn"], answers), item.get("tools"))
+            assert record["input_ids"] == expected, f"{prompt_id} turn {record['turn']}"
+            assert ORIGINAL not in renderer.tokenizer.decode(record["input_ids"])
+            split = splitter.split(record["output_ids"], record["finish_reason"], bool(item.get("tools")))
+            assert AnswerSplit(record["answer_content"], record["answer_reasoning"]) == split
+            assert record["finish_reason"]["type"] == "stop"
+            answers.append(split)
+    return sum(keys.values())
+
+
+def test_every_user_turn_is_answered_in_order_on_the_models_own_answers(tmp_path: Path) -> None:
+    items = conversations(12)
+    output = tmp_path / "out"
+    document = spec(write_dataset(tmp_path / "chats.jsonl", items), output, **{"generation.turns": "all"})
+    with start_sim(*SIM_FLAGS, tokenizer_dir=standin()) as server:
+        assert run_inprocess(document, [server.url]) == EXIT_OK
+    made = check_conversations(output, items)
+    assert made == sum(2 + i % 3 for i in range(12)) == 36
+    # A later turn's prompt holds the earlier answer's content (kimi-k2.5's template keeps it in history).
+    first = by_conversation(output)[("c0001", 0)]
+    decode = reference_renderer().tokenizer.decode
+    assert first[0]["answer_content"].strip() and first[0]["answer_content"].strip() in decode(first[1]["input_ids"])
+    state = progress(output)
+    assert (state["state"], state["records_done"], state["records_total"]) == ("complete", 36, 36)
+    assert (state["prompts_done"], state["prompts_total"]) == (12, 12)
+    report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
+    fidelity = next(check for check in report.checks if check.name == "prompt_fidelity")
+    assert report.passed and fidelity.total == 36, fidelity.verdict
+
+
+def _spec_model(document: dict[str, Any]) -> Any:
+    from datagen_operator.api import parse_run
+
+    return parse_run(
+        {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": document}
+    ).spec
+
+
+def test_a_conversation_ends_at_its_first_tool_message_and_at_an_unfinished_answer(tmp_path: Path) -> None:
+    tool_line = {
+        "id": "tools",
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "call_0",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": '{"forecast": "rain"}'},
+            {"role": "assistant", "content": f"{ORIGINAL} rain"},
+            {"role": "user", "content": "and Madrid?"},
+            {"role": "user", "content": "and Rome?"},
+        ],
+    }  # fmt: skip
+    items = [*conversations(3), tool_line]
+    output = tmp_path / "out"
+    # Answers of ~40 tokens against max_new_tokens 24: some turn 1 answers are cut, which ends their conversation.
+    document = spec(
+        write_dataset(tmp_path / "chats.jsonl", items),
+        output,
+        **{"generation.turns": "all", "generation.sampling": {"max_new_tokens": 40, "temperature": 0.6}},
+    )
+    with start_sim(*SIM_FLAGS, "--sim-seed", "11", tokenizer_dir=standin()) as server:
+        assert run_inprocess(document, [server.url]) == EXIT_OK
+    records = list(iter_records(output))
+    assert {r["turn"] for r in records if r["id"] == "tools"} == {0}  # one turn before the tool message
+    cut = [entry for entry in iter_rejects(output) if entry.get("kind") == "turns"]
+    unfinished = [r for r in records if r["finish_reason"]["type"] != "stop"]
+    ended = {
+        (r["id"], r["sample"], r["turn"] + 1)
+        for r in unfinished
+        if r["turn"] + 1 < len(plan_turns(_items(items)[r["id"]]))
+    }
+    assert {(e["id"], e["sample"], e["turn"]) for e in cut} == ended and ended, (
+        "an unfinished answer ends its conversation"
+    )
+    assert {e["cause"] for e in cut} == {"answer_unfinished"}
+    assert not [r for r in records if (r["id"], r["sample"], r["turn"]) in ended]
+    state = progress(output)
+    assert state["turns_cut"]["tool_turn"] == 2  # "and Madrid?" and "and Rome?" are one turn each side of nothing
+    assert state["turns_cut"]["answer_unfinished"] == sum(e["turns"] - e["turn"] for e in cut)
+    assert state["records_done"] + state["records_set_aside"] == state["records_total"]
+    report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
+    completeness = next(check for check in report.checks if check.name == "completeness")
+    assert completeness.passed, completeness.verdict
+
+
+def _items(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {item["id"]: item["messages"] for item in items}
+
+
+def raw_turn_keys(output: Path) -> Counter[tuple[str, int, int]]:
+    counts: Counter[tuple[str, int, int]] = Counter()
+    for segment in OutputLayout(output).segments(0):
+        for line in segment.read_bytes().splitlines():
+            record = orjson.loads(line)
+            counts[(record["id"], record["sample"], record["turn"])] += 1
+    return counts
+
+
+def test_kill_9_mid_conversation_resumes_each_from_its_last_recorded_turn(tmp_path: Path) -> None:
+    rng = random.Random(30)
+    items = conversations(40, turns_of=lambda i: 3 + i % 3)
+    planned = sum(3 + i % 3 for i in range(40)) * 2
+    output = tmp_path / "out"
+    document = spec(
+        write_dataset(tmp_path / "chats.jsonl", items),
+        output,
+        **{"generation.turns": "all", "generation.samplesPerPrompt": 2, "clients.concurrency": 12},
+    )
+    log = tmp_path / "worker.log"
+    mid_conversation = 0
+    with start_sim(*SIM_FLAGS, *PACED, tokenizer_dir=standin()) as server:
+        for _ in range(5):
+            before = sum(raw_turn_keys(output).values()) if OutputLayout(output).shard_dir(0).is_dir() else 0
+            worker = spawn(document, [server.url], "--render-processes", "0", "--no-compact", log=log)
+            try:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and worker.poll() is None:
+                    if OutputLayout(output).shard_dir(0).is_dir() and sum(raw_turn_keys(output).values()) > before:
+                        break
+                    time.sleep(0.01)
+                time.sleep(rng.uniform(0.1, 0.6))
+                assert worker.poll() is None, "the run finished before it was killed"
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(10)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait(10)
+            keys = raw_turn_keys(output)
+            turns_done = Counter((prompt_id, sample) for prompt_id, sample, _ in keys)
+            plan = {item["id"]: len(plan_turns(item["messages"])) for item in items}
+            mid_conversation += sum(1 for (prompt_id, _), done in turns_done.items() if 0 < done < plan[prompt_id])
+        assert 0 < sum(raw_turn_keys(output).values()) < planned
+        assert mid_conversation, "no kill left a conversation mid-way: the resume path went untested"
+        assert run_inprocess(document, [server.url], "--no-compact") == EXIT_OK
+        counts = raw_turn_keys(output)
+        assert [key for key, n in counts.items() if n > 1] == [] and len(counts) == planned
+        assert run_inprocess(document, [server.url]) == EXIT_OK  # compaction only
+    check_conversations(output, items, samples=2)
+    assert "resuming" in log.read_text() or mid_conversation
+    state = progress(output)
+    assert (state["state"], state["records_done"], state["records_total"]) == ("complete", planned, planned)
+
+
+def test_a_prompt_object_in_the_plan_is_normalised_before_turns_are_planned() -> None:
+    prompt = Prompt(0, "x", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], None)
+    assert len(plan_turns(prompt.messages)) == 1
