@@ -44,6 +44,13 @@ def test_a_dataset_over_the_malformed_threshold_is_refused_before_any_server(tmp
     assert "line 6: bad JSON" in text  # the first lines of each cause, by number
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
     assert not list((tmp_path / "out").glob("shards/*")), "no worker may be started"
+    # Nothing points at files that do not exist: no verify of an empty output, no server logs.
+    assert "no record was written to" in text and "(datagen verify" not in text
+    verify = subprocess.run(
+        [sys.executable, "-m", "datagen_operator.cli", "verify", str(tmp_path / "out")], capture_output=True, text=True
+    )
+    assert verify.returncode == 1 and "with no record in it" in verify.stdout + verify.stderr
+    assert "server logs in" not in verify.stdout + verify.stderr
 
 
 def test_prompts_too_long_for_the_models_context_are_refused_at_the_preflight(tmp_path: Path, standin: Path) -> None:

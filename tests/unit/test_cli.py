@@ -21,6 +21,16 @@ def test_validate_example() -> None:
     result = datagen("validate", str(EXAMPLES / "kimi-k2.5.yaml"))
     assert result.returncode == 0, result.stderr
     assert "valid DataGenRun kimi-k25-b1" in result.stdout
+    # What it cannot know without the run's files is said, with the command that judges it.
+    assert "Not checked here: the files the run reads" in result.stdout
+    assert "datagen preflight --run RUN.yaml" in result.stdout
+
+
+def test_the_regenerate_example_is_valid_and_asks_for_whole_conversations() -> None:
+    result = datagen("validate", str(EXAMPLES / "regenerate.yaml"))
+    assert result.returncode == 0, result.stderr
+    document = yaml.safe_load((EXAMPLES / "regenerate.yaml").read_text())
+    assert document["spec"]["generation"]["turns"] == "all"
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from datagen_operator.api.errors import FieldError, SpecError
 from datagen_operator.api.spec import NO_PARSER, DataGenRunSpec
@@ -25,6 +26,8 @@ class ResolvedModel:
     think_start: str | None
     think_end: str | None
     trust_remote_code: bool
+    template_variables: dict[str, Any] = field(default_factory=dict)
+    """generation.templateVariables: rendered into every prompt, under a line's own chat_template_kwargs."""
 
 
 def _parser(value: str | None) -> str | None:
@@ -89,6 +92,20 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         trust = False
     if model.trust_remote_code is not None:
         trust = model.trust_remote_code
+    switches = {preset.thinking.switch} if preset is not None and preset.thinking.switch else set()
+    for name in sorted(switches & spec.generation.template_variables.keys()):
+        errors.append(
+            FieldError(
+                f"spec.generation.templateVariables.{name}",
+                f"{name} is the thinking switch of the template: set generation.thinking instead (a dataset line may "
+                "still switch it for itself with its own chat_template_kwargs)",
+            )
+        )
+    reserved = sorted(RESERVED_VARIABLES & spec.generation.template_variables.keys())
+    for name in reserved:
+        errors.append(
+            FieldError(f"spec.generation.templateVariables.{name}", f"{name} is given to the template by the renderer")
+        )
     if errors:
         raise SpecError(errors)
     return ResolvedModel(
@@ -99,7 +116,12 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         think_start=think_start,
         think_end=think_end,
         trust_remote_code=trust,
+        template_variables=dict(spec.generation.template_variables),
     )
+
+
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "datagen_rendered_on"})
+"""What the renderer gives a chat template itself: neither the run nor a line may set it."""
 
 
 def _contradictions(preset: Preset, reasoning: str | None, tools: str | None) -> list[FieldError]:

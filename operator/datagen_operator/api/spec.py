@@ -430,6 +430,11 @@ class GenerationSpec(SpecModel):
     )
     sampling: SamplingParams
     samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="Records per prompt (sample index 0..n-1).")
+    template_variables: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra chat-template variables for every prompt (e.g. gpt-oss reasoning_effort); a dataset line's "
+        "own chat_template_kwargs are rendered over them. The thinking switch is generation.thinking.",
+    )
     turns: Literal["last", "all"] = Field(
         default="last",
         description="`last`: one answer per line, to its last user message (a trailing assistant turn is dropped). "

@@ -220,7 +220,8 @@ def iter_canary_prompts(
     for prompt in plan.iter_prompts():
         if turns == "all" and not len(plan_turns(prompt.messages)):
             continue  # no user turn: the workers set it aside
-        yield {"id": prompt.id, "messages": request_messages(prompt.messages, turns), "tools": prompt.tools}
+        messages = request_messages(prompt.messages, turns)
+        yield {"id": prompt.id, "messages": messages, "tools": prompt.tools, "variables": prompt.variables}
 
 
 def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc.Expectations) -> CanaryRecord:
@@ -255,7 +256,7 @@ async def run_canary(
     from datagen_operator.engine.client.reads import make_session
     from datagen_operator.prompts.lean_render import RenderError
     from datagen_operator.prompts.pin import render_date
-    from datagen_operator.prompts.render import Renderer, template_variables
+    from datagen_operator.prompts.render import Renderer, line_thinking, template_variables
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_dir))
@@ -286,7 +287,10 @@ async def run_canary(
             except Rejected as refusal:
                 set_aside.append(SetAside(prompt["id"], f"refused by the server: HTTP {refusal.status} {refusal}"))
                 return None
-            return _record(prompt, input_ids, reply, expect)
+            line = prompt.get("variables")
+            return _record(
+                prompt, input_ids, reply, replace(expect, thinking=line_thinking(resolved, line)) if line else expect
+            )
 
         sent: list[tuple[dict[str, Any], list[int]]] = []
         exhausted = False
@@ -298,7 +302,8 @@ async def run_canary(
                     exhausted = True
                     break
                 try:
-                    batch.append((prompt, renderer.render(prompt["messages"], prompt.get("tools"))))
+                    ids = renderer.render(prompt["messages"], prompt.get("tools"), prompt.get("variables"))
+                    batch.append((prompt, ids))
                 except RenderError as error:
                     set_aside.append(SetAside(prompt["id"], str(error)))
             results = await asyncio.gather(*(one(p, ids, capped_params) for p, ids in batch))
@@ -382,7 +387,8 @@ async def history_probe(
         )
     except ValueError as error:
         return CheckResult(name=HISTORY, passed=False, count=1, total=1, verdict=str(error))
-    split = splitter.split(record.output_ids, record.finish_reason, record.has_tools)
+    variables = prompt.get("variables")
+    split = splitter.split(record.output_ids, record.finish_reason, record.has_tools, variables)
     problems = [
         f"turn 1's answer, split by the reasoning parser {resolved.reasoning_parser}, holds {marker} in its content: "
         "the next turn's history would carry reasoning as the answer"
@@ -390,7 +396,7 @@ async def history_probe(
         if marker and marker in split.content
     ]
     messages = [*prompt["messages"], split.message(), {"role": "user", "content": FOLLOW_UP}]
-    turn_two = renderer.render(messages, prompt.get("tools"))
+    turn_two = renderer.render(messages, prompt.get("tools"), variables)
     shown = renderer.tokenizer.decode(turn_two, skip_special_tokens=False)
     answer = split.content.strip()
     if answer and answer not in shown:
@@ -400,7 +406,9 @@ async def history_probe(
         )
     if problems:
         return CheckResult(name=HISTORY, passed=False, count=len(problems), total=1, verdict="; ".join(problems))
-    second = await send({"id": f"{prompt['id']}:turn-2", "messages": messages}, turn_two, params)
+    second = await send(
+        {"id": f"{prompt['id']}:turn-2", "messages": messages, "variables": variables}, turn_two, params
+    )
     if second is not None:
         records.append(second)
     kept = (

@@ -77,11 +77,12 @@ def conversation_fidelity(
                 gaps.append(where)  # a turn recorded without the one before it, or beyond the plan
                 break
             compared += 1
-            fresh = renderer.render(turn_messages(turns, turn, answers), prompt.tools)
+            fresh = renderer.render(turn_messages(turns, turn, answers), prompt.tools, prompt.variables)
             if list(record["input_ids"]) != fresh:
                 prompt_differ.append(where)
             stored = AnswerSplit(record["answer_content"] or "", record["answer_reasoning"])
-            recomputed = splitter.split(record["output_ids"], record["finish_reason"], bool(record["has_tools"]))
+            has_tools = bool(record["has_tools"])
+            recomputed = splitter.split(record["output_ids"], record["finish_reason"], has_tools, prompt.variables)
             if record["answer_content"] is None or stored != recomputed:
                 split_differ.append(where)
             answers.append(stored)

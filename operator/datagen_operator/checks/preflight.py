@@ -145,6 +145,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         preset=resolved.preset.name if resolved.preset else None,
         thinking=resolved.thinking,
         turns=spec.generation.turns,
+        template_variables=resolved.template_variables,
     )
     changes = prelaunch_changes(manifest.get("fingerprint", {}), current)
     if changes:
@@ -232,7 +233,7 @@ def judge_dataset(spec: DataGenRunSpec, plan: Any, renderer: Any, limit: Context
             unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): no user message to answer")
             continue
         try:
-            ids = renderer.render(request_messages(prompt.messages, mode), prompt.tools)
+            ids = renderer.render(request_messages(prompt.messages, mode), prompt.tools, prompt.variables)
         except RenderError as error:
             unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): {error}")
             continue
@@ -280,7 +281,8 @@ class ConversationCounts:
             return
         last = len(turns) - 1
         try:
-            ids = renderer.render(turn_messages(turns, last, dataset_answers(prompt.messages, turns)), prompt.tools)
+            messages = turn_messages(turns, last, dataset_answers(prompt.messages, turns))
+            ids = renderer.render(messages, prompt.tools, prompt.variables)
         except RenderError:
             return  # the dataset's answers are only stand-ins; the workers render the model's
         reason = too_long(len(ids))
@@ -443,7 +445,8 @@ def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: di
         if spec.generation.turns == "all" and not len(plan_turns(prompt.messages)):
             continue
         try:
-            rendered.append(renderer.render(request_messages(prompt.messages, spec.generation.turns), prompt.tools))
+            messages = request_messages(prompt.messages, spec.generation.turns)
+            rendered.append(renderer.render(messages, prompt.tools, prompt.variables))
         except RenderError:
             continue  # set aside by the worker: writes no record
     rendered = [ids for ids in rendered if ids] or [[0]]

@@ -10,6 +10,7 @@ A test holds the two to identical flags over generated records.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from datagen_operator.checks.record_checks import (
     tail_end,
 )
 
-COLUMNS = ("input_ids", "output_ids", "finish_reason", "completion_tokens", "has_tools")
+COLUMNS = ("input_ids", "output_ids", "finish_reason", "completion_tokens", "has_tools", "thinking")
 """The stored columns the checks read."""
 
 PROMPT_TAIL = 8
@@ -164,7 +165,9 @@ def _prompt_tails(inputs: _Lists, expect: Expectations) -> tuple[Any, Any, Any]:
         opens.append(not expect.think_start_ids or prompt_opens_think(tail, expect))
         closes.append(prompt_closes_think(tail, expect))
         decided.append(whole or reach_ok)
-    return np.asarray(opens)[inverse], np.asarray(closes)[inverse], np.asarray(decided)[inverse] & exact
+    as_bools = (np.asarray(values, bool)[inverse] for values in (opens, closes, decided))  # bool even when empty
+    opened, closed, decided_rows = as_bools
+    return opened, closed, decided_rows & exact
 
 
 def _distinct_rows(matrix: Any) -> tuple[Any, Any, Any]:
@@ -179,7 +182,26 @@ def _distinct_rows(matrix: Any) -> tuple[Any, Any, Any]:
 
 
 def batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
-    """The flags of every record in an Arrow batch with COLUMNS (the store's Parquet schema)."""
+    """The flags of every record in an Arrow batch with COLUMNS (the store's Parquet schema). A record whose line
+    switched thinking itself (its `thinking` column, when the batch has it) is judged by that switch."""
+    names = batch.schema.names
+    column = batch.column("thinking") if "thinking" in names else None
+    if column is None or column.null_count == len(column):
+        return _batch_flags(batch, expect)
+    other = column.fill_null(expect.thinking).to_numpy(zero_copy_only=False) != expect.thinking
+    if not other.any():
+        return _batch_flags(batch, expect)
+    import pyarrow as pa
+
+    own = _batch_flags(batch.filter(pa.array(~other)), expect)
+    switched = _batch_flags(batch.filter(pa.array(other)), dataclasses.replace(expect, thinking=not expect.thinking))
+    combo_of_row = np.empty(batch.num_rows, np.int64)
+    combo_of_row[~other] = own.combo_of_row
+    combo_of_row[other] = switched.combo_of_row + len(own.combos)
+    return BatchFlags([*own.combos, *switched.combos], combo_of_row)
+
+
+def _batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
     outputs = _Lists(batch.column("output_ids"))
     n = batch.num_rows
     kinds, stop_not_token = _kinds(batch.column("finish_reason"))
@@ -204,7 +226,7 @@ def batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
         one_by_one |= undecided
     rows = np.flatnonzero(one_by_one)
     if len(rows):
-        some = batch.select(list(COLUMNS)).take(rows).to_pylist()
+        some = batch.select([name for name in COLUMNS if name in batch.schema.names]).take(rows).to_pylist()
         for row, record in zip(rows.tolist(), some, strict=True):
             finish = orjson.loads(record["finish_reason"]) if record["finish_reason"] else None
             facts = record_facts(

@@ -286,6 +286,8 @@ def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = 
 
 
 def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: Any) -> CheckResult:
+    from datagen_operator.prompts.conversation import request_messages
+
     if renderer is None:
         return CheckResult(
             name=PROMPT_FIDELITY,
@@ -305,7 +307,8 @@ def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: 
         if prompt is None:
             continue
         compared += 1
-        fresh = renderer.render(prompt.messages, prompt.tools)
+        # As the workers sent it: one answer a line answers its last user turn (a trailing assistant turn dropped).
+        fresh = renderer.render(request_messages(prompt.messages, "last"), prompt.tools, prompt.variables)
         if list(record["input_ids"]) != fresh:
             differ.append(record["id"])
     if differ:
@@ -825,11 +828,12 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
     run_file = output / "run.yaml"
     if run_file.exists():
         name = _run_name(run_file)
+        # Only files that exist are named: a run halted at the preflight started no server, so it has no logs.
+        logs = f"; server logs in {output / 'logs'}" if (output / "logs").is_dir() else ""
         return (
             f"{output}: the output of DataGenRun {name}, with no record in it: the run stopped (or has not yet "
             "started its workers) before any was written, so there is nothing to verify; why it stopped is its "
-            f"Succeeded condition (`kubectl describe dgr {name}`, or the `datagen run` log; server logs in "
-            f"{output / 'logs'})",
+            f"Succeeded condition (`kubectl describe dgr {name}`, or the `datagen run` log{logs})",
             EXIT_FAILED_VERDICT,
         )
     line = (

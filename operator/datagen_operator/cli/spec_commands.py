@@ -28,8 +28,19 @@ def _load_or_report(path: str) -> object | None:
     return None
 
 
+NOT_CHECKED = (
+    "Not checked here: the files the run reads (the dataset's lines, the tokenizer and chat template, an existing "
+    "output's fingerprint) and what fits the model's context: `datagen preflight --run RUN.yaml` judges those before any "
+    "server, as the run does first."
+)
+
+
 def validate_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="datagen validate", description="Check DataGenRun manifests.")
+    parser = argparse.ArgumentParser(
+        prog="datagen validate",
+        description="Check DataGenRun manifests: every field, the preset's rules and the same rules as the CRD's "
+        "CEL validations. " + NOT_CHECKED,
+    )
     parser.add_argument("manifests", nargs="+", metavar="RUN.yaml")
     args = parser.parse_args(argv)
     failed = 0
@@ -39,6 +50,7 @@ def validate_main(argv: list[str]) -> int:
             failed += 1
         else:
             print(f"{path}: valid DataGenRun {run.metadata.name}")  # type: ignore[attr-defined]
+            print(f"  {NOT_CHECKED}")
             hint = _attention_dp_hint(run.spec)  # type: ignore[attr-defined]
             if hint:
                 print(f"  hint: {hint}")

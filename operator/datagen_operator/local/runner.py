@@ -29,6 +29,7 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import PROGRESSING, SERVER_READY, Condition
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
+from datagen_operator.checks.verify import holds_records
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
@@ -204,7 +205,10 @@ class LocalRunner:
         succeeded = next((c for c in self.conditions if c.type == "Succeeded"), None)
         ok = succeeded is not None and succeeded.status == "True"
         verdict = "[bold green]run succeeded[/]" if ok else "[bold red]run did not succeed[/]"
-        self._say(f"{verdict}: output in {self.output} (datagen verify {self.output})")
+        if holds_records(self.output):
+            self._say(f"{verdict}: output in {self.output} (datagen verify {self.output})")
+        else:  # halted before any record: verify would have nothing to say; the cause is the conditions above
+            self._say(f"{verdict}: no record was written to {self.output}; the cause is Succeeded's message above")
         return EXIT_SUCCEEDED if ok else EXIT_FAILED
 
     async def _act(self, decision: Decision) -> None:

@@ -128,10 +128,12 @@ def build_fingerprint(
     preset: str | None,
     thinking: bool,
     turns: str = "last",
+    template_variables: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Samples per prompt is deliberately not part of it: raising it later extends a run (sample k is
-    sent with seed + k either way). `turns` is, when `all`: one output holds one answer per line or whole
-    regenerated conversations, never both (an output of one answer per line keeps its fingerprint)."""
+        sent with seed + k either way). generation.templateVariables are, when set (a line's own are in the line,
+    held by the dataset pin). `turns` is, when `all`: one output holds one answer per line or whole
+        regenerated conversations, never both (an output of one answer per line keeps its fingerprint)."""
     return {
         "tokenizer": tokenizer,
         "chat_template_sha256": chat_template,
@@ -140,6 +142,7 @@ def build_fingerprint(
         "preset": preset,
         "thinking": thinking,
         **({"turns": turns} if turns != "last" else {}),
+        **({"template_variables": dict(sorted(template_variables.items()))} if template_variables else {}),
     }
 
 

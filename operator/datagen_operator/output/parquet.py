@@ -55,6 +55,7 @@ def parquet_schema() -> pa.Schema:
             ("prompt_hash", pa.uint64()),
             ("run", pa.string()),
             ("turn", pa.int32()),
+            ("thinking", pa.bool_()),
             ("answer_content", pa.string()),
             ("answer_reasoning", pa.string()),
         ]

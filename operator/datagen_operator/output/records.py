@@ -27,6 +27,8 @@ class Conversation:
     turns: Turns
     tools: list[dict[str, Any]] | None
     answers: list[AnswerSplit]
+    variables: dict[str, Any] | None = None
+    """The line's own chat_template_kwargs, rendered into every turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class Job:
     """prompts.pin.prompt_hash of the dataset line the prompt was read from: verify checks it against the pin."""
     turn: int = 0
     conversation: Conversation | None = None
+    thinking: bool | None = None
+    """The line's own thinking switch (its chat_template_kwargs), when it sets one: its record is judged by it."""
 
     @property
     def key(self) -> Key:
@@ -85,6 +89,7 @@ def build_record(
         "prompt_hash": job.prompt_hash,
         "run": run,
         "turn": job.turn,
+        "thinking": job.thinking,
         "answer_content": split.content if split is not None else None,
         "answer_reasoning": split.reasoning_content if split is not None else None,
     }

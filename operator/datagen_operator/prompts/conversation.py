@@ -172,16 +172,29 @@ class AnswerSplitter:
             )
         self.tokenizer = tokenizer
         self.parser = reasoning_parser
+        self.chat_template = chat_template
+        self.variables = variables
         # serving_chat decides once per request whether the output starts inside reasoning: from the template
-        # and the request's template variables, here the run's.
-        self.forced = force_reasoning(reasoning_parser, chat_template, variables) if reasoning_parser else False
+        # and the request's template variables, here the run's (a line's own are decided per answer).
+        self.forced = self._forced(variables)
 
-    def split(self, output_ids: Sequence[int], finish_reason: Any, has_tools: bool) -> AnswerSplit:
+    def _forced(self, variables: Mapping[str, Any]) -> bool:
+        return force_reasoning(self.parser, self.chat_template, variables) if self.parser else False
+
+    def split(
+        self,
+        output_ids: Sequence[int],
+        finish_reason: Any,
+        has_tools: bool,
+        line_variables: Mapping[str, Any] | None = None,
+    ) -> AnswerSplit:
+        """`line_variables`: the line's own chat_template_kwargs, over the run's."""
         ids = list(output_ids)
         matched = finish_reason.get("matched") if isinstance(finish_reason, Mapping) else None
         if finished_with_stop(finish_reason) and isinstance(matched, int) and ids and ids[-1] == matched:
             ids.pop()  # the matched stop id is trimmed before decoding (no_stop_trim is never sent)
         keep_special = has_tools or self.parser == HARMONY_PARSER
         text = self.tokenizer.decode(ids, skip_special_tokens=not keep_special)
-        split = split_reasoning(text, self.parser, self.forced)
+        forced = self._forced({**self.variables, **line_variables}) if line_variables else self.forced
+        split = split_reasoning(text, self.parser, forced)
         return AnswerSplit(split.content, split.reasoning)

@@ -53,7 +53,22 @@ BAD_MESSAGES = "bad_messages"
 INVALID_TOOLS = "invalid_tools"
 UNKNOWN_SHAPE = "unknown_shape"
 """Not a conversation this reader knows: no messages/conversations list, or a message neither OpenAI nor ShareGPT."""
-CAUSES = (BAD_JSON, NOT_OBJECT, BAD_ID, DUPLICATE_ID, BAD_MESSAGES, INVALID_TOOLS, UNKNOWN_SHAPE)
+INVALID_TEMPLATE_KWARGS = "invalid_template_kwargs"
+CAUSES = (
+    BAD_JSON,
+    NOT_OBJECT,
+    BAD_ID,
+    DUPLICATE_ID,
+    BAD_MESSAGES,
+    INVALID_TOOLS,
+    UNKNOWN_SHAPE,
+    INVALID_TEMPLATE_KWARGS,
+)
+
+TEMPLATE_KWARGS = "chat_template_kwargs"
+"""A line's own chat-template variables (SGLang's chat request field of the same name), e.g. gpt-oss's
+`reasoning_effort` or Qwen3's `enable_thinking` per line: rendered over the run's variables."""
+
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -111,6 +126,8 @@ class Prompt:
     messages: list[dict[str, Any]]
     """OpenAI messages, whichever shape the line had (normalised_messages)."""
     tools: list[dict[str, Any]] | None
+    variables: dict[str, Any] | None = None
+    """The line's chat_template_kwargs, rendered over the run's template variables."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,12 +214,30 @@ def validate_prompt(
     tools_reason = tools_problem(tools)
     if tools_reason is not None:
         problems.append(Problem(INVALID_TOOLS, tools_reason))
+    kwargs = obj.get(TEMPLATE_KWARGS)
+    kwargs_reason = template_kwargs_problem(kwargs)
+    if kwargs_reason is not None:
+        problems.append(Problem(INVALID_TEMPLATE_KWARGS, kwargs_reason))
     if problems:
         return prompt_id, Problem(problems[0].cause, "; ".join(problem.reason for problem in problems))
     if id_key not in obj:
         assert messages is not None
-        prompt_id = derived_id(messages, tools)
+        prompt_id = derived_id(messages, tools, kwargs)
     return prompt_id, None
+
+
+def template_kwargs_problem(kwargs: Any) -> str | None:
+    """Why a line's chat_template_kwargs cannot be rendered over the run's variables, or None."""
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        return f"{TEMPLATE_KWARGS} must be an object of template variables, got {_json_type(kwargs)}"
+    from datagen_operator.api.resolve import RESERVED_VARIABLES  # only for lines that have their own
+
+    reserved = sorted(RESERVED_VARIABLES & kwargs.keys())
+    if reserved:
+        return f"{TEMPLATE_KWARGS} may not set {', '.join(reserved)}: the renderer gives the template those itself"
+    return None
 
 
 def _id_problem(raw_id: Any, id_key: str, integer_ids: bool) -> tuple[str | None, Problem | None]:
@@ -288,10 +323,14 @@ def normalised_messages(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def derived_id(messages: list[dict[str, Any]], tools: Any) -> str:
+def derived_id(messages: list[dict[str, Any]], tools: Any, kwargs: Any = None) -> str:
     """The id of a line without an id field (module doc): its normalised messages and its tools (absent, null
-    and [] alike, as the prompt sent is the same), keys sorted."""
-    body = orjson.dumps({"messages": messages, "tools": tools or None}, default=str, option=orjson.OPT_SORT_KEYS)
+    and [] alike, as the prompt sent is the same), keys sorted; its chat_template_kwargs when it has some (the
+    same chat with thinking on and off is two prompts)."""
+    content: dict[str, Any] = {"messages": messages, "tools": tools or None}
+    if kwargs:
+        content[TEMPLATE_KWARGS] = kwargs
+    body = orjson.dumps(content, default=str, option=orjson.OPT_SORT_KEYS)
     return "sha256:" + sha256(body).hexdigest()[:16]
 
 
@@ -306,7 +345,7 @@ def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     messages = obj.get("messages")
     if type(prompt_id) is not str or not prompt_id or type(messages) is not list or not messages:
         return None
-    if obj.get("tools") is not None:
+    if obj.get("tools") is not None or obj.get(TEMPLATE_KWARGS) is not None:
         return None
     roles = OPENAI_ROLES
     try:
@@ -436,7 +475,9 @@ class ShardPlan:
 
 def prompt_from(ref: PromptRef, obj: dict[str, Any]) -> Prompt:
     """The prompt of a valid line, from its parsed object: its messages as OpenAI messages (normalised_messages)."""
-    return Prompt(ref.position, ref.id, normalised_messages(obj), obj.get("tools") or None)
+    return Prompt(
+        ref.position, ref.id, normalised_messages(obj), obj.get("tools") or None, obj.get(TEMPLATE_KWARGS) or None
+    )
 
 
 def unit_of(form: str) -> str:

@@ -9,7 +9,7 @@ worker's reference checks (`render.Renderer`), never trusted on its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,16 @@ class LeanRenderer:
         backend = Tokenizer.from_file(str(spec.tokenizer_json))
         return cls(spec.chat_template, spec.variables, tokenizers_encoder(backend))
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        variables: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """`variables`: a line's own template variables (its chat_template_kwargs), over the run's."""
+        merged = {**self.variables, **variables} if variables else self.variables
         try:
-            text = render_chat(self.chat_template, messages, tools=tools, add_generation_prompt=True, **self.variables)
+            text = render_chat(self.chat_template, messages, tools=tools, add_generation_prompt=True, **merged)
         except Exception as error:  # jinja errors, template `raise_exception`, bad tool schemas
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
         return self.encode(text)

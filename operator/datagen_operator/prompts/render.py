@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # a render helper imports this module: nothing pydantic-heavy
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner per worker
 log = logging.getLogger("datagen.worker.render")
+
+Variables = Mapping[str, Any] | None
+"""A line's own template variables (its chat_template_kwargs), rendered over the run's; None: the run's only."""
 
 # Variables a template may read when no preset names the switch; unused variables are ignored by Jinja.
 GENERIC_THINKING_SWITCHES = ("thinking", "enable_thinking")
@@ -49,13 +52,28 @@ def pinned_template(template: str, rendered_on: str | None) -> str:
 
 
 def template_variables(resolved: ResolvedModel, rendered_on: str | None = None) -> dict[str, Any]:
-    """Extra chat-template variables: the run's thinking switch, and the output's render date when known."""
+    """Extra chat-template variables: generation.templateVariables, the run's thinking switch, and the output's
+    render date when known."""
     clock: dict[str, Any] = {RENDERED_ON: rendered_on} if rendered_on else {}
-    preset = resolved.preset
-    if preset is not None:
-        switch = preset.thinking.switch
-        return {**({switch: resolved.thinking} if switch else {}), **clock}
-    return {**dict.fromkeys(GENERIC_THINKING_SWITCHES, resolved.thinking), **clock}
+    return {**resolved.template_variables, **dict.fromkeys(thinking_switches(resolved), resolved.thinking), **clock}
+
+
+def thinking_switches(resolved: ResolvedModel) -> tuple[str, ...]:
+    """The template variables that switch thinking: the preset's, or the generic ones without a preset."""
+    if resolved.preset is not None:
+        switch = resolved.preset.thinking.switch
+        return (switch,) if switch else ()
+    return GENERIC_THINKING_SWITCHES
+
+
+def line_thinking(resolved: ResolvedModel, variables: Mapping[str, Any] | None) -> bool:
+    """Whether a line renders with thinking on: its own chat_template_kwargs' switch when it sets one (Qwen3's
+    enable_thinking per line), else the run's."""
+    for name in thinking_switches(resolved) if variables else ():
+        value = variables.get(name) if variables else None
+        if isinstance(value, bool):
+            return value
+    return resolved.thinking
 
 
 def load_tokenizer(tokenizer_dir: str | Path, *, trust_remote_code: bool) -> Any:
@@ -132,8 +150,11 @@ class Renderer:
         """Whether the `count`th lean render (1-based) is compared with the reference."""
         return count <= cls.CHECK_FIRST or count % cls.CHECK_EVERY == 0
 
-    def reference(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Exactly what transformers renders and tokenizes (the definition the lean path must match)."""
+    def reference(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, variables: Variables = None
+    ) -> list[int]:
+        """Exactly what transformers renders and tokenizes (the definition the lean path must match);
+        `variables`: a line's own template variables (its chat_template_kwargs), over the run's."""
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages,
@@ -142,7 +163,7 @@ class Renderer:
                 tokenize=True,
                 return_dict=False,
                 chat_template=self.template,
-                **self.variables,
+                **({**self.variables, **variables} if variables else self.variables),
             )
         except Exception as error:  # jinja errors, template `raise_exception`, bad tool schemas
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
@@ -151,27 +172,34 @@ class Renderer:
         return list(ids)
 
     def check(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, ids: list[int], where: str
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        ids: list[int],
+        where: str,
+        variables: Variables = None,
     ) -> list[int]:
         """The reference's ids for a prompt the lean path rendered as `ids`; a difference switches this
         renderer to the reference for good."""
         self.checked += 1
-        expected = self.reference(messages, tools)
+        expected = self.reference(messages, tools, variables)
         if expected != ids and self.fast_path_mismatch is None:
             self.fast_path_mismatch = f"{where}: lean ids differ from apply_chat_template"
             log.warning("renderer: %s; using apply_chat_template(tokenize=True) from now on", self.fast_path_mismatch)
         return expected
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, variables: Variables = None
+    ) -> list[int]:
         self.rendered += 1
         if self.lean is None or self.fast_path_mismatch is not None:
-            return self.reference(messages, tools)
+            return self.reference(messages, tools, variables)
         try:
-            ids = self.lean.render(messages, tools)
+            ids = self.lean.render(messages, tools, variables)
         except RenderError:
-            return self.reference(messages, tools)  # the reference decides what is set aside
+            return self.reference(messages, tools, variables)  # the reference decides what is set aside
         if self.due_for_check(self.rendered):
-            return self.check(messages, tools, ids, f"prompt #{self.rendered}")
+            return self.check(messages, tools, ids, f"prompt #{self.rendered}", variables)
         return ids
 
 
@@ -194,6 +222,8 @@ def lean_spec(renderer: Renderer, tokenizer_dir: Path) -> LeanSpec | str:
 
 RenderResult = bytes | str
 """int32 ids as bytes (cheap to pickle), or the reason the prompt cannot be rendered."""
+RenderItem = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, Mapping[str, Any] | None]
+"""A prompt to render: its messages, tools and own template variables (a line's chat_template_kwargs)."""
 
 
 @dataclass(frozen=True)
@@ -240,23 +270,21 @@ def _init_render_process(spec: LeanSpec | FullSpec) -> None:
 
 
 def render_batch(
-    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]],
-    items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]],
+    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, Variables], list[int]],
+    items: list[RenderItem],
 ) -> list[RenderResult]:
     from array import array
 
     out: list[RenderResult] = []
-    for messages, tools in items:
+    for messages, tools, variables in items:
         try:
-            out.append(array("i", render(messages, tools)).tobytes())
+            out.append(array("i", render(messages, tools, variables)).tobytes())
         except RenderError as error:
             out.append(str(error))
     return out
 
 
-def _render_batch_in_process(
-    items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]],
-) -> tuple[list[RenderResult], str | None]:
+def _render_batch_in_process(items: list[RenderItem]) -> tuple[list[RenderResult], str | None]:
     assert _process_renderer is not None, "render process not initialised"
     mismatch = _process_renderer.fast_path_mismatch if isinstance(_process_renderer, Renderer) else None
     return render_batch(_process_renderer.render, items), mismatch
@@ -363,28 +391,27 @@ class RenderPool:
         reference_only = isinstance(self.helper_spec, FullSpec) and self.helper_spec.reference_only
         return reference_only or self.renderer is None or self.renderer.fast_path_mismatch is None
 
-    def _held_to_reference(
-        self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]], results: list[RenderResult]
-    ) -> list[RenderResult]:
+    def _held_to_reference(self, items: list[RenderItem], results: list[RenderResult]) -> list[RenderResult]:
         """A helper's batch as the reference has it (see the class)."""
         renderer = self.renderer
         if renderer is None:  # no tokenizer in this process: the helpers are the renderer
             return results
         checked: list[RenderResult] = []
-        for (messages, tools), result in zip(items, results, strict=True):
+        for (messages, tools, variables), result in zip(items, results, strict=True):
             if isinstance(result, str):
-                checked.extend(render_batch(renderer.reference, [(messages, tools)]))
+                checked.extend(render_batch(renderer.reference, [(messages, tools, variables)]))
                 continue
             self.helper_rendered += 1
             if renderer.due_for_check(self.helper_rendered):
-                renderer.check(messages, tools, ids_from_result(result), f"helper prompt #{self.helper_rendered}")
+                where = f"helper prompt #{self.helper_rendered}"
+                renderer.check(messages, tools, ids_from_result(result), where, variables)
             if not self._helpers_trusted():
                 self._stop_helpers()  # restarted (lazily) rendering with the reference
                 return render_batch(renderer.reference, items)
             checked.append(result)
         return checked
 
-    async def render(self, items: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]) -> list[RenderResult]:
+    async def render(self, items: list[RenderItem]) -> list[RenderResult]:
         import asyncio
         import time
         from concurrent.futures.process import BrokenProcessPool

@@ -6,6 +6,7 @@ recorded turn once the plan is read (its earlier answers read back from the stor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ from datagen_operator.output.records import (
 from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, last_turn, plan_turns
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
 from datagen_operator.prompts.pin import changed_message, prompt_hash
-from datagen_operator.prompts.render import RenderResult, ids_from_result
+from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue
@@ -100,7 +101,7 @@ class Feeder:
                         continue
                     prompt = prompt_from(ref, obj)
                     # A line ending with the dataset's answer: the model answers its last user turn instead.
-                    prompt = Prompt(prompt.position, prompt.id, last_turn(prompt.messages)[0], prompt.tools)
+                    prompt = dataclasses.replace(prompt, messages=last_turn(prompt.messages)[0])
                 line_hash = prompt_hash(obj)
                 if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
                     # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
@@ -112,7 +113,7 @@ class Feeder:
                     ledger.set_aside(prompt.id, malformed_reject(prompt.position, reason, "", prompt.id, NO_USER_TURN))
                     continue
                 if turns is not None:
-                    prompt = Prompt(prompt.position, prompt.id, list(turns.inputs[0]), prompt.tools)
+                    prompt = dataclasses.replace(prompt, messages=list(turns.inputs[0]))
                 batch.append((prompt, line_hash, turns))
                 if len(batch) >= self.RENDER_BATCH:
                     ahead.append((batch, asyncio.ensure_future(self._render(batch))))
@@ -143,7 +144,8 @@ class Feeder:
                 future.cancel()
 
     async def _render(self, prompts: Batch) -> list[RenderResult]:
-        return await self.inputs.render_pool.render([(prompt.messages, prompt.tools) for prompt, _, _ in prompts])
+        items: list[RenderItem] = [(prompt.messages, prompt.tools, prompt.variables) for prompt, _, _ in prompts]
+        return await self.inputs.render_pool.render(items)
 
     async def _queue_rendered(self, prompts: Batch, future: asyncio.Future[list[RenderResult]]) -> None:
         results = await future
@@ -160,10 +162,14 @@ class Feeder:
                 ledger.set_aside(prompt.id, too_long_reject(prompt.position, prompt.id, too_long))
                 continue
             has_tools = bool(prompt.tools)
+            thinking = line_thinking(self.config.resolved, prompt.variables) if prompt.variables else None
             for sample in range(samples):
                 if turns is None:
                     if ledger.turns_to_send(prompt.id, sample):
-                        await self.jobs.put(Job(prompt.position, prompt.id, sample, input_ids, has_tools, line_hash))
+                        job = Job(
+                            prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, thinking=thinking
+                        )
+                        await self.jobs.put(job)
                     continue
                 to_send = ledger.turns_to_send(prompt.id, sample, len(turns))
                 if not to_send:
@@ -171,8 +177,10 @@ class Feeder:
                 if to_send.start > 0:
                     self.resumed.append((prompt, line_hash, turns, sample, to_send.start))
                     continue
-                conversation = Conversation(turns, prompt.tools, [])
-                job = Job(prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, 0, conversation)
+                conversation = Conversation(turns, prompt.tools, [], prompt.variables)
+                job = Job(
+                    prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, 0, conversation, thinking
+                )
                 await self.jobs.put(job)
 
     async def _queue_resumed(self) -> None:
@@ -189,8 +197,11 @@ class Feeder:
                 message = f"conversation {prompt.id!r} sample {sample}: its recorded turns lost their answers"
                 self.stop.set_fatal(EXIT_BAD_INPUT, message)
                 return
-            conversation = Conversation(turns, prompt.tools, [earlier[turn] for turn in range(start)])
-            job = Job(prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation)
+            conversation = Conversation(turns, prompt.tools, [earlier[turn] for turn in range(start)], prompt.variables)
+            thinking = line_thinking(self.config.resolved, prompt.variables) if prompt.variables else None
+            job = Job(
+                prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation, thinking
+            )
             ready = await self.turns.rendered(job)
             if ready is not None:
                 await self.jobs.put(ready)

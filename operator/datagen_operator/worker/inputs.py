@@ -4,6 +4,7 @@ faithful outputs look like. Loaded once; BadInput (exit 2) names what is unusabl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,13 @@ class Inputs:
     """The sampling params every /generate request of this run carries (stop tokens included)."""
     splitter: AnswerSplitter | None = None
     """generation.turns all: how an answer becomes the next turn's history."""
+
+    def expect_for(self, thinking: bool | None) -> Expectations:
+        """What a faithful record of a line looks like: the run's expectations, with the thinking of a line that
+        switches it itself (its chat_template_kwargs): a thinking-off line must not reason, an on line must."""
+        if thinking is None or thinking == self.expect.thinking:
+            return self.expect
+        return dataclasses.replace(self.expect, thinking=thinking)
 
 
 async def load_inputs(config: WorkerConfig) -> Inputs:

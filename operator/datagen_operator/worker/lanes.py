@@ -102,7 +102,7 @@ class Lanes:
             meta.get("finish_reason"),
             meta.get("completion_tokens"),
             job.has_tools,
-            self.inputs.expect,
+            self.inputs.expect_for(job.thinking),
         )
         answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
         split = None

@@ -94,6 +94,7 @@ def data_fingerprint(config: WorkerConfig, inputs: Inputs, servers: Servers) -> 
         preset=c.resolved.preset.name if c.resolved.preset else None,
         thinking=c.resolved.thinking,
         turns=c.spec.generation.turns,
+        template_variables=c.resolved.template_variables,
     )
 
 

@@ -34,7 +34,8 @@ class NextTurns:
         self.max_new_tokens = int(inputs.sampling["max_new_tokens"])
 
     def split(self, job: Job, output_ids: Sequence[int], finish_reason: Any) -> AnswerSplit:
-        return self.splitter.split(output_ids, finish_reason, job.has_tools)
+        variables = job.conversation.variables if job.conversation is not None else None
+        return self.splitter.split(output_ids, finish_reason, job.has_tools, variables)
 
     async def after_answer(
         self, job: Job, split: AnswerSplit, output_ids: Sequence[int], finish_reason: Any
@@ -68,7 +69,7 @@ class NextTurns:
         conversation = job.conversation
         assert conversation is not None
         messages = turn_messages(conversation.turns, job.turn, conversation.answers)
-        [result] = await self.inputs.render_pool.render([(messages, conversation.tools)])
+        [result] = await self.inputs.render_pool.render([(messages, conversation.tools, conversation.variables)])
         if isinstance(result, str):
             self.end(job, UNRENDERABLE, f"turn {job.turn + 1}: {result}")
             return None
