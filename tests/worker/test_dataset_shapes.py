@@ -312,7 +312,7 @@ def test_numbers_in_reasons_count_from_one(tmp_path: Path) -> None:
     summary = dataset_summary(path)
     assert summary.examples == {UNKNOWN_SHAPE: f"line 3: message 1 (messages[0]) has role 'x'; {EXPECTED}"}
     (aside,) = _scan(path)[1]
-    assert aside.position == 2 and aside.key == "line:2"  # positions stay 0-based
+    assert aside.position == 2 and aside.key == "line:3"  # positions stay 0-based; what a person reads is 1-based
 
 
 # --- JSON array files -----------------------------------------------------------------------------------------

@@ -79,7 +79,12 @@ def test_a_prompt_over_the_context_is_set_aside_unsent_and_stays_so_on_resume(
     check_records(output, [item for i, item in enumerate(items) if i != 3], samples=2)
 
     [reject] = list(iter_rejects(output))
-    assert (reject["kind"], reject["cause"], reject["id"], reject["line"]) == ("too_long", "too_long", "p0003", 3)
+    assert (reject["kind"], reject["cause"], reject["id"], reject["line"]) == (
+        "too_long",
+        "too_long",
+        "p0003",
+        4,
+    )  # 1-based, as the console says
     assert "exceeds the server's context length of 600 tokens" in reject["reason"]
     state = progress(output)
     assert state["state"] == "complete"

@@ -590,7 +590,8 @@ class PinCheck:
 
         if self.pinned is None:
             return
-        lines = batch.column("line").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        # A record names its line 1-based (prompts.dataset.line_number); the pin is indexed from 0.
+        lines = batch.column("line").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) - 1
         hashes = batch.column("prompt_hash").fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint64)
         inside = (lines >= 0) & (lines < len(self.pinned))
         pinned = np.zeros(len(lines), np.uint64)
@@ -651,7 +652,7 @@ class _DatasetPass:
     causes: list[str]
     """The cause of every line set aside when read."""
     on_reject_lines: list[tuple[int, str]]
-    """(line, id) of the valid prompts on lines that rejects.jsonl names."""
+    """(line number, id) of the valid prompts on lines that rejects.jsonl names."""
     sampled: dict[str, Any]
     """id -> Prompt for the ids asked for (the fidelity sample)."""
     turns: dict[str, int] = field(default_factory=dict)
@@ -665,7 +666,7 @@ def _read_dataset(
     import numpy as np
 
     from datagen_operator.prompts.conversation import planned_turns
-    from datagen_operator.prompts.dataset import MalformedLine, prompt_from
+    from datagen_operator.prompts.dataset import MalformedLine, line_number, prompt_from
 
     ids: list[str] = []
     turns: list[int] = []
@@ -689,8 +690,8 @@ def _read_dataset(
         turns.extend(range(planned))
         if len(ids) >= 65_536:
             hash_chunk()
-        if ref.position in reject_lines:
-            result.on_reject_lines.append((ref.position, ref.id))
+        if line_number(ref.position) in reject_lines:
+            result.on_reject_lines.append((line_number(ref.position), ref.id))
             result.turns[ref.id] = planned
         if ref.id in sampled_ids:
             result.sampled[ref.id] = prompt_from(ref, obj)

@@ -12,6 +12,7 @@ import orjson
 from datagen_operator.engine.limits import reserved_tokens
 from datagen_operator.output.layout import Key
 from datagen_operator.prompts.conversation import AnswerSplit, Turns
+from datagen_operator.prompts.dataset import line_key, line_number
 
 # Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
 # prompts.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
@@ -85,7 +86,7 @@ def build_record(
         "attempts": answer.attempts,
         "has_tools": job.has_tools,
         "flags": sorted(flags),
-        "line": job.position,
+        "line": line_number(job.position),
         "prompt_hash": job.prompt_hash,
         "run": run,
         "turn": job.turn,
@@ -112,7 +113,7 @@ def server_reject(job: Job, status: int, reason: str, server: str, attempts: int
         "id": job.id,
         "sample": job.sample,
         "turn": job.turn,
-        "line": job.position,
+        "line": line_number(job.position),
         "status": status,
         "reason": reason,
         "server": server,
@@ -122,12 +123,12 @@ def server_reject(job: Job, status: int, reason: str, server: str, attempts: int
 
 def malformed_reject(position: int, reason: str, excerpt: str, prompt_id: str | None, cause: str) -> dict[str, Any]:
     """A dataset line set aside (bad JSON, id, messages, tools) or a prompt the template cannot render."""
-    return {"key": f"line:{position}", "kind": "malformed", "cause": cause, "line": position, "id": prompt_id,
+    return {"key": line_key(position), "kind": "malformed", "cause": cause, "line": line_number(position), "id": prompt_id,
             "reason": reason, "excerpt": excerpt}  # fmt: skip
 
 
 def too_long_reject(position: int, prompt_id: str, reason: str) -> dict[str, Any]:
-    return {"key": f"line:{position}", "kind": TOO_LONG, "cause": TOO_LONG, "line": position, "id": prompt_id,
+    return {"key": line_key(position), "kind": TOO_LONG, "cause": TOO_LONG, "line": line_number(position), "id": prompt_id,
             "reason": reason}  # fmt: skip
 
 
@@ -138,7 +139,7 @@ def turns_reject(job: Job, cause: str, reason: str) -> dict[str, Any]:
     """The turns of a conversation's sample from `job.turn` on, never sent (prompts.conversation.TURN_CAUSES)."""
     planned = len(job.conversation.turns) if job.conversation is not None else job.turn + 1
     return {"key": f"turns:{job.id}#{job.sample}@{job.turn}", "kind": TURNS_KIND, "cause": cause, "id": job.id,
-            "sample": job.sample, "turn": job.turn, "turns": planned, "line": job.position,
+            "sample": job.sample, "turn": job.turn, "turns": planned, "line": line_number(job.position),
             "reason": reason}  # fmt: skip
 
 

@@ -142,7 +142,18 @@ class MalformedLine:
 
     @property
     def key(self) -> str:
-        return f"line:{self.position}"
+        return line_key(self.position)
+
+
+def line_number(position: int) -> int:
+    """A dataset line (or JSON array element) as a person counts it: 1-based, in every message, record and
+    rejects.jsonl entry (`position` stays the 0-based index inside the program)."""
+    return position + 1
+
+
+def line_key(position: int) -> str:
+    """The rejects.jsonl key of a dataset line set aside."""
+    return f"line:{line_number(position)}"
 
 
 class DatasetError(Exception):

@@ -10,7 +10,7 @@ from datagen_operator.api.progress import RecordCounts, ShardProgress
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import NO_USER_TURN, TOOL_TURN, plan_turns
-from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, prompt_from
+from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, line_key, prompt_from
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.progress import Tracker
 from datagen_operator.worker.volume_guard import VolumeGuard
@@ -85,7 +85,7 @@ class Ledger:
         p.records_total += n * turns
         if cut:
             p.turns_cut[TOOL_TURN] = p.turns_cut.get(TOOL_TURN, 0) + cut
-        cause = writer.set_aside.get(f"line:{ref.position}")
+        cause = writer.set_aside.get(line_key(ref.position))
         if cause is not None:
             # Set aside by an earlier run (unrenderable, too long): never sent again. Its samples are counted
             # from the start (set_aside_on_disk).
@@ -171,7 +171,7 @@ class Ledger:
                 continue
             ref, obj = item
             turns, cut = self.turns_of(ref, obj)
-            if f"line:{ref.position}" not in writer.set_aside:
+            if line_key(ref.position) not in writer.set_aside:
                 keys = [(ref.id, sample, turn) for sample in range(n) for turn in range(turns)]
                 p.records_done += sum(1 for key in keys if key in writer.done)
                 p.records_rejected += sum(1 for key in keys if key in writer.rejected)
