@@ -136,7 +136,7 @@ def test_a_conversation_ends_at_its_first_tool_message_and_at_an_unfinished_answ
     }  # fmt: skip
     items = [*conversations(3), tool_line]
     output = tmp_path / "out"
-    # Answers of ~40 tokens against max_new_tokens 24: some turn 1 answers are cut, which ends their conversation.
+    # Answers of ~40 tokens against max_new_tokens 40: some turn 1 answers are cut, which ends their conversation.
     document = spec(
         write_dataset(tmp_path / "chats.jsonl", items),
         output,
@@ -165,6 +165,16 @@ def test_a_conversation_ends_at_its_first_tool_message_and_at_an_unfinished_answ
     report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
     completeness = next(check for check in report.checks if check.name == "completeness")
     assert completeness.passed, completeness.verdict
+    turns_not_sent = sum(e["turns"] - e["turn"] for e in cut)
+    assert f"turns not sent: {turns_not_sent} answer_unfinished" in completeness.verdict
+    # Reported turn by turn and conversation by conversation.
+    reported = next(check for check in report.checks if check.name == "conversations")
+    by_turn = Counter(r["turn"] for r in records)
+    assert (
+        f"{len(items) - len({(e['id'], e['sample']) for e in cut})}/{len(items)} conversations" in reported.verdict
+    )
+    assert f"records by turn: 1: {by_turn[0]}" in reported.verdict
+    assert f"{len(cut)} ended early" in reported.verdict
 
 
 def _items(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -32,8 +32,10 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, check_context, evaluate
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 from datagen_operator.output.layout import Key
+from datagen_operator.output.records import TURNS_KIND
 
 COMPLETENESS = "completeness"
+CONVERSATIONS = "conversations"
 PROMPT_FIDELITY = "prompt_fidelity"
 INTEGRITY = "integrity"
 DATASET_PIN = "dataset_pin"
@@ -203,10 +205,17 @@ class KeyCheck:
         return _minus(self.seen, self.wanted)
 
 
+def turns_cut_causes(rejects: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """cause -> turns of conversations never sent (records.turns_reject entries)."""
+    causes: Counter[str] = Counter()
+    for entry in rejects:
+        if entry.get("kind") == TURNS_KIND:
+            causes[str(entry.get("cause"))] += max(0, int(entry.get("turns") or 0) - int(entry.get("turn") or 0))
+    return dict(causes)
+
+
 def turns_cut_keys(rejects: Iterable[Mapping[str, Any]]) -> list[Key]:
     """The keys of conversations' turns never sent (records.turns_reject entries)."""
-    from datagen_operator.output.records import TURNS_KIND
-
     keys: list[Key] = []
     for entry in rejects:
         if entry.get("kind") == TURNS_KIND and isinstance(entry.get("id"), str):
@@ -240,7 +249,9 @@ def key_hashes(keys: Iterable[Key]) -> Any:
     return sorted_unique(np.fromiter((hash(key) for key in keys), dtype=np.int64))
 
 
-def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = None) -> CheckResult:
+def _completeness(
+    keys: KeyCheck, duplicates: int, set_aside: SetAside | None = None, turns_cut: Mapping[str, int] | None = None
+) -> CheckResult:
 
     if keys.wanted is None:
         dup_note = f"; {duplicates} duplicate rows" if duplicates else ""
@@ -276,6 +287,8 @@ def _completeness(keys: KeyCheck, duplicates: int, set_aside: SetAside | None = 
         notes.append(f"{rejected} rejected by the server")
     if aside.causes:
         notes.append(f"set aside unsent: {aside.summary()}")
+    if turns_cut:
+        notes.append("turns not sent: " + ", ".join(f"{n} {cause}" for cause, n in sorted(turns_cut.items())))
     note = f" ({'; '.join(notes)}; listed in rejects.jsonl)" if notes else ""
     return CheckResult(
         name=COMPLETENESS,
@@ -480,7 +493,11 @@ def verify_output(
     tally = _output_tally(counts, server, prompts_named, set_aside)
     ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
     checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
-    checks.append(_completeness(keys, duplicates, set_aside))
+    checks.append(_completeness(keys, duplicates, set_aside, turns_cut_causes(all_rejects)))
+    if turns_mode == "all":
+        ended = {(r["id"], r.get("sample", 0)) for r in all_rejects if r.get("kind") == TURNS_KIND}
+        conversations = (dataset_count if dataset_count is not None else prompts_named) * samples
+        checks.append(conversations_check(read.by_turn, turns_cut_causes(all_rejects), conversations, len(ended)))
     checks.append(
         _dataset_pin(
             pin, pins, dataset_path, spec.dataset.format if spec else "auto", spec.dataset.id_field if spec else None
@@ -573,6 +590,7 @@ class _RecordsPass:
     fidelity_sample: list[dict[str, Any]]
     prompts: set[int]
     """hash(id) of the prompts the records name (only when asked: counted without the dataset)."""
+    by_turn: TurnCounts = field(default_factory=lambda: TurnCounts())
 
 
 @dataclass
@@ -621,6 +639,7 @@ def _read_records(
     prompts: set[int] = set()
     examples: dict[str, list[Example]] = defaultdict(list)
     fidelity_sample = _FidelitySample(fidelity_size)
+    by_turn = TurnCounts()
     for batch in batches:
         ids = batch.column("id").to_pylist()
         turns = batch.column("turn").fill_null(0).to_pylist()
@@ -629,6 +648,7 @@ def _read_records(
             prompts.update(map(hash, ids))
         flags = batch_flags(batch, expect)
         counts.merge(_batch_counts(batch, flags.counts()))
+        by_turn.add(turns, flags)
         pins.add(batch)
         for flag in sorted(flags.counts()):
             wanted = EXAMPLES_PER_FLAG - len(examples[flag])
@@ -639,8 +659,39 @@ def _read_records(
         fidelity_sample.offer(batch)
     keys = sorted_unique(np.frombuffer(record_keys, dtype=np.int64))
     return _RecordsPass(
-        len(record_keys), counts, keys, batches.duplicates, examples, fidelity_sample.records(), prompts
+        len(record_keys), counts, keys, batches.duplicates, examples, fidelity_sample.records(), prompts, by_turn
     )
+
+
+@dataclass
+class TurnCounts:
+    """Records and flagged records by turn (regenerated conversations: verify reports each turn apart)."""
+
+    records: Counter[int] = field(default_factory=Counter)
+    flagged: Counter[int] = field(default_factory=Counter)
+
+    def add(self, turns: list[int], flags: Any) -> None:
+        import numpy as np
+
+        self.records.update(turns)
+        clean = np.asarray([not combo for combo in flags.combos], bool)
+        if len(turns) and not clean[flags.combo_of_row].all():
+            self.flagged.update(t for t, ok in zip(turns, clean[flags.combo_of_row].tolist(), strict=True) if not ok)
+
+
+def conversations_check(turns: TurnCounts, cut: Mapping[str, int], conversations: int, ended: int) -> CheckResult:
+    """What a regenerated output holds, turn by turn and conversation by conversation (informational: each rule it
+    sums is judged by its own check)."""
+    shown = ", ".join(
+        f"{turn + 1}: {turns.records[turn]}" + (f" ({turns.flagged[turn]} flagged)" if turns.flagged[turn] else "")
+        for turn in sorted(turns.records)
+    )
+    ends = ", ".join(f"{count} {cause}" for cause, count in sorted(cut.items()))
+    whole = f"{conversations - ended}/{conversations} conversations" if conversations else "conversations"
+    verdict = f"{whole} have every planned turn; records by turn: {shown or 'none'}"
+    if ended:
+        verdict += f"; {ended} ended early, turns not sent: {ends} (rejects.jsonl, docs/regenerate.md)"
+    return CheckResult(name=CONVERSATIONS, passed=True, total=sum(turns.records.values()), verdict=verdict)
 
 
 @dataclass
