@@ -18,6 +18,7 @@ from datagen_operator.prompts.render import (
     GENERIC_THINKING_SWITCHES,
     FullSpec,
     Renderer,
+    RenderItem,
     RenderPool,
     ids_from_result,
     lean_spec,
@@ -30,6 +31,11 @@ from tests.worker.simrun import TOOLS, prompts
 
 REPO = Path(__file__).resolve().parents[2]
 Chat = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+def _items(chats: list[Chat]) -> list[RenderItem]:
+    """What the pool renders: each chat with no template variables of its own."""
+    return [(messages, tools, None) for messages, tools in chats]
 
 
 def _chats() -> list[Chat]:
@@ -106,13 +112,13 @@ def test_a_lean_helper_imports_no_transformers_and_its_ids_are_checked() -> None
         heavy = [name for name in modules if name.split(".")[0] in {"transformers", "pydantic", "torch", "numpy"}]
         assert not heavy
         chats = _chats()
-        results = asyncio.run(pool.render(chats))
+        results = asyncio.run(pool.render(_items(chats)))
         assert [ids_from_result(r) for r in results] == [renderer.reference(m, t) for m, t in chats]  # type: ignore[arg-type]
         assert pool.helper_rendered == len(chats) and renderer.checked == Renderer.CHECK_FIRST
         assert renderer.rendered == 0 and renderer.fast_path_mismatch is None  # nothing rendered inline
         # The worker's own check finds the lean path wrong: the lean helpers are stopped, not used again.
         renderer.fast_path_mismatch = "prompt #1: lean ids differ from apply_chat_template"
-        again = asyncio.run(pool.render(chats[:3]))
+        again = asyncio.run(pool.render(_items(chats[:3])))
         assert pool.executor is None and pool.helper_rendered == len(chats) and renderer.rendered == 3
         assert [ids_from_result(r) for r in again] == [renderer.reference(m, t) for m, t in chats[:3]]  # type: ignore[arg-type]
     finally:
@@ -132,7 +138,7 @@ def test_a_helper_difference_is_caught_counted_and_the_helpers_switch_to_the_ref
     try:
         chats = _chats()[:6]
         expected = [renderer.reference(m, t) for m, t in chats]
-        first = asyncio.run(pool.render(chats))
+        first = asyncio.run(pool.render(_items(chats)))
         assert [ids_from_result(r) for r in first] == expected  # type: ignore[arg-type]  # the batch re-rendered
         assert renderer.checked == 1 and renderer.fast_path_mismatch is not None
         assert renderer.fast_path_mismatch.startswith("helper prompt #1:")
@@ -141,7 +147,7 @@ def test_a_helper_difference_is_caught_counted_and_the_helpers_switch_to_the_ref
         assert pool.helper_spec == FullSpec(str(directory), False, pool.variables, reference_only=True)
         pool._ready[0].result(timeout=120)
         chats = _chats()[6:12]
-        again = asyncio.run(pool.render(chats))
+        again = asyncio.run(pool.render(_items(chats)))
         assert [ids_from_result(r) for r in again] == [renderer.reference(m, t) for m, t in chats]  # type: ignore[arg-type]
         assert pool.executor is not None and renderer.rendered == 0  # these helpers are kept
     finally:

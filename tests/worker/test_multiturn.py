@@ -170,9 +170,7 @@ def test_a_conversation_ends_at_its_first_tool_message_and_at_an_unfinished_answ
     # Reported turn by turn and conversation by conversation.
     reported = next(check for check in report.checks if check.name == "conversations")
     by_turn = Counter(r["turn"] for r in records)
-    assert (
-        f"{len(items) - len({(e['id'], e['sample']) for e in cut})}/{len(items)} conversations" in reported.verdict
-    )
+    assert f"{len(items) - len({(e['id'], e['sample']) for e in cut})}/{len(items)} conversations" in reported.verdict
     assert f"records by turn: 1: {by_turn[0]}" in reported.verdict
     assert f"{len(cut)} ended early" in reported.verdict
 

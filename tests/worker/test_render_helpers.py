@@ -25,7 +25,7 @@ class _SlowRenderer:
         self.cost_s = cost_s
         self.fast_path_mismatch = None
 
-    def render(self, messages: Any, tools: Any) -> list[int]:
+    def render(self, messages: Any, tools: Any, variables: Any = None) -> list[int]:
         time.sleep(self.cost_s)
         return [1, 2, 3]
 
@@ -43,7 +43,7 @@ def test_the_pool_starts_helpers_lazily_when_inline_rendering_limits_the_run(
     async def run() -> None:
         deadline = time.monotonic() + HELPER_WINDOW_S * 1.6
         while time.monotonic() < deadline and not started:
-            await pool.render([([{"role": "user", "content": "hi"}], None)] * 4)
+            await pool.render([([{"role": "user", "content": "hi"}], None, None)] * 4)
             await asyncio.sleep(idle_s)  # the event loop's other work (answers, at GPU speed mostly waiting)
 
     asyncio.run(run())

@@ -38,6 +38,7 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "prompt_hash": 2**64 - 1,  # the whole uint64 range survives segments and Parquet
         "run": "local:host:1",
         "turn": 0,
+        "thinking": None,
         "answer_content": None,
         "answer_reasoning": None,
     }

@@ -81,7 +81,7 @@ def test_render_helper_processes_load_the_remote_code(kimi_dir: Path) -> None:
         assert isinstance(pool.helper_spec, FullSpec) and not pool.helper_spec.reference_only
         pool._ready[0].result(timeout=120)
         items = _chats(6)
-        results = asyncio.run(pool.render(items))
+        results = asyncio.run(pool.render([(messages, tools, None) for messages, tools in items]))
     finally:
         pool.close()
     reference = reference_renderer(True)
