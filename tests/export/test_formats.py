@@ -99,6 +99,7 @@ def test_speculators_row_has_the_consumers_columns_and_stable_metadata() -> None
     assert row == {
         "id": "p2",
         "sample": 1,
+        "turn": 0,
         "input_ids": [4, 5, 13, 14, 15],
         "loss_mask": [0, 0, 1, 1, 1],
         "metadata": {
@@ -108,6 +109,8 @@ def test_speculators_row_has_the_consumers_columns_and_stable_metadata() -> None
             "flags": ["truncated"],
             "unfinished": False,
             "over_length": False,
+            "spans_supervised": 1,
+            "spans_rerendered": 0,
         },
     }
 

@@ -102,6 +102,11 @@ class TokenColumns:
         return self.completion_values[self.completion_offsets[0] : self.completion_offsets[-1]]
 
 
+def id_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A list<int32> column as its values (int32) and row offsets (rows + 1, into the values): zero-copy."""
+    return _buffers(column)
+
+
 def _buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if column.null_count:
         column = pc.fill_null(column, pa.scalar([], column.type))
@@ -145,6 +150,12 @@ def completion_counts(tokens: TokenColumns) -> np.ndarray:
 # --- per-format rows --------------------------------------------------------------------------------
 
 
+METADATA_FIELDS = (
+    "finish_reason", "prompt_tokens", "completion_tokens", "flags", "unfinished", "over_length",
+    "spans_supervised", "spans_rerendered",
+)  # fmt: skip
+
+
 def row_metadata(
     finish: str | None,
     prompt_tokens: int,
@@ -153,8 +164,11 @@ def row_metadata(
     *,
     unfinished: bool,
     over_length: bool,
+    spans_supervised: int = 1,
+    spans_rerendered: int = 0,
 ) -> dict[str, Any]:
-    """Flat and schema-stable: every key in every row, so column-inferring loaders see one schema."""
+    """Flat and schema-stable: every key in every row (per-turn and whole-conversation rows alike), so
+    column-inferring loaders see one schema. A conversation row's finish and token counts are its last turn's."""
     return {
         "finish_reason": finish,
         "prompt_tokens": prompt_tokens,
@@ -162,6 +176,8 @@ def row_metadata(
         "flags": list(flags),
         "unfinished": unfinished,  # read from a segment of a shard that was not compacted yet
         "over_length": over_length,  # longer than --max-length, kept whole (--over-length keep-flagged)
+        "spans_supervised": spans_supervised,  # answers under the loss: 1 in a per-turn row
+        "spans_rerendered": spans_rerendered,  # earlier answers held re-rendered, mask 0: 0 in a per-turn row
     }
 
 
@@ -180,26 +196,41 @@ def loss_mask_json(prompt_length: int, completion_length: int) -> bytes:
 
 
 def speculators_row(
-    prompt_id: str, sample: int, prompt_ids: np.ndarray, completion_ids: np.ndarray, metadata: dict[str, Any]
+    prompt_id: str,
+    sample: int,
+    prompt_ids: np.ndarray,
+    completion_ids: np.ndarray,
+    metadata: dict[str, Any],
+    *,
+    turn: int = 0,
 ) -> bytes:
     """One JSONL line for vLLM speculators (>= 0.7.0 pre-tokenized rows) and SpecForge main:
-    `{"id", "sample", "input_ids": prompt + completion, "loss_mask", "metadata"}`.
+    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata"}`.
 
     Built from byte pieces (orjson serialises each id array in C) so no per-token Python runs."""
     as_json = orjson.OPT_SERIALIZE_NUMPY
     ids = _json_concat(orjson.dumps(prompt_ids, option=as_json), orjson.dumps(completion_ids, option=as_json))
-    head = orjson.dumps({"id": prompt_id, "sample": sample})[:-1]
+    return _speculators_line(
+        prompt_id, sample, turn, ids, loss_mask_json(len(prompt_ids), len(completion_ids)), metadata
+    )
+
+
+def speculators_masked_row(
+    prompt_id: str, sample: int, turn: int, ids: np.ndarray, mask: np.ndarray, metadata: dict[str, Any]
+) -> bytes:
+    """The same line for a row with any mask (a whole conversation's: several supervised spans)."""
+    as_json = orjson.OPT_SERIALIZE_NUMPY
+    return _speculators_line(
+        prompt_id, sample, turn, orjson.dumps(ids, option=as_json), orjson.dumps(mask, option=as_json), metadata
+    )
+
+
+def _speculators_line(
+    prompt_id: str, sample: int, turn: int, ids_json: bytes, mask_json: bytes, metadata: dict[str, Any]
+) -> bytes:
+    head = orjson.dumps({"id": prompt_id, "sample": sample, "turn": turn})[:-1]
     return b"".join(
-        (
-            head,
-            b',"input_ids":',
-            ids,
-            b',"loss_mask":',
-            loss_mask_json(len(prompt_ids), len(completion_ids)),
-            b',"metadata":',
-            orjson.dumps(metadata),
-            b"}\n",
-        )
+        (head, b',"input_ids":', ids_json, b',"loss_mask":', mask_json, b',"metadata":', orjson.dumps(metadata), b"}\n")
     )
 
 
@@ -212,6 +243,7 @@ def trl_schema() -> pa.Schema:
         [
             ("id", pa.string()),
             ("sample", pa.int32()),
+            ("turn", pa.int32()),
             ("input_ids", pa.list_(pa.int32())),
             ("assistant_masks", pa.list_(pa.int8())),
             ("labels", pa.list_(pa.int32())),
@@ -221,23 +253,40 @@ def trl_schema() -> pa.Schema:
             ("flags", pa.list_(pa.string())),
             ("unfinished", pa.bool_()),
             ("over_length", pa.bool_()),
+            ("spans_supervised", pa.int32()),
+            ("spans_rerendered", pa.int32()),
         ]
     )
 
 
-def trl_table(ids: pa.Array, samples: pa.Array, tokens: TokenColumns, metadata: Sequence[dict[str, Any]]) -> pa.Table:
+def trl_table(
+    ids: pa.Array, samples: pa.Array, turns: pa.Array, tokens: TokenColumns, metadata: Sequence[dict[str, Any]]
+) -> pa.Table:
     """TRL SFTTrainer rows: `input_ids`, `assistant_masks` (1 = loss) and `labels` (IGNORE_INDEX outside)."""
-    schema = trl_schema()
     input_ids, offsets = joined_ids(tokens)
-    loss_mask = loss_mask_values(tokens)
+    return trl_masked_table(ids, samples, turns, input_ids, offsets, loss_mask_values(tokens), metadata)
+
+
+def trl_masked_table(
+    ids: pa.Array,
+    samples: pa.Array,
+    turns: pa.Array,
+    input_ids: np.ndarray,
+    offsets: np.ndarray,
+    loss_mask: np.ndarray,
+    metadata: Sequence[dict[str, Any]],
+) -> pa.Table:
+    """The same rows from ids and masks back to back (uint8 mask; `offsets`: rows + 1 into both)."""
+    schema = trl_schema()
     columns = {
         "id": ids,
         "sample": samples,
+        "turn": turns,
         "input_ids": _list_array(input_ids, offsets, pa.int32()),
         "assistant_masks": _list_array(loss_mask.view(np.int8), offsets, pa.int8()),
         "labels": _list_array(labels_values(input_ids, loss_mask), offsets, pa.int32()),
     }
-    for name in ("finish_reason", "prompt_tokens", "completion_tokens", "flags", "unfinished", "over_length"):
+    for name in METADATA_FIELDS:
         columns[name] = pa.array([m[name] for m in metadata], type=schema.field(name).type)
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
@@ -252,6 +301,7 @@ def text_row(
     decode: Callable[[list[int]], str],
     encode: Callable[[str], list[int]],
     last_turn_only: bool,
+    turn: int = 0,
 ) -> bytes:
     """Decoded text for template-based trainers. LOSSY: decode-then-encode is not always the identity,
     so `roundtrip_ok` says whether the trainer's re-tokenization gets these exact ids back.
@@ -262,7 +312,7 @@ def text_row(
     """
     prompt_list, completion_list = prompt_ids.tolist(), completion_ids.tolist()
     all_ids = prompt_list + completion_list
-    row: dict[str, Any] = {"id": prompt_id, "sample": sample}
+    row: dict[str, Any] = {"id": prompt_id, "sample": sample, "turn": turn}
     if last_turn_only:
         prompt, completion = decode(prompt_list), decode(completion_list)
         roundtrip_ok = encode(prompt) == prompt_list and encode(prompt + completion) == all_ids

@@ -1,8 +1,9 @@
 """Stream a run's records shard by shard as Arrow record batches, with memory bounded by one batch.
 
 Compacted shards are read from Parquet column chunks (never whole files); shards of an unfinished run
-are read from their JSONL segments line by line and marked `unfinished`. Keys are deduplicated exactly
-as `store.iter_shard_records` does (Parquet first, then segment records not already seen), so each
+are read from their JSONL segments line by line and marked `unfinished`. Keys are (id, sample, turn)
+(`output.layout.record_key`: every turn of a regenerated conversation is its own record), deduplicated as
+`output.readers.iter_shard_records` does (Parquet first, then segment records not already seen), so each
 record is exported once even after a crash between compaction and segment removal.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.layout import Key, OutputLayout, record_key
 from datagen_operator.output.parquet import parquet_schema
 from datagen_operator.output.segments import parse_record_line
 
-COLUMNS = ("id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "flags")
+COLUMNS = (
+    "id", "sample", "turn", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "flags",
+)  # fmt: skip
 BATCH_TOKENS = 1 << 19
 """Tokens (prompt + output) per batch, about: what bounds memory, whatever the row lengths (rows of
 128k-token reasoning or of 200 tokens alike)."""
@@ -32,15 +35,15 @@ BATCH_TOKENS = 1 << 19
 PARQUET_BUFFER_BYTES = 1024 * 1024
 
 
-def source_schema() -> pa.Schema:
+def source_schema(columns: Sequence[str] = COLUMNS) -> pa.Schema:
     """The store's Parquet schema, cut to the columns an export reads (`COLUMNS`, in that order)."""
     stored = parquet_schema()
-    return pa.schema([stored.field(name) for name in COLUMNS])
+    return pa.schema([stored.field(name) for name in columns])
 
 
 @dataclass(frozen=True)
 class SourceBatch:
-    records: pa.RecordBatch  # COLUMNS, typed as source_schema()
+    records: pa.RecordBatch  # the columns asked for (COLUMNS by default), typed as source_schema()
     shard: int
     unfinished: bool  # read from the segments of a shard not yet compacted
 
@@ -69,19 +72,34 @@ def rows_for_tokens(row_group: pq.RowGroupMetaData, batch_tokens: int) -> int:
     return max(1, int(row_group.num_rows) * batch_tokens // tokens)
 
 
-def _parquet_batches(path: Path, batch_tokens: int) -> Iterator[pa.RecordBatch]:
+def _parquet_batches(path: Path, batch_tokens: int, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
     file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
+    present = set(file.schema_arrow.names)
+    missing = [name for name in columns if name not in present]  # a shard compacted before records had turns
+    schema = source_schema(columns)
     for index in range(file.metadata.num_row_groups):
         rows = rows_for_tokens(file.metadata.row_group(index), batch_tokens)
         # Columns are used by name; list field names ("element" vs "item") may differ from source_schema().
-        yield from file.iter_batches(batch_size=rows, row_groups=[index], columns=list(COLUMNS), use_threads=False)
+        read = [name for name in columns if name in present]
+        for batch in file.iter_batches(batch_size=rows, row_groups=[index], columns=read, use_threads=False):
+            if not missing:
+                yield batch
+                continue
+            arrays = [
+                batch.column(name) if name in present else pa.nulls(batch.num_rows, schema.field(name).type)
+                for name in columns
+            ]
+            yield pa.RecordBatch.from_arrays(arrays, names=list(columns))
 
 
-def _parquet_keys(paths: list[Path]) -> set[tuple[str, int]]:
-    keys: set[tuple[str, int]] = set()
+def _parquet_keys(paths: list[Path]) -> set[Key]:
+    keys: set[Key] = set()
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=65536):
-            keys.update(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True))
+        file = pq.ParquetFile(path)
+        has_turn = "turn" in file.schema_arrow.names
+        for batch in file.iter_batches(columns=["id", "sample", "turn"] if has_turn else ["id", "sample"]):
+            turns = batch.column(2).fill_null(0).to_pylist() if has_turn else [0] * batch.num_rows
+            keys.update(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), turns, strict=True))
     return keys
 
 
@@ -97,22 +115,26 @@ def _segment_lines(segment: Path) -> Iterator[bytes]:
                 yield line
 
 
-def records_to_batch(records: list[dict[str, Any]]) -> pa.RecordBatch:
+def records_to_batch(records: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> pa.RecordBatch:
     """Segment records (dicts) as a batch of the Parquet's columns; finish_reason re-encoded as JSON."""
-    columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    values: dict[str, list[Any]] = {name: [] for name in columns}
     for record in records:
-        for name in COLUMNS:
+        for name in columns:
             value = record.get(name)
             if name == "finish_reason" and value is not None:
                 value = orjson.dumps(value).decode()
             elif name == "flags":
                 value = value or []
-            columns[name].append(value)
-    schema = source_schema()
-    return pa.RecordBatch.from_arrays([pa.array(columns[f.name], type=f.type) for f in schema], schema=schema)
+            elif name == "turn":
+                value = value or 0
+            values[name].append(value)
+    schema = source_schema(columns)
+    return pa.RecordBatch.from_arrays([pa.array(values[f.name], type=f.type) for f in schema], schema=schema)
 
 
-def _segment_batches(segments: list[Path], seen: set[tuple[str, int]], batch_tokens: int) -> Iterator[pa.RecordBatch]:
+def _segment_batches(
+    segments: list[Path], seen: set[Key], batch_tokens: int, columns: Sequence[str]
+) -> Iterator[pa.RecordBatch]:
     pending: list[dict[str, Any]] = []
     pending_tokens = 0
     for segment in segments:
@@ -120,32 +142,35 @@ def _segment_batches(segments: list[Path], seen: set[tuple[str, int]], batch_tok
             record = parse_record_line(line)
             if record is None:
                 continue
-            key = (record["id"], record["sample"])
+            key = record_key(record)
             if key in seen:
                 continue
             seen.add(key)
             pending.append(record)
             pending_tokens += len(record["input_ids"]) + len(record["output_ids"])
             if pending_tokens >= batch_tokens:
-                yield records_to_batch(pending)
+                yield records_to_batch(pending, columns)
                 pending, pending_tokens = [], 0
     if pending:
-        yield records_to_batch(pending)
+        yield records_to_batch(pending, columns)
 
 
-def iter_source_batches(output_dir: str | Path, batch_tokens: int = BATCH_TOKENS) -> Iterator[SourceBatch]:
-    """Every record of the run exactly once, shard by shard, in batches of about `batch_tokens` tokens."""
+def iter_source_batches(
+    output_dir: str | Path, batch_tokens: int = BATCH_TOKENS, columns: Sequence[str] = COLUMNS
+) -> Iterator[SourceBatch]:
+    """Every record of the run exactly once, shard by shard, in batches of about `batch_tokens` tokens.
+    `columns`: the store's columns to read (the token ones must be among them: batches are sized by tokens)."""
     layout = OutputLayout(Path(output_dir))
     for shard in shard_indices(layout):
         parquets = shard_parquets(layout, shard)
         for path in parquets:
-            for batch in _parquet_batches(path, batch_tokens):
+            for batch in _parquet_batches(path, batch_tokens, columns):
                 yield SourceBatch(batch, shard, unfinished=False)
         segments = layout.segments(shard)
         if segments:
             # Keys only where both exist (a grown dataset, or a crash before segments were removed).
             seen = _parquet_keys(parquets) if parquets else set()
-            for batch in _segment_batches(segments, seen, batch_tokens):
+            for batch in _segment_batches(segments, seen, batch_tokens, columns):
                 yield SourceBatch(batch, shard, unfinished=True)
 
 

@@ -1,19 +1,38 @@
-"""`datagen export OUTPUT --format speculators|trl|text --out DIR`: the I/O shell around `formats`."""
+"""`datagen export OUTPUT --format speculators|trl|text|conversations --out DIR`: the I/O shell around `formats`
+and `conversations`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.export import FORMATS
+from datagen_operator.export.conversations import (
+    MESSAGES_KEYS,
+    NO_ANSWER_SPLIT,
+    NOT_IN_DATASET,
+    RERENDERED_POLICIES,
+    RERENDERED_SPAN,
+    ROWS,
+    TURNS_MISSING,
+    ConversationIndex,
+    TurnShape,
+    conversation_messages,
+    conversation_row,
+    conversation_verdict,
+    conversations_line,
+    tokens_digest,
+    turn_cuts,
+)
 from datagen_operator.export.formats import (
     OVER_LENGTH_POLICIES,
     Selection,
@@ -21,12 +40,15 @@ from datagen_operator.export.formats import (
     effective_flags,
     exclusion_reason,
     finish_type,
+    id_buffers,
     is_over_length,
     list_lengths,
     row_metadata,
+    speculators_masked_row,
     speculators_row,
     text_row,
     token_columns,
+    trl_masked_table,
     trl_schema,
     trl_table,
 )
@@ -35,18 +57,53 @@ from datagen_operator.export.manifest import (
     ExportTally,
     build_manifest,
     describe_source,
+    record_name,
     write_manifest,
 )
-from datagen_operator.export.reader import BATCH_TOKENS, iter_source_batches, prefetched
+from datagen_operator.export.reader import (
+    BATCH_TOKENS,
+    COLUMNS,
+    SourceBatch,
+    iter_source_batches,
+    prefetched,
+)
 from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 
 if TYPE_CHECKING:
     from datagen_operator.api.outcome import StepOutcome
+    from datagen_operator.api.spec import DataGenRunSpec
+    from datagen_operator.prompts.conversation import AnswerSplit
+    from datagen_operator.prompts.dataset import DatasetFormat, Prompt
 
 DATA_DIR = "data"
 """Parts go in OUT/data/, alone: consumers that load every *.json/*.jsonl of a directory (speculators'
 prepare-data) must not pick up the manifest or token_freq.json beside them."""
+TOKEN_FORMATS = ("speculators", "trl")
+"""The formats --rows conversations applies to: rows of exact token ids with a loss mask."""
+ANSWER_BUDGET_BYTES = 256 * 1024 * 1024
+"""The conversations format holds answers (their text) up to about this much before it writes the conversations
+they complete, reading the dataset once per such round."""
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """The run's dataset: what the planned turns and the conversations format's messages are read from."""
+
+    path: Path
+    format: DatasetFormat = "auto"
+    id_field: str | None = None
+
+    def prompts(self, wanted: set[str]) -> Iterator[Prompt]:
+        """The valid prompts whose id is in `wanted`, in dataset order (one streamed pass)."""
+        from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
+
+        for item in ShardScan(self.path, 0, 1, self.format, id_field=self.id_field):
+            if isinstance(item, MalformedLine):
+                continue
+            ref, obj = item
+            if ref.id in wanted:
+                yield prompt_from(ref, obj)
 
 
 @dataclass(frozen=True)
@@ -56,17 +113,30 @@ class ExportOptions:
     last_turn_only: bool = False
     part_bytes: int = DEFAULT_PART_BYTES
     batch_tokens: int = BATCH_TOKENS
+    rows: str = "turns"  # conversations.ROWS; the token formats only
+    rerendered_spans: str = "unmasked"  # conversations.RERENDERED_POLICIES
+    dataset: DatasetSource | None = None  # planned turns (whole conversations) and the conversations format's messages
+    messages_key: str = "conversations"  # conversations.MESSAGES_KEYS
 
     def to_json(self) -> dict[str, Any]:
         selection = asdict(self.selection)
         selection["exclude_flags"] = sorted(self.selection.exclude_flags)
-        return {
+        whole = self.rows == "conversations" or self.export_format == "conversations"
+        out = {
             **selection,
             "last_turn_only": self.last_turn_only,
             # Token formats always supervise the completion only: that IS the last assistant turn.
             "last_turn_only_applies": self.export_format == "text",
             "part_bytes": self.part_bytes,
+            "rows": "conversations" if self.export_format == "conversations" else self.rows,
+            "dataset": str(self.dataset.path) if self.dataset is not None and whole else None,
         }
+        if self.rows == "conversations":
+            out["rerendered_spans"] = self.rerendered_spans
+        if self.export_format == "conversations":
+            out["messages_key"] = self.messages_key
+            out["max_length_applies"] = False  # the trainer renders the text: its own max_length cuts
+        return out
 
 
 @dataclass(frozen=True)
@@ -89,29 +159,93 @@ def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
     return TextCodec(decode, encode, len(tokenizer))
 
 
+def options_problem(options: ExportOptions, source_turns: str) -> str | None:
+    """Why these options cannot export this output (its `generation.turns`), or None."""
+    if options.export_format not in FORMATS:
+        return f"unknown format {options.export_format!r}; one of {', '.join(FORMATS)}"
+    if options.rows not in ROWS:
+        return f"unknown --rows {options.rows!r}; one of {', '.join(ROWS)}"
+    if options.rerendered_spans not in RERENDERED_POLICIES:
+        return f"unknown --rerendered-spans {options.rerendered_spans!r}; one of {', '.join(RERENDERED_POLICIES)}"
+    if options.messages_key not in MESSAGES_KEYS:
+        return f"unknown --messages-key {options.messages_key!r}; one of {', '.join(MESSAGES_KEYS)}"
+    if options.rows == "conversations" and options.export_format not in TOKEN_FORMATS:
+        return (
+            f"--rows conversations is for the token formats ({', '.join(TOKEN_FORMATS)}); "
+            "--format conversations writes whole conversations as text"
+        )
+    whole = options.rows == "conversations" or options.export_format == "conversations"
+    if whole and source_turns != "all":
+        return (
+            "whole conversations are exported from an output of generation.turns: all (regenerated conversations); "
+            f"this one is generation.turns: {source_turns} (one answer per line: --rows turns)"
+        )
+    if options.export_format == "conversations" and options.dataset is None:
+        return "the conversations format needs the run's dataset (its user turns): pass --dataset FILE"
+    return None
+
+
 def export_output(
     output_dir: str | Path, out_dir: str | Path, options: ExportOptions, codec: TextCodec | None = None
 ) -> dict[str, Any]:
     """Export every record of the run once (minus what the selection leaves out); returns the manifest."""
     output_dir, out_dir = Path(output_dir), Path(out_dir)
-    if options.export_format not in FORMATS:
-        raise ValueError(f"unknown format {options.export_format!r}; one of {', '.join(FORMATS)}")
+    source = describe_source(output_dir)
+    problem = options_problem(options, source["turns"])
+    if problem is not None:
+        raise ValueError(problem)
     if options.export_format == "text" and codec is None:
         raise ValueError("the text format needs the run's tokenizer")
     data_dir = out_dir / DATA_DIR
     data_dir.mkdir(parents=True, exist_ok=True)
-    source = describe_source(output_dir)
     tally, frequency = ExportTally(), TokenFrequency()
-    selection = options.selection
     parts: JsonlParts | ParquetParts = (
         ParquetParts(data_dir, trl_schema(), options.part_bytes)
         if options.export_format == "trl"
         else JsonlParts(data_dir, options.part_bytes)
     )
+    try:
+        if options.export_format == "conversations":
+            assert isinstance(parts, JsonlParts)
+            _conversation_texts(output_dir, source, options, parts, tally, frequency)
+        elif options.rows == "conversations":
+            _conversation_rows(output_dir, source, options, parts, tally, frequency)
+        else:
+            _turn_rows(output_dir, source["turns"] == "all", options, codec, parts, tally, frequency)
+    finally:
+        written = parts.close()
+    token_freq = frequency.write(out_dir, codec.vocab_size if codec else None)
+    manifest = build_manifest(
+        export_format=options.export_format,
+        source=source,
+        options=options.to_json(),
+        tally=tally,
+        parts=[{**part.to_json(), "name": f"{DATA_DIR}/{part.name}"} for part in written],
+        token_freq=token_freq,
+    )
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+# --- one row per recorded turn ----------------------------------------------------------------------
+
+
+def _turn_rows(
+    output_dir: Path,
+    turns_all: bool,
+    options: ExportOptions,
+    codec: TextCodec | None,
+    parts: JsonlParts | ParquetParts,
+    tally: ExportTally,
+    frequency: TokenFrequency,
+) -> None:
+    """Each record its own row: the turn's prompt and its completion, `turn` in every row."""
+    selection = options.selection
     for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens)):
         records = batch.records
         tally.records_read += records.num_rows
         prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
+        turns = records.column("turn").fill_null(0).to_pylist()
         finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
         flags = records.column("flags").to_pylist()
         lengths = (list_lengths(records.column("input_ids")) + list_lengths(records.column("output_ids"))).tolist()
@@ -121,7 +255,7 @@ def export_output(
             if reason is None:
                 keep.append(row)
             else:
-                tally.leave_out(reason, prompt_id, sample)
+                tally.leave_out(reason, record_name(prompt_id, sample, turns[row], turns_all=turns_all))
         if not keep:
             continue
         kept = records if len(keep) == records.num_rows else records.take(pa.array(keep, type=pa.int64()))
@@ -147,41 +281,313 @@ def export_output(
         tally.tokens_written += prompt_total + completion_total
         tally.prompt_tokens += prompt_total
         tally.completion_tokens += completion_total
+        tally.supervised_tokens += completion_total
         tally.rows_unfinished += len(keep) if batch.unfinished else 0
         tally.rows_over_length_kept += sum(m["over_length"] for m in metadata)
         if options.export_format == "trl":
             assert isinstance(parts, ParquetParts)
-            parts.write_table(
-                trl_table(kept.column("id"), kept.column("sample"), tokens, metadata), prompt_total + completion_total
-            )
+            turn_column = pa.array([turns[row] for row in keep], type=pa.int32())
+            table = trl_table(kept.column("id"), kept.column("sample"), turn_column, tokens, metadata)
+            parts.write_table(table, prompt_total + completion_total)
             continue
         assert isinstance(parts, JsonlParts)
         lines = []
         for i, row in enumerate(keep):
             prompt, completion = tokens.prompt(i), tokens.completion(i)
             if options.export_format == "speculators":
-                lines.append(speculators_row(prompt_ids[row], samples[row], prompt, completion, metadata[i]))
+                lines.append(
+                    speculators_row(prompt_ids[row], samples[row], prompt, completion, metadata[i], turn=turns[row])
+                )
             else:
                 assert codec is not None
                 line = text_row(
                     prompt_ids[row], samples[row], prompt, completion, metadata[i],
-                    decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only,
+                    decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only, turn=turns[row],
                 )  # fmt: skip
                 tally.roundtrip_failed += b'"roundtrip_ok":false' in line
                 lines.append(line)
         parts.write_lines(lines, prompt_total + completion_total)
-    written = parts.close()
-    token_freq = frequency.write(out_dir, codec.vocab_size if codec else None)
-    manifest = build_manifest(
-        export_format=options.export_format,
-        source=source,
-        options=options.to_json(),
-        tally=tally,
-        parts=[{**part.to_json(), "name": f"{DATA_DIR}/{part.name}"} for part in written],
-        token_freq=token_freq,
-    )
-    write_manifest(out_dir, manifest)
-    return manifest
+
+
+# --- whole conversations (generation.turns: all) ------------------------------------------------------
+
+
+def _index_conversations(
+    output_dir: Path, source: dict[str, Any], options: ExportOptions, tally: ExportTally, *, digests: bool
+) -> ConversationIndex:
+    """Pass 1: the shape of every record (no tokens kept: their lengths and, for token rows, a digest)."""
+    settled = {int(index) for index, entry in source["shards"].items() if entry.get("state") == "complete"}
+    columns = COLUMNS if digests else ("id", "sample", "turn", "finish_reason", "flags")
+    index = ConversationIndex()
+    for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens, columns)):
+        records = batch.records
+        tally.records_read += records.num_rows
+        prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
+        turns = records.column("turn").fill_null(0).to_pylist()
+        finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
+        flags = records.column("flags").to_pylist()
+        tokens = token_columns(records.column("input_ids"), records.column("output_ids")) if digests else None
+        for row in range(records.num_rows):
+            if tokens is not None:
+                prompt, completion = tokens.prompt(row), tokens.completion(row)
+                lengths, digest = (len(prompt), len(completion)), tokens_digest(prompt, completion)
+            else:
+                lengths, digest = (0, 0), None
+            shape = TurnShape(
+                *lengths,
+                digest,
+                effective_flags(flags[row] or (), finishes[row]),
+                settled=batch.shard in settled,
+                unfinished=batch.unfinished,
+            )
+            index.add(prompt_ids[row], samples[row], turns[row], shape)
+    tally.conversations_read = len(index.turns)
+    return index
+
+
+def _planned_turns(dataset: DatasetSource | None, ids: set[str]) -> dict[str, int] | None:
+    """id -> the turns its dataset line plans (`plan_turns`), for the ids asked; None without the dataset."""
+    if dataset is None:
+        return None
+    from datagen_operator.prompts.conversation import plan_turns
+
+    return {prompt.id: len(plan_turns(prompt.messages)) for prompt in dataset.prompts(ids)}
+
+
+def whole_conversations(
+    output_dir: Path, source: dict[str, Any], options: ExportOptions, tally: ExportTally, *, digests: bool
+) -> dict[tuple[str, int], tuple[int, list[TurnShape]]]:
+    """(id, sample) -> (its last turn, the shapes of its earlier turns in order) for every conversation exported
+    whole; every other one left out in `tally` with its reason (conversations.conversation_verdict)."""
+    from datagen_operator.output.readers import iter_rejects
+
+    index = _index_conversations(output_dir, source, options, tally, digests=digests)
+    cuts = turn_cuts(iter_rejects(output_dir))
+    planned = _planned_turns(options.dataset, index.ids())
+    whole: dict[tuple[str, int], tuple[int, list[TurnShape]]] = {}
+    for key, recorded in index.turns.items():
+        name = f"{key[0]}#{key[1]}"
+        if planned is not None and key[0] not in planned:
+            tally.leave_out(NOT_IN_DATASET, name)
+            continue
+        reason = conversation_verdict(recorded, planned[key[0]] if planned is not None else None, cuts.get(key, {}))
+        if reason is not None:
+            tally.leave_out(reason, name)
+            continue
+        last = max(recorded)
+        whole[key] = (last, [recorded[turn] for turn in range(last)])
+    return whole
+
+
+def _last_turns(batch: SourceBatch, whole: dict[tuple[str, int], tuple[int, list[TurnShape]]]) -> list[int]:
+    """The rows of a batch that are the last turn of a conversation exported whole."""
+    records = batch.records
+    prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
+    turns = records.column("turn").fill_null(0).to_pylist()
+    return [
+        row
+        for row, key in enumerate(zip(prompt_ids, samples, strict=True))
+        if key in whole and whole[key][0] == turns[row]
+    ]
+
+
+def _conversation_rows(
+    output_dir: Path,
+    source: dict[str, Any],
+    options: ExportOptions,
+    parts: JsonlParts | ParquetParts,
+    tally: ExportTally,
+    frequency: TokenFrequency,
+) -> None:
+    """--rows conversations: one row per whole conversation, its last turn's tokens, the loss over every answer
+    it holds verbatim (pass 2, after `whole_conversations`' pass 1)."""
+    selection = options.selection
+    whole = whole_conversations(output_dir, source, options, tally, digests=True)
+    for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens)):
+        rows = _last_turns(batch, whole)
+        if not rows:
+            continue
+        records = batch.records.take(pa.array(rows, type=pa.int64()))
+        prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
+        turns = records.column("turn").fill_null(0).to_pylist()
+        finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
+        prompt_tokens, completion_tokens = (
+            records.column("prompt_tokens").to_pylist(),
+            records.column("completion_tokens").to_pylist(),
+        )
+        tokens = token_columns(records.column("input_ids"), records.column("output_ids"))
+        kept: list[int] = []
+        built = []
+        metadata = []
+        for i in range(records.num_rows):
+            name = f"{prompt_ids[i]}#{samples[i]}"
+            row = conversation_row(tokens.prompt(i), tokens.completion(i), whole[(prompt_ids[i], samples[i])][1])
+            tally.conversation_spans_rerendered += row.spans_rerendered
+            if row.spans_rerendered and options.rerendered_spans == "drop-row":
+                tally.leave_out(RERENDERED_SPAN, name)
+                continue
+            reason = exclusion_reason(frozenset(), len(row.ids), selection)
+            if reason is not None:
+                tally.leave_out(reason, name)
+                continue
+            tally.conversation_spans_verbatim += row.spans_supervised - 1
+            kept.append(i)
+            built.append(row)
+            metadata.append(
+                row_metadata(
+                    finishes[i],
+                    prompt_tokens[i],
+                    completion_tokens[i],
+                    [],  # a conversation with a flagged turn is not exported whole
+                    unfinished=batch.unfinished,
+                    over_length=is_over_length(len(row.ids), selection),
+                    spans_supervised=row.spans_supervised,
+                    spans_rerendered=row.spans_rerendered,
+                )
+            )
+        if not kept:
+            continue
+        batch_tokens = sum(len(row.ids) for row in built)
+        supervised = [row.ids[row.mask.view(np.bool_)] for row in built]
+        frequency.add(np.bincount(np.concatenate(supervised)))
+        tally.rows_written += len(kept)
+        tally.tokens_written += batch_tokens
+        tally.prompt_tokens += int(sum(len(tokens.prompt(i)) for i in kept))
+        tally.completion_tokens += int(sum(len(tokens.completion(i)) for i in kept))
+        tally.supervised_tokens += sum(len(ids) for ids in supervised)
+        tally.rows_unfinished += len(kept) if batch.unfinished else 0
+        tally.rows_over_length_kept += sum(m["over_length"] for m in metadata)
+        if isinstance(parts, ParquetParts):
+            offsets = np.zeros(len(built) + 1, dtype=np.int64)
+            np.cumsum([len(row.ids) for row in built], out=offsets[1:])
+            table = trl_masked_table(
+                pa.array([prompt_ids[i] for i in kept], type=pa.string()),
+                pa.array([samples[i] for i in kept], type=pa.int32()),
+                pa.array([turns[i] for i in kept], type=pa.int32()),
+                np.concatenate([row.ids for row in built]),
+                offsets,
+                np.concatenate([row.mask for row in built]),
+                metadata,
+            )
+            parts.write_table(table, batch_tokens)
+            continue
+        lines = [
+            speculators_masked_row(prompt_ids[i], samples[i], turns[i], row.ids, row.mask, meta)
+            for i, row, meta in zip(kept, built, metadata, strict=True)
+        ]
+        parts.write_lines(lines, batch_tokens)
+
+
+def _conversation_texts(
+    output_dir: Path,
+    source: dict[str, Any],
+    options: ExportOptions,
+    parts: JsonlParts,
+    tally: ExportTally,
+    frequency: TokenFrequency,
+) -> None:
+    """--format conversations: each whole conversation as messages (the dataset's inputs as planned, the model's
+    answers as the next turn's history held them), in dataset order."""
+    dataset = options.dataset
+    assert dataset is not None
+    whole = whole_conversations(output_dir, source, options, tally, digests=False)
+    pending = _PendingAnswers(whole)
+    for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens, ANSWER_READ)):
+        records = batch.records
+        prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
+        turns = records.column("turn").fill_null(0).to_pylist()
+        contents = records.column("answer_content").to_pylist()
+        reasonings = records.column("answer_reasoning").to_pylist()
+        values, offsets = id_buffers(records.column("output_ids"))
+        for row, key in enumerate(zip(prompt_ids, samples, strict=True)):
+            if key in whole and turns[row] <= whole[key][0]:
+                completion = values[offsets[row] : offsets[row + 1]]
+                frequency.add(np.bincount(completion))
+                pending.add(key, turns[row], contents[row], reasonings[row], len(completion), batch.unfinished)
+        if pending.held >= ANSWER_BUDGET_BYTES:
+            _write_conversations(dataset, options, pending, parts, tally)
+    _write_conversations(dataset, options, pending, parts, tally)
+    for key in pending.answers:  # never all read: cannot happen for a conversation found whole
+        tally.leave_out(TURNS_MISSING, f"{key[0]}#{key[1]}")
+
+
+ANSWER_READ = ("id", "sample", "turn", "output_ids", "answer_content", "answer_reasoning")
+
+
+class _PendingAnswers:
+    """Answers of whole conversations read so far, until their conversation is written."""
+
+    def __init__(self, whole: dict[tuple[str, int], tuple[int, list[TurnShape]]]) -> None:
+        self.whole = whole
+        self.answers: dict[tuple[str, int], dict[int, AnswerSplit]] = {}
+        self.no_split: set[tuple[str, int]] = set()
+        self.unfinished: set[tuple[str, int]] = set()
+        self.completion_tokens: dict[tuple[str, int], int] = {}
+        self.held = 0
+
+    def add(
+        self, key: tuple[str, int], turn: int, content: str | None, reasoning: str | None, tokens: int, unfinished: bool
+    ) -> None:
+        from datagen_operator.prompts.conversation import AnswerSplit
+
+        if content is None:
+            self.no_split.add(key)
+        self.answers.setdefault(key, {})[turn] = AnswerSplit(content or "", reasoning)
+        self.completion_tokens[key] = self.completion_tokens.get(key, 0) + tokens
+        if unfinished:
+            self.unfinished.add(key)
+        self.held += len(content or "") + len(reasoning or "")
+
+    def ready(self) -> dict[str, list[int]]:
+        """id -> samples whose every turn is read."""
+        out: dict[str, list[int]] = {}
+        for key, got in self.answers.items():
+            if len(got) == self.whole[key][0] + 1:
+                out.setdefault(key[0], []).append(key[1])
+        return out
+
+    def take(self, key: tuple[str, int]) -> tuple[list[AnswerSplit], int, bool, bool]:
+        """Its answers in turn order, completion tokens, whether unfinished and whether a split was missing."""
+        got = self.answers.pop(key)
+        self.held -= sum(len(a.content) + len(a.reasoning_content or "") for a in got.values())
+        split_missing = key in self.no_split
+        self.no_split.discard(key)
+        unfinished = key in self.unfinished
+        self.unfinished.discard(key)
+        return [got[turn] for turn in sorted(got)], self.completion_tokens.pop(key, 0), unfinished, split_missing
+
+
+def _write_conversations(
+    dataset: DatasetSource, options: ExportOptions, pending: _PendingAnswers, parts: JsonlParts, tally: ExportTally
+) -> None:
+    """Write the conversations whose answers are all read, their inputs read from the dataset (one pass)."""
+    from datagen_operator.prompts.conversation import plan_turns
+
+    ready = pending.ready()
+    if not ready:
+        return
+    lines: list[bytes] = []
+    found: set[str] = set()
+    for prompt in dataset.prompts(set(ready)):
+        found.add(prompt.id)
+        turns = plan_turns(prompt.messages)
+        for sample in sorted(ready[prompt.id]):
+            answers, completion_tokens, unfinished, split_missing = pending.take((prompt.id, sample))
+            name = f"{prompt.id}#{sample}"
+            if split_missing:
+                tally.leave_out(NO_ANSWER_SPLIT, name)
+                continue
+            messages = conversation_messages(turns, answers)
+            metadata = {"turns": len(answers), "completion_tokens": completion_tokens, "unfinished": unfinished}
+            lines.append(conversations_line(prompt.id, sample, messages, prompt.tools, metadata, options.messages_key))
+            tally.rows_written += 1
+            tally.completion_tokens += completion_tokens
+            tally.rows_unfinished += unfinished
+    for prompt_id in set(ready) - found:  # the dataset lost the line since its planned turns were read
+        for sample in ready[prompt_id]:
+            pending.take((prompt_id, sample))
+            tally.leave_out(NOT_IN_DATASET, f"{prompt_id}#{sample}")
+    parts.write_lines(lines, 0)
 
 
 # --- spec.export: every asked format after a run's final verification ---------------------------------
@@ -193,10 +599,15 @@ def export_run(
     formats: Sequence[str],
     selection: Selection,
     codec: Callable[[], TextCodec],
+    *,
+    rows: str = "turns",
+    rerendered_spans: str = "unmasked",
+    dataset: DatasetSource | None = None,
 ) -> StepOutcome:
     """Each format to ROOT/<format>, replacing an earlier export there; the verdict for the Exported condition.
 
-    `codec` is called only when the text format is asked for (it loads the run's tokenizer)."""
+    `codec` is called only when the text format is asked for (it loads the run's tokenizer). `rows`,
+    `rerendered_spans` and `dataset` as `datagen export` takes them (the conversations format needs `dataset`)."""
     from datagen_operator.api.outcome import StepOutcome
     from datagen_operator.api.reasons import Reason
 
@@ -206,7 +617,13 @@ def export_run(
             out_dir = Path(root) / export_format
             if out_dir.is_dir():
                 clear_previous_export(out_dir)
-            options = ExportOptions(export_format=export_format, selection=selection)
+            options = ExportOptions(
+                export_format=export_format,
+                selection=selection,
+                rows=rows if export_format in TOKEN_FORMATS else "turns",
+                rerendered_spans=rerendered_spans,
+                dataset=dataset,
+            )
             manifest = export_output(output_dir, out_dir, options, codec() if export_format == "text" else None)
             counts = manifest["counts"]
             left_out = sum(manifest["left_out"].values())
@@ -246,6 +663,41 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
     return load_tokenizer(directory, trust_remote_code=trust)
 
 
+def _run_spec(output: Path, run_file: Path | None) -> DataGenRunSpec | None:
+    """The run's spec with its paths as this machine reads them (as `datagen verify` loads it): a local run's
+    relative paths against its manifest's folder; a cluster run's left as written, for on_this_machine."""
+    from datagen_operator.api import anchor_paths, load_run
+
+    run_file = run_file or output / "run.yaml"
+    if not run_file.exists():
+        return None
+    run = load_run(run_file)
+    if run.spec.output.volume is not None or run.spec.dataset.volume is not None:
+        return run.spec
+    return anchor_paths(run, run_file.resolve().parent).spec
+
+
+def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tuple[DatasetSource | None, str]:
+    """The run's dataset: --dataset, else spec.dataset.path from OUTPUT/run.yaml (found on the output's volume for a
+    cluster run, as `datagen verify` finds it); read with the run's dataset format and id field. None and why not."""
+    from datagen_operator.checks.verify import on_this_machine
+
+    spec = _run_spec(output, run_file)
+    form: DatasetFormat = spec.dataset.format if spec is not None else "auto"
+    id_field = spec.dataset.id_field if spec is not None else None
+    if dataset:
+        path = Path(dataset)
+        if not path.is_file():
+            return None, f"--dataset {dataset}: not a file"
+        return DatasetSource(path, form, id_field), ""
+    if spec is None:
+        return None, f"no {run_file or output / 'run.yaml'} to find the dataset from: pass --dataset FILE"
+    found, notes = on_this_machine(spec, output)
+    if found is None:
+        return None, "; ".join(notes) or "the run's dataset is not found here: pass --dataset FILE"
+    return DatasetSource(found, form, id_field), ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`datagen export`'s arguments; what the operator passes is api/commands.py's ExportCommand."""
     parser = argparse.ArgumentParser(
@@ -277,6 +729,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--part-bytes", type=int, default=DEFAULT_PART_BYTES, help="start a new part file beyond this size"
+    )
+    parser.add_argument(
+        "--rows",
+        choices=ROWS,
+        default="turns",
+        help="token formats of a generation.turns: all output: one row per recorded turn, or one per whole "
+        "conversation (its last turn's tokens, the loss over every answer it holds verbatim)",
+    )
+    parser.add_argument(
+        "--rerendered-spans",
+        choices=RERENDERED_POLICIES,
+        default="unmasked",
+        help="--rows conversations: an earlier answer the template re-rendered stays as context with mask 0 "
+        "(counted), or its conversation is left out (drop-row, counted)",
+    )
+    parser.add_argument(
+        "--dataset",
+        help="the run's dataset (default: the run's spec.dataset.path, found as `datagen verify` finds it): the "
+        "planned turns of whole conversations, the user turns of --format conversations",
+    )
+    parser.add_argument(
+        "--messages-key",
+        choices=MESSAGES_KEYS,
+        default="conversations",
+        help="--format conversations: the list's key (conversations: SpecForge; messages: TRL, OpenAI)",
     )
     parser.add_argument("--tokenizer", help="tokenizer dir for --format text (default: the run's model path)")
     parser.add_argument("--trust-remote-code", action="store_true", help="default: what the run's preset says")
@@ -321,7 +798,16 @@ def main_formats(args: argparse.Namespace) -> int:
             return codec_from_tokenizer(load_run_tokenizer(output, run_file, args.tokenizer, args.trust_remote_code))
 
         selection = Selection(exclude, args.max_length, args.over_length)
-        outcome = export_run(output, Path(args.out), formats, selection, codec)
+        dataset, why = (None, "")
+        if "conversations" in formats or args.rows == "conversations" or args.dataset:
+            dataset, why = find_dataset(output, Path(args.run) if args.run else None, args.dataset)
+        if dataset is None and (args.dataset or "conversations" in formats):
+            outcome = StepOutcome(False, Reason.EXPORT_FAILED, f"conversations: {why}")
+        else:
+            outcome = export_run(
+                output, Path(args.out), formats, selection, codec,
+                rows=args.rows, rerendered_spans=args.rerendered_spans, dataset=dataset,
+            )  # fmt: skip
     data = outcome.for_storage()
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)
@@ -346,6 +832,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
             output,
             Path(args.run) if args.run else output / "run.yaml",
             tokenizer_dir=args.tokenizer,
+            dataset=args.dataset,
             trust_remote_code=args.trust_remote_code,
             fidelity=None,
         )
@@ -389,6 +876,26 @@ def main(argv: list[str]) -> int:
             )
         except (ValueError, OSError) as error:
             problems.append(f"tokenizer: {error}")
+    dataset = None
+    whole = args.rows == "conversations" or args.export_format == "conversations"
+    if not problems and (whole or args.dataset):
+        dataset, why = find_dataset(output, Path(args.run) if args.run else None, args.dataset)
+        if dataset is None and (args.dataset or args.export_format == "conversations"):
+            problems.append(f"dataset: {why}")
+    options = ExportOptions(
+        export_format=args.export_format,
+        selection=Selection(exclude, args.max_length, args.over_length),
+        last_turn_only=args.last_turn_only,
+        part_bytes=args.part_bytes,
+        rows=args.rows,
+        rerendered_spans=args.rerendered_spans,
+        dataset=dataset,
+        messages_key=args.messages_key,
+    )
+    if not problems and output.is_dir():
+        problem = options_problem(options, describe_source(output)["turns"])
+        if problem is not None:
+            problems.append(problem)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -400,12 +907,6 @@ def main(argv: list[str]) -> int:
         return code
     if args.overwrite and out_dir.is_dir():
         clear_previous_export(out_dir)
-    options = ExportOptions(
-        export_format=args.export_format,
-        selection=Selection(exclude, args.max_length, args.over_length),
-        last_turn_only=args.last_turn_only,
-        part_bytes=args.part_bytes,
-    )
     manifest = export_output(output, out_dir, options, codec)
     summary = {
         "out": str(out_dir),
