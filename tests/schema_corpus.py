@@ -262,6 +262,36 @@ MUTATIONS: list[Mutation] = [
         "spec.server.reasoningParser",
         ("spec.server.reasoningParser", "none"),
     ),
+    mutate(
+        "the thinking switch in templateVariables",
+        QWEN3,
+        "spec.generation.templateVariables",
+        ("spec.generation.templateVariables", {"enable_thinking": False}),
+    ),
+    mutate(
+        "templateVariables setting what the renderer gives",
+        GPT_OSS,
+        "spec.generation.templateVariables",
+        ("spec.generation.templateVariables", {"reasoning_effort": "low", "tools": []}),
+    ),
+    mutate(
+        "templateVariables of the run",
+        GPT_OSS,
+        None,
+        ("spec.generation.templateVariables", {"reasoning_effort": "low"}),
+    ),
+    mutate(
+        "conversation rows of one answer a line",
+        KIMI,
+        "spec.export",
+        ("spec.export", {"formats": ["speculators"], "rows": "conversations"}),
+    ),
+    mutate(
+        "conversation rows of whole conversations",
+        "regenerate.yaml",
+        None,
+        ("spec.export", {"formats": ["speculators", "conversations"], "rows": "conversations"}),
+    ),
     mutate("volume without a source", KIMI, "spec.dataset.volume", ("spec.dataset.volume", {})),
     mutate(
         "volume with two sources",

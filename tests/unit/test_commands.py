@@ -47,7 +47,8 @@ EVERY_FIELD: list[Command] = [
                   termination_log="log", lease_holder="uid"),
     VerifyCommand(output="out", run="r.yaml", tokenizer="tok", dataset="d.jsonl", json=True, termination_log="log"),
     ExportCommand(output="out", formats=("speculators", "trl"), out="out/x", run="r.yaml", tokenizer="tok",
-                  termination_log="log", max_length=4096, exclude_flags=("truncated", "aborted")),
+                  termination_log="log", max_length=4096, exclude_flags=("truncated", "aborted"), rows="conversations",
+                  rerendered_spans="drop-row", dataset="data.jsonl"),
 ]  # fmt: skip
 """Each command with every field away from its default, so each one is written and read back."""
 

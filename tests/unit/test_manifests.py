@@ -162,6 +162,20 @@ def test_export_job_writes_inside_the_output_and_reports_through_its_termination
     assert job["spec"]["template"]["spec"]["securityContext"] == verify["template"]["spec"]["securityContext"]
 
 
+def test_an_export_of_whole_conversations_reads_the_dataset_mounted_read_only() -> None:
+    turns_all = SPEC.model_copy(update={"generation": SPEC.generation.model_copy(update={"turns": "all"})})
+    spec = with_export(turns_all, formats=["speculators", "conversations"], rows="conversations")
+    (container,) = m.export_job(RUN, spec, "img:1")["spec"]["template"]["spec"]["containers"]
+    flags = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
+    assert flags["--rows"] == "conversations" and flags["--formats"] == "speculators,conversations"
+    assert flags["--dataset"] == m.dataset_file(spec)
+    assert any(mount["mountPath"] == m.DATASET_MOUNT and mount.get("readOnly") for mount in container["volumeMounts"])
+    # Per-turn rows need no dataset: none is mounted.
+    (plain,) = m.export_job(RUN, with_export(SPEC), "img:1")["spec"]["template"]["spec"]["containers"]
+    assert "--dataset" not in plain["command"]
+    assert all(mount["mountPath"] != m.DATASET_MOUNT for mount in plain["volumeMounts"])
+
+
 def test_spec_configmap_holds_a_loadable_run_manifest(tmp_path: Any) -> None:
     from datagen_operator.api import load_run
 

@@ -140,6 +140,9 @@ class ExportCommand(Command):
     termination_log: str | None = None
     max_length: int | None = None
     exclude_flags: tuple[str, ...] = field(default=(), metadata=JOINED)
+    rows: str = "turns"
+    rerendered_spans: str = "unmasked"
+    dataset: str | None = None
 
 
 STEP_COMMANDS: tuple[type[Command], ...] = (PreflightCommand, CanaryCommand, VerifyCommand, ExportCommand)

@@ -94,18 +94,11 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         trust = model.trust_remote_code
     switches = {preset.thinking.switch} if preset is not None and preset.thinking.switch else set()
     for name in sorted(switches & spec.generation.template_variables.keys()):
-        errors.append(
-            FieldError(
-                f"spec.generation.templateVariables.{name}",
-                f"{name} is the thinking switch of the template: set generation.thinking instead (a dataset line may "
-                "still switch it for itself with its own chat_template_kwargs)",
-            )
-        )
+        errors.append(FieldError("spec.generation.templateVariables", f"{name} is {THINKING_SWITCH_IN_VARIABLES}"))
     reserved = sorted(RESERVED_VARIABLES & spec.generation.template_variables.keys())
     for name in reserved:
-        errors.append(
-            FieldError(f"spec.generation.templateVariables.{name}", f"{name} is given to the template by the renderer")
-        )
+        errors.append(FieldError("spec.generation.templateVariables", f"{name}: {RESERVED_IN_VARIABLES}"))
+    errors += _export_needs_conversations(spec)
     if errors:
         raise SpecError(errors)
     return ResolvedModel(
@@ -118,6 +111,30 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         trust_remote_code=trust,
         template_variables=dict(spec.generation.template_variables),
     )
+
+
+def _export_needs_conversations(spec: DataGenRunSpec) -> list[FieldError]:
+    """Whole-conversation rows and the conversations format exist only for an output of whole conversations."""
+    export = spec.export
+    if export is None or spec.generation.turns == "all":
+        return []
+    errors = []
+    if export.rows == "conversations":
+        errors.append(FieldError("spec.export", f"rows: conversations: {EXPORT_NEEDS_CONVERSATIONS}"))
+    if "conversations" in export.formats:
+        errors.append(FieldError("spec.export", f"formats: conversations: {EXPORT_NEEDS_CONVERSATIONS}"))
+    return errors
+
+
+EXPORT_NEEDS_CONVERSATIONS = (
+    "whole-conversation rows and the conversations format need regenerated conversations: set "
+    "generation.turns: all, or export rows: turns with the token formats"
+)
+THINKING_SWITCH_IN_VARIABLES = (
+    "the template's thinking switch: set generation.thinking instead (a dataset line may still switch it for itself "
+    "with its own chat_template_kwargs)"
+)
+RESERVED_IN_VARIABLES = "the renderer gives the template these itself"
 
 
 RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "datagen_rendered_on"})

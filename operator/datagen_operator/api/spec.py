@@ -434,6 +434,7 @@ class GenerationSpec(SpecModel):
         default_factory=dict,
         description="Extra chat-template variables for every prompt (e.g. gpt-oss reasoning_effort); a dataset line's "
         "own chat_template_kwargs are rendered over them. The thinking switch is generation.thinking.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     turns: Literal["last", "all"] = Field(
         default="last",
@@ -488,8 +489,21 @@ class ChecksSpec(SpecModel):
 
 
 class ExportSpec(SpecModel):
-    formats: list[Literal["speculators", "trl", "text"]] = Field(
-        min_length=1, max_length=3, description="Trainer formats to write once the final verification passes."
+    formats: list[Literal["speculators", "trl", "text", "conversations"]] = Field(
+        min_length=1,
+        max_length=4,
+        description="Trainer formats to write once the final verification passes (conversations: the regenerated "
+        "conversations as text, generation.turns all).",
+    )
+    rows: Literal["turns", "conversations"] = Field(
+        default="turns",
+        description="turns: a row per recorded turn; conversations (generation.turns all): a row per whole "
+        "conversation, the loss over every answer it holds verbatim (docs/export.md).",
+    )
+    rerendered_spans: Literal["unmasked", "drop-row"] = Field(
+        default="unmasked",
+        description="A conversation row holding an earlier answer the template re-rendered: keep that span unmasked "
+        "(counted) or leave the conversation out (counted).",
     )
     path: str = Field(
         default="export",

@@ -792,7 +792,9 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     assert spec.export is not None
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
-    data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
+    # Whole conversations are read against the dataset's planned turns: mounted (read-only) only then.
+    whole = spec.export.rows == "conversations" or "conversations" in spec.export.formats
+    data_volumes, data_mounts = _data_volumes(spec, dataset=whole, output=True, output_writable=True)
     command = ExportCommand(
         output=output_dir(spec),
         formats=tuple(spec.export.formats),
@@ -802,6 +804,9 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         termination_log=TERMINATION_LOG,
         max_length=spec.export.max_length,
         exclude_flags=tuple(spec.export.exclude_flags),
+        rows=spec.export.rows,
+        rerendered_spans=spec.export.rerendered_spans,
+        dataset=dataset_file(spec) if whole else None,
     )
     container = _datagen_container("export", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = {

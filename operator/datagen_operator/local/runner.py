@@ -462,9 +462,10 @@ class LocalRunner:
     def _export(self) -> StepOutcome:
         """spec.export in process: each format to OUTPUT/<export.path>/<format>."""
         from datagen_operator.export.formats import Selection
-        from datagen_operator.export.run import codec_from_tokenizer, export_run
+        from datagen_operator.export.run import DatasetSource, codec_from_tokenizer, export_run
 
-        export = self.spec.export
+        spec = self.spec
+        export = spec.export
         assert export is not None
         selection = Selection(frozenset(export.exclude_flags), export.max_length)
         return export_run(
@@ -473,6 +474,9 @@ class LocalRunner:
             export.formats,
             selection,
             lambda: codec_from_tokenizer(self._tokenizer()),
+            rows=export.rows,
+            rerendered_spans=export.rerendered_spans,
+            dataset=DatasetSource(Path(spec.dataset.path), spec.dataset.format, spec.dataset.id_field),
         )
 
     async def _stop_workers(self) -> None:
