@@ -99,7 +99,7 @@ def test_run_level_template_variables_are_rendered_and_fingerprinted_and_the_swi
     dataset = write_dataset(tmp_path / "lines.jsonl", _lines()[:2])
     spec = parse_spec(_spec(dataset, tmp_path / "out", **{"generation.templateVariables": {"custom_flag": 1}}))
     assert template_variables(resolve_model(spec))["custom_flag"] == 1
-    with pytest.raises(SpecError, match="enable_thinking is the template.s thinking switch"):
+    with pytest.raises(SpecError, match=r"enable_thinking is the template.s thinking switch"):
         resolve_model(
             parse_spec(_spec(dataset, tmp_path / "o", **{"generation.templateVariables": {"enable_thinking": False}}))
         )
