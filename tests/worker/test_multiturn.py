@@ -237,3 +237,34 @@ def test_kill_9_mid_conversation_resumes_each_from_its_last_recorded_turn(tmp_pa
 def test_a_prompt_object_in_the_plan_is_normalised_before_turns_are_planned() -> None:
     prompt = Prompt(0, "x", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], None)
     assert len(plan_turns(prompt.messages)) == 1
+
+
+def test_a_refused_turn_ends_its_conversation_and_a_crash_before_the_cut_is_repaired(tmp_path: Path) -> None:
+    items = conversations(16, turns_of=lambda i: 3)
+    output = tmp_path / "out"
+    document = spec(write_dataset(tmp_path / "chats.jsonl", items), output, **{"generation.turns": "all"})
+    refuse = ("--sim-fault-5xx-rate", "0.25", "--sim-fault-5xx-status", "400", "--sim-seed", "4")
+    with start_sim(*SIM_FLAGS, *refuse, tokenizer_dir=standin()) as server:
+        assert run_inprocess(document, [server.url], "--no-compact") == EXIT_OK
+        rejects = list(iter_rejects(output))
+        refused = {(e["id"], e["sample"], e["turn"]) for e in rejects if e.get("kind") == "server"}
+        cut = {(e["id"], e["sample"], e["turn"]) for e in rejects if e.get("kind") == "turns"}
+        assert cut == {(i, s, t + 1) for i, s, t in refused if t + 1 < 3} and cut, "a refusal ends its conversation"
+        assert {e["cause"] for e in rejects if e.get("kind") == "turns"} == {"earlier_turn_refused"}
+        # A crash between the refusal's entry and the cut's: the next start writes the cut, sends nothing after it.
+        path = OutputLayout(output).rejects(0)
+        kept = [line for line in path.read_bytes().splitlines(keepends=True) if b'"kind":"turns"' not in line]
+        path.write_bytes(b"".join(kept))
+        before = sum(raw_turn_keys(output).values())
+        assert run_inprocess(document, [server.url]) == EXIT_OK
+    again = {(e["id"], e["sample"], e["turn"]) for e in iter_rejects(output) if e.get("kind") == "turns"}
+    assert again == cut
+    records = list(iter_records(output))
+    assert len(records) == before and not [r for r in records if (r["id"], r["sample"], r["turn"]) in cut]
+    state = progress(output)
+    assert (
+        state["records_done"] + state["records_rejected"] + state["records_set_aside"] == state["records_total"] == 48
+    )
+    report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
+    completeness = next(check for check in report.checks if check.name == "completeness")
+    assert completeness.passed, completeness.verdict

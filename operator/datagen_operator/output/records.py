@@ -138,8 +138,14 @@ TURNS_KIND = "turns"
 def turns_reject(job: Job, cause: str, reason: str) -> dict[str, Any]:
     """The turns of a conversation's sample from `job.turn` on, never sent (prompts.conversation.TURN_CAUSES)."""
     planned = len(job.conversation.turns) if job.conversation is not None else job.turn + 1
-    return {"key": f"turns:{job.id}#{job.sample}@{job.turn}", "kind": TURNS_KIND, "cause": cause, "id": job.id,
-            "sample": job.sample, "turn": job.turn, "turns": planned, "line": line_number(job.position),
+    return turns_entry(job.position, job.id, job.sample, job.turn, planned, cause, reason)
+
+
+def turns_entry(
+    position: int, prompt_id: str, sample: int, turn: int, planned: int, cause: str, reason: str
+) -> dict[str, Any]:
+    return {"key": f"turns:{prompt_id}#{sample}@{turn}", "kind": TURNS_KIND, "cause": cause, "id": prompt_id,
+            "sample": sample, "turn": turn, "turns": planned, "line": line_number(position),
             "reason": reason}  # fmt: skip
 
 

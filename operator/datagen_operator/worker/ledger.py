@@ -7,9 +7,9 @@ import logging
 from typing import Any
 
 from datagen_operator.api.progress import RecordCounts, ShardProgress
-from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject
+from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject, turns_entry
 from datagen_operator.output.writer import ShardWriter
-from datagen_operator.prompts.conversation import NO_USER_TURN, TOOL_TURN, plan_turns
+from datagen_operator.prompts.conversation import EARLIER_TURN_REFUSED, NO_USER_TURN, TOOL_TURN, plan_turns
 from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, line_key, prompt_from
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.progress import Tracker
@@ -97,6 +97,13 @@ class Ledger:
             p.records_set_aside += n * (turns - 1)  # set_aside_on_disk counted one turn per sample
             p.prompts_done += 1
             return False
+        for sample in range(n) if turns > 1 else ():
+            refused = self.refused_uncut(ref.id, sample, turns)
+            if refused is not None:  # a crash came between the refusal and its cut: the cut is written now
+                reason = f"the server refused turn {refused + 1}"
+                self._record_cut(
+                    turns_entry(ref.position, ref.id, sample, refused + 1, turns, EARLIER_TURN_REFUSED, reason)
+                )
         left = sum(len(self.turns_to_send(ref.id, sample, turns)) for sample in range(n))
         if left:
             self.remaining[ref.id] = left
@@ -117,15 +124,35 @@ class Ledger:
                 return range(turn, end)
         return range(0)
 
+    def refused_uncut(self, prompt_id: str, sample: int, turns: int) -> int | None:
+        """The turn the server refused whose later turns were never recorded as not sent (a crash between the
+        two writes), or None."""
+        writer = self.writer
+        if (prompt_id, sample) in writer.turns_cut:
+            return None
+        for turn in range(turns - 1):
+            key = (prompt_id, sample, turn)
+            if key in writer.rejected:
+                return turn
+            if key not in writer.done:
+                return None
+        return None
+
     def cut_turns(self, prompt_id: str, entry: dict[str, Any]) -> None:
         """A conversation's sample ends before its planned turns (records.turns_reject): recorded once, its turns
         counted apart from server errors."""
+        count = self._record_cut(entry)
+        if count:
+            self.finish_records(prompt_id, count)
+
+    def _record_cut(self, entry: dict[str, Any]) -> int:
+        """Write a turns entry and count its turns; how many (0 when it could not be written)."""
         if not self.volume.write(self.writer.add_reject, entry):
-            return
+            return 0
         p, count = self.progress, int(entry["turns"]) - int(entry["turn"])
         p.turns_cut[entry["cause"]] = p.turns_cut.get(entry["cause"], 0) + count
         p.records_set_aside += count
-        self.finish_records(prompt_id, count)
+        return count
 
     def set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
         """A prompt that is never sent: recorded once in rejects.jsonl, all its samples counted apart from
@@ -182,4 +209,4 @@ class Ledger:
         if self.config.spec.generation.turns != "all":
             return 1, 0
         turns = plan_turns(prompt_from(ref, obj).messages)
-        return len(turns), turns.cut
+        return max(1, len(turns)), turns.cut  # a line without a user turn: one record per sample, set aside
