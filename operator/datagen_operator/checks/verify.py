@@ -30,13 +30,13 @@ from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, check_context, evaluate
+from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 from datagen_operator.output.layout import Key
 from datagen_operator.output.records import TURNS_KIND
 
 COMPLETENESS = "completeness"
 CONVERSATIONS = "conversations"
-PROMPT_FIDELITY = "prompt_fidelity"
 INTEGRITY = "integrity"
 DATASET_PIN = "dataset_pin"
 EXAMPLES_PER_FLAG = 3
@@ -298,53 +298,6 @@ def _completeness(
     )
 
 
-def _fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: Any) -> CheckResult:
-    from datagen_operator.prompts.conversation import request_messages
-
-    if renderer is None:
-        return CheckResult(
-            name=PROMPT_FIDELITY,
-            passed=False,
-            verdict="no tokenizer to re-render with: pass --tokenizer (or --no-fidelity)",
-        )
-    if not prompts:
-        return CheckResult(
-            name=PROMPT_FIDELITY,
-            passed=False,
-            verdict="no dataset to re-render from: pass --dataset (or --no-fidelity)",
-        )
-    differ: list[str] = []
-    compared = 0
-    for record in sampled:
-        prompt = prompts.get(record["id"])
-        if prompt is None:
-            continue
-        compared += 1
-        # As the workers sent it: one answer a line answers its last user turn (a trailing assistant turn dropped).
-        fresh = renderer.render(request_messages(prompt.messages, "last"), prompt.tools, prompt.variables)
-        if list(record["input_ids"]) != fresh:
-            differ.append(record["id"])
-    if differ:
-        return CheckResult(
-            name=PROMPT_FIDELITY,
-            passed=False,
-            rate=len(differ) / compared,
-            threshold=0.0,
-            count=len(differ),
-            total=compared,
-            verdict=f"stored input_ids differ from a fresh render in {len(differ)}/{compared} sampled records (e.g. {differ[:3]}): "
-            "the tokenizer or chat template changed since generation; training must use the recorded template",
-        )
-    return CheckResult(
-        name=PROMPT_FIDELITY,
-        passed=True,
-        rate=0.0,
-        threshold=0.0,
-        total=compared,
-        verdict=f"{compared} sampled prompts re-render to the stored input_ids",
-    )
-
-
 def _dataset_pin(
     pin: Any, records: PinCheck, dataset: Path | None, declared: Any, id_field: str | None = None
 ) -> CheckResult:
@@ -508,11 +461,9 @@ def verify_output(
         variables = template_variables(resolved, rendered_on) if resolved is not None else None
         renderer = Renderer(tokenizer, variables) if tokenizer is not None and variables is not None else None
         if turns_mode == "all":
-            from datagen_operator.checks.conversations import conversation_fidelity
-
             checks.append(conversation_fidelity(output, reservoir, prompts, renderer, resolved, variables))
         else:
-            checks.append(_fidelity(reservoir, prompts, renderer))
+            checks.append(line_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
         str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes

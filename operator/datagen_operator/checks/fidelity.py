@@ -1,8 +1,9 @@
-"""Prompt fidelity of regenerated conversations (generation.turns all): every turn of the sampled conversations
-rebuilt from the dataset's user turns and the run's own recorded answers, rendered with the run's tokenizer and
-template, equal to the stored input_ids; and every recorded answer split equal to the split of its output_ids
-as SGLang's chat endpoint makes it (prompts/conversation.py). A template that re-renders history differently,
-or a split that drifted from the ids, fails here with the turn named."""
+"""Prompt fidelity, `datagen verify`'s proof that the stored input_ids are what the run's tokenizer and template
+render: for one answer a line, a sample of prompts re-rendered as the workers sent them; for regenerated
+conversations (generation.turns all), every turn of the sampled conversations rebuilt from the dataset's user
+turns and the run's own recorded answers, and every recorded answer split equal to the split of its output_ids as
+SGLang's chat endpoint makes it (prompts/conversation.py). A template that re-renders history differently, or a
+split that drifted from the ids, fails here with the turn named."""
 
 from __future__ import annotations
 
@@ -14,9 +15,34 @@ import orjson
 
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.status import CheckResult
-from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
+from datagen_operator.prompts.conversation import (
+    AnswerSplit,
+    AnswerSplitter,
+    plan_turns,
+    request_messages,
+    turn_messages,
+)
 
 PROMPT_FIDELITY = "prompt_fidelity"
+
+
+def unprovable(renderer: Any, prompts: dict[str, Any]) -> CheckResult | None:
+    """Why nothing can be re-rendered (no tokenizer, no dataset), as the failed check; None when it can."""
+    if renderer is None:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            verdict="no tokenizer to re-render with: pass --tokenizer (or --no-fidelity)",
+        )
+    if not prompts:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            verdict="no dataset to re-render from: pass --dataset (or --no-fidelity)",
+        )
+    return None
+
+
 _COLUMNS = ("input_ids", "output_ids", "finish_reason", "has_tools", "answer_content", "answer_reasoning")
 
 
@@ -47,18 +73,10 @@ def conversation_fidelity(
     resolved: ResolvedModel | None,
     variables: dict[str, Any] | None,
 ) -> CheckResult:
-    if renderer is None or resolved is None or variables is None:
-        return CheckResult(
-            name=PROMPT_FIDELITY,
-            passed=False,
-            verdict="no tokenizer to re-render with: pass --tokenizer (or --no-fidelity)",
-        )
-    if not prompts:
-        return CheckResult(
-            name=PROMPT_FIDELITY,
-            passed=False,
-            verdict="no dataset to re-render from: pass --dataset (or --no-fidelity)",
-        )
+    cannot = unprovable(None if resolved is None or variables is None else renderer, prompts)
+    if cannot is not None:
+        return cannot
+    assert resolved is not None and variables is not None
     splitter = AnswerSplitter(renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, variables)
     wanted = {(record["id"], record["sample"]) for record in sampled if record["id"] in prompts}
     conversations = _conversation_records(output, wanted)
@@ -120,4 +138,41 @@ def conversation_fidelity(
         total=compared,
         verdict=f"{compared} turns of {len(conversations)} sampled conversations re-render to the stored input_ids "
         "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
+    )
+
+
+def line_fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: Any) -> CheckResult:
+    """One answer a line: each sampled record's prompt rendered again as the workers sent it."""
+    cannot = unprovable(renderer, prompts)
+    if cannot is not None:
+        return cannot
+    differ: list[str] = []
+    compared = 0
+    for record in sampled:
+        prompt = prompts.get(record["id"])
+        if prompt is None:
+            continue
+        compared += 1
+        # As the workers sent it: one answer a line answers its last user turn (a trailing assistant turn dropped).
+        fresh = renderer.render(request_messages(prompt.messages, "last"), prompt.tools, prompt.variables)
+        if list(record["input_ids"]) != fresh:
+            differ.append(record["id"])
+    if differ:
+        return CheckResult(
+            name=PROMPT_FIDELITY,
+            passed=False,
+            rate=len(differ) / compared,
+            threshold=0.0,
+            count=len(differ),
+            total=compared,
+            verdict=f"stored input_ids differ from a fresh render in {len(differ)}/{compared} sampled records (e.g. {differ[:3]}): "
+            "the tokenizer or chat template changed since generation; training must use the recorded template",
+        )
+    return CheckResult(
+        name=PROMPT_FIDELITY,
+        passed=True,
+        rate=0.0,
+        threshold=0.0,
+        total=compared,
+        verdict=f"{compared} sampled prompts re-render to the stored input_ids",
     )
