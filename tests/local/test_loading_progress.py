@@ -34,3 +34,22 @@ def test_run_log_repeats_the_loading_time_while_the_model_loads(
     said = [int(seconds) for seconds in re.findall(r"ServerReady=False \(Loading\): loading the model: (\d+)s of", out)]
     assert len(said) >= 3, out
     assert said == sorted(said) and said[-1] >= said[0] + 2, said  # the time moves, once per report
+
+
+def test_run_log_repeats_progress_while_the_workers_generate(
+    tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a terminal the events are the display: Progressing's done/total and tok/s are said again as they
+    move, not only `0/N` at the start and the total at the end."""
+    from datagen_operator.local import runner
+
+    monkeypatch.setattr(runner, "PROGRESS_REPORT_S", 0.5)
+    run_file = manifest(tmp_path, standin)
+    paced = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=40", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
+    code = datagen_run([str(run_file), "--simulator", *paced])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    said = re.findall(r"Progressing=True \(Running\): (\d+)/(\d+) prompts(, [\d.]+k? tok/s)?", out)
+    done = [int(d) for d, _, _ in said]
+    assert len(said) >= 3 and done == sorted(done) and len(set(done)) >= 3, out
+    assert any(rate for _, _, rate in said[1:]), "a repeated line says the rate"
