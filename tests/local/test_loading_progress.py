@@ -53,3 +53,12 @@ def test_run_log_repeats_progress_while_the_workers_generate(
     done = [int(d) for d, _, _ in said]
     assert len(said) >= 3 and done == sorted(done) and len(set(done)) >= 3, out
     assert any(rate for _, _, rate in said[1:]), "a repeated line says the rate"
+    assert re.search(r"Progressing=True \(Running\): \d+/24 prompts, [\d.]+k? tok/s, ETA \d+s", out), out
+
+
+def test_the_eta_is_read_from_the_rate_records_are_done_here() -> None:
+    from datagen_operator.local.runner import eta_words
+
+    assert eta_words((10.0, 100), (20.0, 300), 1300) == ", ETA 50s"  # 200 records in 10 s, 1000 left
+    assert eta_words((10.0, 100), (20.0, 100), 1300) == ""  # no rate yet
+    assert eta_words((10.0, 100), (20.0, 1300), 1300) == ""  # done

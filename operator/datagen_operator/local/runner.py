@@ -22,6 +22,7 @@ import yaml
 
 from datagen_operator.api import DataGenRun
 from datagen_operator.api.commands import WorkerCommand
+from datagen_operator.api.duration import format_duration
 from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
@@ -135,6 +136,8 @@ class LocalRunner:
         self.holder = Holder.this_process(self.run.metadata.name)
         self.loading_said_at: float | None = None
         self.progress_said: tuple[float | None, str] = (None, "")
+        self.progress_from: tuple[float, int] = (0.0, 0)
+        """When the workers began to be counted here, and the records done then: the rate the ETA is read from."""
         """When Progressing's message was last said (its transition event says the first), and what it said."""
 
     # --- the loop ----------------------------------------------------------------------------------
@@ -515,10 +518,14 @@ class LocalRunner:
             return
         now = time.monotonic()
         said_at, said = self.progress_said
+        progress = self.decision.progress if self.decision is not None else None
+        done, total = (progress.records_done, progress.records_total) if progress is not None else (0, 0)
         if said_at is None:  # its transition event has just said it
             self.progress_said = (now, progressing.message)
+            self.progress_from = (now, done)
         elif progressing.message != said and now - said_at >= PROGRESS_REPORT_S:
-            self._say(f"{progressing.type}={progressing.status} ({progressing.reason}): {progressing.message}")
+            eta = eta_words(self.progress_from, (now, done), total)
+            self._say(f"{progressing.type}={progressing.status} ({progressing.reason}): {progressing.message}{eta}")
             self.progress_said = (now, progressing.message)
 
     def _repeat_loading(self) -> None:
@@ -571,6 +578,14 @@ class LocalRunner:
 
             return Live(self._renderable(), console=self.console, refresh_per_second=4, transient=True)
         return _NoDisplay()
+
+
+def eta_words(start: tuple[float, int], now: tuple[float, int], total: int) -> str:
+    """', ETA 3m20s' at the rate records were done since `start` ((monotonic s, records done)), or '' before any."""
+    (t0, done0), (t1, done1) = start, now
+    if done1 <= done0 or t1 <= t0 or done1 >= total:
+        return ""
+    return f", ETA {format_duration(round((total - done1) * (t1 - t0) / (done1 - done0)))}"
 
 
 class _NoDisplay:
