@@ -263,18 +263,6 @@ MUTATIONS: list[Mutation] = [
         ("spec.server.reasoningParser", "none"),
     ),
     mutate(
-        "the thinking switch in templateVariables",
-        QWEN3,
-        "spec.generation.templateVariables",
-        ("spec.generation.templateVariables", {"enable_thinking": False}),
-    ),
-    mutate(
-        "templateVariables setting what the renderer gives",
-        GPT_OSS,
-        "spec.generation.templateVariables",
-        ("spec.generation.templateVariables", {"reasoning_effort": "low", "tools": []}),
-    ),
-    mutate(
         "templateVariables of the run",
         GPT_OSS,
         None,

@@ -16,12 +16,7 @@ from datagen_operator.api.names import (
     max_run_name_length,
     name_length_message,
 )
-from datagen_operator.api.resolve import (
-    EXPORT_NEEDS_CONVERSATIONS,
-    RESERVED_IN_VARIABLES,
-    RESERVED_VARIABLES,
-    THINKING_SWITCH_IN_VARIABLES,
-)
+from datagen_operator.api.resolve import EXPORT_NEEDS_CONVERSATIONS
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, NO_PARSER, PLURAL, DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -126,7 +121,6 @@ def _spec_rules() -> list[dict[str, str]]:
     }
     no_thinking = [name for name, p in table.items() if not p.thinking.supported]
     always_thinking = [name for name, p in table.items() if p.thinking.supported and p.thinking.switch is None]
-    switches = {name: p.thinking.switch for name, p in table.items() if p.thinking.switch}
     return [
         {
             "rule": "has(self.model.preset) || (has(self.server.reasoningParser) && has(self.server.toolCallParser))",
@@ -162,22 +156,6 @@ def _spec_rules() -> list[dict[str, str]]:
             "has(self.generation.thinking) && !self.generation.thinking)",
             "message": "this preset always thinks (its template has no switch); remove generation.thinking: false",
             "fieldPath": ".generation.thinking",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            "rule": f"!has(self.model.preset) || !(self.model.preset in {cel_map(switches)}) || "
-            "!has(self.generation.templateVariables) || "
-            f"!({cel_map(switches)}[self.model.preset] in self.generation.templateVariables)",
-            "message": f"generation.templateVariables holds {THINKING_SWITCH_IN_VARIABLES}",
-            "fieldPath": ".generation.templateVariables",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            "rule": "!has(self.generation.templateVariables) || "
-            f"!{_cel_list(sorted(RESERVED_VARIABLES))}.exists(name, name in self.generation.templateVariables)",
-            "message": f"generation.templateVariables may not set {', '.join(sorted(RESERVED_VARIABLES))}: "
-            f"{RESERVED_IN_VARIABLES}",
-            "fieldPath": ".generation.templateVariables",
             "reason": "FieldValueInvalid",
         },
         {

@@ -434,6 +434,8 @@ class GenerationSpec(SpecModel):
         default_factory=dict,
         description="Extra chat-template variables for every prompt (e.g. gpt-oss reasoning_effort); a dataset line's "
         "own chat_template_kwargs are rendered over them. The thinking switch is generation.thinking.",
+        # Free-form: the API server keeps the values (CEL cannot read the keys of such an object, so the two rules on
+        # them are resolve.py's alone: datagen validate and the operator's InvalidSpec, not the CRD).
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     turns: Literal["last", "all"] = Field(
