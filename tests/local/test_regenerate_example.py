@@ -5,6 +5,7 @@ proved by verify from the run's own answers. Counted: turns planned and recorded
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,9 @@ def test_the_regenerate_example_completes_for_each_family(tmp_path: Path, preset
     assert "60 user turns to answer in 23 conversations" in said
     assert "1 user turns after a tool message not regenerated" in said
     assert "Succeeded=True (Completed): 60/60 turns (23/23 conversations); verification passed" in said
+    assert re.search(
+        r"DataFaithful=True \(WithinThresholds\): \d+ checks pass over \d+ records; records by turn: 1: ", said
+    )
     records = list(iter_records(tmp_path / "out"))
     verified = subprocess.run(
         [sys.executable, "-m", "datagen_operator.cli", "verify", str(tmp_path / "out"), "--json"],

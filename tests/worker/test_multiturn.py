@@ -107,6 +107,7 @@ def test_every_user_turn_is_answered_in_order_on_the_models_own_answers(tmp_path
     state = progress(output)
     assert (state["state"], state["records_done"], state["records_total"]) == ("complete", 36, 36)
     assert (state["prompts_done"], state["prompts_total"]) == (12, 12)
+    assert state["records_by_turn"] == {"0": 12, "1": 12, "2": 8, "3": 4}  # 2 + i % 3 user turns
     report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
     fidelity = next(check for check in report.checks if check.name == "prompt_fidelity")
     assert report.passed and fidelity.total == 36, fidelity.verdict

@@ -100,6 +100,10 @@ class ShardProgress:
     """generation.turns all: cause -> turns of conversations not generated (prompts.conversation.TURN_CAUSES): the
     user turns after a dataset tool message (never planned), and the rest of a conversation after an answer that
     called a tool, did not finish, or was refused (counted in records_set_aside, per sample)."""
+    records_by_turn: dict[str, int] = field(default_factory=dict)
+    """generation.turns all: this run's records by turn index ("0" = the answer to the first user turn)."""
+    flagged_by_turn: dict[str, int] = field(default_factory=dict)
+    """... and those of them that raised a check flag."""
     records_total: int = 0
     counts: RecordCounts = field(default_factory=RecordCounts)
     """The written records (resumed ones included): stored flat as records_done, tool_records,

@@ -5,7 +5,7 @@ One evaluation for the rolling checks (workers' counters), the canary and `datag
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 
 from datagen_operator.api.progress import RecordCounts
@@ -508,4 +508,12 @@ def _output_volume(tally: Tally) -> CheckResult:
         f"every answer written to the output volume ({_frac(total - bad, total)})",
         f"{_frac(bad, total)} answers could not be written: the output volume is full or failing; free space or "
         "grow it, then resume (they are generated again)",
+    )
+
+
+def by_turn_words(records: Mapping[int, int], flagged: Mapping[int, int]) -> str:
+    """Records by turn (1-based, as a person counts them), the flagged ones beside: '1: 23 (1 flagged), 2: 21'."""
+    return ", ".join(
+        f"{turn + 1}: {records[turn]}" + (f" ({flagged[turn]} flagged)" if flagged.get(turn) else "")
+        for turn in sorted(records)
     )

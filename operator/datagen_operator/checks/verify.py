@@ -29,7 +29,7 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import Tally, check_context, evaluate
+from datagen_operator.checks.evaluate import Tally, by_turn_words, check_context, evaluate
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 from datagen_operator.output.layout import Key
@@ -633,10 +633,7 @@ class TurnCounts:
 def conversations_check(turns: TurnCounts, cut: Mapping[str, int], conversations: int, ended: int) -> CheckResult:
     """What a regenerated output holds, turn by turn and conversation by conversation (informational: each rule it
     sums is judged by its own check)."""
-    shown = ", ".join(
-        f"{turn + 1}: {turns.records[turn]}" + (f" ({turns.flagged[turn]} flagged)" if turns.flagged[turn] else "")
-        for turn in sorted(turns.records)
-    )
+    shown = by_turn_words(turns.records, turns.flagged)
     ends = ", ".join(f"{count} {cause}" for cause, count in sorted(cut.items()))
     whole = f"{conversations - ended}/{conversations} conversations" if conversations else "conversations"
     verdict = f"{whole} have every planned turn; records by turn: {shown or 'none'}"

@@ -28,7 +28,7 @@ from datagen_operator.api.status import (
     ConditionStatus,
     Progress,
 )
-from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, evaluate
+from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, by_turn_words, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
@@ -540,13 +540,17 @@ def _rolling_checks(
         checks = tuple(evaluate(tally, context))
         failed = [c for c in checks if not c.passed]
         faithful = not failed
+        counted = observed.progress
+        # Whole conversations: each rule judges every turn together; where the records are is said turn by turn.
+        by_turn = by_turn_words(counted.records_by_turn, counted.flagged_by_turn) if counted else ""
+        turns = f"; records by turn: {by_turn}" if by_turn else ""
         if faithful:
             updates.append(
                 _u(
                     DATA_FAITHFUL,
                     "True",
                     Reason.WITHIN_THRESHOLDS,
-                    f"{len(checks)} checks pass over {tally.records} records",
+                    f"{len(checks)} checks pass over {tally.records} records{turns}",
                 )
             )
         else:
@@ -555,7 +559,7 @@ def _rolling_checks(
                     DATA_FAITHFUL,
                     "False",
                     Reason.THRESHOLD_CROSSED,
-                    "; ".join(f"{c.name}: {c.verdict}" for c in failed),
+                    "; ".join(f"{c.name}: {c.verdict}" for c in failed) + turns,
                 )
             )
     return faithful, checks

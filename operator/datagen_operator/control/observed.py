@@ -90,6 +90,9 @@ class ProgressCounters:
     """The whole output's records, rejects and inline record-check flags (see checks.record_checks): the
     records resumed from (judged by the preflight, with the same checks) and this attempt's. Each shard's
     snapshot counts every set-aside line once, however many attempts read it."""
+    records_by_turn: dict[int, int] = field(default_factory=dict)
+    """generation.turns all: the workers' records of this attempt by turn, and the flagged ones."""
+    flagged_by_turn: dict[int, int] = field(default_factory=dict)
     failure_reason: str | None = None
     failure_message: str | None = None
     """A shard that stopped for a named cause (OutputVolumeFull...), in plain words with the run's counts."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from datagen_operator.api.progress import ShardProgress
@@ -66,7 +67,11 @@ def counters_from_snapshots(
     prompts_total = prompts_done = set_aside = completion = malformed = 0
     rate = 0.0
     tally = Tally()
+    by_turn: Counter[int] = Counter()
+    flagged: Counter[int] = Counter()
     for s in snapshots:
+        by_turn.update({int(turn): n for turn, n in s.records_by_turn.items()})
+        flagged.update({int(turn): n for turn, n in s.flagged_by_turn.items()})
         prompts_total += s.prompts_total
         prompts_done += s.prompts_done
         set_aside += s.records_set_aside
@@ -84,6 +89,8 @@ def counters_from_snapshots(
         tokens_per_second=rate,
         malformed=malformed,
         tally=tally,
+        records_by_turn=dict(by_turn),
+        flagged_by_turn=dict(flagged),
         failure_reason=failure[0] if failure else None,
         failure_message=failure[1] if failure else None,
     )

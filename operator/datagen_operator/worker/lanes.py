@@ -115,9 +115,13 @@ class Lanes:
         # never answers held back in memory (they would be generated again on resume).
         if not self.volume.write(writer.flush):
             return None
-        self.ledger.progress.counts.add(
-            len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags, job.has_tools
-        )
+        p = self.ledger.progress
+        p.counts.add(len(job.input_ids), len(reply.output_ids), meta.get("cached_tokens") or 0, flags, job.has_tools)
+        if job.conversation is not None:
+            turn = str(job.turn)
+            p.records_by_turn[turn] = p.records_by_turn.get(turn, 0) + 1
+            if flags:
+                p.flagged_by_turn[turn] = p.flagged_by_turn.get(turn, 0) + 1
         self.ledger.finish_sample(job.id)
         return split
 
