@@ -43,6 +43,11 @@ def unprovable(renderer: Any, prompts: dict[str, Any]) -> CheckResult | None:
     return None
 
 
+def proved(compared: int, verdict: str) -> CheckResult:
+    """The passed check over `compared` re-rendered prompts."""
+    return CheckResult(name=PROMPT_FIDELITY, passed=True, rate=0.0, threshold=0.0, total=compared, verdict=verdict)
+
+
 _COLUMNS = ("input_ids", "output_ids", "finish_reason", "has_tools", "answer_content", "answer_reasoning")
 
 
@@ -130,13 +135,9 @@ def conversation_fidelity(
             total=compared,
             verdict="; ".join(problems),
         )
-    return CheckResult(
-        name=PROMPT_FIDELITY,
-        passed=True,
-        rate=0.0,
-        threshold=0.0,
-        total=compared,
-        verdict=f"{compared} turns of {len(conversations)} sampled conversations re-render to the stored input_ids "
+    return proved(
+        compared,
+        f"{compared} turns of {len(conversations)} sampled conversations re-render to the stored input_ids "
         "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
     )
 
@@ -168,11 +169,4 @@ def line_fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], render
             verdict=f"stored input_ids differ from a fresh render in {len(differ)}/{compared} sampled records (e.g. {differ[:3]}): "
             "the tokenizer or chat template changed since generation; training must use the recorded template",
         )
-    return CheckResult(
-        name=PROMPT_FIDELITY,
-        passed=True,
-        rate=0.0,
-        threshold=0.0,
-        total=compared,
-        verdict=f"{compared} sampled prompts re-render to the stored input_ids",
-    )
+    return proved(compared, f"{compared} sampled prompts re-render to the stored input_ids")
