@@ -62,6 +62,40 @@ def is_over_length(length: int, selection: Selection) -> bool:
     return selection.max_length is not None and length > selection.max_length
 
 
+def finish_types(column: pa.Array) -> list[str | None]:
+    """`finish_type` of each row, parsed once per distinct value (a batch repeats a handful)."""
+    parsed: dict[str | None, str | None] = {}
+    out = []
+    for value in column.to_pylist():
+        if value not in parsed:
+            parsed[value] = finish_type(value)
+        out.append(parsed[value])
+    return out
+
+
+def exclusions(
+    flags: pa.Array, finishes: Sequence[str | None], lengths: np.ndarray, selection: Selection
+) -> dict[int, str]:
+    """Row -> `exclusion_reason` for the rows of a batch left out. Only a row with a stored flag, a `length`
+    finish or over --max-length can be; the rest of the batch is not looked at row by row."""
+    if not selection.exclude_flags and selection.max_length is None:
+        return {}
+    suspects = list_lengths(flags) > 0
+    suspects |= np.fromiter((finish == "length" for finish in finishes), dtype=bool, count=len(finishes))
+    if selection.max_length is not None:
+        suspects |= lengths > selection.max_length
+    rows = np.flatnonzero(suspects).tolist()
+    if not rows:
+        return {}
+    flag_lists = flags.to_pylist()
+    out = {}
+    for row in rows:
+        reason = exclusion_reason(effective_flags(flag_lists[row] or (), finishes[row]), int(lengths[row]), selection)
+        if reason is not None:
+            out[row] = reason
+    return out
+
+
 # --- tokens on whole columns ------------------------------------------------------------------------
 
 
@@ -181,20 +215,6 @@ def row_metadata(
     }
 
 
-def _json_concat(left: bytes, right: bytes) -> bytes:
-    """Two JSON arrays as one, spliced as bytes."""
-    if left == b"[]":
-        return right
-    if right == b"[]":
-        return left
-    return left[:-1] + b"," + right[1:]
-
-
-def loss_mask_json(prompt_length: int, completion_length: int) -> bytes:
-    body = b"0," * prompt_length + b"1," * completion_length
-    return b"[" + body[:-1] + b"]"
-
-
 def speculators_row(
     prompt_id: str,
     sample: int,
@@ -205,14 +225,72 @@ def speculators_row(
     turn: int = 0,
 ) -> bytes:
     """One JSONL line for vLLM speculators (>= 0.7.0 pre-tokenized rows) and SpecForge main:
-    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata"}`.
+    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata"}` (`speculators_lines`
+    of one row)."""
+    masks = _MaskRuns(len(prompt_ids), len(completion_ids))
+    return b"".join(_speculators_pieces(prompt_id, sample, turn, prompt_ids, completion_ids, metadata, masks))
 
-    Built from byte pieces (orjson serialises each id array in C) so no per-token Python runs."""
+
+def speculators_lines(
+    prompt_ids: Sequence[str],
+    samples: Sequence[int],
+    turns: Sequence[int],
+    tokens: TokenColumns,
+    metadata: Sequence[dict[str, Any]],
+) -> list[bytes | memoryview]:
+    """A batch's speculators lines as pieces whose b"".join is the lines back to back. Built from byte pieces
+    (orjson serialises each id array in C, masks are slices of one run of "0," and one of "1,", JSON is
+    spliced through memoryviews) so no per-token Python runs and no JSON is copied before that one join."""
+    masks = _MaskRuns(int(tokens.prompt_lengths.max(initial=0)), int(tokens.completion_lengths.max(initial=0)))
+    pieces: list[bytes | memoryview] = []
+    for row in range(tokens.rows):
+        pieces += _speculators_pieces(
+            prompt_ids[row], samples[row], turns[row], tokens.prompt(row), tokens.completion(row), metadata[row], masks
+        )
+    return pieces
+
+
+class _MaskRuns:
+    """ "0,0,..." and "1,1,...", long enough for the longest prompt and completion: a loss mask's JSON is two
+    slices of them."""
+
+    def __init__(self, prompt_length: int, completion_length: int) -> None:
+        self.zeros = memoryview(b"0," * prompt_length)
+        self.ones = memoryview(b"1," * completion_length)
+
+    def json(self, prompt_length: int, completion_length: int) -> tuple[bytes | memoryview, ...]:
+        """`[0,...,0,1,...,1]`: 0 over the prompt, 1 over the completion (`loss_mask_json`)."""
+        if completion_length:
+            return b"[", self.zeros[: 2 * prompt_length], self.ones[: 2 * completion_length - 1], b"]"
+        if prompt_length:
+            return b"[", self.zeros[: 2 * prompt_length - 1], b"]"
+        return (b"[]",)
+
+
+def _speculators_pieces(
+    prompt_id: str,
+    sample: int,
+    turn: int,
+    prompt_ids: np.ndarray,
+    completion_ids: np.ndarray,
+    metadata: dict[str, Any],
+    masks: _MaskRuns,
+) -> list[bytes | memoryview]:
     as_json = orjson.OPT_SERIALIZE_NUMPY
-    ids = _json_concat(orjson.dumps(prompt_ids, option=as_json), orjson.dumps(completion_ids, option=as_json))
-    return _speculators_line(
-        prompt_id, sample, turn, ids, loss_mask_json(len(prompt_ids), len(completion_ids)), metadata
-    )
+    head = memoryview(orjson.dumps({"id": prompt_id, "sample": sample, "turn": turn}))[:-1]
+    # prompt + completion as one JSON array: the two arrays spliced, "[]" for an empty side left out
+    if not len(prompt_ids):
+        ids: tuple[bytes | memoryview, ...] = (orjson.dumps(completion_ids, option=as_json),)
+    elif not len(completion_ids):
+        ids = (orjson.dumps(prompt_ids, option=as_json),)
+    else:
+        prompt_json = memoryview(orjson.dumps(prompt_ids, option=as_json))
+        completion_json = memoryview(orjson.dumps(completion_ids, option=as_json))
+        ids = (prompt_json[:-1], b",", completion_json[1:])
+    return [
+        head, b',"input_ids":', *ids, b',"loss_mask":', *masks.json(len(prompt_ids), len(completion_ids)),
+        b',"metadata":', orjson.dumps(metadata), b"}\n",
+    ]  # fmt: skip
 
 
 def speculators_masked_row(
@@ -220,18 +298,13 @@ def speculators_masked_row(
 ) -> bytes:
     """The same line for a row with any mask (a whole conversation's: several supervised spans)."""
     as_json = orjson.OPT_SERIALIZE_NUMPY
-    return _speculators_line(
-        prompt_id, sample, turn, orjson.dumps(ids, option=as_json), orjson.dumps(mask, option=as_json), metadata
-    )
-
-
-def _speculators_line(
-    prompt_id: str, sample: int, turn: int, ids_json: bytes, mask_json: bytes, metadata: dict[str, Any]
-) -> bytes:
     head = orjson.dumps({"id": prompt_id, "sample": sample, "turn": turn})[:-1]
     return b"".join(
-        (head, b',"input_ids":', ids_json, b',"loss_mask":', mask_json, b',"metadata":', orjson.dumps(metadata), b"}\n")
-    )
+        (
+            head, b',"input_ids":', orjson.dumps(ids, option=as_json), b',"loss_mask":',
+            orjson.dumps(mask, option=as_json), b',"metadata":', orjson.dumps(metadata), b"}\n",
+        )
+    )  # fmt: skip
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:

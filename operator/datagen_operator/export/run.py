@@ -39,13 +39,14 @@ from datagen_operator.export.formats import (
     completion_counts,
     effective_flags,
     exclusion_reason,
+    exclusions,
     finish_type,
+    finish_types,
     id_buffers,
     is_over_length,
-    list_lengths,
     row_metadata,
+    speculators_lines,
     speculators_masked_row,
-    speculators_row,
     text_row,
     token_columns,
     trl_masked_table,
@@ -245,33 +246,37 @@ def _turn_rows(
         records = batch.records
         tally.records_read += records.num_rows
         prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
-        turns = records.column("turn").fill_null(0).to_pylist()
-        finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
-        flags = records.column("flags").to_pylist()
-        lengths = (list_lengths(records.column("input_ids")) + list_lengths(records.column("output_ids"))).tolist()
-        keep: list[int] = []
-        for row, (prompt_id, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
-            reason = exclusion_reason(effective_flags(flags[row] or (), finishes[row]), lengths[row], selection)
-            if reason is None:
-                keep.append(row)
-            else:
-                tally.leave_out(reason, record_name(prompt_id, sample, turns[row], turns_all=turns_all))
-        if not keep:
+        turns = records.column("turn").to_pylist()
+        finishes = finish_types(records.column("finish_reason"))
+        tokens = token_columns(records.column("input_ids"), records.column("output_ids"))
+        lengths = tokens.prompt_lengths + tokens.completion_lengths
+        left_out = exclusions(records.column("flags"), finishes, lengths, selection)
+        for row, reason in left_out.items():
+            tally.leave_out(reason, record_name(prompt_ids[row], samples[row], turns[row] or 0, turns_all=turns_all))
+        if len(left_out) == records.num_rows:
             continue
-        kept = records if len(keep) == records.num_rows else records.take(pa.array(keep, type=pa.int64()))
-        tokens = token_columns(kept.column("input_ids"), kept.column("output_ids"))
+        keep = [row for row in range(records.num_rows) if row not in left_out] if left_out else range(records.num_rows)
+        if left_out:
+            records = records.take(pa.array(keep, type=pa.int64()))
+            tokens = token_columns(records.column("input_ids"), records.column("output_ids"))
+        kept_ids, kept_samples = [prompt_ids[row] for row in keep], [samples[row] for row in keep]
+        kept_turns = [turns[row] or 0 for row in keep]
         prompt_tokens, completion_tokens = (
-            kept.column("prompt_tokens").to_pylist(),
-            kept.column("completion_tokens").to_pylist(),
+            records.column("prompt_tokens").to_pylist(),
+            records.column("completion_tokens").to_pylist(),
+        )
+        flags = records.column("flags").to_pylist()
+        over_length = (
+            (lengths[keep] > selection.max_length).tolist() if selection.max_length is not None else [False] * len(keep)
         )
         metadata = [
             row_metadata(
                 finishes[row],
                 prompt_tokens[i],
                 completion_tokens[i],
-                flags[row] or [],
+                flags[i] or [],
                 unfinished=batch.unfinished,
-                over_length=is_over_length(lengths[row], selection),
+                over_length=over_length[i],
             )
             for i, row in enumerate(keep)
         ]
@@ -283,30 +288,28 @@ def _turn_rows(
         tally.completion_tokens += completion_total
         tally.supervised_tokens += completion_total
         tally.rows_unfinished += len(keep) if batch.unfinished else 0
-        tally.rows_over_length_kept += sum(m["over_length"] for m in metadata)
+        tally.rows_over_length_kept += sum(over_length)
         if options.export_format == "trl":
             assert isinstance(parts, ParquetParts)
-            turn_column = pa.array([turns[row] for row in keep], type=pa.int32())
-            table = trl_table(kept.column("id"), kept.column("sample"), turn_column, tokens, metadata)
+            turn_column = pa.array(kept_turns, type=pa.int32())
+            table = trl_table(records.column("id"), records.column("sample"), turn_column, tokens, metadata)
             parts.write_table(table, prompt_total + completion_total)
             continue
         assert isinstance(parts, JsonlParts)
-        lines = []
-        for i, row in enumerate(keep):
-            prompt, completion = tokens.prompt(i), tokens.completion(i)
-            if options.export_format == "speculators":
-                lines.append(
-                    speculators_row(prompt_ids[row], samples[row], prompt, completion, metadata[i], turn=turns[row])
-                )
-            else:
-                assert codec is not None
-                line = text_row(
-                    prompt_ids[row], samples[row], prompt, completion, metadata[i],
-                    decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only, turn=turns[row],
-                )  # fmt: skip
-                tally.roundtrip_failed += b'"roundtrip_ok":false' in line
-                lines.append(line)
-        parts.write_lines(lines, prompt_total + completion_total)
+        if options.export_format == "speculators":
+            lines = speculators_lines(kept_ids, kept_samples, kept_turns, tokens, metadata)
+            parts.write_lines(lines, prompt_total + completion_total, rows=len(keep))
+            continue
+        assert codec is not None
+        text_lines = []
+        for i in range(len(keep)):
+            line = text_row(
+                kept_ids[i], kept_samples[i], tokens.prompt(i), tokens.completion(i), metadata[i],
+                decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only, turn=kept_turns[i],
+            )  # fmt: skip
+            tally.roundtrip_failed += b'"roundtrip_ok":false' in line
+            text_lines.append(line)
+        parts.write_lines(text_lines, prompt_total + completion_total)
 
 
 # --- whole conversations (generation.turns: all) ------------------------------------------------------
