@@ -26,6 +26,7 @@ from datagen_operator.prompts.dataset import (
     shard_of_id,
     validate_prompt,
 )
+from datagen_operator.prompts.pin import DatasetPin, LinePins, pin_dataset
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 
 IDS: list[Any] = ["p1", "", " ", 1, 0, True, 1.5, None, ["p1"], {"id": "p1"}]
@@ -168,6 +169,30 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
     assert [(prompt.messages, prompt.tools) for prompt in loaded] == [
         (obj["messages"], obj.get("tools") or None) for obj in objs
     ]
+
+
+@pytest.mark.parametrize(("bom", "final_newline"), [(False, True), (True, False)])
+def test_the_pin_a_scan_makes_as_it_reads_is_pin_datasets(tmp_path: Path, bom: bool, final_newline: bool) -> None:
+    """A worker without a pin pins the dataset by its plan's read (every line, every shard's): the same sha256
+    and line hashes as reading the file for its pin, whichever shard reads it."""
+    path = _dataset(tmp_path / "d.jsonl", bom, final_newline)
+    expected = pin_dataset(path)
+    for shard_count in (1, 3):
+        for shard_index in range(shard_count):
+            made: list[DatasetPin] = []
+            scan = ShardScan(path, shard_index, shard_count)
+            scan.lines = LinePins(path, "2020-01-02", None, made.append)
+            items = list(scan)
+            assert items == _reference(path, shard_index, shard_count)[0]  # the scan itself unchanged
+            (pin,) = made
+            assert pin.summary() == {**expected.summary(), "rendered_on": "2020-01-02"}
+            assert pin.line_hashes.tolist() == expected.line_hashes.tolist()
+    # A read that stops early (a drained worker) hands over no pin.
+    made = []
+    scan = ShardScan(path, 0, 1)
+    scan.lines = LinePins(path, "2020-01-02", None, made.append)
+    next(iter(scan))
+    assert not made
 
 
 @pytest.mark.parametrize(

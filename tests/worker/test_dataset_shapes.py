@@ -263,6 +263,25 @@ def test_an_id_field_holds_in_json_arrays_and_names_changed_lines(tmp_path: Path
     )
 
 
+def test_an_unchanged_dataset_is_held_to_its_pin_without_reading_its_lines(tmp_path: Path, monkeypatch) -> None:
+    """One sha256 of the file while it is the pinned one; its lines are read again only to name a change."""
+    from datagen_operator.prompts import pin as pins
+
+    message = [{"role": "user", "content": "q"}]
+    path = _jsonl(tmp_path / "d.jsonl", [{"id": "a", "messages": message}, {"id": "b", "messages": message}])
+    pinned = pin_dataset(path)
+    with monkeypatch.context() as patched:
+        patched.setattr(pins, "pin_dataset", lambda *_, **__: pytest.fail("an unchanged file's lines were read"))
+        assert pins.dataset_changes(path, "auto", pinned) is None
+    _jsonl(path, [{"id": "a", "messages": message}, {"id": "b2", "messages": message}])
+    assert pins.dataset_changes(path, "auto", pinned) == "1 line edited (line 2 (id 'b2'))"
+    path.write_bytes(path.read_bytes().replace(b"b2", b"b"))  # the same bytes again
+    assert pins.dataset_changes(path, "auto", pinned) is None
+    # Same size, same lines, one byte changed where the parsed line is the same: still named (by the bytes).
+    path.write_bytes(path.read_bytes().replace(b'{"id"', b'{ "id"', 1)[:-1])
+    assert "the bytes differ" in (pins.dataset_changes(path, "auto", pinned) or "")
+
+
 # --- every problem named; numbers from 1 ----------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from datagen_operator.api.exit_codes import (
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import read_manifest
 from datagen_operator.output.readers import iter_records, iter_rejects, read_progress
+from datagen_operator.prompts.pin import pin_dataset
 from tests.harness.sim import start_sim, start_sims
 from tests.worker.simrun import (
     SIM_FLAGS,
@@ -331,6 +332,43 @@ def test_bad_input_exits_with_its_own_code(tmp_path: Path, sim) -> None:
         EXIT_BAD_INPUT
     )
     assert not list(iter_records(tmp_path / "out"))
+
+
+def test_a_worker_without_a_pin_pins_the_dataset_as_it_plans_it_and_holds_a_rerun_to_it(
+    tmp_path: Path, sim, monkeypatch
+) -> None:
+    """No preflight: the plan's read pins the dataset (every line, the bad ones too), written when the read ends;
+    a rerun on an edited dataset is refused at start naming the line (exit 2), and a pin another shard wrote
+    while this one read that disagrees with its read stops the shard before it completes."""
+    import datagen_operator.worker.main as worker_main
+    from datagen_operator.prompts.pin import read_pin, write_pin
+
+    items = prompts(30)
+    bad_lines = {4: b"{broken json", 9: b""}
+    dataset = write_dataset(tmp_path / "prompts.jsonl", items, bad_lines)
+    output = tmp_path / "out"
+    assert run_inprocess(spec(dataset, output), [sim.url]) == EXIT_OK
+    pinned, expected = read_pin(output), pin_dataset(dataset)
+    assert pinned is not None and pinned.summary() == expected.summary() and pinned.lines == 32
+    assert pinned.line_hashes.tolist() == expected.line_hashes.tolist()
+    check_records(output, items)
+
+    edited = [*items[:6], {**items[6], "messages": [{"role": "user", "content": "edited?"}]}, *items[7:]]
+    write_dataset(dataset, edited, bad_lines)
+    assert run_inprocess(spec(dataset, output), [sim.url]) == EXIT_BAD_INPUT
+    assert "1 line edited (line 8 (id 'p0006'))" in progress(output)["message"]
+
+    other = tmp_path / "other"
+    pin_while_read = worker_main.pin_while_read
+
+    def pinned_meanwhile(*args: object) -> None:
+        write_pin(other, pinned)  # another shard's pin, of the dataset before the edit
+        pin_while_read(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_main, "pin_while_read", pinned_meanwhile)
+    assert run_inprocess(spec(dataset, other), [sim.url]) == EXIT_BAD_INPUT
+    assert "1 line edited (line 8 (id 'p0006'))" in progress(other)["message"]
+    assert read_pin(other).sha256 == pinned.sha256  # the other shard's pin kept
 
 
 def test_inline_flags_are_counted_from_the_shared_checks(tmp_path: Path, sims) -> None:

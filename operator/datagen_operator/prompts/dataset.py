@@ -37,7 +37,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, fields
 from hashlib import blake2b, sha256
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, Protocol
 
 import orjson
 
@@ -615,10 +615,28 @@ class _Assigner:
         return None
 
 
+class LineSink(Protocol):
+    """What a JSONL scan tells about every physical line it reads, as it reads it (prompts/pin.py's LinePins:
+    the dataset pinned by the read that plans it)."""
+
+    def update(self, data: bytes, /) -> None:
+        """Bytes of the file not in the line handed over next (the byte order mark)."""
+
+    def parsed(self, raw: bytes, obj: Any) -> None: ...
+
+    def blank(self, raw: bytes) -> None: ...
+
+    def unparsed(self, raw: bytes, stripped: bytes) -> None: ...
+
+    def finish(self) -> None:
+        """The end of the file: every line was handed over."""
+
+
 class ShardScan:
     """One pass over the dataset, streamed: this shard's lines in dataset order, each a valid prompt (with
     its parsed object) or a line set aside. `lines_total` and `valid_lines_total` are known once the
-    iteration is exhausted. Memory: the ids' hashes only. `id_field`: spec.dataset.id_field (None: `id`)."""
+    iteration is exhausted. Memory: the ids' hashes only. `id_field`: spec.dataset.id_field (None: `id`).
+    `lines`: a JSONL scan hands it every line it reads, every shard's (set before iterating)."""
 
     def __init__(
         self,
@@ -639,6 +657,7 @@ class ShardScan:
         self.id_field = id_field
         self.lines_total = 0
         self.valid_lines_total = 0
+        self.lines: LineSink | None = None
 
     def __iter__(self) -> Iterator[tuple[PromptRef, dict[str, Any]] | MalformedLine]:
         # The reader's own generator, not one wrapped around it: a layer per line less.
@@ -778,6 +797,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
     loads, decode_error, plain_id, validate = orjson.loads, orjson.JSONDecodeError, plain_prompt_id, validate_prompt
     id_field = scan.id_field
     id_key = id_field or "id"
+    sink = scan.lines
     position = -1
     valid = 0
     offset = 0
@@ -791,6 +811,8 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                 # Editors on Windows write one; the first prompt starts after it.
                 line = line[len(UTF8_BOM) :]
                 offset = len(UTF8_BOM)
+                if sink is not None:
+                    sink.update(UTF8_BOM)
             start = offset
             length = len(line)
             offset += length
@@ -799,14 +821,20 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
             except decode_error:
                 stripped = line.strip()
                 if not stripped:
+                    if sink is not None:
+                        sink.blank(line)
                     continue
                 try:
                     obj = loads(stripped)
                 except decode_error as error:
+                    if sink is not None:
+                        sink.unparsed(line, stripped)
                     bad = bad_line(position, f"bad JSON: {error}", stripped)
                     if bad is not None:
                         yield bad
                     continue
+            if sink is not None:
+                sink.parsed(line, obj)
             prompt_id = plain_id(obj, id_key)
             if prompt_id is None:
                 prompt_id, problem = validate(obj, id_field)
@@ -824,6 +852,8 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                 yield assigner.duplicate(position, prompt_id, line.strip())
     scan.lines_total = position + 1
     scan.valid_lines_total = valid
+    if sink is not None:
+        sink.finish()
 
 
 def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:

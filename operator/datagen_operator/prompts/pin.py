@@ -11,12 +11,17 @@ it sends and stores that hash with each record; `datagen verify` then checks eve
 that does not parse is hashed as its bytes; a blank line is 0. A JSON array's elements are its lines, read as the
 scan reads them (`iter_json_array`); where the array breaks, the rest of the file is one more line, hashed as its
 bytes.
+
+Holding a file to its pin costs one streamed sha256 while it is unchanged (`dataset_changes`): its lines are
+parsed and hashed again only to name what changed. A JSONL file can be pinned by the read that plans it
+(`LinePins`, handed to a ShardScan): a worker without a pin does not read the dataset a second time first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from hashlib import blake2b
@@ -72,41 +77,90 @@ class DatasetPin:
 def pin_dataset(path: Path, declared: DatasetFormat = "auto", *, id_field: str | None = None) -> DatasetPin:
     """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). `id_field` only names lines."""
     form = detect_format(path, declared)
-    whole = hashlib.sha256()
-    hashes: list[int] = []
     if form == "jsonl":
+        pins = LinePins(path, today(), id_field)
         with path.open("rb") as file:
             for number, line in enumerate(file):
-                whole.update(line)
                 if number == 0 and line.startswith(UTF8_BOM):
+                    pins.update(UTF8_BOM)
                     line = line[len(UTF8_BOM) :]
-                hashes.append(_jsonl_line_hash(line))
-    else:
+                pins.line(line)
+        return pins.pin()
+    whole = hashlib.sha256()
+    digests = bytearray()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            whole.update(block)
+    if form == "json":
         with path.open("rb") as file:
-            for block in iter(lambda: file.read(1 << 20), b""):
-                whole.update(block)
-        if form == "json":
-            with path.open("rb") as file:
-                for item in iter_json_array(file, path):
-                    if isinstance(item, ArrayBreak):
-                        hashes.append(_rest_hash(file, item.offset))
-                        break
-                    hashes.append(prompt_hash(item[2]))
-        else:
-            import pyarrow.parquet as pq
+            for item in iter_json_array(file, path):
+                if isinstance(item, ArrayBreak):
+                    digests += _rest_digest(file, item.offset)
+                    break
+                digests += _prompt_digest(item[2])
+    else:
+        import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-                hashes.extend(prompt_hash(normalise_parquet_row(row)) for row in batch.to_pylist())
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                digests += _prompt_digest(normalise_parquet_row(row))
     return DatasetPin(
-        str(path),
-        form,
-        len(hashes),
-        path.stat().st_size,
-        whole.hexdigest(),
-        np.asarray(hashes, np.uint64),
-        today(),
-        id_field,
+        str(path), form, len(digests) // 8, path.stat().st_size, whole.hexdigest(), _hashes(digests), today(), id_field
     )
+
+
+class LinePins:
+    """A JSONL file's pin, built line by line by whoever reads it (`pin_dataset`, or a ShardScan planning it, which
+    has parsed each line already): the file's sha256 and 8 bytes a line, no Python object per line.
+
+    `update` takes every byte of the file, in order; each physical line is then one of `parsed` (the object it
+    parses to), `blank` or `unparsed` (its stripped bytes), as `line` decides for a line not parsed yet. `finish`
+    (the scan calls it at the end of the file) hands the pin to `on_pinned`."""
+
+    def __init__(
+        self,
+        path: Path,
+        rendered_on: str,
+        id_field: str | None = None,
+        on_pinned: Callable[[DatasetPin], None] | None = None,
+    ) -> None:
+        self.path, self.rendered_on, self.id_field, self.on_pinned = path, rendered_on, id_field, on_pinned
+        self._whole = hashlib.sha256()
+        self._digests = bytearray()
+        self.update = self._whole.update
+
+    def parsed(self, raw: bytes, obj: Any) -> None:
+        self.update(raw)
+        self._digests += _prompt_digest(obj)
+
+    def blank(self, raw: bytes) -> None:
+        self.update(raw)
+        self._digests += _BLANK
+
+    def unparsed(self, raw: bytes, stripped: bytes) -> None:
+        self.update(raw)
+        self._digests += _bytes_digest(stripped)
+
+    def line(self, raw: bytes) -> None:
+        stripped = raw.strip()
+        if not stripped:
+            self.blank(raw)
+            return
+        try:
+            self.parsed(raw, orjson.loads(stripped))
+        except orjson.JSONDecodeError:
+            self.unparsed(raw, stripped)
+
+    def pin(self) -> DatasetPin:
+        digests = self._digests
+        return DatasetPin(
+            str(self.path), "jsonl", len(digests) // 8, self.path.stat().st_size, self._whole.hexdigest(),
+            _hashes(digests), self.rendered_on, self.id_field,
+        )  # fmt: skip
+
+    def finish(self) -> None:
+        if self.on_pinned is not None:
+            self.on_pinned(self.pin())
 
 
 def today() -> str:
@@ -121,30 +175,34 @@ def render_date(output: Path) -> str:
 
 def prompt_hash(obj: Any) -> int:
     """The 64-bit hash of a parsed dataset line, as the pin and each record hold it."""
-    return _bytes_hash(orjson.dumps(obj, default=str, option=orjson.OPT_SORT_KEYS))
+    return int.from_bytes(_prompt_digest(obj), "little")
 
 
-def _jsonl_line_hash(line: bytes) -> int:
-    stripped = line.strip()
-    if not stripped:
-        return 0
-    try:
-        return prompt_hash(orjson.loads(stripped))
-    except orjson.JSONDecodeError:
-        return _bytes_hash(stripped)
+def _prompt_digest(obj: Any) -> bytes:
+    """prompt_hash as the pin stores it: 8 bytes, little-endian."""
+    return _bytes_digest(orjson.dumps(obj, default=str, option=orjson.OPT_SORT_KEYS))
 
 
-def _bytes_hash(data: bytes) -> int:
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+def _bytes_digest(data: bytes) -> bytes:
+    return blake2b(data, digest_size=8).digest()
 
 
-def _rest_hash(file: Any, offset: int) -> int:
-    """_bytes_hash of the file from `offset` to its end, streamed (a broken JSON array's last line)."""
+_BLANK = bytes(8)
+"""A blank line's hash: 0."""
+
+
+def _hashes(digests: bytearray) -> Any:
+    """np.ndarray[uint64] over 8-byte little-endian digests (no copy: the digests are not added to after)."""
+    return np.frombuffer(digests, dtype="<u8")
+
+
+def _rest_digest(file: Any, offset: int) -> bytes:
+    """_bytes_digest of the file from `offset` to its end, streamed (a broken JSON array's last line)."""
     digest = blake2b(digest_size=8)
     file.seek(offset)
     for block in iter(lambda: file.read(1 << 20), b""):
         digest.update(block)
-    return int.from_bytes(digest.digest(), "little")
+    return digest.digest()
 
 
 def write_pin(output: Path, pin: DatasetPin) -> None:
@@ -171,6 +229,33 @@ def read_pin(output: Path) -> DatasetPin | None:
         hashes,
         summary["rendered_on"],
     )
+
+
+def sha256_file(path: Path) -> str:
+    whole = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            whole.update(block)  # hashlib lets go of the GIL for blocks this size
+    return whole.hexdigest()
+
+
+def holds_pin(path: Path, declared: DatasetFormat, pinned: DatasetPin) -> bool:
+    """Whether the file is still the pinned one: its format, size and sha256 (one streamed read, no line parsed)."""
+    return (
+        detect_format(path, declared) == pinned.format
+        and path.stat().st_size == pinned.bytes
+        and sha256_file(path) == pinned.sha256
+    )
+
+
+def dataset_changes(
+    path: Path, declared: DatasetFormat, pinned: DatasetPin, *, id_field: str | None = None
+) -> str | None:
+    """What changed in the file since `pinned` (pin_changes), or None: its lines are read only when its bytes
+    differ."""
+    if holds_pin(path, declared, pinned):
+        return None
+    return pin_changes(pinned, pin_dataset(path, declared, id_field=id_field))
 
 
 def pin_changes(pinned: DatasetPin, current: DatasetPin) -> str | None:

@@ -31,7 +31,8 @@ from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.engine.client.reads import make_session
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.volume import is_volume_error, volume_reason
-from datagen_operator.prompts.pin import read_pin
+from datagen_operator.prompts.pin import today
+from datagen_operator.prompts.render import RENDERED_ON
 from datagen_operator.worker.config import (
     BadInput,
     FingerprintMismatch,
@@ -52,6 +53,7 @@ from datagen_operator.worker.ledger import start_ledger
 from datagen_operator.worker.progress import ConfigMapSink, Display, FileSink, Sinks, Tracker, kubernetes_namespace
 from datagen_operator.worker.publisher import Publisher
 from datagen_operator.worker.servers import ServerCheck, Stopped
+from datagen_operator.worker.shard_files import pin_while_read
 from datagen_operator.worker.startup import check_dataset, claim_shard, data_fingerprint, meet_servers, open_shard
 from datagen_operator.worker.stop import Stop
 from datagen_operator.worker.turns import NextTurns
@@ -108,9 +110,10 @@ class Worker:
         # The output is this run's before anything is written there (the pin, the claim).
         lease = WorkerLease(c)
         await asyncio.to_thread(lease.hold)
-        await check_dataset(c)
-        pin = read_pin(c.output)
+        pin = await check_dataset(c)
         inputs = await load_inputs(c)
+        if pin is None:  # the plan's read pins the dataset, dated as this worker renders
+            pin_while_read(c, inputs.plan, inputs.render_pool.variables.get(RENDERED_ON) or today())
         session = make_session(c.spec.clients.concurrency, len(c.servers))
         try:
             return await self._with_session(session, inputs, lease, pin.line_hashes if pin is not None else None)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.output.fingerprint import diff_fingerprints, fingerprint_sha256
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
 from datagen_operator.output.parquet import CompactionResult
-from datagen_operator.worker.config import FingerprintMismatch, WorkerConfig
+from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
+
+if TYPE_CHECKING:
+    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.prompts.pin import DatasetPin
 
 
 def claim_output(layout: OutputLayout, c: WorkerConfig, fingerprint: dict[str, Any]) -> None:
@@ -97,12 +101,62 @@ def record_shard(layout: OutputLayout, shard_index: int, p: ShardProgress, compa
 def dataset_change(config: WorkerConfig) -> str | None:
     """The dataset against the pin in the output (prompts/pin.py), or the pin written when there is none yet
     (a worker run without the preflight): every shard computes the same one."""
-    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset, read_pin, write_pin
+    from datagen_operator.prompts.pin import pin_dataset, read_pin, write_pin
 
-    current = pin_dataset(config.dataset, config.spec.dataset.format, id_field=config.spec.dataset.id_field)
     pinned = read_pin(config.output)
     if pinned is None:
-        write_pin(config.output, current)
+        write_pin(
+            config.output,
+            pin_dataset(config.dataset, config.spec.dataset.format, id_field=config.spec.dataset.id_field),
+        )
         return None
-    changes = pin_changes(pinned, current)
+    return pinned_change(config, pinned)
+
+
+def pinned_change(config: WorkerConfig, pinned: DatasetPin) -> str | None:
+    """What changed in the dataset since `pinned`, as the message that refuses it, or None (one sha256 of the file
+    while nothing did)."""
+    from datagen_operator.prompts.pin import changed_message, dataset_changes
+
+    d = config.spec.dataset
+    changes = dataset_changes(config.dataset, d.format, pinned, id_field=d.id_field)
     return changed_message(config.dataset, changes) if changes else None
+
+
+def start_pin(config: WorkerConfig) -> DatasetPin | None:
+    """At start: the output's pin, the dataset held to it (BadInput naming what changed). Without a pin (a worker
+    run without the preflight) a JSONL dataset is pinned by the plan's read (`pin_while_read`): None; any other
+    format is pinned here, before the first request."""
+    from datagen_operator.prompts.dataset import detect_format
+    from datagen_operator.prompts.pin import pin_dataset, read_pin, write_pin
+
+    d = config.spec.dataset
+    pinned = read_pin(config.output)
+    if pinned is not None:
+        changed = pinned_change(config, pinned)
+        if changed is not None:
+            raise BadInput(changed)
+        return pinned
+    if detect_format(config.dataset, d.format) == "jsonl":
+        return None
+    pin = pin_dataset(config.dataset, d.format, id_field=d.id_field)
+    write_pin(config.output, pin)
+    return pin
+
+
+def pin_while_read(config: WorkerConfig, plan: ShardScan, rendered_on: str) -> None:
+    """The dataset pinned by the plan's read (every line, every shard's), written once the read ends: a dataset
+    of a million lines is not read twice before the first request. A pin another shard wrote meanwhile is kept,
+    and this read held to it (BadInput naming what changed)."""
+    from datagen_operator.prompts.pin import LinePins, changed_message, pin_changes, read_pin, write_pin
+
+    def pinned(pin: DatasetPin) -> None:
+        other = read_pin(config.output)
+        if other is None:
+            write_pin(config.output, pin)
+            return
+        changes = pin_changes(other, pin)
+        if changes is not None:
+            raise BadInput(changed_message(config.dataset, changes))
+
+    plan.lines = LinePins(config.dataset, rendered_on, config.spec.dataset.id_field, pinned)

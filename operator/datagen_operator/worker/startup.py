@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -28,19 +28,21 @@ from datagen_operator.prompts.dataset import DatasetError
 from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.servers import server_infos
-from datagen_operator.worker.shard_files import claim_output, dataset_change, keep_run_file
+from datagen_operator.worker.shard_files import claim_output, keep_run_file, start_pin
+
+if TYPE_CHECKING:
+    from datagen_operator.prompts.pin import DatasetPin
 
 log = logging.getLogger("datagen.worker")
 
 
-async def check_dataset(config: WorkerConfig) -> None:
-    """BadInput when the dataset differs from the output's pin (the pin written when there is none yet)."""
+async def check_dataset(config: WorkerConfig) -> DatasetPin | None:
+    """The output's pin, the dataset held to it: BadInput when it differs. None: no pin yet, the plan's read
+    makes it (shard_files.start_pin)."""
     try:
-        changed = await asyncio.to_thread(dataset_change, config)
+        return await asyncio.to_thread(start_pin, config)
     except (DatasetError, OSError) as error:
         raise BadInput(f"dataset: {error}") from None
-    if changed is not None:
-        raise BadInput(changed)
 
 
 @dataclass(frozen=True)
