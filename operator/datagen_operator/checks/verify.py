@@ -302,8 +302,8 @@ def _dataset_pin(
     pin: Any, records: PinCheck, dataset: Path | None, declared: Any, id_field: str | None = None
 ) -> CheckResult:
     """The output came from one dataset (prompts/pin.py): every record's prompt hash equals the pinned hash of its
-    line, and the dataset file (when given) is still the pinned one: every line, not a sample."""
-    from datagen_operator.prompts.pin import changed_message, pin_changes, pin_dataset
+    line, and the dataset file (when given) is still the pinned one (its sha256; every line named when it is not)."""
+    from datagen_operator.prompts.pin import changed_message, dataset_changes
 
     if pin is None:
         return CheckResult(name=DATASET_PIN, passed=True, verdict="no dataset pin in the output (nothing to hold)")
@@ -315,7 +315,7 @@ def _dataset_pin(
             "them into a new spec.output.path"
         )
     if dataset is not None:
-        changes = pin_changes(pin, pin_dataset(dataset, declared, id_field=id_field))
+        changes = dataset_changes(dataset, declared, pin, id_field=id_field)
         if changes is not None:
             problems.append(changed_message(dataset, changes))
     if problems:
@@ -670,26 +670,35 @@ def _read_dataset(
     ids: list[str] = []
     turns: list[int] = []
     chunks: list[Any] = []
+    one_turn = turns_mode != "all"
+    """One answer a line: every key's turn is 0 (the loop below then keeps only the ids)."""
 
     def hash_chunk() -> None:
         for sample in range(samples):
-            chunks.append(np.fromiter(map(hash, zip(ids, repeat(sample), turns)), np.int64, len(ids)))
+            keys = zip(ids, repeat(sample), repeat(0) if one_turn else turns)
+            chunks.append(np.fromiter(map(hash, keys), np.int64, len(ids)))
         ids.clear()
         turns.clear()
 
     result = _DatasetPass(0, None, [], [], {})
+    add_id, malformed = ids.append, MalformedLine
+    # This loop runs once per dataset line: what only some lines need is asked only when any line can.
     for item in scan:
-        if isinstance(item, MalformedLine):
+        if type(item) is malformed:
             result.causes.append(item.cause)
             continue
         ref, obj = item
         result.prompts += 1
-        planned = 1 if turns_mode != "all" else planned_turns(prompt_from(ref, obj).messages, turns_mode)
-        ids.extend(repeat(ref.id, planned))
-        turns.extend(range(planned))
+        planned = 1
+        if one_turn:
+            add_id(ref.id)
+        else:
+            planned = planned_turns(prompt_from(ref, obj).messages, turns_mode)
+            ids.extend(repeat(ref.id, planned))
+            turns.extend(range(planned))
         if len(ids) >= 65_536:
             hash_chunk()
-        if line_number(ref.position) in reject_lines:
+        if reject_lines and line_number(ref.position) in reject_lines:
             result.on_reject_lines.append((line_number(ref.position), ref.id))
             result.turns[ref.id] = planned
         if ref.id in sampled_ids:
