@@ -37,10 +37,10 @@ from datagen_operator.checks.evaluate import (
     CheckContext,
     Tally,
     check_context,
-    dataset_checks,
     measured,
     record_checks,
 )
+from datagen_operator.checks.render_pass import DatasetLines, RenderedStore, judge_dataset
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.lease import (
     STEP_MARGIN_S,
@@ -83,6 +83,44 @@ def run_preflight(
 
 
 def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
+    from datagen_operator.output.rendered import render_identity
+    from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_lines
+    from datagen_operator.prompts.pin import changed_message, pin_dataset, render_date
+    from datagen_operator.prompts.render import Renderer, template_variables
+
+    resolved = resolve_model(spec)
+    expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
+    variables = template_variables(resolved, render_date(output))
+    renderer = Renderer(tokenizer, variables)
+    model_dir = Path(spec.model.path) if (Path(spec.model.path) / "config.json").is_file() else tokenizer_dir
+    limit = model_context_limit(_read_config(model_dir), spec.server.extra_args)
+    store = RenderedStore.begin(output)
+    try:
+        scan = ShardScan(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
+        lines = render_dataset(spec, scan, renderer, variables, tokenizer_dir, resolved.trust_remote_code, limit, store)
+        check_lines(scan, lines.prompts, lines.malformed)  # raises EmptyDataset or UnknownDatasetShape, naming why
+    except (DatasetError, OSError) as error:  # EmptyDataset is one
+        store.abandon()
+        said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
+        named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
+        return _failed(Reason.DATASET_UNUSABLE, named)
+    pin = pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field)
+    outcome = _judge_rendered(spec, expect, renderer, lines, pin, dataset, output, tokenizer_dir)
+    changed = store.disagrees_with(pin)
+    if changed and outcome.passed:
+        outcome = _failed(Reason.DATASET_CHANGED, changed_message(dataset, f"{changed} while the preflight read it"))
+    if outcome.passed:
+        store.finish(pin, render_identity(renderer.template, renderer.variables, tokenizer_dir, spec.generation.turns))
+    else:
+        store.abandon()
+    return outcome
+
+
+def _judge_rendered(
+    spec: DataGenRunSpec, expect: rc.Expectations, renderer: Any, lines: DatasetLines, pin: Any, dataset: Path,
+    output: Path, tokenizer_dir: Path,
+) -> StepOutcome:  # fmt: skip
+    """The verdicts after the pass over the dataset: its lines, the pin, the room, an existing output."""
     from datagen_operator.output.fingerprint import (
         build_fingerprint,
         chat_template_sha256,
@@ -90,29 +128,9 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         tokenizer_fingerprint,
     )
     from datagen_operator.output.manifest import read_manifest
-    from datagen_operator.prompts.dataset import DatasetError, check_plan, plan_shard
-    from datagen_operator.prompts.pin import (
-        changed_message,
-        pin_changes,
-        pin_dataset,
-        read_pin,
-        render_date,
-        write_pin,
-    )
-    from datagen_operator.prompts.render import Renderer, template_variables
+    from datagen_operator.prompts.pin import changed_message, pin_changes, read_pin, write_pin
 
-    try:
-        plan = plan_shard(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
-        check_plan(plan)  # raises EmptyDataset or UnknownDatasetShape, naming the causes
-    except (DatasetError, OSError) as error:  # EmptyDataset is one
-        said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
-        named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
-        return _failed(Reason.DATASET_UNUSABLE, named)
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
-    renderer = Renderer(tokenizer, template_variables(resolved, render_date(output)))
-    model_dir = Path(spec.model.path) if (Path(spec.model.path) / "config.json").is_file() else tokenizer_dir
-    lines = judge_dataset(spec, plan, renderer, model_context_limit(_read_config(model_dir), spec.server.extra_args))
     if lines.failed:
         return _failed(
             Reason.DATASET_UNUSABLE,
@@ -120,15 +138,15 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
             "or remove those lines (the first of each cause are named above), or point spec.dataset.path at the right "
             "file",
         )
-    found = f"{len(plan.prompts)} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
+    found = f"{lines.prompts} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
     found += f" ({lines.said})" if lines.said else ""
     passed = partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
-    pin, pinned = pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field), read_pin(output)
+    pinned = read_pin(output)
     changed = pin_changes(pinned, pin) if pinned is not None else None
     if changed is not None:
         return _failed(Reason.DATASET_CHANGED, changed_message(dataset, changed))
     manifest = read_manifest(output)
-    estimate = estimate_output(spec, plan, renderer, manifest)
+    estimate = estimate_output(spec, lines, manifest)
     room = room_verdict(estimate, output, free_bytes(output))
     if not room.passed:
         return _failed(Reason.OUTPUT_VOLUME_TOO_SMALL, room.message)
@@ -136,7 +154,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     if manifest is None:
         if pinned is None:  # an unchanged pin stays as it is: its render date with it
             write_pin(output, pin)
-        return passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", len(plan.prompts))
+        return passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", lines.prompts)
     current = build_fingerprint(
         tokenizer=tokenizer_fingerprint(tokenizer_dir),
         chat_template=chat_template_sha256(renderer.chat_template),
@@ -165,18 +183,41 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         )
     if pinned is None:
         write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
-    planned = lines.turns if spec.generation.turns == "all" else len(plan.prompts)
+    planned = lines.turns if spec.generation.turns == "all" else lines.prompts
     if output_complete(manifest, planned * spec.generation.samples_per_prompt):
         return passed(
             f"{found}; {output} already holds every record ({existing.records} pass the checks): nothing to "
             "generate, no server needed; verifying the output",
-            len(plan.prompts),
+            lines.prompts,
             complete=True,
         )
     return passed(
         f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
-        len(plan.prompts),
+        lines.prompts,
     )
+
+
+def render_dataset(
+    spec: DataGenRunSpec, scan: Any, renderer: Any, variables: dict[str, Any], tokenizer_dir: Path,
+    trust_remote_code: bool, limit: ContextLimit, store: RenderedStore, processes: int | None = None,
+) -> DatasetLines:  # fmt: skip
+    """The pass over the dataset (checks/render_pass.py) with the workers' render helpers, one per core the pod
+    may use (`processes`: that many instead), started at once; `variables` as the renderer was made with."""
+    import asyncio
+
+    from datagen_operator.prompts.render import RenderPool, available_cores
+
+    pool = RenderPool(
+        variables, tokenizer_dir, trust_remote_code, available_cores() if processes is None else processes
+    )
+    pool.renderer = renderer
+    pool.start("the preflight renders every prompt")
+    try:
+        return asyncio.run(
+            judge_dataset(scan, spec.generation.turns, spec.generation.sampling.max_new_tokens, limit, pool, store)
+        )
+    finally:
+        pool.close()
 
 
 def output_complete(manifest: dict[str, Any], wanted: int) -> bool:
@@ -188,128 +229,7 @@ def output_complete(manifest: dict[str, Any], wanted: int) -> bool:
     return shards > 0 and int(counts.get("shards_complete") or 0) >= shards and done >= wanted
 
 
-# --- what is known before a server: the dataset's lines, an existing output's records ----------------
-
-
-@dataclass(frozen=True)
-class DatasetLines:
-    """The dataset's lines judged by the rolling checks' own dataset rules (checks.evaluate.dataset_checks)."""
-
-    tally: Tally
-    checks: list[CheckResult]
-    examples: str
-    """The first lines of each cause (line number, id, why), for the message."""
-    turns: int = 0
-    """The answers the dataset plans per sample: generation.turns all, its conversations' planned turns."""
-    said: str = ""
-    """What the preflight says of whole conversations (turns planned, cut, that may not fit), or ''."""
-
-    @property
-    def set_aside(self) -> int:
-        return self.tally.malformed + self.tally.too_long
-
-    @property
-    def failed(self) -> str:
-        return "; ".join(f"{measured(c)}: {c.verdict}" for c in self.checks if not c.passed)
-
-
-def judge_dataset(spec: DataGenRunSpec, plan: Any, renderer: Any, limit: ContextLimit) -> DatasetLines:
-    """Every valid prompt rendered as the worker renders it: lines that are not prompts or that the template
-    cannot render (`malformed`), and prompts whose tokens + max_new_tokens exceed the model's context
-    (`too_long`), out of the dataset's lines. The workers judge too_long again against the running server's
-    own limit (its KV pool may be smaller)."""
-    from datagen_operator.output.records import too_long_reason
-    from datagen_operator.prompts.conversation import last_turn, plan_turns, request_messages
-    from datagen_operator.prompts.lean_render import RenderError
-
-    max_new_tokens = spec.generation.sampling.max_new_tokens
-    unrenderable: list[str] = []
-    too_long: list[str] = []
-    conversations = ConversationCounts()
-    for prompt in plan.iter_prompts():
-        mode = spec.generation.turns
-        turns = plan_turns(prompt.messages) if mode == "all" else None
-        if turns is not None and not len(turns):
-            unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): no user message to answer")
-            continue
-        try:
-            ids = renderer.render(request_messages(prompt.messages, mode), prompt.tools, prompt.variables)
-        except RenderError as error:
-            unrenderable.append(f"line {prompt.position + 1} (id {prompt.id!r}): {error}")
-            continue
-        reason = too_long_reason(len(ids), max_new_tokens, limit)
-        if reason is not None:
-            too_long.append(f"line {prompt.position + 1} (id {prompt.id!r}): {reason}")
-        elif turns is not None:
-            conversations.count(prompt, turns, renderer, lambda n: too_long_reason(n, max_new_tokens, limit))
-        else:
-            conversations.trailing += last_turn(prompt.messages)[1] > 0
-    bad = [f"line {line.position + 1}: {line.reason}" for line in plan.malformed]
-    tally = Tally(
-        lines=len(plan.prompts) + len(plan.malformed),
-        malformed=len(plan.malformed) + len(unrenderable),
-        too_long=len(too_long),
-    )
-    firsts = [*bad[:2], *unrenderable[:2], *too_long[:2]]
-    examples = "e.g. " + "; ".join(firsts) if firsts else ""
-    return DatasetLines(tally, dataset_checks(tally), examples, conversations.turns, conversations.said())
-
-
-@dataclass
-class ConversationCounts:
-    """What the preflight says of a dataset's conversations before any answer exists."""
-
-    conversations: int = 0
-    turns: int = 0
-    cut: int = 0
-    """User turns after a dataset tool message: never regenerated (prompts/conversation.py)."""
-    may_not_fit: int = 0
-    first_may_not_fit: str = ""
-    trailing: int = 0
-    """turns: last: lines ending with an assistant turn, which is dropped (the model answers the last user turn)."""
-
-    def count(self, prompt: Any, turns: Any, renderer: Any, too_long: Any) -> None:
-        """A conversation's turns; whether its last turn, with the dataset's own answers standing in for the
-        model's (which do not exist yet), would still fit the context."""
-        from datagen_operator.prompts.conversation import dataset_answers, turn_messages
-        from datagen_operator.prompts.lean_render import RenderError
-
-        self.conversations += 1
-        self.turns += len(turns)
-        self.cut += turns.cut
-        if len(turns) < 2:
-            return
-        last = len(turns) - 1
-        try:
-            messages = turn_messages(turns, last, dataset_answers(prompt.messages, turns))
-            ids = renderer.render(messages, prompt.tools, prompt.variables)
-        except RenderError:
-            return  # the dataset's answers are only stand-ins; the workers render the model's
-        reason = too_long(len(ids))
-        if reason is not None:
-            self.may_not_fit += 1
-            self.first_may_not_fit = (
-                self.first_may_not_fit or f"line {prompt.position + 1} (id {prompt.id!r}): {reason}"
-            )
-
-    def said(self) -> str:
-        parts = []
-        if self.conversations:
-            parts.append(f"{self.turns} user turns to answer in {self.conversations} conversations")
-        if self.cut:
-            parts.append(f"{self.cut} user turns after a tool message not regenerated (docs/regenerate.md)")
-        if self.may_not_fit:
-            parts.append(
-                f"{self.may_not_fit} conversations may not fit all their turns (with the dataset's own answers as "
-                f"history, e.g. {self.first_may_not_fit}): a turn that does not fit is set aside as too_long when the "
-                "workers reach it, and its conversation ends there"
-            )
-        if self.trailing:
-            parts.append(
-                f"{self.trailing} lines end with an assistant turn: it is dropped and the model answers the last user "
-                "turn (generation.turns: all regenerates every turn)"
-            )
-        return "; ".join(parts)
+# --- what is known before a server: an existing output's records ---------------------------------
 
 
 @dataclass(frozen=True)
@@ -359,8 +279,6 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
 
 # --- the output volume -----------------------------------------------------------------------------
 
-SAMPLE_PROMPTS = 64
-"""Prompts rendered (spread over the dataset) for the mean prompt length and the token-id mix."""
 MEASURE_TOKENS = 512
 """Output length of the long synthetic records (bytes per output token is the slope between 1 and this)."""
 
@@ -431,27 +349,12 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
     return segment / len(outputs), len(buffer.getvalue()) / len(outputs)
 
 
-def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: dict[str, Any] | None) -> OutputEstimate:
-    """Render a spread of prompts, then measure synthetic records made of their own token ids (output ids
-    drawn from the same mix) with the worker's encoder and the Parquet writer."""
-    from datagen_operator.prompts.conversation import plan_turns, request_messages
-    from datagen_operator.prompts.lean_render import RenderError
-
-    prompts = plan.prompts
-    step = max(1, len(prompts) // SAMPLE_PROMPTS)
-    rendered: list[list[int]] = []
-    for ref in prompts[::step][:SAMPLE_PROMPTS]:
-        prompt = plan.load(ref)
-        if spec.generation.turns == "all" and not len(plan_turns(prompt.messages)):
-            continue
-        try:
-            messages = request_messages(prompt.messages, spec.generation.turns)
-            rendered.append(renderer.render(messages, prompt.tools, prompt.variables))
-        except RenderError:
-            continue  # set aside by the worker: writes no record
-    rendered = [ids for ids in rendered if ids] or [[0]]
+def estimate_output(spec: DataGenRunSpec, lines: DatasetLines, manifest: dict[str, Any] | None) -> OutputEstimate:
+    """Synthetic records made of the dataset's own rendered prompts (a sample of the pass's, output ids drawn from
+    the same mix), measured with the worker's encoder and the Parquet writer, sized at the mean prompt length."""
+    rendered = [ids for ids in lines.sample if ids] or [[0]]
     pool = [token for ids in rendered for token in ids]
-    mean_prompt = sum(map(len, rendered)) / len(rendered)
+    mean_prompt = lines.mean_prompt_tokens or sum(map(len, rendered)) / len(rendered)
     prompt_ids = min(rendered, key=lambda ids: abs(len(ids) - mean_prompt))
     sampling = spec.generation.sampling
     min_tokens = max(1, sampling.min_new_tokens or 1)
@@ -469,7 +372,7 @@ def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: di
         done = int(counts.get("records", 0)) + int(counts.get("rejected", 0))
     samples = spec.generation.samples_per_prompt
     return OutputEstimate(
-        records=max(0, len(prompts) * samples - done),
+        records=max(0, lines.prompts * samples - done),
         shards=spec.clients.shards,
         min_tokens=min_tokens,
         max_tokens=max(min_tokens, sampling.max_new_tokens),
@@ -478,7 +381,7 @@ def estimate_output(spec: DataGenRunSpec, plan: Any, renderer: Any, manifest: di
         parquet_min=max(1.0, short[1] + offset * parquet_per_token),
         parquet_per_token=parquet_per_token,
         mean_prompt_tokens=mean_prompt,
-        files=_files_bytes(len(prompts) + len(plan.malformed)),
+        files=_files_bytes(lines.lines_total),
     )
 
 

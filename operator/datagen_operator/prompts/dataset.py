@@ -751,15 +751,25 @@ def check_plan(plan: ShardPlan) -> DatasetSummary:
     """check_dataset over a plan of the whole dataset (shard 0 of 1) already read: no second pass."""
     if plan.shard_count != 1:
         raise ValueError("check_plan needs the plan of the whole dataset (shard 0 of 1)")
-    unit = unit_of(plan.format)
+    return _lines_usable(plan.path, plan.format, plan.lines_total, len(plan.prompts), plan.malformed)
+
+
+def check_lines(scan: ShardScan, prompts: int, malformed: list[MalformedLine]) -> DatasetSummary:
+    """check_dataset over a scan of the whole dataset (shard 0 of 1) already iterated: its valid prompts counted,
+    its lines set aside kept."""
+    if scan.shard_count != 1:
+        raise ValueError("check_lines needs a scan of the whole dataset (shard 0 of 1)")
+    return _lines_usable(scan.path, scan.format, scan.lines_total, prompts, malformed)
+
+
+def _lines_usable(path: Path, form: str, lines: int, prompts: int, malformed: list[MalformedLine]) -> DatasetSummary:
+    unit = unit_of(form)
     set_aside: dict[str, int] = {}
     examples: dict[str, str] = {}
-    for line in plan.malformed:
+    for line in malformed:
         set_aside[line.cause] = set_aside.get(line.cause, 0) + 1
         examples.setdefault(line.cause, f"{unit} {line.position + 1}: {line.reason}")
-    return _usable(
-        DatasetSummary(str(plan.path), plan.format, plan.lines_total, len(plan.prompts), set_aside, examples)
-    )
+    return _usable(DatasetSummary(str(path), form, lines, prompts, set_aside, examples))
 
 
 def _usable(summary: DatasetSummary) -> DatasetSummary:

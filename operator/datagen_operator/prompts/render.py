@@ -352,6 +352,12 @@ class RenderPool:
             return full
         return lean
 
+    def start(self, why: str) -> None:
+        """Start the helpers now, not once inline rendering limits the run: for a pass that does nothing but
+        render (the preflight), where they are the point."""
+        if self.executor is None and self.processes > 0:
+            self._start_helpers(why)
+
     def _start_helpers(self, why: str) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -451,3 +457,19 @@ class RenderPool:
 def default_render_processes() -> int:
     """Half the cores (the other half for the event loop and the OS), at least 1, at most 4."""
     return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by its cgroup's CPU quota (a pod's CPU limit,
+    cgroup v2 `cpu.max`), at least 1. `os.cpu_count()` is the node's, not the pod's."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period) + 0.5)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)

@@ -144,8 +144,19 @@ class Feeder:
                 future.cancel()
 
     async def _render(self, prompts: Batch) -> list[RenderResult]:
-        items: list[RenderItem] = [(prompt.messages, prompt.tools, prompt.variables) for prompt, _, _ in prompts]
-        return await self.inputs.render_pool.render(items)
+        """The batch's ids: the preflight's where it rendered the line as it is now, the rest rendered here."""
+        stored = self.inputs.rendered
+        found: list[RenderResult | None] = [
+            stored.ids(prompt.position, line_hash) if stored else None for prompt, line_hash, _ in prompts
+        ]
+        missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing:
+            items: list[RenderItem] = [
+                (prompts[i][0].messages, prompts[i][0].tools, prompts[i][0].variables) for i in missing
+            ]
+            for i, result in zip(missing, await self.inputs.render_pool.render(items), strict=True):
+                found[i] = result
+        return [result if result is not None else "not rendered" for result in found]
 
     async def _queue_rendered(self, prompts: Batch, future: asyncio.Future[list[RenderResult]]) -> None:
         results = await future

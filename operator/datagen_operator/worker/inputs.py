@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from datagen_operator.checks.record_checks import Expectations, expectations_for
 from datagen_operator.engine.requests import run_sampling
+from datagen_operator.output.rendered import RenderedPrompts, open_rendered, render_identity
 from datagen_operator.prompts.conversation import AnswerSplitter
 from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
 from datagen_operator.prompts.lean_render import RenderError
-from datagen_operator.prompts.pin import render_date
+from datagen_operator.prompts.pin import read_pin, render_date
 from datagen_operator.prompts.render import Renderer, RenderPool, load_tokenizer, template_variables
 from datagen_operator.worker.config import BadInput, WorkerConfig
+
+log = logging.getLogger("datagen.worker")
 
 
 @dataclass
@@ -33,6 +37,8 @@ class Inputs:
     """The sampling params every /generate request of this run carries (stop tokens included)."""
     splitter: AnswerSplitter | None = None
     """generation.turns all: how an answer becomes the next turn's history."""
+    rendered: RenderedPrompts | None = None
+    """The prompts the preflight rendered with this very renderer (output/rendered.py): sent as they are."""
 
     def expect_for(self, thinking: bool | None) -> Expectations:
         """What a faithful record of a line looks like: the run's expectations, with the thinking of a line that
@@ -74,4 +80,18 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         except ValueError as error:
             render_pool.close()
             raise BadInput(f"generation.turns: {error}") from None
-    return Inputs(plan, tokenizer, renderer, render_pool, expect, sampling, splitter)
+    return Inputs(plan, tokenizer, renderer, render_pool, expect, sampling, splitter, _rendered(c, renderer))
+
+
+def _rendered(config: WorkerConfig, renderer: Renderer) -> RenderedPrompts | None:
+    """The preflight's rendered prompts when they were rendered as this worker renders, else None (said why)."""
+    pin = read_pin(config.output)
+    identity = render_identity(
+        renderer.template, renderer.variables, Path(config.tokenizer_dir), config.spec.generation.turns
+    )
+    store = open_rendered(config.output, identity, pin.sha256 if pin is not None else None)
+    if isinstance(store, str):
+        log.info("rendering prompts in the worker: %s", store)
+        return None
+    log.info("sending the prompts the preflight rendered (%d tokens)", store.tokens)
+    return store

@@ -1,0 +1,337 @@
+"""The preflight's one pass over the dataset: every line read once, every prompt's first request rendered on all
+the cores the pod has (the workers' RenderPool, its helpers started at once), judged by the rolling checks'
+dataset rules and written to the output's rendered store (output/rendered.py), which the workers then send
+as it is.
+
+Lines stream through: memory holds a few batches in flight, the lines set aside, and a small sample of rendered
+prompts for the output estimate, whatever the dataset's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datagen_operator.api.status import CheckResult
+from datagen_operator.checks.evaluate import Tally, dataset_checks, measured
+from datagen_operator.output.records import ContextLimit, too_long_reason
+from datagen_operator.output.rendered import RenderedWriter
+from datagen_operator.output.volume import is_volume_error
+from datagen_operator.prompts.conversation import (
+    Turns,
+    dataset_answers,
+    last_turn,
+    plan_turns,
+    request_messages,
+    turn_messages,
+)
+from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, prompt_from
+from datagen_operator.prompts.pin import prompt_hash
+from datagen_operator.prompts.render import RenderItem, RenderPool, RenderResult
+
+BATCH = 64
+"""Prompts a render helper takes at once (amortises the pickling round trip)."""
+SAMPLE_PROMPTS = 64
+"""Rendered prompts kept (a uniform sample) for the output estimate's token mix."""
+
+
+@dataclass(frozen=True)
+class DatasetLines:
+    """The dataset's lines judged by the rolling checks' own dataset rules (checks.evaluate.dataset_checks)."""
+
+    tally: Tally
+    checks: list[CheckResult]
+    examples: str
+    """The first lines of each cause (line number, id, why), for the message."""
+    prompts: int
+    """Valid prompts (unique ids): the run's total, as every worker's plan counts them, summed."""
+    lines_total: int
+    malformed: list[MalformedLine]
+    """Lines that are not prompts (the scan's causes), for the dataset summary."""
+    sample: list[list[int]]
+    """Up to SAMPLE_PROMPTS rendered prompts, drawn uniformly."""
+    mean_prompt_tokens: float
+    turns: int = 0
+    """The answers the dataset plans per sample: generation.turns all, its conversations' planned turns."""
+    said: str = ""
+    """What the preflight says of whole conversations (turns planned, cut, that may not fit), or ''."""
+
+    @property
+    def set_aside(self) -> int:
+        return self.tally.malformed + self.tally.too_long
+
+    @property
+    def failed(self) -> str:
+        return "; ".join(f"{measured(c)}: {c.verdict}" for c in self.checks if not c.passed)
+
+
+@dataclass
+class ConversationCounts:
+    """What the preflight says of a dataset's conversations before any answer exists."""
+
+    conversations: int = 0
+    turns: int = 0
+    cut: int = 0
+    """User turns after a dataset tool message: never regenerated (prompts/conversation.py)."""
+    may_not_fit: int = 0
+    first_may_not_fit: str = ""
+    trailing: int = 0
+    """turns: last: lines ending with an assistant turn, which is dropped (the model answers the last user turn)."""
+
+    def count(self, turns: Turns) -> None:
+        self.conversations += 1
+        self.turns += len(turns)
+        self.cut += turns.cut
+
+    def last_turn_rendered(self, where: str, result: RenderResult, too_long: Callable[[int], str | None]) -> None:
+        """A conversation's last turn rendered with the dataset's own answers standing in for the model's (which
+        do not exist yet): whether it would still fit the context. A render error says nothing (the dataset's
+        answers are only stand-ins; the workers render the model's)."""
+        if isinstance(result, str):
+            return
+        reason = too_long(len(result) // 4)
+        if reason is not None:
+            self.may_not_fit += 1
+            self.first_may_not_fit = self.first_may_not_fit or f"{where}: {reason}"
+
+    def said(self) -> str:
+        parts = []
+        if self.conversations:
+            parts.append(f"{self.turns} user turns to answer in {self.conversations} conversations")
+        if self.cut:
+            parts.append(f"{self.cut} user turns after a tool message not regenerated (docs/regenerate.md)")
+        if self.may_not_fit:
+            parts.append(
+                f"{self.may_not_fit} conversations may not fit all their turns (with the dataset's own answers as "
+                f"history, e.g. {self.first_may_not_fit}): a turn that does not fit is set aside as too_long when the "
+                "workers reach it, and its conversation ends there"
+            )
+        if self.trailing:
+            parts.append(
+                f"{self.trailing} lines end with an assistant turn: it is dropped and the model answers the last user "
+                "turn (generation.turns: all regenerates every turn)"
+            )
+        return "; ".join(parts)
+
+
+class RenderedStore:
+    """The output's rendered store as the pass writes it. A volume that cannot take it (full, read-only) ends it,
+    and the workers render themselves: the records' own room is the room verdict's to judge, not this."""
+
+    def __init__(self, writer: RenderedWriter | None) -> None:
+        self.writer = writer
+
+    @classmethod
+    def begin(cls, output: Path) -> RenderedStore:
+        try:
+            return cls(RenderedWriter(output))
+        except OSError as error:
+            if not is_volume_error(error):
+                raise
+            return cls(None)
+
+    def add(self, position: int, line_hash: int, ids: bytes | None) -> None:
+        if self.writer is None:
+            return
+        try:
+            self.writer.add(position, line_hash, ids)
+        except OSError as error:
+            self._given_up(error)
+
+    def disagrees_with(self, pin: Any) -> str:
+        """'' when every line the pass hashed has the pin's hash (both read the same bytes), else which line did
+        not: the dataset changed between the two reads."""
+        if self.writer is None:
+            return ""
+        hashed = self.writer.line_hashes()
+        if len(hashed) > pin.lines:
+            return f"{pin.lines} lines, then {len(hashed)}"
+        differ = np.flatnonzero((hashed != 0) & (pin.line_hashes[: len(hashed)] != hashed))
+        return f"line {int(differ[0]) + 1} edited" if len(differ) else ""
+
+    def finish(self, pin: Any, identity: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        try:
+            self.writer.finish(pin.lines, identity, pin.sha256)
+        except OSError as error:
+            self._given_up(error)
+
+    def abandon(self) -> None:
+        if self.writer is not None:
+            self.writer.abandon()
+            self.writer = None
+
+    def _given_up(self, error: OSError) -> None:
+        if not is_volume_error(error):
+            raise error
+        self.abandon()
+
+
+@dataclass
+class _Entry:
+    """A valid line in a batch: its ref and line hash; with turns all its conversation's turns (and whether its
+    last turn's render follows its first's), else whether the line ends with the dataset's answer."""
+
+    ref: PromptRef
+    line_hash: int
+    turns: Turns | None = None
+    with_last_turn: bool = False
+    trailing: bool = False
+
+
+@dataclass
+class _Pass:
+    """The running counts of one pass."""
+
+    turns_mode: str
+    max_new_tokens: int
+    limit: ContextLimit
+    store: RenderedStore
+    unrenderable: list[str] = field(default_factory=list)
+    too_long: list[str] = field(default_factory=list)
+    unrenderable_count: int = 0
+    too_long_count: int = 0
+    conversations: ConversationCounts = field(default_factory=ConversationCounts)
+    rendered: int = 0
+    rendered_tokens: int = 0
+    sample: list[list[int]] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def too_long_reason(self, tokens: int) -> str | None:
+        return too_long_reason(tokens, self.max_new_tokens, self.limit)
+
+    def store_line(self, position: int, line_hash: int, ids: bytes | None) -> None:
+        self.store.add(position, line_hash, ids)
+
+    def set_unrenderable(self, ref: PromptRef, line_hash: int, why: str) -> None:
+        self.unrenderable_count += 1
+        if len(self.unrenderable) < 2:
+            self.unrenderable.append(f"line {ref.position + 1} (id {ref.id!r}): {why}")
+        self.store_line(ref.position, line_hash, None)
+
+    def take(self, entry: _Entry, result: RenderResult) -> bool:
+        """A line's first request rendered: counted, stored; whether it will be sent."""
+        ref = entry.ref
+        if isinstance(result, str):
+            self.set_unrenderable(ref, entry.line_hash, result)
+            return False
+        tokens = len(result) // 4
+        reason = self.too_long_reason(tokens)
+        if reason is not None:
+            self.too_long_count += 1
+            if len(self.too_long) < 2:
+                self.too_long.append(f"line {ref.position + 1} (id {ref.id!r}): {reason}")
+            self.store_line(ref.position, entry.line_hash, None)
+            return False
+        self.store_line(ref.position, entry.line_hash, result)
+        if entry.turns is not None:
+            self.conversations.count(entry.turns)
+        self.conversations.trailing += entry.trailing
+        self.rendered += 1
+        self.rendered_tokens += tokens
+        # A uniform sample of the rendered prompts (reservoir), for the output estimate.
+        if len(self.sample) < SAMPLE_PROMPTS:
+            self.sample.append(_ids(result))
+        else:
+            slot = self.rng.randrange(self.rendered)
+            if slot < SAMPLE_PROMPTS:
+                self.sample[slot] = _ids(result)
+        return True
+
+
+def _ids(result: bytes) -> list[int]:
+    from datagen_operator.prompts.render import ids_from_result
+
+    return ids_from_result(result)
+
+
+async def judge_dataset(
+    scan: ShardScan, turns_mode: str, max_new_tokens: int, limit: ContextLimit, pool: RenderPool,
+    store: RenderedStore,
+) -> DatasetLines:  # fmt: skip
+    """Every valid prompt rendered as the worker renders it: lines that are not prompts or that the template
+    cannot render (`malformed`), and prompts whose tokens + max_new_tokens exceed the model's context
+    (`too_long`), out of the dataset's lines. The workers judge too_long again against the running server's
+    own limit (its KV pool may be smaller). Rendered prompts go to `store` in dataset order."""
+    run = _Pass(turns_mode, max_new_tokens, limit, store)
+    malformed: list[MalformedLine] = []
+    prompts = 0
+    ahead: deque[tuple[list[_Entry], asyncio.Future[list[RenderResult]]]] = deque()
+    max_ahead = 2 * max(1, pool.processes) + 1
+    entries: list[_Entry] = []
+    items: list[RenderItem] = []
+
+    async def drain(until: int) -> None:
+        while len(ahead) > until:
+            batch, future = ahead.popleft()
+            results = iter(await future)
+            for entry in batch:
+                accepted = run.take(entry, next(results))
+                if entry.with_last_turn:
+                    last = next(results)
+                    if accepted:
+                        where = f"line {entry.ref.position + 1} (id {entry.ref.id!r})"
+                        run.conversations.last_turn_rendered(where, last, run.too_long_reason)
+
+    for index, item in enumerate(scan):
+        if index % 1024 == 1023:
+            await asyncio.sleep(0)  # let finished batches be taken meanwhile
+        if isinstance(item, MalformedLine):
+            malformed.append(item)
+            continue
+        ref, obj = item
+        prompts += 1
+        line_hash = prompt_hash(obj)
+        prompt = prompt_from(ref, obj)
+        entry = _Entry(ref, line_hash)
+        if turns_mode == "all":
+            turns = plan_turns(prompt.messages)
+            if not len(turns):
+                run.set_unrenderable(ref, line_hash, "no user message to answer")
+                continue
+            entry.turns = turns
+            items.append((list(turns.inputs[0]), prompt.tools, prompt.variables))
+            if len(turns) >= 2:
+                last = len(turns) - 1
+                history = turn_messages(turns, last, dataset_answers(prompt.messages, turns))
+                items.append((history, prompt.tools, prompt.variables))
+                entry.with_last_turn = True
+        else:
+            entry.trailing = last_turn(prompt.messages)[1] > 0
+            items.append((request_messages(prompt.messages, turns_mode), prompt.tools, prompt.variables))
+        entries.append(entry)
+        if len(entries) >= BATCH:
+            ahead.append((entries, asyncio.ensure_future(pool.render(items))))
+            entries, items = [], []
+            await drain(max_ahead - 1)
+    if entries:
+        ahead.append((entries, asyncio.ensure_future(pool.render(items))))
+    await drain(0)
+    tally = Tally(
+        lines=prompts + len(malformed),
+        malformed=len(malformed) + run.unrenderable_count,
+        too_long=run.too_long_count,
+    )
+    bad = [f"line {line.position + 1}: {line.reason}" for line in malformed[:2]]
+    firsts = [*bad, *run.unrenderable, *run.too_long]
+    examples = "e.g. " + "; ".join(firsts) if firsts else ""
+    return DatasetLines(
+        tally,
+        dataset_checks(tally),
+        examples,
+        prompts,
+        scan.lines_total,
+        malformed,
+        run.sample,
+        run.rendered_tokens / run.rendered if run.rendered else 0.0,
+        run.conversations.turns,
+        run.conversations.said(),
+    )
