@@ -1,6 +1,6 @@
 """Benchmark: whole conversations (generation.turns all) against single-turn prompts of the same user turns.
 
-    .venv/bin/python bench/multiturn.py [--conversations 1000] [--turns 4] [--answer-tokens 256] [--rounds 2]
+    .venv/bin/python bench/multiturn.py [--conversations 1000] [--turns 4] [--answer-tokens 256] [--rounds 2] [--quick]
 
 Starts the SGLang simulator on loopback at GPU pace (`--sim-speed gpu`: each request decodes at
 `--tokens-per-s`, as a GPU server does, so the figure is whether the client keeps `clients.concurrency` requests
@@ -119,7 +119,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--tokens-per-s", type=float, default=400.0, help="each request's decode speed")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.conversations, args.turns, args.answer_tokens, args.concurrency, args.rounds = 24, 2, 32, 16, 1
 
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 

@@ -1,6 +1,6 @@
 """Benchmark: `datagen worker` against two peers on one simulator, same prompts, side by side in one run.
 
-    .venv/bin/python bench/peers.py [--prompts 600] [--answer-tokens 2048] [--concurrency 64] [--rounds 3]
+    .venv/bin/python bench/peers.py [--prompts 600] [--answer-tokens 2048] [--concurrency 64] [--rounds 3] [--quick]
 
 Peers, each sending the same prompts at the same concurrency to the same simulator (wire speed, fixed
 `--answer-tokens` answers):
@@ -181,7 +181,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--with-stream", action="store_true", help="also bench_serving's default streaming mode")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.answer_tokens, args.concurrency, args.rounds = 48, 128, 16, 1
 
     from datagen_operator.api import parse_spec
     from datagen_operator.api.resolve import resolve_model

@@ -1,6 +1,6 @@
 """Benchmark: start-up, memory, compaction, verification and resume waste on 1M short prompts.
 
-    .venv/bin/python bench/scale.py [--prompts 1000000] [--concurrency 64] [--steady-s 10]
+    .venv/bin/python bench/scale.py [--prompts 1000000] [--concurrency 64] [--steady-s 10] [--quick]
 
 One simulator (wire speed, 16-token answers) and one `datagen worker` shard over a dataset of `--prompts`
 short chat prompts (1,000 distinct questions, each id its own line). Measured, each in this one run:
@@ -213,6 +213,8 @@ def kill_mid_run(run: Path, output: Path, url: str, log: Path, sig: signal.Signa
             raise SystemExit(f"worker exited {proc.returncode} before generating; see {log}")
         time.sleep(0.05)
     time.sleep(settle_s)
+    if proc.poll() is not None:
+        raise SystemExit(f"the worker finished the dataset before {sig.name}: run it with more --prompts")
     proc.send_signal(sig)
     wait_rusage(proc, 120)
     time.sleep(1.0)  # requests the server was still answering finish there
@@ -259,7 +261,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--steady-s", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
+    )
     args = parser.parse_args()
+    if args.quick:  # enough prompts that the SIGKILL and SIGTERM runs (2 s + 3 s) leave some undone
+        args.prompts, args.concurrency, args.steady_s = 50_000, 16, 2.0
 
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 

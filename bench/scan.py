@@ -1,6 +1,6 @@
 """Benchmark: one ShardScan pass over 1M short JSONL prompts, against orjson parsing the same lines.
 
-    .venv/bin/python bench/scan.py [--prompts 1000000] [--repeat 3]
+    .venv/bin/python bench/scan.py [--prompts 1000000] [--repeat 3] [--quick]
 
 The dataset is bench/scale.py's (short chat prompts, 1,000 distinct questions, each id its own line).
 Measured in this one run as CPU seconds of this process (`time.process_time`: the machine is shared, and
@@ -71,7 +71,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.repeat = 20_000, 1
     print(load(), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-scan-") as tmp:
         path = Path(tmp) / "prompts.jsonl"

@@ -1,7 +1,7 @@
 """Benchmark: the SGLang simulator's /generate throughput at wire speed, 64 concurrent clients.
 
     .venv/bin/python bench/sim_server.py [--requests 2000] [--seconds 20] [--concurrency 64]
-                                         [--answer-tokens 4096] [--stream]
+                                         [--answer-tokens 4096] [--stream] [--quick]
 
 Starts `datagen sim-server` (one process, `--sim-speed wire`: no sleeps) on loopback with fixed-length
 Kimi-K2 outputs (reasoning, </think>, answer, <|im_end|>: `--answer-tokens` in all), then sends
@@ -105,7 +105,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--answer-tokens", type=int, default=4096)
     parser.add_argument("--stream", action="store_true", help="incremental SSE streaming instead of plain JSON")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.seconds, args.concurrency, args.answer_tokens = 64, 5.0, 16, 256
 
     reasoning = args.answer_tokens // 2
     answer = args.answer_tokens - reasoning - 2  # </think> and <|im_end|> complete the count

@@ -1,6 +1,6 @@
 """Benchmark: `datagen worker` against a minimal aiohttp client doing the same work, same simulator, one run.
 
-    .venv/bin/python bench/worker.py [--prompts 3000] [--answer-tokens 4096] [--concurrency 64] [--rounds 3]
+    .venv/bin/python bench/worker.py [--prompts 3000] [--answer-tokens 4096] [--concurrency 64] [--rounds 3] [--quick]
 
 Starts the SGLang simulator (one process, wire speed: no sleeps) on loopback, with fixed 4k-token
 answers (reasoning + answer, lognormal sigma 0). Then `--rounds` triples, back to back:
@@ -223,7 +223,14 @@ def main() -> int:
     parser.add_argument("--answer-tokens", type=int, default=4096)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.answer_tokens, args.concurrency, args.rounds = 96, 256, 16, 1
 
     from datagen_operator.output.layout import OutputLayout
     from datagen_operator.output.readers import iter_records
