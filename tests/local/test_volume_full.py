@@ -9,11 +9,8 @@ from pathlib import Path
 import yaml
 
 from datagen_operator.api import parse_run
-from datagen_operator.api.resolve import resolve_model
-from datagen_operator.checks.preflight import estimate_output, run_preflight
-from datagen_operator.output.manifest import read_manifest
-from datagen_operator.prompts.dataset import plan_shard
-from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.checks.preflight import estimate_for, run_preflight
+from datagen_operator.prompts.render import load_tokenizer
 from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 from tests.worker.simrun import prompts, standin, write_dataset
 from tests.worker.volume import Volume
@@ -27,9 +24,7 @@ def run_file(tmp_path: Path, output: Path, count: int = 300, shards: int = 2) ->
 def preflight(path: Path):
     spec = parse_run(yaml.safe_load(path.read_text())).spec
     tokenizer = load_tokenizer(standin(), trust_remote_code=False)
-    plan = plan_shard(spec.dataset.path, 0, 1)
-    renderer = Renderer(tokenizer, template_variables(resolve_model(spec)))
-    estimate = estimate_output(spec, plan, renderer, read_manifest(spec.output.path))
+    estimate = estimate_for(spec, tokenizer, standin())
     outcome = run_preflight(spec, tokenizer, standin(), Path(spec.dataset.path), Path(spec.output.path))
     return estimate, outcome
 

@@ -7,12 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from datagen_operator.api import parse_spec
-from datagen_operator.api.resolve import resolve_model
-from datagen_operator.checks.preflight import estimate_output, render_dataset
-from datagen_operator.checks.render_pass import RenderedStore
-from datagen_operator.output.records import ContextLimit
-from datagen_operator.prompts.dataset import ShardScan
-from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.checks.preflight import estimate_for
+from datagen_operator.prompts.render import load_tokenizer
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
@@ -30,13 +26,7 @@ def least_output(manifest: dict, data_dir: Path, volume: Path, tokenizer: Path) 
         "output": {"path": str(volume / spec["output"]["path"])},
     }
     parsed = parse_spec(local)
-    variables = template_variables(resolve_model(parsed))
-    renderer = Renderer(load_tokenizer(tokenizer, trust_remote_code=False), variables)
-    scan = ShardScan(parsed.dataset.path, 0, 1)
-    lines = render_dataset(
-        parsed, scan, renderer, variables, tokenizer, False, ContextLimit(), RenderedStore(None), processes=0
-    )
-    return estimate_output(parsed, lines, None).lower
+    return estimate_for(parsed, load_tokenizer(tokenizer, trust_remote_code=False), tokenizer).lower
 
 
 def test_a_full_output_volume_halts_the_run_naming_it(

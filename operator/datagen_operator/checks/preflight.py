@@ -385,6 +385,21 @@ def estimate_output(spec: DataGenRunSpec, lines: DatasetLines, manifest: dict[st
     )
 
 
+def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> OutputEstimate:
+    """The preflight's estimate of what `spec`'s output will take, on its own (rendered inline, nothing stored)."""
+    from datagen_operator.output.manifest import read_manifest
+    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.prompts.render import Renderer, template_variables
+
+    variables = template_variables(resolve_model(spec))
+    renderer = Renderer(tokenizer, variables)
+    scan = ShardScan(spec.dataset.path, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
+    lines = render_dataset(
+        spec, scan, renderer, variables, tokenizer_dir, False, ContextLimit(None, None), RenderedStore(None), 0
+    )
+    return estimate_output(spec, lines, read_manifest(Path(spec.output.path)))
+
+
 FILE_BLOCK = 4096
 """The smallest a file takes on common filesystems (ext4, xfs)."""
 
