@@ -197,6 +197,18 @@ def _judge_rendered(
     )
 
 
+EAGER_HELPERS_BYTES = 4 << 20
+"""A dataset this large (~20k short prompts) starts the render helpers at once: below it, a helper's start (its
+own tokenizer, a second or more of CPU) can cost more than it saves, and RenderPool starts them if it does not."""
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def render_dataset(
     spec: DataGenRunSpec, scan: Any, renderer: Any, variables: dict[str, Any], tokenizer_dir: Path,
     trust_remote_code: bool, limit: ContextLimit, store: RenderedStore, processes: int | None = None,
@@ -211,7 +223,8 @@ def render_dataset(
         variables, tokenizer_dir, trust_remote_code, available_cores() if processes is None else processes
     )
     pool.renderer = renderer
-    pool.start("the preflight renders every prompt")
+    if _size_of(scan.path) >= EAGER_HELPERS_BYTES:
+        pool.start("the preflight renders every prompt")  # else once rendering inline takes long (RenderPool)
     try:
         return asyncio.run(
             judge_dataset(scan, spec.generation.turns, spec.generation.sampling.max_new_tokens, limit, pool, store)
