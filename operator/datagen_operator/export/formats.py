@@ -215,6 +215,20 @@ def row_metadata(
     }
 
 
+def _json_concat(left: bytes, right: bytes) -> bytes:
+    """Two JSON arrays as one, spliced as bytes."""
+    if left == b"[]":
+        return right
+    if right == b"[]":
+        return left
+    return left[:-1] + b"," + right[1:]
+
+
+def loss_mask_json(prompt_length: int, completion_length: int) -> bytes:
+    body = b"0," * prompt_length + b"1," * completion_length
+    return b"[" + body[:-1] + b"]"
+
+
 def speculators_row(
     prompt_id: str,
     sample: int,
@@ -225,72 +239,14 @@ def speculators_row(
     turn: int = 0,
 ) -> bytes:
     """One JSONL line for vLLM speculators (>= 0.7.0 pre-tokenized rows) and SpecForge main:
-    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata"}` (`speculators_lines`
-    of one row)."""
-    masks = _MaskRuns(len(prompt_ids), len(completion_ids))
-    return b"".join(_speculators_pieces(prompt_id, sample, turn, prompt_ids, completion_ids, metadata, masks))
+    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata"}`.
 
-
-def speculators_lines(
-    prompt_ids: Sequence[str],
-    samples: Sequence[int],
-    turns: Sequence[int],
-    tokens: TokenColumns,
-    metadata: Sequence[dict[str, Any]],
-) -> list[bytes | memoryview]:
-    """A batch's speculators lines as pieces whose b"".join is the lines back to back. Built from byte pieces
-    (orjson serialises each id array in C, masks are slices of one run of "0," and one of "1,", JSON is
-    spliced through memoryviews) so no per-token Python runs and no JSON is copied before that one join."""
-    masks = _MaskRuns(int(tokens.prompt_lengths.max(initial=0)), int(tokens.completion_lengths.max(initial=0)))
-    pieces: list[bytes | memoryview] = []
-    for row in range(tokens.rows):
-        pieces += _speculators_pieces(
-            prompt_ids[row], samples[row], turns[row], tokens.prompt(row), tokens.completion(row), metadata[row], masks
-        )
-    return pieces
-
-
-class _MaskRuns:
-    """ "0,0,..." and "1,1,...", long enough for the longest prompt and completion: a loss mask's JSON is two
-    slices of them."""
-
-    def __init__(self, prompt_length: int, completion_length: int) -> None:
-        self.zeros = memoryview(b"0," * prompt_length)
-        self.ones = memoryview(b"1," * completion_length)
-
-    def json(self, prompt_length: int, completion_length: int) -> tuple[bytes | memoryview, ...]:
-        """`[0,...,0,1,...,1]`: 0 over the prompt, 1 over the completion (`loss_mask_json`)."""
-        if completion_length:
-            return b"[", self.zeros[: 2 * prompt_length], self.ones[: 2 * completion_length - 1], b"]"
-        if prompt_length:
-            return b"[", self.zeros[: 2 * prompt_length - 1], b"]"
-        return (b"[]",)
-
-
-def _speculators_pieces(
-    prompt_id: str,
-    sample: int,
-    turn: int,
-    prompt_ids: np.ndarray,
-    completion_ids: np.ndarray,
-    metadata: dict[str, Any],
-    masks: _MaskRuns,
-) -> list[bytes | memoryview]:
+    Built from byte pieces (orjson serialises each id array in C) so no per-token Python runs."""
     as_json = orjson.OPT_SERIALIZE_NUMPY
-    head = memoryview(orjson.dumps({"id": prompt_id, "sample": sample, "turn": turn}))[:-1]
-    # prompt + completion as one JSON array: the two arrays spliced, "[]" for an empty side left out
-    if not len(prompt_ids):
-        ids: tuple[bytes | memoryview, ...] = (orjson.dumps(completion_ids, option=as_json),)
-    elif not len(completion_ids):
-        ids = (orjson.dumps(prompt_ids, option=as_json),)
-    else:
-        prompt_json = memoryview(orjson.dumps(prompt_ids, option=as_json))
-        completion_json = memoryview(orjson.dumps(completion_ids, option=as_json))
-        ids = (prompt_json[:-1], b",", completion_json[1:])
-    return [
-        head, b',"input_ids":', *ids, b',"loss_mask":', *masks.json(len(prompt_ids), len(completion_ids)),
-        b',"metadata":', orjson.dumps(metadata), b"}\n",
-    ]  # fmt: skip
+    ids = _json_concat(orjson.dumps(prompt_ids, option=as_json), orjson.dumps(completion_ids, option=as_json))
+    return _speculators_line(
+        prompt_id, sample, turn, ids, loss_mask_json(len(prompt_ids), len(completion_ids)), metadata
+    )
 
 
 def speculators_masked_row(
@@ -298,13 +254,18 @@ def speculators_masked_row(
 ) -> bytes:
     """The same line for a row with any mask (a whole conversation's: several supervised spans)."""
     as_json = orjson.OPT_SERIALIZE_NUMPY
+    return _speculators_line(
+        prompt_id, sample, turn, orjson.dumps(ids, option=as_json), orjson.dumps(mask, option=as_json), metadata
+    )
+
+
+def _speculators_line(
+    prompt_id: str, sample: int, turn: int, ids_json: bytes, mask_json: bytes, metadata: dict[str, Any]
+) -> bytes:
     head = orjson.dumps({"id": prompt_id, "sample": sample, "turn": turn})[:-1]
     return b"".join(
-        (
-            head, b',"input_ids":', orjson.dumps(ids, option=as_json), b',"loss_mask":',
-            orjson.dumps(mask, option=as_json), b',"metadata":', orjson.dumps(metadata), b"}\n",
-        )
-    )  # fmt: skip
+        (head, b',"input_ids":', ids_json, b',"loss_mask":', mask_json, b',"metadata":', orjson.dumps(metadata), b"}\n")
+    )
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:

@@ -45,8 +45,8 @@ from datagen_operator.export.formats import (
     id_buffers,
     is_over_length,
     row_metadata,
-    speculators_lines,
     speculators_masked_row,
+    speculators_row,
     text_row,
     token_columns,
     trl_masked_table,
@@ -297,8 +297,12 @@ def _turn_rows(
             continue
         assert isinstance(parts, JsonlParts)
         if options.export_format == "speculators":
-            lines = speculators_lines(kept_ids, kept_samples, kept_turns, tokens, metadata)
-            parts.write_lines(lines, prompt_total + completion_total, rows=len(keep))
+            lines = [
+                speculators_row(kept_ids[i], kept_samples[i], tokens.prompt(i), tokens.completion(i), metadata[i],
+                                turn=kept_turns[i])
+                for i in range(len(keep))
+            ]  # fmt: skip
+            parts.write_lines(lines, prompt_total + completion_total)
             continue
         assert codec is not None
         text_lines = []

@@ -14,7 +14,7 @@ import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,20 +131,19 @@ class JsonlParts(_RollingParts):
     def _digest(self, path: Path) -> str:
         return self._hash.hexdigest()
 
-    def write_lines(self, lines: Sequence[bytes | memoryview], tokens: int, *, rows: int | None = None) -> None:
-        """Lines of one batch (each ends in a newline) go into one part; a part may exceed max_bytes by one batch.
-        `rows`: the lines `lines` holds when they come in pieces (their b"".join is the lines), else one a line."""
+    def write_lines(self, lines: list[bytes], tokens: int) -> None:
+        """Lines of one batch (each ends in a newline) go into one part; a part may exceed max_bytes by one batch."""
         if lines:
-            self._submit(self._write_now, lines, tokens, len(lines) if rows is None else rows)
+            self._submit(self._write_now, lines, tokens)
 
-    def _write_now(self, lines: Sequence[bytes | memoryview], tokens: int, rows: int) -> None:
+    def _write_now(self, lines: list[bytes], tokens: int) -> None:
         if self._current is None:
             self._start()
         data = b"".join(lines)
         self._file.write(data)
         self._hash.update(data)
         self._size += len(data)
-        self._account(rows, tokens, self._size)
+        self._account(len(lines), tokens, self._size)
 
 
 class ParquetParts(_RollingParts):
