@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from datagen_operator.api import parse_run
-from datagen_operator.checks.preflight import estimate_for, run_preflight
+from datagen_operator.checks.preflight import estimate_for, run_preflight, stored_bytes
 from datagen_operator.prompts.render import load_tokenizer
 from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 from tests.worker.simrun import prompts, standin, write_dataset
@@ -38,17 +38,19 @@ def test_preflight_refuses_a_volume_too_small_for_the_least_output_and_warns_bel
     assert 2 * 256 * 1024 < estimate.lower < estimate.upper
     assert 2.0 < estimate.bytes_per_output_token < 12.0
 
-    small_volume.leave_free(estimate.lower - 32 * 1024)
+    # The rendered store of the first preflight is on the volume: it is replaced, so its bytes are room too.
+    stored = stored_bytes(small_volume.root / "out")
+    small_volume.leave_free(estimate.lower - 32 * 1024 - stored)
     _, outcome = preflight(path)
     assert not outcome.passed and outcome.reason == "OutputVolumeTooSmall"
     assert "free; the output needs at least" in outcome.message and "grow the volume" in outcome.message
 
-    small_volume.leave_free(estimate.lower + 64 * 1024)
+    small_volume.leave_free(estimate.lower + 64 * 1024 - stored)
     _, outcome = preflight(path)
     assert outcome.passed and "warning: " in outcome.message and "may fill up" in outcome.message
 
     small_volume.grow()
-    small_volume.leave_free(estimate.upper + 64 * 1024)
+    small_volume.leave_free(estimate.upper + 64 * 1024 - stored)
     _, outcome = preflight(path)
     assert outcome.passed and "warning" not in outcome.message
 

@@ -147,7 +147,9 @@ def _judge_rendered(
         return _failed(Reason.DATASET_CHANGED, changed_message(dataset, changed))
     manifest = read_manifest(output)
     estimate = estimate_output(spec, lines, manifest)
-    room = room_verdict(estimate, output, free_bytes(output))
+    free = free_bytes(output)
+    # The store is written by now: its room is counted in the estimate, so it is given back to the free space.
+    room = room_verdict(estimate, output, free + stored_bytes(output) if free is not None else None)
     if not room.passed:
         return _failed(Reason.OUTPUT_VOLUME_TOO_SMALL, room.message)
     found += f"; {room.message}" if room.message else ""
@@ -394,8 +396,16 @@ def estimate_output(spec: DataGenRunSpec, lines: DatasetLines, manifest: dict[st
         parquet_min=max(1.0, short[1] + offset * parquet_per_token),
         parquet_per_token=parquet_per_token,
         mean_prompt_tokens=mean_prompt,
-        files=_files_bytes(lines.lines_total),
+        files=_files_bytes(lines.lines_total) + rendered_bytes(lines),
     )
+
+
+def rendered_bytes(lines: DatasetLines) -> int:
+    """What the rendered store takes on the output volume (output/rendered.py): part of the output, so part of
+    its room."""
+    from datagen_operator.output.rendered import LINE_DTYPE
+
+    return 4 * lines.rendered_tokens + LINE_DTYPE.itemsize * lines.lines_total + FILE_BLOCK
 
 
 def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> OutputEstimate:
@@ -458,6 +468,14 @@ def room_verdict(estimate: OutputEstimate, output: Path, free: int | None) -> Ro
             f"({basis}): it may fill up (the run then stops and resumes once the volume grows)",
         )
     return RoomVerdict(True, f"{output} has {_size(free)} free for at most {_size(e.upper)} of output")
+
+
+def stored_bytes(output: Path) -> int:
+    """The bytes the rendered store's files hold on the volume now."""
+    from datagen_operator.output.rendered import rendered_dir
+
+    directory = rendered_dir(output)
+    return sum(path.stat().st_size for path in directory.glob("*") if path.is_file()) if directory.is_dir() else 0
 
 
 def free_bytes(output: Path) -> int | None:

@@ -58,6 +58,8 @@ class DatasetLines:
     sample: list[list[int]]
     """Up to SAMPLE_PROMPTS rendered prompts, drawn uniformly."""
     mean_prompt_tokens: float
+    rendered_tokens: int = 0
+    """The tokens of every prompt rendered (what the rendered store holds)."""
     turns: int = 0
     """The answers the dataset plans per sample: generation.turns all, its conversations' planned turns."""
     said: str = ""
@@ -332,6 +334,7 @@ async def judge_dataset(
         malformed,
         run.sample,
         run.rendered_tokens / run.rendered if run.rendered else 0.0,
+        run.rendered_tokens,
         run.conversations.turns,
         run.conversations.said(),
     )
