@@ -11,6 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from datagen_operator.output.lease import LEASE_FILE
+from datagen_operator.output.rendered import RENDERED_DIR
 from datagen_operator.prompts.pin import LINES_FILE, PIN_FILE
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim, start_sims
@@ -174,9 +175,10 @@ def test_parser_mismatch_halts_before_any_bulk_work(
         "the GPUs released",
         lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
     )
-    # Nothing but what the preflight wrote (the dataset pin, the output's lease): no record, no manifest.
+    # Nothing but what the preflight wrote (the dataset pin, its rendered prompts, the output's lease): no record,
+    # no manifest.
     output = data_dir / "out" / name
-    assert {p.name for p in output.iterdir()} == {PIN_FILE, LINES_FILE, LEASE_FILE}
+    assert {p.name for p in output.iterdir()} == {PIN_FILE, LINES_FILE, RENDERED_DIR, LEASE_FILE}
 
 
 def test_suspend_resume_refused_change_and_deletion_keeping_the_data(
