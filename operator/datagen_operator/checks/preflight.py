@@ -85,18 +85,22 @@ def run_preflight(
 def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
     from datagen_operator.output.rendered import render_identity
     from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_lines
-    from datagen_operator.prompts.pin import changed_message, pin_dataset, render_date
+    from datagen_operator.prompts.pin import LinePins, changed_message, pin_dataset, render_date
     from datagen_operator.prompts.render import Renderer, template_variables
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
-    variables = template_variables(resolved, render_date(output))
+    rendered_on = render_date(output)
+    variables = template_variables(resolved, rendered_on)
     renderer = Renderer(tokenizer, variables)
     model_dir = Path(spec.model.path) if (Path(spec.model.path) / "config.json").is_file() else tokenizer_dir
     limit = model_context_limit(_read_config(model_dir), spec.server.extra_args)
     store = RenderedStore.begin(output)
     try:
         scan = ShardScan(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
+        # A JSONL dataset is pinned by the very read that renders it; other formats by a read of their own.
+        pins = LinePins(dataset, rendered_on, spec.dataset.id_field) if scan.format == "jsonl" else None
+        scan.lines = pins
         lines = render_dataset(spec, scan, renderer, variables, tokenizer_dir, resolved.trust_remote_code, limit, store)
         check_lines(scan, lines.prompts, lines.malformed)  # raises EmptyDataset or UnknownDatasetShape, naming why
     except (DatasetError, OSError) as error:  # EmptyDataset is one
@@ -104,7 +108,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
         named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
         return _failed(Reason.DATASET_UNUSABLE, named)
-    pin = pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field)
+    pin = pins.pin() if pins is not None else pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field)
     outcome = _judge_rendered(spec, expect, renderer, lines, pin, dataset, output, tokenizer_dir)
     changed = store.disagrees_with(pin)
     if changed and outcome.passed:

@@ -34,7 +34,7 @@ from datagen_operator.prompts.conversation import (
 )
 from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, prompt_from
 from datagen_operator.prompts.pin import prompt_hash
-from datagen_operator.prompts.render import RenderItem, RenderPool, RenderResult
+from datagen_operator.prompts.render import RenderItem, RenderPool, RenderResult, ids_from_result
 
 BATCH = 64
 """Prompts a render helper takes at once (amortises the pickling round trip)."""
@@ -241,18 +241,12 @@ class _Pass:
         self.rendered_tokens += tokens
         # A uniform sample of the rendered prompts (reservoir), for the output estimate.
         if len(self.sample) < SAMPLE_PROMPTS:
-            self.sample.append(_ids(result))
+            self.sample.append(ids_from_result(result))
         else:
             slot = self.rng.randrange(self.rendered)
             if slot < SAMPLE_PROMPTS:
-                self.sample[slot] = _ids(result)
+                self.sample[slot] = ids_from_result(result)
         return True
-
-
-def _ids(result: bytes) -> list[int]:
-    from datagen_operator.prompts.render import ids_from_result
-
-    return ids_from_result(result)
 
 
 async def judge_dataset(
