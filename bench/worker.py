@@ -83,6 +83,9 @@ class TokenWatch:
         self.url = url
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
+        # The first sample is taken here, before the side starts: a thread's first read can come late on a loaded
+        # machine, after a short (--quick) side has finished, leaving nothing counted between samples.
+        self.samples.append((time.perf_counter(), self._read()))
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -111,7 +114,11 @@ class TokenWatch:
                     return t1 if c1 == c0 else t0 + (t1 - t0) * (target - c0) / (c1 - c0)
             return self.samples[-1][0]
 
-        return (high - low) * total / (crossing(high) - crossing(low))
+        span = crossing(high) - crossing(low)
+        if total <= 0 or span <= 0:
+            # Too few samples for a steady window (a --quick side lasts a few hundred ms): the whole run's rate.
+            return total / max(self.samples[-1][0] - self.samples[0][0], 1e-9)
+        return (high - low) * total / span
 
 
 def load_text() -> str:
