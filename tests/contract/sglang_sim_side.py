@@ -211,3 +211,29 @@ def reasoning_tags(names: list[str]) -> dict[str, list[str]]:
         detector = ReasoningParser(model_type=name, stream_reasoning=False).detector
         tags[name] = [detector.think_start_token, detector.think_end_token]
     return tags
+
+
+def abort_answer(finish_reason: dict[str, Any], is_stream: bool) -> dict[str, Any]:
+    """How SGLang answers a request its scheduler finished with `finish_reason` (an abort): the tokenizer
+    manager's `_handle_abort_finish_reason` on it, then what `http_server` makes of the outcome. A stream
+    yields the output as a chunk: {"chunk": out}; otherwise {"status", "body"}: a ValueError (400) through
+    `_create_error_response`, an HTTPException through the app's handler, which builds an `ErrorResponse`."""
+    import asyncio
+
+    import fastapi
+    from sglang.srt.entrypoints.openai.protocol import ErrorResponse
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    state = types.SimpleNamespace(obj=types.SimpleNamespace(rid="r"))
+    manager = types.SimpleNamespace(rid_to_state={"r": state}, _release_lora_once=lambda state: None)
+    out = {"text": "", "output_ids": [], "meta_info": {"id": "r", "finish_reason": finish_reason}}
+    try:
+        chunk = asyncio.run(TokenizerManager._handle_abort_finish_reason(manager, out, state, is_stream))
+    except fastapi.HTTPException as error:
+        body = ErrorResponse(
+            object="error", message=error.detail, type=str(error.status_code), code=error.status_code
+        ).model_dump()
+        return {"status": error.status_code, "body": body}
+    except ValueError as error:
+        return {"status": getattr(error, "status_code", 400), "body": {"error": {"message": str(error)}}}
+    return {"chunk": chunk}

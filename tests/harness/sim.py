@@ -46,7 +46,7 @@ class SimStartError(RuntimeError):
     pass
 
 
-def health_status(url: str, timeout_s: float = 2.0) -> int | None:
+def health_status(url: str, timeout_s: float = 5.0) -> int | None:
     """HTTP status of GET {url}/health, or None when nothing answers."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:

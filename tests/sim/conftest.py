@@ -95,8 +95,8 @@ def sim_factory(standin_dir: Path) -> Iterator[Callable[..., SimServer]]:
     """Start a dedicated simulator with the given flags; stopped at the end of the test."""
     started: list[SimServer] = []
 
-    def start(*flags: str, wait_ready: bool = True) -> SimServer:
-        server = start_sim(*flags, wait_ready=wait_ready)
+    def start(*flags: str, wait_ready: bool = True, env: dict[str, str] | None = None) -> SimServer:
+        server = start_sim(*flags, wait_ready=wait_ready, env=env)
         started.append(server)
         return server
 

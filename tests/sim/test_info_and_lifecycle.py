@@ -7,10 +7,12 @@ import re
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from datagen_operator.engine.health import HEALTH_CHECK_TIMEOUT_ENV, HEALTH_POLL_S
 from datagen_operator.presets.sglang_names import PINNED_SGLANG_VERSION
 from tests.harness.sim import SimServer, SimStartError, health_status
 from tests.sim.http import generate, get, post
@@ -21,6 +23,31 @@ def test_health_endpoints_answer_200_with_an_empty_body(sim: SimServer) -> None:
     for path in ("/health", "/health_generate"):
         reply = get(sim.url, path)
         assert (reply.status, reply.body) == (200, b"")
+
+
+def test_health_takes_a_second_and_answers_503_only_when_a_stall_outlasts_sglangs_timeout(
+    sim_factory: Callable[..., SimServer],
+) -> None:
+    # SGLang's health call is a one-token generation looked at once a second (engine/health.py): 200 after a
+    # second at least; during a stall of the scheduler 503 after SGLANG_HEALTH_CHECK_TIMEOUT while /generate
+    # still takes requests, and answers them once the stall ends.
+    server = sim_factory("--sim-fault-stall-s", "6", env={HEALTH_CHECK_TIMEOUT_ENV: "2"})
+    started = time.monotonic()
+    assert get(server.url, "/health").status == 200
+    assert time.monotonic() - started >= HEALTH_POLL_S
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, server.url, "/generate", body)  # the first generation request: the stall
+        unhealthy_after = None
+        while unhealthy_after is None and not answer.done():
+            asked = time.monotonic()
+            if get(server.url, "/health").status == 503:
+                unhealthy_after = time.monotonic() - asked
+        reply = answer.result()
+    assert unhealthy_after is not None and unhealthy_after >= 2.0, "503 only after the health timeout"
+    assert reply.status == 200 and reply.json()["meta_info"]["completion_tokens"] >= 1
+    assert time.monotonic() - started >= 6.0, "the answer waited for the stall"
+    assert get(server.url, "/health").status == 200
 
 
 def test_server_info_is_flat_with_resolved_args(sim: SimServer) -> None:

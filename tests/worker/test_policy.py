@@ -19,8 +19,10 @@ from datagen_operator.engine.client.policy import (
     Verdict,
     abort_verdict,
     backoff_delay,
+    classify_answer,
     classify_status,
     error_reason,
+    stream_error_verdict,
 )
 from datagen_operator.engine.requests import generate_body, sampling_for_sample
 from datagen_operator.output.fingerprint import (
@@ -47,6 +49,7 @@ def test_backoff_is_capped_exponential_with_full_jitter() -> None:
     policy = RetryPolicy(max_attempts=10, base_s=0.5, cap_s=4.0)
     assert [backoff_delay(n, policy, 0.999999) for n in (1, 2, 3, 4, 5, 9)] == pytest.approx([0.5, 1, 2, 4, 4, 4], 1e-4)
     assert backoff_delay(3, policy, 0.0) == 0.0
+    assert backoff_delay(5000, policy, 0.5) == 2.0  # an overloaded server refuses without limit: no overflow
     rng = random.Random(7)
     delays = [backoff_delay(6, policy, rng.random()) for _ in range(200)]
     assert max(delays) <= 4.0 and min(delays) < 1.0 and len({round(d, 3) for d in delays}) > 150
@@ -62,8 +65,31 @@ def test_error_reason_reads_both_sglang_error_shapes() -> None:
 def test_aborted_answers_are_classified_by_their_status_code() -> None:
     assert abort_verdict({"type": "stop", "matched": 1}) is None
     assert abort_verdict({"type": "abort", "message": "too long", "status_code": 400})[0] is Verdict.REJECT
-    assert abort_verdict({"type": "abort", "message": "shutting down", "status_code": 503})[0] is Verdict.DOWN
+    # SGLang's scheduler aborts with 503 only to shed load (a full queue, a waiting or running timeout): alive.
+    assert abort_verdict({"type": "abort", "message": "The request queue is full.", "status_code": 503})[0] is (
+        Verdict.BUSY
+    )
     assert abort_verdict({"type": "abort", "message": "retracted"})[0] is Verdict.RETRY
+
+
+def test_a_503_from_sglang_itself_is_overload_and_a_bare_503_is_an_outage() -> None:
+    # SGLang's HTTPException handler answers an aborted non-streaming request with an ErrorResponse.
+    shed = b'{"object": "error", "message": "The request queue is full.", "type": "503", "param": null, "code": 503}'
+    assert classify_answer(503, shed) is Verdict.BUSY
+    assert classify_answer(503, b'{"error": {"message": "Request waiting timeout reached."}}') is Verdict.BUSY
+    assert classify_answer(503, b"") is Verdict.DOWN  # warming up, shutting down: SGLang's empty body
+    assert classify_answer(503, b"no healthy upstream") is Verdict.DOWN  # a proxy with no server behind it
+    assert classify_answer(500, shed) is Verdict.RETRY and classify_answer(400, shed) is Verdict.REJECT
+
+
+def test_stream_error_events_carry_their_status() -> None:
+    # `http_server.serve_generate_request` streams a ValueError as code 400, never retryable.
+    refused = {"message": "bad input", "type": "invalid_request_error", "code": 400, "retryable": False}
+    assert stream_error_verdict(refused) == (Verdict.REJECT, "stream error: bad input", 400)
+    assert stream_error_verdict({"message": "oom", "retryable": True})[::2] == (Verdict.RETRY, None)
+    assert stream_error_verdict({"message": "full", "code": 503, "retryable": True})[0] is Verdict.BUSY
+    assert stream_error_verdict({"message": "boom", "code": 500, "retryable": False})[0] is Verdict.RETRY
+    assert stream_error_verdict("text")[0] is Verdict.RETRY
 
 
 def test_generate_body_parsing() -> None:
@@ -107,7 +133,11 @@ def test_stream_errors_and_early_ends_are_retryable_or_permanent_as_the_server_s
     permanent = _sse({"error": {"message": "bad input", "retryable": False}}, "[DONE]")
     with pytest.raises(RequestFailed) as caught:
         asyncio.run(read_incremental_stream(_Content([permanent])))  # type: ignore[arg-type]
-    assert caught.value.verdict is Verdict.REJECT
+    assert caught.value.verdict is Verdict.REJECT and caught.value.status is None
+    refused = _sse({"error": {"message": "bad", "type": "invalid_request_error", "code": 400, "retryable": False}})
+    with pytest.raises(RequestFailed) as caught:
+        asyncio.run(read_incremental_stream(_Content([refused])))  # type: ignore[arg-type]
+    assert caught.value.verdict is Verdict.REJECT and caught.value.status == 400
     cut = _sse({"output_ids": [1], "meta_info": {"finish_reason": None}})
     with pytest.raises(RequestFailed, match="ended before"):
         asyncio.run(read_incremental_stream(_Content([cut])))  # type: ignore[arg-type]

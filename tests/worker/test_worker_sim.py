@@ -44,12 +44,19 @@ FAULTS = (
     "--sim-fault-5xx-rate", "0.15", "--sim-fault-reset-rate", "0.1", "--sim-fault-abort-rate", "0.1",
     "--sim-fault-hang-s", "1.5", "--sim-fault-hang-rate", "0.05", "--sim-seed", "3",
 )  # fmt: skip
+OVERLOADED = (
+    "--sim-speed", "gpu", "--sim-tokens-per-s", "4000", "--sim-ttft-s", "0.02", "--sim-batch-capacity", "2",
+    "--max-queued-requests", "2",
+)  # fmt: skip
 # Simulators with one behaviour each, started together (start-up overlaps) once for the module.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "plain": SIM_FLAGS,
     "faults": (*SIM_FLAGS, *FAULTS),
     "stream": (*SIM_FLAGS, "--incremental-streaming-output", "--sim-fault-stream-error-rate", "0.2", "--sim-seed", "5"),
     "unavailable": (*SIM_FLAGS, "--sim-fault-5xx-rate", "0.1", "--sim-fault-5xx-status", "503", "--sim-seed", "2"),
+    # SGLang with --max-queued-requests under more load than it holds: 2 generating, 2 waiting, the rest shed.
+    "queue_full": (*SIM_FLAGS, *OVERLOADED),
+    "queue_full_stream": (*SIM_FLAGS, *OVERLOADED, "--incremental-streaming-output"),
     "broken": (*SIM_FLAGS, "--sim-fault-5xx-rate", "1"),
     # Every 4th request (by the simulator's count) refused with a 400, as SGLang refuses a bad request.
     "refuse_400": (*SIM_FLAGS, "--sim-fault-5xx-rate", "0.3", "--sim-fault-5xx-status", "400", "--sim-seed", "4"),
@@ -153,7 +160,10 @@ def test_streaming_joins_incremental_deltas_and_sets_aside_stream_errors(tmp_pat
     document = spec(dataset, tmp_path / "out", **{"generation.stream": True})
     assert run_inprocess(document, [sims["stream"].url]) == EXIT_OK
     rejected = {r["id"] for r in iter_rejects(tmp_path / "out")}
-    assert rejected and all("stream error" in r["reason"] for r in iter_rejects(tmp_path / "out"))
+    # Recorded with the status the event carries (`code: 400`), as a non-streaming refusal would be.
+    assert rejected and all(
+        "stream error" in r["reason"] and r["status"] == 400 for r in iter_rejects(tmp_path / "out")
+    )
     check_records(tmp_path / "out", [item for item in items if item["id"] not in rejected])
     assert progress(tmp_path / "out")["records_rejected"] == len(rejected)
 
@@ -169,14 +179,31 @@ def test_stream_requested_from_a_cumulative_server_falls_back_to_plain_requests(
     assert "--incremental-streaming-output" in capsys.readouterr().err
 
 
-def test_503_pauses_requests_without_spending_attempts(tmp_path: Path, sims) -> None:
-    # One attempt per record: any 503 that counted as an attempt would leave the shard incomplete.
+def test_503_from_a_live_server_backs_off_without_spending_attempts(tmp_path: Path, sims) -> None:
+    # One attempt per record: any 503 that counted as an attempt would leave the shard incomplete. The answer
+    # carries SGLang's error envelope, so the server is alive: the endpoint is not paused (no outage).
     items = prompts(30)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
     document = spec(dataset, tmp_path / "out", **{"clients.maxAttempts": 1})
     assert run_inprocess(document, [sims["unavailable"].url]) == EXIT_OK
     check_records(tmp_path / "out", items)
-    assert progress(tmp_path / "out")["errors"].get("server_down", 0) > 0
+    errors = progress(tmp_path / "out")["errors"]
+    assert errors.get("overloaded", 0) > 0 and "server_down" not in errors, errors
+
+
+@pytest.mark.parametrize("variant", ["queue_full", "queue_full_stream"])
+def test_a_full_server_queue_sheds_requests_that_wait_and_go_again(tmp_path: Path, sims, variant: str) -> None:
+    # 16 in flight against a server that holds 4: SGLang aborts the rest with 503 "The request queue is full."
+    # (an HTTP 503 without a stream, an abort chunk in a 200 stream). Every record once, no attempt spent
+    # (maxAttempts 1), the endpoint never paused.
+    items = prompts(40)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", items)
+    overrides = {"clients.maxAttempts": 1, "clients.concurrency": 16, "generation.stream": variant.endswith("stream")}
+    document = spec(dataset, tmp_path / "out", **overrides)
+    assert run_inprocess(document, [sims[variant].url]) == EXIT_OK
+    check_records(tmp_path / "out", items)
+    errors = progress(tmp_path / "out")["errors"]
+    assert errors.get("overloaded", 0) > 0 and "server_down" not in errors, errors
 
 
 def test_exhausted_attempts_leave_the_shard_incomplete_and_a_rerun_finishes_it(tmp_path: Path, sims) -> None:

@@ -132,6 +132,20 @@ def read_as(flag: str, flags: Iterable[str]) -> str | None:
     return next((candidate for candidate in known if candidate.startswith(flag)), None)
 
 
+def extra_arg_value(extra_args: list[str], target: str) -> str | None:
+    """The value SGLang's parser takes for `target` from `extra_args` (`--x=v` or `--x v`, abbreviations
+    included; the last one wins, as argparse does), or None when it is not given."""
+    value = None
+    for index, arg in enumerate(extra_args):
+        if read_as(flag_of(arg), [target]) != target:
+            continue
+        if "=" in arg:
+            value = arg.split("=", 1)[1]
+        elif index + 1 < len(extra_args):
+            value = extra_args[index + 1]
+    return value
+
+
 def _abbreviated(flag: str, target: str) -> str:
     return "" if flag == target else f"{flag} is read by SGLang as {target} (it takes any unambiguous prefix): "
 

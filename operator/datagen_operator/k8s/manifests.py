@@ -25,6 +25,7 @@ from datagen_operator.api.commands import (
     WorkerCommand,
 )
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
+from datagen_operator.api.extra_args import extra_arg_value
 from datagen_operator.api.names import (
     canary_job_name,
     export_job_name,
@@ -40,6 +41,12 @@ from datagen_operator.api.names import (
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
+from datagen_operator.engine.health import (
+    HEALTH_ANSWER_TIMEOUT_S,
+    WATCHDOG_FLAG,
+    WATCHDOG_TIMEOUT_S,
+    liveness_failure_threshold,
+)
 from datagen_operator.engine.launch import server_argv
 
 Manifest = dict[str, Any]
@@ -81,9 +88,11 @@ STARTUP_PROBE_BACKSTOP_S = 7 * 24 * 3600
 """The kubelet's startup budget, a backstop for when the operator is gone. server.startupTimeout is enforced
 by the operator (it halts the run and releases the GPUs), so it stays out of the pod template: raising it
 during a load takes effect at once, and a load is never cut short by a kubelet restart (another load)."""
-READINESS_TIMEOUT_S = 10
-"""A health call on a 1T-parameter model can take about a second; >= 5 s keeps readiness from flapping."""
-LIVENESS_TIMEOUT_S = 10
+PROBE_TIMEOUT_S = math.ceil(HEALTH_ANSWER_TIMEOUT_S)
+"""SGLang's health call takes a second at least and answers 503 itself after 20 s without scheduler output
+(engine/health.py): the kubelet waits for that verdict rather than cutting a slow-but-working server short."""
+READINESS_PERIOD_S = 10
+LIVENESS_PERIOD_S = 30
 
 
 @dataclass(frozen=True)
@@ -411,6 +420,18 @@ def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any
     }
 
 
+def _liveness_failures(spec: DataGenRunSpec) -> int:
+    """A stall SGLang's own watchdog still tolerates (--watchdog-timeout, server.extraArgs may raise it) never
+    restarts the server, which would cost a model load; a hung process is ended by that watchdog, or by the
+    kubelet soon after."""
+    given = extra_arg_value(spec.server.extra_args, WATCHDOG_FLAG)
+    try:
+        watchdog_s = float(given) if given is not None else WATCHDOG_TIMEOUT_S
+    except ValueError:  # refused by SGLang's own parser at launch, which says so
+        watchdog_s = WATCHDOG_TIMEOUT_S
+    return liveness_failure_threshold(LIVENESS_PERIOD_S, watchdog_s)
+
+
 def _server_pod_template(
     run: RunRef, spec: DataGenRunSpec, *, serves_api: bool, resolved: ResolvedModel | None = None
 ) -> dict[str, Any]:
@@ -432,11 +453,11 @@ def _server_pod_template(
     }
     if serves_api:
         # No fixed initial delay: the startup probe gates the others while the model loads.
-        container["startupProbe"] = _probe("/health_generate", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures)
-        container["readinessProbe"] = _probe("/health_generate", 10, READINESS_TIMEOUT_S, 3)
+        container["startupProbe"] = _probe("/health_generate", STARTUP_PERIOD_S, PROBE_TIMEOUT_S, startup_failures)
+        container["readinessProbe"] = _probe("/health_generate", READINESS_PERIOD_S, PROBE_TIMEOUT_S, 3)
     else:
-        container["startupProbe"] = _probe("/health", STARTUP_PERIOD_S, READINESS_TIMEOUT_S, startup_failures)
-    container["livenessProbe"] = _probe("/health", 30, LIVENESS_TIMEOUT_S, 5)
+        container["startupProbe"] = _probe("/health", STARTUP_PERIOD_S, PROBE_TIMEOUT_S, startup_failures)
+    container["livenessProbe"] = _probe("/health", LIVENESS_PERIOD_S, PROBE_TIMEOUT_S, _liveness_failures(spec))
     if server.env:
         container["env"] = env_vars(server.env)
     pod_spec: dict[str, Any] = {

@@ -24,8 +24,9 @@ from datagen_operator.engine.client.policy import (
     Verdict,
     abort_verdict,
     backoff_delay,
-    classify_status,
+    classify_answer,
     error_reason,
+    stream_error_verdict,
 )
 from datagen_operator.engine.client.pool import Endpoint, EndpointPool
 
@@ -74,6 +75,8 @@ class GenerateClient:
         attempts = 0  # tries that count against max_attempts
         tries = 0  # every request sent (what the record reports)
         outages = 0
+        busy_since: float | None = None  # first of the overload refusals in a row
+        refusals = 0
         while True:
             endpoint = await self.pool.acquire()
             tries += 1
@@ -98,6 +101,17 @@ class GenerateClient:
 
             if verdict is Verdict.REJECT:
                 raise Rejected(status, reason, endpoint.url, tries)
+            if verdict is Verdict.BUSY:
+                # A live server shedding load: waiting is the cure, so no attempt is spent and the endpoint stays.
+                self.on_retry("overloaded")
+                now = time.monotonic()
+                busy_since = now if busy_since is None else busy_since
+                if now - busy_since >= self.pool.unreachable_after_s:
+                    raise GaveUp(f"{reason} (the server shed this request for {now - busy_since:.0f}s)", tries)
+                refusals += 1
+                await self._back_off(backoff_delay(refusals, self.policy, self.rng.random()), reason)
+                continue
+            busy_since, refusals = None, 0
             if verdict is Verdict.DOWN:
                 self.on_retry("server_down")
                 self.pool.mark_down(endpoint, reason)
@@ -110,12 +124,14 @@ class GenerateClient:
             self.on_retry(_retry_kind(status, reason))
             if attempts >= self.policy.max_attempts:
                 raise GaveUp(f"{reason} (after {attempts} attempts)", tries)
-            delay = backoff_delay(attempts, self.policy, self.rng.random())
-            log.debug("retrying after %.2fs: %s", delay, reason)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.pool.stop.wait(), delay)
-            if self.pool.stop.is_set():
-                raise Drained()
+            await self._back_off(backoff_delay(attempts, self.policy, self.rng.random()), reason)
+
+    async def _back_off(self, delay: float, reason: str) -> None:
+        log.debug("retrying after %.2fs: %s", delay, reason)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.pool.stop.wait(), delay)
+        if self.pool.stop.is_set():
+            raise Drained()
 
     async def _post(self, endpoint: Endpoint, payload: bytes) -> tuple[Sequence[int], dict[str, Any], bytes | None]:
         async with self.pool.session.post(
@@ -126,7 +142,7 @@ class GenerateClient:
         ) as response:
             if response.status != 200:
                 body = await response.read()
-                raise RequestFailed(classify_status(response.status), error_reason(body), response.status)
+                raise RequestFailed(classify_answer(response.status, body), error_reason(body), response.status)
             raw: bytes | None = None
             output_ids: wire.WireIds | Sequence[int]
             if self.stream:
@@ -248,10 +264,7 @@ async def read_incremental_stream(content: aiohttp.StreamReader) -> tuple[wire.W
                     raise RequestFailed(Verdict.RETRY, "stream chunk is not a JSON object")
                 error_body = obj.get("error")
                 if error_body is not None:
-                    retryable = not isinstance(error_body, dict) or error_body.get("retryable", True)
-                    message = error_body.get("message") if isinstance(error_body, dict) else str(error_body)
-                    verdict = Verdict.RETRY if retryable else Verdict.REJECT
-                    raise RequestFailed(verdict, f"stream error: {message}")
+                    raise RequestFailed(*stream_error_verdict(error_body))
                 ids = obj.get("output_ids")
                 if cut is not None and ids == []:  # the delta cut out was the real key's
                     output_ids.append(wire.WireIds(cut[0], cut[1]))

@@ -2,9 +2,15 @@
 
 Failure policy (pure, in `classify_status` and `backoff_delay`):
 - 2xx: done. A 200 whose finish_reason is `abort` is classified by its status_code like an HTTP answer.
-- 503 or connection refused: the server is down or restarting. The endpoint is taken out of rotation and
-  probed (GET /health) until it answers 200; requests wait for any endpoint, without spending attempts.
-  Only if every endpoint stays down past `unreachable_after_s` does the worker give up (exit code 4).
+- Overload: SGLang itself answered 503 (its error envelope, or an abort finish_reason with status 503: a full
+  queue under --max-queued-requests, SGLANG_REQ_WAITING_TIMEOUT / _RUNNING_TIMEOUT; scheduler.py
+  `_abort_on_queued_limit`, `_poll_timeout_aborts`). The server is alive: the request backs off and goes again,
+  the endpoint stays in rotation and no attempt is spent; a request refused so for `unreachable_after_s` in a
+  row is left for the next run.
+- A bare 503 (no SGLang envelope: a proxy with no backend, a server warming up) or connection refused: the
+  server is down or restarting. The endpoint is taken out of rotation and probed (GET /health) until it
+  answers 200; requests wait for any endpoint, without spending attempts. Only if every endpoint stays down
+  past `unreachable_after_s` does the worker give up (exit code 4).
 - Other 5xx, 408, 429, connection resets, timeouts, retryable mid-stream errors: retried with capped
   exponential backoff and full jitter, at most `max_attempts` tries. A reset on an endpoint that a probe
   then finds down counts as an outage, not an attempt.
@@ -26,7 +32,30 @@ class Verdict(enum.Enum):
     OK = "ok"
     RETRY = "retry"
     DOWN = "down"
+    BUSY = "busy"
     REJECT = "reject"
+
+
+OVERLOADED = 503
+"""The status SGLang's scheduler aborts with when it sheds load (HTTPStatus.SERVICE_UNAVAILABLE)."""
+
+
+def classify_answer(status: int, body: bytes) -> Verdict:
+    """An HTTP answer's verdict: a 503 that carries SGLang's own error envelope (`{"object": "error", ...}` from
+    its HTTPException handler, or `{"error": ...}`) came from a live server shedding load; any other 503 means
+    no server behind the address."""
+    verdict = classify_status(status)
+    if verdict is Verdict.DOWN and _is_error_envelope(body):
+        return Verdict.BUSY
+    return verdict
+
+
+def _is_error_envelope(body: bytes) -> bool:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and (obj.get("object") == "error" or "error" in obj)
 
 
 def classify_status(status: int) -> Verdict:
@@ -50,7 +79,9 @@ class RetryPolicy:
 
 def backoff_delay(attempt: int, policy: RetryPolicy, unit: float) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))); `unit` is a uniform [0, 1) draw."""
-    return unit * min(policy.cap_s, policy.base_s * 2.0 ** max(0, attempt - 1))
+    # The exponent stops growing long after the cap is reached: an overloaded server refuses a request without
+    # limit on attempts, and 2.0 ** 1024 overflows.
+    return unit * min(policy.cap_s, policy.base_s * 2.0 ** min(max(0, attempt - 1), 64))
 
 
 def error_reason(body: bytes, limit: int = 500) -> str:
@@ -77,7 +108,27 @@ def abort_verdict(finish_reason: Any) -> tuple[Verdict, str] | None:
     verdict = classify_status(status) if isinstance(status, int) else Verdict.RETRY
     if verdict is Verdict.OK:
         verdict = Verdict.RETRY
+    if verdict is Verdict.DOWN:  # the scheduler itself aborted it: the server is alive and shedding load
+        verdict = Verdict.BUSY
     return verdict, f"aborted: {message}"
+
+
+def stream_error_verdict(error: Any) -> tuple[Verdict, str, int | None]:
+    """The error event SGLang streams before `[DONE]` (`http_server.serve_generate_request`: a ValueError,
+    `{"message", "type", "code", "retryable"}`): its status is `code` (400 unless the error carries another)."""
+    if not isinstance(error, dict):
+        return Verdict.RETRY, f"stream error: {error}", None
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else None
+    if error.get("retryable", True):
+        verdict = Verdict.RETRY if status is None else classify_status(status)
+        if verdict is Verdict.REJECT:  # the server says a retry may succeed
+            verdict = Verdict.RETRY
+    else:
+        verdict = Verdict.REJECT if status is None or status < 500 else Verdict.RETRY
+    if verdict is Verdict.DOWN:
+        verdict = Verdict.BUSY
+    return verdict, f"stream error: {error.get('message')}", status
 
 
 class RequestFailed(Exception):

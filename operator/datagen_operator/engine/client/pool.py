@@ -134,14 +134,15 @@ class EndpointPool:
         self._all_down_since = None
         self._changed.set()
 
-    async def health(self, endpoint: Endpoint, timeout_s: float = 30.0) -> bool:
-        """GET /health: the liveness of the process (not /health_generate, which runs a generation)."""
-        return await is_healthy(self.session, endpoint.url, "/health", timeout_s)
+    async def health(self, endpoint: Endpoint) -> bool:
+        """GET /health, which in SGLang runs a one-token generation as /health_generate does (engine/health.py):
+        waited for until SGLang gives its own verdict."""
+        return await is_healthy(self.session, endpoint.url, "/health")
 
     async def check(self, endpoint: Endpoint) -> bool:
         """After a reset: is the endpoint still there? If not, it is marked down (the outage is not the
         request's fault)."""
-        if await self.health(endpoint, timeout_s=10.0):
+        if await self.health(endpoint):
             return True
         self.mark_down(endpoint, "health check failed after a connection error")
         return False

@@ -8,9 +8,11 @@ import aiohttp
 import orjson
 
 from datagen_operator.engine.client.policy import RequestFailed, classify_status, error_reason
+from datagen_operator.engine.health import HEALTH_ANSWER_TIMEOUT_S
 
-HEALTH_TIMEOUT_S = 10.0
-"""A 1-trillion-parameter model can take about a second on /health_generate; never probe with 1 s."""
+HEALTH_TIMEOUT_S = HEALTH_ANSWER_TIMEOUT_S
+"""Past SGLang's own verdict: a health call takes a second at least and 503s only after 20 s without scheduler
+output (engine/health.py); a shorter wait would call a slow-but-working server unhealthy."""
 
 
 async def is_healthy(

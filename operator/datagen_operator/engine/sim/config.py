@@ -53,6 +53,10 @@ class FaultConfig:
     hang_rate: float = 1.0
     crash_after_requests: int = 0
     prompt_suffix_leak: int = 0
+    stall_s: float = 0.0
+    """The scheduler makes no progress this long once `stall_after_requests` requests came: answers wait,
+    health calls see no output (SGLang answers 503 after its health timeout) while /generate still accepts."""
+    stall_after_requests: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
     sg.add_argument("--enable-dp-attention", action="store_true", help="deprecated: --dp-size N is --attn-dp-size N")
     sg.add_argument("--mem-fraction-static", type=float)
+    sg.add_argument("--max-queued-requests", type=int, help="gpu speed: a request beyond this many waiting is shed")
     sg.add_argument("--trust-remote-code", action="store_true")
     sg.add_argument("--reasoning-parser", choices=["auto", *REASONING_PARSER_NAMES])
     sg.add_argument("--tool-call-parser", choices=["auto", *TOOL_CALL_PARSER_NAMES])
@@ -197,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
         help='NaN logits mid-answer: a stop id written in place, finish_reason {"type": "stop", "matched": "NaN happened"}',
     )
     sim.add_argument("--sim-fault-hang-s", type=_non_negative_float, default=0.0, help="delay before answering")
+    sim.add_argument(
+        "--sim-fault-stall-s", type=_non_negative_float, default=0.0, help="the scheduler stalls this long (health 503)"
+    )
+    sim.add_argument(
+        "--sim-fault-stall-after-requests", type=_non_negative_int, default=1, help="the stall starts at this request"
+    )
     sim.add_argument("--sim-fault-hang-rate", type=_rate, default=1.0, help="share of requests that hang")
     sim.add_argument(
         "--sim-crash-after-requests", type=_non_negative_int, default=0, help="exit 1 after N generation requests"
@@ -246,6 +257,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         # Deprecated; reported for clients that still read it: whether attention DP runs (`resolved_dict`).
         "enable_dp_attention": attn_dp_size > 1,
         "mem_fraction_static": args.mem_fraction_static,
+        "max_queued_requests": args.max_queued_requests,
         "reasoning_parser": _resolve_parser(args.reasoning_parser),
         "tool_call_parser": _resolve_parser(args.tool_call_parser),
         "enable_metrics": args.enable_metrics,
@@ -302,6 +314,8 @@ def parse_settings(argv: list[str]) -> SimSettings:
             hang_rate=args.sim_fault_hang_rate,
             crash_after_requests=args.sim_crash_after_requests,
             prompt_suffix_leak=args.sim_prompt_suffix_leak,
+            stall_s=args.sim_fault_stall_s,
+            stall_after_requests=args.sim_fault_stall_after_requests,
         ),
         speed=SpeedConfig(
             mode=args.sim_speed,

@@ -391,6 +391,14 @@ def stream_error_payload(message: str, code: int = 400) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
 
 
+QUEUE_FULL_MESSAGE = "The request queue is full."
+
+
+def queue_full_finish_reason() -> dict[str, Any]:
+    """How SGLang's scheduler finishes a request it sheds for a full waiting queue (`_abort_on_queued_limit`)."""
+    return {"type": "abort", "status_code": 503, "message": QUEUE_FULL_MESSAGE}
+
+
 def abort_response(finish_reason: dict[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
     """How a non-streaming request that the scheduler aborted with an HTTP status is answered
     (`TokenizerManager._handle_abort_finish_reason`): a 400 as `{"error": {"message"}}`, any other status as

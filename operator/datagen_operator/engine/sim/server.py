@@ -5,8 +5,10 @@ Speed: `--sim-speed wire` answers as fast as it can (benchmarks); `gpu` paces ea
 the rest queued (`sglang:num_queue_reqs`). Lifecycle, as SGLang: for the first half of `--sim-load-seconds`
 the weights load and the port refuses connections (it is bound, so the port file names it); for the second
 half the server warms up and `/health`, `/health_generate` and generation answer 503 with an empty body,
-as they do while shutting down (SIGTERM/SIGINT); `--sim-crash-after-requests N` exits with status 1 right after
-answering the N-th generation request, dropping whatever else is in flight.
+as they do while shutting down (SIGTERM/SIGINT); once up, a health call answers as SGLang's does (engine/health.py:
+after a second at least, 503 when a `--sim-fault-stall-s` stall outlasts SGLANG_HEALTH_CHECK_TIMEOUT);
+`--sim-crash-after-requests N` exits with status 1 right after answering the N-th generation request, dropping
+whatever else is in flight.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from datagen_operator.engine.health import HEALTH_POLL_S, health_check_timeout_s
 from datagen_operator.engine.limits import reserved_tokens
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
@@ -92,6 +95,8 @@ class Simulator:
         )
         self.started_at = time.time()
         self.ready_at = time.monotonic() + settings.speed.load_seconds
+        self.stalled_until = 0.0
+        self.health_check_timeout_s = health_check_timeout_s()
         self.shutting_down = False
         self.request_number = 0
         self.prefix_cache = None if self.args["disable_radix_cache"] else PrefixCache()
@@ -102,6 +107,8 @@ class Simulator:
             self.metrics = SimMetrics(self.model_name, self.context_length)
         self.gpu = settings.speed.mode == "gpu"
         self.slots = asyncio.Semaphore(settings.speed.batch_capacity)
+        self.waiting = 0
+        """Requests waiting for a batch slot: SGLang's waiting queue."""
         self.reserved_tokens = reserved_tokens(self.args)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -121,11 +128,30 @@ class Simulator:
 
     def _next_request(self) -> tuple[int, FaultPlan]:
         self.request_number += 1
-        return self.request_number, plan_faults(self.settings.faults, self.request_number)
+        faults = self.settings.faults
+        if faults.stall_s and self.request_number == max(1, faults.stall_after_requests):
+            self.stalled_until = time.monotonic() + faults.stall_s
+        return self.request_number, plan_faults(faults, self.request_number)
+
+    async def _through_stall(self) -> None:
+        """Hold an answer while the scheduler is stalled (--sim-fault-stall-s)."""
+        rest = self.stalled_until - time.monotonic()  # one stall per server: it never moves once set
+        if rest > 0:
+            await asyncio.sleep(rest)
 
     # -- info endpoints --------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.ready else 503)
+        """As SGLang's `health_generate` (engine/health.py): 503 at once while starting or shutting down;
+        else a one-token generation, looked at every second, the first time after a second: 200 once the
+        scheduler has run it, 503 when it has not within the health timeout."""
+        if not self.ready:
+            return web.Response(status=503)
+        started = time.monotonic()
+        while time.monotonic() < started + self.health_check_timeout_s:
+            await asyncio.sleep(HEALTH_POLL_S)
+            if time.monotonic() >= self.stalled_until:
+                return web.Response(status=200)
+        return web.Response(status=503)
 
     @property
     def _server_key(self) -> str:
@@ -236,6 +262,14 @@ class Simulator:
     def _cached_tokens(self, item: GenerateItem) -> int:
         return self.prefix_cache.match_and_insert(item.prompt) if self.prefix_cache is not None else 0
 
+    def _shed_when_queue_full(self) -> dict[str, Any] | None:
+        """--max-queued-requests: SGLang's scheduler aborts an arriving request when its waiting queue is full
+        (scheduler.py `_abort_on_queued_limit`, without priority scheduling), with this finish_reason."""
+        limit = self.args.get("max_queued_requests")
+        if limit is None or self.waiting + 1 <= limit:
+            return None
+        return protocol.queue_full_finish_reason()
+
     @contextlib.asynccontextmanager
     async def _generating(self, prompt_tokens: int, cached_tokens: int) -> AsyncIterator[None]:
         """Hold a batch slot (gpu speed: queue when full) and keep the running/queue gauges right even when
@@ -244,9 +278,11 @@ class Simulator:
         if self.gpu:
             if metrics is not None:
                 metrics.queued.inc()
+            self.waiting += 1
             try:
                 await self.slots.acquire()
             finally:
+                self.waiting -= 1
                 if metrics is not None:
                     metrics.queued.dec()
         if metrics is not None:
@@ -270,6 +306,7 @@ class Simulator:
             if self.gpu:
                 speed = self.settings.speed
                 await asyncio.sleep(speed.ttft_s + len(completion.run) / speed.tokens_per_s)
+            await self._through_stall()
         self._finished(len(item.prompt), len(completion.run), received)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -297,10 +334,15 @@ class Simulator:
         refusal = protocol.input_length_refusal(parsed, self.max_req_input_len)  # the scheduler's check
         if refusal is not None and not parsed.stream:
             return _json(refusal.body(), refusal.status)
+        shed = None if refusal is not None else self._shed_when_queue_full()
+        answer = None if shed is None or parsed.stream else protocol.abort_response(shed)
+        if answer is not None:
+            return _json(answer[1], answer[0])
         completions = [self._complete(item, plan) for item in parsed.items]
         if refusal is not None:  # a stream carries the abort as its one result chunk, with no output
-            finish = {"type": "abort", "message": str(refusal), "status_code": refusal.status}
-            completions = [Completion(c.run.prefix(0), finish, "") for c in completions]
+            shed = {"type": "abort", "message": str(refusal), "status_code": refusal.status}
+        if shed is not None:
+            completions = [Completion(c.run.prefix(0), shed, "") for c in completions]
         cached = [self._cached_tokens(item) for item in parsed.items]
         if parsed.stream:
             response = await self._stream_generate(request, parsed, completions, cached, plan, received)
@@ -318,6 +360,7 @@ class Simulator:
         plan: FaultPlan,
         received: float,
     ) -> web.StreamResponse:
+        await self._through_stall()
         if self.gpu or self.metrics is not None:
             await asyncio.gather(
                 *(
@@ -394,13 +437,21 @@ class Simulator:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         async with contextlib.AsyncExitStack() as stack:
-            for item, cached_tokens in zip(parsed.items, cached, strict=True):
-                await stack.enter_async_context(self._generating(len(item.prompt), cached_tokens))
+            for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True):
+                if protocol.abort_response(completion.finish_reason) is None:  # a refused request never queues
+                    await stack.enter_async_context(self._generating(len(item.prompt), cached_tokens))
             buffer = bytearray()
             start = time.perf_counter()
             for position, (due, _, event) in enumerate(merged):
                 if position == cut:
                     break
+                if self.stalled_until > time.monotonic():
+                    if buffer:
+                        await response.write(bytes(buffer))
+                        buffer.clear()
+                    stalled = time.monotonic()
+                    await self._through_stall()
+                    start += time.monotonic() - stalled  # no token was made meanwhile
                 if self.gpu and due > time.perf_counter() - start:
                     if buffer:
                         await response.write(bytes(buffer))
