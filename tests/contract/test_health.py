@@ -61,4 +61,6 @@ def test_the_watchdog_default_is_sglangs(sglang: SGLang) -> None:
     spec = parse_spec(bare_spec(**{"model.preset": "kimi-k2.5", "server.extraArgs": ["--watchdog-t", "900"]}))
     template = manifests.server_statefulset(manifests.RunRef("r", "ns", "uid"), spec, 1)["spec"]["template"]
     probe = template["spec"]["containers"][0]["livenessProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] > raised["watchdog_timeout"] + health.HEALTH_CHECK_TIMEOUT_S
+    assert (
+        probe["periodSeconds"] * probe["failureThreshold"] > raised["watchdog_timeout"] + health.HEALTH_CHECK_TIMEOUT_S
+    )
