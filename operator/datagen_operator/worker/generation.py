@@ -115,6 +115,11 @@ class Generation:
         if pending:
             log.warning("abandoned %d in-flight requests at the end of the drain period", len(pending))
         await asyncio.gather(*lanes, return_exceptions=True)
+        # The first gather took its cancelled lanes' CancelledError as its outcome: read it, or asyncio logs it
+        # as "exception was never retrieved", with a traceback, when the gather is freed.
+        await asyncio.wait([all_lanes])
+        if not all_lanes.cancelled():
+            all_lanes.exception()
 
     async def _flush_loop(self) -> None:
         """Flush every interval, fsync every few; a volume failure stops the lanes (it must not end this task
