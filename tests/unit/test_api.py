@@ -150,6 +150,15 @@ def test_unknown_parser_name_lists_choices() -> None:
     assert "kimi_k2" in message and "not a reasoning parser" in message
 
 
+@pytest.mark.parametrize("field", ["reasoningParser", "toolCallParser"])
+def test_auto_parser_is_refused_for_what_it_is_not_as_unknown_to_sglang(field: str) -> None:
+    # SGLang accepts `auto` (it picks from the chat template at start-up); the spec refuses it because a run
+    # names its parser, and says so without implying SGLang would refuse it.
+    message = errors_of(with_changes(f"spec.server.{field}", "auto"))[f"spec.server.{field}"]
+    assert "lets SGLang pick" in message and "leave it unset" in message and "kimi_k2" in message
+    assert "is not a" not in message
+
+
 def test_unknown_preset_without_parsers_lists_presets_and_how_to_set_parsers() -> None:
     message = errors_of(with_changes("spec.model.preset", "llama-5"))["spec.model.preset"]
     assert "kimi-k2.5" in message and "qwen3" in message

@@ -23,6 +23,8 @@ PLURAL = "datagenruns"
 
 NO_PARSER = "none"
 """Explicitly no parser (a model without reasoning or tool calls); distinct from 'unset, use the preset'."""
+AUTO_PARSER = "auto"
+"""SGLang's own choice of a parser from the chat template at start-up: refused in a spec, which names its parser."""
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 CPU_PATTERN = QUANTITY_PATTERN + "|^[0-9]+m$"
@@ -342,10 +344,15 @@ class ServerSpec(SpecModel):
 def _known_parser(value: str | None, names: tuple[str, ...], kind: str) -> str | None:
     if value is None or value == NO_PARSER or value in names:
         return value
-    raise ValueError(
-        f"{value!r} is not a {kind} parser of the pinned SGLang; use one of: {', '.join(sorted(names))}, "
-        f"or {NO_PARSER!r}"
-    )
+    choices = f"{', '.join(sorted(names))}, or {NO_PARSER!r}"
+    if value == AUTO_PARSER:
+        # SGLang accepts it and picks a parser from the chat template at start-up (parser/template_detection.py).
+        raise ValueError(
+            f"{AUTO_PARSER!r} lets SGLang pick the {kind} parser from the chat template when it starts; a run names "
+            f"its parser so that the parser check and the canary hold the server to it: leave it unset (the "
+            f"preset's) or use one of: {choices}"
+        )
+    raise ValueError(f"{value!r} is not a {kind} parser of the pinned SGLang; use one of: {choices}")
 
 
 class DatasetSpec(SpecModel):
