@@ -26,6 +26,7 @@ from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.evaluate import TERMINATION, Tally, check_context, evaluate
 from datagen_operator.checks.preflight import judge_existing_records
 from datagen_operator.checks.verify import verify_output
+from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
@@ -62,6 +63,31 @@ def test_the_stop_set_is_sglangs_union() -> None:
     # Without a tokenizer (verify of an output alone), the preset's fixed ids: never an empty set for a preset.
     with_preset = load_run_document(local_run(kimi, PROMPTS, Path("/nonexistent"))).model_copy()
     assert rc.expectations_for(resolve_model(with_preset), None, None).stop_token_ids
+
+
+def test_the_models_configs_count_from_the_model_directory_when_the_tokenizer_lives_elsewhere(tmp_path: Path) -> None:
+    """SGLang reads config.json and generation_config.json from --model-path and the tokenizer from
+    --tokenizer-path (model.tokenizerPath): a stop on an eos id only the model's configs list is a stop, not a
+    bad termination; the tokenizer directory's configs are not SGLang's."""
+    kimi = ensure_standin_tokenizer()
+    tokenizer = load_tokenizer(kimi, trust_remote_code=True)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "deepseek_v3", "eos_token_id": 11}')
+    (model_dir / "generation_config.json").write_text('{"eos_token_id": [12, 13]}')
+    spec = load_run_document(
+        local_run(model_dir, PROMPTS, Path("/nonexistent"), **NO_PRESET, **{"model.tokenizerPath": str(kimi)})
+    )
+    config_dir = model_config_dir(spec.model.path, spec.model.tokenizer_dir)
+    assert config_dir == model_dir
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, config_dir)
+    # Not the tokenizer folder's config eos (<|im_end|>): SGLang never reads that file.
+    assert expect.stop_token_ids == {11, 12, 13, tokenizer.eos_token_id} and im_end not in expect.stop_token_ids
+    answer = [*expect.think_start_ids, 5000, expect.think_end_id, 5001, 12]
+    assert rc.inspect_record([1, 2], answer, {"type": "stop", "matched": 12}, len(answer), False, expect) == set()
+    # A model directory not readable here (verify away from the model): the tokenizer's folder, as before.
+    assert model_config_dir(tmp_path / "elsewhere", kimi) == kimi
 
 
 class _WithAddedVocab:

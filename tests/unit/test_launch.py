@@ -27,6 +27,13 @@ def test_kimi_k25_launch_command() -> None:
     assert "--incremental-streaming-output" not in argv
 
 
+def test_the_server_loads_the_tokenizer_the_workers_render_with() -> None:
+    # Its stop ids and chat template are then the run's (checks/record_checks.py reads the same).
+    assert "--tokenizer-path" not in server_argv(parse_run(kimi_run()).spec)
+    run = parse_run(with_changes("spec.model.tokenizerPath", "/models/kimi-k2.5-int4/tokenizer"))
+    assert flag_value(server_argv(run.spec), "--tokenizer-path") == "/models/kimi-k2.5-int4/tokenizer"
+
+
 def test_streaming_workers_get_incremental_output() -> None:
     argv = server_argv(parse_run(with_changes("spec.generation.stream", True)).spec)
     assert "--incremental-streaming-output" in argv

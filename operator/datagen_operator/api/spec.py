@@ -125,7 +125,9 @@ class ModelSpec(SpecModel):
     path: str = Field(min_length=1, description="Model directory as the server sees it (inside the volume).")
     volume: VolumeSource | None = Field(default=None, description="Volume holding the model, mounted read-only.")
     tokenizer_path: str | None = Field(
-        default=None, description="Tokenizer directory if not the model directory (the workers render prompts)."
+        default=None,
+        description="Tokenizer directory if not the model directory: the workers render prompts with it and the "
+        "server loads it (--tokenizer-path), so it must be visible to both (e.g. inside the model volume).",
     )
     served_model_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._/-]+$")
     trust_remote_code: bool | None = Field(

@@ -27,6 +27,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, Tally, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import TemplateExpectation, judge_template
+from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.presets.think_markers import MarkersWritten
 from datagen_operator.tokenizer.families import FAMILIES
@@ -259,7 +260,9 @@ async def run_canary(
     from datagen_operator.prompts.render import Renderer, line_thinking, template_variables
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer, model_dir or Path(spec.model.tokenizer_dir))
+    expect = rc.expectations_for(
+        resolved, tokenizer, model_dir or model_config_dir(spec.model.path, spec.model.tokenizer_dir)
+    )
     ctx = check_context(resolved, spec.checks, expect.think_end_id)
     # The canary's records sit in the output: its prompts render on the output's pinned date, as the workers'.
     renderer = Renderer(

@@ -41,6 +41,7 @@ from datagen_operator.checks.evaluate import (
     record_checks,
 )
 from datagen_operator.checks.render_pass import DatasetLines, RenderedStore, judge_dataset
+from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.lease import (
     STEP_MARGIN_S,
@@ -89,7 +90,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     from datagen_operator.prompts.render import Renderer, template_variables
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer, tokenizer_dir)
+    expect = rc.expectations_for(resolved, tokenizer, model_config_dir(spec.model.path, tokenizer_dir))
     rendered_on = render_date(output)
     variables = template_variables(resolved, rendered_on)
     renderer = Renderer(tokenizer, variables)

@@ -7,13 +7,13 @@ default, SGLang 0.5.23 sglang/srt/sampling/sampling_params.py) and can hide or s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from datagen_operator.api.resolve import ResolvedModel
+from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.presets.sglang_names import SGLANG_ADDITIONAL_STOP_TEXTS
 from datagen_operator.presets.think_markers import MarkersWritten, ThinkMarkers, known_markers
 
@@ -126,8 +126,10 @@ def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup | None, mod
 
     Stop ids are the union SGLang 0.5.23 stops on (`Req._check_token_based_finish`): the request's
     `stop_token_ids` (the preset's stop tokens), `eos_token_id` of the model's config.json and
-    generation_config.json (`model_dir`), the tokenizer's `eos_token_id`, and the tokenizer's additional stop
-    tokens (`attach_additional_stop_token_ids`). An output that ends on any of them ended as SGLang ends it.
+    generation_config.json (`model_dir`: the model directory, `model_config_dir`), the tokenizer's
+    `eos_token_id`, and the tokenizer's additional stop tokens (`attach_additional_stop_token_ids`), the
+    tokenizer being the one SGLang loads (`--tokenizer-path`, model.tokenizerPath). An output that ends on any
+    of them ended as SGLang ends it.
     """
     preset = resolved.preset
     start_fixed = preset.think_start.id if preset and preset.think_start else None
@@ -198,20 +200,6 @@ def tokenizer_stop_ids(tokenizer: Any) -> frozenset[int]:
     get_added_vocab = getattr(tokenizer, "get_added_vocab", None)
     added = get_added_vocab() if callable(get_added_vocab) else {}
     ids |= {added[text] for text in SGLANG_ADDITIONAL_STOP_TEXTS if _is_token_id(added.get(text))}
-    return frozenset(ids)
-
-
-def read_model_eos_ids(model_dir: Path) -> frozenset[int]:
-    """`eos_token_id` of config.json and generation_config.json: ids SGLang stops at (SGLang 0.5.23
-    sglang/srt/configs/model_config.py `_get_hf_eos_token_id`)."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        try:
-            value = json.loads((model_dir / name).read_text(encoding="utf-8")).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        values = value if isinstance(value, list) else [value]
-        ids |= {item for item in values if isinstance(item, int) and not isinstance(item, bool)}
     return frozenset(ids)
 
 

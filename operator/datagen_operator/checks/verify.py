@@ -32,6 +32,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, by_turn_words, check_context, evaluate
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
+from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.layout import Key
 from datagen_operator.output.records import TURNS_KIND
 
@@ -354,7 +355,10 @@ def verify_output(
     thinking = resolved.thinking if resolved else bool(fingerprint.get("thinking"))
     expect = None
     if resolved is not None and (tokenizer is not None or resolved.preset is not None):
-        expect = rc.expectations_for(resolved, tokenizer, model_dir or _loaded_from(tokenizer))
+        config_dir = model_dir
+        if config_dir is None and spec is not None:
+            config_dir = model_config_dir(spec.model.path, _loaded_from(tokenizer))
+        expect = rc.expectations_for(resolved, tokenizer, config_dir)
         if tokenizer is None:
             # No tokenizer to read SGLang's stop set from: every request sent it (the fingerprint's sampling).
             sent = (fingerprint.get("sampling") or {}).get("stop_token_ids") or ()

@@ -41,6 +41,9 @@ def server_argv(
         raise SpecError(errors)
     server = spec.server
     argv = [python, "-m", LAUNCH_MODULE, "--model-path", model_path or spec.model.path]
+    if spec.model.tokenizer_path:
+        # The server loads the tokenizer the workers render with: its stop ids and chat template are the run's.
+        argv += ["--tokenizer-path", spec.model.tokenizer_path]
     argv += ["--tp-size", str(server.tp_size)]
     if server.dp_size > 1:
         argv += ["--dp-size", str(server.dp_size)]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from datagen_operator.checks.record_checks import Expectations, expectations_for
+from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.rendered import RenderedPrompts, open_rendered, render_identity
 from datagen_operator.prompts.conversation import AnswerSplitter
@@ -71,7 +72,7 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         render_pool.close()
         raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
     render_pool.renderer = renderer
-    expect = expectations_for(c.resolved, tokenizer, Path(c.tokenizer_dir))
+    expect = expectations_for(c.resolved, tokenizer, model_config_dir(spec.model.path, c.tokenizer_dir))
     sampling = run_sampling(spec.generation.sampling, expect.stop_token_ids)
     splitter = None
     if spec.generation.turns == "all":

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from datagen_operator.engine.health import HEALTH_POLL_S, health_check_timeout_s
 from datagen_operator.engine.limits import reserved_tokens
+from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
@@ -647,10 +648,13 @@ def main(argv: list[str]) -> int:
     try:
         tokenizer_dir = _resolve_tokenizer_dir(settings)
         chat_template = settings.server_args["chat_template"]
+        model_path = settings.server_args["model_path"]
         vocab = load_vocab(
             tokenizer_dir,
             Path(chat_template) if chat_template and Path(chat_template).is_file() else None,
             settings.family,
+            # SGLang reads the model's configs from --model-path, the tokenizer from --tokenizer-path.
+            model_dir=model_config_dir(model_path, None) if model_path else None,
         )
         settings.server_args.update(resolution.model_resolved(settings.server_args, vocab.model_config))
     except (VocabError, OSError, resolution.LaunchError) as error:

@@ -405,8 +405,12 @@ def _family_runs(
     )
 
 
-def load_vocab(directory: Path, chat_template_file: Path | None = None, family: str | None = None) -> SimVocab:
-    """The simulator's vocabulary for a tokenizer directory (tokenizer.json, or what transformers loads)."""
+def load_vocab(
+    directory: Path, chat_template_file: Path | None = None, family: str | None = None, model_dir: Path | None = None
+) -> SimVocab:
+    """The simulator's vocabulary for a tokenizer directory (tokenizer.json, or what transformers loads). The
+    model's configs (its eos ids, what resolution reads) come from `model_dir` when given, as SGLang reads them
+    from --model-path while the tokenizer comes from --tokenizer-path."""
     tokenizer_json = directory / "tokenizer.json"
     if not tokenizer_json.is_file() and not (directory / "tokenizer_config.json").is_file():
         raise VocabError(
@@ -418,12 +422,13 @@ def load_vocab(directory: Path, chat_template_file: Path | None = None, family: 
     model_family = _family(directory, family, added)
     token_bytes = tuple(tables["token_bytes"])
     text_bytes = tuple(b"" if special else raw for raw, special in zip(token_bytes, tables["special"], strict=True))
-    model_config = _read_json(directory / "config.json")
+    configs = model_dir if model_dir is not None else directory
+    model_config = _read_json(configs / "config.json")
     format_ids: dict[str, list[int]] = tables["format_ids"]
     eos_ids = {token_id for text in (model_family.chat.answer_stop, model_family.chat.tool_stop) if text
                for token_id in format_ids[text][-1:]}  # fmt: skip
     eos_ids |= _as_id_set(model_config.get("eos_token_id"))
-    eos_ids |= _as_id_set(_read_json(directory / "generation_config.json").get("eos_token_id"))
+    eos_ids |= _as_id_set(_read_json(configs / "generation_config.json").get("eos_token_id"))
     special_tokens = _special_tokens(directory)
     if special_tokens.get("eos_token") in added:
         eos_ids.add(added[special_tokens["eos_token"]])
