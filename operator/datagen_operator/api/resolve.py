@@ -28,6 +28,8 @@ class ResolvedModel:
     trust_remote_code: bool
     template_variables: dict[str, Any] = field(default_factory=dict)
     """generation.templateVariables: rendered into every prompt, under a line's own chat_template_kwargs."""
+    restarted_by_retraction: tuple[str, ...] = ()
+    """The sampling parameters a retraction restarts (api.spec.SamplingParams.restarted_by_retraction)."""
 
 
 def _parser(value: str | None) -> str | None:
@@ -110,6 +112,7 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         think_end=think_end,
         trust_remote_code=trust,
         template_variables=dict(spec.generation.template_variables),
+        restarted_by_retraction=spec.generation.sampling.restarted_by_retraction(),
     )
 
 

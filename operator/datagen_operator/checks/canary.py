@@ -228,8 +228,9 @@ def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc
     meta = reply.meta_info
     has_tools = bool(prompt.get("tools"))
     flags = rc.inspect_record(
-        input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect
-    )
+        input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect,
+        meta.get("num_retractions"),
+    )  # fmt: skip
     return CanaryRecord(
         prompt["id"], input_ids, list(reply.output_ids), meta.get("finish_reason"), meta.get("completion_tokens"),
         has_tools, flags,

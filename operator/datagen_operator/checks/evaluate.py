@@ -26,6 +26,7 @@ SERVER_ERRORS = "server_errors"
 MALFORMED = "malformed"
 SERVER_FAILURES = "server_failures"
 OUTPUT_VOLUME = "output_volume"
+RETRACTIONS = "retractions"
 
 # Thresholds of the causes spec.checks has no field for (docs/checks.md).
 MAX_MALFORMED_RATE = 0.10
@@ -164,6 +165,7 @@ def record_checks(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
         _termination(tally),
         _truncation(tally, ctx),
         _tool_calls(tally, ctx),
+        _retractions(tally, ctx),
     ]
 
 
@@ -178,6 +180,7 @@ THRESHOLD_FIELDS: dict[str, str] = {
     TRUNCATION: "spec.checks.maxTruncationRate",
     TOOL_CALLS: "spec.checks.maxErrorRate",
     SERVER_ERRORS: "spec.checks.maxErrorRate",
+    RETRACTIONS: "spec.checks.maxRetractionRate",
 }
 """The spec field that sets each check's threshold (the others are fixed: docs/checks.md)."""
 
@@ -187,6 +190,7 @@ CHECK_FLAGS: dict[str, tuple[str, ...]] = {
     TERMINATION: (rc.BAD_TERMINATION, rc.ABORTED, rc.NAN_REPLACED),
     TRUNCATION: (rc.TRUNCATED,),
     TOOL_CALLS: (rc.UNBALANCED_TOOL_CALLS,),
+    RETRACTIONS: (rc.RETRACTED,),
 }
 """The record flags each record check counts."""
 
@@ -465,6 +469,25 @@ def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
         else f"tool-call sections balanced in {_frac(n, n)} outputs with tools",
         f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools",
         "the model's tool format and the chat template disagree",
+    )
+
+
+def _retractions(tally: Tally, ctx: CheckContext) -> CheckResult:
+    # Flagged only where the run's sampling keeps state over the output (record_checks.RETRACTED).
+    n, bad = tally.records, tally.count(rc.RETRACTED)
+    return _rate_check(
+        RETRACTIONS,
+        bad,
+        n,
+        ctx.thresholds.max_retraction_rate,
+        "outputs",
+        f"{_frac(bad, n)} outputs retracted where the sampling restarts"
+        if bad
+        else f"no output of {n} retracted where the sampling restarts (penalties, min_new_tokens)",
+        f"{_frac(bad, n)} outputs were retracted by SGLang (its KV memory ran short) and re-prefilled: their "
+        "penalties and min_new_tokens started again from zero, so they were not sampled as asked",
+        "give the server more KV memory (server.memFractionStatic, more GPUs in server.tensorParallel) or send "
+        "fewer requests at once (clients.concurrency); datagen export --exclude-flags retracted leaves them out",
     )
 
 

@@ -93,6 +93,7 @@ def build_record(
         "thinking": job.thinking,
         "answer_content": split.content if split is not None else None,
         "answer_reasoning": split.reasoning_content if split is not None else None,
+        "num_retractions": meta.get("num_retractions"),
     }
 
 
