@@ -53,6 +53,8 @@ class FaultConfig:
     hang_rate: float = 1.0
     crash_after_requests: int = 0
     prompt_suffix_leak: int = 0
+    retraction_rate: float = 0.0
+    """Requests SGLang retracted once under KV pressure (`Req.reset_for_retract`): meta_info.num_retractions 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help='NaN logits mid-answer: a stop id written in place, finish_reason {"type": "stop", "matched": "NaN happened"}',
     )
+    sim.add_argument(
+        "--sim-retraction-rate",
+        type=_rate,
+        default=0.0,
+        help="share of requests retracted once (KV memory short) and re-prefilled: meta_info.num_retractions 1",
+    )
     sim.add_argument("--sim-fault-hang-s", type=_non_negative_float, default=0.0, help="delay before answering")
     sim.add_argument("--sim-fault-hang-rate", type=_rate, default=1.0, help="share of requests that hang")
     sim.add_argument(
@@ -302,6 +310,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             hang_rate=args.sim_fault_hang_rate,
             crash_after_requests=args.sim_crash_after_requests,
             prompt_suffix_leak=args.sim_prompt_suffix_leak,
+            retraction_rate=args.sim_retraction_rate,
         ),
         speed=SpeedConfig(
             mode=args.sim_speed,

@@ -336,7 +336,13 @@ class Simulator:
                 item,
                 completion,
                 protocol.meta_info(
-                    item.rid, completion.finish_reason, len(item.prompt), len(completion.run), cached_tokens, e2e
+                    item.rid,
+                    completion.finish_reason,
+                    len(item.prompt),
+                    len(completion.run),
+                    cached_tokens,
+                    e2e,
+                    plan.retractions,
                 ),
                 protocol.leaked_prefix(item.prompt, leak),
                 parsed,
@@ -379,7 +385,7 @@ class Simulator:
             events = protocol.stream_events(
                 item,
                 completion,
-                protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None),
+                protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None, plan.retractions),
                 protocol.leaked_prefix(item.prompt, leak),
                 interval=interval,
                 incremental=incremental,
