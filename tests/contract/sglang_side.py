@@ -295,3 +295,16 @@ def retract(output_ids: list[int], times: int) -> dict[str, Any]:
     for _ in range(times):
         Req.reset_for_retract(state)
     return {"retraction_count": state.retraction_count, "output_ids": list(state.output_ids)}
+
+
+def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capacity: int, page_size: int) -> int:
+    """SGLang's cap of a request's new tokens to its KV pool (`BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`,
+    as `Scheduler.init_req_max_new_tokens` calls it), on an allocator of `page_size`."""
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    allocator = types.SimpleNamespace(page_size=page_size)
+    capped = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory(
+        allocator, input_tokens, max_new_tokens, token_capacity=token_capacity, sliding_window_size=None,
+        chunk_size=None,
+    )  # fmt: skip
+    return int(capped)

@@ -199,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         help='NaN logits mid-answer: a stop id written in place, finish_reason {"type": "stop", "matched": "NaN happened"}',
     )
     sim.add_argument(
+        "--sim-kv-capacity",
+        type=_non_negative_int,
+        default=0,
+        help="max_total_num_tokens of every rank (default: measured, several contexts): a pool smaller than "
+        "prompt + max_new_tokens caps the answers as SGLang's scheduler does",
+    )
+    sim.add_argument(
         "--sim-retraction-rate",
         type=_rate,
         default=0.0,
@@ -283,6 +290,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         "sim_seed": args.sim_seed,
         "sim_misconfig": args.sim_misconfig,
         "sim_prompt_suffix_leak": args.sim_prompt_suffix_leak,
+        "sim_kv_capacity": args.sim_kv_capacity,
     }
     tokenizer_dir = args.tokenizer_path or args.model_path
     return SimSettings(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from datagen_operator.engine.limits import reserved_tokens
+from datagen_operator.engine.limits import memory_cap, reserved_tokens
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
@@ -136,7 +137,19 @@ class Simulator:
         """Each DP rank's KV capacity, measured from "free GPU memory" at start-up: differs per replica, server
         (port) and seed."""
         args = self.args
+        if args.get("sim_kv_capacity"):
+            return [int(args["sim_kv_capacity"])] * (args["dp_size"] * args["attn_dp_size"])
         return protocol.dp_rank_capacities(self.context_length, self._server_key, args["dp_size"], args["attn_dp_size"])
+
+    def _memory_capped(self, items: list[GenerateItem]) -> list[GenerateItem]:
+        """Each item's max_new_tokens also capped to what the KV pool holds beside its prompt, after the context's
+        cap (`Scheduler.init_req_max_new_tokens`; engine.limits.memory_cap). Binds only with --sim-kv-capacity:
+        the measured pool holds several contexts."""
+        capacity, page = self.kv_capacity, int(self.args.get("page_size") or 1)
+        return [
+            dataclasses.replace(item, max_new_tokens=memory_cap(len(item.prompt), item.max_new_tokens, capacity, page))
+            for item in items
+        ]
 
     @property
     def kv_capacity(self) -> int:
@@ -285,6 +298,7 @@ class Simulator:
                 self.args["skip_tokenizer_init"],
                 reserved_tokens=self.reserved_tokens,
             )
+            parsed = dataclasses.replace(parsed, items=self._memory_capped(parsed.items))
         except RequestError as error:
             self._crash_if_due(number)
             return _json(error.body(), error.status)
@@ -468,10 +482,12 @@ class Simulator:
             )
         prompt = generate.items[0].prompt
         max_new = protocol.scheduler_max_new_tokens(len(prompt), parsed.params.max_new_tokens, self.context_length)
-        items = [
-            GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
-            for sample in range(parsed.params.n)
-        ]
+        items = self._memory_capped(
+            [
+                GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
+                for sample in range(parsed.params.n)
+            ]
+        )
         completions = [self._complete(item, plan) for item in items]
         cached = self._cached_tokens(items[0])
         choices = [
