@@ -289,8 +289,9 @@ async def run_canary(
                 set_aside.append(SetAside(prompt["id"], f"refused by the server: HTTP {refusal.status} {refusal}"))
                 return None
             line = prompt.get("variables")
+            asked = replace(expect, max_new_tokens=params["max_new_tokens"])  # a capped request is cut at its cap
             return _record(
-                prompt, input_ids, reply, replace(expect, thinking=line_thinking(resolved, line)) if line else expect
+                prompt, input_ids, reply, replace(asked, thinking=line_thinking(resolved, line)) if line else asked
             )
 
         sent: list[tuple[dict[str, Any], list[int]]] = []

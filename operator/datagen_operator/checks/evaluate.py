@@ -440,18 +440,26 @@ def _rate_check(
     )
 
 
+MEMORY_FIX = (
+    "give the server more KV memory (server.memFractionStatic, more GPUs in server.tensorParallel) or shorten the "
+    "prompts: SGLang caps a request's new tokens to what its KV pool holds beside the prompt (max_total_num_tokens "
+    "in /server_info, in pages), so raising max_new_tokens cannot help these"
+)
+
+
 def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
     n, truncated, limit = tally.records, tally.count(rc.TRUNCATED), ctx.thresholds.max_truncation_rate
-    return _rate_check(
-        TRUNCATION,
-        truncated,
-        n,
-        limit,
-        "outputs",
-        f"{_frac(truncated, n)} outputs hit max_new_tokens",
-        f"{_frac(truncated, n)} outputs hit max_new_tokens",
-        "raise generation.sampling.max_new_tokens",
-    )
+    by_memory = tally.count(rc.TRUNCATED_BY_MEMORY)
+    counted = f"{_frac(truncated, n)} outputs hit max_new_tokens"
+    fix = "raise generation.sampling.max_new_tokens"
+    if by_memory:
+        # SGLang ends a capped answer `length` at the cap: the same finish, another cause and another fix.
+        counted = (
+            f"{_frac(truncated, n)} outputs ended `length`, {by_memory} of them short of max_new_tokens "
+            "(capped by the server's KV memory)"
+        )
+        fix = MEMORY_FIX if by_memory == truncated else f"{MEMORY_FIX}; for the others {fix}"
+    return _rate_check(TRUNCATION, truncated, n, limit, "outputs", counted, counted, fix)
 
 
 def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
@@ -530,7 +538,8 @@ def _too_long(tally: Tally) -> CheckResult:
         "dataset lines",
         f"{_frac(bad, n)} prompts set aside unsent as too long for the server's context",
         f"{_frac(bad, n)} prompts + max_new_tokens exceed the server's context",
-        "lower generation.sampling.max_new_tokens or raise the server's --context-length",
+        "lower generation.sampling.max_new_tokens or raise the server's --context-length (where rejects.jsonl "
+        "names the KV pool, give the server more KV memory: server.memFractionStatic, more GPUs)",
     )
 
 

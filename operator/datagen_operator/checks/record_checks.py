@@ -30,6 +30,10 @@ UNBALANCED_TOOL_CALLS = "unbalanced_tool_calls"
 ABORTED = "aborted"
 NAN_REPLACED = "nan_replaced"
 RETRACTED = "retracted"
+TRUNCATED_BY_MEMORY = "truncated_by_memory"
+"""Beside `truncated`: the answer ended `length` with fewer tokens than the request's max_new_tokens. SGLang's
+scheduler caps a request's new tokens to what its KV pool holds beside the prompt (`max_new_tokens_for_memory`,
+in pages); the worker sends no prompt too long for the context, so the pool is the cap."""
 """SGLang retracted the request (meta_info.num_retractions > 0) while the sampling held state over the output
 (penalties, min_new_tokens): that state started again from zero, so the record was not sampled as asked."""
 """A `stop` whose `finish_reason.matched` is not a token id: SGLang sampled an id outside the vocabulary (NaN or
@@ -53,6 +57,7 @@ ALL_FLAGS: tuple[str, ...] = (
     NAN_REPLACED,
     PROMPT_CLOSES_THINK,
     RETRACTED,
+    TRUNCATED_BY_MEMORY,
 )
 
 
@@ -99,6 +104,9 @@ class Expectations:
     restarted_by_retraction: tuple[str, ...] = ()
     """The run's sampling parameters a retraction restarts (api.spec.SamplingParams.restarted_by_retraction):
     with none, a retraction is harmless (SGLang re-prefills prompt + output) and raises no flag."""
+    max_new_tokens: int | None = None
+    """What the requests asked for (the canary's own cap for its capped requests); None: not known, no
+    `truncated_by_memory`."""
 
 
 def _token_id(tokenizer: TokenLookup | None, text: str, fixed: int | None) -> int | None:
@@ -163,6 +171,7 @@ def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup | None, mod
         prompt_tail_skip_ids=_single_token_ids(tokenizer, PROMPT_TAIL_WHITESPACE) if tokenizer else frozenset(),
         other_markers=_other_marker_ids(tokenizer, resolved) if tokenizer else (),
         restarted_by_retraction=resolved.restarted_by_retraction,
+        max_new_tokens=resolved.max_new_tokens,
     )
 
 
@@ -281,6 +290,8 @@ class RecordFacts(NamedTuple):
     """A `stop` whose `matched` is not a token id (stop_matched_no_token): SGLang's NaN guard."""
     retracted: bool = False
     """meta_info.num_retractions > 0: SGLang retracted the request at least once and re-prefilled it."""
+    cut_short: bool = False
+    """Fewer output ids than Expectations.max_new_tokens (read for a `length` finish)."""
 
 
 def inspect_record(
@@ -308,7 +319,10 @@ def record_facts(
 ) -> RecordFacts:
     """The facts of one record, looked up only where `flags_of` will read them (this runs on every record)."""
     facts = _id_facts(input_ids, output_ids, finish_reason, completion_tokens, has_tools, expect)
-    return facts._replace(retracted=True) if num_retractions else facts
+    short = expect.max_new_tokens is not None and len(output_ids) < expect.max_new_tokens
+    if num_retractions or short:
+        return facts._replace(retracted=bool(num_retractions), cut_short=short)
+    return facts
 
 
 def _id_facts(
@@ -370,6 +384,8 @@ def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
             flags.add(PROMPT_SUFFIX_LEAK)
     if kind == "length":
         flags.add(TRUNCATED)
+        if facts.cut_short:
+            flags.add(TRUNCATED_BY_MEMORY)
     elif kind == "stop" and not facts.ends_with_stop:
         flags.add(BAD_TERMINATION)
     if kind == "stop" and facts.stop_not_token:

@@ -51,6 +51,7 @@ _BOOLS = (
     "tool_calls_unbalanced",
     "stop_not_token",
     "retracted",
+    "cut_short",
 )
 _REASONING_SHIFT = 2 + len(_BOOLS)
 """A combination of facts as one int: kind (2 bits), one bit per boolean, then `reasoning` (2 bits)."""
@@ -224,6 +225,8 @@ def _batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
     if "num_retractions" in batch.schema.names:  # outputs written before the column: never retracted
         retracted = batch.column("num_retractions").fill_null(0).to_numpy(zero_copy_only=False) > 0
         code |= retracted.astype(np.int64) << (2 + _BOOLS.index("retracted"))
+    if expect.max_new_tokens is not None:
+        code |= (outputs.lengths < expect.max_new_tokens).astype(np.int64) << (2 + _BOOLS.index("cut_short"))
     if expect.think_end_id is not None:
         reasoning_code, undecided = _reasoning(batch, outputs, expect)
         code |= reasoning_code
