@@ -13,6 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen_operator.api import load_run
+from datagen_operator.api.resolve import resolve_model
+from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.evaluate import check_context
+from datagen_operator.checks.preflight import judge_existing_records
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import sha256_file
 from datagen_operator.prompts.render import load_tokenizer
@@ -141,3 +145,40 @@ def test_outputs_without_think_end_fail_reasoning_with_an_example(produced: tupl
     assert failed(report)["reasoning_captured"].startswith("no `</think>` (163607) in 24/24 outputs")
     example = next(e for e in report.examples if e.flag == "no_think_end")
     assert "<think>" in example.excerpt and "<|im_end|>" in example.excerpt  # special tokens shown
+
+
+def truncate_first(count: int):
+    def change(rows: list[dict]) -> list[dict]:
+        for row in rows[:count]:
+            row["finish_reason"] = orjson.dumps({"type": "length", "length": len(row["output_ids"])}).decode()
+        return rows
+
+    return change
+
+
+@pytest.mark.parametrize(("truncated", "passed"), [(1, True), (3, False)])
+def test_verify_and_a_resumes_preflight_judge_a_small_output_by_the_bound(
+    produced: tuple[Path, Path], tmp_path: Path, truncated: int, passed: bool
+) -> None:
+    """Issue 32 item 7: 1 of 24 answers cut by max_new_tokens (4.2 %) is no evidence against maxTruncationRate 2 %
+    (checks.rates); 3 of 24 is. verify and the preflight of a resume over the same output say the same."""
+    run_file, source = produced
+    output = copy_output(source, tmp_path / "out")
+    rewrite_shard(output, truncate_first(truncated))
+    report = report_for(run_file, output)
+    check = next(c for c in report.checks if c.name == "truncation")
+    assert (check.passed, check.count, check.total) == (passed, truncated, 24)
+    assert report.passed is passed, failed(report)
+    if passed:
+        assert "consistent with the 2% limit" in check.verdict, check.verdict
+    else:
+        # (The rewritten answers end `length` short of max_new_tokens: the verdict names the KV pool as the cause.)
+        assert "above the 2% limit): give the server more KV memory" in check.verdict, check.verdict
+    spec = load_run(run_file).spec
+    resolved = resolve_model(spec)
+    tokenizer = load_tokenizer(spec.model.path, trust_remote_code=False)
+    expect = rc.expectations_for(resolved, tokenizer, Path(spec.model.path))
+    existing = judge_existing_records(output, expect, check_context(resolved, spec.checks, expect.think_end_id))
+    assert existing.records == 24
+    assert ("truncation 3/24 = 12.5%, threshold 2.0%, 95% bound" in existing.failed) is not passed, existing.failed
+    assert bool(existing.failed) is not passed

@@ -23,7 +23,9 @@ def test_the_report_counts_malformed_and_too_long_out_of_the_dataset_lines(produ
     assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)
     assert (checks[TOO_LONG].count, checks[TOO_LONG].total) == (1, 11)
     assert checks[MALFORMED].verdict.startswith("4/11 dataset lines are not usable prompts or cannot be rendered")
-    assert checks[TOO_LONG].verdict == "1/11 prompts set aside unsent as too long for the server's context"
+    assert checks[TOO_LONG].verdict == (
+        "1/11 prompts set aside unsent as too long for the server's context (9.09%, within the 10% limit)"
+    )
     # Nothing reached the server to be refused or to fail: 12 records, 0 of them refused or failed.
     assert (checks[SERVER_ERRORS].count, checks[SERVER_ERRORS].total) == (0, 12)
     assert (checks[SERVER_FAILURES].count, checks[SERVER_FAILURES].total) == (0, 12)

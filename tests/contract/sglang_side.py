@@ -257,3 +257,54 @@ def chat_output_text(
     )
     trimmed = DetokenizerManager.trim_matched_stop(detokenizer, list(output_ids), finish_reason, False)
     return str(tokenizer.decode(trimmed, skip_special_tokens=skip_special_tokens))
+
+
+def penalizers_required(params: dict[str, Any]) -> list[str]:
+    """The sampling parameters whose penalizer SGLang runs for a request with `params`: each of
+    `penaltylib`'s penalizers asked `_is_required` over a batch of that one request, as
+    `BatchedPenalizerOrchestrator` asks them. Their state is built from the tokens generated since the request's
+    (re-)prefill, so these are what a retraction (`Req.reset_for_retract`) starts again."""
+    from sglang.srt.sampling import penaltylib
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    request = types.SimpleNamespace(sampling_params=SamplingParams(**params))
+
+    class Batch:  # the orchestrator's one method the penalizers' `_is_required` reads (held by weak reference)
+        def reqs(self) -> list[Any]:
+            return [request]
+
+    batch = Batch()
+    penalizers = {
+        "frequency_penalty": penaltylib.BatchedFrequencyPenalizer,
+        "presence_penalty": penaltylib.BatchedPresencePenalizer,
+        "repetition_penalty": penaltylib.BatchedRepetitionPenalizer,
+        "min_new_tokens": penaltylib.BatchedMinNewTokensPenalizer,
+    }
+    return [name for name, penalizer in penalizers.items() if penalizer(batch).is_required()]
+
+
+def retract(output_ids: list[int], times: int) -> dict[str, Any]:
+    """SGLang's `Req.reset_for_retract`, run `times` on a request's state as the scheduler retracts it (its KV
+    already released): the count it keeps (tokenizer_manager reports it as meta_info.num_retractions) and the
+    output_ids it keeps for the re-prefill of prompt + output."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    state = types.SimpleNamespace(
+        retraction_count=0, output_ids=list(output_ids), input_embeds=None, kv=types.SimpleNamespace(holds_kv=False)
+    )
+    for _ in range(times):
+        Req.reset_for_retract(state)
+    return {"retraction_count": state.retraction_count, "output_ids": list(state.output_ids)}
+
+
+def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capacity: int, page_size: int) -> int:
+    """SGLang's cap of a request's new tokens to its KV pool (`BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`,
+    as `Scheduler.init_req_max_new_tokens` calls it), on an allocator of `page_size`."""
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    allocator = types.SimpleNamespace(page_size=page_size)
+    capped = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory(
+        allocator, input_tokens, max_new_tokens, token_capacity=token_capacity, sliding_window_size=None,
+        chunk_size=None,
+    )  # fmt: skip
+    return int(capped)

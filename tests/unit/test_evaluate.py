@@ -33,9 +33,11 @@ def test_thinking_off_render_verdict_names_the_fix() -> None:
 
 
 def test_reasoning_rate_threshold() -> None:
-    ok = by_name(evaluate(Tally(records=100, flags={rc.NO_THINK_END: 2}), CTX))["reasoning_captured"]
-    bad = by_name(evaluate(Tally(records=100, flags={rc.NO_THINK_END: 3}), CTX))["reasoning_captured"]
-    assert ok.passed and not bad.passed and bad.rate == 0.97
+    # 98% minimum over 100 records: 95/100 may be a 98% model's noise (checks.rates); 94/100 is clearly below it.
+    ok = by_name(evaluate(Tally(records=100, flags={rc.NO_THINK_END: 5}), CTX))["reasoning_captured"]
+    bad = by_name(evaluate(Tally(records=100, flags={rc.NO_THINK_END: 6}), CTX))["reasoning_captured"]
+    assert ok.passed and not bad.passed and bad.rate == 0.94
+    assert "consistent with the 98% minimum" in ok.verdict and "below the 98% minimum" in bad.verdict
 
 
 def test_prompt_suffix_leak_verdict() -> None:
@@ -47,7 +49,7 @@ def test_prompt_suffix_leak_verdict() -> None:
 def test_truncation_and_errors_and_tools() -> None:
     results = by_name(
         evaluate(
-            Tally(records=100, tool_records=4, rejected=5, flags={rc.TRUNCATED: 3, rc.UNBALANCED_TOOL_CALLS: 1}), CTX
+            Tally(records=100, tool_records=4, rejected=5, flags={rc.TRUNCATED: 6, rc.UNBALANCED_TOOL_CALLS: 1}), CTX
         )
     )
     assert not results["truncation"].passed and "max_new_tokens" in results["truncation"].verdict

@@ -48,21 +48,22 @@ def test_an_unrenderable_prompt_is_malformed_never_a_server_error() -> None:
 @pytest.mark.parametrize(
     ("tally", "cause"),
     [
-        (Tally(records=90, lines=100, malformed=11), MALFORMED),  # 11 % > 10 %
-        (Tally(records=90, lines=100, too_long=11), TOO_LONG),  # 11 % > 10 %
-        (Tally(records=98, rejected=2), SERVER_ERRORS),  # 2 % > maxErrorRate 1 %
-        (Tally(records=94, failed=6), SERVER_FAILURES),  # 6 % > 5 %
-        (Tally(records=99, unwritten=1), OUTPUT_VOLUME),  # any
+        # Over 1,000 the fewest that are clearly over each limit (checks.rates: the 95% lower bound above it).
+        (Tally(records=900, lines=1000, malformed=117), MALFORMED),  # 11.7 % against 10 %
+        (Tally(records=900, lines=1000, too_long=117), TOO_LONG),  # 11.7 % against 10 %
+        (Tally(records=984, rejected=16), SERVER_ERRORS),  # 1.6 % against maxErrorRate 1 %
+        (Tally(records=937, failed=63), SERVER_FAILURES),  # 6.3 % against 5 %
+        (Tally(records=999, unwritten=1), OUTPUT_VOLUME),  # any
     ],
 )
 def test_each_cause_crosses_only_its_own_threshold(tally: Tally, cause: str) -> None:
     assert failing(tally) == {cause}
     just_under = {
-        MALFORMED: Tally(records=90, lines=100, malformed=10),
-        TOO_LONG: Tally(records=90, lines=100, too_long=10),
-        SERVER_ERRORS: Tally(records=99, rejected=1),
-        SERVER_FAILURES: Tally(records=95, failed=5),
-        OUTPUT_VOLUME: Tally(records=100),
+        MALFORMED: Tally(records=900, lines=1000, malformed=116),
+        TOO_LONG: Tally(records=900, lines=1000, too_long=116),
+        SERVER_ERRORS: Tally(records=985, rejected=15),
+        SERVER_FAILURES: Tally(records=938, failed=62),
+        OUTPUT_VOLUME: Tally(records=1000),
     }[cause]
     assert failing(just_under) == set()
 

@@ -44,6 +44,10 @@ EXPECTATIONS = {
     "no-opener": Expectations(
         thinking=True, think_start_ids=(), think_end_id=END_THINK, stop_token_ids=frozenset({IM_END})
     ),
+    # A run with a penalty: a retracted record is flagged (record_checks.RETRACTED).
+    "kimi-penalized": Expectations(**{**KIMI.__dict__, "restarted_by_retraction": ("frequency_penalty",)}),
+    # Requests asked for 12 new tokens: a `length` finish with fewer is the server's memory cap.
+    "kimi-capped": Expectations(**{**KIMI.__dict__, "max_new_tokens": 12}),
 }
 ALPHABET = [1, 2, 3, THINK, END_THINK, IM_END, BEGIN, END, NEWLINE, CHANNEL, ANALYSIS, MESSAGE, RETURN]
 FINISHES: list[Any] = [
@@ -101,6 +105,7 @@ def _records(seed: int, n: int) -> list[dict[str, Any]]:
                 "completion_tokens": completion,
                 "has_tools": rng.random() < 0.5,
                 "flags": [],
+                "num_retractions": rng.choice([None, 0, 0, 0, 1, 2]),  # None: a record written before the column
             }
         )
     return records
@@ -115,6 +120,7 @@ def _one_by_one(records: list[dict[str, Any]], expect: Expectations) -> list[fro
             r["completion_tokens"],
             r["has_tools"],
             expect,
+            r["num_retractions"],
         )
         for r in records
     ]
@@ -143,6 +149,13 @@ def test_batch_flags_equal_inspect_record(name: str, monkeypatch: pytest.MonkeyP
     # The generator reaches the rules' branches (otherwise equality proves little).
     if name == "kimi":
         seen = set().union(*want)
-        assert seen >= set(rc.ALL_FLAGS) - {rc.UNEXPECTED_REASONING}
+        assert seen >= set(rc.ALL_FLAGS) - {rc.UNEXPECTED_REASONING, rc.RETRACTED, rc.TRUNCATED_BY_MEMORY}
+        assert rc.RETRACTED not in seen  # retractions are harmless without penalties or min_new_tokens
+        assert rc.TRUNCATED_BY_MEMORY not in seen  # what the requests asked for is not known here
+    if name == "kimi-capped":
+        cut = [f for f in want if rc.TRUNCATED in f]
+        assert any(rc.TRUNCATED_BY_MEMORY in f for f in cut) and not all(rc.TRUNCATED_BY_MEMORY in f for f in cut)
+    if name == "kimi-penalized":
+        assert any(rc.RETRACTED in f for f in want) and not all(rc.RETRACTED in f for f in want)
     if name == "kimi-not-thinking":
         assert any(rc.UNEXPECTED_REASONING in f for f in want)

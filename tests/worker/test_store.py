@@ -41,6 +41,7 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "thinking": None,
         "answer_content": None,
         "answer_reasoning": None,
+        "num_retractions": 1,  # meta_info.num_retractions, stored as SGLang reports it
     }
 
 

@@ -34,6 +34,31 @@ def test_context_is_read_from_server_info_tightest_replica_first() -> None:
     assert context_limit([{"context_length": True, "max_req_input_len": "8"}]) == ContextLimit(None, None)
 
 
+def test_the_kv_pool_is_named_where_it_not_the_context_bounds_the_answer() -> None:
+    """Issue 32 item 3: SGLang caps a request's new tokens to what its KV pool holds beside the prompt
+    (engine.limits.memory_cap, SGLang's max_new_tokens_for_memory); such a prompt is set aside naming the pool."""
+    # A pool smaller than the context: max_req_input_len = pool - 6, so the derived context is the pool.
+    small = context_limit([{"max_req_input_len": 594, "max_total_num_tokens": 600}])
+    assert small == ContextLimit(600, 594, 0, 600, 1)
+    assert too_long_reason(42, 4096, small) == (
+        "42 prompt tokens + max_new_tokens 4096 = 4138 exceeds the server's KV pool of 600 tokens "
+        "(max_total_num_tokens in /server_info)"
+    )
+    # A declared context longer than the pool (--context-length): the context admits it, the pool would cut it.
+    declared = context_limit([{"context_length": 8192, "max_req_input_len": 594, "max_total_num_tokens": 1000,
+                               "page_size": 64}])  # fmt: skip
+    reason = too_long_reason(100, 900, declared) or ""
+    assert reason.endswith(
+        "the server's KV pool of 1000 tokens (max_total_num_tokens in /server_info, page size 64) holds only 807 "
+        "new tokens beside this prompt; SGLang would cut the answer there"
+    ), reason
+    assert too_long_reason(100, 807, declared) is None  # exactly what the pool holds
+    # A pool of several contexts (the usual case) never binds before the context.
+    roomy = context_limit([{"max_req_input_len": 262138, "max_total_num_tokens": 900_000}])
+    assert too_long_reason(1000, 261144, roomy) is None
+    assert "context length of 262144" in (too_long_reason(1000, 261145, roomy) or "")
+
+
 def test_too_long_is_input_plus_max_new_tokens_above_the_context() -> None:
     limit = ContextLimit(context_length=1000, max_input=None)
     assert too_long_reason(488, 512, limit) is None  # exactly the context: SGLang accepts it

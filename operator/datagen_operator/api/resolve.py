@@ -28,6 +28,10 @@ class ResolvedModel:
     trust_remote_code: bool
     template_variables: dict[str, Any] = field(default_factory=dict)
     """generation.templateVariables: rendered into every prompt, under a line's own chat_template_kwargs."""
+    restarted_by_retraction: tuple[str, ...] = ()
+    """The sampling parameters a retraction restarts (api.spec.SamplingParams.restarted_by_retraction)."""
+    max_new_tokens: int | None = None
+    """generation.sampling.max_new_tokens: an answer that ends `length` shorter was capped by the server."""
 
 
 def _parser(value: str | None) -> str | None:
@@ -110,6 +114,8 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         think_end=think_end,
         trust_remote_code=trust,
         template_variables=dict(spec.generation.template_variables),
+        restarted_by_retraction=spec.generation.sampling.restarted_by_retraction(),
+        max_new_tokens=spec.generation.sampling.max_new_tokens,
     )
 
 

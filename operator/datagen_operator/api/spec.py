@@ -420,6 +420,22 @@ class SamplingParams(BaseModel):
         "(SGLang ignores the seed without it); sample k of a prompt is sent with seed + k.",
     )
 
+    def restarted_by_retraction(self) -> tuple[str, ...]:
+        """The parameters whose state SGLang builds from the tokens generated so far and starts again after a
+        retraction (`Req.reset_for_retract`, then a fresh penalizer in `SamplingBatchInfo.from_schedule_batch`):
+        the penalties counted over the output, and min_new_tokens' count of new tokens. Each is the one whose
+        penalizer SGLang 0.5.23 runs (`_is_required`): tests/contract/test_retraction.py holds them to it."""
+        names = []
+        if self.frequency_penalty not in (None, 0.0):
+            names.append("frequency_penalty")
+        if self.presence_penalty not in (None, 0.0):
+            names.append("presence_penalty")
+        if self.repetition_penalty not in (None, 1.0):
+            names.append("repetition_penalty")
+        if self.min_new_tokens not in (None, 0):
+            names.append("min_new_tokens")
+        return tuple(names)
+
     @model_validator(mode="after")
     def _sglang_cross_field_bounds(self) -> SamplingParams:
         # SGLang turns temperature 0 into greedy sampling (top_k 1) before checking top_k.
@@ -491,6 +507,13 @@ class ChecksSpec(SpecModel):
     )
     min_reasoning_rate: float = Field(default=0.98, ge=0, le=1)
     max_truncation_rate: float = Field(default=0.02, ge=0, le=1)
+    max_retraction_rate: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Records SGLang retracted (KV memory ran short) while penalties or min_new_tokens were set: "
+        "their penalty state restarted, so they were not sampled as asked.",
+    )
     max_token_mismatch_rate: float = Field(default=0.0, ge=0, le=1)
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Records rejected by the server (4xx).")
     fidelity_sample: int = Field(default=64, ge=0, description="Records re-rendered to prove prompt fidelity.")

@@ -88,6 +88,9 @@ class CheckResult(StatusModel):
     passed: bool
     rate: float | None = None
     threshold: float | None = None
+    bound: float | None = None
+    """The 95 % confidence bound of the rate that was judged against the threshold (checks/rates.py): the lower
+    bound where the threshold is a maximum, the upper where it is a minimum."""
     count: int = 0
     total: int = 0
     verdict: str = ""

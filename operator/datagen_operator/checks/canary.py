@@ -229,8 +229,9 @@ def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc
     meta = reply.meta_info
     has_tools = bool(prompt.get("tools"))
     flags = rc.inspect_record(
-        input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect
-    )
+        input_ids, reply.output_ids, meta.get("finish_reason"), meta.get("completion_tokens"), has_tools, expect,
+        meta.get("num_retractions"),
+    )  # fmt: skip
     return CanaryRecord(
         prompt["id"], input_ids, list(reply.output_ids), meta.get("finish_reason"), meta.get("completion_tokens"),
         has_tools, flags,
@@ -291,8 +292,9 @@ async def run_canary(
                 set_aside.append(SetAside(prompt["id"], f"refused by the server: HTTP {refusal.status} {refusal}"))
                 return None
             line = prompt.get("variables")
+            asked = replace(expect, max_new_tokens=params["max_new_tokens"])  # a capped request is cut at its cap
             return _record(
-                prompt, input_ids, reply, replace(expect, thinking=line_thinking(resolved, line)) if line else expect
+                prompt, input_ids, reply, replace(asked, thinking=line_thinking(resolved, line)) if line else asked
             )
 
         sent: list[tuple[dict[str, Any], list[int]]] = []

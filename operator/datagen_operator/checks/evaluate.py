@@ -13,6 +13,7 @@ from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.rates import CONFIDENCE, judge_min_rate, judge_rate, pct
 from datagen_operator.output.records import TOO_LONG
 from datagen_operator.presets.think_markers import MarkersWritten, ParserFix, ThinkMarkers, fix_for
 
@@ -25,6 +26,7 @@ SERVER_ERRORS = "server_errors"
 MALFORMED = "malformed"
 SERVER_FAILURES = "server_failures"
 OUTPUT_VOLUME = "output_volume"
+RETRACTIONS = "retractions"
 
 # Thresholds of the causes spec.checks has no field for (docs/checks.md).
 MAX_MALFORMED_RATE = 0.10
@@ -33,8 +35,9 @@ past one in ten, the file or its format is likely the wrong one."""
 MAX_TOO_LONG_RATE = 0.10
 """Prompts set aside because prompt + max_new_tokens exceeds the server's context."""
 MIN_RECORDS_TO_JUDGE = 16
-"""Records before the record checks give a verdict (rolling checks, an existing output at the preflight): fewer
-say too little about a rate."""
+"""Records before the record checks give a verdict (rolling checks, an existing output at the preflight). Every
+rate is judged by checks.rates' bound, so a small sample cannot halt on noise; below this DataFaithful stays
+Unknown (collecting) rather than showing a verdict on the first few records."""
 MAX_SERVER_FAILURE_RATE = 0.05
 """Records that ran out of attempts (5xx, timeouts, resets): a rerun retries them, but this many means a
 sick server."""
@@ -162,6 +165,7 @@ def record_checks(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
         _termination(tally),
         _truncation(tally, ctx),
         _tool_calls(tally, ctx),
+        _retractions(tally, ctx),
     ]
 
 
@@ -176,6 +180,7 @@ THRESHOLD_FIELDS: dict[str, str] = {
     TRUNCATION: "spec.checks.maxTruncationRate",
     TOOL_CALLS: "spec.checks.maxErrorRate",
     SERVER_ERRORS: "spec.checks.maxErrorRate",
+    RETRACTIONS: "spec.checks.maxRetractionRate",
 }
 """The spec field that sets each check's threshold (the others are fixed: docs/checks.md)."""
 
@@ -185,15 +190,18 @@ CHECK_FLAGS: dict[str, tuple[str, ...]] = {
     TERMINATION: (rc.BAD_TERMINATION, rc.ABORTED, rc.NAN_REPLACED),
     TRUNCATION: (rc.TRUNCATED,),
     TOOL_CALLS: (rc.UNBALANCED_TOOL_CALLS,),
+    RETRACTIONS: (rc.RETRACTED,),
 }
 """The record flags each record check counts."""
 
 
 def measured(check: CheckResult) -> str:
-    """A failed check in numbers: `termination 15/1500 = 1.0%, threshold 0.0%`."""
+    """A failed check in numbers: `truncation 3/25 = 12.0%, threshold 2.0%, 95% bound 3.4%` (bound: what
+    checks.rates judged against the threshold)."""
     rate = f"{check.rate:.1%}" if check.rate is not None else "?"
     threshold = f"{check.threshold:.1%}" if check.threshold is not None else "?"
-    return f"{check.name} {check.count}/{check.total} = {rate}, threshold {threshold}"
+    bound = f", {pct(CONFIDENCE)} bound {check.bound:.1%}" if check.bound is not None else ""
+    return f"{check.name} {check.count}/{check.total} = {rate}, threshold {threshold}{bound}"
 
 
 def wrong_markers_verdict(
@@ -281,8 +289,8 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
     no_start = tally.count(rc.NO_THINK_START)
     closed_prompts = tally.count(rc.PROMPT_CLOSES_THINK)
     bad = missing_end + empty + no_start
-    captured = 1 - _rate(bad, n)
-    passed = n == 0 or captured >= ctx.thresholds.min_reasoning_rate
+    judged = judge_min_rate(n - bad, n, ctx.thresholds.min_reasoning_rate)
+    passed = judged.passed
     # Another family's markers where the run's are missing say why: not "does not think", nor "never closed".
     wrong = seen if missing_end or no_start else None
     causes: list[str] = []
@@ -307,16 +315,15 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
             f"`{ctx.think_start}` never opened in {_frac(no_start, n)} outputs (nor at the end of the prompt): the model "
             "does not think (an instruct model under a thinking preset?); check model.path and model.preset"
         )
-    verdict = (
-        f"reasoning captured in {_frac(n - bad, n)} outputs (threshold {ctx.thresholds.min_reasoning_rate:.0%})"
-        if passed and not causes
-        else "; ".join(causes) or f"reasoning captured in {_frac(n - bad, n)} outputs"
-    )
+    captured = f"reasoning captured in {_frac(n - bad, n)} outputs ({judged.said_of_good('outputs')})"
+    # Failed: the causes first (the true cause is read first); passed: the numbers, then what was seen.
+    verdict = "; ".join([*causes, captured] if not passed else [captured, *causes])
     return CheckResult(
         name=REASONING_CAPTURED,
         passed=passed,
-        rate=captured,
+        rate=1 - judged.rate,
         threshold=ctx.thresholds.min_reasoning_rate,
+        bound=1 - judged.bound,
         count=bad,
         total=n,
         verdict=verdict,
@@ -338,9 +345,10 @@ def _reasoning_off(tally: Tally, ctx: CheckContext) -> CheckResult:
     if seen is not None:
         causes.insert(0, _wrong_markers(seen, n, ctx))
     verdict = "; ".join(causes) or f"no reasoning in {_frac(n, n)} outputs, as asked (thinking off)"
+    judged = judge_rate(bad, n, 0.0)
     return CheckResult(
-        name=REASONING_CAPTURED, passed=bad == 0, rate=1 - _rate(bad, n), threshold=1.0, count=bad, total=n,
-        verdict=verdict,
+        name=REASONING_CAPTURED, passed=judged.passed, rate=1 - judged.rate, threshold=1.0, bound=1 - judged.bound,
+        count=bad, total=n, verdict=verdict,
     )  # fmt: skip
 
 
@@ -349,19 +357,23 @@ def _token_counts(tally: Tally, ctx: CheckContext) -> CheckResult:
     if leaks:
         failed = (
             f"output_ids start with prompt-suffix tokens in {_frac(leaks, n)} records (the upstream SGLang bug of "
-            "issues 10896/17240): use an SGLang version with the fix; the affected records are not training data"
+            "issues 10896/17240)"
         )
+        fix = "use an SGLang version with the fix; the affected records are not training data"
     else:
-        failed = (
-            f"len(output_ids) != completion_tokens in {_frac(bad, n)} records: the server's token accounting is off"
-        )
+        failed = f"len(output_ids) != completion_tokens in {_frac(bad, n)} records"
+        fix = "the server's token accounting is off"
     return _rate_check(
         TOKEN_COUNTS,
         bad,
         n,
         ctx.thresholds.max_token_mismatch_rate,
-        f"len(output_ids) == completion_tokens in {_frac(n - bad, n)} records",
+        "records",
+        f"len(output_ids) != completion_tokens in {_frac(bad, n)} records"
+        if bad
+        else f"len(output_ids) == completion_tokens in {_frac(n, n)} records",
         failed,
+        fix,
     )
 
 
@@ -390,11 +402,13 @@ def _termination(tally: Tally) -> CheckResult:
         if aborted:
             parts.append(f"{_frac(aborted, n)} requests were aborted by the server")
         verdict = "; ".join(parts)
+    judged = judge_rate(count, n, 0.0)
     return CheckResult(
         name=TERMINATION,
-        passed=count == 0,
-        rate=_rate(count, n),
+        passed=judged.passed,
+        rate=judged.rate,
         threshold=0.0,
+        bound=judged.bound,
         count=count,
         total=n,
         verdict=verdict,
@@ -402,33 +416,50 @@ def _termination(tally: Tally) -> CheckResult:
 
 
 def _rate_check(
-    name: str, count: int, total: int, threshold: float, passed_verdict: str, failed_verdict: str
+    name: str, count: int, total: int, threshold: float, noun: str, what: str, failed: str, fix: str
 ) -> CheckResult:
-    """A check that passes while count/total stays at or under the threshold."""
-    rate = _rate(count, total)
-    passed = rate <= threshold
+    """A max-rate check, judged by checks.rates: it fails only when the sample shows clearly that the rate is
+    above the threshold. `what` says the count ('3/25 outputs hit max_new_tokens'), `failed` how it reads when
+    the check fails, `fix` what to do; the rate, its bound and the sample size (`noun`) are said between (not
+    for a count of 0: nothing to weigh)."""
+    judged = judge_rate(count, total, threshold)
+    said = judged.said(noun)
+    if count == 0:
+        return CheckResult(
+            name=name, passed=True, rate=0.0, threshold=threshold, bound=0.0, count=0, total=total, verdict=what
+        )
     return CheckResult(
         name=name,
-        passed=passed,
-        rate=rate,
+        passed=judged.passed,
+        rate=judged.rate,
         threshold=threshold,
+        bound=judged.bound,
         count=count,
         total=total,
-        verdict=passed_verdict if passed else failed_verdict,
+        verdict=f"{what} ({said})" if judged.passed else f"{failed} ({said}): {fix}",
     )
+
+
+MEMORY_FIX = (
+    "give the server more KV memory (server.memFractionStatic, more GPUs in server.tensorParallel) or shorten the "
+    "prompts: SGLang caps a request's new tokens to what its KV pool holds beside the prompt (max_total_num_tokens "
+    "in /server_info, in pages), so raising max_new_tokens cannot help these"
+)
 
 
 def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
     n, truncated, limit = tally.records, tally.count(rc.TRUNCATED), ctx.thresholds.max_truncation_rate
-    return _rate_check(
-        TRUNCATION,
-        truncated,
-        n,
-        limit,
-        f"{_frac(truncated, n)} outputs hit max_new_tokens",
-        f"{_frac(truncated, n)} outputs hit max_new_tokens (finish `length`), above {limit:.0%}: "
-        "raise generation.sampling.max_new_tokens",
-    )
+    by_memory = tally.count(rc.TRUNCATED_BY_MEMORY)
+    counted = f"{_frac(truncated, n)} outputs hit max_new_tokens"
+    fix = "raise generation.sampling.max_new_tokens"
+    if by_memory:
+        # SGLang ends a capped answer `length` at the cap: the same finish, another cause and another fix.
+        counted = (
+            f"{_frac(truncated, n)} outputs ended `length`, {by_memory} of them short of max_new_tokens "
+            "(capped by the server's KV memory)"
+        )
+        fix = MEMORY_FIX if by_memory == truncated else f"{MEMORY_FIX}; for the others {fix}"
+    return _rate_check(TRUNCATION, truncated, n, limit, "outputs", counted, counted, fix)
 
 
 def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
@@ -440,9 +471,31 @@ def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
         bad,
         n,
         ctx.thresholds.max_error_rate,
-        f"tool-call sections balanced in {_frac(n - bad, n)} outputs with tools",
-        f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools: the model's tool format and the "
-        "chat template disagree",
+        "outputs with tools",
+        f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools"
+        if bad
+        else f"tool-call sections balanced in {_frac(n, n)} outputs with tools",
+        f"unbalanced tool-call markers in {_frac(bad, n)} outputs with tools",
+        "the model's tool format and the chat template disagree",
+    )
+
+
+def _retractions(tally: Tally, ctx: CheckContext) -> CheckResult:
+    # Flagged only where the run's sampling keeps state over the output (record_checks.RETRACTED).
+    n, bad = tally.records, tally.count(rc.RETRACTED)
+    return _rate_check(
+        RETRACTIONS,
+        bad,
+        n,
+        ctx.thresholds.max_retraction_rate,
+        "outputs",
+        f"{_frac(bad, n)} outputs retracted where the sampling restarts"
+        if bad
+        else f"no output of {n} retracted where the sampling restarts (penalties, min_new_tokens)",
+        f"{_frac(bad, n)} outputs were retracted by SGLang (its KV memory ran short) and re-prefilled: their "
+        "penalties and min_new_tokens started again from zero, so they were not sampled as asked",
+        "give the server more KV memory (server.memFractionStatic, more GPUs in server.tensorParallel) or send "
+        "fewer requests at once (clients.concurrency); datagen export --exclude-flags retracted leaves them out",
     )
 
 
@@ -454,8 +507,10 @@ def _server_errors(tally: Tally, ctx: CheckContext) -> CheckResult:
         rejected,
         total,
         ctx.thresholds.max_error_rate,
+        "requests",
         f"{_frac(rejected, total)} requests rejected by the server",
-        f"{_frac(rejected, total)} requests rejected by the server (HTTP 4xx); their reasons are in rejects.jsonl",
+        f"{_frac(rejected, total)} requests rejected by the server (HTTP 4xx)",
+        "their reasons are in rejects.jsonl",
     )
 
 
@@ -466,9 +521,10 @@ def _malformed(tally: Tally) -> CheckResult:
         bad,
         n,
         MAX_MALFORMED_RATE,
+        "dataset lines",
         f"{_frac(bad, n)} dataset lines set aside unsent (malformed or unrenderable)",
-        f"{_frac(bad, n)} dataset lines are not usable prompts or cannot be rendered by the chat template, above "
-        f"{MAX_MALFORMED_RATE:.0%}: check spec.dataset.path and its format (the format: docs/worker.md)",
+        f"{_frac(bad, n)} dataset lines are not usable prompts or cannot be rendered by the chat template",
+        "check spec.dataset.path and its format (the format: docs/worker.md)",
     )
 
 
@@ -479,9 +535,11 @@ def _too_long(tally: Tally) -> CheckResult:
         bad,
         n,
         MAX_TOO_LONG_RATE,
+        "dataset lines",
         f"{_frac(bad, n)} prompts set aside unsent as too long for the server's context",
-        f"{_frac(bad, n)} prompts + max_new_tokens exceed the server's context, above {MAX_TOO_LONG_RATE:.0%}: "
-        "lower generation.sampling.max_new_tokens or raise the server's --context-length",
+        f"{_frac(bad, n)} prompts + max_new_tokens exceed the server's context",
+        "lower generation.sampling.max_new_tokens or raise the server's --context-length (where rejects.jsonl "
+        "names the KV pool, give the server more KV memory: server.memFractionStatic, more GPUs)",
     )
 
 
@@ -492,9 +550,10 @@ def _server_failures(tally: Tally) -> CheckResult:
         bad,
         total,
         MAX_SERVER_FAILURE_RATE,
+        "requests",
         f"{_frac(bad, total)} requests ran out of attempts (5xx, timeouts)",
-        f"{_frac(bad, total)} requests ran out of attempts (HTTP 5xx, timeouts, resets), above "
-        f"{MAX_SERVER_FAILURE_RATE:.0%}: the server is failing; see its log (a rerun retries them)",
+        f"{_frac(bad, total)} requests ran out of attempts (HTTP 5xx, timeouts, resets)",
+        "the server is failing; see its log (a rerun retries them)",
     )
 
 
@@ -505,9 +564,12 @@ def _output_volume(tally: Tally) -> CheckResult:
         bad,
         total,
         0.0,
-        f"every answer written to the output volume ({_frac(total - bad, total)})",
-        f"{_frac(bad, total)} answers could not be written: the output volume is full or failing; free space or "
-        "grow it, then resume (they are generated again)",
+        "answers",
+        f"{_frac(bad, total)} answers not written to the output volume"
+        if bad
+        else f"every answer written to the output volume ({_frac(total, total)})",
+        f"{_frac(bad, total)} answers could not be written: the output volume is full or failing",
+        "free space or grow it, then resume (they are generated again)",
     )
 
 

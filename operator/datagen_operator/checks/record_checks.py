@@ -29,6 +29,13 @@ BAD_TERMINATION = "bad_termination"
 UNBALANCED_TOOL_CALLS = "unbalanced_tool_calls"
 ABORTED = "aborted"
 NAN_REPLACED = "nan_replaced"
+RETRACTED = "retracted"
+TRUNCATED_BY_MEMORY = "truncated_by_memory"
+"""Beside `truncated`: the answer ended `length` with fewer tokens than the request's max_new_tokens. SGLang's
+scheduler caps a request's new tokens to what its KV pool holds beside the prompt (`max_new_tokens_for_memory`,
+in pages); the worker sends no prompt too long for the context, so the pool is the cap."""
+"""SGLang retracted the request (meta_info.num_retractions > 0) while the sampling held state over the output
+(penalties, min_new_tokens): that state started again from zero, so the record was not sampled as asked."""
 """A `stop` whose `finish_reason.matched` is not a token id: SGLang sampled an id outside the vocabulary (NaN or
 inf logits), wrote a stop id in its place and reported `matched: "NaN happened"` (`Req._check_vocab_boundary_finish`).
 The last id is a stop id, so only `matched` tells; the record's tail is not what the model sampled."""
@@ -49,6 +56,8 @@ ALL_FLAGS: tuple[str, ...] = (
     ABORTED,
     NAN_REPLACED,
     PROMPT_CLOSES_THINK,
+    RETRACTED,
+    TRUNCATED_BY_MEMORY,
 )
 
 
@@ -92,6 +101,12 @@ class Expectations:
     other_markers: tuple[MarkerIds, ...] = ()
     """Other families' think markers (presets/think_markers.py) in this tokenizer's ids; none without a
     tokenizer. No flag reads them: where outputs hold them, the canary's verdict names them as the cause."""
+    restarted_by_retraction: tuple[str, ...] = ()
+    """The run's sampling parameters a retraction restarts (api.spec.SamplingParams.restarted_by_retraction):
+    with none, a retraction is harmless (SGLang re-prefills prompt + output) and raises no flag."""
+    max_new_tokens: int | None = None
+    """What the requests asked for (the canary's own cap for its capped requests); None: not known, no
+    `truncated_by_memory`."""
 
 
 def _token_id(tokenizer: TokenLookup | None, text: str, fixed: int | None) -> int | None:
@@ -157,6 +172,8 @@ def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup | None, mod
         prompt_prefills_opener=bool(preset and preset.thinking.prompt_prefills_opener),
         prompt_tail_skip_ids=_single_token_ids(tokenizer, PROMPT_TAIL_WHITESPACE) if tokenizer else frozenset(),
         other_markers=_other_marker_ids(tokenizer, resolved) if tokenizer else (),
+        restarted_by_retraction=resolved.restarted_by_retraction,
+        max_new_tokens=resolved.max_new_tokens,
     )
 
 
@@ -259,6 +276,10 @@ class RecordFacts(NamedTuple):
     tool_calls_unbalanced: bool = False
     stop_not_token: bool = False
     """A `stop` whose `matched` is not a token id (stop_matched_no_token): SGLang's NaN guard."""
+    retracted: bool = False
+    """meta_info.num_retractions > 0: SGLang retracted the request at least once and re-prefilled it."""
+    cut_short: bool = False
+    """Fewer output ids than Expectations.max_new_tokens (read for a `length` finish)."""
 
 
 def inspect_record(
@@ -268,9 +289,11 @@ def inspect_record(
     completion_tokens: int | None,
     has_tools: bool,
     expect: Expectations,
+    num_retractions: int | None = 0,
 ) -> frozenset[str]:
     """The flags one record raises; an empty set means the record looks faithful."""
-    return flags_of(record_facts(input_ids, output_ids, finish_reason, completion_tokens, has_tools, expect), expect)
+    facts = record_facts(input_ids, output_ids, finish_reason, completion_tokens, has_tools, expect, num_retractions)
+    return flags_of(facts, expect)
 
 
 def record_facts(
@@ -280,8 +303,24 @@ def record_facts(
     completion_tokens: int | None,
     has_tools: bool,
     expect: Expectations,
+    num_retractions: int | None = 0,
 ) -> RecordFacts:
     """The facts of one record, looked up only where `flags_of` will read them (this runs on every record)."""
+    facts = _id_facts(input_ids, output_ids, finish_reason, completion_tokens, has_tools, expect)
+    short = expect.max_new_tokens is not None and len(output_ids) < expect.max_new_tokens
+    if num_retractions or short:
+        return facts._replace(retracted=bool(num_retractions), cut_short=short)
+    return facts
+
+
+def _id_facts(
+    input_ids: Sequence[int],
+    output_ids: Sequence[int],
+    finish_reason: Any,
+    completion_tokens: int | None,
+    has_tools: bool,
+    expect: Expectations,
+) -> RecordFacts:
     kind = finish_type(finish_reason)
     nan = kind == "stop" and stop_matched_no_token(finish_reason)
     mismatch = completion_tokens is not None and len(output_ids) != completion_tokens
@@ -333,6 +372,8 @@ def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
             flags.add(PROMPT_SUFFIX_LEAK)
     if kind == "length":
         flags.add(TRUNCATED)
+        if facts.cut_short:
+            flags.add(TRUNCATED_BY_MEMORY)
     elif kind == "stop" and not facts.ends_with_stop:
         flags.add(BAD_TERMINATION)
     if kind == "stop" and facts.stop_not_token:
@@ -341,6 +382,8 @@ def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
         _reasoning_flags(facts, expect, flags)
     if facts.tool_calls_unbalanced and kind == "stop" and expect.tool_marker_pairs:
         flags.add(UNBALANCED_TOOL_CALLS)
+    if facts.retracted and expect.restarted_by_retraction:
+        flags.add(RETRACTED)
     return frozenset(flags)
 
 

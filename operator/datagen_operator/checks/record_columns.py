@@ -33,7 +33,7 @@ from datagen_operator.checks.record_checks import (
     tail_end,
 )
 
-COLUMNS = ("input_ids", "output_ids", "finish_reason", "completion_tokens", "has_tools", "thinking")
+COLUMNS = ("input_ids", "output_ids", "finish_reason", "completion_tokens", "has_tools", "thinking", "num_retractions")
 """The stored columns the checks read."""
 
 PROMPT_TAIL = 8
@@ -50,6 +50,8 @@ _BOOLS = (
     "think_end_in_output",
     "tool_calls_unbalanced",
     "stop_not_token",
+    "retracted",
+    "cut_short",
 )
 _REASONING_SHIFT = 2 + len(_BOOLS)
 """A combination of facts as one int: kind (2 bits), one bit per boolean, then `reasoning` (2 bits)."""
@@ -220,6 +222,11 @@ def _batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
     code = kinds | ends_with_stop.astype(np.int64) << (2 + _BOOLS.index("ends_with_stop"))
     code |= unbalanced.astype(np.int64) << (2 + _BOOLS.index("tool_calls_unbalanced"))
     code |= stop_not_token.astype(np.int64) << (2 + _BOOLS.index("stop_not_token"))
+    if "num_retractions" in batch.schema.names:  # outputs written before the column: never retracted
+        retracted = batch.column("num_retractions").fill_null(0).to_numpy(zero_copy_only=False) > 0
+        code |= retracted.astype(np.int64) << (2 + _BOOLS.index("retracted"))
+    if expect.max_new_tokens is not None:
+        code |= (outputs.lengths < expect.max_new_tokens).astype(np.int64) << (2 + _BOOLS.index("cut_short"))
     if expect.think_end_id is not None:
         reasoning_code, undecided = _reasoning(batch, outputs, expect)
         code |= reasoning_code
@@ -231,7 +238,7 @@ def _batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
             finish = orjson.loads(record["finish_reason"]) if record["finish_reason"] else None
             facts = record_facts(
                 record["input_ids"], record["output_ids"], finish, record["completion_tokens"],
-                bool(record["has_tools"]), expect,
+                bool(record["has_tools"]), expect, record.get("num_retractions"),
             )  # fmt: skip
             code[row] = _encode(facts)
     distinct, combo_of_row = np.unique(code, return_inverse=True)

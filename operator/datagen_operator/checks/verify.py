@@ -791,7 +791,7 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
     if report.fingerprint_sha256:
         console.print(f"fingerprint sha256 {report.fingerprint_sha256[:16]}…")
     table = Table(show_lines=False)
-    for column in ("check", "result", "rate", "threshold", "count/total", "verdict"):
+    for column in ("check", "result", "rate", "threshold", "bound", "count/total", "verdict"):
         table.add_column(column, overflow="fold")
     for c in report.checks:
         table.add_row(
@@ -799,6 +799,7 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
             "[green]pass[/]" if c.passed else "[red]FAIL[/]",
             "-" if c.rate is None else f"{c.rate:.2%}",
             "-" if c.threshold is None else f"{c.threshold:.2%}",
+            "-" if c.bound is None else f"{c.bound:.2%}",
             f"{c.count}/{c.total}",
             c.verdict,
         )

@@ -58,6 +58,7 @@ def parquet_schema() -> pa.Schema:
             ("thinking", pa.bool_()),
             ("answer_content", pa.string()),
             ("answer_reasoning", pa.string()),
+            ("num_retractions", pa.int32()),
         ]
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.engine.limits import reserved_tokens
+from datagen_operator.engine.limits import memory_cap, reserved_tokens
 from datagen_operator.output.layout import Key
 from datagen_operator.prompts.conversation import AnswerSplit, Turns
 from datagen_operator.prompts.dataset import line_key, line_number
@@ -93,6 +93,7 @@ def build_record(
         "thinking": job.thinking,
         "answer_content": split.content if split is not None else None,
         "answer_reasoning": split.reasoning_content if split is not None else None,
+        "num_retractions": meta.get("num_retractions"),
     }
 
 
@@ -174,6 +175,10 @@ class ContextLimit:
     max_input: int | None
     reserved: int = 0
     """Tokens the server counts as input on top of the prompt (EAGLE's draft slots, engine/limits.py)."""
+    kv_tokens: int | None = None
+    """The smallest replica's KV pool (`max_total_num_tokens`): the scheduler caps a request's new tokens to what
+    it holds beside the prompt (engine.limits.memory_cap), a cut answer, so such a prompt is set aside too."""
+    page_size: int = 1
 
 
 def _positive_int(value: Any) -> int | None:
@@ -185,9 +190,14 @@ def context_limit(infos: Iterable[Mapping[str, Any]]) -> ContextLimit:
     free GPU memory at start-up, so replicas can differ)."""
     contexts: list[int] = []
     inputs: list[int] = []
-    reserved = 0
+    pools: list[int] = []
+    reserved, page = 0, 1
     for info in infos:
         reserved = max(reserved, reserved_tokens(info))
+        page = max(page, _positive_int(info.get("page_size")) or 1)
+        pool = _positive_int(info.get("max_total_num_tokens"))
+        if pool is not None:
+            pools.append(pool)
         declared = _positive_int(info.get("context_length"))
         max_input = _positive_int(info.get("max_req_input_len"))
         if max_input is not None:
@@ -196,7 +206,9 @@ def context_limit(infos: Iterable[Mapping[str, Any]]) -> ContextLimit:
             contexts.append(declared)
         elif max_input is not None:
             contexts.append(max_input + 6)
-    return ContextLimit(min(contexts, default=None), min(inputs, default=None), reserved)
+    return ContextLimit(
+        min(contexts, default=None), min(inputs, default=None), reserved, min(pools, default=None), page
+    )
 
 
 CONTEXT_LENGTH_KEYS = (
@@ -251,10 +263,18 @@ def too_long_reason(prompt_tokens: int, max_new_tokens: int, limit: ContextLimit
             "(max_req_input_len in /server_info)"
         )
     total = prompt_tokens + limit.reserved + max_new_tokens
+    drafts = f" + {limit.reserved} speculative draft slots" if limit.reserved else ""
+    asked = f"{prompt_tokens} prompt tokens{drafts} + max_new_tokens {max_new_tokens} = {total}"
+    pool = limit.kv_tokens
     if limit.context_length is not None and total > limit.context_length:
-        drafts = f" + {limit.reserved} speculative draft slots" if limit.reserved else ""
-        return (
-            f"{prompt_tokens} prompt tokens{drafts} + max_new_tokens {max_new_tokens} = {total} "
-            f"exceeds the server's context length of {limit.context_length} tokens"
-        )
+        if pool is not None and pool <= limit.context_length:  # the context derived from the pool's bound
+            return f"{asked} exceeds the server's KV pool of {pool} tokens (max_total_num_tokens in /server_info)"
+        return f"{asked} exceeds the server's context length of {limit.context_length} tokens"
+    if pool is not None:
+        cap = memory_cap(prompt_tokens + limit.reserved, max_new_tokens, pool, limit.page_size)
+        if cap < max_new_tokens:
+            return (
+                f"{asked}: the server's KV pool of {pool} tokens (max_total_num_tokens in /server_info, page size "
+                f"{limit.page_size}) holds only {cap} new tokens beside this prompt; SGLang would cut the answer there"
+            )
     return None

@@ -103,6 +103,7 @@ class Lanes:
             meta.get("completion_tokens"),
             job.has_tools,
             self.inputs.expect_for(job.thinking),
+            meta.get("num_retractions"),
         )
         answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
         split = None

@@ -57,6 +57,8 @@ class FaultConfig:
     """The scheduler makes no progress this long once `stall_after_requests` requests came: answers wait,
     health calls see no output (SGLang answers 503 after its health timeout) while /generate still accepts."""
     stall_after_requests: int = 1
+    retraction_rate: float = 0.0
+    """Requests SGLang retracted once under KV pressure (`Req.reset_for_retract`): meta_info.num_retractions 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help='NaN logits mid-answer: a stop id written in place, finish_reason {"type": "stop", "matched": "NaN happened"}',
     )
+    sim.add_argument(
+        "--sim-kv-capacity",
+        type=_non_negative_int,
+        default=0,
+        help="max_total_num_tokens of every rank (default: measured, several contexts): a pool smaller than "
+        "prompt + max_new_tokens caps the answers as SGLang's scheduler does",
+    )
+    sim.add_argument(
+        "--sim-retraction-rate",
+        type=_rate,
+        default=0.0,
+        help="share of requests retracted once (KV memory short) and re-prefilled: meta_info.num_retractions 1",
+    )
     sim.add_argument("--sim-fault-hang-s", type=_non_negative_float, default=0.0, help="delay before answering")
     sim.add_argument(
         "--sim-fault-stall-s", type=_non_negative_float, default=0.0, help="the scheduler stalls this long (health 503)"
@@ -287,6 +302,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         "sim_seed": args.sim_seed,
         "sim_misconfig": args.sim_misconfig,
         "sim_prompt_suffix_leak": args.sim_prompt_suffix_leak,
+        "sim_kv_capacity": args.sim_kv_capacity,
     }
     tokenizer_dir = args.tokenizer_path or args.model_path
     return SimSettings(
@@ -316,6 +332,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             prompt_suffix_leak=args.sim_prompt_suffix_leak,
             stall_s=args.sim_fault_stall_s,
             stall_after_requests=args.sim_fault_stall_after_requests,
+            retraction_rate=args.sim_retraction_rate,
         ),
         speed=SpeedConfig(
             mode=args.sim_speed,

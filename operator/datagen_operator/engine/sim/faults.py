@@ -27,6 +27,8 @@ class FaultPlan:
     """Halfway through, sample an id outside the vocabulary (NaN logits): SGLang's guard ends the answer there."""
     stream_error: bool = False
     """Send an error event halfway through a stream, then [DONE]."""
+    retractions: int = 0
+    """meta_info.num_retractions: not a failure, the answer is whole; only what SGLang reports changes."""
 
     @property
     def any(self) -> bool:
@@ -54,18 +56,25 @@ def plan_faults(config: FaultConfig, request_number: int) -> FaultPlan:
         or config.nan_rate
         or config.stream_error_rate
         or config.hang_s
+        or config.retraction_rate
     ):
         return NO_FAULTS
     seed = config.seed
     hang_s = config.hang_s if config.hang_s and _hits(config.hang_rate, seed, request_number, "hang") else 0.0
+    retracted = retractions(config, request_number)
     if _hits(config.error_5xx_rate, seed, request_number, "5xx"):
         return FaultPlan(hang_s=hang_s, http_status=config.error_5xx_status)
     if _hits(config.reset_rate, seed, request_number, "reset"):
-        return FaultPlan(hang_s=hang_s, reset=True)
+        return FaultPlan(hang_s=hang_s, reset=True, retractions=retracted)
     if _hits(config.abort_rate, seed, request_number, "abort"):
-        return FaultPlan(hang_s=hang_s, abort=True)
+        return FaultPlan(hang_s=hang_s, abort=True, retractions=retracted)
     if _hits(config.nan_rate, seed, request_number, "nan"):
-        return FaultPlan(hang_s=hang_s, nan=True)
+        return FaultPlan(hang_s=hang_s, nan=True, retractions=retracted)
     if _hits(config.stream_error_rate, seed, request_number, "stream-error"):
-        return FaultPlan(hang_s=hang_s, stream_error=True)
-    return FaultPlan(hang_s=hang_s)
+        return FaultPlan(hang_s=hang_s, stream_error=True, retractions=retracted)
+    return FaultPlan(hang_s=hang_s, retractions=retracted)
+
+
+def retractions(config: FaultConfig, request_number: int) -> int:
+    """How often SGLang retracted this request (0 or 1): its own draw, beside any fault."""
+    return int(_hits(config.retraction_rate, config.seed, request_number, "retraction"))

@@ -230,6 +230,7 @@ def meta_info(
     completion_tokens: int,
     cached_tokens: int,
     e2e_latency: float | None,
+    num_retractions: int = 0,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": rid,
@@ -239,7 +240,7 @@ def meta_info(
         "cached_tokens": cached_tokens,
         "reasoning_tokens": 0,  # /generate never runs the reasoning parser
         "weight_version": WEIGHT_VERSION,
-        "num_retractions": 0,
+        "num_retractions": num_retractions,  # Req.retraction_count, as tokenizer_manager reports it
     }
     if e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency

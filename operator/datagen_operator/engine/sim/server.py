@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -32,7 +33,7 @@ import orjson
 from aiohttp import web
 
 from datagen_operator.engine.health import HEALTH_POLL_S, health_check_timeout_s
-from datagen_operator.engine.limits import reserved_tokens
+from datagen_operator.engine.limits import memory_cap, reserved_tokens
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
@@ -163,7 +164,19 @@ class Simulator:
         """Each DP rank's KV capacity, measured from "free GPU memory" at start-up: differs per replica, server
         (port) and seed."""
         args = self.args
+        if args.get("sim_kv_capacity"):
+            return [int(args["sim_kv_capacity"])] * (args["dp_size"] * args["attn_dp_size"])
         return protocol.dp_rank_capacities(self.context_length, self._server_key, args["dp_size"], args["attn_dp_size"])
+
+    def _memory_capped(self, items: list[GenerateItem]) -> list[GenerateItem]:
+        """Each item's max_new_tokens also capped to what the KV pool holds beside its prompt, after the context's
+        cap (`Scheduler.init_req_max_new_tokens`; engine.limits.memory_cap). Binds only with --sim-kv-capacity:
+        the measured pool holds several contexts."""
+        capacity, page = self.kv_capacity, int(self.args.get("page_size") or 1)
+        return [
+            dataclasses.replace(item, max_new_tokens=memory_cap(len(item.prompt), item.max_new_tokens, capacity, page))
+            for item in items
+        ]
 
     @property
     def kv_capacity(self) -> int:
@@ -323,6 +336,7 @@ class Simulator:
                 self.args["skip_tokenizer_init"],
                 reserved_tokens=self.reserved_tokens,
             )
+            parsed = dataclasses.replace(parsed, items=self._memory_capped(parsed.items))
         except RequestError as error:
             self._crash_if_due(number)
             return _json(error.body(), error.status)
@@ -380,7 +394,13 @@ class Simulator:
                 item,
                 completion,
                 protocol.meta_info(
-                    item.rid, completion.finish_reason, len(item.prompt), len(completion.run), cached_tokens, e2e
+                    item.rid,
+                    completion.finish_reason,
+                    len(item.prompt),
+                    len(completion.run),
+                    cached_tokens,
+                    e2e,
+                    plan.retractions,
                 ),
                 protocol.leaked_prefix(item.prompt, leak),
                 parsed,
@@ -423,7 +443,7 @@ class Simulator:
             events = protocol.stream_events(
                 item,
                 completion,
-                protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None),
+                protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None, plan.retractions),
                 protocol.leaked_prefix(item.prompt, leak),
                 interval=interval,
                 incremental=incremental,
@@ -514,10 +534,12 @@ class Simulator:
             )
         prompt = generate.items[0].prompt
         max_new = protocol.scheduler_max_new_tokens(len(prompt), parsed.params.max_new_tokens, self.context_length)
-        items = [
-            GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
-            for sample in range(parsed.params.n)
-        ]
+        items = self._memory_capped(
+            [
+                GenerateItem(prompt, parsed.params, protocol.new_rid(), sample, max_new, sample)
+                for sample in range(parsed.params.n)
+            ]
+        )
         completions = [self._complete(item, plan) for item in items]
         cached = self._cached_tokens(items[0])
         choices = [
