@@ -107,6 +107,9 @@ def run_sglang_peer(
 ) -> float:
     payload = workdir / "sglang-prompts.json"
     payload.write_bytes(orjson.dumps(prompts))
+    # The counter before the child starts, taken as the watch's first sample at its first request: a --quick side
+    # can be over between that request and the watch's own first read, which would leave the window empty.
+    generated_before = _metric(url, "sglang:generation_tokens_total")
     child = subprocess.Popen(
         [PYTHON, str(Path(__file__).resolve()), "--sglang-child", str(payload), url, str(concurrency), str(max_new),
          "stream" if stream else "no-stream"],
@@ -118,7 +121,7 @@ def run_sglang_peer(
     before = _tokens(url)
     while child.poll() is None and watch is None:
         if _tokens(url) != before or _running(url):
-            watch = TokenWatch(url)
+            watch = TokenWatch(url, first=(time.perf_counter(), generated_before))
         time.sleep(0.02)
     out, err = child.communicate()
     if child.returncode != 0 or watch is None:

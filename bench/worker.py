@@ -79,15 +79,19 @@ def start_sim(workdir: Path, answer_tokens: int) -> tuple[subprocess.Popen[bytes
 class TokenWatch:
     """The simulator's generated-token counter, sampled every 50 ms in a thread while a side runs."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, first: tuple[float, float] | None = None) -> None:
         self.url = url
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
-        # The first sample is taken here, before the side starts: a thread's first read can come late on a loaded
-        # machine, after a short (--quick) side has finished, leaving nothing counted between samples.
-        self.samples.append((time.perf_counter(), self._read()))
+        # The first sample is taken before the side starts (or given: `first`, read before a side that is
+        # watched only from its first request): a thread's first read can come late on a loaded machine, after a
+        # short (--quick) side has finished, leaving nothing counted between samples.
+        self.samples.append(first or self.sample())
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def sample(self) -> tuple[float, float]:
+        return time.perf_counter(), self._read()
 
     def _read(self) -> float:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
