@@ -237,3 +237,16 @@ def abort_answer(finish_reason: dict[str, Any], is_stream: bool) -> dict[str, An
     except ValueError as error:
         return {"status": getattr(error, "status_code", 400), "body": {"error": {"message": str(error)}}}
     return {"chunk": chunk}
+
+
+def model_eos_ids(model_dir: str) -> list[int]:
+    """The eos ids SGLang's scheduler stops on for a model directory (`ModelConfig._get_hf_eos_token_id` over
+    `get_config(model_path)` and `get_generation_config(model_path)`), as `ModelConfig.__init__` reads them."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.utils.hf_transformers_utils import get_config, get_generation_config
+
+    config = types.SimpleNamespace(
+        hf_config=get_config(model_dir, trust_remote_code=False),
+        hf_generation_config=get_generation_config(model_dir, trust_remote_code=False),
+    )
+    return sorted(ModelConfig._get_hf_eos_token_id(config))

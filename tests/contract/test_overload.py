@@ -12,7 +12,7 @@ import ast
 import orjson
 import pytest
 
-from datagen_operator.engine.client.policy import Verdict, abort_verdict, classify_answer
+from datagen_operator.engine.client.policy import Verdict, abort_verdict, classify_answer, stream_error_verdict
 from datagen_operator.engine.sim import protocol
 from tests.contract import sglang_sim_side
 from tests.contract.conftest import SGLang
@@ -58,3 +58,13 @@ def test_a_400_abort_is_still_a_refusal(sglang: SGLang) -> None:
     answer = sglang.call(sglang_sim_side.abort_answer, finish_reason, False)
     assert (answer["status"], answer["body"]) == protocol.abort_response(finish_reason)
     assert classify_answer(answer["status"], orjson.dumps(answer["body"])) is Verdict.REJECT
+
+
+def test_the_stream_error_event_is_sglangs_and_is_recorded_with_its_code() -> None:
+    # `serve_generate_request` streams a ValueError as {"error": {message, type, code, retryable}} then [DONE].
+    source = _function_source("srt/entrypoints/http_server.py", "serve_generate_request")
+    assert '"type": "invalid_request_error"' in source and '"retryable": False' in source
+    assert '"code": getattr(e, "status_code", 400)' in source
+    event = protocol.stream_error_payload("bad input")["error"]
+    assert set(event) == {"message", "type", "code", "retryable"} and event["code"] == 400
+    assert stream_error_verdict(event) == (Verdict.REJECT, "stream error: bad input", 400)
