@@ -30,6 +30,7 @@ from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
+from datagen_operator.worker.stealing import ShardWork, claims_for
 from datagen_operator.worker.stop import Stop
 from datagen_operator.worker.turns import NextTurns
 
@@ -59,6 +60,8 @@ class Feeder:
         turns: NextTurns | None = None,
     ) -> None:
         self.config = config
+        self.work = ShardWork(config, inputs.plan, claims_for(config))
+        """The items to feed: this shard's chunks, then other shards' (worker/stealing.py)."""
         self.inputs = inputs
         self.ledger = ledger
         self.jobs = jobs
@@ -83,7 +86,9 @@ class Feeder:
         max_ahead = max(2, 2 * self.inputs.render_pool.processes + 1)
         try:
             batch: Batch = []
-            for index, item in enumerate(self.inputs.plan):
+            index = 0
+            async for item in self.work.items():
+                index += 1
                 if index % 512 == 511:
                     await asyncio.sleep(0)  # reading the plan: let the lanes move answers meanwhile
                 if isinstance(item, MalformedLine):
@@ -128,11 +133,14 @@ class Feeder:
             ledger.planned = True
             p = ledger.progress
             log.info(
-                "dataset read: shard %d/%d has %d prompts (%d malformed lines set aside)",
+                "dataset read: shard %d/%d has %d prompts (%d malformed lines set aside; %d chunk(s) taken from other "
+                "shards, %d given)",
                 p.shard,
                 p.shard_count,
                 p.prompts_total,
                 p.prompts_malformed,
+                self.work.stolen,
+                self.work.given,
             )
             await self.jobs.end()
         except Exception as error:
