@@ -24,9 +24,10 @@ from pathlib import Path
 
 from datagen_operator.output.layout import fsync_dir
 
-CHUNK_LINES = 64
-"""Items a chunk holds: small enough that the last chunks of a run spread over every worker, large enough that
-a claim (two fsyncs) costs nothing beside 64 requests."""
+CHUNK_LINES = 16
+"""Items a chunk holds: what a worker commits to ahead of sending, so what the last chunks of a run leave
+uneven between workers (about one round of a worker's requests); a claim (two fsyncs) costs little beside 16
+requests."""
 
 
 def chunk_of(item_index: int, chunk_lines: int = CHUNK_LINES) -> int:

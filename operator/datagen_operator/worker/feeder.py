@@ -84,8 +84,21 @@ class Feeder:
         ledger, pinned = self.ledger, self.pinned
         ahead: deque[tuple[Batch, asyncio.Future[list[RenderResult]]]] = deque()
         max_ahead = max(2, 2 * self.inputs.render_pool.processes + 1)
+        batch: Batch = []
+
+        async def send_what_is_read() -> None:
+            """Before a claim: what was read is rendered and queued, and the lanes have taken most of it, so what
+            this worker holds claimed but unsent stays small (worker/stealing.py)."""
+            nonlocal batch
+            if batch:
+                ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+                batch = []
+            while ahead:
+                await self._queue_rendered(*ahead.popleft())
+            await self.jobs.wait_low(self.config.spec.clients.concurrency // 2)
+
+        self.work.before_claim = send_what_is_read
         try:
-            batch: Batch = []
             index = 0
             async for item in self.work.items():
                 index += 1

@@ -1,7 +1,9 @@
 """What this worker generates, chunk by chunk (output/steal.py): its own shard's chunks, claimed as the feeder
 reaches them; then the other shards' chunks it claimed in an earlier run (it finishes them, keyed by its own
-records); then, with stealing on, other shards' unclaimed chunks from their end, the shard with the most left
-first, until no chunk is left unclaimed anywhere. Every item goes through the feeder's one path (the pin's line
+records); then, with stealing on, other shards' unclaimed chunks from their end, the shard that has made the fewest
+records first (its progress.json), until no chunk is left unclaimed anywhere. A chunk is claimed only once the
+worker's queue is low (`before_claim`), so what it holds claimed but unsent stays about one round of its
+requests: what the last chunks of a run can leave uneven between workers. Every item goes through the feeder's one path (the pin's line
 hashes, the preflight's rendered ids, the set-aside rules), and its records into this worker's shard files.
 
 One shard alone claims nothing: there is nobody to share with."""
@@ -9,11 +11,15 @@ One shard alone claims nothing: there is nobody to share with."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-from datagen_operator.output.steal import Claims, chunk_of, chunks_for
+import orjson
+
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.steal import Claims, chunk_of
 from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan
 from datagen_operator.worker.config import WorkerConfig
 
@@ -22,9 +28,9 @@ log = logging.getLogger("datagen.worker")
 Item = tuple[PromptRef, dict[str, Any]] | MalformedLine
 """One item of a shard's plan: a valid prompt (with its parsed object) or a line set aside."""
 
-STASH_CHUNKS = 4
-"""Chunks of a victim kept at hand from one read of its plan (the largest unclaimed ones it saw): a steal
-after the first costs a claim, not a read of the dataset."""
+STASH_CHUNKS = 32
+"""Chunks of a victim kept at hand from one read of its plan (the largest unclaimed ones it saw, 512 items):
+a steal after the first costs a claim, not a read of the dataset."""
 
 YIELD_EVERY = 512
 """Items read between two returns to the event loop while a victim's plan is read (its other lines skipped)."""
@@ -47,6 +53,8 @@ class ShardWork:
         self.config = config
         self.plan = plan
         self.claims = claims
+        self.before_claim: Callable[[], Awaitable[None]] | None = None
+        """Awaited before each claim: the feeder sends what it has read and waits for its queue to be low."""
         self.me = config.shard_index
         self.stolen = 0
         """Chunks this run claimed from other shards."""
@@ -64,7 +72,7 @@ class ShardWork:
             if index % claims.chunk_lines == 0:
                 # Claimed (durably) before any prompt of the chunk is queued; a chunk another worker holds is
                 # its: skipped here, counted there.
-                owner = await asyncio.to_thread(claims.claim, me, chunk_of(index, claims.chunk_lines), me)
+                owner = await self._claim(me, chunk_of(index, claims.chunk_lines))
                 mine = owner == me
                 self.given += not mine
             if mine:
@@ -80,6 +88,12 @@ class ShardWork:
             async for item in self._steal():
                 yield item
 
+    async def _claim(self, shard: int, chunk: int) -> int:
+        assert self.claims is not None
+        if self.claims.owner(shard, chunk) is None and self.before_claim is not None:
+            await self.before_claim()
+        return await asyncio.to_thread(self.claims.claim, shard, chunk, self.me)
+
     async def _read(self, shard: int, chunks: set[int]) -> AsyncIterator[Item]:
         """The items of `chunks` of `shard`, in order."""
         assert self.claims is not None
@@ -93,47 +107,43 @@ class ShardWork:
     async def _steal(self) -> AsyncIterator[Item]:
         claims, me = self.claims, self.me
         assert claims is not None
-        others = [shard for shard in range(self.config.shard_count) if shard != me]
-        counts: dict[int, int] = {}
-        """shard -> its chunks, learned by reading its plan."""
+        left = [shard for shard in range(self.config.shard_count) if shard != me]
+        """Shards that may still have unclaimed chunks (once all of a shard's are claimed, they stay claimed)."""
         stash: dict[int, dict[int, list[Item]]] = {}
         """shard -> chunk -> items, of chunks that were unclaimed when its plan was read."""
-        while True:
-            for shard in others:
-                if shard not in counts:
-                    await self._stash(shard, counts, stash)
-            left = {shard: self._unclaimed(shard, counts[shard]) for shard in others}
-            victim = max(others, key=lambda shard: len(left[shard]))
-            if not left[victim]:
-                return
+        while left:
+            victim = min(left, key=self._records_done)
+            claimed = claims.claimed(victim)
             chunks = stash.setdefault(victim, {})
-            for chunk in [chunk for chunk in chunks if chunk not in left[victim]]:
+            for chunk in [chunk for chunk in chunks if chunk in claimed]:
                 del chunks[chunk]  # claimed since
             if not chunks:
-                await self._stash(victim, counts, stash)
-                continue
+                chunks = stash[victim] = await self._stash(victim)
+                if not chunks:
+                    left.remove(victim)
+                    continue
             chunk = max(chunks)
             items = chunks.pop(chunk)
-            owner = await asyncio.to_thread(claims.claim, victim, chunk, me)
-            if owner != me:
+            if await self._claim(victim, chunk) != me:
                 continue
             self.stolen += 1
             log.info("took chunk %d of shard %d (%d lines)", chunk, victim, len(items))
             for item in items:
                 yield item
 
-    def _unclaimed(self, shard: int, count: int) -> set[int]:
-        assert self.claims is not None
-        return set(range(count)) - self.claims.claimed(shard)
+    def _records_done(self, shard: int) -> int:
+        """What `shard` has recorded by its last progress.json (-1: none yet, so it has done the least)."""
+        try:
+            return int(orjson.loads(OutputLayout(self.config.output).progress(shard).read_bytes())["records_done"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
 
-    async def _stash(self, shard: int, counts: dict[int, int], stash: dict[int, dict[int, list[Item]]]) -> None:
-        """Read `shard`'s plan: its chunk count, and the items of its largest chunks unclaimed now."""
+    async def _stash(self, shard: int) -> dict[int, list[Item]]:
+        """Read `shard`'s plan for the items of its largest chunks unclaimed now."""
         assert self.claims is not None
         lines, claimed = self.claims.chunk_lines, self.claims.claimed(shard)
         kept: dict[int, list[Item]] = {}
-        items = 0
         for index, item in enumerate(shard_scan(self.config, shard)):
-            items = index + 1
             if index % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
             chunk = chunk_of(index, lines)
@@ -142,26 +152,32 @@ class ShardWork:
             kept.setdefault(chunk, []).append(item)
             if len(kept) > STASH_CHUNKS:
                 del kept[min(kept)]
-        counts[shard] = chunks_for(items, lines)
-        stash[shard] = kept
+        return kept
 
 
 def owned_items(config: WorkerConfig) -> Iterator[Item]:
-    """This worker's items as the claims stand, in the feeder's order, claiming nothing: the chunks of its own
-    shard it claimed, then those of other shards (compaction's order, a failure's recount)."""
+    """This worker's items as the claims stand, in dataset order, claiming nothing: the chunks of its own shard
+    it claimed and those of other shards (compaction's row order, a failure's recount)."""
     claims = claims_for(config)
     if claims is None:
         yield from shard_scan(config, config.shard_index)
         return
-    me, lines = config.shard_index, claims.chunk_lines
-    mine = False
-    for index, item in enumerate(shard_scan(config, me)):
+    held = claims.held(config.shard_index, config.shard_count)
+    parts = [_claimed_by_me(config, claims, config.shard_index, None)]
+    parts += [_claimed_by_me(config, claims, shard, set(chunks)) for shard, chunks in sorted(held.items())]
+    yield from heapq.merge(*parts, key=_position)
+
+
+def _claimed_by_me(config: WorkerConfig, claims: Claims, shard: int, chunks: set[int] | None) -> Iterator[Item]:
+    """The items of `shard` in `chunks` (None: those of its chunks this worker claimed)."""
+    lines, mine = claims.chunk_lines, False
+    for index, item in enumerate(shard_scan(config, shard)):
         if index % lines == 0:
-            mine = claims.owner(me, chunk_of(index, lines)) == me
+            chunk = chunk_of(index, lines)
+            mine = chunk in chunks if chunks is not None else claims.owner(shard, chunk) == config.shard_index
         if mine:
             yield item
-    for shard, chunks in sorted(claims.held(me, config.shard_count).items()):
-        held = set(chunks)
-        for index, item in enumerate(shard_scan(config, shard)):
-            if chunk_of(index, lines) in held:
-                yield item
+
+
+def _position(item: Item) -> int:
+    return item.position if isinstance(item, MalformedLine) else item[0].position
