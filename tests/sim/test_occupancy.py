@@ -25,6 +25,7 @@ def test_underfilled_time_counts_from_bulk_start_to_the_last_answer_and_to_the_l
     o.left(5.0)  # the last answer; the drain from 4.0 is underfilled too
     assert o.bulk_seconds() == 4.0 and o.underfilled_seconds() == pytest.approx(0.5 + 1.0)
     assert o.sending_seconds() == 1.5 and o.sending_underfilled_seconds() == pytest.approx(0.5)
+    assert o.idle_slot_seconds() == pytest.approx(1.5) and o.sending_idle_slot_seconds() == pytest.approx(0.5)
 
 
 def test_clients_that_never_fill_the_server_are_underfilled_all_along() -> None:
@@ -34,6 +35,7 @@ def test_clients_that_never_fill_the_server_are_underfilled_all_along() -> None:
     o.left(3.0)
     o.left(4.0)
     assert o.bulk_seconds() == 4.0 and o.underfilled_seconds() == 4.0
+    assert o.idle_slot_seconds() == pytest.approx(3 * 1 + 2 * 2 + 3 * 1)  # each missing request counts
 
 
 def _gauge(text: str, name: str) -> float:
@@ -60,6 +62,7 @@ def test_the_metrics_say_it(sim_factory: Callable[..., SimServer]) -> None:
     assert 0.35 < bulk < 5 and 0.15 < under < bulk
     assert _gauge(text, "sglang_sim:expected_in_flight") == 2
     assert _gauge(text, "sglang_sim:sending_seconds") <= bulk
+    assert under * 0.9 < _gauge(text, "sglang_sim:idle_slot_seconds") <= 2 * under  # one of two slots was empty
 
 
 def test_answers_grow_with_their_prompts(sim_factory: Callable[..., SimServer]) -> None:

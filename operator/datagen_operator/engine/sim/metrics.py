@@ -64,6 +64,8 @@ class SimMetrics:
                 ("underfilled_seconds", "Seconds of bulk_seconds with fewer requests in flight than expected."),
                 ("sending_seconds", "Seconds from bulk start to the last request received."),
                 ("sending_underfilled_seconds", "Seconds of sending_seconds with fewer in flight than expected."),
+                ("idle_slot_seconds", "Requests missing from the expected in flight, times seconds, in bulk_seconds."),
+                ("sending_idle_slot_seconds", "Requests missing from the expected in flight x seconds, sending."),
                 ("expected_in_flight", "The requests the clients should keep in flight (--sim-expected-in-flight)."),
             )
         }
@@ -100,5 +102,7 @@ class SimMetrics:
             gauges["underfilled_seconds"].set(o.underfilled_seconds())
             gauges["sending_seconds"].set(o.sending_seconds())
             gauges["sending_underfilled_seconds"].set(o.sending_underfilled_seconds())
+            gauges["idle_slot_seconds"].set(o.idle_slot_seconds())
+            gauges["sending_idle_slot_seconds"].set(o.sending_idle_slot_seconds())
             gauges["expected_in_flight"].set(o.expected)
         return generate_latest(self.registry)
