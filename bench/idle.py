@@ -1,7 +1,8 @@
 """Benchmark: does the server ever wait on the client? Shards with skewed answer lengths, with and without work
 stealing between them.
 
-    .venv/bin/python bench/idle.py [--shards 8] [--prompts 10000] [--concurrency 16] [--tokens-per-s 400] [--quick]
+    .venv/bin/python bench/idle.py [--shards 8] [--prompts 10000] [--concurrency 16] [--tokens-per-s 400]
+                                   [--turns 1] [--quick]
 
 Writes `--prompts` prompts whose ids put the long ones in the first `--slow-shards` shards (`--long-words` words
 against `--short-words`), and starts the SGLang simulator at GPU pace with answers as long as their prompts
@@ -17,6 +18,10 @@ from bulk start (that many first in flight: every worker sending):
 - the same to the last answer (with the run's final drain, which no client can fill), and the strict share of
   wall time with any slot empty (at these request times of a fraction of a second dominated by each lane's
   millisecond between an answer and its next request): printed beside it.
+
+`--turns N`: each line a conversation of N user turns, regenerated whole (generation.turns all): a turn is sent
+only once the answer before it is recorded, so this shows whether turns waiting on each other leave the server
+idle.
 
 One line per side, then the last line:
 
@@ -66,7 +71,12 @@ def write_dataset(path: Path, args: argparse.Namespace) -> tuple[int, int]:
             slow = shard_of_id(prompt_id, args.shards) < args.slow_shards
             long_count += slow
             words = " ".join(f"w{(i + k) % 97}" for k in range(args.long_words if slow else args.short_words))
-            line = {"id": prompt_id, "messages": [{"role": "user", "content": f"Question {i}: {words}?"}]}
+            messages: list[dict[str, str]] = []
+            for turn in range(args.turns):
+                messages.append({"role": "user", "content": f"Question {i}.{turn}: {words}?"})
+                if args.turns > 1:
+                    messages.append({"role": "assistant", "content": "(the dataset's answer, never sent)"})
+            line = {"id": prompt_id, "messages": messages}
             file.write(orjson.dumps(line) + b"\n")
     return long_count, args.prompts - long_count
 
@@ -96,7 +106,10 @@ def spec(dataset: Path, tokenizer_dir: Path, output: Path, args: argparse.Namesp
     return {
         "model": {"preset": "kimi-k2.5", "path": str(tokenizer_dir)},
         "dataset": {"path": str(dataset)},
-        "generation": {"sampling": {"max_new_tokens": 4096, "temperature": 0.6}},
+        "generation": {
+            "turns": "all" if args.turns > 1 else "last",
+            "sampling": {"max_new_tokens": 4096, "temperature": 0.6},
+        },
         "clients": {"shards": args.shards, "concurrency": args.concurrency},
         "output": {"path": str(output)},
     }
@@ -170,6 +183,8 @@ def main() -> None:
     parser.add_argument("--long-words", type=int, default=60)
     parser.add_argument("--answer-per-prompt-token", type=float, default=2.0)
     parser.add_argument("--tokens-per-s", type=float, default=400.0, help="each request's decode speed")
+    parser.add_argument("--turns", type=int, default=1, help="user turns per line; above 1, regenerated whole")
+    parser.add_argument("--sides", default="steal,no_steal", help="which to run, of steal and no_steal")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -189,12 +204,14 @@ def main() -> None:
         long_count, short_count = write_dataset(dataset, args)
         print(
             f"{args.shards} shards x concurrency {args.concurrency}, {args.prompts} prompts ({long_count} long in "
-            f"{args.slow_shards} shard(s), {short_count} short), {args.tokens_per_s:.0f} tok/s per request",
+            f"{args.slow_shards} shard(s), {short_count} short), {args.turns} turn(s) each, "
+            f"{args.tokens_per_s:.0f} tok/s per request",
             flush=True,
         )
         slots = args.shards * args.concurrency
-        for side, steal in (("steal", True), ("no_steal", False)):
-            r = results[side] = run_side(workdir, dataset, tokenizer_dir, args, steal)
+        sides = [side for side in ("steal", "no_steal") if side in args.sides.split(",")]
+        for side in sides:
+            r = results[side] = run_side(workdir, dataset, tokenizer_dir, args, side == "steal")
             r["idle"] = fraction(r["sending_idle_slot_seconds"], slots * r["sending_seconds"])
             r["idle_to_end"] = fraction(r["idle_slot_seconds"], slots * r["bulk_seconds"])
             strict = fraction(r["sending_underfilled_seconds"], r["sending_seconds"])
@@ -207,8 +224,8 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    figures = [f"idle_{side}={results[side]['idle']:.4f} (goal <= {GOAL})" for side in ("steal", "no_steal")]
-    figures += [f"idle_to_last_answer_{side}={results[side]['idle_to_end']:.4f}" for side in ("steal", "no_steal")]
+    figures = [f"idle_{side}={results[side]['idle']:.4f} (goal <= {GOAL})" for side in results]
+    figures += [f"idle_to_last_answer_{side}={results[side]['idle_to_end']:.4f}" for side in results]
     print(" ".join(figures) + f" {load()}")
 
 

@@ -67,3 +67,9 @@ def test_racing_claimers_each_chunk_has_exactly_one_owner(tmp_path: Path, racers
     for claimant, chunks_won in results.items():
         assert all(claims.owner(0, chunk) == claimant for chunk in chunks_won)
     assert not [name for name in os.listdir(claims.shard_dir(0)) if not name.isdigit()]
+
+
+def test_the_first_worker_settles_the_chunk_size_for_every_later_one(tmp_path: Path) -> None:
+    assert Claims(tmp_path, chunk_lines=4).settle() == 4
+    later = Claims(tmp_path, chunk_lines=16)
+    assert later.settle() == 4 and later.chunk_lines == 4

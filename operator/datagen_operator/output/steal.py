@@ -6,6 +6,7 @@ into chunks of `chunk_lines` consecutive items; chunk k holds items k*chunk_line
 chunk is generated, whole, by the worker that first claims it:
 
     claims/<shard:05d>/<chunk:08d>      "<claimant shard> <nonce>\\n", the claimant's name for itself
+    claims/chunk-lines                  the chunk size, settled by the first worker (the same protocol)
 
 A claim is written to a temporary file, fsynced, then hard-linked to its name (`link` fails with EEXIST when
 the name exists: atomic on local filesystems and NFS), and the directory fsynced, all before any prompt of the
@@ -28,6 +29,8 @@ CHUNK_LINES = 16
 """Items a chunk holds: what a worker commits to ahead of sending, so what the last chunks of a run leave
 uneven between workers (about one round of a worker's requests); a claim (two fsyncs) costs little beside 16
 requests."""
+CONVERSATION_CHUNK_LINES = 4
+"""A chunk of whole conversations (generation.turns all): each line is several requests in a row."""
 
 
 def chunk_of(item_index: int, chunk_lines: int = CHUNK_LINES) -> int:
@@ -48,6 +51,16 @@ class Claims:
         self.chunk_lines = chunk_lines
         self.nonce = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         """Told apart from another process claiming under the same shard index (a link whose answer was lost)."""
+
+    def settle(self) -> int:
+        """The chunk size of this output: the first worker's (`chunk_lines` as it asked), kept in the claims so
+        every later worker numbers the chunks the same whatever it would choose."""
+        path = self.root / "chunk-lines"
+        if not path.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            _publish(path, f"{self.chunk_lines}\n")
+        self.chunk_lines = int(path.read_text())
+        return self.chunk_lines
 
     def shard_dir(self, shard: int) -> Path:
         return self.root / f"{shard:05d}"
@@ -71,29 +84,9 @@ class Claims:
             return existing
         directory = self.shard_dir(shard)
         directory.mkdir(parents=True, exist_ok=True)
-        final = self.path(shard, chunk)
-        tmp = directory / f".{chunk:08d}.{claimant}.{os.getpid()}.tmp"
         body = f"{claimant} {self.nonce}\n"
-        try:
-            with tmp.open("w") as file:
-                file.write(body)
-                file.flush()
-                os.fsync(file.fileno())
-            try:
-                os.link(tmp, final)
-            except FileExistsError:
-                pass
-            except OSError:
-                # NFS may answer a retransmitted link with an error after the first one made it: the name says.
-                if not final.exists():
-                    raise
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(directory)
-        text = final.read_text()
-        if text == body:
-            return claimant
-        return int(text.split()[0])
+        text = _publish(self.path(shard, chunk), body)
+        return claimant if text == body else int(text.split()[0])
 
     def claimed(self, shard: int) -> set[int]:
         """The chunks of `shard` that someone claimed (a directory listing; nothing is read)."""
@@ -113,3 +106,26 @@ class Claims:
             if chunks:
                 held[shard] = chunks
         return held
+
+
+def _publish(final: Path, body: str) -> str:
+    """Make `final` hold `body` unless it exists: written to a temporary file, fsynced, hard-linked to its name
+    (EEXIST when someone was first), the directory fsynced. What `final` holds either way."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{id(body):x}.tmp")
+    try:
+        with tmp.open("w") as file:
+            file.write(body)
+            file.flush()
+            os.fsync(file.fileno())
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            pass
+        except OSError:
+            # NFS may answer a retransmitted link with an error after the first one made it: the name says.
+            if not final.exists():
+                raise
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(final.parent)
+    return final.read_text()

@@ -22,6 +22,7 @@ from datagen_operator.output.records import (
     too_long_reason,
     too_long_reject,
 )
+from datagen_operator.output.volume import is_volume_error
 from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, last_turn, plan_turns
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
 from datagen_operator.prompts.pin import changed_message, prompt_hash
@@ -95,7 +96,9 @@ class Feeder:
                 batch = []
             while ahead:
                 await self._queue_rendered(*ahead.popleft())
-            await self.jobs.wait_low(self.config.spec.clients.concurrency // 2)
+            # A conversation is several requests in a row: fewer of them wait.
+            conversations = self.turns is not None
+            await self.jobs.wait_low(self.config.spec.clients.concurrency // (4 if conversations else 2))
 
         self.work.before_claim = send_what_is_read
         try:
@@ -156,6 +159,12 @@ class Feeder:
                 self.work.given,
             )
             await self.jobs.end()
+        except OSError as error:
+            if not is_volume_error(error):
+                message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
+                self.stop.set_fatal(EXIT_BAD_INPUT, message)
+                raise
+            self.ledger.volume.failed(error)  # a claim the output volume could not take (worker/stealing.py)
         except Exception as error:
             message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
             self.stop.set_fatal(EXIT_BAD_INPUT, message)

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.output.layout import OutputLayout
-from datagen_operator.output.steal import Claims, chunk_of
+from datagen_operator.output.steal import CHUNK_LINES, CONVERSATION_CHUNK_LINES, Claims, chunk_of
 from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan
 from datagen_operator.worker.config import WorkerConfig
 
@@ -37,8 +37,13 @@ YIELD_EVERY = 512
 
 
 def claims_for(config: WorkerConfig) -> Claims | None:
-    """The output's claims, or None for a run of one shard."""
-    return Claims(config.output) if config.shard_count > 1 else None
+    """The output's claims (their chunk size settled), or None for a run of one shard."""
+    if config.shard_count == 1:
+        return None
+    conversations = config.spec.generation.turns == "all"
+    claims = Claims(config.output, CONVERSATION_CHUNK_LINES if conversations else CHUNK_LINES)
+    claims.settle()
+    return claims
 
 
 def shard_scan(config: WorkerConfig, shard: int) -> ShardScan:
