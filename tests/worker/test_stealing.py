@@ -255,3 +255,31 @@ def test_verify_counts_a_key_stored_by_two_shards_as_a_duplicate(tmp_path: Path)
     (OutputLayout(output).shard_dir(0) / "segment-000099.jsonl").write_bytes(orjson.dumps(copied) + b"\n")
     with pytest.raises(AssertionError, match="1 duplicate rows"):
         _verify(document, output, tmp_path / "prompts.jsonl")
+
+
+def test_an_output_begun_without_claims_keeps_other_workers_off_its_shards(tmp_path: Path) -> None:
+    """Records made before claims existed (an output begun by an older worker): no claim says what they cover,
+    so no other worker may take that shard's chunks, before its worker comes back (its files hold records) or
+    after (it closes its shard); everything is still made exactly once."""
+    import shutil
+
+    items = prompts(300)
+    document = _run_spec(items, tmp_path, **{"clients.concurrency": 8})
+    output, log = tmp_path / "out", tmp_path / "old.log"
+    with start_sim(*SIM_FLAGS, *PACED, tokenizer_dir=standin()) as server:
+        old = spawn(document, [server.url], "--shard-index", "0", "--shard-count", "2", "--no-compact", log=log)
+        try:
+            _wait(lambda: len(_segment_ids(output, 0)) >= 5, old, log, "the first records")
+            old.send_signal(signal.SIGKILL)
+            old.wait(timeout=30)
+        finally:
+            if old.poll() is None:
+                old.kill()
+        shutil.rmtree(output / "claims")  # what an older worker left: records, no claims
+        assert _shard(document, 1, server.url) == EXIT_OK
+        assert Claims(output).claimed(0) == set()  # shard 1 took nothing of shard 0
+        assert _shard(document, 0, server.url, "--no-compact") == EXIT_OK
+        assert Claims(output).closed(0)
+    check_records(output, items)
+    assert _by_shard(output) == {0: len(_own(items, 0)), 1: len(_own(items, 1))}
+    assert _progress_sums(output) == (300, 300, 300)

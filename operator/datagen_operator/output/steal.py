@@ -7,6 +7,7 @@ chunk is generated, whole, by the worker that first claims it:
 
     claims/<shard:05d>/<chunk:08d>      "<claimant shard> <nonce>\\n", the claimant's name for itself
     claims/chunk-lines                  the chunk size, settled by the first worker (the same protocol)
+    claims/<shard:05d>/closed           nobody else takes this shard's chunks (its output began without claims)
 
 A claim is written to a temporary file, fsynced, then hard-linked to its name (`link` fails with EEXIST when
 the name exists: atomic on local filesystems and NFS), and the directory fsynced, all before any prompt of the
@@ -87,6 +88,15 @@ class Claims:
         body = f"{claimant} {self.nonce}\n"
         text = _publish(self.path(shard, chunk), body)
         return claimant if text == body else int(text.split()[0])
+
+    def close(self, shard: int) -> None:
+        """Keep other workers off `shard`'s chunks for good: its records were made before claims existed, so its
+        chunks do not say what it made."""
+        self.shard_dir(shard).mkdir(parents=True, exist_ok=True)
+        _publish(self.shard_dir(shard) / "closed", "closed\n")
+
+    def closed(self, shard: int) -> bool:
+        return (self.shard_dir(shard) / "closed").exists()
 
     def claimed(self, shard: int) -> set[int]:
         """The chunks of `shard` that someone claimed (a directory listing; nothing is read)."""

@@ -61,7 +61,9 @@ class Feeder:
         turns: NextTurns | None = None,
     ) -> None:
         self.config = config
-        self.work = ShardWork(config, inputs.plan, claims_for(config))
+        writer = ledger.writer
+        has_records = bool(len(writer.done) or len(writer.rejected) or writer.set_aside)
+        self.work = ShardWork(config, inputs.plan, claims_for(config), has_records)
         """The items to feed: this shard's chunks, then other shards' (worker/stealing.py)."""
         self.inputs = inputs
         self.ledger = ledger

@@ -54,10 +54,12 @@ def shard_scan(config: WorkerConfig, shard: int) -> ShardScan:
 class ShardWork:
     """The feeder's items, in the order above (`items`); `stolen` counts the chunks taken from other shards."""
 
-    def __init__(self, config: WorkerConfig, plan: ShardScan, claims: Claims | None) -> None:
+    def __init__(self, config: WorkerConfig, plan: ShardScan, claims: Claims | None, has_records: bool) -> None:
         self.config = config
         self.plan = plan
         self.claims = claims
+        self.has_records = has_records
+        """This shard's files held records (or set-aside lines) when the worker started."""
         self.before_claim: Callable[[], Awaitable[None]] | None = None
         """Awaited before each claim: the feeder sends what it has read and waits for its queue to be low."""
         self.me = config.shard_index
@@ -72,6 +74,11 @@ class ShardWork:
             for item in self.plan:
                 yield item
             return
+        if self.has_records and claims.owner(me, 0) != me and not claims.closed(me):
+            # Records but no claim of its first chunk: an output begun before claims (an owner claims its first
+            # chunk before it records anything). Its chunks cannot say what it made, so nobody else takes them.
+            await asyncio.to_thread(claims.close, me)
+            log.warning("shard %d: its output began without claims; other shards will not take its chunks", me)
         mine = False
         for index, item in enumerate(self.plan):
             if index % claims.chunk_lines == 0:
@@ -118,6 +125,9 @@ class ShardWork:
         """shard -> chunk -> items, of chunks that were unclaimed when its plan was read."""
         while left:
             victim = min(left, key=self._records_done)
+            if not self._may_take(victim):
+                left.remove(victim)
+                continue
             claimed = claims.claimed(victim)
             chunks = stash.setdefault(victim, {})
             for chunk in [chunk for chunk in chunks if chunk in claimed]:
@@ -135,6 +145,15 @@ class ShardWork:
             log.info("took chunk %d of shard %d (%d lines)", chunk, victim, len(items))
             for item in items:
                 yield item
+
+    def _may_take(self, shard: int) -> bool:
+        """Whether `shard`'s chunks may be taken: not closed, and not an output begun before claims whose worker
+        has not come back to close it (records in its files, its first chunk not claimed by it)."""
+        claims = self.claims
+        assert claims is not None
+        if claims.closed(shard):
+            return False
+        return claims.owner(shard, 0) == shard or not _holds_records(self.config, shard)
 
     def _records_done(self, shard: int) -> int:
         """What `shard` has recorded by its last progress.json (-1: none yet, so it has done the least)."""
@@ -158,6 +177,15 @@ class ShardWork:
             if len(kept) > STASH_CHUNKS:
                 del kept[min(kept)]
         return kept
+
+
+def _holds_records(config: WorkerConfig, shard: int) -> bool:
+    """Whether `shard`'s files hold a record or a set-aside line (a worker's fresh segment is empty)."""
+    layout = OutputLayout(config.output)
+    if any(layout.data_dir.glob(f"shard-{shard:05d}-of-*.parquet")):
+        return True
+    files = [*layout.segments(shard), layout.rejects(shard)]
+    return any(path.exists() and path.stat().st_size > 0 for path in files)
 
 
 def owned_items(config: WorkerConfig) -> Iterator[Item]:
