@@ -1,10 +1,11 @@
 """What this worker generates, chunk by chunk (output/steal.py): its own shard's chunks, claimed as the feeder
 reaches them; then the other shards' chunks it claimed in an earlier run (it finishes them, keyed by its own
-records); then, with stealing on, other shards' unclaimed chunks from their end, the shard that has made the fewest
-records first (its progress.json), until no chunk is left unclaimed anywhere. A chunk is claimed only once the
-worker's queue is low (`before_claim`), so what it holds claimed but unsent stays about one round of its
-requests: what the last chunks of a run can leave uneven between workers. Every item goes through the feeder's one path (the pin's line
-hashes, the preflight's rendered ids, the set-aside rules), and its records into this worker's shard files.
+records); then, with stealing on, other shards' unclaimed chunks from their end, the shard that has made the
+fewest records first (its progress.json), until no chunk is left unclaimed anywhere. A chunk is claimed only once
+the worker's queue is low (`before_claim`), so what it holds claimed but unsent stays about one round of its
+requests: what the last chunks of a run can leave uneven between workers. Every item goes through the feeder's
+one path (the pin's line hashes, the preflight's rendered ids, the set-aside rules), and its records into this
+worker's shard files.
 
 One shard alone claims nothing: there is nobody to share with."""
 
