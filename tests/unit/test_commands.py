@@ -44,7 +44,7 @@ EVERY_FIELD: list[Command] = [
                   records="out/canary.jsonl", termination_log="log"),
     WorkerCommand(run="r.yaml", output="out", dataset="d.jsonl", tokenizer="tok", shard_index=2, shard_count=3,
                   servers=("http://a", "http://b"), progress_configmap="cm-{index}", log_format="json",
-                  termination_log="log", lease_holder="uid"),
+                  termination_log="log", lease_holder="uid", no_steal=True),
     VerifyCommand(output="out", run="r.yaml", tokenizer="tok", dataset="d.jsonl", json=True, termination_log="log"),
     ExportCommand(output="out", formats=("speculators", "trl"), out="out/x", run="r.yaml", tokenizer="tok",
                   termination_log="log", max_length=4096, exclude_flags=("truncated", "aborted"), rows="conversations",

@@ -88,7 +88,8 @@ def test_two_shards_record_every_prompt_once_in_dataset_order(tmp_path: Path, si
     dataset = write_dataset(tmp_path / "prompts.jsonl", items, bad)
     output = tmp_path / "out"
     document = spec(dataset, output, **{"clients.shards": 2, "generation.samplesPerPrompt": 2})
-    assert run_inprocess(document, [sim.url], "--shard-index", "0") == EXIT_OK
+    # One after the other, the first keeping to its own shard (it would take all of the other's chunks).
+    assert run_inprocess(document, [sim.url], "--shard-index", "0", "--no-steal") == EXIT_OK
     assert run_inprocess(document, [sim.url], "--shard-index", "1") == EXIT_OK
 
     check_records(output, items, samples=2, servers={sim.url})

@@ -112,6 +112,8 @@ class WorkerCommand(Command):
     termination_log: str | None = None
     lease_holder: str | None = None
     """The run (its UID) that holds the output's lease (output/lease.py)."""
+    no_steal: bool = False
+    """Do not take other shards' chunks (worker/stealing.py); stealing is on by default."""
 
 
 @dataclass(frozen=True, kw_only=True)

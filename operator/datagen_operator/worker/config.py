@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backoff-cap", type=float, default=30.0, help="largest retry delay (s)")
     parser.add_argument("--no-compact", action="store_true", help="leave segments; do not write Parquet at the end")
     parser.add_argument(
+        "--no-steal",
+        action="store_true",
+        help="do not take other shards' unclaimed chunks once this shard's own are sent (claims are kept either way)",
+    )
+    parser.add_argument(
         "--render-processes",
         type=int,
         default=None,
@@ -84,6 +89,8 @@ class WorkerConfig:
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     compact: bool = True
+    steal: bool = True
+    """Take other shards' unclaimed chunks once this shard's own are sent (worker/stealing.py)."""
     render_processes: int = 1
     flush_interval_s: float = 0.2
     sync_interval_s: float = 2.0
@@ -157,6 +164,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,
         compact=not args.no_compact,
+        steal=not args.no_steal,
         render_processes=default_render_processes() if args.render_processes is None else max(0, args.render_processes),
         termination_log=Path(args.termination_log) if args.termination_log else None,
         lease_holder=lease_holder(args.lease_holder, run),

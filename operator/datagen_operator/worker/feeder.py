@@ -22,6 +22,7 @@ from datagen_operator.output.records import (
     too_long_reason,
     too_long_reject,
 )
+from datagen_operator.output.volume import is_volume_error
 from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, last_turn, plan_turns
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
 from datagen_operator.prompts.pin import changed_message, prompt_hash
@@ -30,6 +31,7 @@ from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
+from datagen_operator.worker.stealing import ShardWork, claims_for
 from datagen_operator.worker.stop import Stop
 from datagen_operator.worker.turns import NextTurns
 
@@ -59,6 +61,10 @@ class Feeder:
         turns: NextTurns | None = None,
     ) -> None:
         self.config = config
+        writer = ledger.writer
+        has_records = bool(len(writer.done) or len(writer.rejected) or writer.set_aside)
+        self.work = ShardWork(config, inputs.plan, claims_for(config), has_records)
+        """The items to feed: this shard's chunks, then other shards' (worker/stealing.py)."""
         self.inputs = inputs
         self.ledger = ledger
         self.jobs = jobs
@@ -81,9 +87,26 @@ class Feeder:
         ledger, pinned = self.ledger, self.pinned
         ahead: deque[tuple[Batch, asyncio.Future[list[RenderResult]]]] = deque()
         max_ahead = max(2, 2 * self.inputs.render_pool.processes + 1)
+        batch: Batch = []
+
+        async def send_what_is_read() -> None:
+            """Before a claim: what was read is rendered and queued, and the lanes have taken most of it, so what
+            this worker holds claimed but unsent stays small (worker/stealing.py)."""
+            nonlocal batch
+            if batch:
+                ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+                batch = []
+            while ahead:
+                await self._queue_rendered(*ahead.popleft())
+            # A conversation is several requests in a row: fewer of them wait.
+            conversations = self.turns is not None
+            await self.jobs.wait_low(self.config.spec.clients.concurrency // (4 if conversations else 2))
+
+        self.work.before_claim = send_what_is_read
         try:
-            batch: Batch = []
-            for index, item in enumerate(self.inputs.plan):
+            index = 0
+            async for item in self.work.items():
+                index += 1
                 if index % 512 == 511:
                     await asyncio.sleep(0)  # reading the plan: let the lanes move answers meanwhile
                 if isinstance(item, MalformedLine):
@@ -128,13 +151,22 @@ class Feeder:
             ledger.planned = True
             p = ledger.progress
             log.info(
-                "dataset read: shard %d/%d has %d prompts (%d malformed lines set aside)",
+                "dataset read: shard %d/%d has %d prompts (%d malformed lines set aside; %d chunk(s) taken from other "
+                "shards, %d given)",
                 p.shard,
                 p.shard_count,
                 p.prompts_total,
                 p.prompts_malformed,
+                self.work.stolen,
+                self.work.given,
             )
             await self.jobs.end()
+        except OSError as error:
+            if not is_volume_error(error):
+                message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
+                self.stop.set_fatal(EXIT_BAD_INPUT, message)
+                raise
+            self.ledger.volume.failed(error)  # a claim the output volume could not take (worker/stealing.py)
         except Exception as error:
             message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
             self.stop.set_fatal(EXIT_BAD_INPUT, message)

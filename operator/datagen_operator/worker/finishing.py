@@ -17,12 +17,13 @@ from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.parquet import CompactionResult, compact_shard
 from datagen_operator.output.volume import free_bytes, is_volume_error, volume_reason
 from datagen_operator.output.writer import ShardWriter
-from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+from datagen_operator.prompts.dataset import MalformedLine
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.failure import FailureReport
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.publisher import Publisher
 from datagen_operator.worker.shard_files import dataset_change, record_shard
+from datagen_operator.worker.stealing import owned_items
 from datagen_operator.worker.stop import Stop
 from datagen_operator.worker.volume_guard import VolumeGuard
 
@@ -129,9 +130,7 @@ class Finisher:
 
     def _compact(self) -> CompactionResult:
         c, samples = self.config, self.ledger.samples
-        scan = ShardScan(
-            c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format, id_field=c.spec.dataset.id_field
-        )
+        scan = owned_items(c)  # the chunks it claimed, its own shard's and others'
         turns_of = self.ledger.turns_of
         order = (
             (item[0].id, sample, turn)

@@ -13,12 +13,25 @@ class JobQueue:
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
         self.queue: asyncio.Queue[Job | None] = asyncio.Queue(maxsize=2 * lanes)
+        self._low: int | None = None
+        self._reached = asyncio.Event()
 
     async def put(self, job: Job) -> None:
         await self.queue.put(job)
 
     async def get(self) -> Job | None:
-        return await self.queue.get()
+        job = await self.queue.get()
+        if self._low is not None and self.queue.qsize() <= self._low:
+            self._reached.set()
+        return job
+
+    async def wait_low(self, jobs: int) -> None:
+        """Until at most `jobs` jobs are queued (the lanes took the rest)."""
+        while self.queue.qsize() > jobs:
+            self._low = jobs
+            self._reached.clear()
+            await self._reached.wait()
+        self._low = None
 
     async def end(self) -> None:
         """One end marker per lane, after the last job."""

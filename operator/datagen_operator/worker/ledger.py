@@ -10,9 +10,10 @@ from datagen_operator.api.progress import RecordCounts, ShardProgress
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject, turns_entry
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import EARLIER_TURN_REFUSED, NO_USER_TURN, TOOL_TURN, plan_turns
-from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, line_key, prompt_from
+from datagen_operator.prompts.dataset import MalformedLine, PromptRef, line_key, prompt_from
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.progress import Tracker
+from datagen_operator.worker.stealing import owned_items
 from datagen_operator.worker.volume_guard import VolumeGuard
 
 log = logging.getLogger("datagen.worker")
@@ -189,9 +190,7 @@ class Ledger:
         p.set_aside = {}
         p.records_set_aside = set_aside_on_disk(writer, n)
         self.remaining = {}
-        for item in ShardScan(
-            c.dataset, c.shard_index, c.shard_count, c.spec.dataset.format, id_field=c.spec.dataset.id_field
-        ):
+        for item in owned_items(c):
             if isinstance(item, MalformedLine):
                 p.prompts_malformed += 1
                 p.set_aside[item.cause] = p.set_aside.get(item.cause, 0) + 1

@@ -26,6 +26,9 @@ class ModelConfig:
 
     seed: int = 0
     mean_answer_tokens: float = 400.0
+    answer_tokens_per_prompt_token: float = 0.0
+    """When above 0, an answer's mean length is this many tokens per prompt token (in place of
+    mean_answer_tokens): long prompts get long answers, so shards of long prompts finish late."""
     mean_reasoning_tokens: float = 800.0
     length_sigma: float = 0.6
     tool_call_rate: float = 0.5
@@ -68,6 +71,8 @@ class SpeedConfig:
     ttft_s: float = 0.2
     batch_capacity: int = 256
     load_seconds: float = 0.0
+    expected_in_flight: int = 0
+    """/generate requests the clients should keep in flight (sglang_sim:underfilled_seconds; 0: not measured)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-load-seconds", type=_non_negative_float, default=0.0, help="/health 503 this long")
     sim.add_argument(
         "--sim-mean-answer-tokens", type=_positive_float, default=400.0, help="mean answer length (lognormal)"
+    )
+    sim.add_argument(
+        "--sim-answer-tokens-per-prompt-token",
+        type=_non_negative_float,
+        default=0.0,
+        help="mean answer length per prompt token, in place of --sim-mean-answer-tokens (0: off)",
+    )
+    sim.add_argument(
+        "--sim-expected-in-flight",
+        type=_non_negative_int,
+        default=0,
+        help="report sglang_sim:underfilled_seconds, time with fewer /generate requests in flight than this (0: off)",
     )
     sim.add_argument(
         "--sim-mean-reasoning-tokens", type=_positive_float, default=800.0, help="mean reasoning length (lognormal)"
@@ -310,6 +327,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         model=ModelConfig(
             seed=args.sim_seed,
             mean_answer_tokens=args.sim_mean_answer_tokens,
+            answer_tokens_per_prompt_token=args.sim_answer_tokens_per_prompt_token,
             mean_reasoning_tokens=args.sim_mean_reasoning_tokens,
             length_sigma=args.sim_length_sigma,
             tool_call_rate=args.sim_tool_call_rate,
@@ -340,6 +358,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             ttft_s=args.sim_ttft_s,
             batch_capacity=max(1, args.sim_batch_capacity),
             load_seconds=args.sim_load_seconds,
+            expected_in_flight=args.sim_expected_in_flight,
         ),
         host=args.host,
         port=args.port,

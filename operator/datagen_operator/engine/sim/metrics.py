@@ -9,6 +9,8 @@ from collections import deque
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from datagen_operator.engine.sim.occupancy import Occupancy
+
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 _THROUGHPUT_WINDOW_S = 10.0
 
@@ -53,6 +55,20 @@ class SimMetrics:
         self._prompt_total = 0
         self._cached_total = 0
         self._recent: deque[tuple[float, int]] = deque()
+        self.occupancy: Occupancy | None = None
+        """Set with --sim-expected-in-flight: its figures are rendered as the sglang_sim:* gauges."""
+        self._occupancy_gauges = {
+            name: gauge(f"sglang_sim:{name}", doc).labels(model_name)
+            for name, doc in (
+                ("bulk_seconds", "Seconds from bulk start (the expected requests first in flight) to the last answer."),
+                ("underfilled_seconds", "Seconds of bulk_seconds with fewer requests in flight than expected."),
+                ("sending_seconds", "Seconds from bulk start to the last request received."),
+                ("sending_underfilled_seconds", "Seconds of sending_seconds with fewer in flight than expected."),
+                ("idle_slot_seconds", "Requests missing from the expected in flight, times seconds, in bulk_seconds."),
+                ("sending_idle_slot_seconds", "Requests missing from the expected in flight x seconds, sending."),
+                ("expected_in_flight", "The requests the clients should keep in flight (--sim-expected-in-flight)."),
+            )
+        }
 
     def started(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.running.inc()
@@ -80,4 +96,13 @@ class SimMetrics:
         self.throughput.set(sum(tokens for _, tokens in self._recent) / _THROUGHPUT_WINDOW_S)
         self.token_usage.set(min(1.0, self._running_tokens / self._max_total_tokens))
         self.cache_hit_rate.set(self._cached_total / self._prompt_total if self._prompt_total else 0.0)
+        if self.occupancy is not None:
+            o, gauges = self.occupancy, self._occupancy_gauges
+            gauges["bulk_seconds"].set(o.bulk_seconds())
+            gauges["underfilled_seconds"].set(o.underfilled_seconds())
+            gauges["sending_seconds"].set(o.sending_seconds())
+            gauges["sending_underfilled_seconds"].set(o.sending_underfilled_seconds())
+            gauges["idle_slot_seconds"].set(o.idle_slot_seconds())
+            gauges["sending_idle_slot_seconds"].set(o.sending_idle_slot_seconds())
+            gauges["expected_in_flight"].set(o.expected)
         return generate_latest(self.registry)

@@ -21,6 +21,7 @@ work on the hot path: lists are sliced and joined in C.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import math
@@ -283,6 +284,8 @@ def complete(
     rng = random.Random(request_seed(prompt, seed, config.seed, sample_index))
     mode = thinking_mode(prompt, vocab)
     tools = declared_tools(prompt, vocab)
+    if config.answer_tokens_per_prompt_token > 0:
+        config = dataclasses.replace(config, mean_answer_tokens=config.answer_tokens_per_prompt_token * len(prompt))
     natural = natural_output(rng, mode, tools, config, vocab, params.min_new_tokens)
     if params.ignore_eos and len(natural) < max_new_tokens:
         natural += take(vocab.answer, rng, max_new_tokens - len(natural))  # it talks on past its stop token

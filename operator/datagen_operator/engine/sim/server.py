@@ -40,6 +40,7 @@ from datagen_operator.engine.sim import chat, protocol, resolution
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
 from datagen_operator.engine.sim.model import Completion, aborted, complete, nan_guarded
+from datagen_operator.engine.sim.occupancy import Occupancy
 from datagen_operator.engine.sim.prefix_cache import PrefixCache
 from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
 from datagen_operator.engine.sim.vocab import SimVocab, VocabError, load_vocab
@@ -107,6 +108,11 @@ class Simulator:
             from datagen_operator.engine.sim.metrics import SimMetrics  # prometheus_client only when asked
 
             self.metrics = SimMetrics(self.model_name, self.context_length)
+        self.occupancy: Occupancy | None = None
+        if settings.speed.expected_in_flight:
+            self.occupancy = Occupancy(settings.speed.expected_in_flight)
+            if self.metrics is not None:
+                self.metrics.occupancy = self.occupancy
         self.gpu = settings.speed.mode == "gpu"
         self.slots = asyncio.Semaphore(settings.speed.batch_capacity)
         self.waiting = 0
@@ -324,6 +330,16 @@ class Simulator:
         self._finished(len(item.prompt), len(completion.run), received)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        occupancy = self.occupancy
+        if occupancy is None or not self.ready:
+            return await self._generate(request)
+        occupancy.arrived(time.monotonic())
+        try:
+            return await self._generate(request)
+        finally:
+            occupancy.left(time.monotonic())
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         received = time.perf_counter()
         if not self.ready:
             return web.Response(status=503)  # warming up or shutting down: an empty body, as /health
