@@ -36,10 +36,6 @@ class Verdict(enum.Enum):
     REJECT = "reject"
 
 
-OVERLOADED = 503
-"""The status SGLang's scheduler aborts with when it sheds load (HTTPStatus.SERVICE_UNAVAILABLE)."""
-
-
 def classify_answer(status: int, body: bytes) -> Verdict:
     """An HTTP answer's verdict: a 503 that carries SGLang's own error envelope (`{"object": "error", ...}` from
     its HTTPException handler, or `{"error": ...}`) came from a live server shedding load; any other 503 means

@@ -370,10 +370,9 @@ class Simulator:
         if answer is not None:
             return _json(answer[1], answer[0])
         completions = [self._complete(item, plan) for item in parsed.items]
-        if refusal is not None:  # a stream carries the abort as its one result chunk, with no output
-            shed = {"type": "abort", "message": str(refusal), "status_code": refusal.status}
-        if shed is not None:
-            completions = [Completion(c.run.prefix(0), shed, "") for c in completions]
+        aborted = shed if refusal is None else {"type": "abort", "message": str(refusal), "status_code": refusal.status}
+        if aborted is not None:  # a stream carries the abort as its one result chunk, with no output
+            completions = [Completion(c.run.prefix(0), aborted, "") for c in completions]
         cached = [self._cached_tokens(item) for item in parsed.items]
         if parsed.stream:
             response = await self._stream_generate(request, parsed, completions, cached, plan, received)
