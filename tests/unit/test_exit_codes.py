@@ -35,6 +35,14 @@ def test_a_step_job_fails_at_once_on_the_exit_of_a_written_verdict(step: str) ->
     assert fail["onExitCodes"] == {"containerName": step, "operator": "In", "values": [EXIT_FAILED_VERDICT]}
 
 
+@pytest.mark.parametrize("step", STEP_JOBS)
+def test_an_evicted_step_pod_spends_no_retry_and_a_crash_is_retried_alike_in_every_step(step: str) -> None:
+    # verify and export once had neither: an evicted verify pod spent its only retry.
+    spec = STEP_JOBS[step]["spec"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in spec["podFailurePolicy"]["rules"]
+    assert spec["backoffLimit"] == STEP_JOBS["preflight"]["spec"]["backoffLimit"] >= 2
+
+
 def test_a_failed_verdict_is_no_worker_code_so_a_worker_exiting_1_crashed_and_is_retried() -> None:
     assert EXIT_FAILED_VERDICT not in MEANINGS and {EXIT_OK, EXIT_BAD_INPUT} <= MEANINGS.keys()
     assert shard_exit(EXIT_FAILED_VERDICT, 0) is ShardExit.RETRY

@@ -659,6 +659,21 @@ def _fails_on_its_verdict(container: str) -> dict[str, Any]:
     return _on_exit("FailJob", container, [EXIT_FAILED_VERDICT])
 
 
+IGNORE_DISRUPTION = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+"""A pod evicted, preempted or drained off its node is no failure of its own: it spends no retry."""
+STEP_RETRIES = 2
+"""Retries of a crashed step pod (preflight, canary, verify, export): each step is safe to run again."""
+
+
+def _step_job_spec(container: str) -> dict[str, Any]:
+    """The one failure policy of every step Job: a written verdict fails it at once, a disruption is free, any
+    other exit (a crash) is retried STEP_RETRIES times."""
+    return {
+        "backoffLimit": STEP_RETRIES,
+        "podFailurePolicy": {"rules": [_fails_on_its_verdict(container), IGNORE_DISRUPTION]},
+    }
+
+
 def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation: int) -> Manifest:
     """The inputs checked before the server is created (no GPU): dataset, tokenizer, an existing output's
     fingerprint and records. It writes one thing, the dataset's pin into the output (prompts/pin.py); the
@@ -676,15 +691,7 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
         lease_holder=run.uid,
     )
     container = _datagen_container("preflight", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = {
-        "backoffLimit": 2,
-        "podFailurePolicy": {
-            "rules": [
-                _fails_on_its_verdict("preflight"),
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-            ]
-        },
-    }
+    job_spec = _step_job_spec("preflight")
     return _job(
         run,
         spec,
@@ -713,15 +720,7 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
         termination_log=TERMINATION_LOG,
     )
     container = _datagen_container("canary", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = {
-        "backoffLimit": 2,
-        "podFailurePolicy": {
-            "rules": [
-                _fails_on_its_verdict("canary"),
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-            ]
-        },
-    }
+    job_spec = _step_job_spec("canary")
     return _job(
         run,
         spec,
@@ -762,7 +761,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "suspend": suspend,
         "podFailurePolicy": {
             "rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                IGNORE_DISRUPTION,
                 _on_exit("Ignore", "worker", list(FREE_EXITS)),
                 _on_exit("FailIndex", "worker", sorted(PERMANENT_EXITS)),
             ]
@@ -798,10 +797,7 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         termination_log=TERMINATION_LOG,
     )
     container = _datagen_container("verify", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = {
-        "backoffLimit": 1,
-        "podFailurePolicy": {"rules": [_fails_on_its_verdict("verify")]},
-    }
+    job_spec = _step_job_spec("verify")
     return _job(
         run, spec, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
     )
@@ -830,10 +826,7 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         dataset=dataset_file(spec) if whole else None,
     )
     container = _datagen_container("export", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = {
-        "backoffLimit": 1,
-        "podFailurePolicy": {"rules": [_fails_on_its_verdict("export")]},
-    }
+    job_spec = _step_job_spec("export")
     return _job(
         run, spec, export_job_name(run.name), "export", container, [run_volume, *model_volumes, *data_volumes], job_spec
     )
