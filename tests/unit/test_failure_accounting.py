@@ -134,3 +134,20 @@ def test_lost_answers_name_the_volume_before_the_runner_sees_the_exit_and_a_stal
     # The same snapshot left by an earlier `datagen run`: the resumed run goes on.
     stale = replace(running(Tally()), progress=counters_from_snapshots([full], attempt_started_at=200.0))
     assert decide(s, stale, context(s)).step is Step.RUN_WORKERS
+
+
+def test_a_dataset_changed_while_generating_is_the_runs_cause_in_the_workers_words() -> None:
+    # The worker's watch (worker/dataset_watch.py) names the change in its progress: the run halts on it, with
+    # its message, not a generic WorkersFailed.
+    s = spec()
+    message = "spec.dataset.path /data/p.jsonl changed since this output was started: 1 line edited (line 6 (id 'p5'))"
+    changed = shard(shard=0, state="failed", failure_reason="DatasetChanged", message=message, records_done=40)
+    observed = replace(
+        running(Tally()),
+        progress=counters_from_snapshots([changed, shard(shard=1, records_done=41)]),
+        workers=WorkersObservation(2, shards_failed=1),
+    )
+    d = decide(s, observed, context(s))
+    (succeeded,) = [u for u in d.updates if u.type == "Succeeded"]
+    assert d.step is Step.HALTED and (succeeded.status, succeeded.reason) == ("False", "DatasetChanged")
+    assert "line 6 (id 'p5')" in succeeded.message and "{" not in succeeded.message

@@ -12,6 +12,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+from datagen_operator.api.reasons import Reason
 from datagen_operator.output.readers import stored_answers
 from datagen_operator.output.records import (
     UNRENDERABLE,
@@ -129,7 +130,7 @@ class Feeder:
                 if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
                     # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
                     message = changed_message(self.config.dataset, f"line {ref.position + 1} (id {ref.id!r}) edited")
-                    self.stop.set_fatal(EXIT_BAD_INPUT, message)
+                    self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.DATASET_CHANGED)
                     return
                 if turns is not None and not len(turns):
                     reason = "no user message to answer (generation.turns: all answers each user turn)"

@@ -13,6 +13,7 @@ from datagen_operator.api.exit_codes import (
     EXIT_OK,
     EXIT_OUTPUT_VOLUME,
 )
+from datagen_operator.api.reasons import Reason
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.parquet import CompactionResult, compact_shard
 from datagen_operator.output.volume import free_bytes, is_volume_error, volume_reason
@@ -65,10 +66,10 @@ class Finisher:
         if changed is not None:  # edited while this shard read it: its records may mix two datasets
             log.error("%s", changed)
             code = EXIT_BAD_INPUT
-            p.state, p.message = "failed", changed
+            p.state, p.message, p.failure_reason = "failed", changed, Reason.DATASET_CHANGED
         elif stop.fatal is not None:
-            code, message = stop.fatal
-            p.state, p.message = "failed", message
+            code, message, reason = stop.fatal
+            p.state, p.message, p.failure_reason = "failed", message, reason
         elif complete:
             code = EXIT_OK
             p.state = "compacting" if c.compact else "complete"

@@ -1,5 +1,5 @@
-"""The generation phase: the feeder, `concurrency` lanes, the flush and progress loops run together; the
-drain waits for requests in flight; then the finisher says how the shard ended."""
+"""The generation phase: the feeder, `concurrency` lanes, the flush and progress loops and the dataset's watch
+run together; the drain waits for requests in flight; then the finisher says how the shard ended."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.worker.config import WorkerConfig
+from datagen_operator.worker.dataset_watch import DatasetWatch
 from datagen_operator.worker.feeder import Feeder
 from datagen_operator.worker.finishing import Finisher
 from datagen_operator.worker.lanes import Lanes
@@ -68,6 +69,7 @@ class Generation:
             asyncio.create_task(self.feeder.feed()),
             asyncio.create_task(self._flush_loop()),
             asyncio.create_task(self.publisher.loop()),
+            asyncio.create_task(DatasetWatch(c, self.stop).loop()),
         ]
         try:
             await self._wait_lanes(lanes)

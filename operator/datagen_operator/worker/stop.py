@@ -25,12 +25,12 @@ class Stop:
         self.abandon = asyncio.Event()
         """A second SIGTERM/SIGINT (or a failed volume): stop waiting for requests in flight."""
         self.drained = False
-        self.fatal: tuple[int, str] | None = None
-        """The exit code and message of the first fatal error."""
+        self.fatal: tuple[int, str, str] | None = None
+        """The exit code, message and named cause (a `Reason`, or "") of the first fatal error."""
 
-    def set_fatal(self, code: int, message: str) -> None:
+    def set_fatal(self, code: int, message: str, reason: str = "") -> None:
         if self.fatal is None:
-            self.fatal = (code, message)
+            self.fatal = (code, message, reason)
             log.error("%s", message)
             self._stop_requests()
 
