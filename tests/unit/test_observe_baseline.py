@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.k8s import observe as o
 
 JOB_START = "2026-11-30T09:00:00Z"
@@ -59,13 +60,31 @@ def test_without_a_job_start_every_snapshot_is_this_attempts() -> None:
     assert o.job_started_at(None) is None and o.job_started_at({}) is None
 
 
+def verdict(reason: str, message: str) -> str:
+    """What a failing worker writes to its termination log (worker/failure.py)."""
+    return StepOutcome(False, reason, message).for_storage().decode()
+
+
+def test_a_workers_named_cause_reaches_the_run_in_its_own_words() -> None:
+    failed = job(startTime=JOB_START, failedIndexes="1")
+    words = "spec.dataset.path /data/p.jsonl changed since this output was started: line 2 (id 'q1') edited. Restore it"
+    observed = o.workers_observation(
+        failed, [worker_pod("w-0", 0), worker_pod("w-1", 2, verdict("DatasetChanged", words))], 2
+    )
+    assert observed is not None and observed.shards_failed == 1
+    assert (observed.failure_reason, observed.failure_message) == ("DatasetChanged", words)
+    # A long cause is kept whole up to the verdict's limit, never cut from its front.
+    long = "the dataset changed: " + ", ".join(f"line {i} (id 'q{i}') edited" for i in range(200))
+    observed = o.workers_observation(failed, [worker_pod("w-1", 2, verdict("DatasetChanged", long))], 2)
+    assert observed is not None and (observed.failure_message or "").startswith("the dataset changed: line 0 ")
+
+
 def test_exit_7_names_the_volume_when_the_configmap_does_not() -> None:
     failed = job(startTime=JOB_START, failedIndexes="1")
-    message = "OutputVolumeReadOnly: /mnt/datagen/output is read-only after 3/10 records; mount the volume writable"
-    observed = o.workers_observation(failed, [worker_pod("w-1", 7, message)], 2)
+    message = "/mnt/datagen/output is read-only after 3/10 records; mount the volume writable"
+    observed = o.workers_observation(failed, [worker_pod("w-1", 7, verdict("OutputVolumeReadOnly", message))], 2)
     assert observed is not None and observed.shards_failed == 1
-    assert observed.failure_reason == "OutputVolumeReadOnly"
-    assert "exit 7: OutputVolumeReadOnly: /mnt/datagen/output is read-only" in (observed.failure_message or "")
+    assert (observed.failure_reason, observed.failure_message) == ("OutputVolumeReadOnly", message)
     # A message lost or cut short (the log sat on the full volume) still names the volume.
     for pod in (worker_pod("w-1", 7), worker_pod("w-1", 7, "Traceback (most recent call")):
         observed = o.workers_observation(failed, [pod], 2)
@@ -75,9 +94,31 @@ def test_exit_7_names_the_volume_when_the_configmap_does_not() -> None:
     assert counters is not None and counters.failure_reason is None
 
 
+def test_a_crash_shows_its_last_words_not_a_json_log_line_or_a_tail_cut_from_the_front() -> None:
+    failed = job(failedIndexes="0")
+    # FallbackToLogsOnError: the kubelet's tail of the JSON log, its first line cut.
+    log = "\n".join(
+        [
+            'ng","fingerprint_sha256":"ed17","records_done":5968}',
+            orjson.dumps({"ts": 1.0, "level": "info", "logger": "datagen.worker", "msg": "dataset read"}).decode(),
+            orjson.dumps(
+                {"ts": 2.0, "level": "error", "logger": "datagen.worker", "msg": "boom: disk said no"}
+            ).decode(),
+        ]
+    )
+    observed = o.workers_observation(failed, [worker_pod("w-0", 1, log)], 2)
+    assert observed is not None and observed.failure_reason is None
+    message = observed.failure_message or ""
+    assert message.endswith("w-0 exit 1: boom: disk said no") and "{" not in message, message
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: ' + "why " * 300
+    observed = o.workers_observation(failed, [worker_pod("w-0", 1, traceback)], 2)
+    message = (observed.failure_message if observed else None) or ""
+    assert "w-0 exit 1: ValueError: why why" in message and "more characters]" in message, message
+
+
 def test_other_exits_name_no_cause() -> None:
     failed = job(failedIndexes="0")
     observed = o.workers_observation(failed, [worker_pod("w-0", 2, "dataset: no such file")], 2)
     assert observed is not None and observed.failure_reason is None
-    running = o.workers_observation(job(active=1), [worker_pod("w-0", 7, "OutputVolumeFull: x")], 2)
+    running = o.workers_observation(job(active=1), [worker_pod("w-0", 7, verdict("OutputVolumeFull", "x"))], 2)
     assert running is not None and running.failure_reason is None  # no failed index yet: nothing to name

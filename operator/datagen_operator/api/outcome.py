@@ -73,12 +73,12 @@ class StepOutcome:
         half = None if width is None else width // 2
         body: dict[str, Any] = {
             "passed": self.passed,
-            "reason": _cut(self.reason, reason_width),
-            "message": _cut(self.message, width),
+            "reason": cut_text(self.reason, reason_width),
+            "message": cut_text(self.message, width),
             "checks": [
                 {
                     **c.model_dump(mode="json", exclude_defaults=True),
-                    **({"verdict": _cut(c.verdict, half)} if c.verdict else {}),
+                    **({"verdict": cut_text(c.verdict, half)} if c.verdict else {}),
                 }
                 for c in checks
             ],
@@ -94,7 +94,7 @@ class StepOutcome:
         return orjson.dumps(body)
 
 
-def _cut(text: str, width: int | None) -> str:
+def cut_text(text: str, width: int | None) -> str:
     """`text`, or its first `width` characters and how many were cut (never a byte cut inside a character)."""
     if width is None or len(text) <= width:
         return text

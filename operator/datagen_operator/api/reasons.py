@@ -45,6 +45,14 @@ class Reason(StrEnum):
     OUTPUT_VOLUME_READ_ONLY = "OutputVolumeReadOnly"
     OUTPUT_VOLUME_ERROR = "OutputVolumeError"
     """EIO, or any other write failure of the volume."""
+    BAD_INPUT = "BadInput"
+    """A worker's arguments, spec or tokenizer are unusable (its exit 2 with no more specific cause)."""
+    SERVER_UNREACHABLE = "ServerUnreachable"
+    """Every server stayed down past the worker's --server-timeout (its exit 4, past the Job's retries)."""
+    DRAINED = "Drained"
+    """A worker stopped by SIGTERM (a drain, an eviction, a suspend): a disruption, retried, never the run's cause."""
+    OUTPUT_DAMAGED = "OutputDamaged"
+    """The output's files contradict each other (a conversation's recorded turns without their answers)."""
 
     # --- InputsVerified: the preflight ------------------------------------------------------------------------
     CHECKING = "Checking"
@@ -125,3 +133,19 @@ OUTPUT_VOLUME_REASONS = frozenset(
     {Reason.OUTPUT_VOLUME_FULL, Reason.OUTPUT_VOLUME_READ_ONLY, Reason.OUTPUT_VOLUME_ERROR}
 )
 """The causes a worker names when its output volume fails (its exit 7)."""
+
+SHARD_CAUSES = frozenset(
+    {
+        Reason.BAD_INPUT,
+        Reason.DATASET_UNUSABLE,
+        Reason.DATASET_CHANGED,
+        Reason.FINGERPRINT_MISMATCH,
+        Reason.SERVER_UNREACHABLE,
+        Reason.OUTPUT_IN_USE,
+        Reason.OUTPUT_DAMAGED,
+    }
+    | OUTPUT_VOLUME_REASONS
+)
+"""The named causes a shard stops for (its verdict's reason, its progress's `failure_reason`): the run halts with
+the cause as its reason and the shard's own words as its message. WorkersFailed (records out of attempts, a
+crash) and Drained (a disruption) are not causes a person must act on first."""

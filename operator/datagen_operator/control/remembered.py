@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
+from datagen_operator.api.reasons import SHARD_CAUSES, Reason
 from datagen_operator.api.status import (
     DATA_FAITHFUL,
     INPUTS_VERIFIED,
@@ -29,7 +29,7 @@ HALT_REASONS = frozenset(
         Reason.CHECKS_FAILED,
         Reason.WORKERS_FAILED,
     }
-    | OUTPUT_VOLUME_REASONS
+    | SHARD_CAUSES
 )
 """Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
 

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.exit_codes import EXIT_OK, EXIT_OUTPUT_VOLUME
-from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.outcome import StepOutcome, cut_text
 from datagen_operator.api.progress import ShardProgress
-from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
+from datagen_operator.api.reasons import SHARD_CAUSES, Reason
 from datagen_operator.control.observed import ProgressCounters, ServerInstance, ServerObservation, WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots
 
@@ -48,9 +48,46 @@ def _container_status(pod: Obj, name: str) -> Mapping[str, Any] | None:
     return None
 
 
+def pod_verdict(terminated: Mapping[str, Any]) -> StepOutcome | None:
+    """The verdict a pod ended with (its termination message, api.outcome's JSON), or None: a crash, whose
+    message is a traceback or, with FallbackToLogsOnError, its log's tail."""
+    message = (terminated.get("message") or "").strip()
+    if not message.startswith("{"):
+        return None
+    try:
+        return StepOutcome.from_storage(message)
+    except (orjson.JSONDecodeError, KeyError, ValueError, TypeError):
+        return None
+
+
+def _last_words(text: str) -> str:
+    """What a person reads of a pod's unstructured last words: the last line (a traceback's exception, the last
+    log line; of a JSON log line its `msg`), kept from its start."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    if last.startswith("{"):
+        try:
+            body = orjson.loads(last)
+        except orjson.JSONDecodeError:
+            body = None
+        if isinstance(body, dict) and body.get("msg"):
+            last = str(body["msg"])
+    return cut_text(last, EXIT_WORDS)
+
+
+EXIT_WORDS = 500
+"""Characters of a pod's unstructured last words shown on the run."""
+
+
 def _exit_text(terminated: Mapping[str, Any]) -> str:
-    why = (terminated.get("message") or terminated.get("reason") or "").strip()
-    return f"exit {terminated.get('exitCode')}" + (f": {why[-500:]}" if why else "")
+    verdict = pod_verdict(terminated)
+    if verdict is not None:
+        why = f"{verdict.reason}: {verdict.message}"
+    else:
+        why = _last_words(terminated.get("message") or terminated.get("reason") or "")
+    return f"exit {terminated.get('exitCode')}" + (f": {why}" if why else "")
 
 
 def replica_index(pod_name: str, statefulset: str) -> int | None:
@@ -203,15 +240,19 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
     message = reason = None
     if failed or finished == "Failed":
         failed = max(failed, 1)
-        condition = _condition(job, "Failed") or {}
-        exits = [
-            f"{p['metadata']['name']} {_exit_text(t)}"
-            for p in pods
-            if (t := _terminated(p, "worker")) is not None and t.get("exitCode") not in (None, EXIT_OK)
-        ]
-        parts = [condition.get("message") or f"{failed} shard(s) failed after their retries", *exits[-2:]]
-        message = "; ".join(part for part in parts if part)
-        reason = volume_exit_reason(pods)
+        ended = sorted(
+            ((t.get("finishedAt") or "", p["metadata"]["name"], t) for p in pods if (t := _terminated(p, "worker"))),
+            key=lambda item: item[:2],
+        )
+        exits = [(name, t) for _, name, t in ended if t.get("exitCode") not in (None, EXIT_OK)]
+        cause = shard_cause(terminated for _, terminated in exits)
+        if cause is not None:
+            reason, message = cause
+        else:
+            condition = _condition(job, "Failed") or {}
+            texts = [f"{name} {_exit_text(t)}" for name, t in exits[-2:]]
+            parts = [condition.get("message") or f"{failed} shard(s) failed after their retries", *texts]
+            message = "; ".join(part for part in parts if part)
     return WorkersObservation(
         shards_total=shards,
         shards_done=done,
@@ -223,18 +264,18 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
     )
 
 
-def volume_exit_reason(pods: Iterable[Obj]) -> str | None:
-    """The named cause of a worker that exited 7 (its output volume failed), for when its shard ConfigMap
-    lacks `failure_reason`: the termination message starts with the reason ('OutputVolumeFull: /out has ...');
-    a message cut short or missing still means the volume failed (OutputVolumeFull, as `datagen run` says)."""
-
-    for pod in pods:
-        terminated = _terminated(pod, "worker")
-        if terminated is None or terminated.get("exitCode") != EXIT_OUTPUT_VOLUME:
-            continue
-        named = (terminated.get("message") or "").strip().partition(":")[0]
-        return Reason(named) if named in OUTPUT_VOLUME_REASONS else Reason.OUTPUT_VOLUME_FULL
-    return None
+def shard_cause(exits: Iterable[Mapping[str, Any]]) -> tuple[Reason, str] | None:
+    """(reason, message) of the last failed worker that named its cause (api.reasons.SHARD_CAUSES) in its
+    verdict, in its own words. A worker whose exit 7 came without a readable verdict (its log sat on the full
+    volume) still means the volume failed: OutputVolumeFull, as `datagen run` says."""
+    cause = None
+    for terminated in exits:
+        verdict = pod_verdict(terminated)
+        if verdict is not None and verdict.reason in SHARD_CAUSES:
+            cause = Reason(verdict.reason), verdict.message
+        elif terminated.get("exitCode") == EXIT_OUTPUT_VOLUME:
+            cause = Reason.OUTPUT_VOLUME_FULL, f"the output volume failed ({_exit_text(terminated)})"
+    return cause
 
 
 def job_started_at(job: Obj | None) -> float | None:
@@ -284,12 +325,9 @@ def job_outcome(job: Obj | None, pods: Iterable[Obj], container: str, what: str)
         if terminated is not None:
             ended.append((terminated.get("finishedAt") or "", terminated))
     for _, terminated in sorted(ended, key=lambda item: item[0], reverse=True):
-        message = (terminated.get("message") or "").strip()
-        if message.startswith("{"):
-            try:
-                return StepOutcome.from_storage(message)
-            except (orjson.JSONDecodeError, KeyError, ValueError):
-                continue
+        verdict = pod_verdict(terminated)
+        if verdict is not None:
+            return verdict
     finished = job_finished(job)
     if finished is None or not ended:
         # No pod seen ended: the cache has not caught up yet, or its pods are gone (a user, pod GC): there is no

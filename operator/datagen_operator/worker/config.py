@@ -12,13 +12,18 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.exit_codes import exit_codes_help
+from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.output.lease import Holder, lease_holder
 
 
 class BadInput(Exception):
-    pass
+    """What the worker cannot start on (its exit 2), with the cause the run names (`reason`)."""
+
+    def __init__(self, message: str, reason: Reason = Reason.BAD_INPUT) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class FingerprintMismatch(Exception):

@@ -10,7 +10,9 @@ import time
 
 import orjson
 
+from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.reasons import Reason
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.volume import free_bytes, volume_failure_text, volume_reason
 from datagen_operator.worker.config import WorkerConfig
@@ -28,12 +30,11 @@ class FailureReport:
         p, output = self.tracker.progress, self.config.output
         reason = volume_reason(error)
         free = free_bytes(output) if free is None else free
-        text = volume_failure_text(reason, output, free, p.records_done, p.records_total, error.strerror or str(error))
-        return f"{reason}: {text}"
+        return volume_failure_text(reason, output, free, p.records_done, p.records_total, error.strerror or str(error))
 
-    def fail(self, code: int, message: str, reason: str = "") -> int:
+    def fail(self, code: int, message: str, reason: Reason) -> int:
         """Report the failure and return `code`."""
-        self.tell_cause(message)
+        self.tell_cause(reason, message)
         layout = OutputLayout(self.config.output)
         path = layout.progress(self.config.shard_index)
         if layout.shard_dir(self.config.shard_index).is_dir():
@@ -51,12 +52,14 @@ class FailureReport:
                 log.error("cannot write %s: %s", path, error)
         return code
 
-    def tell_cause(self, message: str) -> None:
+    def tell_cause(self, reason: Reason, message: str) -> None:
         """The failure's cause where a failing output volume cannot hide it: stderr (one plain line, before
-        any log handler that may write to that volume) and the termination message."""
+        any log handler that may write to that volume) and the termination message, as the shard's verdict
+        (api.outcome.StepOutcome, the contract every pod of a run ends with): the run names `reason` and shows
+        `message` as they are, never a log line or a message cut from the front."""
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"datagen worker shard {self.config.shard_index}: {message}\n")
+            sys.stderr.write(f"datagen worker shard {self.config.shard_index}: {reason}: {message}\n")
             sys.stderr.flush()
         if self.config.termination_log is not None:
             with contextlib.suppress(OSError):
-                self.config.termination_log.write_text(message[-4000:])  # the kubelet keeps 4096 bytes
+                self.config.termination_log.write_bytes(StepOutcome(False, reason, message).for_storage())

@@ -165,12 +165,12 @@ class Feeder:
         except OSError as error:
             if not is_volume_error(error):
                 message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
-                self.stop.set_fatal(EXIT_BAD_INPUT, message)
+                self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.DATASET_UNUSABLE)
                 raise
             self.ledger.volume.failed(error)  # a claim the output volume could not take (worker/stealing.py)
         except Exception as error:
             message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
-            self.stop.set_fatal(EXIT_BAD_INPUT, message)
+            self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.DATASET_UNUSABLE)
             raise
         finally:
             for _, future in ahead:
@@ -239,7 +239,7 @@ class Feeder:
             earlier = answers.get((prompt.id, sample), {})
             if any(turn not in earlier for turn in range(start)):
                 message = f"conversation {prompt.id!r} sample {sample}: its recorded turns lost their answers"
-                self.stop.set_fatal(EXIT_BAD_INPUT, message)
+                self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.OUTPUT_DAMAGED)
                 return
             conversation = Conversation(turns, prompt.tools, [earlier[turn] for turn in range(start)], prompt.variables)
             thinking = line_thinking(self.config.resolved, prompt.variables) if prompt.variables else None

@@ -63,13 +63,15 @@ class Finisher:
         # A drained worker does not start compacting (it could outlast the grace period); the next run does.
         complete = ledger.planned and not ledger.remaining and stop.fatal is None and not stop.drained
         changed = await asyncio.to_thread(dataset_change, c) if complete else None
+        cause = Reason.WORKERS_FAILED  # records out of attempts, a failed compaction: a rerun resumes them
         if changed is not None:  # edited while this shard read it: its records may mix two datasets
             log.error("%s", changed)
             code = EXIT_BAD_INPUT
-            p.state, p.message, p.failure_reason = "failed", changed, Reason.DATASET_CHANGED
+            cause = Reason.DATASET_CHANGED
+            p.state, p.message, p.failure_reason = "failed", changed, cause
         elif stop.fatal is not None:
-            code, message, reason = stop.fatal
-            p.state, p.message, p.failure_reason = "failed", message, reason
+            code, message, cause = stop.fatal
+            p.state, p.message, p.failure_reason = "failed", message, cause
         elif complete:
             code = EXIT_OK
             p.state = "compacting" if c.compact else "complete"
@@ -88,12 +90,14 @@ class Finisher:
                 p.state = "complete"
                 p.message = p.summary_line() + (f", {result.path.name} {result.bytes} bytes" if result else "")
         elif stop.drained:
-            code = EXIT_DRAINED
+            code, cause = EXIT_DRAINED, Reason.DRAINED
             p.state, p.message = "drained", f"drained: {p.records_done}/{p.records_total} records; rerun resumes"
         else:
             code = EXIT_INCOMPLETE
             p.state = "incomplete"
             p.message = f"{p.records_failed} records ran out of attempts; rerun resumes them"
+        if code != EXIT_OK:
+            self.failure.tell_cause(cause, p.message)
         self._record_shard()
         snapshot = self.publisher.snapshot()
         self.publisher.sinks.file.write(snapshot)
@@ -110,11 +114,11 @@ class Finisher:
         writer.release_reserve()
         ledger.count_from_disk()
         p.records_unwritten = unwritten
-        p.failure_reason = volume_reason(error)
+        p.failure_reason = reason = volume_reason(error)
         p.state, p.message = "failed", self.failure.volume_text(error, free)
         if unwritten:
             p.message += f" ({unwritten} answers could not be written and are generated again)"
-        self.failure.tell_cause(p.message)
+        self.failure.tell_cause(reason, p.message)
         p.volume_path, p.volume_free_bytes = str(self.config.output), free
         snapshot = self.publisher.snapshot()
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.api.reasons import Reason
 from datagen_operator.checks.record_checks import Expectations, expectations_for
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
@@ -59,7 +60,7 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         if not await asyncio.to_thread(has_prompt, plan):
             await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format, id_field=spec.dataset.id_field)
     except (DatasetError, OSError) as error:
-        raise BadInput(f"dataset: {error}") from None
+        raise BadInput(f"dataset: {error}", Reason.DATASET_UNUSABLE) from None
     variables = template_variables(c.resolved, render_date(c.output))  # the pin is written by now
     # Helpers start loading the tokenizer now, in parallel with this process.
     render_pool = RenderPool(variables, c.tokenizer_dir, c.resolved.trust_remote_code, c.render_processes)

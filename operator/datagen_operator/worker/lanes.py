@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_SERVER_UNREACHABLE
+from datagen_operator.api.reasons import Reason
 from datagen_operator.checks.record_checks import inspect_record
 from datagen_operator.engine.client.generate import GenerateClient, Reply
 from datagen_operator.engine.client.policy import Drained, EndpointsRejected, GaveUp, Rejected, ServerUnreachable
@@ -79,10 +80,10 @@ class Lanes:
             except Drained:
                 return
             except ServerUnreachable as error:
-                stop.set_fatal(EXIT_SERVER_UNREACHABLE, str(error))
+                stop.set_fatal(EXIT_SERVER_UNREACHABLE, str(error), Reason.SERVER_UNREACHABLE)
                 return
             except EndpointsRejected as error:
-                stop.set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}")
+                stop.set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}", Reason.FINGERPRINT_MISMATCH)
                 return
             if volume.error is not None:
                 volume.unwritten += 1  # finished on the server as the volume failed: nowhere to keep it

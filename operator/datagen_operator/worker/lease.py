@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 
+from datagen_operator.api.reasons import Reason
 from datagen_operator.output.lease import LEASE_RENEW_S, WORKER_LEASE_S, OutputInUse, claim_output, take_lease
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
@@ -24,7 +25,7 @@ class WorkerLease:
         try:
             claim_output(self.config.output, self.config.lease_holder, WORKER_LEASE_S)
         except OutputInUse as busy:
-            raise BadInput(str(busy)) from None
+            raise BadInput(str(busy), Reason.OUTPUT_IN_USE) from None
         self.renewed = time.monotonic()
 
     async def renew(self) -> str | None:

@@ -25,6 +25,7 @@ from datagen_operator.api.exit_codes import (
     EXIT_SERVER_UNREACHABLE,
 )
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.reasons import Reason
 from datagen_operator.engine.client.generate import GenerateClient
 from datagen_operator.engine.client.policy import RetryPolicy, ServerUnreachable
 from datagen_operator.engine.client.pool import EndpointPool
@@ -94,10 +95,10 @@ class Worker:
             return await self._run()
         except BadInput as error:
             log.error("%s", error)
-            return self.failure.fail(EXIT_BAD_INPUT, str(error))
+            return self.failure.fail(EXIT_BAD_INPUT, str(error), error.reason)
         except FingerprintMismatch as error:
             log.error("%s", error)
-            return self.failure.fail(EXIT_FINGERPRINT_MISMATCH, str(error))
+            return self.failure.fail(EXIT_FINGERPRINT_MISMATCH, str(error), Reason.FINGERPRINT_MISMATCH)
         except OSError as error:
             if not is_volume_error(error):
                 raise
@@ -136,9 +137,9 @@ class Worker:
             servers = await meet_servers(session, pool, c, stop.stop_new)
         except ServerUnreachable as error:
             log.error("%s", error)
-            return self.failure.fail(EXIT_SERVER_UNREACHABLE, str(error))
+            return self.failure.fail(EXIT_SERVER_UNREACHABLE, str(error), Reason.SERVER_UNREACHABLE)
         except Stopped:
-            return self.failure.fail(EXIT_DRAINED, "stopped before any server answered")
+            return self.failure.fail(EXIT_DRAINED, "stopped before any server answered", Reason.DRAINED)
         check.expected = servers.fingerprint
         claim_shard(self.layout, c, data_fingerprint(c, inputs, servers), tracker.progress)
 

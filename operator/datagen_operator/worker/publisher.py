@@ -8,6 +8,7 @@ import logging
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.reasons import Reason
 from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.output.volume import is_volume_error
 from datagen_operator.worker.lease import WorkerLease
@@ -66,7 +67,7 @@ class Publisher:
             await asyncio.sleep(self.interval_s)
             taken = await self.lease.renew()
             if taken is not None:
-                self.stop.set_fatal(EXIT_BAD_INPUT, taken)
+                self.stop.set_fatal(EXIT_BAD_INPUT, taken, Reason.OUTPUT_IN_USE)
                 return
             try:
                 await self.publish()

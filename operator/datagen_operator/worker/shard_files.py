@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.reasons import Reason
 from datagen_operator.output.fingerprint import diff_fingerprints, fingerprint_sha256
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
@@ -135,7 +136,7 @@ def start_pin(config: WorkerConfig) -> DatasetPin | None:
     if pinned is not None:
         changed = pinned_change(config, pinned)
         if changed is not None:
-            raise BadInput(changed)
+            raise BadInput(changed, Reason.DATASET_CHANGED)
         return pinned
     if detect_format(config.dataset, d.format) == "jsonl":
         return None
@@ -157,6 +158,6 @@ def pin_while_read(config: WorkerConfig, plan: ShardScan, rendered_on: str) -> N
             return
         changes = pin_changes(other, pin)
         if changes is not None:
-            raise BadInput(changed_message(config.dataset, changes))
+            raise BadInput(changed_message(config.dataset, changes), Reason.DATASET_CHANGED)
 
     plan.lines = LinePins(config.dataset, rendered_on, config.spec.dataset.id_field, pinned)

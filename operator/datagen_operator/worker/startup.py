@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.reasons import Reason
 from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.output.fingerprint import (
     build_fingerprint,
@@ -42,7 +43,7 @@ async def check_dataset(config: WorkerConfig) -> DatasetPin | None:
     try:
         return await asyncio.to_thread(start_pin, config)
     except (DatasetError, OSError) as error:
-        raise BadInput(f"dataset: {error}") from None
+        raise BadInput(f"dataset: {error}", Reason.DATASET_UNUSABLE) from None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 
+from datagen_operator.api.reasons import Reason
 from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.progress import Tracker
@@ -25,10 +26,10 @@ class Stop:
         self.abandon = asyncio.Event()
         """A second SIGTERM/SIGINT (or a failed volume): stop waiting for requests in flight."""
         self.drained = False
-        self.fatal: tuple[int, str, str] | None = None
-        """The exit code, message and named cause (a `Reason`, or "") of the first fatal error."""
+        self.fatal: tuple[int, str, Reason] | None = None
+        """The exit code, message and named cause of the first fatal error."""
 
-    def set_fatal(self, code: int, message: str, reason: str = "") -> None:
+    def set_fatal(self, code: int, message: str, reason: Reason) -> None:
         if self.fatal is None:
             self.fatal = (code, message, reason)
             log.error("%s", message)

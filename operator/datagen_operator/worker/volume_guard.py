@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TypeVarTuple
 
 from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
-from datagen_operator.output.volume import is_volume_error
+from datagen_operator.output.volume import is_volume_error, volume_reason
 from datagen_operator.worker.stop import Stop
 
 Args = TypeVarTuple("Args")
@@ -39,4 +39,4 @@ class VolumeGuard:
         self.error = error
         self.unwritten += getattr(error, "unwritten", 0)
         self.stop.abandon.set()  # no grace period: in-flight answers would be thrown away anyway
-        self.stop.set_fatal(EXIT_OUTPUT_VOLUME, f"output volume failed: {error}")
+        self.stop.set_fatal(EXIT_OUTPUT_VOLUME, f"output volume failed: {error}", volume_reason(error))
