@@ -213,12 +213,20 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
     kubeconfig, unbind = operator_account(control_plane, namespace)
     handles: list[OperatorHandle] = []
 
-    def start(server_urls: list[str], worker_image: str = WORKER_IMAGE) -> OperatorHandle:
+    def start(
+        server_urls: list[str], worker_image: str = WORKER_IMAGE, env: dict[str, str | None] | None = None
+    ) -> OperatorHandle:
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
         monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
         monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
+        monkeypatch.setenv("DATAGEN_MESSAGE_WRITE_SECONDS", "2")
         monkeypatch.setenv("DATAGEN_WORKER_IMAGE", worker_image)
+        for key, value in (env or {}).items():  # None: the operator's default
+            if value is None:
+                monkeypatch.delenv(key, raising=False)
+            else:
+                monkeypatch.setenv(key, value)
         runner = KopfRunner(
             ["run", "--standalone", "--namespace", namespace, "-m", "datagen_operator.k8s.handlers"],
             timeout=60,

@@ -116,7 +116,10 @@ def test_groups_by_replica_and_only_the_current_revision_serves() -> None:
 def test_a_loading_group_counts_its_leaders_load_time() -> None:
     observed = observe([pod("kimi-server-0", leader=True), pod("kimi-server-0-1", leader=False)])
     verdict = server_verdict(observed, 2700).condition
-    assert (verdict.reason, verdict.message) == ("Loading", "loading the model: 2m of 45m budget")
+    assert (verdict.reason, verdict.message) == (
+        "Loading",
+        "loading the model: 2m of server.startupTimeout 45m, counted from kimi-server-0's start",
+    )
 
 
 def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:

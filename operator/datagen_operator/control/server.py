@@ -72,9 +72,10 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
     if ready:
         return verdict("True", Reason.DEGRADED, f"{len(ready)}/{wanted} replica(s) ready; workers use the ready ones")
 
-    loading = [i.loading_seconds for i in instances if i.loading_seconds is not None]
+    loading = [i for i in instances if i.loading_seconds is not None]
     if loading:
-        longest = max(loading)
+        first = max(loading, key=lambda i: i.loading_seconds or 0.0)
+        longest = first.loading_seconds or 0.0
         budget = format_duration(startup_timeout_s)
         if longest > startup_timeout_s:
             return verdict(
@@ -84,7 +85,11 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
                 fatal=True,
             )
         return verdict(
-            "False", Reason.LOADING, f"loading the model: {format_duration(round(longest))} of {budget} budget"
+            "False",
+            Reason.LOADING,
+            # The budget counts per start: a replica that restarts (a drained node) starts its own anew.
+            f"loading the model: {format_duration(round(longest))} of server.startupTimeout {budget}, "
+            f"counted from {first.name}'s start",
         )
     if unschedulable:
         return verdict(

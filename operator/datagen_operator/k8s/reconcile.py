@@ -59,6 +59,7 @@ from datagen_operator.control.remembered import (
     remembered_preflight,
     remembered_workers,
 )
+from datagen_operator.control.throttle import progress_spacing, progress_write_due
 from datagen_operator.k8s import groups, metrics
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
@@ -528,7 +529,12 @@ class Reconciler:
         metrics.observe_status(self.namespace, self.name, new)
         loop_time = asyncio.get_running_loop().time()
         only_progress = _signature(new) == _signature(before)
-        if only_progress and (new == before or loop_time - self.last_write < self.ctx.settings.progress_write_s):
+        settings = self.ctx.settings
+        # Counts that moved go out every progress_write_s; words alone (a loading timer) every message_write_s.
+        moved = new.get("progress") != before.get("progress")
+        every = settings.progress_write_s if moved else max(settings.progress_write_s, settings.message_write_s)
+        spacing = progress_spacing(every, len(self.ctx.wakers), settings.progress_writes_per_s)
+        if only_progress and (new == before or not progress_write_due(self.last_write, loop_time, spacing)):
             return
         # Merge patch: keys set to None clear what this pass no longer reports.
         patch = {**{key: None for key in before if key not in new}, **new}
