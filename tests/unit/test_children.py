@@ -265,6 +265,22 @@ def test_a_live_change_keeps_the_data_generation() -> None:
     assert (in_force.data_generation, in_force.refused) == (1, [])
 
 
+def test_suspend_and_resume_do_not_move_the_generation_a_halt_is_judged_by() -> None:
+    first = spec_in_force(document(), None, None, 3, bulk_started=lambda: True)
+    assert first.changed_generation == 3
+    suspended = spec_in_force(document(suspend=True), document(), 3, 4, bulk_started=lambda: True,
+                              applied_changed_generation=3)  # fmt: skip
+    resumed = spec_in_force(document(), document(suspend=True), 3, 5, bulk_started=lambda: True,
+                            applied_changed_generation=3)  # fmt: skip
+    assert (suspended.changed_generation, resumed.changed_generation) == (3, 3)
+    # Anything else that changes (a live field, the documented retry gesture) is a new spec to judge.
+    retried = spec_in_force(document(suspend=True, clients={"concurrency": 9}), document(suspend=True), 3, 6,
+                            bulk_started=lambda: True, applied_changed_generation=3)  # fmt: skip
+    assert retried.changed_generation == 6
+    # A ConfigMap an older operator wrote (no such annotation): every change counts, as it did then.
+    assert spec_in_force(document(suspend=True), document(), 3, 4, bulk_started=lambda: True).changed_generation == 4
+
+
 def test_spec_applied_shows_a_refusal_with_the_fix_and_clears_only_once_shown() -> None:
     assert spec_applied([], []) == []
     (refused,) = spec_applied(["spec.generation.sampling.max_new_tokens"], [])

@@ -32,12 +32,14 @@ def status(*conditions: Condition, phase: str = "Halted") -> DataGenRunStatus:
     return DataGenRunStatus(phase=phase, conditions=list(conditions), progress=Progress(summary="3/9 prompts"))
 
 
-def test_a_halt_stands_for_its_generation_only() -> None:
+def test_a_halt_stands_until_the_spec_changes_beyond_suspend() -> None:
     halted = status(cond("Succeeded", "False", "CanaryFailed", 4))
     remembered = remembered_halt(halted, 4)
     assert remembered is not None and remembered.reason == "CanaryFailed" and remembered.phase == "Halted"
     assert remembered.progress is not None and remembered.progress.summary == "3/9 prompts"
     assert remembered_halt(halted, 5) is None, "a changed spec is looked at again"
+    # Suspend and resume are generations 5 and 6 whose last change beyond spec.suspend is still 4.
+    assert remembered_halt(halted, 4) is not None
 
 
 def test_only_halt_reasons_are_sticky() -> None:

@@ -237,6 +237,9 @@ class SpecInForce:
     """The generation of its data-affecting part (what step Jobs are annotated with)."""
     refused: list[str]
     """Data fields changed after bulk records were written, kept at their applied values."""
+    changed_generation: int
+    """The last generation that changed more than `spec.suspend`: a halt decided at or after it stands
+    (remembered_halt), so suspending and resuming a halted run neither reopens it nor reloads a model."""
 
 
 def spec_in_force(
@@ -246,12 +249,15 @@ def spec_in_force(
     generation: int,
     *,
     bulk_started: Callable[[], bool],
+    applied_changed_generation: int | None = None,
 ) -> SpecInForce:
     """Once bulk records exist, a change of a data field (api/live_fields.py) is refused so the output never
     mixes two configurations; before, it is taken and the steps run again (a new data generation)."""
     if applied is None:
-        return SpecInForce(new, generation, [])
+        return SpecInForce(new, generation, [], generation)
     data_generation = applied_data_generation if applied_data_generation is not None else generation
+    only_suspend = _without_suspend(new) == _without_suspend(applied)
+    changed_generation = applied_changed_generation if only_suspend and applied_changed_generation else generation
     changed = changed_data_fields(new, applied)
     refused: list[str] = []
     document = new
@@ -259,7 +265,11 @@ def spec_in_force(
         refused, document = changed, merge_live_fields(new, applied)
     elif changed:
         data_generation = generation
-    return SpecInForce(document, data_generation, refused)
+    return SpecInForce(document, data_generation, refused, changed_generation)
+
+
+def _without_suspend(document: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in document.items() if key != "suspend"}
 
 
 def spec_applied(refused: Sequence[str], conditions: Sequence[Condition]) -> list[ConditionUpdate]:

@@ -75,13 +75,15 @@ def remembered_final(
     return StepOutcome(passed, reason, faithful.message, tuple(checks))
 
 
-def remembered_halt(status: DataGenRunStatus, generation: int) -> HaltedBefore | None:
-    """A halt decided for this generation of the spec (Succeeded=False for a halt reason): it stands until the
-    spec changes, so a pass over a halted run never asks for the server again."""
+def remembered_halt(status: DataGenRunStatus, changed_generation: int) -> HaltedBefore | None:
+    """A halt decided at or after the spec's last change (Succeeded=False for a halt reason;
+    `changed_generation`: control.children.SpecInForce's, which suspend and resume do not move): it stands until
+    the spec changes, so a pass over a halted run never asks for the server again, suspended, resumed or after
+    an operator restart."""
     succeeded = next((c for c in status.conditions if c.type == SUCCEEDED), None)
     if succeeded is None or succeeded.status != "False" or succeeded.reason not in HALT_REASONS:
         return None
-    if succeeded.observed_generation != generation:
+    if (succeeded.observed_generation or 0) < changed_generation:
         return None
     return HaltedBefore(
         reason=succeeded.reason, phase=status.phase or "Halted", checks=tuple(status.checks), progress=status.progress

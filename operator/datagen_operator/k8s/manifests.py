@@ -57,6 +57,8 @@ RUN_LABEL = f"{API_GROUP}/run"
 COMPONENT_LABEL = f"{API_GROUP}/component"
 TEMPLATE_HASH = f"{API_GROUP}/template-hash"
 DATA_GENERATION = f"{API_GROUP}/data-generation"
+SPEC_CHANGED_GENERATION = f"{API_GROUP}/spec-changed-generation"
+"""On the spec ConfigMap: control.children.SpecInForce.changed_generation (the last change beyond spec.suspend)."""
 """On the spec ConfigMap: the run generation whose data-affecting fields are applied (outcomes older are stale)."""
 SERVER_URLS = f"{API_GROUP}/server-urls"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -327,13 +329,18 @@ def run_document(run: RunRef, spec: DataGenRunSpec) -> dict[str, Any]:
     }
 
 
-def spec_configmap(run: RunRef, spec: DataGenRunSpec, data_generation: int) -> Manifest:
+def spec_configmap(
+    run: RunRef, spec: DataGenRunSpec, data_generation: int, changed_generation: int | None = None
+) -> Manifest:
     """The applied run manifest: what canary, worker and verify pods read with --run /etc/datagen/run.yaml."""
     text = yaml.safe_dump(run_document(run, spec), sort_keys=False)
+    generations = {DATA_GENERATION: str(data_generation)}
+    if changed_generation is not None:
+        generations[SPEC_CHANGED_GENERATION] = str(changed_generation)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(run, spec_configmap_name(run.name), "spec", {DATA_GENERATION: str(data_generation)}),
+        "metadata": _meta(run, spec_configmap_name(run.name), "spec", generations),
         "data": {"run.yaml": text},
     }
 

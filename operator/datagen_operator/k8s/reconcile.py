@@ -42,6 +42,7 @@ from datagen_operator.control.children import (
     Create,
     Delete,
     Serve,
+    SpecInForce,
     SuspendWorkers,
     children_accepted,
     made_for,
@@ -186,13 +187,14 @@ class Reconciler:
             await self._report(body, old, decision, generation, now, [], None)
             return decision
 
-        spec, resolved, data_generation, refused = await self._apply_spec(run, spec, resolved, generation)
+        spec, resolved, in_force = await self._apply_spec(run, spec, resolved, generation)
+        data_generation, refused = in_force.data_generation, in_force.refused
         self.worker_image = m.started_worker_image(
             old.worker_image, self._children("Job"), spec.clients.image, self.ctx.settings.worker_image
         )
         urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
         context = check_context(resolved, spec.checks)  # no tokenizer here: the preset's think-end id
-        halted = remembered_halt(old, generation)
+        halted = remembered_halt(old, in_force.changed_generation)
         if halted is not None:
             # The halt stands (decide says so without looking further): nothing to observe, nothing to report.
             self.parser_probes = ProbeFailures()  # a later spec counts its own probes
@@ -223,30 +225,37 @@ class Reconciler:
 
     async def _apply_spec(
         self, run: m.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
-    ) -> tuple[DataGenRunSpec, ResolvedModel, int, list[str]]:
+    ) -> tuple[DataGenRunSpec, ResolvedModel, SpecInForce]:
         """The spec in force (and its model), the generation of its data-affecting part, refused data changes
         (control/children.py `spec_in_force`), written to the run's spec ConfigMap."""
         name = spec_configmap_name(self.name)
         cm = self._named("ConfigMap", name) or await self.ctx.kube.read("ConfigMap", self.namespace, name)
         applied = None
-        applied_generation = None
+        applied_generation = changed_generation = None
         if cm is not None:
             applied = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
             recorded = annotation(cm, m.DATA_GENERATION)
             applied_generation = int(recorded) if recorded is not None else None
+            changed = annotation(cm, m.SPEC_CHANGED_GENERATION)
+            changed_generation = int(changed) if changed is not None else None
         in_force = spec_in_force(
-            m.spec_document(spec), applied, applied_generation, generation, bulk_started=self._bulk_started
+            m.spec_document(spec),
+            applied,
+            applied_generation,
+            generation,
+            bulk_started=self._bulk_started,
+            applied_changed_generation=changed_generation,
         )
         if in_force.refused:
             spec, resolved = parse_spec_resolved(in_force.document)
-        manifest = m.spec_configmap(run, spec, in_force.data_generation)
+        manifest = m.spec_configmap(run, spec, in_force.data_generation, in_force.changed_generation)
         if cm is None:
             await self.ctx.kube.create(manifest)
         elif m.spec_document(spec) != applied:
             await self.ctx.kube.patch(
                 "ConfigMap", self.namespace, name, {"metadata": manifest["metadata"], "data": manifest["data"]}
             )
-        return spec, resolved, in_force.data_generation, in_force.refused
+        return spec, resolved, in_force
 
     def _bulk_started(self) -> bool:
         """The workers' Job exists, or the workers wrote progress: a finished workers' Job deleted by hand does not
