@@ -83,10 +83,15 @@ def test_a_dataset_edited_mid_run_halts_it_within_seconds_naming_the_line_and_th
     created = [pod for ns, pod, _ in kubelet.history if ns == runs.namespace and pod.startswith(f"{name}-workers-")]
     assert len(created) == SHARDS, created
 
-    # The run's Warnings are the halt's, in the same words: no WorkersFailed, no retry, nothing else.
+    # The run's Warning is the halt's, in the same words: no WorkersFailed, no retry, nothing else.
     def warnings() -> list[tuple[str, str]]:
         return [(e.reason, e.message) for e in runs.events(name) if e.type == "Warning"]
 
     runs.wait_for("the halt's event", lambda: any(r == "SucceededDatasetChanged" for r, _ in warnings()), 30)
-    assert all(r.endswith("DatasetChanged") and "line 2 (id 'q0001')" in m for r, m in warnings()), warnings()
+    runs.wait_for(
+        "Progressing's event", lambda: any(e.reason == "ProgressingDatasetChanged" for e in runs.events(name))
+    )
+    # One Warning for one halt (Progressing=False says the same, as a Normal event).
+    ((reason, message),) = warnings()
+    assert reason == "SucceededDatasetChanged" and "line 2 (id 'q0001')" in message, warnings()
     assert runs.condition(name, "ServerReady")["reason"] == "Released"

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
 from datagen_operator.api.reasons import Reason
-from datagen_operator.api.status import CONDITION_TYPES, Condition, ConditionStatus
+from datagen_operator.api.status import (
+    CONDITION_TYPES,
+    PROGRESSING,
+    SERVER_READY,
+    SUCCEEDED,
+    Condition,
+    ConditionStatus,
+)
 
 
 def rfc3339(moment: datetime) -> str:
@@ -65,10 +73,9 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
         old = find(before, condition.type)
         if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
             continue
-        warning = condition.status == "False" and condition.reason not in _EXPECTED_FALSE_REASONS
         events.append(
             Event(
-                type="Warning" if warning else "Normal",
+                type="Warning" if needs_a_person(condition, after) else "Normal",
                 reason=f"{condition.type}{condition.reason}"
                 if len(condition.type + condition.reason) < 120
                 else condition.reason,
@@ -76,6 +83,30 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
             )
         )
     return events
+
+
+def needs_a_person(condition: Condition, after: Sequence[Condition]) -> bool:
+    """Whether a transition is a Warning: only what a person must act on, once. A halt is warned of by
+    Succeeded=False alone (Progressing=False says the same and stays Normal); a server waiting for resources
+    the cluster has but are in use (the scheduler's "Insufficient nvidia.com/gpu") is the normal state of a
+    shared cluster, not a problem; a taint, a selector or an affinity that no node meets is."""
+    if condition.status != "False" or condition.reason in _EXPECTED_FALSE_REASONS:
+        return False
+    if condition.type == PROGRESSING:
+        succeeded = find(after, SUCCEEDED)
+        return succeeded is None or succeeded.status != "False"
+    if condition.type == SERVER_READY and condition.reason == Reason.UNSCHEDULABLE:
+        return not waiting_for_resources(condition.message)
+    return True
+
+
+_INSUFFICIENT = re.compile(r"\b\d+ Insufficient \S")
+
+
+def waiting_for_resources(scheduler_message: str) -> bool:
+    """The scheduler's words say only that resources are in use ("0/4 nodes are available: 2 Insufficient
+    nvidia.com/gpu, 2 node(s) had untolerated taint ..." counts: some node has the shape, its GPUs are busy)."""
+    return _INSUFFICIENT.search(scheduler_message.split("preemption:")[0]) is not None
 
 
 # False for these reasons is a normal step of a healthy run, not a problem to warn about. Released: every run
