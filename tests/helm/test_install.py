@@ -111,9 +111,16 @@ def test_install_reconcile_upgrade_uninstall(
     (first_output / "manifest.json").write_text("{}")
 
     # --- upgrade: new values reach the Deployment; the upgraded operator serves deletes and new runs --
-    tools.run("helm", "upgrade", release, str(CHART), *helm, "--reuse-values", "--set", "logLevel=debug")
+    notes = tools.run(
+        "helm", "upgrade", release, str(CHART), *helm, "--reuse-values", "--set", "logLevel=debug",
+        "--set", "image.tag=v9.9.9-test",
+    ).stdout  # fmt: skip
+    # NOTES name what runs now: the upgrade, its revision and the operator's image, not only the chart.
+    assert f"Release {release} in namespace {namespace} is upgraded (revision 2)" in notes, notes
     upgraded = deployments.get(name=deployment["metadata"]["name"], namespace=namespace).to_dict()
     assert "--verbose" in upgraded["spec"]["template"]["spec"]["containers"][0]["args"]
+    image = upgraded["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith(":v9.9.9-test") and f"The operator runs image {image};" in notes, notes
     assert yaml.safe_load(tools.run("helm", "status", release, *helm, "-o", "yaml").stdout)["version"] == 2
     operator.stop()  # the Deployment's Recreate strategy: the old pod goes before the new one starts
     operator = start_operator(upgraded)

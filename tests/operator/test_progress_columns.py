@@ -147,6 +147,10 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
     halted_at = phases.index("Halted")
     assert "Running" in phases[halted_at:], "resumed after the halt"
     assert any(row.get("SPEC") == "DataFieldsFrozen" for row in rows), "a refused data change is shown"
+    assert any(row.get("SPEC") == "LiveFieldsApplied" for row in rows), "a live change (checks) is acknowledged"
+    acknowledged = [e for e in runs.events(name) if e.reason == "SpecAppliedLiveFieldsApplied"]
+    assert acknowledged and all(e.type == "Normal" for e in acknowledged), acknowledged
+    assert "spec.checks " in acknowledged[0].message and "takes effect at once" in acknowledged[0].message
     assert rows[-1].get("PHASE") == "Succeeded" and rows[-1].get("SPEC") == "Applied", rows[-1]
 
     halted = poller.rows(broken)

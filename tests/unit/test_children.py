@@ -301,6 +301,34 @@ def test_spec_applied_shows_a_refusal_with_the_fix_and_clears_only_once_shown() 
     (cleared,) = spec_applied([], shown.conditions)
     assert (cleared.status, cleared.reason) == ("True", "Applied")
 
+    # A live field acknowledged is kept until the next change: no Applied flapping back after it.
+    acknowledged = DataGenRunStatus.model_validate(
+        {"conditions": [{"type": "SpecApplied", "status": "True", "reason": "LiveFieldsApplied",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    )  # fmt: skip
+    assert spec_applied([], acknowledged.conditions) == []
+
+
+def test_a_live_change_is_acknowledged_naming_old_new_and_when_it_takes_effect() -> None:
+    new = document(clients={"concurrency": 64}, checks={"maxTruncationRate": 0.2}, suspend=True)
+    in_force = spec_in_force(new, document(), 1, 5, bulk_started=lambda: True)
+    assert in_force.refused == [] and len(in_force.live_changed) == 2, in_force.live_changed
+    concurrency = next(c for c in in_force.live_changed if c.startswith("spec.clients.concurrency"))
+    old = document()["clients"]["concurrency"]
+    assert concurrency == (
+        f"spec.clients.concurrency {old} -> 64: takes effect when new worker pods start (a resume or a retry); "
+        f"the running workers keep {old}"
+    )
+    assert any(c.startswith("spec.checks ") and "at once" in c for c in in_force.live_changed)
+    (said,) = spec_applied([], [], in_force.live_changed)
+    assert (said.status, said.reason) == ("True", "LiveFieldsApplied") and concurrency in said.message
+    # Beside a refused data change, the live fields taken are said too.
+    frozen = document(clients={"concurrency": 64}, generation={"sampling": {"max_new_tokens": 7}})
+    both = spec_in_force(frozen, document(), 1, 6, bulk_started=lambda: True)
+    (refused,) = spec_applied(both.refused, [], both.live_changed)
+    assert refused.reason == "DataFieldsFrozen" and "Taken: spec.clients.concurrency" in refused.message
+    assert spec_in_force(document(suspend=True), document(), 1, 7, bulk_started=lambda: True).live_changed == []
+
 
 # --- the inventory the planner reads (k8s/inventory.py) --------------------------------------------
 

@@ -7,6 +7,7 @@ the workers have started, so an output never mixes two configurations.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,47 @@ LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
 )
 """Fields that do not change what a record contains; every other field does (model, server args, dataset,
 generation, output, shards) and is frozen once the workers have started."""
+
+
+_AT_ONCE = "takes effect at once"
+_NEXT_SERVER_POD = (
+    "takes effect at once while no server pod is bound to a node, else at the next server start (a bound pod "
+    "keeps its GPUs and its loaded model)"
+)
+_NEXT_WORKER_PODS = "takes effect when new worker pods start (a resume or a retry); the running workers keep {old}"
+WHEN_EFFECTIVE: dict[tuple[str, ...], str] = {
+    ("checks",): "takes effect at once: the next pass judges the records by it",
+    ("server", "replicas"): "takes effect at once: the server scales",
+    ("server", "startupTimeout"): _AT_ONCE,
+    ("server", "nodeSelector"): _NEXT_SERVER_POD,
+    ("server", "tolerations"): _NEXT_SERVER_POD,
+    ("server", "affinity"): _NEXT_SERVER_POD,
+    ("server", "priorityClassName"): _NEXT_SERVER_POD,
+    **{("clients", name): _NEXT_WORKER_PODS for name in ("concurrency", "requestTimeout", "maxAttempts", "cpu",
+                                                         "memory", "nodeSelector", "tolerations")},
+}  # fmt: skip
+"""When a change of each live field (but `suspend`, which has its own conditions) reaches the run."""
+
+
+def _at(document: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = document
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _shown(value: Any) -> str:
+    return "unset" if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def live_changes(new: dict[str, Any], applied: dict[str, Any]) -> list[str]:
+    """Each live field that differs between two spec documents, old -> new, and when it takes effect."""
+    out = []
+    for path, when in WHEN_EFFECTIVE.items():
+        before, after = _at(applied, path), _at(new, path)
+        if before != after:
+            out.append(f"spec.{'.'.join(path)} {_shown(before)} -> {_shown(after)}: {when.format(old=_shown(before))}")
+    return out
 
 
 def without_fields(document: dict[str, Any], paths: Sequence[tuple[str, ...]]) -> dict[str, Any]:

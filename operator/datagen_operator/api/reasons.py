@@ -124,6 +124,8 @@ class Reason(StrEnum):
 
     # --- SpecApplied and ChildrenAccepted (the operator's own conditions) -------------------------------------
     APPLIED = "Applied"
+    LIVE_FIELDS_APPLIED = "LiveFieldsApplied"
+    """SpecApplied=True after a live field changed: which, old -> new, and when it takes effect."""
     DATA_FIELDS_FROZEN = "DataFieldsFrozen"
     """A data field changed after bulk records were written: the run keeps its applied spec."""
     ACCEPTED = "Accepted"

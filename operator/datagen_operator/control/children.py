@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from datagen_operator.api.live_fields import changed_data_fields, merge_live_fields
+from datagen_operator.api.live_fields import changed_data_fields, live_changes, merge_live_fields
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CHILDREN_ACCEPTED, SPEC_APPLIED, Condition
@@ -237,7 +237,9 @@ class SpecInForce:
     """The generation of its data-affecting part (what step Jobs are annotated with)."""
     refused: list[str]
     """Data fields changed after bulk records were written, kept at their applied values."""
-    changed_generation: int
+    live_changed: list[str] = field(default_factory=list)
+    """Live fields this generation changed (api/live_fields.live_changes): old -> new, and when each takes effect."""
+    changed_generation: int = 0
     """The last generation that changed more than `spec.suspend`: a halt decided at or after it stands
     (remembered_halt), so suspending and resuming a halted run neither reopens it nor reloads a model."""
 
@@ -254,7 +256,7 @@ def spec_in_force(
     """Once bulk records exist, a change of a data field (api/live_fields.py) is refused so the output never
     mixes two configurations; before, it is taken and the steps run again (a new data generation)."""
     if applied is None:
-        return SpecInForce(new, generation, [], generation)
+        return SpecInForce(new, generation, [], [], generation)
     data_generation = applied_data_generation if applied_data_generation is not None else generation
     only_suspend = _without_suspend(new) == _without_suspend(applied)
     changed_generation = applied_changed_generation if only_suspend and applied_changed_generation else generation
@@ -265,23 +267,30 @@ def spec_in_force(
         refused, document = changed, merge_live_fields(new, applied)
     elif changed:
         data_generation = generation
-    return SpecInForce(document, data_generation, refused, changed_generation)
+    return SpecInForce(document, data_generation, refused, live_changes(new, applied), changed_generation)
 
 
 def _without_suspend(document: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in document.items() if key != "suspend"}
 
 
-def spec_applied(refused: Sequence[str], conditions: Sequence[Condition]) -> list[ConditionUpdate]:
-    """SpecApplied: False while a data change is refused (naming the fields and the fix); True once the spec
-    in force is the one written again (only when it was shown before)."""
+def spec_applied(
+    refused: Sequence[str], conditions: Sequence[Condition], live_changed: Sequence[str] = ()
+) -> list[ConditionUpdate]:
+    """SpecApplied: False while a data change is refused (naming the fields and the fix); True with the live
+    fields just changed and when each takes effect (LiveFieldsApplied, kept until the next change); True
+    Applied once a refused spec is written again (only when a refusal was shown)."""
     if refused:
         message = (
             f"{', '.join(refused)} changed after bulk records were written; the run keeps its applied spec so the "
             "output never mixes two configurations. Revert the change, or create a new run with a new output path."
         )
-        return [ConditionUpdate(SPEC_APPLIED, "False", Reason.DATA_FIELDS_FROZEN, message)]
-    if any(c.type == SPEC_APPLIED for c in conditions):
+        live = f" Taken: {'; '.join(live_changed)}." if live_changed else ""
+        return [ConditionUpdate(SPEC_APPLIED, "False", Reason.DATA_FIELDS_FROZEN, message + live)]
+    if live_changed:
+        return [ConditionUpdate(SPEC_APPLIED, "True", Reason.LIVE_FIELDS_APPLIED, "; ".join(live_changed))]
+    shown = next((c for c in conditions if c.type == SPEC_APPLIED), None)
+    if shown is not None and shown.status == "False":
         return [ConditionUpdate(SPEC_APPLIED, "True", Reason.APPLIED, "the spec in force is the one written")]
     return []
 

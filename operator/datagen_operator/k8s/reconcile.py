@@ -215,7 +215,7 @@ class Reconciler:
             old = DataGenRunStatus.model_validate(self.status or {})
         await self._act(run, spec, resolved, decision, observed, urls, data_generation)
         extra = [
-            *spec_applied(refused, old.conditions),
+            *spec_applied(refused, old.conditions, in_force.live_changed),
             *children_accepted({**self.refused_writes, **self.refused_pods}, old.conditions),
         ]
         await self._report(body, old, decision, generation, now, extra, observed)
