@@ -138,7 +138,7 @@ def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(tmp_path
     second = datagen_run(manifest(second_dir, standin, output=out), *FAST_SIM)
     assert second.returncode == 1, second.stdout + second.stderr
     said = flat(second.stdout)
-    assert f"OutputInUse: {out} is being written by datagen run t (pid {first.pid} on {lease.host})" in said, said
+    assert f"OutputInUse: {out} is held by datagen run t (pid {first.pid} on {lease.host})" in said, said
     assert "started 1 server replica" not in said
     assert (out / "run.yaml").read_bytes() == run_yaml, "the second run wrote nothing into the output"
 

@@ -34,8 +34,9 @@ def test_one_holder_at_a_time_renewed_by_its_holder(tmp_path: Path) -> None:
     with pytest.raises(OutputInUse) as refused:
         take_lease(tmp_path, B, 60, now=1010.0)
     message = str(refused.value)
-    assert message.startswith(f"OutputInUse: {tmp_path} is being written by team-a/kimi-b1 (lease holder uid-a")
-    assert "expires in 50 s" in message and "set another spec.output.path" in message
+    assert message.startswith(f"{tmp_path} is held by team-a/kimi-b1 (lease holder uid-a) until 1970-01-01T00:17:40Z")
+    assert "50 s from now (renewed 10 s ago" in message and "set another spec.output.path" in message
+    assert "takes the output over" not in message.replace("does not take the output over", "")
     assert take_lease(tmp_path, A, 60, now=1050.0).expires_at == 1110.0  # renewed
     assert live_lease(tmp_path, "uid-b", now=1100.0) is not None and live_lease(tmp_path, "uid-a", now=1100.0) is None
 
@@ -100,3 +101,19 @@ def test_a_worker_of_another_run_is_refused_naming_the_holder(tmp_path: Path) ->
         assert "OutputInUse" in worker.stderr and "team-a/kimi-b1" in worker.stderr
     assert read_lease(output).holder == "uid-a"  # type: ignore[union-attr]
     assert {p.name for p in output.iterdir()} == {LEASE_FILE}, "nothing written: no pin, no claim"
+
+
+def test_the_runs_last_shard_gives_the_lease_back_and_not_before(tmp_path: Path) -> None:
+    """A finished run leaves no lease to lapse: another run may take the output at once (issue 34 item 4)."""
+    from tests.harness.sim import start_sim
+    from tests.worker.simrun import SIM_FLAGS, prompts, spawn, spec, standin, write_dataset
+
+    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(12, tools_every=0))
+    output = tmp_path / "out"
+    document = spec(dataset, output, **{"clients.shards": 2, "clients.concurrency": 2})
+    with start_sim(*SIM_FLAGS, tokenizer_dir=standin()) as server:
+        for shard, lease_left in ((0, True), (1, False)):
+            extra = ("--shard-index", str(shard), "--lease-holder", "uid-a", "--render-processes", "0", "--no-steal")
+            worker = spawn(document, [server.url], *extra, log=tmp_path / f"worker-{shard}.log")
+            assert worker.wait(timeout=120) == 0, (tmp_path / f"worker-{shard}.log").read_text()[-3000:]
+            assert (read_lease(output) is not None) is lease_left, shard

@@ -149,7 +149,7 @@ class LocalRunner:
             # Before anything is written there: a second run on this output is refused, naming this one.
             take_lease(self.output, self.holder, self.spec.server.startup_timeout + STEP_MARGIN_S)
         except OutputInUse as busy:
-            self._say(str(busy), "red")
+            self._say(f"{Reason.OUTPUT_IN_USE}: {busy}", "red")
             return EXIT_FAILED
         except OSError as error:
             if not is_volume_error(error):

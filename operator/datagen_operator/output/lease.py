@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -79,16 +80,18 @@ class Lease:
 
 
 class OutputInUse(Exception):
-    """The output is leased to another run."""
+    """The output is leased to another run: who holds it, until when, and what to do."""
 
     def __init__(self, output: Path, lease: Lease, now: float) -> None:
         self.lease = lease
-        left = max(0, round(lease.expires_at - now))
+        until = datetime.fromtimestamp(lease.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         super().__init__(
-            f"OutputInUse: {output} is being written by {lease.run} (lease holder {lease.holder}, renewed "
-            f"{max(0, round(now - lease.renewed_at))} s ago, expires in {left} s); two runs on one output would "
-            "generate every prompt twice: set another spec.output.path, or stop that run (its lease then expires "
-            "and this run takes the output over)"
+            f"{output} is held by {lease.run} (lease holder {lease.holder}) until {until}, "
+            f"{max(0, round(lease.expires_at - now))} s from now (renewed {max(0, round(now - lease.renewed_at))} s "
+            f"ago; its workers renew it every {LEASE_RENEW_S:.0f} s while they run, and give it back when the run's "
+            "shards are all done). Two runs on one output would generate every prompt twice: set another "
+            "spec.output.path, or end that run first. This run does not take the output over by itself: start "
+            "it again once the output is free."
         )
 
 

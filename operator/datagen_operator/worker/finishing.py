@@ -15,6 +15,7 @@ from datagen_operator.api.exit_codes import (
 )
 from datagen_operator.api.reasons import Reason
 from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.lease import release_lease
 from datagen_operator.output.parquet import CompactionResult, compact_shard
 from datagen_operator.output.volume import free_bytes, is_volume_error, volume_reason
 from datagen_operator.output.writer import ShardWriter
@@ -23,7 +24,7 @@ from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.failure import FailureReport
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.publisher import Publisher
-from datagen_operator.worker.shard_files import dataset_change, record_shard
+from datagen_operator.worker.shard_files import dataset_change, every_shard_complete, record_shard
 from datagen_operator.worker.stealing import owned_items
 from datagen_operator.worker.stop import Stop
 from datagen_operator.worker.volume_guard import VolumeGuard
@@ -151,4 +152,9 @@ class Finisher:
         return result
 
     def _record_shard(self) -> None:
-        record_shard(self.layout, self.config.shard_index, self.ledger.progress, self.compaction)
+        c = self.config
+        manifest = record_shard(self.layout, c.shard_index, self.ledger.progress, self.compaction)
+        if c.lease_holder is not None and every_shard_complete(manifest, c.shard_count):
+            # The run's last shard is done: nothing more is written here, so another run may take the output
+            # now rather than when the lease lapses (no shard renews it any more).
+            release_lease(c.output, c.lease_holder)

@@ -62,8 +62,10 @@ def keep_run_file(c: WorkerConfig) -> None:
     os.replace(staging, target)
 
 
-def record_shard(layout: OutputLayout, shard_index: int, p: ShardProgress, compaction: CompactionResult | None) -> None:
-    """The shard's state and counts (and its Parquet, once compacted) in manifest.json."""
+def record_shard(
+    layout: OutputLayout, shard_index: int, p: ShardProgress, compaction: CompactionResult | None
+) -> dict[str, Any]:
+    """The shard's state and counts (and its Parquet, once compacted) in manifest.json; the manifest now."""
     entry: dict[str, Any] = {
         "state": p.state,
         "counts": {
@@ -96,7 +98,12 @@ def record_shard(layout: OutputLayout, shard_index: int, p: ShardProgress, compa
         manifest.setdefault("shards", {})[f"{shard_index:05d}"] = entry
         return manifest
 
-    update_manifest(layout, change)
+    return update_manifest(layout, change)
+
+
+def every_shard_complete(manifest: dict[str, Any], shard_count: int) -> bool:
+    shards = manifest.get("shards") or {}
+    return all((shards.get(f"{index:05d}") or {}).get("state") == "complete" for index in range(shard_count))
 
 
 def dataset_change(config: WorkerConfig) -> str | None:
