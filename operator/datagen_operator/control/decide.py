@@ -265,7 +265,9 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
                 Reason.SUSPENDED,
                 "spec.suspend is true: server stopped, GPUs released, output kept",
             ),
-            _u(PROGRESSING, "False", Reason.SUSPENDED, f"suspended at {stopped_at.summary}"),
+            # No count in the words: the workers drain after the transition, and its event must not disagree
+            # with the condition's later message (the count moves in status.progress, the PROGRESS column).
+            _u(PROGRESSING, "False", Reason.SUSPENDED, "suspended: the workers drain and keep what they wrote"),
             _u(
                 SUCCEEDED,
                 "Unknown",
