@@ -232,6 +232,9 @@ def test_deleting_the_namespace_or_the_run_completes_within_a_minute(
              f"{len(errors)} ERROR lines, Succeeded seen {sorted(set(seen))}, let go: {let_go}")  # fmt: skip
     assert finished, f"{how} of a {phase} run not done after {took:.0f} s:\n{state}"
     assert not errors, errors[:3]
+    # The run's daemon ends on its stop flag: kopf need not cancel it ("... is cancelled. Will escalate.").
+    cancelled = [line for line in log.lines(logging.WARNING) if "cancelled" in line]
+    assert not cancelled, cancelled
     changed = {s for s in seen if s != ("", "") and s != (before["status"], before["reason"])}
     assert not changed, f"Succeeded was {before['status']} ({before['reason']}), then {changed}: a false verdict"
 

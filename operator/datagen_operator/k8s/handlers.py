@@ -152,7 +152,10 @@ def run_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.ctx.wake(namespace, name)
 
 
-@kopf.daemon(*RUN, cancellation_timeout=20.0)
+# kopf cancels a daemon not done at once when its run is deleted, unless it is given a backoff first (kopf's
+# stop_daemons: without one it goes straight to cancel, and logs "is cancelled. Will escalate." at WARNING).
+# A pass takes well under a second; the loop below exits on `stopped` as soon as it ends.
+@kopf.daemon(*RUN, cancellation_backoff=10.0, cancellation_timeout=20.0)
 async def run_daemon(
     stopped: kopf.DaemonStopped,
     name: str,
