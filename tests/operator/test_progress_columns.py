@@ -109,6 +109,12 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
         )
         runs.create(cluster_run(broken, data_dir, standin_tokenizer, dataset={"path": "broken.jsonl"}))
         runs.wait(broken, "Succeeded", "False", "PreflightFailed", timeout=90)
+        # Its refusal recorded, the refused preflight's Job goes: no pod of the run is left in Error.
+        runs.wait_for(
+            "the refused preflight's pod gone",
+            lambda: not runs.core.list_namespaced_pod(runs.namespace, label_selector=f"datagen.dev/run={broken}").items,
+            60,
+        )
 
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         runs.wait_for(

@@ -54,6 +54,8 @@ class JobState:
     data_generation: str | None = None
     """Its data-generation annotation: the spec generation of the data fields it was made for."""
     finished: bool = False
+    failed: bool = False
+    """Finished as Failed (a step's refusing verdict: its pod ended in Error)."""
     pods_gone: bool = False
     """Finished, and none of its pods is left: their verdict went with them, unread."""
     suspended: bool = False
@@ -173,7 +175,14 @@ def _steps(
 ) -> list[Action]:
     actions: list[Action] = []
     jobs = children.jobs
-    if observed.halted is None:
+    if observed.halted is not None:
+        # The halt and the step's verdict are in the run's status now (remembered_halt): the refusing step's
+        # Job goes, so no pod of the run is left in Error for a halt that is already said.
+        for step in (Child.PREFLIGHT, Child.CANARY):
+            job = jobs.get(step)
+            if job is not None and job.failed:
+                actions.append(Delete(step, why="its refusal is recorded in the run's status"))
+    else:
         verdicts = {
             Child.PREFLIGHT: observed.preflight,
             Child.CANARY: observed.canary,

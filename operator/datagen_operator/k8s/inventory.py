@@ -32,6 +32,7 @@ def job_state(job: Obj, pods: Sequence[Obj]) -> JobState:
     return JobState(
         data_generation=annotation(job, m.DATA_GENERATION),
         finished=o.job_finished(job) is not None,
+        failed=o.job_finished(job) == "Failed",
         pods_gone=o.job_lost(job, pods),
         suspended=bool((job.get("spec") or {}).get("suspend")),
         server_urls=annotation(job, m.SERVER_URLS),
