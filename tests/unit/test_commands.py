@@ -41,7 +41,7 @@ EVERY_FIELD: list[Command] = [
     PreflightCommand(run="r.yaml", tokenizer="tok", dataset="d.jsonl", output="out", termination_log="log",
                      lease_holder="uid"),
     CanaryCommand(run="r.yaml", tokenizer="tok", dataset="d.jsonl", servers=("http://a", "http://b"),
-                  records="out/canary.jsonl", termination_log="log"),
+                  records="out/canary.jsonl", termination_log="log", output="out", lease_holder="uid"),
     WorkerCommand(run="r.yaml", output="out", dataset="d.jsonl", tokenizer="tok", shard_index=2, shard_count=3,
                   servers=("http://a", "http://b"), progress_configmap="cm-{index}", log_format="json",
                   termination_log="log", lease_holder="uid", no_steal=True),
@@ -116,7 +116,8 @@ OPERATOR_COMMANDS = {
         job_command(m.canary_job(RUN, SPEC, "img:1", URLS, 1)),
         ["datagen", "canary", "--run", "/etc/datagen/run.yaml", "--tokenizer", "/models/kimi/tok",
          "--dataset", "/mnt/datagen/dataset/prompts/b1.jsonl", "--server", "http://a", "--server", "http://b",
-         "--records", "/mnt/datagen/output/eagle3/b1/canary.jsonl", "--termination-log", "/dev/termination-log"],
+         "--records", "/mnt/datagen/output/eagle3/b1/canary.jsonl", "--termination-log", "/dev/termination-log",
+         "--output", "/mnt/datagen/output/eagle3/b1", "--lease-holder", "u-1"],
     ),
     "worker": (
         job_command(m.workers_job(RUN, SPEC, "img:1", URLS, suspend=False)),

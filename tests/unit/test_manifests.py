@@ -127,8 +127,12 @@ def test_worker_role_allows_only_get_patch_on_its_shard_configmaps() -> None:
 def test_canary_and_verify_jobs_report_through_termination_messages() -> None:
     canary = m.canary_job(RUN, SPEC, "img:1", ["http://a"], data_generation=4)
     (container,) = canary["spec"]["template"]["spec"]["containers"]
-    assert container["command"][:2] == ["datagen", "canary"]
-    assert container["command"][-2:] == ["--termination-log", "/dev/termination-log"]
+    command = container["command"]
+    assert command[:2] == ["datagen", "canary"]
+    assert command[command.index("--termination-log") + 1] == "/dev/termination-log"
+    # The run's lease, given back by a refusal that halts the run (it writes to the output it names).
+    assert command[command.index("--lease-holder") + 1] == RUN.uid
+    assert command[command.index("--output") + 1] == "/mnt/datagen/output/eagle3/b1"
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert canary["metadata"]["annotations"][m.DATA_GENERATION] == "4"
     assert canary["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

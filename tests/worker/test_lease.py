@@ -117,3 +117,25 @@ def test_the_runs_last_shard_gives_the_lease_back_and_not_before(tmp_path: Path)
             worker = spawn(document, [server.url], *extra, log=tmp_path / f"worker-{shard}.log")
             assert worker.wait(timeout=120) == 0, (tmp_path / f"worker-{shard}.log").read_text()[-3000:]
             assert (read_lease(output) is not None) is lease_left, shard
+
+
+@pytest.mark.parametrize("on_failure", ["Halt", "Warn"])
+def test_a_canary_refusal_that_halts_the_run_gives_the_lease_back(tmp_path: Path, on_failure: str) -> None:
+    """Halted before any bulk record, the run writes nothing more: the preflight's lease (its startup budget
+    plus 30 minutes) goes at once. A refusal the run only warns of keeps it: the workers come next."""
+    from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
+    from datagen_operator.checks import canary
+    from tests.harness.sim import start_sim
+    from tests.worker.simrun import SIM_FLAGS, prompts, spec, standin, write_dataset
+
+    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(8, tools_every=0))
+    output = tmp_path / "out"
+    document = spec(dataset, output, **{"checks.canaryPrompts": 2, "checks.onFailure": on_failure})
+    run_file = write_run(tmp_path / "run.yaml", {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun",
+                                                 "metadata": {"name": "k"}, "spec": document})  # fmt: skip
+    take_lease(output, A, 3600)
+    # The server leaks prompt-suffix tokens into its answers: the canary refuses.
+    with start_sim(*SIM_FLAGS, "--sim-prompt-suffix-leak", "3", tokenizer_dir=standin()) as server:
+        argv = ["--run", str(run_file), "--server", server.url, "--output", str(output), "--lease-holder", "uid-a"]
+        assert canary.main(argv) == EXIT_FAILED_VERDICT
+    assert (read_lease(output) is None) is (on_failure == "Halt")

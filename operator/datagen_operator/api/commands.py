@@ -90,6 +90,9 @@ class CanaryCommand(Command):
     servers: tuple[str, ...] = field(metadata=SERVERS)
     records: str | None = None
     termination_log: str | None = None
+    output: str | None = None
+    lease_holder: str | None = None
+    """The run (its UID) whose output lease the canary gives back when its refusal halts the run."""
 
 
 @dataclass(frozen=True, kw_only=True)

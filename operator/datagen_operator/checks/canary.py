@@ -491,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", help="tokenizer dir (default: model.tokenizerPath or model.path)")
     parser.add_argument("--dataset", help="dataset file (default: spec.dataset.path)")
     parser.add_argument("--records", help="where to write the canary's records (JSONL)")
+    parser.add_argument("--output", help="the run's output directory (with --lease-holder)")
+    parser.add_argument(
+        "--lease-holder", help="the run (its UID) whose output lease is given back when a refusal halts it"
+    )
     parser.add_argument("--termination-log", help="also write the JSON verdict here (Kubernetes termination message)")
     return parser
 
@@ -517,4 +521,10 @@ def main(argv: list[str]) -> int:
     sys.stdout.write(data.decode() + "\n")
     if args.termination_log:
         Path(args.termination_log).write_bytes(data)
+    if not outcome.passed and spec.checks.on_failure == "Halt" and args.lease_holder and args.output:
+        # The run halts here, before any bulk record: nothing more is written to its output, so another run
+        # may take it now rather than when the preflight's lease lapses (its startup budget plus 30 minutes).
+        from datagen_operator.output.lease import Holder, release_lease
+
+        release_lease(Path(args.output), Holder.parse(args.lease_holder, args.lease_holder))
     return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT

@@ -725,6 +725,8 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
         servers=tuple(urls),
         records=posixpath.join(output_dir(spec), CANARY_RECORDS),
         termination_log=TERMINATION_LOG,
+        output=output_dir(spec),
+        lease_holder=run.uid,
     )
     container = _datagen_container("canary", image, command, [run_mount, *model_mounts, *data_mounts], spec)
     job_spec = _step_job_spec("canary")
