@@ -23,8 +23,8 @@ def job(**status: Any) -> dict[str, Any]:
     return {"spec": {"suspend": False}, "status": status}
 
 
-def worker_pod(name: str, code: int, message: str | None = None) -> dict[str, Any]:
-    terminated: dict[str, Any] = {"exitCode": code}
+def worker_pod(name: str, code: int, message: str | None = None, finished: str = "") -> dict[str, Any]:
+    terminated: dict[str, Any] = {"exitCode": code, "finishedAt": finished}
     if message is not None:
         terminated["message"] = message
     return {
@@ -73,6 +73,12 @@ def test_a_workers_named_cause_reaches_the_run_in_its_own_words() -> None:
     )
     assert observed is not None and observed.shards_failed == 1
     assert (observed.failure_reason, observed.failure_message) == ("DatasetChanged", words)
+    # The last worker to fail speaks: a cause retried earlier (no server, then the pod crashed) is not it.
+    unreachable = worker_pod("w-0", 4, verdict("ServerUnreachable", "no server"), finished="2026-11-30T09:00:00Z")
+    crashed = worker_pod("w-0b", 1, "Traceback ...\nMemoryError", finished="2026-11-30T09:05:00Z")
+    observed = o.workers_observation(failed, [crashed, unreachable], 2)
+    assert observed is not None and observed.failure_reason is None
+    assert (observed.failure_message or "").endswith("w-0b exit 1: MemoryError"), observed.failure_message
     # A long cause is kept whole up to the verdict's limit, never cut from its front.
     long = "the dataset changed: " + ", ".join(f"line {i} (id 'q{i}') edited" for i in range(200))
     observed = o.workers_observation(failed, [worker_pod("w-1", 2, verdict("DatasetChanged", long))], 2)

@@ -245,7 +245,7 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
             key=lambda item: item[:2],
         )
         exits = [(name, t) for _, name, t in ended if t.get("exitCode") not in (None, EXIT_OK)]
-        cause = shard_cause(terminated for _, terminated in exits)
+        cause = shard_cause([terminated for _, terminated in exits])
         if cause is not None:
             reason, message = cause
         else:
@@ -264,18 +264,20 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
     )
 
 
-def shard_cause(exits: Iterable[Mapping[str, Any]]) -> tuple[Reason, str] | None:
-    """(reason, message) of the last failed worker that named its cause (api.reasons.SHARD_CAUSES) in its
-    verdict, in its own words. A worker whose exit 7 came without a readable verdict (its log sat on the full
-    volume) still means the volume failed: OutputVolumeFull, as `datagen run` says."""
-    cause = None
-    for terminated in exits:
-        verdict = pod_verdict(terminated)
-        if verdict is not None and verdict.reason in SHARD_CAUSES:
-            cause = Reason(verdict.reason), verdict.message
-        elif terminated.get("exitCode") == EXIT_OUTPUT_VOLUME:
-            cause = Reason.OUTPUT_VOLUME_FULL, f"the output volume failed ({_exit_text(terminated)})"
-    return cause
+def shard_cause(exits: Sequence[Mapping[str, Any]]) -> tuple[Reason, str] | None:
+    """(reason, message) when the last failed worker (`exits` in the order they ended) named its cause
+    (api.reasons.SHARD_CAUSES) in its verdict, in its own words; None for a crash or a retried cause before it.
+    A worker whose exit 7 came without a readable verdict (its log sat on the full volume) still means the
+    volume failed: OutputVolumeFull, as `datagen run` says."""
+    if not exits:
+        return None
+    last = exits[-1]
+    verdict = pod_verdict(last)
+    if verdict is not None and verdict.reason in SHARD_CAUSES:
+        return Reason(verdict.reason), verdict.message
+    if last.get("exitCode") == EXIT_OUTPUT_VOLUME:
+        return Reason.OUTPUT_VOLUME_FULL, f"the output volume failed ({_exit_text(last)})"
+    return None
 
 
 def job_started_at(job: Obj | None) -> float | None:
