@@ -60,7 +60,8 @@ def _wait_for_new_segment(layout: OutputLayout, before: int, worker: subprocess.
 
 
 def test_kill_9_at_ten_random_points_then_resume_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    seed = int(os.environ.get("KILL_TEST_SEED", str(random.randrange(1 << 30))))
+    # Reproducible by default (a failure reruns the same kills); KILL_TEST_SEED explores other points.
+    seed = int(os.environ.get("KILL_TEST_SEED", "20261203"))
     rng = random.Random(seed)
     items = prompts(300)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
