@@ -189,7 +189,6 @@ def test_a_halted_run_never_reruns_a_step_whose_pods_are_gone() -> None:
     assert steps(planned(Step.HALTED, Children(jobs={Child.CANARY: lost}), observed=observed)) == []
 
 
-
 def test_once_a_halt_is_recorded_the_refusing_steps_job_goes_and_no_other() -> None:
     refused = JobState(data_generation="1", finished=True, failed=True)
     passed = JobState(data_generation="1", finished=True)
@@ -200,6 +199,7 @@ def test_once_a_halt_is_recorded_the_refusing_steps_job_goes_and_no_other() -> N
     # Before the halt is recorded (the pass that reads the verdict), the Job and its verdict stay.
     reading = Observed(generation=1, preflight=PASSED)
     assert not any(isinstance(a, Delete) for a in steps(planned(Step.HALTED, children, observed=reading)))
+
 
 def test_the_canary_goes_to_the_ready_servers_or_else_every_url() -> None:
     ready = ServerObservation(2, (ServerInstance("kimi-server-1", running=True, ready=True, endpoint=URLS[1]),))
