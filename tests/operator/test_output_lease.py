@@ -40,3 +40,33 @@ def test_a_second_run_on_one_output_is_refused_before_any_server(
     ids = table["id"].to_pylist()
     assert len(ids) == len(set(ids)) == 24, "every prompt generated once"
     assert set(table["run"].to_pylist()) == {created["metadata"]["uid"]}, "every record names its run"
+
+
+def test_a_run_halted_at_the_parser_check_gives_its_lease_back_once(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    """The preflight's lease lasts the server's startup budget plus 30 minutes (the canary takes it next). A
+    halt at the parser check has no pod left to give it back: before, a second run on that output (the same
+    run re-created with the fix) was refused OutputInUse for over an hour. Now one small Job gives it back."""
+    halted, after = new_name("halted"), new_name("after")
+    output = f"out/{halted}"
+    lease = data_dir / output / LEASE_FILE
+    with start_sim(
+        "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
+    ) as sim:  # the wrong reasoning parser: every run on it halts ParsersMismatch
+        operator([sim.url])
+        created = runs.create(cluster_run(halted, data_dir, standin_tokenizer, output={"path": output}))
+        runs.wait(halted, "Succeeded", "False", "ParsersMismatch", timeout=90)
+        runs.wait_for("the halted run's lease given back", lambda: not lease.exists(), 60)
+        job = runs.batch.read_namespaced_job(f"{halted}-release", runs.namespace)
+        assert job.metadata.owner_references[0].uid == created["metadata"]["uid"], "deleted with its run"
+
+        # Another run on the output is not refused; it takes the lease and, halted the same way, gives it back.
+        runs.create(cluster_run(after, data_dir, standin_tokenizer, output={"path": output}))
+        verified = runs.wait(after, "InputsVerified", "True", timeout=90)
+        assert "held by" not in verified["message"], verified["message"]
+        runs.wait(after, "Succeeded", "False", "ParsersMismatch", timeout=90)
+        runs.wait_for("the second run's lease given back", lambda: not lease.exists(), 60)
+        # Every pass over the first run (it went on being resynced all along) left its one release pod alone.
+        release_pods = sum(e.count or 1 for e in runs.events(f"{halted}-release") if e.reason == "SuccessfulCreate")
+        assert release_pods == 1, release_pods

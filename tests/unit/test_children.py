@@ -65,7 +65,7 @@ def planned(
 
 def steps(actions: list[Action]) -> list[Action]:
     """The actions about Jobs (the server's and the shared children's set aside)."""
-    jobs = {Child.PREFLIGHT, Child.CANARY, Child.WORKERS, Child.VERIFY, Child.EXPORT}
+    jobs = {Child.PREFLIGHT, Child.CANARY, Child.WORKERS, Child.VERIFY, Child.EXPORT, Child.RELEASE}
     return [a for a in actions if isinstance(a, SuspendWorkers) or getattr(a, "child", None) in jobs]
 
 
@@ -199,6 +199,22 @@ def test_once_a_halt_is_recorded_the_refusing_steps_job_goes_and_no_other() -> N
     # Before the halt is recorded (the pass that reads the verdict), the Job and its verdict stay.
     reading = Observed(generation=1, preflight=PASSED)
     assert not any(isinstance(a, Delete) for a in steps(planned(Step.HALTED, children, observed=reading)))
+
+
+def test_a_halt_that_keeps_the_lease_gives_it_back_once_and_a_lifted_halt_clears_the_way() -> None:
+    kept = Observed(
+        generation=1, halted=HaltedBefore(reason="ParsersMismatch", phase="Halted", lease_kept=True, at=9.0)
+    )
+    assert steps(planned(Step.HALTED, observed=kept)) == [Create(Child.RELEASE, taken_before=9.0)]
+    released = JobState(finished=True)
+    for job in (JobState(), released):  # running or done: once per halt
+        assert steps(planned(Step.HALTED, Children(jobs={Child.RELEASE: job}), observed=kept)) == []
+    given_back = Observed(generation=1, halted=HaltedBefore(reason="CanaryFailed", phase="Halted"))
+    assert steps(planned(Step.HALTED, observed=given_back)) == [], "the refusing step gave it back itself"
+    # The halt lifted (a spec change): the finished Job goes, so a later halt gives its own lease back.
+    lifted = steps(planned(Step.PREFLIGHT, Children(jobs={Child.RELEASE: released})))
+    assert lifted == [Create(Child.PREFLIGHT), Delete(Child.RELEASE)]
+    assert Delete(Child.RELEASE) not in steps(planned(Step.PREFLIGHT, Children(jobs={Child.RELEASE: JobState()})))
 
 
 def test_the_canary_goes_to_the_ready_servers_or_else_every_url() -> None:

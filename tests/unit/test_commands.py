@@ -17,6 +17,7 @@ from datagen_operator.api.commands import (
     Command,
     ExportCommand,
     PreflightCommand,
+    ReleaseLeaseCommand,
     VerifyCommand,
     WorkerCommand,
     flag_of,
@@ -26,6 +27,7 @@ from datagen_operator.checks import canary, preflight, verify
 from datagen_operator.cli import COMMANDS
 from datagen_operator.export import run as export
 from datagen_operator.k8s import manifests as m
+from datagen_operator.output import lease
 from datagen_operator.worker import config as worker
 from tests.manifests import local_run, unit_spec
 
@@ -35,6 +37,7 @@ PARSERS: dict[type[Command], Callable[[], argparse.ArgumentParser]] = {
     WorkerCommand: worker.build_parser,
     VerifyCommand: verify.build_parser,
     ExportCommand: export.build_parser,
+    ReleaseLeaseCommand: lease.build_parser,
 }
 
 EVERY_FIELD: list[Command] = [
@@ -49,6 +52,7 @@ EVERY_FIELD: list[Command] = [
     ExportCommand(output="out", formats=("speculators", "trl"), out="out/x", run="r.yaml", tokenizer="tok",
                   termination_log="log", max_length=4096, exclude_flags=("truncated", "aborted"), rows="conversations",
                   rerendered_spans="drop-row", dataset="data.jsonl"),
+    ReleaseLeaseCommand(output="out", lease_holder="uid", taken_before=1764780000.0),
 ]  # fmt: skip
 """Each command with every field away from its default, so each one is written and read back."""
 
@@ -58,6 +62,7 @@ ONLY_REQUIRED: list[Command] = [
     WorkerCommand(run="r.yaml", output="out", servers=("http://a",)),
     VerifyCommand(output="out"),
     ExportCommand(output="out", formats=("trl",), out="x"),
+    ReleaseLeaseCommand(output="out", lease_holder="uid"),
 ]
 """Each command at its defaults: read back, the program's defaults are the contract's."""
 

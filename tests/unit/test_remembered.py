@@ -53,3 +53,19 @@ def test_only_halt_reasons_are_sticky() -> None:
     ):
         assert remembered_halt(status(condition), 1) is None, condition.reason
     assert remembered_halt(status(), 1) is None
+
+
+def test_a_halt_keeps_the_lease_when_the_preflight_took_it_and_no_refusing_step_gave_it_back() -> None:
+    def halt(*conditions: Condition) -> bool:
+        succeeded = cond("Succeeded", "False", "ParsersMismatch", 1).model_copy(
+            update={"last_transition_time": "2026-12-03T16:00:00Z"}
+        )
+        remembered = remembered_halt(status(*conditions, succeeded), 1)
+        assert remembered is not None and remembered.at == 1796313601.0, "the end of the halt's second"
+        return remembered.lease_kept
+
+    passed = cond("InputsVerified", "True", "Passed", 1)
+    assert halt(passed) and halt(passed, cond("CanaryPassed", "Unknown", "Waiting", 1))
+    assert not halt(passed, cond("CanaryPassed", "False", "CanaryFailed", 1)), "the canary's refusal gave it back"
+    assert not halt(cond("InputsVerified", "False", "OutputInUse", 1)), "the preflight never took it"
+    assert not halt()

@@ -20,6 +20,7 @@ from datagen_operator.output.lease import (
     release_lease,
     take_lease,
 )
+from datagen_operator.output.lease import main as lease_main
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.local.runs import PROMPTS
 from tests.manifests import local_run, write_run
@@ -61,6 +62,30 @@ def test_a_local_holder_that_is_gone_is_stale_at_once(tmp_path: Path) -> None:
     assert read_lease(tmp_path) is not None
     release_lease(tmp_path, mine)
     assert read_lease(tmp_path) is None
+
+
+def test_a_release_gives_back_only_its_holders_lease_taken_before_the_halt(tmp_path: Path) -> None:
+    take_lease(tmp_path, A, 4500, now=1000.0)
+    assert release_lease(tmp_path, B, taken_before=2000.0) is None and read_lease(tmp_path) is not None
+    # A later attempt of the same run (the spec fixed after the halt) renewed it: not the halted attempt's lease.
+    assert release_lease(tmp_path, A, taken_before=999.0) is None and read_lease(tmp_path) is not None
+    released = release_lease(tmp_path, A, taken_before=1000.0)
+    assert released is not None and released.holder == "uid-a" and read_lease(tmp_path) is None
+
+
+def test_the_release_program_says_what_it_found_and_always_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    take_lease(tmp_path, A, 4500, now=1000.0)
+    assert lease_main([str(tmp_path), "--lease-holder", "uid-b"]) == 0
+    assert "held by team-a/kimi-b1, not by uid-b: left alone" in capsys.readouterr().out
+    assert lease_main([str(tmp_path), "--lease-holder", "uid-a", "--taken-before", "999"]) == 0
+    assert "taken again after the halt" in capsys.readouterr().out and read_lease(tmp_path) is not None
+    assert lease_main([str(tmp_path), "--lease-holder", "uid-a", "--taken-before", "1000"]) == 0
+    assert "gave back" in capsys.readouterr().out and read_lease(tmp_path) is None
+    assert lease_main([str(tmp_path), "--lease-holder", "uid-a"]) == 0
+    assert "no lease to give back" in capsys.readouterr().out
+    assert lease_main([str(tmp_path / "never-mounted"), "--lease-holder", "uid-a"]) == 0
 
 
 def test_of_many_racing_takers_of_a_stale_lease_exactly_one_holds_it(tmp_path: Path) -> None:

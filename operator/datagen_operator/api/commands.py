@@ -1,9 +1,10 @@
-"""The command lines of the programs the shells start: `datagen preflight|canary|worker|verify|export`.
+"""The command lines of the programs the shells start: `datagen preflight|canary|worker|verify|export|
+release-lease`.
 
 One frozen dataclass per program with the arguments the shells pass: the operator (k8s/manifests.py, a Job's
 container command) and `datagen run` (local/runner.py, a worker child process) build a program's argv only
 through these. Each field is one argument of the program's own parser (`build_parser()` in
-checks/preflight.py, checks/canary.py, worker/config.py, checks/verify.py, export/run.py), spelled
+checks/preflight.py, checks/canary.py, worker/config.py, checks/verify.py, export/run.py, output/lease.py), spelled
 `--field-name` unless its metadata says otherwise; tests/unit/test_commands.py parses every command back with
 that parser and gets the same values, and holds each field's default to the parser's.
 
@@ -148,6 +149,17 @@ class ExportCommand(Command):
     rows: str = "turns"
     rerendered_spans: str = "unmasked"
     dataset: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseLeaseCommand(Command):
+    """`datagen release-lease`: a halted run's output lease given back (output/lease.py)."""
+
+    PROGRAM: ClassVar[str] = "release-lease"
+    output: str = field(metadata=POSITIONAL)
+    lease_holder: str
+    taken_before: float | None = None
+    """Seconds since the epoch: a lease renewed after it (a later attempt of the run) is kept."""
 
 
 STEP_COMMANDS: tuple[type[Command], ...] = (PreflightCommand, CanaryCommand, VerifyCommand, ExportCommand)

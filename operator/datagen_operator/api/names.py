@@ -33,7 +33,9 @@ def max_run_name_length() -> int:
         len(server_name("")) + REVISION_HASH_SUFFIX,  # server pods' controller-revision-hash label
         len(server_pod_name("", last_replica)),  # per-replica Service; the pods' pod-name label
         len(workers_job_name("")) + len(f"-{last_shard}"),  # Indexed Job pod hostname <job>-<index>
-        *(len(job("")) for job in (preflight_job_name, canary_job_name, verify_job_name)),  # job-name label
+        *(
+            len(job("")) for job in (preflight_job_name, canary_job_name, verify_job_name, release_job_name)
+        ),  # job-name label
     )
     return LABEL_VALUE_MAX - longest_suffix
 
@@ -82,6 +84,11 @@ def verify_job_name(run: str) -> str:
 
 def export_job_name(run: str) -> str:
     return f"{run}-export"
+
+
+def release_job_name(run: str) -> str:
+    """The Job that gives a halted run's output lease back (output/lease.py)."""
+    return f"{run}-release"
 
 
 NAME_CHARACTERS_MESSAGE = (

@@ -29,6 +29,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("datagen_operator.checks.verify", "main", "check an output directory for faithfulness"),
     "run": ("datagen_operator.local.main", "main", "run a DataGenRun on this machine"),
     "export": ("datagen_operator.export.run", "main", "write a run's exact tokens in a trainer's format"),
+    "release-lease": (
+        "datagen_operator.output.lease",
+        "main",
+        "give a halted run's output lease back (what the operator's release Job runs)",
+    ),
     "operator": ("datagen_operator.k8s.main", "main", "run the Kubernetes operator"),
     "release-finalizers": (
         "datagen_operator.k8s.release",

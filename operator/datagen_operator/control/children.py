@@ -41,6 +41,8 @@ class Child(StrEnum):
     WORKERS = "Workers"
     VERIFY = "Verify"
     EXPORT = "Export"
+    RELEASE = "Release"
+    """Gives a halted run's output lease back (HaltedBefore.lease_kept), once per halt."""
 
 
 STEP_JOBS = (Child.PREFLIGHT, Child.CANARY, Child.VERIFY, Child.EXPORT)
@@ -95,6 +97,8 @@ class Create:
     child: Child
     urls: tuple[str, ...] = ()
     """The server URLs its pods send to (canary, workers)."""
+    taken_before: float | None = None
+    """The release Job: the halt's time; a lease renewed after it (a later attempt's) is kept."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,12 @@ def _steps(
             actions.append(Delete(Child.WORKERS))
         elif workers.suspended != (not decision.workers_wanted):
             actions.append(SuspendWorkers(not decision.workers_wanted))
+
+    release = jobs.get(Child.RELEASE)
+    if observed.halted is not None and observed.halted.lease_kept and release is None:
+        actions.append(Create(Child.RELEASE, taken_before=observed.halted.at))
+    elif observed.halted is None and release is not None and release.finished:
+        actions.append(Delete(Child.RELEASE))  # the halt is lifted: a later one gives its lease back anew
 
     if decision.step == Step.FINAL_VERIFY and Child.VERIFY not in jobs:
         actions.append(Create(Child.VERIFY))

@@ -58,6 +58,12 @@ class HaltedBefore:
     phase: str
     checks: tuple[CheckResult, ...] = ()
     progress: Progress | None = None
+    lease_kept: bool = False
+    """The halt left the output's lease held: the preflight took it (it passed) and no refusing step gave it
+    back (a canary's refusal does). A halt at the parser check would otherwise keep it for the server's startup
+    budget plus 30 minutes, refusing every other run on that output."""
+    at: float | None = None
+    """When the halt was decided (seconds since the epoch): a lease renewed after it is a later attempt's."""
 
 
 @dataclass(frozen=True)

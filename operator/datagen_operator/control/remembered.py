@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import SHARD_CAUSES, Reason
 from datagen_operator.api.status import (
+    CANARY_PASSED,
     DATA_FAITHFUL,
     INPUTS_VERIFIED,
     SUCCEEDED,
@@ -85,9 +87,25 @@ def remembered_halt(status: DataGenRunStatus, changed_generation: int) -> Halted
         return None
     if (succeeded.observed_generation or 0) < changed_generation:
         return None
+    inputs = next((c for c in status.conditions if c.type == INPUTS_VERIFIED), None)
+    canary = next((c for c in status.conditions if c.type == CANARY_PASSED), None)
     return HaltedBefore(
-        reason=succeeded.reason, phase=status.phase or "Halted", checks=tuple(status.checks), progress=status.progress
+        reason=succeeded.reason,
+        phase=status.phase or "Halted",
+        checks=tuple(status.checks),
+        progress=status.progress,
+        lease_kept=inputs is not None and inputs.status == "True" and not (canary and canary.status == "False"),
+        at=_seconds_after(succeeded.last_transition_time),
     )
+
+
+def _seconds_after(timestamp: str) -> float | None:
+    """A condition's time as seconds since the epoch, at the end of its second (conditions keep whole seconds:
+    what happened in that second happened before it)."""
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() + 1.0
+    except ValueError:
+        return None
 
 
 def remembered_workers(progress: Progress | None, shards: int) -> WorkersObservation | None:

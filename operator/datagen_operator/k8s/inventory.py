@@ -9,6 +9,7 @@ from datagen_operator.api.names import (
     canary_job_name,
     export_job_name,
     preflight_job_name,
+    release_job_name,
     server_name,
     verify_job_name,
     workers_job_name,
@@ -24,6 +25,7 @@ JOBS: dict[Child, tuple[Callable[[str], str], str]] = {
     Child.WORKERS: (workers_job_name, "worker"),
     Child.VERIFY: (verify_job_name, "verify"),
     Child.EXPORT: (export_job_name, "export"),
+    Child.RELEASE: (release_job_name, "release"),
 }
 """Each Job child: its name (from the run's) and its pods' component label."""
 

@@ -21,6 +21,7 @@ from datagen_operator.api.commands import (
     Command,
     ExportCommand,
     PreflightCommand,
+    ReleaseLeaseCommand,
     VerifyCommand,
     WorkerCommand,
 )
@@ -30,6 +31,7 @@ from datagen_operator.api.names import (
     canary_job_name,
     export_job_name,
     preflight_job_name,
+    release_job_name,
     server_name,
     server_pod_name,
     shard_configmap_name,
@@ -839,3 +841,18 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     return _job(
         run, spec, export_job_name(run.name), "export", container, [run_volume, *model_volumes, *data_volumes], job_spec
     )
+
+
+RELEASE_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+"""A lease file removed: far below what spec.clients asks for the workers."""
+
+
+def release_job(run: RunRef, spec: DataGenRunSpec, image: str, taken_before: float | None) -> Manifest:
+    """`datagen release-lease` on the output: a halted run's lease given back (control/children.py plans it
+    once per halt). Only the output is mounted; the program is idempotent, so a crash is retried."""
+    data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
+    command = ReleaseLeaseCommand(output=output_dir(spec), lease_holder=run.uid, taken_before=taken_before)
+    container = _datagen_container("release", image, command, data_mounts, spec)
+    container["resources"] = RELEASE_RESOURCES
+    job_spec = {"backoffLimit": STEP_RETRIES, "podFailurePolicy": {"rules": [IGNORE_DISRUPTION]}}
+    return _job(run, spec, release_job_name(run.name), "release", container, data_volumes, job_spec)

@@ -427,8 +427,9 @@ class Reconciler:
             match action:
                 case Apply(child, index):
                     await self._apply(self._build(child, index, run, spec, image, data_generation, urls))
-                case Create(child, job_urls):
-                    await self._create(self._build(child, 0, run, spec, image, data_generation, list(job_urls)))
+                case Create(child, job_urls, taken_before):
+                    manifest = self._build(child, 0, run, spec, image, data_generation, list(job_urls), taken_before)
+                    await self._create(manifest)
                 case Delete(child, index, why):
                     kind, name = self._kind_and_name(child, index)
                     if why:
@@ -456,6 +457,7 @@ class Reconciler:
         image: str,
         data_generation: int,
         urls: list[str],
+        taken_before: float | None = None,
     ) -> m.Manifest:
         match child:
             case Child.WORKER_ACCOUNT:
@@ -480,6 +482,8 @@ class Reconciler:
                 return m.verify_job(run, spec, image)
             case Child.EXPORT:
                 return m.export_job(run, spec, image)
+            case Child.RELEASE:
+                return m.release_job(run, spec, image, taken_before)
         raise ValueError(f"{child} is not built by the operator, only scaled or deleted")
 
     def _kind_and_name(self, child: Child, index: int) -> tuple[str, str]:
@@ -616,8 +620,7 @@ async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
 
     Workers stop before the server so they drain (SIGTERM: finish in-flight, fsync) instead of failing on a
     vanished server. The garbage collector removes the rest through owner references; no volume is touched."""
-    jobs = (workers_job_name, preflight_job_name, canary_job_name, verify_job_name, export_job_name)
-    for job in (job_name(name) for job_name in jobs):
+    for job in (job_name(name) for job_name, _ in JOBS.values()):
         existing = await kube.read("Job", namespace, job)
         if existing is not None:
             if not (existing.get("metadata") or {}).get("deletionTimestamp"):

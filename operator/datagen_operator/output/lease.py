@@ -14,6 +14,7 @@ holds the lease, and an expired holder cannot renew over the run that took its o
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import socket
@@ -158,15 +159,21 @@ def take_lease(output: Path, holder: Holder, duration_s: float, now: float | Non
         return lease
 
 
-def release_lease(output: Path, holder: Holder) -> None:
-    """Give the lease back (a local run at its end); someone else's lease is left alone."""
+def release_lease(output: Path, holder: Holder, taken_before: float | None = None) -> Lease | None:
+    """Give the lease back (a local run at its end, a step whose refusal halts the run); someone else's lease
+    is left alone, and so is one renewed after `taken_before` (a later attempt of the same run took it again).
+    Returns the lease given back, None when there was none of `holder`'s to give."""
     if not output.is_dir():
-        return
+        return None
     with _locked(output):
         current = read_lease(output)
-        if current is not None and current.holder == holder.id:
-            with contextlib.suppress(FileNotFoundError):
-                (output / LEASE_FILE).unlink()
+        if current is None or current.holder != holder.id:
+            return None
+        if taken_before is not None and current.renewed_at > taken_before:
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            (output / LEASE_FILE).unlink()
+        return current
 
 
 @contextlib.contextmanager
@@ -199,3 +206,40 @@ def _write(path: Path, lease: Lease) -> None:
     staging = path.with_name(f".{LEASE_FILE}.{uuid.uuid4().hex}.tmp")
     staging.write_bytes(orjson.dumps(asdict(lease)))
     os.replace(staging, path)
+
+
+# --- `datagen release-lease`: a halted run's lease given back by a pod of its own ----------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="datagen release-lease",
+        description="Give a run's output lease back (what the operator runs once a run halts with the lease "
+        "still held: after the parser check, a server that never became ready, a worker's halt).",
+    )
+    parser.add_argument("output", help="the run's output directory")
+    parser.add_argument("--lease-holder", required=True, help="the run (its UID) whose lease is given back")
+    parser.add_argument(
+        "--taken-before",
+        type=float,
+        help="seconds since the epoch: a lease renewed after this is a later attempt's, and is kept",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Idempotent: whatever the lease's state, it exits 0 and says in one line what it found."""
+    args = build_parser().parse_args(argv)
+    output = Path(args.output)
+    holder = Holder.parse(args.lease_holder, args.lease_holder)
+    released = release_lease(output, holder, args.taken_before)
+    current = read_lease(output)
+    if released is not None:
+        print(f"gave back {output}'s lease, held by {released.run} (lease holder {released.holder})")
+    elif current is None:
+        print(f"{output} has no lease to give back")
+    elif current.holder != holder.id:
+        print(f"{output}'s lease is held by {current.run}, not by {holder.id}: left alone")
+    else:
+        print(f"{output}'s lease was taken again after the halt (renewed at {current.renewed_at:.0f}): kept")
+    return 0
