@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from datagen_operator.control.server import NEVER_FITS_HINT
 from datagen_operator.output.lease import LEASE_FILE
 from datagen_operator.output.rendered import RENDERED_DIR
 from datagen_operator.prompts.pin import LINES_FILE, PIN_FILE
+from tests.harness.controlplane import GPU_TOLERATION
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim, start_sims
 from tests.manifests import cluster_run
@@ -98,15 +100,36 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
     assert "True" in wide.splitlines()[-2] and "24/24 prompts" in wide
 
 
-def test_not_enough_gpus_shows_the_schedulers_words(
+def test_not_enough_gpus_shows_the_schedulers_words_and_warns_only_when_waiting_cannot_help(
     runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
-    name = new_name("big")
+    """16 GPUs on 8-GPU nodes never fit: a Warning, and what to change. 8 GPUs while every node's are in use is
+    the normal wait of a shared cluster: a Normal event, and the run moves on once the GPUs are free."""
+    big, busy = new_name("big"), new_name("busy")
     operator(["http://127.0.0.1:9"])
-    runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"gpus": 16, "tensorParallel": 16}))
-    condition = runs.wait(name, "ServerReady", "False", "Unschedulable", timeout=60)
-    assert "Insufficient nvidia.com/gpu" in condition["message"]
-    assert runs.job(f"{name}-canary") is None and runs.job(f"{name}-workers") is None
+    runs.create(cluster_run(big, data_dir, standin_tokenizer, server={"gpus": 16, "tensorParallel": 16}))
+    condition = runs.wait(big, "ServerReady", "False", "Unschedulable", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in condition["message"] and NEVER_FITS_HINT in condition["message"]
+    assert runs.job(f"{big}-canary") is None and runs.job(f"{big}-workers") is None
+
+    fillers = [f"{busy}-filler-{i}" for i in range(2)]  # another team's pods, holding every node's 8 GPUs
+    for filler in fillers:
+        container = {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+        spec = {"containers": [container], "tolerations": [GPU_TOLERATION]}
+        runs.core.create_namespaced_pod(runs.namespace, {"metadata": {"name": filler}, "spec": spec})
+    runs.wait_for("the fillers on the GPU nodes", lambda: all(runs.pod_ip(f) for f in fillers))
+    runs.create(cluster_run(busy, data_dir, standin_tokenizer))
+    waiting = runs.wait(busy, "ServerReady", "False", "Unschedulable", timeout=60)
+    assert "No preemption victims found" in waiting["message"] and NEVER_FITS_HINT not in waiting["message"]
+    for filler in fillers:
+        runs.core.delete_namespaced_pod(filler, runs.namespace, grace_period_seconds=0)
+    runs.wait(busy, "ServerReady", "False", "Loading", timeout=60)
+
+    def unschedulable_events(name: str) -> list[str]:
+        return [e.type for e in runs.events(name) if e.reason == "ServerReadyUnschedulable"]
+
+    assert unschedulable_events(big) == ["Warning"] and unschedulable_events(busy) == ["Normal"]
+    assert not [e.reason for e in runs.events(busy) if e.type == "Warning"]
 
 
 def test_crash_looping_server_shows_why(

@@ -101,12 +101,25 @@ def needs_a_person(condition: Condition, after: Sequence[Condition]) -> bool:
 
 
 _INSUFFICIENT = re.compile(r"\b\d+ Insufficient \S")
+_NODES = re.compile(r"\b0/(\d+) nodes are available")
+_HOPELESS = re.compile(r"\b(\d+) Preemption is not helpful for scheduling")
 
 
 def waiting_for_resources(scheduler_message: str) -> bool:
     """The scheduler's words say only that resources are in use ("0/4 nodes are available: 2 Insufficient
-    nvidia.com/gpu, 2 node(s) had untolerated taint ..." counts: some node has the shape, its GPUs are busy)."""
-    return _INSUFFICIENT.search(scheduler_message.split("preemption:")[0]) is not None
+    nvidia.com/gpu, 2 node(s) had untolerated taint ..." counts: some node has the shape, its GPUs are busy),
+    and some node could take the pod once they are free (never_fits)."""
+    before = scheduler_message.split("preemption:")[0]
+    return _INSUFFICIENT.search(before) is not None and not never_fits(scheduler_message)
+
+
+def never_fits(scheduler_message: str) -> bool:
+    """No node can ever take the pod as asked. The scheduler's preemption pass says so per node: "Preemption is
+    not helpful for scheduling" for a node where even every other pod gone would not make room (more GPUs than it
+    has, a taint, a selector: unresolvable), "No preemption victims found" for one that is only busy."""
+    preemption = scheduler_message.partition("preemption:")[2]
+    nodes, hopeless = _NODES.search(preemption), _HOPELESS.search(preemption)
+    return nodes is not None and hopeless is not None and int(hopeless.group(1)) >= int(nodes.group(1))
 
 
 # False for these reasons is a normal step of a healthy run, not a problem to warn about. Released: every run

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datagen_operator.api.duration import format_duration
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import SERVER_READY, ConditionStatus
-from datagen_operator.control.conditions import ConditionUpdate
+from datagen_operator.control.conditions import ConditionUpdate, never_fits
 from datagen_operator.control.observed import ServerInstance, ServerObservation
 
 _CRASH_REASONS = frozenset({"CrashLoopBackOff", "Error", "RunContainerError"})
@@ -37,6 +37,20 @@ def _crash_message(instance: ServerInstance) -> str:
     return f"{instance.name} exited ({why}) and restarted {instance.restarts} time(s)"
 
 
+NEVER_FITS_HINT = (
+    "No node can take this pod as asked, even with every other pod gone: ask for what one node has "
+    "(server.gpus, cpu, memory; server.nodes > 1 spreads a server over nodes), or check server.nodeSelector, "
+    "affinity and tolerations."
+)
+
+
+def _unschedulable_message(instance: ServerInstance) -> str:
+    """The scheduler's own words, and what to change when waiting will not help."""
+    words = instance.unschedulable_message or ""
+    hint = f" {NEVER_FITS_HINT}" if never_fits(words) else ""
+    return f"{instance.name}: {words}{hint}"
+
+
 def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
     def verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
         return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
@@ -54,8 +68,7 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
 
     unschedulable = [i for i in instances if not i.scheduled and i.unschedulable_message]
     if unschedulable and not ready:
-        first = unschedulable[0]
-        return verdict("False", Reason.UNSCHEDULABLE, f"{first.name}: {first.unschedulable_message}")
+        return verdict("False", Reason.UNSCHEDULABLE, _unschedulable_message(unschedulable[0]))
     invalid = [i for i in instances if i.last_exit and "invalid choice" in i.last_exit]
     if invalid and not ready:
         return verdict("False", Reason.INVALID_ARGS, f"the server refused its arguments: {_crash_message(invalid[0])}")
@@ -92,7 +105,5 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
             f"counted from {first.name}'s start",
         )
     if unschedulable:
-        return verdict(
-            "False", Reason.UNSCHEDULABLE, f"{unschedulable[0].name}: {unschedulable[0].unschedulable_message}"
-        )
+        return verdict("False", Reason.UNSCHEDULABLE, _unschedulable_message(unschedulable[0]))
     return verdict("False", Reason.PENDING, f"0/{wanted} replica(s) started")
