@@ -29,11 +29,15 @@ def needs_control_plane(bench: Path) -> bool:
     return CONTROL_PLANE_IMPORT in bench.read_text()
 
 
-def run_quick(bench: Path) -> tuple[int, str, str]:
+MODES = {"operator": ("--generating",)}
+"""Benchmarks with a second mode whose quick run is held too (each a parameter of its own)."""
+
+
+def run_quick(bench: Path, *mode: str) -> tuple[int, str, str]:
     """`python bench/NAME.py --quick` in its own process group, so a timeout also ends the simulators and
     workers it started."""
     process = subprocess.Popen(
-        [sys.executable, str(bench), "--quick"],
+        [sys.executable, str(bench), "--quick", *mode],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -59,14 +63,20 @@ def test_every_benchmark_is_found() -> None:
 
 
 @pytest.mark.parametrize(
-    "bench",
+    ("bench", "mode"),
     [
-        pytest.param(bench, id=bench.stem, marks=[pytest.mark.cluster] if needs_control_plane(bench) else [])
+        pytest.param(
+            bench,
+            mode,
+            id=" ".join([bench.stem, *mode]),
+            marks=[pytest.mark.cluster] if needs_control_plane(bench) else [],
+        )
         for bench in BENCHES
+        for mode in [(), *([MODES[bench.stem]] if bench.stem in MODES else [])]
     ],
 )
-def test_quick_mode_runs_and_prints_its_figures(bench: Path) -> None:
-    code, out, err = run_quick(bench)
+def test_quick_mode_runs_and_prints_its_figures(bench: Path, mode: tuple[str, ...]) -> None:
+    code, out, err = run_quick(bench, *mode)
     if code == 2 and "unrecognized arguments: --quick" in err:
         pytest.fail(f"bench/{bench.name} has no --quick mode: add one (small sizes, seconds, figures not judged)")
     assert code == 0, f"bench/{bench.name} --quick exited {code}\n{out[-2000:]}\n{err[-4000:]}"
