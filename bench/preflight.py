@@ -31,20 +31,33 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for its sibling bench.scale
-from bench.scale import PYTHON, REPO, Sampler, load, run_file, sim_counter, spawn_worker, start_sim, write_dataset
+from bench.scale import (
+    PYTHON,
+    REPO,
+    Sampler,
+    load,
+    measured,
+    measured_rss_mb,
+    run_file,
+    sim_counter,
+    spawn_worker,
+    start_sim,
+    write_dataset,
+)
 
 
 def preflight(run: Path) -> tuple[float, float, str]:
     cmd = [PYTHON, "-m", "datagen_operator.cli", "preflight", "--run", str(run)]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    sampler = Sampler(proc.pid)
+    rss_file = run.with_name("preflight.maxrss")
+    proc = subprocess.Popen(measured(cmd, rss_file), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sampler = Sampler(proc.pid, include_root=False)
     out, err = proc.communicate(timeout=3600)
     elapsed = time.monotonic() - started
     sampler.stop()
     if proc.returncode != 0:
         raise SystemExit(f"preflight exited {proc.returncode}: {err.decode()[-2000:]}")
-    return elapsed, sampler.peak, out.decode().strip().splitlines()[-1][:200]
+    return elapsed, max(sampler.peak, measured_rss_mb(rss_file)), out.decode().strip().splitlines()[-1][:200]
 
 
 def first_request(run: Path, output: Path, url: str, log: Path) -> float:

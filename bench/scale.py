@@ -20,6 +20,8 @@ short chat prompts (1,000 distinct questions, each id its own line). Measured, e
   Then the worker runs once more: nothing is left to generate, it recovers the shard and compacts it to
   Parquet; the peak resident memory of its process tree (sampled every 50 ms, and its own ru_maxrss) is it.
 - verify_s, verify_rss_mb: `datagen verify` of that output (1M records), wall time and ru_maxrss.
+Each ru_maxrss is the process's own (`measured`): read from a child of this bench, it would carry the bench's
+own peak.
 
 The machine is shared: the load average is printed at the start and end. Last line:
 
@@ -61,8 +63,9 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores"
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and its descendants (MB), from /proc."""
+def tree_rss_mb(pid: int, include_root: bool = True) -> float:
+    """Resident memory of a process and its descendants (MB), from /proc; without the process itself for a
+    `measured` launcher."""
     total = 0
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -73,7 +76,7 @@ def tree_rss_mb(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(parent, []).append(int(entry))
-    todo = [pid]
+    todo = [pid] if include_root else list(children.get(pid, []))
     while todo:
         current = todo.pop()
         todo.extend(children.get(current, []))
@@ -89,8 +92,8 @@ def tree_rss_mb(pid: int) -> float:
 class Sampler:
     """Samples a process tree's RSS every `interval` seconds in a thread."""
 
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
-        self.pid, self.interval = pid, interval
+    def __init__(self, pid: int, interval: float = 0.05, include_root: bool = True) -> None:
+        self.pid, self.interval, self.include_root = pid, interval, include_root
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -98,7 +101,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic(), tree_rss_mb(self.pid)))
+            self.samples.append((time.monotonic(), tree_rss_mb(self.pid, self.include_root)))
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
@@ -168,23 +171,48 @@ def run_file(
     return path
 
 
-def spawn_worker(run: Path, output: Path, url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+MEASURE = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+"""Runs a command as the child of this small process and writes the command's own ru_maxrss (KB) to a file.
+Linux carries the spawning process's peak into a child's ru_maxrss across exec (a vfork shares its memory):
+spawned from this bench, which holds the 1M-record output, `datagen verify` read as 454 MB where it peaked at
+345. A fork of this launcher starts from its few MB."""
+
+
+def measured(cmd: list[str], rss_file: Path) -> list[str]:
+    """`cmd` run through MEASURE: its peak resident memory is then `measured_rss_mb(rss_file)` once it exits."""
+    return [PYTHON, "-S", "-c", MEASURE, str(rss_file), *cmd]
+
+
+def measured_rss_mb(rss_file: Path) -> float:
+    return int(rss_file.read_text()) / 1024
+
+
+def spawn_worker(
+    run: Path, output: Path, url: str, log: Path, *extra: str, rss_file: Path | None = None
+) -> subprocess.Popen[bytes]:
     cmd = [PYTHON, "-m", "datagen_operator.cli", "worker", "--run", str(run), "--output", str(output),
            "--server", url, "--log-format", "json", *extra]  # fmt: skip
+    if rss_file is not None:
+        cmd = measured(cmd, rss_file)
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log.open("ab"))
 
 
-def wait_rusage(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float]:
-    """(exit status, ru_maxrss MB) of a child, waited for with wait4."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_maxrss / 1024
-        time.sleep(0.02)
-    proc.kill()
-    raise SystemExit(f"process {proc.args} did not finish in {timeout:.0f}s")
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """The exit status of a child, waited for up to `timeout` (killed past it)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise SystemExit(f"process {proc.args} did not finish in {timeout:.0f}s") from None
 
 
 def recorded_lines(output: Path) -> list[bytes]:
@@ -216,7 +244,7 @@ def kill_mid_run(run: Path, output: Path, url: str, log: Path, sig: signal.Signa
     if proc.poll() is not None:
         raise SystemExit(f"the worker finished the dataset before {sig.name}: run it with more --prompts")
     proc.send_signal(sig)
-    wait_rusage(proc, 120)
+    wait_exit(proc, 120)
     time.sleep(1.0)  # requests the server was still answering finish there
     finished = int(sim_counter(url, "sglang:num_requests_total") - finished_before)
     return finished, len(recorded_lines(output)) - before_disk
@@ -298,7 +326,7 @@ def main() -> int:
             time.sleep(0.01)
         start_small_s = time.monotonic() - spawned
         proc.kill()
-        wait_rusage(proc, 60)
+        wait_exit(proc, 60)
         time.sleep(1.0)
         base_finished = int(sim_counter(url, "sglang:num_requests_total"))
 
@@ -326,7 +354,7 @@ def main() -> int:
         # 2. Resume waste: SIGKILL mid-run (the one above), then a SIGTERM run.
         time.sleep(0.5)
         proc.kill()
-        wait_rusage(proc, 60)
+        wait_exit(proc, 60)
         time.sleep(1.0)
         finished = int(sim_counter(url, "sglang:num_requests_total")) - base_finished
         kept = len(recorded_lines(output))
@@ -341,9 +369,10 @@ def main() -> int:
         added = complete_output(output, args.prompts)
         print(f"completed the output with {added:,} records copied from real ones ({args.prompts:,} in all)")
         spawned = time.monotonic()
-        proc = spawn_worker(run, output, url, log)
-        sampler = Sampler(proc.pid, interval=0.05)
-        code, maxrss = wait_rusage(proc, 3600)
+        proc = spawn_worker(run, output, url, log, rss_file=workdir / "compaction.maxrss")
+        sampler = Sampler(proc.pid, interval=0.05, include_root=False)
+        code = wait_exit(proc, 3600)
+        maxrss = measured_rss_mb(workdir / "compaction.maxrss")
         sampler.stop()
         compact_s = time.monotonic() - spawned
         if code != 0:
@@ -355,10 +384,11 @@ def main() -> int:
         # 4. datagen verify.
         spawned = time.monotonic()
         verify = subprocess.Popen(
-            [PYTHON, "-m", "datagen_operator.cli", "verify", str(output), "--json"],
+            measured([PYTHON, "-m", "datagen_operator.cli", "verify", str(output), "--json"], workdir / "verify.maxrss"),
             cwd=REPO, stdout=(workdir / "verify.json").open("wb"), stderr=subprocess.PIPE,
         )  # fmt: skip
-        code, verify_rss = wait_rusage(verify, 3600)
+        code = wait_exit(verify, 3600)
+        verify_rss = measured_rss_mb(workdir / "verify.maxrss")
         verify_s = time.monotonic() - spawned
         report = orjson.loads((workdir / "verify.json").read_bytes() or b"{}")
         print(f"datagen verify: exit {code}, {report.get('records')} records, passed={report.get('passed')}, "
