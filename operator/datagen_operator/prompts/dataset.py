@@ -556,13 +556,15 @@ DUPLICATE = _Duplicate()
 class _Assigner:
     """Shard ownership and duplicate detection, line by line, for lines already validated.
 
-    Duplicates are found by the ids' 64-bit hashes (a set of ints, a third of a set of id strings): two
-    distinct ids share one with probability ~n^2/2^65 (3e-8 for a million ids)."""
+    Duplicates are found by the ids' 64-bit hashes (prompts/seen.py, about 10 bytes an id): two distinct ids
+    share one with probability ~n^2/2^65 (3e-8 for a million ids)."""
 
     def __init__(self, shard_index: int, shard_count: int) -> None:
         self.shard_index = shard_index
         self.shard_count = shard_count
-        self.seen: set[int] = set()
+        from datagen_operator.prompts.seen import SeenHashes  # numpy: only once a dataset is read
+
+        self.seen = SeenHashes()
         self.take_valid = self._valid_taker()
 
     def _valid_taker(self) -> Callable[[int, str, int, int], PromptRef | _Duplicate | None]:
@@ -570,8 +572,7 @@ class _Assigner:
         its PromptRef, DUPLICATE (set it aside: `duplicate`), or None (another shard's). A closure over
         locals: it runs once per valid line."""
         shard_index, shard_count = self.shard_index, self.shard_count
-        seen = self.seen
-        seen_add = seen.add
+        first_time = self.seen.add
         new = object.__new__
         set_position, set_id, set_offset, set_length = _ref_slot_setters()
 
@@ -579,9 +580,7 @@ class _Assigner:
             # One shard owns every id: the hash would only say 0.
             if shard_count > 1 and shard_of_id(prompt_id, shard_count) != shard_index:
                 return None
-            before = len(seen)
-            seen_add(hash(prompt_id))  # one probe of a large set, not two (`in`, then `add`)
-            if len(seen) == before:
+            if not first_time(hash(prompt_id)):
                 return DUPLICATE
             ref = new(PromptRef)  # PromptRef(position, prompt_id, offset, length), see _ref_slot_setters
             set_position(ref, position)
