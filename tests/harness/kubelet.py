@@ -83,6 +83,9 @@ class PodRunner:
     (e.g. {"/dev-cluster": "<repo>/.dev-cluster"}); a hostPath under no prefix is used as it is."""
     token_seconds: int = 3600
     """Lifetime of the ServiceAccount tokens given to pods (a long-lived dev cluster wants more)."""
+    held: set[str] = field(default_factory=set)
+    """Component labels (datagen.dev/component) whose pods this kubelet leaves Pending for now, as a node busy
+    pulling an image would: a test evicts or deletes them before they start, then takes the label out."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _draining: list[LocalPod] = field(default_factory=list)
@@ -180,7 +183,7 @@ class PodRunner:
                 self._delete(key, pod)
             elif key in self.pods:
                 self._check_exit(key)
-            elif key not in self.finished and pod.status.phase == "Pending" and self._runs(pod):
+            elif key not in self.finished and pod.status.phase == "Pending" and self._runs(pod) and not self._held(pod):
                 self._run(pod)
         for key in list(self.pods):
             if key not in seen:
@@ -188,6 +191,9 @@ class PodRunner:
 
     def _runs(self, pod: Any) -> bool:
         return self.only_label is None or self.only_label in (pod.metadata.labels or {})
+
+    def _held(self, pod: Any) -> bool:
+        return (pod.metadata.labels or {}).get("datagen.dev/component") in self.held
 
     def _delete(self, key: tuple[str, str], pod: Any) -> None:
         if key in self.finished and key not in self.pods:

@@ -675,11 +675,12 @@ STEP_RETRIES = 2
 
 
 def _step_job_spec(container: str) -> dict[str, Any]:
-    """The one failure policy of every step Job: a written verdict fails it at once, a disruption is free, any
-    other exit (a crash) is retried STEP_RETRIES times."""
+    """The one failure policy of every step Job: a disruption is free, a written verdict fails it at once, any
+    other exit (a crash) is retried STEP_RETRIES times. The first rule that matches decides: an evicted pod whose
+    program exited 1 on its SIGTERM is still an eviction, never a verdict."""
     return {
         "backoffLimit": STEP_RETRIES,
-        "podFailurePolicy": {"rules": [_fails_on_its_verdict(container), IGNORE_DISRUPTION]},
+        "podFailurePolicy": {"rules": [IGNORE_DISRUPTION, _fails_on_its_verdict(container)]},
     }
 
 
