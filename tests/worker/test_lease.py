@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+from datagen_operator.output import lease as lease_module
 from datagen_operator.output.lease import (
     LEASE_FILE,
     Holder,
@@ -86,6 +87,20 @@ def test_the_release_program_says_what_it_found_and_always_exits_0(
     assert lease_main([str(tmp_path), "--lease-holder", "uid-a"]) == 0
     assert "no lease to give back" in capsys.readouterr().out
     assert lease_main([str(tmp_path / "never-mounted"), "--lease-holder", "uid-a"]) == 0
+
+
+def test_the_release_program_on_a_volume_that_refuses_writes_says_when_the_lease_lapses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    take_lease(tmp_path, A, 4500, now=1000.0)
+
+    def read_only(*_: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(lease_module, "release_lease", read_only)
+    assert lease_main([str(tmp_path), "--lease-holder", "uid-a"]) == 0, "no pod left in Error for it"
+    said = capsys.readouterr().out
+    assert "could not give" in said and "Read-only file system" in said and "lapses at 1970-01-01T01:31:40Z" in said
 
 
 def test_of_many_racing_takers_of_a_stale_lease_exactly_one_holds_it(tmp_path: Path) -> None:

@@ -232,7 +232,13 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     output = Path(args.output)
     holder = Holder.parse(args.lease_holder, args.lease_holder)
-    released = release_lease(output, holder, args.taken_before)
+    try:
+        released = release_lease(output, holder, args.taken_before)
+    except OSError as error:  # a read-only or failing volume (the halt's own cause, maybe): the lease lapses
+        lease = read_lease(output)
+        until = f" at {datetime.fromtimestamp(lease.expires_at, UTC):%Y-%m-%dT%H:%M:%SZ}" if lease else ""
+        print(f"could not give {output}'s lease back ({error}): it lapses{until}")
+        return 0
     current = read_lease(output)
     if released is not None:
         print(f"gave back {output}'s lease, held by {released.run} (lease holder {released.holder})")
