@@ -39,9 +39,8 @@ from bench.scale import (
     measured,
     measured_rss_mb,
     run_file,
-    sim_counter,
-    spawn_worker,
     start_sim,
+    start_worker,
     write_dataset,
 )
 
@@ -61,17 +60,10 @@ def preflight(run: Path) -> tuple[float, float, str]:
 
 
 def first_request(run: Path, output: Path, url: str, log: Path) -> float:
-    before = sim_counter(url, "sglang:prompt_tokens_total")
-    spawned = time.monotonic()
-    proc = spawn_worker(run, output, url, log, "--no-compact")
-    while sim_counter(url, "sglang:prompt_tokens_total") == before:
-        if proc.poll() is not None:
-            raise SystemExit(f"worker exited {proc.returncode}: {log.read_text()[-2000:]}")
-        time.sleep(0.01)
-    elapsed = time.monotonic() - spawned
+    proc, seconds = start_worker(run, output, url, log)
     proc.kill()
     proc.wait(60)
-    return elapsed
+    return seconds
 
 
 def main() -> int:

@@ -208,6 +208,18 @@ def spawn_worker(
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log.open("ab"))
 
 
+def start_worker(run: Path, output: Path, url: str, log: Path) -> tuple[subprocess.Popen[bytes], float]:
+    """A worker spawned on `run` (no compaction), and the seconds until the simulator got its first request."""
+    before = sim_counter(url, "sglang:prompt_tokens_total")
+    spawned = time.monotonic()
+    proc = spawn_worker(run, output, url, log, "--no-compact")
+    while sim_counter(url, "sglang:prompt_tokens_total") == before:
+        if proc.poll() is not None:
+            raise SystemExit(f"worker exited {proc.returncode}: {log.read_text()[-2000:]}")
+        time.sleep(0.01)
+    return proc, time.monotonic() - spawned
+
+
 def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
     """The exit status of a child, waited for up to `timeout` (killed past it)."""
     try:
@@ -323,14 +335,8 @@ def main() -> int:
         for attempt in range(SMALL_STARTS):
             small_out = workdir / f"small-out-{attempt}"
             small_run = run_file(workdir, small, small_out, tokenizer_dir, args.concurrency, "small-run.yaml")
-            started_before = sim_counter(url, "sglang:prompt_tokens_total")
-            spawned = time.monotonic()
-            proc = spawn_worker(small_run, small_out, url, log, "--no-compact")
-            while sim_counter(url, "sglang:prompt_tokens_total") == started_before:
-                if proc.poll() is not None:
-                    raise SystemExit(f"worker exited {proc.returncode}: {log.read_text()[-2000:]}")
-                time.sleep(0.01)
-            small_starts.append(time.monotonic() - spawned)
+            proc, seconds = start_worker(small_run, small_out, url, log)
+            small_starts.append(seconds)
             proc.kill()
             wait_exit(proc, 60)
             time.sleep(1.0)
@@ -338,14 +344,7 @@ def main() -> int:
         base_finished = int(sim_counter(url, "sglang:num_requests_total"))
 
         # 1. Start-up and steady memory on the whole dataset.
-        started_before = sim_counter(url, "sglang:prompt_tokens_total")
-        spawned = time.monotonic()
-        proc = spawn_worker(run, output, url, log, "--no-compact")
-        while sim_counter(url, "sglang:prompt_tokens_total") == started_before:
-            if proc.poll() is not None:
-                raise SystemExit(f"worker exited {proc.returncode}: {log.read_text()[-2000:]}")
-            time.sleep(0.01)
-        start_s = time.monotonic() - spawned
+        proc, start_s = start_worker(run, output, url, log)
         finished_at_start = sim_counter(url, "sglang:num_requests_total")
         sampler = Sampler(proc.pid, interval=0.2)
         time.sleep(args.steady_s)
