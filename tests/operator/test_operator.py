@@ -198,10 +198,11 @@ def test_parser_mismatch_halts_before_any_bulk_work(
         "the GPUs released",
         lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
     )
-    # Nothing but what the preflight wrote (the dataset pin, its rendered prompts, the output's lease): no record,
-    # no manifest.
+    # Nothing but what the preflight wrote (the dataset pin, its rendered prompts): no record, no manifest; the
+    # preflight's lease is given back by the halt's release Job.
     output = data_dir / "out" / name
-    assert {p.name for p in output.iterdir()} == {PIN_FILE, LINES_FILE, RENDERED_DIR, LEASE_FILE}
+    runs.wait_for("the lease given back", lambda: not (output / LEASE_FILE).exists(), 60)
+    assert {p.name for p in output.iterdir()} == {PIN_FILE, LINES_FILE, RENDERED_DIR}
 
 
 def test_suspend_resume_refused_change_and_deletion_keeping_the_data(
