@@ -381,3 +381,40 @@ def test_the_canary_starts_only_after_the_parsers_are_verified() -> None:
 def test_decision_is_keyword_only() -> None:
     with pytest.raises(TypeError):
         Decision(Step.DONE, "Succeeded")  # type: ignore[misc]
+
+
+def _parser_worlds() -> list[Observed]:
+    loading = ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=60),))
+    half = ServerObservation(
+        2,
+        (
+            ServerInstance("srv-0", running=True, ready=True, endpoint="http://srv-0:30000"),
+            ServerInstance("srv-1", running=True, loading_seconds=60),
+        ),
+    )
+    failed_probes = ProbeFailures(PARSER_PROBE_ATTEMPTS, "timed out")
+    halted = HaltedBefore(reason="CanaryFailed", phase="Halted", checks=(), progress=None)
+    return [
+        Observed(1),
+        Observed(1, server=loading),
+        Observed(1, server=half),
+        Observed(1, server=READY),
+        Observed(1, server=READY, parser_probes=ProbeFailures(1, "reset")),
+        Observed(1, server=READY, parser_probes=failed_probes),
+        Observed(1, server=READY, parsers=PASS),
+        Observed(1, server=READY, parsers=PASS, canary=PASS),
+        Observed(1, server=READY, suspended=True),
+        Observed(1, server=READY, halted=halted),
+        Observed(1, server=READY, final=PASS),
+    ]
+
+
+@pytest.mark.parametrize("observed", _parser_worlds())
+def test_the_parsers_are_read_exactly_when_decide_would_wait_for_them(observed: Observed) -> None:
+    """The shell reads the server's parsers while it observes (`parsers_to_read`), so `decide` runs once a
+    pass: the read is due in exactly the worlds where `decide` says the step is to verify them."""
+    from datagen_operator.control.decide import parsers_to_read
+
+    s = spec()
+    waiting = decide(s, observed, context(s)).step is Step.VERIFY_PARSERS
+    assert parsers_to_read(s, observed) == (waiting and bool(observed.server and observed.server.ready_endpoints))

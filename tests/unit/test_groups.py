@@ -14,8 +14,9 @@ from datagen_operator.api import parse_spec
 from datagen_operator.control.observed import ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s.context import RunCache
+from datagen_operator.k8s.executor import LWS_MISSING, Executor
 from datagen_operator.k8s.groups import group_observation
-from datagen_operator.k8s.reconcile import LWS_MISSING, Reconciler
 from tests.manifests import unit_spec
 from tests.unit.test_reconcile import restart_hash
 
@@ -128,12 +129,10 @@ def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:
     async def create() -> None:
         raise ApiException(status=404, reason="Not Found")
 
-    reconciler = Reconciler(ctx=None, namespace="ml", name="kimi")  # type: ignore[arg-type]
-    assert asyncio.run(reconciler._write("LeaderWorkerSet", "kimi-server", create)) is False
-    assert reconciler.refused_writes == {"LeaderWorkerSet/kimi-server": LWS_MISSING}
-    observed = group_observation(
-        [], None, 1, 2, ["u"], {}, NOW, reconciler.refused_writes["LeaderWorkerSet/kimi-server"]
-    )
+    executor = Executor(kube=None, cache=RunCache(ctx=None, namespace="ml", name="kimi"))  # type: ignore[arg-type]
+    assert asyncio.run(executor.write("LeaderWorkerSet", "kimi-server", create)) is False
+    assert executor.refused_writes == {"LeaderWorkerSet/kimi-server": LWS_MISSING}
+    observed = group_observation([], None, 1, 2, ["u"], {}, NOW, executor.refused_writes["LeaderWorkerSet/kimi-server"])
     verdict = server_verdict(observed, 2700).condition
     assert (verdict.status, verdict.reason) == ("False", "Refused")
     assert verdict.message.startswith("LeaderWorkerSet is not installed in this cluster")
@@ -144,7 +143,7 @@ def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:
 
     # A 404 of any other kind is no refusal: the pass fails and the next one retries.
     with pytest.raises(ApiException):
-        asyncio.run(reconciler._write("StatefulSet", "kimi-server", other))
+        asyncio.run(executor.write("StatefulSet", "kimi-server", other))
 
 
 def test_a_group_restarts_for_its_templates_not_for_live_placement() -> None:

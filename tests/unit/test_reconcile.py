@@ -10,7 +10,7 @@ from datagen_operator.control.observed import ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.reconcile import _signature
+from datagen_operator.k8s.status_writer import signature
 from tests.manifests import unit_spec
 
 REFUSED = 'create Pod x-server-0 in StatefulSet x-server failed error: pods "x-server-0" is forbidden: exceeded quota'
@@ -72,9 +72,9 @@ def status(rate: float, passed: bool = True, reason: str = "Running", tokens: fl
 
 
 def test_only_flips_make_a_status_write_urgent() -> None:
-    assert _signature(status(0.99)) == _signature(status(0.985, tokens=20)), "numbers only: wait for the spacing"
-    assert _signature(status(0.99)) != _signature(status(0.5, passed=False)), "a check flips: write at once"
-    assert _signature(status(0.99)) != _signature(status(0.99, reason="Paused")), "a condition changes"
+    assert signature(status(0.99)) == signature(status(0.985, tokens=20)), "numbers only: wait for the spacing"
+    assert signature(status(0.99)) != signature(status(0.5, passed=False)), "a check flips: write at once"
+    assert signature(status(0.99)) != signature(status(0.99, reason="Paused")), "a condition changes"
 
 
 def restart_hash(workload: m.Manifest) -> str:
@@ -114,6 +114,6 @@ def test_status_writes_are_urgent_only_for_transitions() -> None:
         "conditions": [{**base["conditions"][0], "message": "loading: 2m"}],
         "progress": {"summary": "1/10"},
     }
-    assert _signature(later) == _signature(base)
+    assert signature(later) == signature(base)
     moved = {**base, "conditions": [{**base["conditions"][0], "status": "True", "reason": "Ready"}]}
-    assert _signature(moved) != _signature(base)
+    assert signature(moved) != signature(base)

@@ -8,6 +8,7 @@ a new or longer child name changes it (and the generated CRD, which a unit test 
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from functools import cache
 
 LABEL_VALUE_MAX = 63
@@ -38,6 +39,22 @@ def max_run_name_length() -> int:
         ),  # job-name label
     )
     return LABEL_VALUE_MAX - longest_suffix
+
+
+class Component(StrEnum):
+    """A child's component label (and its pods' container name): which part of the run it is."""
+
+    SERVER = "server"
+    WORKER = "worker"
+    PREFLIGHT = "preflight"
+    CANARY = "canary"
+    VERIFY = "verify"
+    EXPORT = "export"
+    RELEASE = "release"
+    SPEC = "spec"
+    """The spec-in-force ConfigMap."""
+    PROGRESS = "progress"
+    """The shards' progress ConfigMaps."""
 
 
 # --- the names of a run's children (Kubernetes objects; the local runner names its processes alike) ---

@@ -176,6 +176,19 @@ def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContex
     return _server_released_reads_false(_verdicts_recorded(_decide(spec, observed, context), observed))
 
 
+def parsers_to_read(spec: DataGenRunSpec, observed: Observed) -> bool:
+    """Whether a pass reads the server's parsers before it decides: a server is ready by the rule `decide`
+    judges it by, and no verdict on its parsers stands. The shell asks this while it observes, so the probe's
+    answer is an observed fact of the same pass and `decide` is called once."""
+    if observed.halted is not None or observed.parsers is not None or observed.final is not None:
+        return False
+    if observed.suspended or _probe_gave_up(observed) is not None:
+        return False
+    if observed.server is None or not observed.server.ready_endpoints:
+        return False
+    return server_verdict(observed.server, spec.server.startup_timeout).condition.status == "True"
+
+
 def _verdicts_recorded(decision: Decision, observed: Observed) -> Decision:
     """Every step verdict observed is written into its condition, whatever step the run is on (a canary verdict
     that comes in while the server is down, a preflight's while suspended): the pod whose termination message

@@ -1,7 +1,9 @@
 """kopf handlers: a few lines each. The work is in reconcile.py (shell) over control/ (decisions).
 
-One daemon per DataGenRun runs passes; watches on the run's children (pods, Jobs, the StatefulSet, the
-ConfigMaps) keep in-memory indexes, so a pass reads no API object, and wake the run's daemon early.
+One daemon per DataGenRun runs passes; watches on the run's children and pods (k8s/registry.py WATCHED) keep
+in-memory indexes, from which a pass reads them, and wake the run's daemon early. What a pass reads besides
+(the server's answers, the LeaderWorkerSet, FailedCreate events, the spec ConfigMap when the cache lacks it)
+is k8s/observation.py's.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import datagen_operator.k8s.storage  # noqa: F401  (registers the claims' access
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import metrics
+from datagen_operator.k8s.context import OperatorContext
+from datagen_operator.k8s.executor import stop_children
 from datagen_operator.k8s.kube import Kube
-from datagen_operator.k8s.reconcile import OperatorContext, Reconciler, stop_children
+from datagen_operator.k8s.reconcile import Reconciler
+from datagen_operator.k8s.registry import WATCHED
 from datagen_operator.k8s.release import FINALIZER
 from datagen_operator.k8s.settings import Settings
 
@@ -93,58 +98,21 @@ def _run_key(namespace: str, labels: kopf.Labels) -> tuple[str, str]:
     return namespace, labels.get(m.RUN_LABEL, "")
 
 
-@kopf.index("pods", labels=MANAGED)
-def run_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def index_by_run(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {_run_key(namespace, labels): body}
 
 
-@kopf.index("batch", "v1", "jobs", labels=MANAGED)
-def run_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-@kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
-def run_statefulsets(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-@kopf.index("configmaps", labels=MANAGED)
-def run_configmaps(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-# Children the operator owns whole: watched so one deleted or edited by hand is put back at once (the next
-# pass applies it server-side), not after an operator restart.
-@kopf.index("services", labels=MANAGED)
-def run_services(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-@kopf.index("serviceaccounts", labels=MANAGED)
-def run_serviceaccounts(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
-def run_roles(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
-def run_rolebindings(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {_run_key(namespace, labels): body}
-
-
-@kopf.on.event("pods", labels=MANAGED)
-@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
-@kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
-@kopf.on.event("configmaps", labels=MANAGED)
-@kopf.on.event("services", labels=MANAGED)
-@kopf.on.event("serviceaccounts", labels=MANAGED)
-@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
-@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
 def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     memo.ctx.wake(*_run_key(namespace, labels))
+
+
+# One index and one wake-up per watched kind (k8s/registry.py WATCHED). Children the operator owns whole (the
+# Services, the workers' RBAC) are watched too, so one deleted or edited by hand is put back at once (the next
+# pass applies it server-side), not after an operator restart.
+for _watched in WATCHED:
+    _resource = (_watched.group, _watched.version, _watched.plural) if _watched.group else (_watched.plural,)
+    kopf.index(*_resource, labels=MANAGED, id=_watched.index_id)(index_by_run)
+    kopf.on.event(*_resource, labels=MANAGED, id=f"{_watched.plural}_changed")(child_changed)
 
 
 @kopf.on.event(*RUN)
@@ -163,27 +131,10 @@ async def run_daemon(
     body: kopf.Body,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    run_pods: kopf.Index[Any, Any],
-    run_jobs: kopf.Index[Any, Any],
-    run_statefulsets: kopf.Index[Any, Any],
-    run_configmaps: kopf.Index[Any, Any],
-    run_services: kopf.Index[Any, Any],
-    run_serviceaccounts: kopf.Index[Any, Any],
-    run_roles: kopf.Index[Any, Any],
-    run_rolebindings: kopf.Index[Any, Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     ctx: OperatorContext = memo.ctx
-    indexes = {
-        "Pod": run_pods,
-        "Job": run_jobs,
-        "StatefulSet": run_statefulsets,
-        "ConfigMap": run_configmaps,
-        "Service": run_services,
-        "ServiceAccount": run_serviceaccounts,
-        "Role": run_roles,
-        "RoleBinding": run_rolebindings,
-    }
+    indexes: dict[str, kopf.Index[Any, Any]] = {watched.kind: kwargs[watched.index_id] for watched in WATCHED}
     ctx.children = lambda kind, ns, run: list(indexes[kind].get((ns, run), ()))
     reconciler = Reconciler(ctx, namespace, name)
     waker = ctx.waker(namespace, name)

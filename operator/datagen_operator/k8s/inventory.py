@@ -3,31 +3,14 @@ objects: which exist, for which data generation, finished or not, whether their 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from datagen_operator.api.names import (
-    canary_job_name,
-    export_job_name,
-    preflight_job_name,
-    release_job_name,
-    server_name,
-    verify_job_name,
-    workers_job_name,
-)
-from datagen_operator.control.children import Child, Children, JobState
+from datagen_operator.api.names import Component, server_name
+from datagen_operator.control.children import Children, JobState
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.observe import Obj, annotation
-
-JOBS: dict[Child, tuple[Callable[[str], str], str]] = {
-    Child.PREFLIGHT: (preflight_job_name, "preflight"),
-    Child.CANARY: (canary_job_name, "canary"),
-    Child.WORKERS: (workers_job_name, "worker"),
-    Child.VERIFY: (verify_job_name, "verify"),
-    Child.EXPORT: (export_job_name, "export"),
-    Child.RELEASE: (release_job_name, "release"),
-}
-"""Each Job child: its name (from the run's) and its pods' component label."""
+from datagen_operator.k8s.registry import JOBS, REGISTRY
 
 
 def job_state(job: Obj, pods: Sequence[Obj]) -> JobState:
@@ -53,15 +36,15 @@ def inventory(
     """`pods` are all the run's pods; `group` is its LeaderWorkerSet (read by the shell when server.nodes > 1)."""
     by_name = {job["metadata"]["name"]: job for job in jobs}
 
-    def component(label: str) -> list[Obj]:
+    def component(label: Component) -> list[Obj]:
         return [p for p in pods if (p["metadata"].get("labels") or {}).get(m.COMPONENT_LABEL) == label]
 
     states = {
-        child: job_state(by_name[name(run)], component(label))
-        for child, (name, label) in JOBS.items()
-        if name(run) in by_name
+        child: job_state(by_name[name], component(REGISTRY[child].component))
+        for child in JOBS
+        if (name := REGISTRY[child].name(run, 0)) in by_name
     }
-    server_pods = component("server")
+    server_pods = component(Component.SERVER)
     workload = group if grouped else statefulset
     return Children(
         jobs=states,

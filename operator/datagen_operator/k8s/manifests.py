@@ -28,6 +28,7 @@ from datagen_operator.api.commands import (
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
 from datagen_operator.api.extra_args import extra_arg_value
 from datagen_operator.api.names import (
+    Component,
     canary_job_name,
     export_job_name,
     preflight_job_name,
@@ -127,22 +128,23 @@ def export_dir(spec: DataGenRunSpec) -> str:
     return _inside(output_dir(spec), spec.export.path)
 
 
-def labels(run: str, component: str) -> dict[str, str]:
+def labels(run: str, component: Component) -> dict[str, str]:
+    value = str(component)  # plain str: manifests are also dumped as YAML
     return {
         "app.kubernetes.io/name": "datagen",
         "app.kubernetes.io/instance": run,
-        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/component": value,
         "app.kubernetes.io/managed-by": MANAGED_BY,
         RUN_LABEL: run,
-        COMPONENT_LABEL: component,
+        COMPONENT_LABEL: value,
     }
 
 
-def selector(run: str, component: str) -> dict[str, str]:
-    return {RUN_LABEL: run, COMPONENT_LABEL: component}
+def selector(run: str, component: Component) -> dict[str, str]:
+    return {RUN_LABEL: run, COMPONENT_LABEL: str(component)}
 
 
-def _meta(run: RunRef, name: str, component: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def _meta(run: RunRef, name: str, component: Component, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": run.namespace,
@@ -342,7 +344,7 @@ def spec_configmap(
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(run, spec_configmap_name(run.name), "spec", generations),
+        "metadata": _meta(run, spec_configmap_name(run.name), Component.SPEC, generations),
         "data": {"run.yaml": text},
     }
 
@@ -352,7 +354,7 @@ def shard_configmap(run: RunRef, index: int) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(run, shard_configmap_name(run.name, index), "progress"),
+        "metadata": _meta(run, shard_configmap_name(run.name, index), Component.PROGRESS),
     }
 
 
@@ -360,7 +362,7 @@ def worker_service_account(run: RunRef) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _meta(run, worker_account_name(run.name), "worker"),
+        "metadata": _meta(run, worker_account_name(run.name), Component.WORKER),
         "automountServiceAccountToken": False,  # only the worker pods mount a token, by their own choice
     }
 
@@ -369,7 +371,7 @@ def worker_role(run: RunRef, shards: int) -> Manifest:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(run, worker_account_name(run.name), "worker"),
+        "metadata": _meta(run, worker_account_name(run.name), Component.WORKER),
         "rules": [
             {
                 "apiGroups": [""],
@@ -386,7 +388,7 @@ def worker_role_binding(run: RunRef) -> Manifest:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(run, name, "worker"),
+        "metadata": _meta(run, name, Component.WORKER),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": run.namespace}],
     }
@@ -397,10 +399,10 @@ def headless_service(run: RunRef, spec: DataGenRunSpec) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(run, server_name(run.name), "server"),
+        "metadata": _meta(run, server_name(run.name), Component.SERVER),
         "spec": {
             "clusterIP": "None",
-            "selector": selector(run.name, "server"),
+            "selector": selector(run.name, Component.SERVER),
             "ports": [{"name": "http", "port": spec.server.port, "targetPort": "http"}],
         },
     }
@@ -412,7 +414,7 @@ def replica_service(run: RunRef, spec: DataGenRunSpec, index: int) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(run, pod, "server"),
+        "metadata": _meta(run, pod, Component.SERVER),
         "spec": {
             "selector": {"statefulset.kubernetes.io/pod-name": pod},
             "ports": [{"name": "http", "port": spec.server.port, "targetPort": "http"}],
@@ -451,7 +453,7 @@ def _server_pod_template(
     model_volumes, model_mounts = _model_volume(spec)
     startup_failures = math.ceil(STARTUP_PROBE_BACKSTOP_S / STARTUP_PERIOD_S)
     container: dict[str, Any] = {
-        "name": "server",
+        "name": str(Component.SERVER),
         "image": server.image,
         # With nodes > 1 the same argv on every pod; `$(LWS_...)` is expanded by the kubelet per pod.
         "command": server_argv(spec, host="0.0.0.0", resolved=resolved),
@@ -492,7 +494,7 @@ def _server_pod_template(
         pod_spec["priorityClassName"] = server.priority_class_name
     if server.runtime_class_name:
         pod_spec["runtimeClassName"] = server.runtime_class_name
-    return {"metadata": {"labels": labels(run.name, "server")}, "spec": pod_spec}
+    return {"metadata": {"labels": labels(run.name, Component.SERVER)}, Component.SPEC: pod_spec}
 
 
 def server_statefulset(
@@ -503,12 +505,12 @@ def server_statefulset(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _meta(run, server_name(run.name), "server", {TEMPLATE_HASH: template_hash(template)}),
+        "metadata": _meta(run, server_name(run.name), Component.SERVER, {TEMPLATE_HASH: template_hash(template)}),
         "spec": {
             "serviceName": server_name(run.name),
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector(run.name, "server")},
+            "selector": {"matchLabels": selector(run.name, Component.SERVER)},
             "template": template,
         },
     }
@@ -530,7 +532,10 @@ def server_leaderworkerset(
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
         "metadata": _meta(
-            run, server_name(run.name), "server", {TEMPLATE_HASH: template_hash({"leader": leader, "worker": worker})}
+            run,
+            server_name(run.name),
+            Component.SERVER,
+            {TEMPLATE_HASH: template_hash({"leader": leader, "worker": worker})},
         ),
         "spec": {
             "replicas": replicas,
@@ -591,7 +596,7 @@ def _job(
     run: RunRef,
     spec: DataGenRunSpec,
     name: str,
-    component: str,
+    component: Component,
     container: dict[str, Any],
     volumes: list[dict[str, Any]],
     job_spec: dict[str, Any],
@@ -639,10 +644,10 @@ def started_worker_image(
 
 
 def _datagen_container(
-    name: str, image: str, command: Command, mounts: list[dict[str, Any]], spec: DataGenRunSpec
+    name: Component, image: str, command: Command, mounts: list[dict[str, Any]], spec: DataGenRunSpec
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
-        "name": name,
+        "name": str(name),
         "image": image,
         "command": ["datagen", *command.argv()],
         "env": [{"name": "HOME", "value": SCRATCH_HOME}, {"name": "TMPDIR", "value": SCRATCH_HOME}],
@@ -658,12 +663,12 @@ def _datagen_container(
     return container
 
 
-def _on_exit(action: str, container: str, codes: list[int]) -> dict[str, Any]:
+def _on_exit(action: str, container: Component, codes: list[int]) -> dict[str, Any]:
     """A podFailurePolicy rule: what the Job controller does when `container` exits with one of `codes`."""
-    return {"action": action, "onExitCodes": {"containerName": container, "operator": "In", "values": codes}}
+    return {"action": action, "onExitCodes": {"containerName": str(container), "operator": "In", "values": codes}}
 
 
-def _fails_on_its_verdict(container: str) -> dict[str, Any]:
+def _fails_on_its_verdict(container: Component) -> dict[str, Any]:
     """A step's exit with a written verdict that did not pass is no flake: the Job fails at once, no retry."""
     return _on_exit("FailJob", container, [EXIT_FAILED_VERDICT])
 
@@ -674,7 +679,7 @@ STEP_RETRIES = 2
 """Retries of a crashed step pod (preflight, canary, verify, export): each step is safe to run again."""
 
 
-def _step_job_spec(container: str) -> dict[str, Any]:
+def _step_job_spec(container: Component) -> dict[str, Any]:
     """The one failure policy of every step Job: a disruption is free, a written verdict fails it at once, any
     other exit (a crash) is retried STEP_RETRIES times. The first rule that matches decides: an evicted pod whose
     program exited 1 on its SIGTERM is still an eviction, never a verdict."""
@@ -700,13 +705,13 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
         termination_log=TERMINATION_LOG,
         lease_holder=run.uid,
     )
-    container = _datagen_container("preflight", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec("preflight")
+    container = _datagen_container(Component.PREFLIGHT, image, command, [run_mount, *model_mounts, *data_mounts], spec)
+    job_spec = _step_job_spec(Component.PREFLIGHT)
     return _job(
         run,
         spec,
         preflight_job_name(run.name),
-        "preflight",
+        Component.PREFLIGHT,
         container,
         [run_volume, *model_volumes, *data_volumes],
         job_spec,
@@ -731,13 +736,13 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
         output=output_dir(spec),
         lease_holder=run.uid,
     )
-    container = _datagen_container("canary", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec("canary")
+    container = _datagen_container(Component.CANARY, image, command, [run_mount, *model_mounts, *data_mounts], spec)
+    job_spec = _step_job_spec(Component.CANARY)
     return _job(
         run,
         spec,
         canary_job_name(run.name),
-        "canary",
+        Component.CANARY,
         container,
         [run_volume, *model_volumes, *data_volumes],
         job_spec,
@@ -763,7 +768,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         termination_log=TERMINATION_LOG,
         lease_holder=run.uid,
     )
-    container = _datagen_container("worker", image, command, [run_mount, *model_mounts, *data_mounts], spec)
+    container = _datagen_container(Component.WORKER, image, command, [run_mount, *model_mounts, *data_mounts], spec)
     container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     job_spec = {
         "completionMode": "Indexed",
@@ -774,8 +779,8 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         "podFailurePolicy": {
             "rules": [
                 IGNORE_DISRUPTION,
-                _on_exit("Ignore", "worker", list(FREE_EXITS)),
-                _on_exit("FailIndex", "worker", sorted(PERMANENT_EXITS)),
+                _on_exit("Ignore", Component.WORKER, list(FREE_EXITS)),
+                _on_exit("FailIndex", Component.WORKER, sorted(PERMANENT_EXITS)),
             ]
         },
     }
@@ -784,7 +789,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         run,
         spec,
         workers_job_name(run.name),
-        "worker",
+        Component.WORKER,
         container,
         [run_volume, *model_volumes, *data_volumes],
         job_spec,
@@ -808,10 +813,16 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         json=True,
         termination_log=TERMINATION_LOG,
     )
-    container = _datagen_container("verify", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec("verify")
+    container = _datagen_container(Component.VERIFY, image, command, [run_mount, *model_mounts, *data_mounts], spec)
+    job_spec = _step_job_spec(Component.VERIFY)
     return _job(
-        run, spec, verify_job_name(run.name), "verify", container, [run_volume, *model_volumes, *data_volumes], job_spec
+        run,
+        spec,
+        verify_job_name(run.name),
+        Component.VERIFY,
+        container,
+        [run_volume, *model_volumes, *data_volumes],
+        job_spec,
     )
 
 
@@ -837,10 +848,16 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         rerendered_spans=spec.export.rerendered_spans,
         dataset=dataset_file(spec) if whole else None,
     )
-    container = _datagen_container("export", image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec("export")
+    container = _datagen_container(Component.EXPORT, image, command, [run_mount, *model_mounts, *data_mounts], spec)
+    job_spec = _step_job_spec(Component.EXPORT)
     return _job(
-        run, spec, export_job_name(run.name), "export", container, [run_volume, *model_volumes, *data_volumes], job_spec
+        run,
+        spec,
+        export_job_name(run.name),
+        Component.EXPORT,
+        container,
+        [run_volume, *model_volumes, *data_volumes],
+        job_spec,
     )
 
 
@@ -853,7 +870,7 @@ def release_job(run: RunRef, spec: DataGenRunSpec, image: str, taken_before: flo
     once per halt). Only the output is mounted; the program is idempotent, so a crash is retried."""
     data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
     command = ReleaseLeaseCommand(output=output_dir(spec), lease_holder=run.uid, taken_before=taken_before)
-    container = _datagen_container("release", image, command, data_mounts, spec)
+    container = _datagen_container(Component.RELEASE, image, command, data_mounts, spec)
     container["resources"] = RELEASE_RESOURCES
     job_spec = {"backoffLimit": STEP_RETRIES, "podFailurePolicy": {"rules": [IGNORE_DISRUPTION]}}
-    return _job(run, spec, release_job_name(run.name), "release", container, data_volumes, job_spec)
+    return _job(run, spec, release_job_name(run.name), Component.RELEASE, container, data_volumes, job_spec)

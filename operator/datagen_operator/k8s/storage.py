@@ -16,7 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from datagen_operator.api import SpecError, parse_spec
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL, DataGenRunSpec
 from datagen_operator.control.conditions import Event
-from datagen_operator.k8s.reconcile import post_run_event
+from datagen_operator.k8s.status_writer import post_run_event
 
 ONE_NODE_MODES = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
 

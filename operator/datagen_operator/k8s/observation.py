@@ -1,0 +1,237 @@
+"""Everything a pass reads, as observed facts (control/observed.py `Observed`): the watch cache's children, the
+server's own answers (health, and its parsers while they are to be verified), the LeaderWorkerSet, the
+controllers' FailedCreate events, the spec-in-force ConfigMap and whether the namespace is being deleted.
+Verdicts the status already records stand for their data generation (control/remembered.py): the pod that
+said one may be gone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from datagen_operator.api.names import Component, server_name, spec_configmap_name, workers_job_name
+from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.resolve import ResolvedModel
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import CANARY_PASSED, EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
+from datagen_operator.control.children import Child, made_for
+from datagen_operator.control.decide import parsers_to_read
+from datagen_operator.control.observed import Observed, ProbeFailures, ServerObservation
+from datagen_operator.control.remembered import (
+    remembered_final,
+    remembered_outcome,
+    remembered_preflight,
+    remembered_workers,
+)
+from datagen_operator.k8s import groups
+from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import observe as o
+from datagen_operator.k8s.context import OperatorContext, RunCache
+from datagen_operator.k8s.observe import annotation
+from datagen_operator.k8s.registry import child_name
+
+log = logging.getLogger("datagen.operator")
+
+NAMESPACE_PROBE_S = 60.0
+"""How often a run whose pods stay terminating (a pod on a node that is gone, say) asks again whether its
+namespace is being deleted, when its pods did not change."""
+
+
+@dataclass(frozen=True)
+class AppliedSpec:
+    """The spec-in-force ConfigMap as read this pass (None: the run has none yet)."""
+
+    configmap: Mapping[str, Any] | None
+    document: dict[str, Any] | None = None
+    data_generation: int | None = None
+    changed_generation: int | None = None
+
+
+@dataclass
+class Observer:
+    """One run's observation, with what it keeps between passes."""
+
+    ctx: OperatorContext
+    cache: RunCache
+    parser_probes: ProbeFailures = field(default_factory=ProbeFailures)
+    """Failed reads of the server's parsers (control.policy bounds them; decide() turns too many into a halt)."""
+    server_info: dict[str, Any] | None = None
+    """The server's /server_info, once read."""
+    group_set: Mapping[str, Any] | None = None
+    """The run's LeaderWorkerSet (server.nodes > 1), read once per pass: the operator does not watch them, so it
+    runs where LWS is not installed."""
+    refused_pods: dict[str, str] = field(default_factory=dict)
+    """'Job/name' -> why its controller could not create a pod (FailedCreate), as of this pass."""
+    probed: tuple[frozenset[tuple[str, bool]], float] | None = None
+    """The run's pods (uid, terminating) when the namespace was last asked whether it is being deleted, and when."""
+
+    @property
+    def namespace(self) -> str:
+        return self.cache.namespace
+
+    @property
+    def name(self) -> str:
+        return self.cache.name
+
+    async def namespace_deleted(self) -> bool:
+        """Whether the namespace is being deleted, asked only while some pod of the run is terminating (a
+        namespace's deletion starts with its pods): again when the run's pods change, else once a minute."""
+        pods = frozenset(
+            (p["metadata"]["uid"], bool(p["metadata"].get("deletionTimestamp"))) for p in self.cache.children("Pod")
+        )
+        if not any(terminating for _, terminating in pods):
+            return False
+        now = asyncio.get_running_loop().time()
+        if self.probed is not None and self.probed[0] == pods and now - self.probed[1] < NAMESPACE_PROBE_S:
+            return False
+        self.probed = (pods, now)
+        return not await self.ctx.kube.takes_new_content(self.namespace)
+
+    async def applied_spec(self) -> AppliedSpec:
+        name = spec_configmap_name(self.name)
+        cm = self.cache.named("ConfigMap", name) or await self.ctx.kube.read("ConfigMap", self.namespace, name)
+        if cm is None:
+            return AppliedSpec(None)
+        document = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
+        recorded, changed = annotation(cm, m.DATA_GENERATION), annotation(cm, m.SPEC_CHANGED_GENERATION)
+        return AppliedSpec(
+            cm, document, int(recorded) if recorded is not None else None, int(changed) if changed is not None else None
+        )
+
+    def bulk_started(self) -> bool:
+        """The workers' Job exists, or the workers wrote progress: a finished workers' Job deleted by hand does not
+        make the output's records unwritten."""
+        if self.cache.named("Job", workers_job_name(self.name)) is not None:
+            return True
+        return bool(o.shard_snapshots(self.cache.children("ConfigMap")))
+
+    def worker_image(self, recorded: str | None, spec: DataGenRunSpec) -> str:
+        return m.started_worker_image(
+            recorded, self.cache.children("Job"), spec.clients.image, self.ctx.settings.worker_image
+        )
+
+    def fingerprint(self) -> str | None:
+        return o.fingerprint(self.cache.children("ConfigMap"))
+
+    async def observe(
+        self,
+        spec: DataGenRunSpec,
+        resolved: ResolvedModel,
+        generation: int,
+        data_generation: int,
+        old: DataGenRunStatus,
+        urls: list[str],
+        now: datetime,
+        refused_writes: Mapping[str, str],
+    ) -> Observed:
+        """The pass's facts; the server's parsers are read when `parsers_to_read` says they are due."""
+        server = await self._server(spec, urls, now, refused_writes)
+        self.refused_pods = {}
+        for job in self.cache.children("Job"):
+            if o.job_without_pods(job) and (words := await self._pod_refusal(job)):
+                self.refused_pods[f"Job/{job['metadata']['name']}"] = words
+        observed = self._steps(spec, generation, data_generation, old, server)
+        if parsers_to_read(spec, observed):
+            assert observed.server is not None
+            outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints[0])
+            observed = replace(observed, parsers=outcome, parser_probes=self.parser_probes)
+        return observed
+
+    async def _server(
+        self, spec: DataGenRunSpec, urls: list[str], now: datetime, refused_writes: Mapping[str, str]
+    ) -> ServerObservation:
+        sts_name = server_name(self.name)
+        server_pods = self.cache.pods(Component.SERVER)
+        statefulset = self.cache.named("StatefulSet", sts_name)
+        grouped = spec.server.nodes > 1
+        if grouped:
+            self.group_set = await self.ctx.kube.read(m.LWS_KIND, self.namespace, sts_name)
+        # A group's leader is <run>-server-<i>, as a single-node server pod is: the same probes, the same URLs.
+        serving = self.group_set if grouped else statefulset
+        probe = o.pods_to_probe(server_pods, sts_name, spec.server.replicas) if serving is not None else []
+        answers = await asyncio.gather(*(self._healthy(urls[index]) for _, index in probe))
+        health = {pod: ok for (pod, _), ok in zip(probe, answers, strict=True)}
+        if grouped:
+            refused = refused_writes.get(f"{m.LWS_KIND}/{sts_name}")
+            leaders = {"metadata": {"name": sts_name}} if self.group_set is not None else None
+            return groups.group_observation(
+                server_pods, leaders, spec.server.replicas, spec.server.nodes, urls, health, now, refused
+            )
+        refused = None
+        if statefulset is not None and o.statefulset_short(statefulset, server_pods):
+            refused = await self._pod_refusal(statefulset)
+        return o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now, refused)
+
+    def _steps(
+        self,
+        spec: DataGenRunSpec,
+        generation: int,
+        data_generation: int,
+        old: DataGenRunStatus,
+        server: ServerObservation,
+    ) -> Observed:
+        """The step Jobs' verdicts and the workers' counts. A verdict once recorded stands for this data
+        generation: its pod may be gone (users, pod GC) and a Job without its pod would read as "no verdict"."""
+        checks = old.checks
+        job = self._job
+
+        def current(child: Child) -> Mapping[str, Any] | None:
+            made = job(child)
+            return made if made is not None and made_for(annotation(made, m.DATA_GENERATION), data_generation) else None
+
+        def outcome(made: Mapping[str, Any] | None, component: Component, what: str) -> StepOutcome | None:
+            return o.job_outcome(made, self.cache.pods(component), component, what)
+
+        workers_job = job(Child.WORKERS)
+        configmaps = self.cache.children("ConfigMap")
+        return Observed(
+            generation=generation,
+            suspended=spec.suspend,
+            preflight=remembered_preflight(old, data_generation)
+            or outcome(current(Child.PREFLIGHT), Component.PREFLIGHT, "preflight"),
+            server=server,
+            parsers=remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
+            parser_probes=self.parser_probes,
+            canary=remembered_outcome(old.conditions, CANARY_PASSED, data_generation, checks)
+            or outcome(current(Child.CANARY), Component.CANARY, "canary"),
+            # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
+            workers=o.workers_observation(workers_job, self.cache.pods(Component.WORKER), spec.clients.shards)
+            or remembered_workers(old.progress, spec.clients.shards),
+            progress=o.progress_counters(configmaps, workers_job),
+            final=remembered_final(old.conditions, data_generation, checks)
+            or outcome(job(Child.VERIFY), Component.VERIFY, "verification"),
+            export=remembered_outcome(old.conditions, EXPORTED, data_generation)
+            or outcome(job(Child.EXPORT), Component.EXPORT, "export"),
+        )
+
+    def _job(self, child: Child) -> Mapping[str, Any] | None:
+        return self.cache.named("Job", child_name(child, self.name))
+
+    async def _pod_refusal(self, controller: Mapping[str, Any]) -> str | None:
+        """Why the StatefulSet or Job controller could not create a pod, from its FailedCreate event."""
+        return o.creation_refusal(await self.ctx.kube.events_about(self.namespace, controller["metadata"]["uid"]))
+
+    async def _healthy(self, url: str) -> bool:
+        from datagen_operator.engine.client.reads import is_healthy
+
+        return await is_healthy(self.ctx.http, url)
+
+    async def _verify_parsers(self, spec: DataGenRunSpec, resolved: ResolvedModel, url: str) -> StepOutcome | None:
+        """The server's own word (/server_info) and a chat probe; a failed read is counted for decide()."""
+        from datagen_operator.checks.server_truth import model_label, read_running_server, verify_parsers
+
+        try:
+            info, probe = await read_running_server(self.ctx.http, url, spec, resolved)
+        except Exception as error:  # the server is ready by its probes: decide() bounds the retries
+            log.warning("%s/%s: reading the server's parsers failed: %s", self.namespace, self.name, error)
+            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
+            return None
+        self.server_info = info
+        self.parser_probes = ProbeFailures()
+        return verify_parsers(info, probe, resolved, model_label(spec))

@@ -1,0 +1,156 @@
+"""Every child of a run, once: its kind, its name, its component label, how it is built, and the kinds the
+operator watches. The planner names children (control/children.py `Child`); the inventory, the executor, the
+finalizer and the handlers' indexes read what those names are here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from datagen_operator.api.names import (
+    Component,
+    canary_job_name,
+    export_job_name,
+    preflight_job_name,
+    release_job_name,
+    server_name,
+    server_pod_name,
+    shard_configmap_name,
+    verify_job_name,
+    worker_account_name,
+    workers_job_name,
+)
+from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.control.children import Child
+from datagen_operator.k8s import manifests as m
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """What one pass builds its children from."""
+
+    run: m.RunRef
+    spec: DataGenRunSpec
+    image: str
+    """The worker image the run's pods start with."""
+    data_generation: int
+    urls: Sequence[str]
+    """The server URLs a Job's pods send to (the planner's, for the canary and the workers)."""
+    index: int = 0
+    """The shard's or the server replica's index, for the children there is one of each."""
+    taken_before: float | None = None
+    """The release Job: the halt's time."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    name: Callable[[str, int], str]
+    """(run name, index) -> the child's name."""
+    component: Component
+    """Its component label; a Job's pods carry it too."""
+    build: Callable[[BuildInputs], m.Manifest] | None = None
+    """None: not built from here. The server workload is served (control/children.py `Serve`): its template
+    comes from the resolved model and the pass keeps a running one."""
+
+
+def _single(name: Callable[[str], str]) -> Callable[[str, int], str]:
+    return lambda run, _index: name(run)
+
+
+REGISTRY: dict[Child, Entry] = {
+    Child.WORKER_ACCOUNT: Entry(
+        "ServiceAccount", _single(worker_account_name), Component.WORKER, lambda b: m.worker_service_account(b.run)
+    ),
+    Child.WORKER_ROLE: Entry(
+        "Role", _single(worker_account_name), Component.WORKER, lambda b: m.worker_role(b.run, b.spec.clients.shards)
+    ),
+    Child.WORKER_ROLE_BINDING: Entry(
+        "RoleBinding", _single(worker_account_name), Component.WORKER, lambda b: m.worker_role_binding(b.run)
+    ),
+    # Its data is the worker's: only the metadata is the operator's, so it never drifts.
+    Child.SHARD_PROGRESS: Entry(
+        "ConfigMap", shard_configmap_name, Component.PROGRESS, lambda b: m.shard_configmap(b.run, b.index)
+    ),
+    Child.HEADLESS_SERVICE: Entry(
+        "Service", _single(server_name), Component.SERVER, lambda b: m.headless_service(b.run, b.spec)
+    ),
+    Child.REPLICA_SERVICE: Entry(
+        "Service", server_pod_name, Component.SERVER, lambda b: m.replica_service(b.run, b.spec, b.index)
+    ),
+    Child.SERVER_STATEFULSET: Entry("StatefulSet", _single(server_name), Component.SERVER),
+    Child.SERVER_GROUP: Entry(m.LWS_KIND, _single(server_name), Component.SERVER),
+    # The Jobs, in the order the finalizer stops them: the workers before the server, so they drain.
+    Child.PREFLIGHT: Entry(
+        "Job",
+        _single(preflight_job_name),
+        Component.PREFLIGHT,
+        lambda b: m.preflight_job(b.run, b.spec, b.image, b.data_generation),
+    ),
+    Child.CANARY: Entry(
+        "Job",
+        _single(canary_job_name),
+        Component.CANARY,
+        lambda b: m.canary_job(b.run, b.spec, b.image, list(b.urls), b.data_generation),
+    ),
+    Child.WORKERS: Entry(
+        "Job",
+        _single(workers_job_name),
+        Component.WORKER,
+        lambda b: m.workers_job(b.run, b.spec, b.image, list(b.urls), suspend=False),
+    ),
+    Child.VERIFY: Entry(
+        "Job", _single(verify_job_name), Component.VERIFY, lambda b: m.verify_job(b.run, b.spec, b.image)
+    ),
+    Child.EXPORT: Entry(
+        "Job", _single(export_job_name), Component.EXPORT, lambda b: m.export_job(b.run, b.spec, b.image)
+    ),
+    Child.RELEASE: Entry(
+        "Job",
+        _single(release_job_name),
+        Component.RELEASE,
+        lambda b: m.release_job(b.run, b.spec, b.image, b.taken_before),
+    ),
+}
+
+JOBS: tuple[Child, ...] = tuple(child for child, entry in REGISTRY.items() if entry.kind == "Job")
+
+
+def child_name(child: Child, run: str, index: int = 0) -> str:
+    return REGISTRY[child].name(run, index)
+
+
+def build(child: Child, inputs: BuildInputs) -> m.Manifest:
+    entry = REGISTRY[child]
+    if entry.build is None:
+        raise ValueError(f"{child} is not built by the executor, only served, scaled or deleted")
+    return entry.build(inputs)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A kind of object the operator keeps an index of (the run's children and their pods), by run."""
+
+    kind: str
+    group: str
+    """The API group; "" for the core group."""
+    version: str
+    plural: str
+
+    @property
+    def index_id(self) -> str:
+        """The kopf index's name (a daemon's keyword argument)."""
+        return f"run_{self.plural}"
+
+
+WATCHED: tuple[Watched, ...] = (
+    Watched("Pod", "", "v1", "pods"),
+    Watched("Job", "batch", "v1", "jobs"),
+    Watched("StatefulSet", "apps", "v1", "statefulsets"),
+    Watched("ConfigMap", "", "v1", "configmaps"),
+    Watched("Service", "", "v1", "services"),
+    Watched("ServiceAccount", "", "v1", "serviceaccounts"),
+    Watched("Role", "rbac.authorization.k8s.io", "v1", "roles"),
+    Watched("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings"),
+)
+"""The LeaderWorkerSet is not watched: it is read once per pass, so the operator runs where LWS is not installed."""
