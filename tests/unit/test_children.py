@@ -40,7 +40,7 @@ OLDER = JobState(data_generation="0")
 
 
 def decision(step: Step, *, server: bool = False, workers: bool = False) -> Decision:
-    return Decision(step=step, phase="Running", server_wanted=server, workers_wanted=workers)
+    return Decision(step=step, server_wanted=server, workers_wanted=workers)
 
 
 def planned(
@@ -185,14 +185,14 @@ def test_a_recorded_verdict_keeps_its_job_though_its_pods_are_gone() -> None:
 
 def test_a_halted_run_never_reruns_a_step_whose_pods_are_gone() -> None:
     lost = JobState(data_generation="1", finished=True, pods_gone=True)
-    observed = Observed(generation=1, halted=HaltedBefore(reason="CanaryFailed", phase="Failed"))
+    observed = Observed(generation=1, halted=HaltedBefore(reason="CanaryFailed", failed=True))
     assert steps(planned(Step.HALTED, Children(jobs={Child.CANARY: lost}), observed=observed)) == []
 
 
 def test_once_a_halt_is_recorded_the_refusing_steps_job_goes_and_no_other() -> None:
     refused = JobState(data_generation="1", finished=True, failed=True)
     passed = JobState(data_generation="1", finished=True)
-    halted = Observed(generation=1, halted=HaltedBefore(reason="PreflightFailed", phase="Halted"))
+    halted = Observed(generation=1, halted=HaltedBefore(reason="PreflightFailed"))
     children = Children(jobs={Child.PREFLIGHT: refused, Child.CANARY: passed})
     (deleted,) = steps(planned(Step.HALTED, children, observed=halted))
     assert isinstance(deleted, Delete) and deleted.child == Child.PREFLIGHT and "recorded" in deleted.why
@@ -202,14 +202,12 @@ def test_once_a_halt_is_recorded_the_refusing_steps_job_goes_and_no_other() -> N
 
 
 def test_a_halt_that_keeps_the_lease_gives_it_back_once_and_a_lifted_halt_clears_the_way() -> None:
-    kept = Observed(
-        generation=1, halted=HaltedBefore(reason="ParsersMismatch", phase="Halted", lease_kept=True, at=9.0)
-    )
+    kept = Observed(generation=1, halted=HaltedBefore(reason="ParsersMismatch", lease_kept=True, at=9.0))
     assert steps(planned(Step.HALTED, observed=kept)) == [Create(Child.RELEASE, taken_before=9.0)]
     released = JobState(finished=True)
     for job in (JobState(), released):  # running or done: once per halt
         assert steps(planned(Step.HALTED, Children(jobs={Child.RELEASE: job}), observed=kept)) == []
-    given_back = Observed(generation=1, halted=HaltedBefore(reason="CanaryFailed", phase="Halted"))
+    given_back = Observed(generation=1, halted=HaltedBefore(reason="CanaryFailed"))
     assert steps(planned(Step.HALTED, observed=given_back)) == [], "the refusing step gave it back itself"
     # The halt lifted (a spec change): the finished Job goes, so a later halt gives its own lease back.
     lifted = steps(planned(Step.PREFLIGHT, Children(jobs={Child.RELEASE: released})))

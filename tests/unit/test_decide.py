@@ -9,6 +9,7 @@ import pytest
 
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.conditions import apply_updates, transition_events
@@ -23,7 +24,7 @@ from datagen_operator.control.observed import (
     WorkersObservation,
 )
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
-from datagen_operator.control.remembered import HALT_REASONS
+from datagen_operator.control.remembered import remembered_halt
 from tests.manifests import with_changes
 from tests.unit.decide_world import PASS, READY, conditions, context, running, spec
 
@@ -308,11 +309,29 @@ def test_a_failed_verification_is_not_exported() -> None:
     assert d.step is Step.DONE and d.phase == "Failed" and "Exported" not in conditions(d)
 
 
-def test_every_halt_reason_is_remembered_as_a_halt() -> None:
-    """The sticky-halt rule knows every reason decide() halts with (else a pass would ask for the server again)."""
+@pytest.mark.parametrize("reason", sorted(HALTS))
+def test_every_halt_is_written_as_halted_and_stands_with_its_phase(reason: str) -> None:
+    """A halt is written into status.halted and read back from it (not from its reason): the next pass decides
+    the same halt, with the same phase, without looking at anything else."""
     s = spec()
-    reasons = {conditions(decide(s, observed, context(s)))["Succeeded"][1] for observed in HALTS.values()}
-    assert len(reasons) == len(HALTS) and reasons <= HALT_REASONS
+    d = decide(s, HALTS[reason], context(s))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    status = DataGenRunStatus(phase=d.phase, halted=d.halted, conditions=apply_updates([], d.updates, now, 1))
+    remembered = remembered_halt(status, 1)
+    assert d.halted and remembered is not None and remembered.reason == reason
+    again = decide(s, Observed(1, halted=remembered, server=READY), context(s))
+    assert (again.step, again.phase, again.updates) == (Step.HALTED, d.phase, ())
+    expected = "Failed" if reason in ("ServerFailed", "WorkersFailed") else "Halted"
+    assert d.phase == expected
+
+
+def test_a_status_without_the_halted_field_is_read_by_its_reason() -> None:
+    """A status an operator before status.halted wrote: its halt still stands after the upgrade."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    updates = decide(spec(), HALTS["CanaryFailed"], context(spec())).updates
+    old = DataGenRunStatus(phase="Halted", conditions=apply_updates([], updates, now, 1))
+    assert old.halted is None and remembered_halt(old, 1) is not None
+    assert remembered_halt(old.model_copy(update={"halted": False}), 1) is None, "the field, once written, decides"
 
 
 def test_an_invalid_spec_is_decided_by_decide() -> None:
@@ -336,7 +355,7 @@ def test_reconcile_has_no_invalid_or_halt_rule_of_its_own() -> None:
 
 def test_a_remembered_halt_stands_and_asks_for_nothing() -> None:
     s = spec()
-    halted = HaltedBefore(reason="CanaryFailed", phase="Halted", checks=(), progress=None)
+    halted = HaltedBefore(reason="CanaryFailed", checks=(), progress=None)
     # Even with a ready server and passing verdicts observed, the halt stands until the spec changes.
     d = decide(s, Observed(3, halted=halted, server=READY, parsers=PASS, canary=PASS), context(s))
     assert d.step is Step.HALTED and d.phase == "Halted" and d.finished
@@ -380,7 +399,7 @@ def test_the_canary_starts_only_after_the_parsers_are_verified() -> None:
 
 def test_decision_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        Decision(Step.DONE, "Succeeded")  # type: ignore[misc]
+        Decision(Step.DONE, True)  # type: ignore[misc]
 
 
 def _parser_worlds() -> list[Observed]:
@@ -393,7 +412,7 @@ def _parser_worlds() -> list[Observed]:
         ),
     )
     failed_probes = ProbeFailures(PARSER_PROBE_ATTEMPTS, "timed out")
-    halted = HaltedBefore(reason="CanaryFailed", phase="Halted", checks=(), progress=None)
+    halted = HaltedBefore(reason="CanaryFailed", checks=(), progress=None)
     return [
         Observed(1),
         Observed(1, server=loading),

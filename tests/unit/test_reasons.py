@@ -149,16 +149,16 @@ def test_every_literal_reason_left_is_in_the_vocabulary(path: Path) -> None:
 
 
 def test_the_reason_sets_hold_members() -> None:
-    """The rules that read a reason back name it by its member: HALT_REASONS and the rest are Reason members."""
+    """The rules that read a reason back name it by its member: LEGACY_HALT_REASONS and the rest are Reason members."""
     sets = {
-        "HALT_REASONS": remembered.HALT_REASONS,
+        "LEGACY_HALT_REASONS": remembered.LEGACY_HALT_REASONS,
         "FINAL_FAITHFUL_REASONS": remembered.FINAL_FAITHFUL_REASONS,
         "_EXPECTED_FALSE_REASONS": conditions._EXPECTED_FALSE_REASONS,
         "OUTPUT_VOLUME_REASONS": OUTPUT_VOLUME_REASONS,
     }
     for name, reasons in sets.items():
         assert reasons and all(type(r) is Reason for r in reasons), name
-    assert set(Reason) >= remembered.HALT_REASONS and OUTPUT_VOLUME_REASONS <= remembered.HALT_REASONS
+    assert set(Reason) >= remembered.LEGACY_HALT_REASONS and OUTPUT_VOLUME_REASONS <= remembered.LEGACY_HALT_REASONS
 
 
 NOW = "2026-01-01T00:00:00Z"

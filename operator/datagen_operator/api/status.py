@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -106,10 +107,31 @@ class ServerStatus(StatusModel):
     tool_call_parser: str | None = None
 
 
+class Phase(StrEnum):
+    """status.phase: a one-word summary for people (`kubectl get dgr`), derived from the step (control/decide.py
+    `Decision.phase`)."""
+
+    INVALID = "Invalid"
+    SUSPENDED = "Suspended"
+    PREFLIGHT = "Preflight"
+    STARTING = "Starting"
+    VERIFYING = "Verifying"
+    CANARY = "Canary"
+    RUNNING = "Running"
+    EXPORTING = "Exporting"
+    HALTED = "Halted"
+    FAILED = "Failed"
+    SUCCEEDED = "Succeeded"
+
+
 class DataGenRunStatus(StatusModel):
     observed_generation: int | None = None
     phase: str | None = None
     """A one-word summary for humans; programs read the conditions."""
+    halted: bool | None = None
+    """The run is halted for this generation of the spec (a gate refused it, or something broke): nothing is
+    started again until the spec changes. Written with every status; read back so the halt stands across
+    passes and operator restarts."""
     conditions: list[Condition] = Field(default_factory=list)
     progress: Progress | None = None
     checks: list[CheckResult] = Field(default_factory=list)

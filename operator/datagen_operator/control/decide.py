@@ -8,7 +8,8 @@ inputs verified (preflight) -> server ready -> parsers verified -> canary passed
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
 
@@ -26,6 +27,7 @@ from datagen_operator.api.status import (
     SUCCEEDED,
     CheckResult,
     ConditionStatus,
+    Phase,
     Progress,
 )
 from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, by_turn_words, evaluate
@@ -49,10 +51,25 @@ class Step(StrEnum):
     DONE = "Done"
 
 
+_PHASE_OF_STEP = {
+    Step.INVALID: Phase.INVALID,
+    Step.SUSPENDED: Phase.SUSPENDED,
+    Step.PREFLIGHT: Phase.PREFLIGHT,
+    Step.VERIFY_PARSERS: Phase.VERIFYING,
+    Step.RUN_CANARY: Phase.CANARY,
+    Step.RUN_WORKERS: Phase.RUNNING,
+    Step.FINAL_VERIFY: Phase.VERIFYING,
+    Step.EXPORT: Phase.EXPORTING,
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Decision:
     step: Step
-    phase: str
+    failed: bool = False
+    """A halt or an end because something broke (a server that never loaded, failed shards, a failed
+    verification or export), not a gate that refused the run: the phase reads Failed, not Halted or
+    Succeeded."""
     server_wanted: bool = False
     """Keep the server (and its GPUs); False releases them."""
     workers_wanted: bool = False
@@ -60,6 +77,23 @@ class Decision:
     updates: tuple[ConditionUpdate, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     progress: Progress | None = None
+
+    @property
+    def phase(self) -> Phase:
+        match self.step:
+            case Step.WAIT_FOR_SERVER:  # workers that started keep running while the server is away
+                return Phase.RUNNING if self.workers_wanted else Phase.STARTING
+            case Step.HALTED:
+                return Phase.FAILED if self.failed else Phase.HALTED
+            case Step.DONE:
+                return Phase.FAILED if self.failed else Phase.SUCCEEDED
+        return _PHASE_OF_STEP[self.step]
+
+    @property
+    def halted(self) -> bool:
+        """Stopped for this generation of the spec, whatever the cause (status.halted: read back by
+        control/remembered.py, so the halt stands until the spec changes)."""
+        return self.step is Step.HALTED
 
     @property
     def canary_wanted(self) -> bool:
@@ -166,13 +200,11 @@ def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContex
     """`spec` and `context` are None when the spec does not parse (then `observed.spec_error` says why)."""
     if observed.spec_error is not None or spec is None or context is None:
         message = observed.spec_error or "the spec did not parse"
-        return Decision(
-            step=Step.INVALID, phase="Invalid", updates=(_u(SUCCEEDED, "False", Reason.INVALID_SPEC, message),)
-        )
+        return Decision(step=Step.INVALID, updates=(_u(SUCCEEDED, "False", Reason.INVALID_SPEC, message),))
     if observed.halted is not None:
         # A halt stands until the spec changes: nothing is asked for again (not even the server).
         halted = observed.halted
-        return Decision(step=Step.HALTED, phase=halted.phase, checks=halted.checks, progress=halted.progress)
+        return Decision(step=Step.HALTED, failed=halted.failed, checks=halted.checks, progress=halted.progress)
     return _server_released_reads_false(_verdicts_recorded(_decide(spec, observed, context), observed))
 
 
@@ -221,76 +253,126 @@ def _server_released_reads_false(decision: Decision) -> Decision:
     return replace(decision, updates=updates)
 
 
-def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> Decision:
-    halt_on_failure = spec.checks.on_failure == "Halt"
-    shards = spec.clients.shards
-    workers = observed.workers
-    started = workers is not None
-    # The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for. A run
-    # that got further (a server, a gate verdict or workers observed) with no preflight verdict at hand is not
-    # sent back to it.
-    begun = observed.parsers is not None or observed.canary is not None or started
-    begun = begun or bool(observed.server and observed.server.instances)
-    preflight = observed.preflight
-    counted = partial(
-        progress_of,
-        observed.progress,
-        shards,
-        workers.shards_done if workers else 0,
-        dataset_prompts=preflight.prompts if preflight is not None and preflight.passed else None,
-        dataset_turns=preflight.turns if preflight is not None and preflight.passed else None,
-        samples=spec.generation.samples_per_prompt,
-        uncounted=_uncounted(observed, begun),
-    )
-    progress, stopped_at = counted(), counted(rate=False)
-    if preflight is not None and preflight.passed and preflight.complete:
-        progress = stopped_at = _complete(progress)
+@dataclass
+class _Pass:
+    """What every step of one decision reads, computed once; `updates` gathers the conditions of the steps the
+    run is past, in order, for the step that decides."""
 
-    # A finished run stays finished: its verdict is final and the GPUs are released.
-    if observed.final is not None:
-        final = observed.final
-        verdict = _u(
-            DATA_FAITHFUL,
-            "True" if final.passed else "False",
-            Reason.VERIFIED if final.passed else Reason.CHECKS_FAILED,
-            final.message,
-        )
-        released = _u(SERVER_READY, "False", Reason.RELEASED, "run finished; server stopped and GPUs released")
-        if final.passed and spec.export is not None:
-            return _export(spec, observed.export, progress, final.checks, (released, verdict))
-        if final.passed:
-            succeeded = _u(SUCCEEDED, "True", Reason.COMPLETED, f"{progress.summary}; verification passed")
-        else:
-            succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
+    spec: DataGenRunSpec
+    observed: Observed
+    context: CheckContext
+    progress: Progress
+    stopped_at: Progress
+    """The progress of a run that stops now (no rate)."""
+    begun: bool
+    """The run got past the preflight (a server, a gate verdict or workers observed)."""
+    updates: list[ConditionUpdate] = field(default_factory=list)
+
+    @property
+    def started(self) -> bool:
+        """Bulk work started: the workers exist."""
+        return self.observed.workers is not None
+
+    @property
+    def halt_on_failure(self) -> bool:
+        return self.spec.checks.on_failure == "Halt"
+
+    def decision(
+        self,
+        step: Step,
+        *,
+        failed: bool = False,
+        server_wanted: bool = False,
+        workers_wanted: bool = False,
+        updates: tuple[ConditionUpdate, ...] | None = None,
+        checks: tuple[CheckResult, ...] = (),
+        progress: Progress | None = None,
+    ) -> Decision:
+        """The step's decision over the conditions gathered so far, or over `updates` of its own alone."""
         return Decision(
-            step=Step.DONE,
-            phase="Succeeded" if final.passed else "Failed",
-            updates=(released, _u(PROGRESSING, "False", Reason.COMPLETED, progress.summary), verdict, succeeded),
-            checks=final.checks,
-            progress=progress,
+            step=step,
+            failed=failed,
+            server_wanted=server_wanted,
+            workers_wanted=workers_wanted,
+            updates=tuple(self.updates) if updates is None else updates,
+            checks=checks,
+            progress=self.progress if progress is None else progress,
         )
 
-    if observed.suspended:
-        suspended = (
-            _u(
-                SERVER_READY,
-                "False",
-                Reason.SUSPENDED,
-                "spec.suspend is true: server stopped, GPUs released, output kept",
-            ),
-            # No count in the words: the workers drain after the transition, and its event must not disagree
-            # with the condition's later message (the count moves in status.progress, the PROGRESS column).
-            _u(PROGRESSING, "False", Reason.SUSPENDED, "suspended: the workers drain and keep what they wrote"),
-            _u(
-                SUCCEEDED,
-                "Unknown",
-                Reason.SUSPENDED,
-                "resume with spec.suspend: false; work continues where it stopped",
-            ),
+    @classmethod
+    def of(cls, spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> _Pass:
+        workers, preflight = observed.workers, observed.preflight
+        # A run that got further (a server, a gate verdict or workers observed) with no preflight verdict at hand
+        # is not sent back to the preflight.
+        begun = observed.parsers is not None or observed.canary is not None or workers is not None
+        begun = begun or bool(observed.server and observed.server.instances)
+        counted = preflight if preflight is not None and preflight.passed else None
+        count = partial(
+            progress_of,
+            observed.progress,
+            spec.clients.shards,
+            workers.shards_done if workers else 0,
+            dataset_prompts=counted.prompts if counted else None,
+            dataset_turns=counted.turns if counted else None,
+            samples=spec.generation.samples_per_prompt,
+            uncounted=_uncounted(observed, begun),
         )
-        return Decision(step=Step.SUSPENDED, phase="Suspended", updates=suspended, progress=stopped_at)
+        progress, stopped_at = count(), count(rate=False)
+        if counted is not None and counted.complete:
+            progress = stopped_at = _complete(progress)
+        return cls(spec, observed, context, progress, stopped_at, begun)
 
-    if preflight is None and not begun:
+
+def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> Decision:
+    """The first step in STEPS that decides; each one before it has added its conditions."""
+    run = _Pass.of(spec, observed, context)
+    for step in STEPS:
+        decision = step(run)
+        if decision is not None:
+            return decision
+    raise AssertionError("bulk generation decides every run that got this far")
+
+
+def _finished(run: _Pass) -> Decision | None:
+    """A finished run stays finished: its verdict is final and the GPUs are released."""
+    final = run.observed.final
+    if final is None:
+        return None
+    spec, progress = run.spec, run.progress
+    verdict = _u(
+        DATA_FAITHFUL,
+        "True" if final.passed else "False",
+        Reason.VERIFIED if final.passed else Reason.CHECKS_FAILED,
+        final.message,
+    )
+    released = _u(SERVER_READY, "False", Reason.RELEASED, "run finished; server stopped and GPUs released")
+    if final.passed and spec.export is not None:
+        return _export(spec, run.observed.export, progress, final.checks, (released, verdict))
+    if final.passed:
+        succeeded = _u(SUCCEEDED, "True", Reason.COMPLETED, f"{progress.summary}; verification passed")
+    else:
+        succeeded = _u(SUCCEEDED, "False", final.reason, final.message)
+    updates = (released, _u(PROGRESSING, "False", Reason.COMPLETED, progress.summary), verdict, succeeded)
+    return run.decision(Step.DONE, failed=not final.passed, updates=updates, checks=final.checks)
+
+
+def _suspended(run: _Pass) -> Decision | None:
+    if not run.observed.suspended:
+        return None
+    suspended = (
+        _u(SERVER_READY, "False", Reason.SUSPENDED, "spec.suspend is true: server stopped, GPUs released, output kept"),
+        # No count in the words: the workers drain after the transition, and its event must not disagree
+        # with the condition's later message (the count moves in status.progress, the PROGRESS column).
+        _u(PROGRESSING, "False", Reason.SUSPENDED, "suspended: the workers drain and keep what they wrote"),
+        _u(SUCCEEDED, "Unknown", Reason.SUSPENDED, "resume with spec.suspend: false; work continues where it stopped"),
+    )
+    return run.decision(Step.SUSPENDED, updates=suspended, progress=run.stopped_at)
+
+
+def _preflight(run: _Pass) -> Decision | None:
+    """The preflight: dataset, tokenizer and an existing output, checked before any GPU is asked for."""
+    preflight = run.observed.preflight
+    if preflight is None and not run.begun:
         checking = (
             _u(
                 INPUTS_VERIFIED,
@@ -302,137 +384,150 @@ def _decide(spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> 
             _u(PROGRESSING, "False", Reason.WAITING, "waiting for the preflight"),
             _u(SUCCEEDED, "Unknown", Reason.RUNNING, "preflight running"),
         )
-        return Decision(step=Step.PREFLIGHT, phase="Preflight", updates=checking, progress=progress)
-    if preflight is not None and not preflight.passed:
+        return run.decision(Step.PREFLIGHT, updates=checking)
+    if preflight is None:
+        return None
+    if not preflight.passed:
         refused = (
             _u(INPUTS_VERIFIED, "False", preflight.reason, preflight.message),
             _u(SERVER_READY, "False", Reason.NOT_STARTED, "no server was started: the inputs failed the preflight"),
             _u(PROGRESSING, "False", Reason.HALTED, "no GPU time was used"),
             _u(SUCCEEDED, "False", Reason.PREFLIGHT_FAILED, preflight.message),
         )
-        return Decision(step=Step.HALTED, phase="Halted", updates=refused, checks=preflight.checks, progress=progress)
-
-    updates: list[ConditionUpdate] = []
-    if preflight is not None:
-        updates.append(_u(INPUTS_VERIFIED, "True", preflight.reason, preflight.message))
-    if preflight is not None and preflight.complete and not begun:
+        return run.decision(Step.HALTED, updates=refused, checks=preflight.checks)
+    run.updates.append(_u(INPUTS_VERIFIED, "True", preflight.reason, preflight.message))
+    if preflight.complete and not run.begun:
         # The output already holds every record: verified from its files, without a server (on GPUs, no
         # model load for nothing) and without a canary.
-        updates.append(_u(SERVER_READY, "False", Reason.NOT_NEEDED, "the output is complete: no server was started"))
-        updates.append(
-            _u(PROGRESSING, "True", Reason.VERIFYING, "every record is already in the output; final verification")
-        )
-        updates.append(_u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"))
-        return Decision(step=Step.FINAL_VERIFY, phase="Verifying", updates=tuple(updates), progress=progress)
-    if workers is not None and not workers.shards_failed and workers.shards_done >= workers.shards_total:
-        # Every record is written: the final verification reads files only. The server is released and not
-        # looked at again, so a server that is stopping can never ask for itself back (a model reload).
-        updates.append(_u(SERVER_READY, "False", Reason.RELEASED, "all shards done; server stopped and GPUs released"))
-        updates += [_u(c, "True" if o.passed else "False", o.reason, o.message) for c, o in _outcomes(observed)]
-        return _final_verify(observed, context, halt_on_failure, progress, updates)
+        run.updates += [
+            _u(SERVER_READY, "False", Reason.NOT_NEEDED, "the output is complete: no server was started"),
+            _u(PROGRESSING, "True", Reason.VERIFYING, "every record is already in the output; final verification"),
+            _u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"),
+        ]
+        return run.decision(Step.FINAL_VERIFY)
+    return None
 
-    server = server_verdict(observed.server, spec.server.startup_timeout)
-    updates.append(server.condition)
+
+def _all_shards_done(run: _Pass) -> Decision | None:
+    """Every record is written: the final verification reads files only. The server is released and not looked
+    at again, so a server that is stopping can never ask for itself back (a model reload)."""
+    workers = run.observed.workers
+    if workers is None or workers.shards_failed or workers.shards_done < workers.shards_total:
+        return None
+    run.updates.append(_u(SERVER_READY, "False", Reason.RELEASED, "all shards done; server stopped and GPUs released"))
+    run.updates += [_u(c, "True" if o.passed else "False", o.reason, o.message) for c, o in _outcomes(run.observed)]
+    faithful, checks = _rolling_checks(run.observed, run.context, run.updates)
+    if not faithful and run.halt_on_failure:
+        return _checks_failed(run, checks, run.progress)
+    run.updates += [
+        _u(PROGRESSING, "True", Reason.VERIFYING, f"all {workers.shards_total} shards done; final verification"),
+        _u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"),
+    ]
+    return run.decision(Step.FINAL_VERIFY, checks=checks)
+
+
+def _server(run: _Pass) -> Decision | None:
+    server = server_verdict(run.observed.server, run.spec.server.startup_timeout)
+    run.updates.append(server.condition)
     if server.fatal:
-        updates.append(_u(SUCCEEDED, "False", Reason.SERVER_FAILED, server.condition.message))
-        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=stopped_at)
-    if server.condition.status != "True":
-        # Workers that already started keep running: they pause by themselves while the server is down.
-        updates += _waiting_for(observed, "the server", started)
-        return Decision(
-            step=Step.WAIT_FOR_SERVER,
-            phase="Starting" if not started else "Running",
-            server_wanted=True,
-            workers_wanted=started,
-            updates=tuple(updates),
-            progress=progress,
-        )
+        run.updates.append(_u(SUCCEEDED, "False", Reason.SERVER_FAILED, server.condition.message))
+        return run.decision(Step.HALTED, failed=True, progress=run.stopped_at)
+    if server.condition.status == "True":
+        return None
+    # Workers that already started keep running: they pause by themselves while the server is down.
+    run.updates += _waiting_for(run.observed, "the server", run.started)
+    return run.decision(Step.WAIT_FOR_SERVER, server_wanted=True, workers_wanted=run.started)
 
-    # Parsers: the running server's own word on how it will split reasoning.
-    parsers_seen = observed.parsers or _probe_gave_up(observed)
-    if parsers_seen is None:
-        probes = observed.parser_probes
+
+def _parsers(run: _Pass) -> Decision | None:
+    """The running server's own word on how it will split reasoning."""
+    parsers = run.observed.parsers or _probe_gave_up(run.observed)
+    if parsers is None:
+        probes = run.observed.parser_probes
         said = "reading /server_info and probing chat completions"
         if probes.count:
             said += f" (attempt {probes.count} of {PARSER_PROBE_ATTEMPTS} failed: {probes.last_error})"
-        updates.append(_u(PARSERS_VERIFIED, "Unknown", Reason.VERIFYING, said))
-        updates += _waiting_for(observed, "parser verification", started, parsers=False)
-        return Decision(
-            step=Step.VERIFY_PARSERS,
-            phase="Verifying",
-            server_wanted=True,
-            workers_wanted=started,
-            updates=tuple(updates),
-            progress=progress,
-        )
-    parsers = parsers_seen
-    updates.append(_u(PARSERS_VERIFIED, "True" if parsers.passed else "False", parsers.reason, parsers.message))
-    if not parsers.passed and halt_on_failure:
-        unread = parsers.reason == Reason.PROBE_FAILED
-        why = "the server's parsers could not be read" if unread else "the server's parsers are wrong"
-        updates.append(_u(CANARY_PASSED, "Unknown", Reason.NOT_RUN, f"halted before the canary: {why}"))
-        updates.append(_u(PROGRESSING, "False", Reason.HALTED, "no bulk work was started"))
-        updates.append(
-            _u(SUCCEEDED, "False", Reason.PROBE_FAILED if unread else Reason.PARSERS_MISMATCH, parsers.message)
-        )
-        return Decision(
-            step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=parsers.checks, progress=progress
-        )
+        run.updates.append(_u(PARSERS_VERIFIED, "Unknown", Reason.VERIFYING, said))
+        run.updates += _waiting_for(run.observed, "parser verification", run.started, parsers=False)
+        return run.decision(Step.VERIFY_PARSERS, server_wanted=True, workers_wanted=run.started)
+    run.updates.append(_u(PARSERS_VERIFIED, "True" if parsers.passed else "False", parsers.reason, parsers.message))
+    if parsers.passed or not run.halt_on_failure:
+        return None
+    unread = parsers.reason == Reason.PROBE_FAILED
+    why = "the server's parsers could not be read" if unread else "the server's parsers are wrong"
+    run.updates += [
+        _u(CANARY_PASSED, "Unknown", Reason.NOT_RUN, f"halted before the canary: {why}"),
+        _u(PROGRESSING, "False", Reason.HALTED, "no bulk work was started"),
+        _u(SUCCEEDED, "False", Reason.PROBE_FAILED if unread else Reason.PARSERS_MISMATCH, parsers.message),
+    ]
+    return run.decision(Step.HALTED, checks=parsers.checks)
 
-    # The canary: real prompts, raw token checks, before any bulk record.
-    if observed.canary is None:
-        updates.append(
-            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {spec.checks.canary_prompts} prompts and the probes")
-        )
-        updates.append(_u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"))
-        updates.append(_u(PROGRESSING, "False", Reason.WAITING, "bulk generation starts after the canary passes"))
-        updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, "canary running"))
-        return Decision(
-            step=Step.RUN_CANARY, phase="Canary", server_wanted=True, updates=tuple(updates), progress=progress
-        )
-    canary = observed.canary
-    updates.append(_u(CANARY_PASSED, "True" if canary.passed else "False", canary.reason, canary.message))
-    if not canary.passed and halt_on_failure and not started:
-        updates.append(_u(PROGRESSING, "False", Reason.HALTED, "no bulk record was written"))
-        updates.append(_u(SUCCEEDED, "False", Reason.CANARY_FAILED, canary.message))
-        return Decision(
-            step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=canary.checks, progress=progress
-        )
 
-    # A shard stopped for a named cause (its output volume is full): said first, in plain words.
-    stopped = (observed.progress.failure_reason if observed.progress else None) or (
-        workers.failure_reason if workers else None
-    )
-    lost_now = bool(observed.progress and observed.progress.tally.unwritten)  # this attempt's (stale_events)
-    if stopped and workers is not None and (workers.shards_failed or lost_now):
-        message = (observed.progress.failure_message if observed.progress else None) or workers.failure_message
-        updates.append(_u(PROGRESSING, "False", stopped, message or stopped))
-        updates.append(_u(SUCCEEDED, "False", stopped, message or stopped))
-        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), progress=stopped_at)
+def _canary(run: _Pass) -> Decision | None:
+    """Real prompts, raw token checks, before any bulk record."""
+    canary = run.observed.canary
+    if canary is None:
+        prompts = run.spec.checks.canary_prompts
+        run.updates += [
+            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {prompts} prompts and the probes"),
+            _u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"),
+            _u(PROGRESSING, "False", Reason.WAITING, "bulk generation starts after the canary passes"),
+            _u(SUCCEEDED, "Unknown", Reason.RUNNING, "canary running"),
+        ]
+        return run.decision(Step.RUN_CANARY, server_wanted=True)
+    run.updates.append(_u(CANARY_PASSED, "True" if canary.passed else "False", canary.reason, canary.message))
+    if canary.passed or not run.halt_on_failure or run.started:
+        return None
+    run.updates += [
+        _u(PROGRESSING, "False", Reason.HALTED, "no bulk record was written"),
+        _u(SUCCEEDED, "False", Reason.CANARY_FAILED, canary.message),
+    ]
+    return run.decision(Step.HALTED, checks=canary.checks)
 
-    # Bulk generation with rolling checks over the workers' counters.
-    faithful, checks = _rolling_checks(observed, context, updates)
-    if not faithful and halt_on_failure:
-        return _checks_failed(stopped_at, updates, checks)
 
+def _shard_cause(run: _Pass) -> Decision | None:
+    """A shard stopped for a named cause (its output volume is full): said first, in plain words."""
+    observed, workers = run.observed, run.observed.workers
+    progress = observed.progress
+    stopped = (progress.failure_reason if progress else None) or (workers.failure_reason if workers else None)
+    lost_now = bool(progress and progress.tally.unwritten)  # this attempt's (stale_events)
+    if not stopped or workers is None or not (workers.shards_failed or lost_now):
+        return None
+    message = (progress.failure_message if progress else None) or workers.failure_message or stopped
+    run.updates += [_u(PROGRESSING, "False", stopped, message), _u(SUCCEEDED, "False", stopped, message)]
+    return run.decision(Step.HALTED, failed=True, progress=run.stopped_at)
+
+
+def _bulk(run: _Pass) -> Decision:
+    """Bulk generation with rolling checks over the workers' counters."""
+    faithful, checks = _rolling_checks(run.observed, run.context, run.updates)
+    if not faithful and run.halt_on_failure:
+        return _checks_failed(run, checks, run.stopped_at)
+    workers = run.observed.workers
     if workers is not None and workers.shards_failed:
         message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
-        updates.append(_u(PROGRESSING, "False", Reason.WORKERS_FAILED, message))
-        updates.append(
-            _u(SUCCEEDED, "False", Reason.WORKERS_FAILED, f"{message}; the output is kept and a rerun resumes")
-        )
-        return Decision(step=Step.HALTED, phase="Failed", updates=tuple(updates), checks=checks, progress=stopped_at)
-    updates.append(_u(PROGRESSING, "True", Reason.RUNNING, progress.summary))
-    updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, progress.summary))
-    return Decision(
-        step=Step.RUN_WORKERS,
-        phase="Running",
-        server_wanted=True,
-        workers_wanted=True,
-        updates=tuple(updates),
-        checks=checks,
-        progress=progress,
-    )
+        run.updates += [
+            _u(PROGRESSING, "False", Reason.WORKERS_FAILED, message),
+            _u(SUCCEEDED, "False", Reason.WORKERS_FAILED, f"{message}; the output is kept and a rerun resumes"),
+        ]
+        return run.decision(Step.HALTED, failed=True, checks=checks, progress=run.stopped_at)
+    summary = run.progress.summary
+    run.updates += [_u(PROGRESSING, "True", Reason.RUNNING, summary), _u(SUCCEEDED, "Unknown", Reason.RUNNING, summary)]
+    return run.decision(Step.RUN_WORKERS, server_wanted=True, workers_wanted=True, checks=checks)
+
+
+STEPS: tuple[Callable[[_Pass], Decision | None], ...] = (
+    _finished,
+    _suspended,
+    _preflight,
+    _all_shards_done,
+    _server,
+    _parsers,
+    _canary,
+    _shard_cause,
+    _bulk,
+)
+"""The run's steps in order: each one decides (a Decision) or lets the run past it (None)."""
 
 
 def _export(
@@ -452,7 +547,7 @@ def _export(
             _u(EXPORTED, "Unknown", Reason.EXPORTING, f"writing {formats} to {spec.export.path}"),
             _u(SUCCEEDED, "Unknown", Reason.EXPORTING, "verification passed; export running"),
         )
-        return Decision(step=Step.EXPORT, phase="Exporting", updates=updates, checks=checks, progress=progress)
+        return Decision(step=Step.EXPORT, updates=updates, checks=checks, progress=progress)
     exported = _u(EXPORTED, "True" if export.passed else "False", export.reason, export.message)
     if export.passed:
         succeeded = _u(SUCCEEDED, "True", Reason.COMPLETED, f"{progress.summary}; verification passed; exported")
@@ -463,7 +558,7 @@ def _export(
     updates = (*verified, _u(PROGRESSING, "False", Reason.COMPLETED, progress.summary), exported, succeeded)
     return Decision(
         step=Step.DONE,
-        phase="Succeeded" if export.passed else "Failed",
+        failed=not export.passed,
         updates=updates,
         checks=checks,
         progress=progress,
@@ -507,31 +602,17 @@ def _complete(progress: Progress) -> Progress:
     )
 
 
-def _final_verify(
-    observed: Observed, context: CheckContext, halt_on_failure: bool, progress: Progress, updates: list[ConditionUpdate]
-) -> Decision:
-    faithful, checks = _rolling_checks(observed, context, updates)
-    if not faithful and halt_on_failure:
-        return _checks_failed(progress, updates, checks)
-    total = observed.workers.shards_total if observed.workers else 0
-    updates.append(_u(PROGRESSING, "True", Reason.VERIFYING, f"all {total} shards done; final verification"))
-    updates.append(_u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"))
-    return Decision(step=Step.FINAL_VERIFY, phase="Verifying", updates=tuple(updates), checks=checks, progress=progress)
-
-
-def _checks_failed(progress: Progress, updates: list[ConditionUpdate], checks: tuple[CheckResult, ...]) -> Decision:
-    updates.append(
+def _checks_failed(run: _Pass, checks: tuple[CheckResult, ...], progress: Progress) -> Decision:
+    run.updates += [
         _u(
             PROGRESSING,
             "False",
             Reason.HALTED,
             f"workers paused at {progress.summary}; fix and update the spec to resume",
-        )
-    )
-    updates.append(
-        _u(SUCCEEDED, "False", Reason.CHECKS_FAILED, "rolling checks crossed a threshold (see DataFaithful)")
-    )
-    return Decision(step=Step.HALTED, phase="Halted", updates=tuple(updates), checks=checks, progress=progress)
+        ),
+        _u(SUCCEEDED, "False", Reason.CHECKS_FAILED, "rolling checks crossed a threshold (see DataFaithful)"),
+    ]
+    return run.decision(Step.HALTED, checks=checks, progress=progress)
 
 
 def _rolling_checks(

@@ -55,7 +55,8 @@ class HaltedBefore:
     """A halt this generation of the spec already reported (control.remembered.remembered_halt)."""
 
     reason: str
-    phase: str
+    failed: bool = False
+    """The halt was a failure (its phase read Failed), not a gate's refusal (Halted)."""
     checks: tuple[CheckResult, ...] = ()
     progress: Progress | None = None
     lease_kept: bool = False

@@ -17,11 +17,12 @@ from datagen_operator.api.status import (
     CheckResult,
     Condition,
     DataGenRunStatus,
+    Phase,
     Progress,
 )
 from datagen_operator.control.observed import HaltedBefore, WorkersObservation
 
-HALT_REASONS = frozenset(
+LEGACY_HALT_REASONS = frozenset(
     {
         Reason.PREFLIGHT_FAILED,
         Reason.SERVER_FAILED,
@@ -33,7 +34,8 @@ HALT_REASONS = frozenset(
     }
     | SHARD_CAUSES
 )
-"""Succeeded=False reasons of decide()'s Halted step: final for this generation of the spec."""
+"""Succeeded=False reasons of the halts of operators before status.halted: how a status they wrote is read
+after an upgrade, so a run they halted does not ask for its server again."""
 
 FINAL_FAITHFUL_REASONS = frozenset({Reason.VERIFIED, Reason.CHECKS_FAILED})
 """DataFaithful reasons that only the final verification sets (rolling checks use others)."""
@@ -78,12 +80,15 @@ def remembered_final(
 
 
 def remembered_halt(status: DataGenRunStatus, changed_generation: int) -> HaltedBefore | None:
-    """A halt decided at or after the spec's last change (Succeeded=False for a halt reason;
+    """A halt decided at or after the spec's last change (status.halted, Succeeded=False;
     `changed_generation`: control.children.SpecInForce's, which suspend and resume do not move): it stands until
     the spec changes, so a pass over a halted run never asks for the server again, suspended, resumed or after
     an operator restart."""
     succeeded = next((c for c in status.conditions if c.type == SUCCEEDED), None)
-    if succeeded is None or succeeded.status != "False" or succeeded.reason not in HALT_REASONS:
+    if succeeded is None or succeeded.status != "False":
+        return None
+    halted = status.halted if status.halted is not None else succeeded.reason in LEGACY_HALT_REASONS
+    if not halted:
         return None
     if (succeeded.observed_generation or 0) < changed_generation:
         return None
@@ -91,7 +96,7 @@ def remembered_halt(status: DataGenRunStatus, changed_generation: int) -> Halted
     canary = next((c for c in status.conditions if c.type == CANARY_PASSED), None)
     return HaltedBefore(
         reason=succeeded.reason,
-        phase=status.phase or "Halted",
+        failed=status.phase == Phase.FAILED,
         checks=tuple(status.checks),
         progress=status.progress,
         lease_kept=inputs is not None and inputs.status == "True" and not (canary and canary.status == "False"),

@@ -106,6 +106,7 @@ class StatusWriter:
         return DataGenRunStatus(
             observed_generation=generation,
             phase=decision.phase,
+            halted=decision.halted,
             conditions=apply_updates(old.conditions, [*decision.updates, *extra], now, generation),
             progress=decision.progress,
             checks=list(decision.checks),
