@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.mounts import POD_MOUNTS
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.reasons import Reason
@@ -817,11 +818,6 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
         for e in report.examples:
             examples.add_row(e.flag, f"{e.id}#{e.sample}", e.excerpt)
         console.print(examples)
-
-
-POD_MOUNTS = ("/mnt/datagen/dataset", "/mnt/datagen/output")
-"""Where the operator's pods mount a run's dataset and output volumes (k8s/manifests.py, held equal by a test):
-a path under them in a cluster output's run.yaml means nothing on another machine."""
 
 
 def holds_records(output: Path) -> bool:

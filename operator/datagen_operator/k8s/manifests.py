@@ -27,6 +27,7 @@ from datagen_operator.api.commands import (
 )
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
 from datagen_operator.api.extra_args import extra_arg_value
+from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.names import (
     Component,
     canary_job_name,
@@ -70,8 +71,6 @@ LWS_KIND = "LeaderWorkerSet"
 
 RUN_FILE_DIR = "/etc/datagen"
 RUN_FILE = f"{RUN_FILE_DIR}/run.yaml"
-DATASET_MOUNT = "/mnt/datagen/dataset"
-OUTPUT_MOUNT = "/mnt/datagen/output"
 TERMINATION_LOG = "/dev/termination-log"
 CANARY_RECORDS = "canary.jsonl"
 """In the output folder, as `datagen run` writes it: the canary's records, kept whether it passed or not."""
