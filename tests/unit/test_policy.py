@@ -1,4 +1,5 @@
-"""control.policy: the shard retry policy, defined once and read by the Job builder and the local runner."""
+"""control.policy: the shard retry policy, the worker's drain and the server restarts, each defined once and read
+by the Job builder, the worker and the local runner."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from datagen_operator.api.exit_codes import (
 from datagen_operator.control.policy import (
     FREE_EXITS,
     PERMANENT_EXITS,
+    SERVER_RESTARTS,
     SHARD_RETRIES,
+    WORKER_DRAIN_S,
+    WORKER_GRACE_S,
     ShardExit,
+    server_restart_delay_s,
     shard_exit,
 )
 from datagen_operator.k8s import manifests as m
@@ -58,6 +63,26 @@ def test_the_workers_job_reads_the_same_policy() -> None:
 def test_the_local_runner_has_no_retry_rule_of_its_own() -> None:
     import datagen_operator.local.runner as runner
 
-    for name in ("MAX_SHARD_RETRIES", "PERMANENT_WORKER_EXITS", "FREE_WORKER_EXITS"):
+    for name in ("MAX_SHARD_RETRIES", "PERMANENT_WORKER_EXITS", "FREE_WORKER_EXITS", "MAX_SERVER_RESTARTS"):
         assert not hasattr(runner, name)
     assert not hasattr(m, "WORKER_BACKOFF_LIMIT_PER_INDEX")
+
+
+def test_a_stopped_worker_drains_and_syncs_before_it_is_killed() -> None:
+    from datagen_operator.local import runner
+    from datagen_operator.worker.config import WorkerConfig, build_parser
+
+    assert WORKER_GRACE_S > WORKER_DRAIN_S
+    assert build_parser().get_default("drain_timeout") == WorkerConfig.drain_timeout_s == WORKER_DRAIN_S
+    spec = parse_run(yaml.safe_load(EXAMPLE.read_text())).spec
+    job = m.workers_job(m.RunRef("kimi", "ml", "u"), spec, "img:1", ["http://a"], suspend=False)
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == WORKER_GRACE_S
+    assert runner.WORKER_GRACE_S == WORKER_GRACE_S
+
+
+def test_a_server_is_restarted_with_a_growing_wait_then_given_up() -> None:
+    delays = [server_restart_delay_s(restarts) for restarts in range(SERVER_RESTARTS + 2)]
+    waits = delays[:SERVER_RESTARTS]
+    assert all(isinstance(wait, float) and wait > 0 for wait in waits)
+    assert waits == sorted(waits) and len(set(waits)) == len(waits)
+    assert delays[SERVER_RESTARTS:] == [None, None]

@@ -44,7 +44,7 @@ from datagen_operator.api.names import (
 )
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
-from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
+from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES, WORKER_GRACE_S
 from datagen_operator.engine.health import (
     HEALTH_ANSWER_TIMEOUT_S,
     WATCHDOG_FLAG,
@@ -783,7 +783,6 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
             ]
         },
     }
-    # The grace period covers the worker's drain (--drain-timeout 25 s) and the final fsync.
     job = _job(
         run,
         spec,
@@ -795,7 +794,8 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         service_account=worker_account_name(run.name),
         annotations={SERVER_URLS: ",".join(urls)},
     )
-    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 40
+    # SIGKILL only after the worker's drain and final fsync: a stopped worker ends on its own, files synced.
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = WORKER_GRACE_S
     return job
 
 

@@ -41,7 +41,14 @@ from datagen_operator.control.observed import (
     ServerObservation,
     WorkersObservation,
 )
-from datagen_operator.control.policy import PERMANENT_EXITS, SHARD_RETRIES, ShardExit, shard_exit
+from datagen_operator.control.policy import (
+    PERMANENT_EXITS,
+    SHARD_RETRIES,
+    WORKER_GRACE_S,
+    ShardExit,
+    server_restart_delay_s,
+    shard_exit,
+)
 from datagen_operator.control.progress import counters_from_snapshots
 from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
@@ -54,9 +61,7 @@ if TYPE_CHECKING:
 POLL_S = 0.5
 PROGRESS_REPORT_S = 5.0
 """How often a log without the live table repeats a changed Progressing message (done/total, tok/s)."""
-WORKER_GRACE_S = 30.0
 SERVER_GRACE_S = 15.0
-MAX_SERVER_RESTARTS = 3
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -119,6 +124,8 @@ class LocalRunner:
         self.run_file = self.output / "run.yaml"
         self.conditions: list[Condition] = []
         self.servers: list[tuple[Child, str]] = []
+        self.server_exits: dict[int, float] = {}
+        """When each server that exited was first seen down (monotonic): its restart waits out the back-off."""
         self.shards = [ShardSlot(i) for i in range(self.spec.clients.shards)]
         self.preflight: StepOutcome | None = None
         self.parsers: StepOutcome | None = None
@@ -273,13 +280,16 @@ class LocalRunner:
             instances.append(
                 ServerInstance(name, restarts=child.restarts, last_exit=last_exit, waiting_reason="CrashLoopBackOff")
             )
-            if child.restarts < MAX_SERVER_RESTARTS and not self.stop.is_set():
+            delay = server_restart_delay_s(child.restarts)
+            exited_at = self.server_exits.setdefault(index, time.monotonic())
+            if delay is not None and time.monotonic() - exited_at >= delay and not self.stop.is_set():
+                del self.server_exits[index]
                 child.restarts += 1
                 await child.start()
         return ServerObservation(self.spec.server.replicas, tuple(instances))
 
     def _server_gave_up(self) -> bool:
-        return any(not c.running and c.restarts >= MAX_SERVER_RESTARTS for c, _ in self.servers)
+        return any(not c.running and server_restart_delay_s(c.restarts) is None for c, _ in self.servers)
 
     def _observe_workers(self) -> WorkersObservation | None:
         if all(slot.child is None and not slot.done for slot in self.shards):
@@ -490,6 +500,7 @@ class LocalRunner:
     async def _stop_servers(self) -> None:
         await asyncio.gather(*(child.stop(SERVER_GRACE_S) for child, _ in self.servers))
         self.servers = []
+        self.server_exits.clear()
 
     async def _stop_everything(self) -> None:
         if self.canary_task is not None and not self.canary_task.done():

@@ -15,6 +15,7 @@ from datagen_operator.api.exit_codes import exit_codes_help
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.control.policy import WORKER_DRAIN_S
 from datagen_operator.output.lease import Holder, lease_holder
 
 
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--progress-namespace", help="default: $POD_NAMESPACE or the pod's namespace")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     parser.add_argument("--server-timeout", type=float, default=1800.0, help="give up when no server answers (s)")
-    parser.add_argument("--drain-timeout", type=float, default=25.0, help="SIGTERM: wait this long for in-flight (s)")
+    parser.add_argument(
+        "--drain-timeout", type=float, default=WORKER_DRAIN_S, help="SIGTERM: wait this long for in-flight (s)"
+    )
     parser.add_argument("--backoff-base", type=float, default=0.5, help="first retry delay cap (s)")
     parser.add_argument("--backoff-cap", type=float, default=30.0, help="largest retry delay (s)")
     parser.add_argument("--no-compact", action="store_true", help="leave segments; do not write Parquet at the end")
@@ -90,7 +93,7 @@ class WorkerConfig:
     progress_namespace: str | None = None
     metrics_port: int | None = None
     server_timeout_s: float = 1800.0
-    drain_timeout_s: float = 25.0
+    drain_timeout_s: float = WORKER_DRAIN_S
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     compact: bool = True
