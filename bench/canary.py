@@ -30,6 +30,7 @@ import aiohttp
 import yaml
 
 from datagen_operator.api import load_run
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.server_truth import verify_running_server
 from datagen_operator.engine.client.reads import is_healthy
@@ -45,7 +46,7 @@ WIRE = ["--sim-speed", "wire"]
 
 def write_manifest(folder: Path, standin: Path) -> Path:
     document = {
-        "apiVersion": "datagen.dev/v1alpha1",
+        "apiVersion": API_GROUP_VERSION,
         "kind": "DataGenRun",
         "metadata": {"name": "bench-canary"},
         "spec": {

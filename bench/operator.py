@@ -53,10 +53,12 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-GROUP, VERSION, PLURAL = "datagen.dev", "v1alpha1", "datagenruns"
+GROUP, VERSION = API_GROUP, API_VERSION
 
 
 # --- the operator process, instrumented ------------------------------------------------------------

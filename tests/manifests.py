@@ -14,9 +14,11 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.spec import API_GROUP_VERSION
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-API_VERSION = "datagen.dev/v1alpha1"
+API_VERSION = API_GROUP_VERSION
 DELETE = object()
 """A change's value that removes the field."""
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.cli import main as datagen
 from datagen_operator.export.conversations import TurnShape, conversation_row, conversation_verdict, tokens_digest
 from datagen_operator.export.formats import IGNORE_INDEX, Selection
@@ -323,7 +324,7 @@ def sim_run(root: Path, items: list[dict[str, Any]], flags: tuple[str, ...], mod
     document = spec(write_dataset(root / "chats.jsonl", items), output, **{"generation.turns": "all", **changes})
     with start_sim(*flags, tokenizer_dir=model) as sim:
         assert run_inprocess(document, [sim.url]) == EXIT_OK
-    run = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "sim"}, "spec": document}
+    run = {"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "sim"}, "spec": document}
     (output / "run.yaml").write_text(yaml.safe_dump(run))  # as `datagen run` leaves it: the dataset found from it
     return output
 

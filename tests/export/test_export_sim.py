@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.cli import main as datagen
 from datagen_operator.export.manifest import read_export_manifest
 from datagen_operator.output.manifest import read_manifest
@@ -37,7 +38,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with start_sim(*SIM_FLAGS, tokenizer_dir=standin()) as sim:
         assert run_inprocess(document, [sim.url]) == EXIT_OK
     # As `datagen run` leaves it: the manifest beside the data, which is where export finds the tokenizer.
-    run = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "sim"}, "spec": document}
+    run = {"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "sim"}, "spec": document}
     (output / "run.yaml").write_text(yaml.safe_dump(run))
     return output
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.api.spec import API_GROUP_VERSION
 from tests import manifests
 from tests.harness.cluster_fixtures import SubjectRunner
 from tests.harness.processes import ManagedProcess, wait_until
 from tests.harness.sim import SimServer
 from tests.harness.testbin import REPO_ROOT
 
-RUN_API = "datagen.dev/v1alpha1"
+RUN_API = API_GROUP_VERSION
 
 
 def example_run(namespace: str, data: Path, models: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from datagen_operator.api.spec import API_GROUP_VERSION, API_VERSION
 from tests.harness.cluster_fixtures import SubjectRunner
 from tests.harness.controlplane import Cluster
 from tests.harness.processes import free_port, wait_until
@@ -61,7 +62,7 @@ def chart_with_crd(tmp: Path, name: str, crd: dict[str, Any]) -> Path:
 
 def run_in_group(group: str, name: str, **server: Any) -> dict[str, Any]:
     run = yaml.safe_load((REPO_ROOT / "examples" / "kimi-k2.5.yaml").read_text())
-    run["apiVersion"] = f"{group}/v1alpha1"
+    run["apiVersion"] = f"{group}/{API_VERSION}"
     run["metadata"]["name"] = name
     run["spec"]["server"].update(server)
     return run
@@ -114,7 +115,7 @@ def test_crd_upgrade_by_the_documented_command_with_helm_in_the_loop(
             return create(run_in_group(group, "new-field", runtimeClassName="nvidia", gpus=48)).returncode == 0
 
         wait_until(accepted, timeout=30, describe="a run using the new field accepted")
-        runs = control_plane.resource(f"{group}/v1alpha1", "DataGenRun")
+        runs = control_plane.resource(f"{group}/{API_VERSION}", "DataGenRun")
         assert runs.get(name="kept", namespace=namespace).spec.server.gpus == 8  # old runs are still served
 
         # Later chart upgrades leave the CRD as applied; the next CRD upgrade is the same command again.
@@ -149,7 +150,7 @@ def test_after_helm_uninstall_release_finalizers_lets_the_namespace_go(
         name=f"{release}-datagen-operator", namespace=namespace
     )
     operator = start_local_operator(run_as_service_account, deployment.to_dict(), sim, probe_port, namespace)
-    runs = control_plane.resource("datagen.dev/v1alpha1", "DataGenRun")
+    runs = control_plane.resource(API_GROUP_VERSION, "DataGenRun")
     data, models = tmp_path / "data", tmp_path / "models"
     data.mkdir(), models.mkdir()
     run = example_run(runs_namespace, data, models)

@@ -10,6 +10,7 @@ import orjson
 import pytest
 import yaml
 
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.output.rendered import RenderedWriter, open_rendered, rendered_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +20,7 @@ def _run(tmp_path: Path, tokenizer: Path, lines: list[dict]) -> Path:
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
     run = {
-        "apiVersion": "datagen.dev/v1alpha1",
+        "apiVersion": API_GROUP_VERSION,
         "kind": "DataGenRun",
         "metadata": {"name": "once"},
         "spec": {

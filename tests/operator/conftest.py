@@ -19,11 +19,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s.rbac import CLUSTER_RULES
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 
-GROUP, VERSION, PLURAL = "datagen.dev", "v1alpha1", "datagenruns"
+GROUP, VERSION = API_GROUP, API_VERSION
 PROMPTS = [
     {"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue, in {i} words?"}]}
     for i in range(24)

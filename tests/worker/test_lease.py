@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.output import lease as lease_module
 from datagen_operator.output.lease import (
     LEASE_FILE,
@@ -171,7 +172,7 @@ def test_a_canary_refusal_that_halts_the_run_gives_the_lease_back(tmp_path: Path
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(8, tools_every=0))
     output = tmp_path / "out"
     document = spec(dataset, output, **{"checks.canaryPrompts": 2, "checks.onFailure": on_failure})
-    run_file = write_run(tmp_path / "run.yaml", {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun",
+    run_file = write_run(tmp_path / "run.yaml", {"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun",
                                                  "metadata": {"name": "k"}, "spec": document})  # fmt: skip
     take_lease(output, A, 3600)
     # The server leaks prompt-suffix tokens into its answers: the canary refuses.

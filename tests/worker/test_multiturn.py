@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records, iter_rejects
@@ -117,7 +118,7 @@ def _spec_model(document: dict[str, Any]) -> Any:
     from datagen_operator.api import parse_run
 
     return parse_run(
-        {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": document}
+        {"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": document}
     ).spec
 
 

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
@@ -55,7 +56,7 @@ def _own(items: list[dict[str, Any]], shard: int) -> list[dict[str, Any]]:
 def _verify(document: dict[str, Any], output: Path, dataset: Path) -> None:
     from datagen_operator.api import parse_run
 
-    run = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": document}
+    run = {"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "t"}, "spec": document}
     report = verify_output(output, parse_run(run).spec, tokenizer=reference_renderer().tokenizer, dataset=dataset)
     assert report.passed, {check.name: check.verdict for check in report.checks if not check.passed}
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.output.manifest import read_manifest
 from datagen_operator.prompts.render import (
     FullSpec,
@@ -103,7 +104,7 @@ def test_worker_and_verify_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir
     # verify loads the tokenizer from the spec (tokenizerPath, trust_remote_code from the kimi-k2.5 preset).
     run_file = tmp_path / "run.yaml"
     run_file.write_text(
-        yaml.safe_dump({"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "k"}})
+        yaml.safe_dump({"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "k"}})
         + yaml.safe_dump({"spec": document})
     )
     assert verify.main([str(output), "--run", str(run_file)]) == 0
@@ -116,7 +117,7 @@ def test_canary_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir: Path) -> 
     document = spec(dataset, tmp_path / "out", **{"model.tokenizerPath": str(kimi_dir)})
     run_file = tmp_path / "run.yaml"
     run_file.write_text(
-        yaml.safe_dump({"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "k"}})
+        yaml.safe_dump({"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "k"}})
         + yaml.safe_dump({"spec": document})
     )
     assert canary.main(["--run", str(run_file), "--server", sim.url]) == 0

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from datagen_operator.api.errors import UNKNOWN_FIELD, FieldError, SpecError, field_errors
 from datagen_operator.api.extra_args import extra_arg_errors, speculative_sampling_errors
-from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
+from datagen_operator.api.spec import API_GROUP_VERSION, KIND, DataGenRun, DataGenRunSpec
 
 if TYPE_CHECKING:
     from datagen_operator.api.resolve import ResolvedModel
@@ -53,9 +53,7 @@ def parse_spec(spec: dict[str, Any]) -> DataGenRunSpec:
 
 def parse_spec_resolved(spec: dict[str, Any]) -> tuple[DataGenRunSpec, ResolvedModel]:
     """The spec and its model as resolved while validating it: a caller resolves nothing again."""
-    run, resolved = _parse(
-        {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "x"}, "spec": spec}
-    )
+    run, resolved = _parse({"apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": "x"}, "spec": spec})
     return run.spec, resolved
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -16,8 +16,10 @@ from datagen_operator.presets.sglang_names import (
     TOOL_CALL_PARSER_NAMES,
 )
 
-API_GROUP = "datagen.dev"
-API_VERSION = "v1alpha1"
+ApiGroupVersion = Literal["datagen.dev/v1alpha1"]
+"""The one spelling of the API version: a manifest's apiVersion must be it (DataGenRun), the rest derive from it."""
+API_GROUP_VERSION: str = get_args(ApiGroupVersion)[0]
+API_GROUP, API_VERSION = API_GROUP_VERSION.split("/")
 KIND = "DataGenRun"
 PLURAL = "datagenruns"
 
@@ -581,7 +583,7 @@ class DataGenRun(BaseModel):
     """A whole manifest (apiVersion, kind, metadata, spec) as `datagen validate` reads it."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    api_version: Literal["datagen.dev/v1alpha1"] = Field(alias="apiVersion")
+    api_version: ApiGroupVersion = Field(alias="apiVersion")
     kind: Literal["DataGenRun"]
     metadata: ObjectMeta
     spec: DataGenRunSpec

@@ -43,7 +43,7 @@ from datagen_operator.api.names import (
     workers_job_name,
 )
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
+from datagen_operator.api.spec import API_GROUP, API_GROUP_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES, WORKER_GRACE_S
 from datagen_operator.engine.health import (
     HEALTH_ANSWER_TIMEOUT_S,
@@ -109,7 +109,7 @@ class RunRef:
 
     def owner_reference(self) -> dict[str, Any]:
         return {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "apiVersion": API_GROUP_VERSION,
             "kind": KIND,
             "name": self.name,
             "uid": self.uid,
@@ -325,7 +325,7 @@ def server_pod_security() -> dict[str, Any]:
 
 def run_document(run: RunRef, spec: DataGenRunSpec) -> dict[str, Any]:
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": API_GROUP_VERSION,
         "kind": KIND,
         "metadata": {"name": run.name, "namespace": run.namespace},
         "spec": spec_document(spec),

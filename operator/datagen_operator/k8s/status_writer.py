@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND
+from datagen_operator.api.spec import API_GROUP_VERSION, KIND
 from datagen_operator.api.status import DataGenRunStatus, ServerStatus
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
 from datagen_operator.control.decide import Decision
@@ -150,7 +150,7 @@ async def post_run_event(ctx: OperatorContext, body: Mapping[str, Any], event: E
     level = logging.WARNING if event.type == "Warning" else logging.INFO
     log.log(level, "%s/%s: %s", namespace, name, event.message)
     involved = {
-        "apiVersion": body.get("apiVersion") or f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": body.get("apiVersion") or API_GROUP_VERSION,
         "kind": body.get("kind") or KIND,
         "name": name,
         "namespace": namespace,

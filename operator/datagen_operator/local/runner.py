@@ -27,7 +27,7 @@ from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.api.status import PROGRESSING, SERVER_READY, Condition
+from datagen_operator.api.status import PROGRESSING, SERVER_READY, SUCCEEDED, Condition
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.checks.verify import holds_records
@@ -212,7 +212,7 @@ class LocalRunner:
 
         if self.final_report is not None:
             render_report(self.final_report, self.console)
-        succeeded = next((c for c in self.conditions if c.type == "Succeeded"), None)
+        succeeded = next((c for c in self.conditions if c.type == SUCCEEDED), None)
         ok = succeeded is not None and succeeded.status == "True"
         verdict = "[bold green]run succeeded[/]" if ok else "[bold red]run did not succeed[/]"
         if holds_records(self.output):
