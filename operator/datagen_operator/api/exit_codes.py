@@ -23,6 +23,12 @@ EXIT_STEP_CRASHED = 70
 would exit 1, EXIT_FAILED_VERDICT, and the step's Job would fail at once on a volume hiccup; no rule of the
 Job matches 70, so it retries the pod (its backoffLimit), and the last traceback is the termination message."""
 
+
+def verdict_exit(passed: bool) -> int:
+    """A step program's exit once its verdict is written."""
+    return EXIT_OK if passed else EXIT_FAILED_VERDICT
+
+
 MEANINGS: dict[int, str] = {
     EXIT_OK: "the shard is complete (every record written or permanently rejected) and compacted to Parquet",
     EXIT_BAD_INPUT: "bad input: arguments, spec, dataset or tokenizer unusable (retrying cannot help)",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -16,13 +15,14 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.commands import CanaryCommand
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, Tally, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
@@ -486,16 +486,14 @@ def _write_records(path: Path, records: list[CanaryRecord], set_aside: list[SetA
 def build_parser() -> argparse.ArgumentParser:
     """`datagen canary`'s arguments; what the shells pass is api/commands.py's CanaryCommand."""
     parser = argparse.ArgumentParser(prog="datagen canary", description="Run the canary against running servers.")
-    parser.add_argument("--run", required=True, help="the DataGenRun manifest")
-    parser.add_argument("--server", action="append", required=True, help="server base URL (repeatable)")
-    parser.add_argument("--tokenizer", help="tokenizer dir (default: model.tokenizerPath or model.path)")
-    parser.add_argument("--dataset", help="dataset file (default: spec.dataset.path)")
-    parser.add_argument("--records", help="where to write the canary's records (JSONL)")
-    parser.add_argument("--output", help="the run's output directory (with --lease-holder)")
-    parser.add_argument(
-        "--lease-holder", help="the run (its UID) whose output lease is given back when a refusal halts it"
+    add_shared_arguments(
+        parser,
+        CanaryCommand,
+        output="the run's output directory (with --lease-holder)",
+        lease_holder="the run (its UID) whose output lease is given back when a refusal halts it",
     )
-    parser.add_argument("--termination-log", help="also write the JSON verdict here (Kubernetes termination message)")
+    parser.add_argument("--server", action="append", required=True, help="server base URL (repeatable)")
+    parser.add_argument("--records", help="where to write the canary's records (JSONL)")
     return parser
 
 
@@ -517,14 +515,11 @@ def main(argv: list[str]) -> int:
             Path(args.records) if args.records else None,
         )
     )
-    data = outcome.for_storage()
-    sys.stdout.write(data.decode() + "\n")
-    if args.termination_log:
-        Path(args.termination_log).write_bytes(data)
+    code = write_verdict(outcome, args.termination_log)
     if not outcome.passed and spec.checks.on_failure == "Halt" and args.lease_holder and args.output:
         # The run halts here, before any bulk record: nothing more is written to its output, so another run
         # may take it now rather than when the preflight's lease lapses (its startup budget plus 30 minutes).
         from datagen_operator.output.lease import Holder, release_lease
 
         release_lease(Path(args.output), Holder.parse(args.lease_holder, args.lease_holder))
-    return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT
+    return code

@@ -17,18 +17,18 @@ from __future__ import annotations
 import argparse
 import io
 import random
-import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.commands import PreflightCommand
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import (
     CHECK_FLAGS,
@@ -506,12 +506,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="datagen preflight", description="Check the dataset, tokenizer and output before a server is launched."
     )
-    parser.add_argument("--run", required=True, help="the DataGenRun manifest")
-    parser.add_argument("--tokenizer", help="tokenizer dir (default: model.tokenizerPath or model.path)")
-    parser.add_argument("--dataset", help="dataset file (default: spec.dataset.path)")
-    parser.add_argument("--output", help="output dir (default: spec.output.path)")
-    parser.add_argument("--termination-log", help="also write the JSON verdict here (Kubernetes termination message)")
-    parser.add_argument("--lease-holder", help="take the output's lease for this run (its UID; output/lease.py)")
+    add_shared_arguments(
+        parser,
+        PreflightCommand,
+        output="the run's output directory (default: spec.output.path)",
+        lease_holder="take the output's lease for this run (its UID; output/lease.py)",
+    )
     return parser
 
 
@@ -533,8 +533,4 @@ def main(argv: list[str]) -> int:
         Path(args.output or spec.output.path),
         holder=lease_holder(args.lease_holder, run),
     )
-    data = outcome.for_storage()
-    sys.stdout.write(data.decode() + "\n")
-    if args.termination_log:
-        Path(args.termination_log).write_bytes(data)
-    return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT
+    return write_verdict(outcome, args.termination_log)

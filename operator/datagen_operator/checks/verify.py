@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.commands import VerifyCommand
+from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT
 from datagen_operator.api.mounts import POD_MOUNTS
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import RecordCounts
@@ -29,6 +30,7 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import Tally, by_turn_words, check_context, evaluate
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
@@ -975,22 +977,16 @@ def verify_here(
 def build_parser() -> argparse.ArgumentParser:
     """`datagen verify`'s arguments; what the shells pass is api/commands.py's VerifyCommand."""
     parser = argparse.ArgumentParser(prog="datagen verify", description="Check an output directory for faithfulness.")
-    parser.add_argument("output", help="the run's output directory")
-    parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml if present)")
-    parser.add_argument("--tokenizer", help="tokenizer dir (default: the run's model path)")
-    parser.add_argument(
-        "--dataset",
-        help="dataset file (default: the run's dataset path; for a cluster output, that path on the output's "
+    add_shared_arguments(
+        parser,
+        VerifyCommand,
+        run="the DataGenRun manifest (default: OUTPUT/run.yaml if present)",
+        dataset="dataset file (default: the run's dataset path; for a cluster output, that path on the output's "
         "volume, found from OUTPUT)",
     )
-    parser.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="load a tokenizer that ships its own code (Kimi's tiktoken class); default: what the run's preset says",
-    )
+    add_trust_remote_code(parser)
     parser.add_argument("--no-fidelity", action="store_true", help="skip re-rendering prompts")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--termination-log", help="also write the compact verdict here (Kubernetes)")
     return parser
 
 
@@ -1008,8 +1004,7 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(orjson.dumps({"passed": False, "records": 0, "verdict": line}).decode() + "\n")
         else:
             print(line)
-        if args.termination_log:
-            Path(args.termination_log).write_bytes(StepOutcome(False, Reason.NO_RECORDS, line).for_storage())
+        write_verdict(StepOutcome(False, Reason.NO_RECORDS, line), args.termination_log, echo=False)
         return code
     try:
         verified = verify_here(
@@ -1030,6 +1025,4 @@ def main(argv: list[str]) -> int:
         for note in verified.notes:
             print(f"note: {note}")
         render_report(report)
-    if args.termination_log:
-        Path(args.termination_log).write_bytes(report.outcome().for_storage())
-    return EXIT_OK if report.passed else EXIT_FAILED_VERDICT
+    return write_verdict(report.outcome(), args.termination_log, echo=False)

@@ -14,7 +14,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from datagen_operator.api.commands import ExportCommand
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.export import FORMATS
 from datagen_operator.export.conversations import (
     MESSAGES_KEYS,
@@ -711,7 +713,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="datagen export",
         description="Write a run's exact token records in a trainer's format (docs/export.md).",
     )
-    parser.add_argument("output", help="the run's output directory")
+    add_shared_arguments(
+        parser,
+        ExportCommand,
+        run="the DataGenRun manifest (default: OUTPUT/run.yaml)",
+        tokenizer="tokenizer dir for --format text (default: the run's model path)",
+        termination_log="with --formats: write the verdict (JSON) here too",
+        dataset="the run's dataset (default: the run's spec.dataset.path, found as `datagen verify` finds it): the "
+        "planned turns of whole conversations, the user turns of --format conversations",
+    )
+    add_trust_remote_code(parser)
     parser.add_argument("--format", choices=FORMATS, dest="export_format")
     parser.add_argument(
         "--formats", help="comma-separated formats, each to OUT/<format>, replacing an earlier one (spec.export)"
@@ -752,19 +763,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(counted), or its conversation is left out (drop-row, counted)",
     )
     parser.add_argument(
-        "--dataset",
-        help="the run's dataset (default: the run's spec.dataset.path, found as `datagen verify` finds it): the "
-        "planned turns of whole conversations, the user turns of --format conversations",
-    )
-    parser.add_argument(
         "--messages-key",
         choices=MESSAGES_KEYS,
         default="conversations",
         help="--format conversations: the list's key (conversations: SpecForge; messages: TRL, OpenAI)",
     )
-    parser.add_argument("--tokenizer", help="tokenizer dir for --format text (default: the run's model path)")
-    parser.add_argument("--trust-remote-code", action="store_true", help="default: what the run's preset says")
-    parser.add_argument("--run", help="the DataGenRun manifest (default: OUTPUT/run.yaml)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
     parser.add_argument(
         "--allow-unverified",
@@ -772,7 +775,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --format: export an output that fails `datagen verify` (or cannot be verified here); by "
         "default such an output is refused",
     )
-    parser.add_argument("--termination-log", help="with --formats: write the verdict (JSON) here too")
     return parser
 
 
@@ -815,11 +817,7 @@ def main_formats(args: argparse.Namespace) -> int:
                 output, Path(args.out), formats, selection, codec,
                 rows=args.rows, rerendered_spans=args.rerendered_spans, dataset=dataset,
             )  # fmt: skip
-    data = outcome.for_storage()
-    if args.termination_log:
-        Path(args.termination_log).write_bytes(data)
-    sys.stdout.write(data.decode() + "\n")
-    return EXIT_OK if outcome.passed else EXIT_FAILED_VERDICT
+    return write_verdict(outcome, args.termination_log)
 
 
 def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int] | None:

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import orjson
 
+from datagen_operator.api.commands import ReleaseLeaseCommand
 from datagen_operator.api.spec import DataGenRun
+from datagen_operator.api.step_program import add_shared_arguments
 
 LEASE_FILE = "lease.json"
 WORKER_LEASE_S = 300.0
@@ -217,8 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Give a run's output lease back (what the operator runs once a run halts with the lease "
         "still held: after the parser check, a server that never became ready, a worker's halt).",
     )
-    parser.add_argument("output", help="the run's output directory")
-    parser.add_argument("--lease-holder", required=True, help="the run (its UID) whose lease is given back")
+    add_shared_arguments(parser, ReleaseLeaseCommand, lease_holder="the run (its UID) whose lease is given back")
     parser.add_argument(
         "--taken-before",
         type=float,
