@@ -25,14 +25,22 @@ STEP_JOBS = {
     "canary": m.canary_job(RUN, SPEC, "img:1", ["http://a"], 1),
     "verify": m.verify_job(RUN, SPEC, "img:1"),
     "export": m.export_job(RUN, SPEC, "img:1"),
+    "release-lease": m.release_job(RUN, SPEC, "img:1", None),
 }
+"""By program: each step Job with the one failure policy (k8s/manifests.py's STEP_JOBS)."""
+
+
+def container_name(job: m.Manifest) -> str:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return str(container["name"])
 
 
 @pytest.mark.parametrize("step", STEP_JOBS)
 def test_a_step_job_fails_at_once_on_the_exit_of_a_written_verdict(step: str) -> None:
     rules = STEP_JOBS[step]["spec"]["podFailurePolicy"]["rules"]
     (fail,) = [rule for rule in rules if rule["action"] == "FailJob"]
-    assert fail["onExitCodes"] == {"containerName": step, "operator": "In", "values": [EXIT_FAILED_VERDICT]}
+    container = container_name(STEP_JOBS[step])
+    assert fail["onExitCodes"] == {"containerName": container, "operator": "In", "values": [EXIT_FAILED_VERDICT]}
 
 
 @pytest.mark.parametrize("step", STEP_JOBS)
@@ -67,6 +75,7 @@ STEP_MODULES = {
     "canary": "datagen_operator.checks.canary",
     "verify": "datagen_operator.checks.verify",
     "export": "datagen_operator.export.run",
+    "release-lease": "datagen_operator.output.lease",
 }
 
 

@@ -162,5 +162,12 @@ class ReleaseLeaseCommand(Command):
     """Seconds since the epoch: a lease renewed after it (a later attempt of the run) is kept."""
 
 
-STEP_COMMANDS: tuple[type[Command], ...] = (PreflightCommand, CanaryCommand, VerifyCommand, ExportCommand)
-"""The one-shot steps: each writes a verdict, and its exit says whether it did (api/exit_codes.py)."""
+STEP_COMMANDS: tuple[type[Command], ...] = (
+    PreflightCommand,
+    CanaryCommand,
+    VerifyCommand,
+    ExportCommand,
+    ReleaseLeaseCommand,
+)
+"""The one-shot steps, each a Job with one failure policy (k8s/manifests.py): its exit says whether it wrote a
+verdict that did not pass, or crashed (api/exit_codes.py). release-lease writes none: it only ever crashes."""

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -667,35 +667,89 @@ def _on_exit(action: str, container: Component, codes: list[int]) -> dict[str, A
     return {"action": action, "onExitCodes": {"containerName": str(container), "operator": "In", "values": codes}}
 
 
-def _fails_on_its_verdict(container: Component) -> dict[str, Any]:
-    """A step's exit with a written verdict that did not pass is no flake: the Job fails at once, no retry."""
-    return _on_exit("FailJob", container, [EXIT_FAILED_VERDICT])
-
-
 IGNORE_DISRUPTION = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
 """A pod evicted, preempted or drained off its node is no failure of its own: it spends no retry."""
 STEP_RETRIES = 2
-"""Retries of a crashed step pod (preflight, canary, verify, export): each step is safe to run again."""
+"""Retries of a crashed step pod: each step is safe to run again (release-lease is idempotent)."""
 
 
-def _step_job_spec(container: Component) -> dict[str, Any]:
-    """The one failure policy of every step Job: a disruption is free, a written verdict fails it at once, any
-    other exit (a crash) is retried STEP_RETRIES times. The first rule that matches decides: an evicted pod whose
-    program exited 1 on its SIGTERM is still an eviction, never a verdict."""
-    return {
-        "backoffLimit": STEP_RETRIES,
-        "podFailurePolicy": {"rules": [IGNORE_DISRUPTION, _fails_on_its_verdict(container)]},
-    }
+def step_failure_policy(container: Component) -> dict[str, Any]:
+    """The one failure policy of every step Job: a disruption is free, a written verdict that did not pass fails
+    it at once (running it again gives the same verdict), any other exit (a crash, EXIT_STEP_CRASHED) is retried
+    STEP_RETRIES times. The first rule that matches decides: an evicted pod whose program exited 1 on its SIGTERM
+    is still an eviction, never a verdict. release-lease writes no verdict, so for it every failure is a crash."""
+    verdict = _on_exit("FailJob", container, [EXIT_FAILED_VERDICT])
+    return {"backoffLimit": STEP_RETRIES, "podFailurePolicy": {"rules": [IGNORE_DISRUPTION, verdict]}}
+
+
+RELEASE_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+"""A lease file removed: far below what spec.clients asks for the workers."""
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """What one step Job has of its own; the pod, its volumes and the failure policy are every step's."""
+
+    name: Callable[[str], str]
+    reads_run: bool = True
+    """The run file and the model volume (the tokenizer) mounted: every step but release-lease, which only
+    removes the lease file from the output."""
+    output_writable: bool = True
+    resources: Mapping[str, Any] | None = None
+    """None: spec.clients' cpu and memory, as every CPU pod of the run."""
+
+
+STEP_JOBS: dict[Component, StepJob] = {
+    # Writes the dataset's pin into the output and takes its lease.
+    Component.PREFLIGHT: StepJob(preflight_job_name),
+    # The canary's records stay with the data, passed or failed.
+    Component.CANARY: StepJob(canary_job_name),
+    Component.VERIFY: StepJob(verify_job_name, output_writable=False),
+    Component.EXPORT: StepJob(export_job_name),
+    Component.RELEASE: StepJob(release_job_name, reads_run=False, resources=RELEASE_RESOURCES),
+}
+"""The step Jobs, one row each: where they differ. The dataset volume is mounted when the command names the
+dataset; the verdict comes back as the container's termination message."""
+
+
+def _step_job(
+    run: RunRef,
+    spec: DataGenRunSpec,
+    image: str,
+    component: Component,
+    command: Command,
+    annotations: dict[str, str] | None = None,
+) -> Manifest:
+    step = STEP_JOBS[component]
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if step.reads_run:
+        run_volume, run_mount = _run_file_volume(run.name)
+        model_volumes, model_mounts = _model_volume(spec)  # at model.path: the tokenizer is where the spec says
+        volumes += [run_volume, *model_volumes]
+        mounts += [run_mount, *model_mounts]
+    reads_dataset = getattr(command, "dataset", None) is not None
+    data_volumes, data_mounts = _data_volumes(
+        spec, dataset=reads_dataset, output=True, output_writable=step.output_writable
+    )
+    container = _datagen_container(component, image, command, [*mounts, *data_mounts], spec)
+    if step.resources is not None:
+        container["resources"] = dict(step.resources)
+    return _job(
+        run,
+        spec,
+        step.name(run.name),
+        component,
+        container,
+        [*volumes, *data_volumes],
+        step_failure_policy(component),
+        annotations=annotations,
+    )
 
 
 def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation: int) -> Manifest:
     """The inputs checked before the server is created (no GPU): dataset, tokenizer, an existing output's
-    fingerprint and records. It writes one thing, the dataset's pin into the output (prompts/pin.py); the
-    verdict comes back as the termination message."""
-    run_volume, run_mount = _run_file_volume(run.name)
-    model_volumes, model_mounts = _model_volume(spec)
-    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
-    # The model volume is mounted at model.path, so the tokenizer is where the spec says.
+    fingerprint and records. It writes one thing, the dataset's pin into the output (prompts/pin.py)."""
     command = PreflightCommand(
         run=RUN_FILE,
         tokenizer=spec.model.tokenizer_dir,
@@ -704,27 +758,12 @@ def preflight_job(run: RunRef, spec: DataGenRunSpec, image: str, data_generation
         termination_log=TERMINATION_LOG,
         lease_holder=run.uid,
     )
-    container = _datagen_container(Component.PREFLIGHT, image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec(Component.PREFLIGHT)
-    return _job(
-        run,
-        spec,
-        preflight_job_name(run.name),
-        Component.PREFLIGHT,
-        container,
-        [run_volume, *model_volumes, *data_volumes],
-        job_spec,
-        annotations={DATA_GENERATION: str(data_generation)},
-    )
+    return _step_job(run, spec, image, Component.PREFLIGHT, command, {DATA_GENERATION: str(data_generation)})
 
 
 def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], data_generation: int) -> Manifest:
     """The canary runs in a pod because it needs the tokenizer (model volume) and the dataset volume, which the
-    operator does not mount; its verdict comes back as the container's termination message."""
-    run_volume, run_mount = _run_file_volume(run.name)
-    model_volumes, model_mounts = _model_volume(spec)
-    # The output is mounted writable so the canary's records stay with the data, passed or failed.
-    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
+    operator does not mount."""
     command = CanaryCommand(
         run=RUN_FILE,
         tokenizer=spec.model.tokenizer_dir,
@@ -735,18 +774,8 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
         output=output_dir(spec),
         lease_holder=run.uid,
     )
-    container = _datagen_container(Component.CANARY, image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec(Component.CANARY)
-    return _job(
-        run,
-        spec,
-        canary_job_name(run.name),
-        Component.CANARY,
-        container,
-        [run_volume, *model_volumes, *data_volumes],
-        job_spec,
-        annotations={DATA_GENERATION: str(data_generation), SERVER_URLS: ",".join(urls)},
-    )
+    annotations = {DATA_GENERATION: str(data_generation), SERVER_URLS: ",".join(urls)}
+    return _step_job(run, spec, image, Component.CANARY, command, annotations)
 
 
 def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], *, suspend: bool) -> Manifest:
@@ -800,10 +829,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
 
 
 def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
-    """`datagen verify` over the whole output, read-only; its verdict comes back as the termination message."""
-    run_volume, run_mount = _run_file_volume(run.name)
-    model_volumes, model_mounts = _model_volume(spec)
-    data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=False)
+    """`datagen verify` over the whole output, read-only."""
     command = VerifyCommand(
         output=output_dir(spec),
         run=RUN_FILE,
@@ -812,28 +838,14 @@ def verify_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         json=True,
         termination_log=TERMINATION_LOG,
     )
-    container = _datagen_container(Component.VERIFY, image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec(Component.VERIFY)
-    return _job(
-        run,
-        spec,
-        verify_job_name(run.name),
-        Component.VERIFY,
-        container,
-        [run_volume, *model_volumes, *data_volumes],
-        job_spec,
-    )
+    return _step_job(run, spec, image, Component.VERIFY, command)
 
 
 def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
-    """`datagen export --formats` of the verified output into spec.export.path, the output mounted writable;
-    its verdict comes back as the termination message."""
+    """`datagen export --formats` of the verified output into spec.export.path."""
     assert spec.export is not None
-    run_volume, run_mount = _run_file_volume(run.name)
-    model_volumes, model_mounts = _model_volume(spec)
-    # Whole conversations are read against the dataset's planned turns: mounted (read-only) only then.
+    # Whole conversations are read against the dataset's planned turns: the dataset only then.
     whole = spec.export.rows == "conversations" or "conversations" in spec.export.formats
-    data_volumes, data_mounts = _data_volumes(spec, dataset=whole, output=True, output_writable=True)
     command = ExportCommand(
         output=output_dir(spec),
         formats=tuple(spec.export.formats),
@@ -847,29 +859,11 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
         rerendered_spans=spec.export.rerendered_spans,
         dataset=dataset_file(spec) if whole else None,
     )
-    container = _datagen_container(Component.EXPORT, image, command, [run_mount, *model_mounts, *data_mounts], spec)
-    job_spec = _step_job_spec(Component.EXPORT)
-    return _job(
-        run,
-        spec,
-        export_job_name(run.name),
-        Component.EXPORT,
-        container,
-        [run_volume, *model_volumes, *data_volumes],
-        job_spec,
-    )
-
-
-RELEASE_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
-"""A lease file removed: far below what spec.clients asks for the workers."""
+    return _step_job(run, spec, image, Component.EXPORT, command)
 
 
 def release_job(run: RunRef, spec: DataGenRunSpec, image: str, taken_before: float | None) -> Manifest:
     """`datagen release-lease` on the output: a halted run's lease given back (control/children.py plans it
-    once per halt). Only the output is mounted; the program is idempotent, so a crash is retried."""
-    data_volumes, data_mounts = _data_volumes(spec, dataset=False, output=True, output_writable=True)
+    once per halt)."""
     command = ReleaseLeaseCommand(output=output_dir(spec), lease_holder=run.uid, taken_before=taken_before)
-    container = _datagen_container(Component.RELEASE, image, command, data_mounts, spec)
-    container["resources"] = RELEASE_RESOURCES
-    job_spec = {"backoffLimit": STEP_RETRIES, "podFailurePolicy": {"rules": [IGNORE_DISRUPTION]}}
-    return _job(run, spec, release_job_name(run.name), Component.RELEASE, container, data_volumes, job_spec)
+    return _step_job(run, spec, image, Component.RELEASE, command)

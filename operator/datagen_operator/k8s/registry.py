@@ -9,14 +9,9 @@ from dataclasses import dataclass
 
 from datagen_operator.api.names import (
     Component,
-    canary_job_name,
-    export_job_name,
-    preflight_job_name,
-    release_job_name,
     server_name,
     server_pod_name,
     shard_configmap_name,
-    verify_job_name,
     worker_account_name,
     workers_job_name,
 )
@@ -58,6 +53,11 @@ def _single(name: Callable[[str], str]) -> Callable[[str, int], str]:
     return lambda run, _index: name(run)
 
 
+def _step(component: Component, build: Callable[[BuildInputs], m.Manifest]) -> Entry:
+    """A step Job: its name from manifests' STEP_JOBS, the one table of the steps."""
+    return Entry("Job", _single(m.STEP_JOBS[component].name), component, build)
+
+
 REGISTRY: dict[Child, Entry] = {
     Child.WORKER_ACCOUNT: Entry(
         "ServiceAccount", _single(worker_account_name), Component.WORKER, lambda b: m.worker_service_account(b.run)
@@ -81,17 +81,9 @@ REGISTRY: dict[Child, Entry] = {
     Child.SERVER_STATEFULSET: Entry("StatefulSet", _single(server_name), Component.SERVER),
     Child.SERVER_GROUP: Entry(m.LWS_KIND, _single(server_name), Component.SERVER),
     # The Jobs, in the order the finalizer stops them: the workers before the server, so they drain.
-    Child.PREFLIGHT: Entry(
-        "Job",
-        _single(preflight_job_name),
-        Component.PREFLIGHT,
-        lambda b: m.preflight_job(b.run, b.spec, b.image, b.data_generation),
-    ),
-    Child.CANARY: Entry(
-        "Job",
-        _single(canary_job_name),
-        Component.CANARY,
-        lambda b: m.canary_job(b.run, b.spec, b.image, list(b.urls), b.data_generation),
+    Child.PREFLIGHT: _step(Component.PREFLIGHT, lambda b: m.preflight_job(b.run, b.spec, b.image, b.data_generation)),
+    Child.CANARY: _step(
+        Component.CANARY, lambda b: m.canary_job(b.run, b.spec, b.image, list(b.urls), b.data_generation)
     ),
     Child.WORKERS: Entry(
         "Job",
@@ -99,18 +91,9 @@ REGISTRY: dict[Child, Entry] = {
         Component.WORKER,
         lambda b: m.workers_job(b.run, b.spec, b.image, list(b.urls), suspend=False),
     ),
-    Child.VERIFY: Entry(
-        "Job", _single(verify_job_name), Component.VERIFY, lambda b: m.verify_job(b.run, b.spec, b.image)
-    ),
-    Child.EXPORT: Entry(
-        "Job", _single(export_job_name), Component.EXPORT, lambda b: m.export_job(b.run, b.spec, b.image)
-    ),
-    Child.RELEASE: Entry(
-        "Job",
-        _single(release_job_name),
-        Component.RELEASE,
-        lambda b: m.release_job(b.run, b.spec, b.image, b.taken_before),
-    ),
+    Child.VERIFY: _step(Component.VERIFY, lambda b: m.verify_job(b.run, b.spec, b.image)),
+    Child.EXPORT: _step(Component.EXPORT, lambda b: m.export_job(b.run, b.spec, b.image)),
+    Child.RELEASE: _step(Component.RELEASE, lambda b: m.release_job(b.run, b.spec, b.image, b.taken_before)),
 }
 
 JOBS: tuple[Child, ...] = tuple(child for child, entry in REGISTRY.items() if entry.kind == "Job")
