@@ -36,7 +36,7 @@ from datagen_operator.checks.evaluate import Tally, by_turn_words, check_context
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 from datagen_operator.engine.model_configs import model_config_dir
-from datagen_operator.output.layout import Key
+from datagen_operator.output.layout import Key, OutputLayout
 from datagen_operator.output.records import TURNS_KIND
 
 COMPLETENESS = "completeness"
@@ -824,8 +824,6 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
 
 def holds_records(output: Path) -> bool:
     """A manifest, a shard's segment or a compacted Parquet file: something the checks can judge."""
-    from datagen_operator.output.layout import OutputLayout
-
     layout = OutputLayout(output)
     return (
         layout.manifest.exists()
@@ -840,7 +838,7 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
     logs: a table of checks over zero records would only repeat "missing" for each prompt."""
     if holds_records(output):
         return None
-    run_file = output / "run.yaml"
+    run_file = OutputLayout(output).run_file
     if run_file.exists():
         name = _run_name(run_file)
         # Only files that exist are named: a run halted at the preflight started no server, so it has no logs.
@@ -856,7 +854,9 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
         "in its spec.output.path)"
     )
     # `datagen verify out` for `out/quickstart`: name the outputs one level down.
-    inside = sorted(d.name for d in output.iterdir() if d.is_dir() and ((d / "run.yaml").exists() or holds_records(d)))
+    inside = sorted(
+        d.name for d in output.iterdir() if d.is_dir() and (OutputLayout(d).run_file.exists() or holds_records(d))
+    )
     if inside:
         line += f"; the outputs in it: {', '.join(inside[:5])}" + (", ..." if len(inside) > 5 else "")
     return line, EXIT_BAD_INPUT
@@ -914,11 +914,13 @@ def _volume_root(spec: DataGenRunSpec, output: Path) -> Path | None:
     return resolved.parents[len(parts) - 1]
 
 
-def _load_spec(run_file: Path, output: Path) -> DataGenRunSpec | None:
-    """The run's spec with its paths as this machine reads them: a local run's relative paths against its
-    manifest's folder; a cluster run's (volumes named) left as written, for on_this_machine to place."""
+def load_run_spec(output: Path, run_file: Path | None = None) -> DataGenRunSpec | None:
+    """The run's spec (--run, else OUTPUT/run.yaml; None when there is none) with its paths as this machine
+    reads them: a local run's relative paths against its manifest's folder; a cluster run's (volumes named)
+    left as written, for on_this_machine to place."""
     from datagen_operator.api import anchor_paths, load_run
 
+    run_file = run_file or OutputLayout(output).run_file
     if not run_file.exists():
         return None
     run = load_run(run_file)
@@ -936,7 +938,7 @@ class HostVerification:
 
 def verify_here(
     output: Path,
-    run_file: Path,
+    run_file: Path | None = None,
     *,
     tokenizer_dir: str | None = None,
     dataset: str | None = None,
@@ -944,11 +946,13 @@ def verify_here(
     fidelity: bool | None = True,
 ) -> HostVerification:
     """`datagen verify` on this machine (also export's gate). Raises ValueError with the one line to show.
-    `fidelity=None`: re-render prompts when the tokenizer and the dataset are both found here."""
+    `fidelity=None`: re-render prompts when the tokenizer and the dataset are both found here. `run_file`: the
+    run's manifest (default OUTPUT/run.yaml)."""
     from datagen_operator.api import SpecError
 
+    run_file = run_file or OutputLayout(output).run_file
     try:
-        spec = _load_spec(run_file, output)
+        spec = load_run_spec(output, run_file)
     except SpecError as error:
         raise ValueError(f"{run_file}: {error}") from error
     notes: list[str] = []
@@ -1009,7 +1013,7 @@ def main(argv: list[str]) -> int:
     try:
         verified = verify_here(
             output,
-            Path(args.run) if args.run else output / "run.yaml",
+            Path(args.run) if args.run else None,
             tokenizer_dir=args.tokenizer,
             dataset=args.dataset,
             trust_remote_code=args.trust_remote_code,

@@ -72,10 +72,10 @@ from datagen_operator.export.reader import (
 )
 from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
+from datagen_operator.output.layout import OutputLayout
 
 if TYPE_CHECKING:
     from datagen_operator.api.outcome import StepOutcome
-    from datagen_operator.api.spec import DataGenRunSpec
     from datagen_operator.prompts.conversation import AnswerSplit
     from datagen_operator.prompts.dataset import DatasetFormat, Prompt
 
@@ -663,7 +663,7 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
     from datagen_operator.api.resolve import resolve_model
     from datagen_operator.prompts.render import load_tokenizer
 
-    run_file = run_file or output / "run.yaml"
+    run_file = run_file or OutputLayout(output).run_file
     spec = anchor_paths(load_run(run_file), run_file.resolve().parent).spec if run_file.exists() else None
     directory = tokenizer_dir or (spec.model.tokenizer_dir if spec else None)
     if not directory or not Path(directory).is_dir():
@@ -672,26 +672,12 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
     return load_tokenizer(directory, trust_remote_code=trust)
 
 
-def _run_spec(output: Path, run_file: Path | None) -> DataGenRunSpec | None:
-    """The run's spec with its paths as this machine reads them (as `datagen verify` loads it): a local run's
-    relative paths against its manifest's folder; a cluster run's left as written, for on_this_machine."""
-    from datagen_operator.api import anchor_paths, load_run
-
-    run_file = run_file or output / "run.yaml"
-    if not run_file.exists():
-        return None
-    run = load_run(run_file)
-    if run.spec.output.volume is not None or run.spec.dataset.volume is not None:
-        return run.spec
-    return anchor_paths(run, run_file.resolve().parent).spec
-
-
 def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tuple[DatasetSource | None, str]:
     """The run's dataset: --dataset, else spec.dataset.path from OUTPUT/run.yaml (found on the output's volume for a
     cluster run, as `datagen verify` finds it); read with the run's dataset format and id field. None and why not."""
-    from datagen_operator.checks.verify import on_this_machine
+    from datagen_operator.checks.verify import load_run_spec, on_this_machine
 
-    spec = _run_spec(output, run_file)
+    spec = load_run_spec(output, run_file)
     form: DatasetFormat = spec.dataset.format if spec is not None else "auto"
     id_field = spec.dataset.id_field if spec is not None else None
     if dataset:
@@ -700,7 +686,7 @@ def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tu
             return None, f"--dataset {dataset}: not a file"
         return DatasetSource(path, form, id_field), ""
     if spec is None:
-        return None, f"no {run_file or output / 'run.yaml'} to find the dataset from: pass --dataset FILE"
+        return None, f"no {run_file or OutputLayout(output).run_file} to find the dataset from: pass --dataset FILE"
     found, notes = on_this_machine(spec, output)
     if found is None:
         return None, "; ".join(notes) or "the run's dataset is not found here: pass --dataset FILE"
@@ -835,7 +821,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
     try:
         verified = verify_here(
             output,
-            Path(args.run) if args.run else output / "run.yaml",
+            Path(args.run) if args.run else None,
             tokenizer_dir=args.tokenizer,
             dataset=args.dataset,
             trust_remote_code=args.trust_remote_code,

@@ -53,6 +53,7 @@ from datagen_operator.control.progress import counters_from_snapshots
 from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
+from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class LocalRunner:
         self.spec = self.run.spec
         self.resolved = resolve_model(self.spec)
         self.logs = self.output / "logs"
-        self.run_file = self.output / "run.yaml"
+        self.run_file = OutputLayout(self.output).run_file
         self.conditions: list[Condition] = []
         self.servers: list[tuple[Child, str]] = []
         self.server_exits: dict[int, float] = {}

@@ -94,6 +94,11 @@ class OutputLayout:
         return self.root / "manifest.json"
 
     @property
+    def run_file(self) -> Path:
+        """The run's manifest, kept with its data: what `datagen verify OUTPUT` and `datagen export` read."""
+        return self.root / "run.yaml"
+
+    @property
     def manifest_lock(self) -> Path:
         return self.root / ".manifest.lock"
 

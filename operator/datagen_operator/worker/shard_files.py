@@ -54,7 +54,7 @@ def claim_output(layout: OutputLayout, c: WorkerConfig, fingerprint: dict[str, A
 def keep_run_file(c: WorkerConfig) -> None:
     """OUTPUT/run.yaml, as `datagen run` writes it, once the output is ours (fingerprint claimed). Every
     shard writes the same applied manifest; the rename makes each write whole."""
-    source, target = c.run_file, c.output / "run.yaml"
+    source, target = c.run_file, OutputLayout(c.output).run_file
     if source is None or (target.exists() and target.samefile(source)):
         return
     staging = target.with_name(f".run.yaml.{c.shard_index}.tmp")
