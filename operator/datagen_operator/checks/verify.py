@@ -978,6 +978,19 @@ def verify_here(
     return HostVerification(report, notes)
 
 
+def verify_as_asked(output: Path, args: argparse.Namespace, *, fidelity: bool | None) -> HostVerification:
+    """verify_here with what a step program's shared arguments asked for (--run, --tokenizer, --dataset,
+    --trust-remote-code): `datagen verify`, and `datagen export`'s gate."""
+    return verify_here(
+        output,
+        Path(args.run) if args.run else None,
+        tokenizer_dir=args.tokenizer,
+        dataset=args.dataset,
+        trust_remote_code=args.trust_remote_code,
+        fidelity=fidelity,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`datagen verify`'s arguments; what the shells pass is api/commands.py's VerifyCommand."""
     parser = argparse.ArgumentParser(prog="datagen verify", description="Check an output directory for faithfulness.")
@@ -1011,14 +1024,7 @@ def main(argv: list[str]) -> int:
         write_verdict(StepOutcome(False, Reason.NO_RECORDS, line), args.termination_log, echo=False)
         return code
     try:
-        verified = verify_here(
-            output,
-            Path(args.run) if args.run else None,
-            tokenizer_dir=args.tokenizer,
-            dataset=args.dataset,
-            trust_remote_code=args.trust_remote_code,
-            fidelity=not args.no_fidelity,
-        )
+        verified = verify_as_asked(output, args, fidelity=not args.no_fidelity)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

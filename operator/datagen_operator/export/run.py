@@ -811,7 +811,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
     (a halted run's, or not a run's at all) has nothing to export. Otherwise the output is verified first, as
     `datagen verify` would here (prompts re-rendered where the tokenizer and dataset are found): training on
     data that failed a check is what this project exists to prevent, so that takes --allow-unverified."""
-    from datagen_operator.checks.verify import nothing_to_verify, verify_here
+    from datagen_operator.checks.verify import nothing_to_verify, verify_as_asked
 
     empty = nothing_to_verify(output)
     if empty is not None:
@@ -819,14 +819,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
     if args.allow_unverified:
         return None
     try:
-        verified = verify_here(
-            output,
-            Path(args.run) if args.run else None,
-            tokenizer_dir=args.tokenizer,
-            dataset=args.dataset,
-            trust_remote_code=args.trust_remote_code,
-            fidelity=None,
-        )
+        verified = verify_as_asked(output, args, fidelity=None)
     except ValueError as error:
         return f"{output} cannot be verified here ({error}); --allow-unverified exports it anyway", EXIT_FAILED_VERDICT
     failed = [check for check in verified.report.checks if not check.passed]
