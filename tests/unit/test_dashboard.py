@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 
 from datagen_operator.api.progress import ShardProgress
+from datagen_operator.control.observed import ServerObservation
 from datagen_operator.k8s import metrics
 from datagen_operator.worker.metrics import ProgressCollector
 
@@ -43,6 +44,30 @@ def exported() -> set[str]:
     """Every series name the operator and the workers serve."""
     worker = ProgressCollector(lambda: ShardProgress(shard=0, shard_count=1))
     return series_names(metrics.REGISTRY.collect()) | series_names(worker.collect())
+
+
+PROBE_STATUS = {
+    "phase": "Running",
+    "conditions": [{"type": "ServerReady", "status": "True", "reason": "Ready"}],
+    "progress": {"recordsTotal": 10, "recordsDone": 5},
+    "checks": [{"name": "termination", "passed": True, "rate": 0.0, "bound": 0.1, "threshold": 0.05}],
+}
+
+
+def exported_labels() -> dict[str, set[str]]:
+    """The label names of each series name that has samples: one run observed with every field set (then
+    forgotten), and a worker's snapshot. A family without samples (a counter nothing counted yet) is absent."""
+    metrics.observe_status("dashboard-test", "probe", PROBE_STATUS, ServerObservation(replicas_wanted=1), 1.0)
+    try:
+        families = [*metrics.REGISTRY.collect()]
+    finally:
+        metrics.forget_run("dashboard-test", "probe")
+    worker = ProgressCollector(lambda: ShardProgress(shard=0, shard_count=1))
+    labels: dict[str, set[str]] = {}
+    for family in [*families, *worker.collect()]:
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    return labels
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
@@ -78,6 +103,22 @@ def variable_expr(query: str) -> str:
         if match:
             return match[1]
     raise AssertionError(f"a variable query this test cannot read: {query!r}")
+
+
+_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}")
+_MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_LEGEND = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+def label_names(expr: str) -> tuple[dict[str, set[str]], set[str]]:
+    """The label names a PromQL expression matches on, by metric (`m{a="x"}`), and those it groups by."""
+    text = _STRING.sub('""', expr)
+    matched: dict[str, set[str]] = {}
+    for metric, matchers in _SELECTOR.findall(text):
+        matched.setdefault(metric, set()).update(_MATCHER.findall(matchers))
+    grouped = {name.strip() for names in _GROUPING.findall(text) for name in names.split(",") if name.strip()}
+    return matched, grouped
 
 
 def load() -> dict[str, Any]:
@@ -126,6 +167,38 @@ def test_a_metric_nothing_exports_is_caught() -> None:
     unknown = unknown_metrics(dashboard, exported())
     assert [sorted(names) for names in unknown.values()] == [["datagen_run_made_up"], ["datagen_condition_transitions"]]
     assert all(where.endswith(("target Z", "target Y")) for where in unknown)
+
+
+def wrong_labels(dashboard: dict[str, Any], labels: dict[str, set[str]]) -> list[str]:
+    """Label names a query matches, groups by or shows in its legend that its metrics do not carry."""
+    wrong: list[str] = []
+    targets = [
+        (f"panel {p['id']} {p['title']!r} {t['refId']}", t) for p in data_panels(dashboard) for t in p["targets"]
+    ]
+    for where, target in targets:
+        matched, grouped = label_names(target["expr"])
+        carried = set().union(*(labels.get(m, set()) for m in metric_names(target["expr"])))
+        for metric, names in matched.items():
+            wrong += [f"{where}: {metric} has no label {name}" for name in sorted(names - labels.get(metric, set()))]
+        shown = set(_LEGEND.findall(target.get("legendFormat", "")))
+        wrong += [f"{where}: no label {name} to group by or show" for name in sorted((grouped | shown) - carried)]
+    return wrong
+
+
+def test_every_label_a_panel_matches_or_shows_is_carried() -> None:
+    """namespace, name, check and phase: a panel filtered on a label its metric lacks shows nothing."""
+    labels = exported_labels()
+    assert labels["datagen_run_check_rate"] == {"namespace", "name", "check"}
+    assert not wrong_labels(load(), labels)
+    broken = load()
+    first = next(data_panels(broken))
+    first["targets"][0]["legendFormat"] = "{{exported_namespace}}/{{name}}"
+    first["targets"].append({"refId": "Z", "expr": 'datagen_run_phase{check="termination"}', "legendFormat": ""})
+    where = f"panel {first['id']} {first['title']!r}"
+    assert wrong_labels(broken, labels) == [
+        f"{where} A: no label exported_namespace to group by or show",
+        f"{where} Z: datagen_run_phase has no label check",
+    ]
 
 
 @pytest.mark.parametrize(
