@@ -75,6 +75,7 @@ TRANSITIONS = Counter(
     ["type", "status", "reason"],
     registry=REGISTRY,
 )
+
 QUEUED_REASONS = frozenset({Reason.CREATING, Reason.REFUSED, Reason.UNSCHEDULABLE, Reason.PENDING})
 """ServerReady reasons that mean the server waits for a place, not for itself (loading, crashing). Admission by
 a queue (Kueue) belongs here once the operator knows it."""
