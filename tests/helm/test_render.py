@@ -188,6 +188,7 @@ def test_no_hooks_so_uninstall_runs_nothing_against_the_data(tools: Tools) -> No
         ("replica=2", "replica"),  # a typo is refused, not ignored
         ("image.digest=latest", "image.digest"),
         ("probes.port=0", "probes.port"),
+        ("grafana.dashboard.enable=true", "enable"),  # the switch is `enabled`
     ],
 )
 def test_schema_refuses_mistakes(tools: Tools, setting: str, complaint: str) -> None:
@@ -208,3 +209,32 @@ def test_operator_metrics_service_and_optional_service_monitor(tools: Tools) -> 
     plain = tools.template("--set", "metrics.operator.enabled=false")
     assert not any(a.startswith("--metrics-port") for a in operator_container(plain)["args"])
     assert not [d for d in plain if d["kind"] in ("ServiceMonitor",) or d["metadata"]["name"].endswith("-metrics")]
+
+
+def test_grafana_dashboard_configmap_only_when_enabled(tools: Tools) -> None:
+    """Off by default; on, one ConfigMap with the sidecar's label holding the chart's dashboard file as it is."""
+    assert not [d for d in tools.template() if d["metadata"]["name"].endswith("-dashboard")]
+    documents = tools.template("--set", "grafana.dashboard.enabled=true")
+    (configmap,) = [d for d in by_kind(documents, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "datagen-system"
+    dashboard = (CHART / "dashboards" / "datagen-operator.json").read_text()
+    assert json.loads(configmap["data"]["datagen-operator.json"]) == json.loads(dashboard)
+    custom = tools.template(
+        "--set",
+        "grafana.dashboard.enabled=true,grafana.dashboard.label=dashboards,grafana.dashboard.labelValue=datagen",
+        "--set",
+        "grafana.dashboard.namespace=monitoring,grafana.dashboard.annotations.grafana_folder=datagen",
+    )
+    (configmap,) = [d for d in by_kind(custom, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    assert configmap["metadata"]["labels"]["dashboards"] == "datagen"
+    assert "grafana_dashboard" not in configmap["metadata"]["labels"]
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "datagen"}
+
+
+def test_service_monitor_keeps_the_runs_namespace_label(tools: Tools) -> None:
+    """A run's series carry `namespace` (the run's): without honorLabels Prometheus would rename it
+    exported_namespace and put the operator's namespace in its place, and the dashboard's filters would miss."""
+    documents = tools.template("--set", "metrics.operator.serviceMonitor.enabled=true")
+    assert one(documents, "ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"] is True

@@ -44,6 +44,8 @@ class StatusWriter:
         self.status: dict[str, Any] | None = None
         """The status this operator last wrote; the watch may lag behind it."""
         self.last_write = 0.0
+        self.queued_since: float | None = None
+        """Since when the run's server has waited for a place (metrics.queued_since); this process's clock."""
 
     def last(self, body: Mapping[str, Any]) -> DataGenRunStatus:
         """The run's status as this operator last wrote it (the run's own until the first write)."""
@@ -65,7 +67,9 @@ class StatusWriter:
         status = self._status(old, decision, generation, now, extra, observed, facts)
         new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         before = old.model_dump(mode="json", by_alias=True, exclude_none=True)
-        metrics.observe_status(self.namespace, self.name, new)
+        self.queued_since = metrics.queued_since(new, self.queued_since, now.timestamp())
+        queued = 0.0 if self.queued_since is None else max(0.0, now.timestamp() - self.queued_since)
+        metrics.observe_status(self.namespace, self.name, new, observed.server if observed else None, queued)
         if not self._due(new, before):
             return True
         # Merge patch: keys set to None clear what this pass no longer reports.
