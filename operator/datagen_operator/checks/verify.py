@@ -62,6 +62,8 @@ class VerifyReport:
     fingerprint_sha256: str | None = None
     set_aside: dict[str, int] = field(default_factory=dict)
     """cause -> dataset lines or prompts set aside unsent (listed in rejects.jsonl)."""
+    expectations: rc.Expectations | None = None
+    """What the records were judged by (where reasoning ends): the HTML report's lengths use the same."""
 
     @property
     def passed(self) -> bool:
@@ -470,8 +472,9 @@ def verify_output(
             checks.append(line_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
-        str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
-    )
+        str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes,
+        expectations=expect,
+    )  # fmt: skip
 
 
 def stored_record_counts(output: Path, expect: rc.Expectations) -> RecordCounts:
@@ -994,6 +997,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-fidelity", action="store_true", help="skip re-rendering prompts")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report with plots here")
     parser.add_argument("--termination-log", help="also write the compact verdict here (Kubernetes)")
     return parser
 
@@ -1034,6 +1038,10 @@ def main(argv: list[str]) -> int:
         for note in verified.notes:
             print(f"note: {note}")
         render_report(report)
+    if args.html:
+        from datagen_operator.checks.report_html import write_html_report
+
+        print(f"HTML report: {args.html} ({write_html_report(Path(args.html), report)} bytes)", file=sys.stderr)
     if args.termination_log:
         Path(args.termination_log).write_bytes(report.outcome().for_storage())
     return EXIT_OK if report.passed else EXIT_FAILED_VERDICT
