@@ -184,4 +184,4 @@ def test_lengths_are_where_the_think_end_is(regenerated: Path) -> None:
 
 def test_an_output_without_done_at_says_so() -> None:
     plot = throughput_plot(np.full(3, np.nan), np.ones(3, np.int64))
-    assert plot.traces == () and "3 records have no done_at" in plot.note
+    assert plot.traces == () and "3 records without done_at" in plot.note

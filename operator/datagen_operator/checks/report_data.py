@@ -125,7 +125,7 @@ def length_plot(plot_id: str, title: str, values: npt.NDArray[np.int64], turns: 
     regenerated conversations (turns past 0), over shared bins."""
     present = values >= 0
     absent = int((~present).sum())
-    note = f"{absent} records have no think end and are left out" if absent else ""
+    note = f"{_records(absent)} without a think end left out" if absent else ""
     values, turns = values[present], turns[present]
     if not len(values):
         return Plot(plot_id, title, "tokens", "records", (), note or "no records")
@@ -138,7 +138,7 @@ def length_plot(plot_id: str, title: str, values: npt.NDArray[np.int64], turns: 
         counts, _ = np.histogram(values[turns == turn], edges)
         name = f"turn {turn}" if len(by_turn) > 1 or turn else "records"
         traces.append(Trace(name, "bar", centres, counts.astype(float).tolist(), width))
-    shown = f"median {int(np.median(values))}, max {int(values.max())} tokens over {len(values)} records"
+    shown = f"median {int(np.median(values))}, max {int(values.max())} tokens over {_records(len(values))}"
     return Plot(plot_id, title, "tokens", "records", tuple(traces), "; ".join(filter(None, [shown, note])))
 
 
@@ -177,7 +177,7 @@ def throughput_plot(done_at: npt.NDArray[np.float64], outputs: npt.NDArray[np.in
     the first answer to the last (a resumed run's pause shows as empty bins)."""
     timed = ~np.isnan(done_at)
     untimed = int((~timed).sum())
-    note = f"{untimed} records have no done_at (written before the column) and are left out" if untimed else ""
+    note = f"{_records(untimed)} without done_at (written before the column) left out" if untimed else ""
     times, tokens = done_at[timed], outputs[timed]
     if not len(times):
         return Plot("throughput", "Throughput over time", "seconds", "output tokens/s", (), note or "no records")
@@ -188,8 +188,12 @@ def throughput_plot(done_at: npt.NDArray[np.float64], outputs: npt.NDArray[np.in
     per_bin = np.bincount(slot, weights=tokens.astype(np.float64), minlength=bins)
     x = (width * (np.arange(bins) + 1)).round(3).tolist()  # each bin at its end: tokens answered by then
     rate = (per_bin / width).round(1).tolist()
-    whole = f"{int(tokens.sum())} output tokens in {span:.1f} s from the first answer to the last"
+    whole = f"{int(tokens.sum())} output tokens in {span:.3g} s from the first answer to the last"
     return Plot(
         "throughput", "Throughput over time", "seconds since the first answer", "output tokens/s",
         (Trace("output tokens/s", "line", x, rate),), "; ".join(filter(None, [whole, note])),
     )  # fmt: skip
+
+
+def _records(n: int) -> str:
+    return f"{n} record" if n == 1 else f"{n} records"
