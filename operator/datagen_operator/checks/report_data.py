@@ -88,10 +88,10 @@ class Columns:
             else times.cast("float64").fill_null(np.nan).to_numpy(zero_copy_only=False)
         )
         # The stored JSON strings are few distinct values: count them, then decode each once.
-        texts = Counter(batch.column("finish_reason").to_pylist())
-        for text, n in texts.items():
+        for entry in pc.value_counts(batch.column("finish_reason")).to_pylist():
+            text = entry["values"]
             kind = finish_type(orjson.loads(text)) if text else None
-            self.finish[kind or "none"] += n
+            self.finish[kind or "none"] += entry["counts"]
 
 
 def gather(batches: Iterable[Any], expect: Expectations) -> Columns:
