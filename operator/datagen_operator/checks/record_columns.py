@@ -252,8 +252,11 @@ class _ThinkSpan:
 
     starts_in_prompt: Any
     closes: Any
+    """The prompt closes an empty think block (thinking off)."""
     decided: Any
+    """The prompt-tail facts are exact from the window looked at (else the row is checked one by one)."""
     opened_at: Any
+    """The think opener's position in the output, or -1."""
     end_anywhere: Any
     reasoning_from: Any
     end_at: Any
@@ -308,9 +311,9 @@ class TokenLengths:
 
 
 def token_lengths(batch: Any, expect: Expectations) -> TokenLengths:
-    """The lengths a person looks at before training (`datagen verify --html`), over a batch with COLUMNS. Rows
-    are judged by the run's thinking switch (a line's own switch only moves where a prompt-opened reasoning
-    starts)."""
+    """The lengths a person looks at before training (`datagen verify --html`), over a batch with input_ids and
+    output_ids. Rows are judged by the run's thinking switch (a line's own switch only moves where a prompt-opened
+    reasoning starts)."""
     outputs = _Lists(batch.column("output_ids"))
     prompt = _Lists(batch.column("input_ids")).lengths
     if expect.think_end_id is None:
