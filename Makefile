@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv testbin test test-fast test-consumers lint demo dev-cluster crd bench images clean dist
+.PHONY: venv testbin chromium test test-fast test-consumers lint demo dev-cluster crd bench images clean dist
 
 # The checkout, installed editable with the dev extras. pip's own output is hundreds of lines: show one line
 # per package it fetches (the first time this takes a minute or more) instead of nothing.
@@ -24,11 +24,15 @@ venv: $(VENV)/.installed
 testbin: venv
 	PYTHON=$(PY) bash hack/testbin/build.sh
 
-test: venv testbin
+# Debian's chromium, for the test that opens a `datagen verify --html` page headless (installed once).
+chromium:
+	bash hack/chromium.sh
+
+test: venv testbin chromium
 	PYTHON=$(PY) $(PY) -m pytest -q -ra
 
 # Everything but the tests that need the control plane.
-test-fast: venv
+test-fast: venv chromium
 	$(PY) -m pytest -q -ra -m 'not cluster'
 
 # Opt-in: speculators' own preprocessing on a `datagen export` (torch; a separate venv outside the repo).

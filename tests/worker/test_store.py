@@ -30,6 +30,7 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "completion_tokens": n_out,
         "cached_tokens": 1,
         "latency_s": 0.5,
+        "done_at": 1_796_000_000.125,  # when the answer arrived, Unix seconds
         "server": "http://127.0.0.1:1",
         "attempts": 1,
         "has_tools": False,

@@ -246,8 +246,24 @@ def _batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
     return BatchFlags(combos, combo_of_row.reshape(-1))
 
 
-def _reasoning(batch: Any, outputs: _Lists, expect: Expectations) -> tuple[Any, Any]:
-    """The reasoning facts' bits per row, and the rows whose prompt tail must be checked one by one."""
+@dataclass(frozen=True)
+class _ThinkSpan:
+    """Where each row's reasoning starts and ends in its output (positions within the row's list)."""
+
+    starts_in_prompt: Any
+    closes: Any
+    """The prompt closes an empty think block (thinking off)."""
+    decided: Any
+    """The prompt-tail facts are exact from the window looked at (else the row is checked one by one)."""
+    opened_at: Any
+    """The think opener's position in the output, or -1."""
+    end_anywhere: Any
+    reasoning_from: Any
+    end_at: Any
+    """The first think end at or after reasoning_from, or -1."""
+
+
+def _think_span(batch: Any, outputs: _Lists, expect: Expectations) -> _ThinkSpan:
     n = len(outputs.starts)
     end_id = expect.think_end_id
     assert end_id is not None
@@ -261,15 +277,49 @@ def _reasoning(batch: Any, outputs: _Lists, expect: Expectations) -> tuple[Any, 
         starts_in_prompt, closes, decided = np.zeros(n, bool), np.zeros(n, bool), np.ones(n, bool)
     reasoning_from = np.where(starts_in_prompt | (opened_at < 0), 0, opened_at + len(opener))
     end_at = outputs.first_at_or_after(ends, reasoning_from)
+    return _ThinkSpan(starts_in_prompt, closes, decided, opened_at, end_anywhere, reasoning_from, end_at)
+
+
+def _reasoning(batch: Any, outputs: _Lists, expect: Expectations) -> tuple[Any, Any]:
+    """The reasoning facts' bits per row, and the rows whose prompt tail must be checked one by one."""
+    span = _think_span(batch, outputs, expect)
+    end_at, reasoning_from = span.end_at, span.reasoning_from
     reasoning = np.where(end_at < 0, NO_THINK_END_FOUND, np.where(end_at - reasoning_from <= 0, EMPTY, WRITTEN))
     reasoning = reasoning.astype(np.int64)
     bits = {
-        "reasoning_starts_in_prompt": starts_in_prompt,
-        "prompt_closes_think": closes,
-        "opener_in_output": opened_at >= 0,
-        "think_end_in_output": end_anywhere,
+        "reasoning_starts_in_prompt": span.starts_in_prompt,
+        "prompt_closes_think": span.closes,
+        "opener_in_output": span.opened_at >= 0,
+        "think_end_in_output": span.end_anywhere,
     }
     code = reasoning << _REASONING_SHIFT
     for name, values in bits.items():
         code |= values.astype(np.int64) << (2 + _BOOLS.index(name))
-    return code, ~decided
+    return code, ~span.decided
+
+
+@dataclass(frozen=True)
+class TokenLengths:
+    """Per row of a batch, in tokens: the prompt, the reasoning and the answer after it."""
+
+    prompt: Any
+    reasoning: Any
+    """np.ndarray: tokens between where the reasoning starts and the think end, as the checks place them; -1 where
+    the output holds no think end (or the model has none)."""
+    answer: Any
+    """np.ndarray: tokens after the think end, the whole output where there is none."""
+
+
+def token_lengths(batch: Any, expect: Expectations) -> TokenLengths:
+    """The lengths a person looks at before training (`datagen verify --html`), over a batch with input_ids and
+    output_ids. Rows are judged by the run's thinking switch (a line's own switch only moves where a prompt-opened
+    reasoning starts)."""
+    outputs = _Lists(batch.column("output_ids"))
+    prompt = _Lists(batch.column("input_ids")).lengths
+    if expect.think_end_id is None:
+        return TokenLengths(prompt, np.full(len(prompt), -1, np.int64), outputs.lengths)
+    span = _think_span(batch, outputs, expect)
+    found = span.end_at >= 0
+    reasoning = np.where(found, span.end_at - span.reasoning_from, -1)
+    answer = np.where(found, outputs.lengths - span.end_at - 1, outputs.lengths)
+    return TokenLengths(prompt, reasoning, answer)

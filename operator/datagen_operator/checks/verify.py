@@ -65,6 +65,8 @@ class VerifyReport:
     fingerprint_sha256: str | None = None
     set_aside: dict[str, int] = field(default_factory=dict)
     """cause -> dataset lines or prompts set aside unsent (listed in rejects.jsonl)."""
+    expectations: rc.Expectations | None = None
+    """What the records were judged by (where reasoning ends): the HTML report's lengths use the same."""
 
     @property
     def passed(self) -> bool:
@@ -473,8 +475,9 @@ def verify_output(
             checks.append(line_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
-        str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes
-    )
+        str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes,
+        expectations=expect,
+    )  # fmt: skip
 
 
 def stored_record_counts(output: Path, expect: rc.Expectations) -> RecordCounts:
@@ -1004,6 +1007,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trust_remote_code(parser)
     parser.add_argument("--no-fidelity", action="store_true", help="skip re-rendering prompts")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report with plots here")
     return parser
 
 
@@ -1035,4 +1039,8 @@ def main(argv: list[str]) -> int:
         for note in verified.notes:
             print(f"note: {note}")
         render_report(report)
+    if args.html:
+        from datagen_operator.checks.report_html import write_html_report
+
+        print(f"HTML report: {args.html} ({write_html_report(Path(args.html), report)} bytes)", file=sys.stderr)
     return write_verdict(report.outcome(), args.termination_log, echo=False)

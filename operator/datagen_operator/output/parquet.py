@@ -47,6 +47,7 @@ def parquet_schema() -> pa.Schema:
             ("completion_tokens", pa.int32()),
             ("cached_tokens", pa.int32()),
             ("latency_s", pa.float64()),
+            ("done_at", pa.float64()),
             ("server", pa.string()),
             ("attempts", pa.int32()),
             ("has_tools", pa.bool_()),

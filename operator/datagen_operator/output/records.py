@@ -63,6 +63,8 @@ class Answer:
     server: str
     attempts: int
     latency_s: float
+    done_at: float | None = None
+    """When the answer arrived (Unix seconds): the report's throughput over time (compaction keeps dataset order)."""
 
 
 def build_record(
@@ -82,6 +84,7 @@ def build_record(
         "completion_tokens": meta.get("completion_tokens"),
         "cached_tokens": meta.get("cached_tokens"),
         "latency_s": round(answer.latency_s, 4),
+        "done_at": None if answer.done_at is None else round(answer.done_at, 3),
         "server": answer.server,
         "attempts": answer.attempts,
         "has_tools": job.has_tools,

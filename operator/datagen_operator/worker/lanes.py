@@ -6,6 +6,7 @@ turns go out in order and no lane waits on another's conversation."""
 from __future__ import annotations
 
 import logging
+import time
 
 from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_SERVER_UNREACHABLE
 from datagen_operator.api.reasons import Reason
@@ -106,7 +107,7 @@ class Lanes:
             self.inputs.expect_for(job.thinking),
             meta.get("num_retractions"),
         )
-        answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s)
+        answer = Answer(reply.output_ids, meta, reply.server, reply.attempts, reply.latency_s, time.time())
         split = None
         if job.conversation is not None and self.turns is not None:
             split = self.turns.split(job, reply.output_ids, meta.get("finish_reason"))
