@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.report_data import COLUMNS, Plot, gather, plots, throughput_plot
 from datagen_operator.checks.verify import verify_here
 from datagen_operator.cli import main as datagen
@@ -47,7 +48,7 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     document = spec(write_dataset(root / "chats.jsonl", chats(24)), output, **changes)
     with start_sim(*SIM_FLAGS, "--sim-seed", "3") as sim:
         assert run_inprocess(document, [sim.url]) == EXIT_OK
-    run = {"apiVersion": "datagen.dev/v1alpha1", "kind": "DataGenRun", "metadata": {"name": "r"}, "spec": document}
+    run = {"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "r"}, "spec": document}
     (output / "run.yaml").write_text(yaml.safe_dump(run))
     return output
 
