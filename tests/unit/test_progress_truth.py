@@ -160,3 +160,11 @@ def test_a_run_that_stops_shows_no_rate() -> None:
     assert said["Progressing"] == {u.type: u.message for u in later.updates}["Progressing"]
     assert "50" not in said["Progressing"] and later.progress is not None
     assert later.progress.summary == "90/2000 prompts"
+
+
+def test_server_refusals_and_set_aside_prompts_are_shown_apart() -> None:
+    counted = replace_counts(counters(records=5, read=10, done=10, rate=0.0),
+                             Counts(records=5, refused=3, set_aside={"bad_json": 1, "too_long": 1}))  # fmt: skip
+    p = progress_of(counted, 1, 1, dataset_prompts=10, rate=False)
+    assert (p.refused, p.set_aside) == (3, {"bad_json": 1, "too_long": 1})
+    assert p.summary == "8/10 prompts, 3 refused, 2 set aside"
