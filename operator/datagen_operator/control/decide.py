@@ -628,9 +628,9 @@ def _rolling_checks(
 ) -> tuple[bool, tuple[CheckResult, ...]]:
     """DataFaithful over the records so far (appended to `updates`): (faithful, the checks)."""
     checks: tuple[CheckResult, ...] = ()
-    tally = observed.progress.counts if observed.progress else None
-    if tally is None or tally.records < MIN_RECORDS_TO_JUDGE:
-        have = tally.records if tally else 0
+    counts = observed.progress.counts if observed.progress else None
+    if counts is None or counts.records < MIN_RECORDS_TO_JUDGE:
+        have = counts.records if counts else 0
         updates.append(
             _u(
                 DATA_FAITHFUL,
@@ -641,7 +641,7 @@ def _rolling_checks(
         )
         faithful = True
     else:
-        checks = tuple(evaluate(tally, context))
+        checks = tuple(evaluate(counts, context))
         failed = [c for c in checks if not c.passed]
         faithful = not failed
         counted = observed.progress
@@ -654,7 +654,7 @@ def _rolling_checks(
                     DATA_FAITHFUL,
                     "True",
                     Reason.WITHIN_THRESHOLDS,
-                    f"{len(checks)} checks pass over {tally.records} records{turns}",
+                    f"{len(checks)} checks pass over {counts.records} records{turns}",
                 )
             )
         else:
