@@ -59,8 +59,8 @@ def test_server_entries_split_into_refusals_and_failures() -> None:
     server = {(e["id"], e["sample"]): e for e in entries}
     aside = SetAside({"f": "too_long"}, {"too_long": 1, "bad_json": 2})
     written = Counts(records=3, tool_records=1)
-    tally = _output_counts(written, server, 6, aside)
-    assert (tally.refused, tally.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
-    assert (tally.unusable, tally.too_long) == (2, 1)
-    assert tally.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
+    counts = _output_counts(written, server, 6, aside)
+    assert (counts.refused, counts.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
+    assert (counts.unusable, counts.too_long) == (2, 1)
+    assert counts.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
     assert _output_counts(written, server, 10, aside).lines == 10 + 2  # a dataset of 10 valid prompts

@@ -25,8 +25,8 @@ def test_clean_tally_passes_everything() -> None:
 
 
 def test_thinking_off_render_verdict_names_the_fix() -> None:
-    tally = Counts(records=8, flags={rc.NO_THINK_END: 8, rc.PROMPT_CLOSES_THINK: 8})
-    reasoning = by_name(evaluate(tally, CTX))["reasoning_captured"]
+    counts = Counts(records=8, flags={rc.NO_THINK_END: 8, rc.PROMPT_CLOSES_THINK: 8})
+    reasoning = by_name(evaluate(counts, CTX))["reasoning_captured"]
     assert not reasoning.passed
     assert reasoning.verdict.startswith("no `</think>` (163607) in 8/8 outputs")
     assert "the prompts end with `<think></think>`" in reasoning.verdict
@@ -42,8 +42,8 @@ def test_reasoning_rate_threshold() -> None:
 
 
 def test_prompt_suffix_leak_verdict() -> None:
-    tally = Counts(records=10, flags={rc.TOKEN_COUNT_MISMATCH: 10, rc.PROMPT_SUFFIX_LEAK: 10})
-    result = by_name(evaluate(tally, CTX))["token_counts"]
+    counts = Counts(records=10, flags={rc.TOKEN_COUNT_MISMATCH: 10, rc.PROMPT_SUFFIX_LEAK: 10})
+    result = by_name(evaluate(counts, CTX))["token_counts"]
     assert not result.passed and "prompt-suffix" in result.verdict and "10896" in result.verdict
 
 
@@ -72,8 +72,8 @@ QWEN3 = CheckContext(True, "qwen3", "<think>", "</think>", 151668, ChecksSpec())
 
 def test_other_markers_are_named_instead_of_does_not_think() -> None:
     seen = MarkersSeen(MarkersWritten(OLD_KIMI, opener_written=True), outputs=7, families=("qwen3",))
-    tally = Counts(records=7, flags={rc.NO_THINK_START: 7})
-    reasoning = by_name(evaluate(tally, replace(QWEN3, markers_seen=seen)))["reasoning_captured"]
+    counts = Counts(records=7, flags={rc.NO_THINK_START: 7})
+    reasoning = by_name(evaluate(counts, replace(QWEN3, markers_seen=seen)))["reasoning_captured"]
     assert not reasoning.passed and reasoning.count == 7
     assert reasoning.verdict.startswith(
         "7/7 outputs write `◁think▷`…`◁/think▷`, not qwen3's `<think>`…`</think>` (151668): the model at "
@@ -85,8 +85,8 @@ def test_other_markers_are_named_instead_of_does_not_think() -> None:
 
 def test_a_closer_alone_is_named_when_the_template_opened_the_reasoning() -> None:
     seen = MarkersSeen(MarkersWritten(OLD_KIMI, opener_written=False), outputs=7, families=("kimi-k2",))
-    tally = Counts(records=7, flags={rc.NO_THINK_END: 7})
-    reasoning = by_name(evaluate(tally, replace(CTX, markers_seen=seen)))["reasoning_captured"]
+    counts = Counts(records=7, flags={rc.NO_THINK_END: 7})
+    reasoning = by_name(evaluate(counts, replace(CTX, markers_seen=seen)))["reasoning_captured"]
     assert reasoning.verdict.startswith("7/7 outputs write `◁/think▷`, not kimi-k2.5's `<think>`…`</think>` (163607)")
 
 
@@ -94,8 +94,8 @@ def test_markers_of_a_preset_name_that_preset() -> None:
     """A gpt-oss run whose model writes `<think>` itself, on a Qwen3 vocabulary: the Qwen3 hybrid is the model."""
     gpt_oss = CheckContext(True, "gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", 200007, ChecksSpec())
     seen = MarkersSeen(MarkersWritten(THINK, True), outputs=3, families=("qwen3", "qwen3-thinking-2507"))
-    tally = Counts(records=3, flags={rc.NO_THINK_START: 3})
-    verdict = by_name(evaluate(tally, replace(gpt_oss, markers_seen=seen)))["reasoning_captured"].verdict
+    counts = Counts(records=3, flags={rc.NO_THINK_START: 3})
+    verdict = by_name(evaluate(counts, replace(gpt_oss, markers_seen=seen)))["reasoning_captured"].verdict
     assert "not gpt-oss's `<|channel|>analysis<|message|>`…`<|end|>` (200007)" in verdict
     assert "they are preset qwen3's (reasoning parser qwen3): point model.path at a gpt-oss model, or set " in verdict
     assert "model.preset: qwen3" in verdict

@@ -26,8 +26,8 @@ from tests.unit.decide_world import conditions, context, running, spec
 CTX = context(spec())
 
 
-def failing(tally: Counts) -> set[str]:
-    return {check.name for check in evaluate(tally, CTX) if not check.passed}
+def failing(counts: Counts) -> set[str]:
+    return {check.name for check in evaluate(counts, CTX) if not check.passed}
 
 
 def shard(**fields) -> ShardProgress:
@@ -45,7 +45,7 @@ def test_an_unrenderable_prompt_is_malformed_never_a_server_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tally", "cause"),
+    ("counts", "cause"),
     [
         # Over 1,000 the fewest that are clearly over each limit (checks.rates: the 95% lower bound above it).
         (Counts(records=900, lines=1000, set_aside={"bad_json": 117}), MALFORMED),  # 11.7 % against 10 %
@@ -55,8 +55,8 @@ def test_an_unrenderable_prompt_is_malformed_never_a_server_error() -> None:
         (Counts(records=999, unwritten=1), OUTPUT_VOLUME),  # any
     ],
 )
-def test_each_cause_crosses_only_its_own_threshold(tally: Counts, cause: str) -> None:
-    assert failing(tally) == {cause}
+def test_each_cause_crosses_only_its_own_threshold(counts: Counts, cause: str) -> None:
+    assert failing(counts) == {cause}
     just_under = {
         MALFORMED: Counts(records=900, lines=1000, set_aside={"bad_json": 116}),
         TOO_LONG: Counts(records=900, lines=1000, set_aside={"too_long": 116}),

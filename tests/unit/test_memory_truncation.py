@@ -31,8 +31,8 @@ def test_a_length_finish_short_of_max_new_tokens_is_the_servers_cap() -> None:
     assert stop == frozenset()  # a short answer that stopped is just short
 
 
-def truncation(tally: Counts):
-    return next(c for c in evaluate(tally, CTX) if c.name == TRUNCATION)
+def truncation(counts: Counts):
+    return next(c for c in evaluate(counts, CTX) if c.name == TRUNCATION)
 
 
 def test_the_verdict_names_memory_where_the_pool_cut_the_answers() -> None:

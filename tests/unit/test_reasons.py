@@ -174,8 +174,8 @@ def _worlds() -> list[Observed]:
     def server(**instance: object) -> ServerObservation:
         return ServerObservation(1, (ServerInstance("srv-0", **instance),))  # type: ignore[arg-type]
 
-    def running_said(tally: Counts, **changes: object) -> Observed:
-        return replace(running(tally), parsers=SAID, canary=SAID, **changes)  # type: ignore[arg-type]
+    def running_said(counts: Counts, **changes: object) -> Observed:
+        return replace(running(counts), parsers=SAID, canary=SAID, **changes)  # type: ignore[arg-type]
 
     done = running_said(Counts(records=100), workers=WorkersObservation(8, shards_done=8))
     volume = WorkersObservation(8, shards_failed=1, failure_reason=FORWARDED, failure_message="full")
