@@ -31,7 +31,8 @@ FINISHED_STATES = frozenset({"complete", "incomplete", "drained", "failed"})
 class Counts:
     """What became of a set of records and prompts (a shard's, a run's, a whole output's, the canary's): the one
     counter the worker's snapshot, the store's segment summaries, control's sum, status.progress and
-    `datagen verify` share. Summed with `+` (a stale baseline taken off with `-`); a count is never derived twice.
+    `datagen verify` share. Many are summed by `sum_counts` (two by `+`; what a stale snapshot lost is taken off
+    with `-`); no count is derived from another twice.
 
     Server refusals (`refused`) and prompts set aside unsent (`set_aside`) are different causes: the first is the
     server's answer, the second never reached it."""
@@ -156,8 +157,8 @@ _STORED_AS = {
     "unwritten": "records_unwritten",
     "lines": "dataset_lines",
 }
-"""Counts' names in a stored snapshot, where they sit flat beside the shard's other fields (the names older
-workers wrote, kept so that either reads the other's)."""
+"""Counts' names in a stored snapshot, where they sit flat beside the shard's other fields: the names older
+workers wrote, so that a snapshot of either version reads the same."""
 
 
 @dataclass
