@@ -169,7 +169,7 @@ class Workers:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        from datagen_operator.api.progress import RecordCounts, ShardProgress
+        from datagen_operator.api.progress import Counts, ShardProgress
 
         step = 0
         while not self.stop.is_set():
@@ -179,7 +179,7 @@ class Workers:
                 records = step * 7
                 progress = ShardProgress(
                     shard=0, shard_count=1, state="running", prompts_total=PROGRESS_TOTAL, prompts_done=records,
-                    records_total=PROGRESS_TOTAL, counts=RecordCounts(records=records, prompt_tokens=records * 20,
+                    records_total=PROGRESS_TOTAL, counts=Counts(records=records, prompt_tokens=records * 20,
                     output_tokens=records * 300), in_flight=64, tokens_per_s=2100.0, servers_up=1, servers_total=1,
                     started_at=self.started_at, updated_at=time.time(),
                 )  # fmt: skip

@@ -23,7 +23,7 @@ from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary import run_canary
-from datagen_operator.checks.evaluate import TERMINATION, Tally, check_context, evaluate
+from datagen_operator.checks.evaluate import TERMINATION, check_context, evaluate
 from datagen_operator.checks.preflight import judge_existing_records
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.engine.model_configs import model_config_dir
@@ -141,7 +141,7 @@ def test_canary_worker_rolling_and_verify_flag_the_same_records(tmp_path: Path, 
     assert Counter({k: v for k, v in progress.counts.flags.items() if v}) == worker_counts
     report = verify_output(tmp_path / "out", spec, tokenizer=tokenizer, dataset=PROMPTS)
     verify_termination = next(c for c in report.checks if c.name == TERMINATION)
-    rolling = evaluate(Tally.of(progress.counts), check_context(resolve_model(spec), spec.checks, expect.think_end_id))
+    rolling = evaluate(progress.counts, check_context(resolve_model(spec), spec.checks, expect.think_end_id))
     rolling_termination = next(c for c in rolling if c.name == TERMINATION)
     # A resume's preflight recomputes the flags from the stored ids and judges them by the same thresholds.
     existing = judge_existing_records(tmp_path / "out", expect, check_context(resolve_model(spec), spec.checks, None))

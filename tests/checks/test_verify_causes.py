@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.console import Console
 
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import Counts
 from datagen_operator.checks.evaluate import MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
-from datagen_operator.checks.verify import SetAside, _output_tally, render_report
+from datagen_operator.checks.verify import SetAside, _output_counts, render_report
 from tests.checks.set_aside_output import verify_produced
 
 
@@ -58,9 +58,9 @@ def test_server_entries_split_into_refusals_and_failures() -> None:
     entries = [_server("a", 0, 400), _server("a", 1, 422), _server("b", 0, 503), _server("c", 0, 0)]
     server = {(e["id"], e["sample"]): e for e in entries}
     aside = SetAside({"f": "too_long"}, {"too_long": 1, "bad_json": 2})
-    written = RecordCounts(records=3, tool_records=1)
-    tally = _output_tally(written, server, 6, aside)
-    assert (tally.rejected, tally.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
-    assert (tally.malformed, tally.too_long) == (2, 1)
-    assert tally.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
-    assert _output_tally(written, server, 10, aside).lines == 10 + 2  # a dataset of 10 valid prompts
+    written = Counts(records=3, tool_records=1)
+    counts = _output_counts(written, server, 6, aside)
+    assert (counts.refused, counts.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
+    assert (counts.unusable, counts.too_long) == (2, 1)
+    assert counts.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
+    assert _output_counts(written, server, 10, aside).lines == 10 + 2  # a dataset of 10 valid prompts

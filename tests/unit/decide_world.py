@@ -1,12 +1,13 @@
 """The observed worlds the decision tests feed `decide`: a Kimi run, its check context, a ready server,
-passed steps, a run in flight with a given tally."""
+passed steps, a run in flight with given counts."""
 
 from __future__ import annotations
 
 from datagen_operator.api import parse_run
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.checks.evaluate import CheckContext, Tally
+from datagen_operator.checks.evaluate import CheckContext
 from datagen_operator.control.observed import (
     Observed,
     ProgressCounters,
@@ -33,8 +34,8 @@ def conditions(decision) -> dict[str, tuple[str, str]]:
     return {u.type: (u.status, u.reason) for u in decision.updates}
 
 
-def running(tally: Tally, done: int = 0) -> Observed:
-    counters = ProgressCounters(prompts_total=100, prompts_done=tally.records, tokens_per_second=5100, tally=tally)
+def running(counts: Counts, done: int = 0) -> Observed:
+    counters = ProgressCounters(prompts_total=100, prompts_done=counts.records, tokens_per_second=5100, counts=counts)
     return Observed(
         1,
         server=READY,

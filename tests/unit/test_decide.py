@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.conditions import apply_updates, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
@@ -95,21 +95,21 @@ def test_failed_canary_halts_with_no_workers() -> None:
 
 def test_rolling_checks_flip_data_faithful_and_halt() -> None:
     s = spec()
-    d = decide(s, running(Tally(records=5)), context(s))
+    d = decide(s, running(Counts(records=5)), context(s))
     assert conditions(d)["DataFaithful"] == ("Unknown", "Collecting")
-    d = decide(s, running(Tally(records=50)), context(s))
+    d = decide(s, running(Counts(records=50)), context(s))
     assert conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
     assert d.progress is not None and d.progress.summary == "50/100 prompts, 5.1k tok/s"
-    d = decide(s, running(Tally(records=50, flags={rc.NO_THINK_END: 10})), context(s))
+    d = decide(s, running(Counts(records=50, flags={rc.NO_THINK_END: 10})), context(s))
     assert conditions(d)["DataFaithful"] == ("False", "ThresholdCrossed")
     assert d.step is Step.HALTED and not d.workers_wanted
 
 
 def test_all_shards_done_then_final_verification() -> None:
     s = spec()
-    d = decide(s, running(Tally(records=100), done=8), context(s))
+    d = decide(s, running(Counts(records=100), done=8), context(s))
     assert d.step is Step.FINAL_VERIFY
-    observed = running(Tally(records=100), done=8)
+    observed = running(Counts(records=100), done=8)
     final = Observed(**{**observed.__dict__, "final": PASS})
     d = decide(s, final, context(s))
     assert d.step is Step.DONE and not d.server_wanted
@@ -216,7 +216,7 @@ def server_ready(decision) -> tuple[str, str]:
 def test_finished_workers_release_the_server_and_never_ask_for_it_back(server) -> None:
     # The pass after the release sees the server stopping: it must not scale it up again (a model reload).
     s = spec()
-    observed = replace(running(Tally(records=100), done=8), server=server)
+    observed = replace(running(Counts(records=100), done=8), server=server)
     d = decide(s, observed, context(s))
     assert d.step is Step.FINAL_VERIFY and not d.server_wanted and not d.workers_wanted
     assert server_ready(d) == ("False", "Released")
@@ -230,7 +230,7 @@ def test_finished_workers_release_the_server_and_never_ask_for_it_back(server) -
 def test_a_failed_shard_is_not_a_finished_run() -> None:
     s = spec()
     observed = replace(
-        running(Tally(records=100), done=8), workers=WorkersObservation(8, shards_done=8, shards_failed=1)
+        running(Counts(records=100), done=8), workers=WorkersObservation(8, shards_done=8, shards_failed=1)
     )
     d = decide(s, observed, context(s))
     assert d.step is Step.HALTED and conditions(d)["Succeeded"] == ("False", "WorkersFailed")
@@ -240,8 +240,8 @@ WRONG = StepOutcome(False, "Failed", "no </think>")
 HALTS = {
     "ParsersMismatch": Observed(1, preflight=PASS, server=READY, parsers=WRONG),
     "CanaryFailed": Observed(1, preflight=PASS, server=READY, parsers=PASS, canary=WRONG),
-    "ChecksFailed": running(Tally(records=50, flags={rc.NO_THINK_END: 10})),
-    "WorkersFailed": replace(running(Tally(records=5)), workers=WorkersObservation(8, shards_failed=1)),
+    "ChecksFailed": running(Counts(records=50, flags={rc.NO_THINK_END: 10})),
+    "WorkersFailed": replace(running(Counts(records=5)), workers=WorkersObservation(8, shards_failed=1)),
     "ServerFailed": Observed(
         1, preflight=PASS, server=ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=1e6),))
     ),
@@ -263,7 +263,7 @@ def test_every_halt_reads_server_ready_false(reason: str) -> None:
 
 def test_a_run_with_a_verdict_reads_server_ready_false_even_if_the_server_still_answers() -> None:
     s = spec()
-    done = replace(running(Tally(records=100), done=8), final=PASS)
+    done = replace(running(Counts(records=100), done=8), final=PASS)
     d = decide(s, done, context(s))
     assert d.step is Step.DONE and server_ready(d) == ("False", "Released")
 
@@ -276,7 +276,7 @@ def with_export(s: DataGenRunSpec) -> DataGenRunSpec:
 
 def test_a_verified_run_with_spec_export_exports_before_it_is_done() -> None:
     s = with_export(spec())
-    verified = replace(running(Tally(records=100), done=8), final=PASS)
+    verified = replace(running(Counts(records=100), done=8), final=PASS)
     d = decide(s, verified, context(s))
     assert d.step is Step.EXPORT and not d.server_wanted and not d.workers_wanted
     assert conditions(d)["Exported"] == ("Unknown", "Exporting")
@@ -295,7 +295,7 @@ def test_a_verified_run_with_spec_export_exports_before_it_is_done() -> None:
 def test_a_failed_export_fails_the_run_but_keeps_the_verified_data() -> None:
     s = with_export(spec())
     failed = StepOutcome(False, "ExportFailed", "trl: [Errno 28] No space left on device")
-    d = decide(s, replace(running(Tally(records=100), done=8), final=PASS, export=failed), context(s))
+    d = decide(s, replace(running(Counts(records=100), done=8), final=PASS, export=failed), context(s))
     assert d.step is Step.DONE and d.phase == "Failed"
     assert conditions(d)["Exported"] == ("False", "ExportFailed")
     assert conditions(d)["Succeeded"] == ("False", "ExportFailed")
@@ -305,7 +305,7 @@ def test_a_failed_export_fails_the_run_but_keeps_the_verified_data() -> None:
 def test_a_failed_verification_is_not_exported() -> None:
     s = with_export(spec())
     failed = StepOutcome(False, "ChecksFailed", "3 records failed")
-    d = decide(s, replace(running(Tally(records=100), done=8), final=failed), context(s))
+    d = decide(s, replace(running(Counts(records=100), done=8), final=failed), context(s))
     assert d.step is Step.DONE and d.phase == "Failed" and "Exported" not in conditions(d)
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import TRUNCATION, CheckContext, Tally, evaluate
+from datagen_operator.checks.evaluate import TRUNCATION, CheckContext, evaluate
 
 IM_END = 163586
 EXPECT = rc.Expectations(
@@ -30,17 +31,17 @@ def test_a_length_finish_short_of_max_new_tokens_is_the_servers_cap() -> None:
     assert stop == frozenset()  # a short answer that stopped is just short
 
 
-def truncation(tally: Tally):
-    return next(c for c in evaluate(tally, CTX) if c.name == TRUNCATION)
+def truncation(counts: Counts):
+    return next(c for c in evaluate(counts, CTX) if c.name == TRUNCATION)
 
 
 def test_the_verdict_names_memory_where_the_pool_cut_the_answers() -> None:
-    memory = truncation(Tally(records=100, flags={rc.TRUNCATED: 10, rc.TRUNCATED_BY_MEMORY: 10}))
+    memory = truncation(Counts(records=100, flags={rc.TRUNCATED: 10, rc.TRUNCATED_BY_MEMORY: 10}))
     assert not memory.passed
     assert memory.verdict.startswith("10/100 outputs ended `length`, 10 of them short of max_new_tokens")
     assert "more KV memory (server.memFractionStatic" in memory.verdict
     assert "raising max_new_tokens cannot help" in memory.verdict and "raise generation" not in memory.verdict
-    mixed = truncation(Tally(records=100, flags={rc.TRUNCATED: 10, rc.TRUNCATED_BY_MEMORY: 4}))
+    mixed = truncation(Counts(records=100, flags={rc.TRUNCATED: 10, rc.TRUNCATED_BY_MEMORY: 4}))
     assert "for the others raise generation.sampling.max_new_tokens" in mixed.verdict
-    plain = truncation(Tally(records=100, flags={rc.TRUNCATED: 10}))
+    plain = truncation(Counts(records=100, flags={rc.TRUNCATED: 10}))
     assert plain.verdict.endswith("): raise generation.sampling.max_new_tokens") and "KV" not in plain.verdict

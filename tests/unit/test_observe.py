@@ -127,7 +127,7 @@ def test_progress_sums_the_shard_configmaps() -> None:
     ]
     counters = o.progress_counters(cms)
     assert counters is not None
-    assert (counters.prompts_total, counters.prompts_done, counters.tally.records) == (10, 7, 7)
+    assert (counters.prompts_total, counters.prompts_done, counters.counts.records) == (10, 7, 7)
     assert counters.tokens_per_second == 10.0  # finished shards do not count towards the rate
     assert o.progress_counters([{"data": {}}]) is None
 

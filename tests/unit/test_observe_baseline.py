@@ -45,17 +45,17 @@ NEW = cm(shard=1, shard_count=2, started_at=START_S + 5, state="running", prompt
 def test_the_whole_output_is_judged_but_a_previous_attempts_losses_are_not_this_ones() -> None:
     counters = o.progress_counters([OLD, NEW], job(startTime=JOB_START, active=2))
     assert counters is not None
-    tally = counters.tally
-    assert (tally.records, tally.rejected, tally.malformed, tally.too_long) == (75, 5, 2, 1)
-    assert tally.flags.get("empty", 0) == 4 and tally.lines == 100
-    assert tally.unwritten == 0  # shard 0's lost answers were the previous attempt's
+    counts = counters.counts
+    assert (counts.records, counts.refused, counts.unusable, counts.too_long) == (75, 5, 2, 1)
+    assert counts.flags.get("empty", 0) == 4 and counts.lines == 100
+    assert counts.unwritten == 0  # shard 0's lost answers were the previous attempt's
 
 
 def test_without_a_job_start_every_snapshot_is_this_attempts() -> None:
     for workers_job in (None, job(active=2)):  # no Job yet, or one whose controller has not set startTime
         counters = o.progress_counters([OLD, NEW], workers_job)
         assert counters is not None
-        assert (counters.tally.records, counters.tally.unwritten) == (75, 2)
+        assert (counters.counts.records, counters.counts.unwritten) == (75, 2)
     assert o.job_started_at(job(startTime=JOB_START)) == START_S
     assert o.job_started_at(None) is None and o.job_started_at({}) is None
 

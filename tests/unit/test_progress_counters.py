@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import orjson
 import pytest
 
-from datagen_operator.api.progress import STATES, ShardProgress
+from datagen_operator.api.progress import STATES, Counts, ShardProgress
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.progress import counters_from_snapshots
 
 
@@ -17,7 +18,8 @@ def snapshot(state: str, **fields: object) -> ShardProgress:
 
 
 def test_counters_from_worker_snapshots() -> None:
-    running = ShardProgress(0, 2, "running", prompts_total=10, prompts_done=4, records_rejected=1, tokens_per_s=100.0)
+    running = ShardProgress(0, 2, "running", prompts_total=10, prompts_done=4, counts=Counts(refused=1, lines=10))
+    running.tokens_per_s = 100.0
     for has_tools in (True, True, False, False):
         running.counts.add(10, 100, 0, (rc.TRUNCATED,) if has_tools else (), has_tools)  # as the worker counts
     snapshots = [
@@ -26,9 +28,10 @@ def test_counters_from_worker_snapshots() -> None:
                  flags={rc.TRUNCATED: 1}),
     ]  # fmt: skip
     counters = counters_from_snapshots(snapshots)
-    assert (counters.prompts_total, counters.prompts_done, counters.completion_tokens) == (15, 9, 900)
+    assert (counters.prompts_total, counters.prompts_done, counters.counts.output_tokens) == (15, 9, 900)
     assert counters.tokens_per_second == 100.0  # finished shards no longer produce
-    assert counters.tally == Tally(records=9, tool_records=2, rejected=1, flags={rc.TRUNCATED: 3}, lines=15)
+    expected = Counts(9, 2, prompt_tokens=40, output_tokens=900, flags=Counter({rc.TRUNCATED: 3}), lines=15, refused=1)
+    assert counters.counts == expected
 
 
 @pytest.mark.parametrize("state", ["complete", "incomplete", "drained", "failed"])
@@ -43,4 +46,6 @@ def test_set_aside_prompts_of_every_cause_are_counted() -> None:
         snapshot("running", prompts_malformed=1, set_aside={"bad_json": 1, "too_long": 2, "unrenderable": 1}),
         snapshot("running", prompts_malformed=3, set_aside={"bad_json": 2, "duplicate_id": 1}),
     ]
-    assert counters_from_snapshots(snapshots).malformed == 4 + 3
+    counts = counters_from_snapshots(snapshots).counts
+    assert counts.set_aside == {"bad_json": 3, "too_long": 2, "unrenderable": 1, "duplicate_id": 1}
+    assert (counts.too_long, counts.unusable) == (2, 5)

@@ -7,9 +7,8 @@ import orjson
 
 from datagen_operator.api.crd import crd_manifest
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.progress import ShardProgress
+from datagen_operator.api.progress import Counts, ShardProgress
 from datagen_operator.api.status import Condition, DataGenRunStatus, Progress
-from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control.decide import Step, decide, progress_of
 from datagen_operator.control.observed import Observed, ProgressCounters, ServerObservation, WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots
@@ -20,11 +19,10 @@ from tests.unit.decide_world import PASS, READY, context, spec
 COUNTED = StepOutcome(True, "Passed", "2000 prompts in /data/prompts.jsonl; /out is new", prompts=2000)
 
 
-def counters(records: int, read: int, done: int, rate: float = 5100.0, **more: int) -> ProgressCounters:
+def counters(records: int, read: int, done: int, rate: float = 5100.0, records_set_aside: int = 0) -> ProgressCounters:
     """The workers' sums: `read` prompts of the dataset read so far, `done` of them finished as they read."""
-    return ProgressCounters(
-        prompts_total=read, prompts_done=done, tokens_per_second=rate, tally=Tally(records=records), **more
-    )
+    counts = Counts(records=records, records_set_aside=records_set_aside)
+    return ProgressCounters(prompts_total=read, prompts_done=done, tokens_per_second=rate, counts=counts)
 
 
 def bulk(progress: ProgressCounters | None, preflight: StepOutcome = COUNTED) -> Observed:
@@ -51,17 +49,19 @@ def test_progress_counts_the_whole_output_and_never_goes_back_on_a_resume() -> N
     # Resumed workers hold the 146 records (and 3 refused, 1 set aside) from disk before they read the dataset
     # again: as they read it, their own per-prompt count starts over.
     resumed = counters(records=146, read=203, done=94, records_set_aside=1, rate=0.0)
-    after = decide(s, bulk(replace_tally(resumed, Tally(records=146, rejected=3))), context(s)).progress
+    after = decide(
+        s, bulk(replace_counts(resumed, Counts(records=146, refused=3, records_set_aside=1))), context(s)
+    ).progress
     assert before is not None and after is not None
     assert before.summary.startswith("146/2000 prompts")
     assert after.summary.startswith("150/2000 prompts") and after.prompts_done == after.records_done == 150
     assert after.records == 146
 
 
-def replace_tally(c: ProgressCounters, tally: Tally) -> ProgressCounters:
+def replace_counts(c: ProgressCounters, counts: Counts) -> ProgressCounters:
     from dataclasses import replace
 
-    return replace(c, tally=tally)
+    return replace(c, counts=counts)
 
 
 def test_several_samples_a_prompt_count_records_and_never_pass_the_total() -> None:
@@ -121,10 +121,10 @@ def test_the_count_travels_in_the_termination_message() -> None:
 
 def test_the_workers_set_aside_samples_are_summed() -> None:
     snapshots = [
-        ShardProgress(0, 2, "running", records_set_aside=2),
-        ShardProgress(1, 2, "running", records_set_aside=3),
+        ShardProgress(0, 2, "running", counts=Counts(records_set_aside=2)),
+        ShardProgress(1, 2, "running", counts=Counts(records_set_aside=3)),
     ]
-    assert counters_from_snapshots(snapshots).records_set_aside == 5
+    assert counters_from_snapshots(snapshots).counts.records_set_aside == 5
 
 
 def test_samples_per_prompt_reach_the_summary_through_decide() -> None:
@@ -148,7 +148,7 @@ def test_a_run_that_stops_shows_no_rate() -> None:
 
     s = spec()
     truncated = ProgressCounters(prompts_total=256, prompts_done=50, tokens_per_second=5100,
-                                 tally=Tally(records=50, flags={rc.TRUNCATED: 50}))  # fmt: skip
+                                 counts=Counts(records=50, flags={rc.TRUNCATED: 50}))  # fmt: skip
     halted = decide(s, bulk(truncated), context(s))
     assert halted.step is Step.HALTED and halted.progress is not None
     assert halted.progress.summary == "50/2000 prompts", "the workers are being paused: no rate is theirs now"
@@ -160,3 +160,11 @@ def test_a_run_that_stops_shows_no_rate() -> None:
     assert said["Progressing"] == {u.type: u.message for u in later.updates}["Progressing"]
     assert "50" not in said["Progressing"] and later.progress is not None
     assert later.progress.summary == "90/2000 prompts"
+
+
+def test_server_refusals_and_set_aside_prompts_are_shown_apart() -> None:
+    counted = replace_counts(counters(records=5, read=10, done=10, rate=0.0),
+                             Counts(records=5, refused=3, set_aside={"bad_json": 1, "too_long": 1}))  # fmt: skip
+    p = progress_of(counted, 1, 1, dataset_prompts=10, rate=False)
+    assert (p.refused, p.set_aside) == (3, {"bad_json": 1, "too_long": 1})
+    assert p.summary == "8/10 prompts, 3 refused, 2 set aside"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
 from datagen_operator.api.spec import ExportSpec
 from datagen_operator.api.status import Condition
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import Tally
 from datagen_operator.control import conditions, remembered
 from datagen_operator.control.decide import decide
 from datagen_operator.control.observed import (
@@ -174,10 +174,10 @@ def _worlds() -> list[Observed]:
     def server(**instance: object) -> ServerObservation:
         return ServerObservation(1, (ServerInstance("srv-0", **instance),))  # type: ignore[arg-type]
 
-    def running_said(tally: Tally, **changes: object) -> Observed:
-        return replace(running(tally), parsers=SAID, canary=SAID, **changes)  # type: ignore[arg-type]
+    def running_said(counts: Counts, **changes: object) -> Observed:
+        return replace(running(counts), parsers=SAID, canary=SAID, **changes)  # type: ignore[arg-type]
 
-    done = running_said(Tally(records=100), workers=WorkersObservation(8, shards_done=8))
+    done = running_said(Counts(records=100), workers=WorkersObservation(8, shards_done=8))
     volume = WorkersObservation(8, shards_failed=1, failure_reason=FORWARDED, failure_message="full")
     return [
         Observed(1, spec_error="spec.server: bad"),
@@ -201,12 +201,12 @@ def _worlds() -> list[Observed]:
         Observed(1, preflight=SAID, server=READY, parsers=FAILED),
         Observed(1, preflight=SAID, server=READY, parsers=SAID),
         Observed(1, preflight=SAID, server=READY, parsers=SAID, canary=FAILED),
-        running_said(Tally(records=5), preflight=SAID),
-        running_said(Tally(records=100)),
-        running_said(Tally(records=50, flags={rc.NO_THINK_END: 10})),
-        running_said(Tally(records=5), workers=WorkersObservation(8, shards_failed=1)),
-        running_said(Tally(records=5), workers=volume),
-        running_said(Tally(records=5), server=None, workers=WorkersObservation(8, 2)),
+        running_said(Counts(records=5), preflight=SAID),
+        running_said(Counts(records=100)),
+        running_said(Counts(records=50, flags={rc.NO_THINK_END: 10})),
+        running_said(Counts(records=5), workers=WorkersObservation(8, shards_failed=1)),
+        running_said(Counts(records=5), workers=volume),
+        running_said(Counts(records=5), server=None, workers=WorkersObservation(8, 2)),
         done,
         replace(done, final=SAID),
         replace(done, final=FAILED),

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from datagen_operator.api.progress import Counts
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary import CanaryRecord, judge_canary
-from datagen_operator.checks.evaluate import REASONING_CAPTURED, TRUNCATION, Tally, evaluate, measured
+from datagen_operator.checks.evaluate import REASONING_CAPTURED, TRUNCATION, evaluate, measured
 from datagen_operator.control.decide import Step, decide
 from tests.unit.decide_world import conditions, context, running, spec
 
@@ -17,7 +18,7 @@ CTX = context(spec())
 
 def truncation(records: int, truncated: int):
     return next(
-        c for c in evaluate(Tally(records=records, flags={rc.TRUNCATED: truncated}), CTX) if c.name == TRUNCATION
+        c for c in evaluate(Counts(records=records, flags={rc.TRUNCATED: truncated}), CTX) if c.name == TRUNCATION
     )
 
 
@@ -27,7 +28,7 @@ def truncation(records: int, truncated: int):
 )
 def test_the_rolling_checks_halt_only_on_clear_evidence(records: int, truncated: int, passed: bool) -> None:
     s = spec()
-    d = decide(s, running(Tally(records=records, flags={rc.TRUNCATED: truncated})), context(s))
+    d = decide(s, running(Counts(records=records, flags={rc.TRUNCATED: truncated})), context(s))
     if passed:
         assert d.step is Step.RUN_WORKERS and conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
     else:
@@ -63,7 +64,7 @@ def test_at_25000_records_the_verdict_is_the_plain_rate_within_a_fraction_of_a_p
 @pytest.mark.parametrize("records", [16, 25, 250, 25_000])
 def test_every_output_without_reasoning_halts_at_once(records: int) -> None:
     s = spec()
-    d = decide(s, running(Tally(records=records, flags={rc.NO_THINK_END: records})), context(s))
+    d = decide(s, running(Counts(records=records, flags={rc.NO_THINK_END: records})), context(s))
     assert d.step is Step.HALTED
     check = next(c for c in d.checks if c.name == REASONING_CAPTURED)
     assert f"none of the {records} outputs, against a 98% minimum" in check.verdict

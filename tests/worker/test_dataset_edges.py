@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from datagen_operator.api.progress import ShardProgress
 from datagen_operator.output.readers import iter_rejects
 from datagen_operator.prompts.dataset import (
     BAD_ID,
@@ -174,7 +175,8 @@ def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resu
     assert causes == [("bad_id", None), ("invalid_tools", "bad-tools"), ("unrenderable", "unrenderable")]
     state = progress(output)
     assert state["set_aside"] == {"bad_id": 1, "invalid_tools": 1, "unrenderable": 1}
-    assert (state["prompts_malformed"], state["prompts_rejected"], state["prompts_too_long"]) == (2, 1, 0)
+    # 7 valid prompts and 2 malformed lines read: the rates' denominator.
+    assert state["dataset_lines"] == 9 and ShardProgress.from_storage(orjson.dumps(state)).malformed_lines == 2
     # The unrenderable prompt's samples are set aside, not server errors (records_rejected feeds server_errors).
     assert (state["records_done"], state["records_set_aside"], state["records_rejected"]) == (12, 2, 0)
     assert (state["prompts_done"], state["prompts_total"], state["state"]) == (7, 7, "complete")

@@ -91,7 +91,7 @@ def test_configmap_patch_carries_the_progress_json_and_is_rate_limited(
     assert "patch" in (first["content_type"] or "")
     assert set(first["body"]) == {"data"} and set(first["body"]["data"]) == {"progress.json"}
     progress = ShardProgress.from_storage(first["body"]["data"]["progress.json"])
-    assert progress.shard == 3 and progress.records_done == 1 and progress.flags == {"truncated": 1}
+    assert progress.shard == 3 and progress.records_done == 1 and progress.counts.flags == {"truncated": 1}
 
 
 def test_a_forbidden_patch_is_logged_once_and_never_raises(

@@ -115,7 +115,7 @@ def test_two_shards_record_every_prompt_once_in_dataset_order(tmp_path: Path, si
     assert sorted(r["reason"].split(":")[0].split(" (")[0] for r in rejects) == [
         "bad JSON", "duplicate id 'p0002'", "empty or missing messages", "missing id"
     ]  # fmt: skip
-    assert sum(p.prompts_malformed for p in read_progress(output)) == 4
+    assert sum(p.malformed_lines for p in read_progress(output)) == 4
     # Lines are counted from 1 in rejects.jsonl as on the console: the 4th, 9th, 14th and 24th physical lines.
     assert sorted(r["line"] for r in rejects) == [4, 9, 14, 24]
     assert sorted(r["key"] for r in rejects) == ["line:14", "line:24", "line:4", "line:9"]

@@ -79,7 +79,10 @@ class Progress(StatusModel):
     tokens_per_second: float = 0.0
     shards_total: int = 0
     shards_done: int = 0
-    rejected: int = 0
+    refused: int = 0
+    """Records the server refused (HTTP 4xx), in the whole output."""
+    set_aside: dict[str, int] = Field(default_factory=dict)
+    """cause -> prompts set aside unsent, never sent to the server (api.progress.Counts.set_aside)."""
     summary: str = ""
     """What `kubectl get dgr` shows, e.g. '1234/88000 prompts, 5.1k tok/s' (records with samplesPerPrompt > 1)."""
 

@@ -17,14 +17,14 @@ import orjson
 
 from datagen_operator.api.commands import CanaryCommand
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, Tally, check_context, evaluate
+from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import TemplateExpectation, judge_template
 from datagen_operator.engine.model_configs import model_config_dir
@@ -148,10 +148,9 @@ def judge_canary(
     if not records:
         why = f"; set aside: {_describe_set_aside(set_aside)}" if set_aside else " (empty dataset?)"
         return StepOutcome(False, Reason.NO_PROMPTS, f"the canary had no prompt it could send{why}")
-    counts = RecordCounts()
+    counts = Counts()
     for record in records:
         counts.add(len(record.input_ids), len(record.output_ids), 0, record.flags, record.has_tools)
-    tally = Tally.of(counts)
     strict = ctx.thresholds.model_copy(
         update={
             "min_reasoning_rate": 1.0,
@@ -161,7 +160,7 @@ def judge_canary(
         }
     )
     strict_ctx = replace(ctx, thresholds=strict)
-    checks = [*first, *evaluate(tally, strict_ctx)]
+    checks = [*first, *evaluate(counts, strict_ctx)]
     reached = sum(1 for r in records if ctx.think_end_id is not None and ctx.think_end_id in r.output_ids)
     if ctx.thinking and ctx.think_end_id is not None and reached == 0 and all(c.passed for c in checks):
         checks.append(

@@ -6,15 +6,14 @@ One evaluation for the rolling checks (workers' counters), the canary and `datag
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import TOO_LONG, Counts
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.rates import CONFIDENCE, judge_min_rate, judge_rate, pct
-from datagen_operator.output.records import TOO_LONG
 from datagen_operator.presets.think_markers import MarkersWritten, ParserFix, ThinkMarkers, fix_for
 
 REASONING_CAPTURED = "reasoning_captured"
@@ -41,50 +40,6 @@ Unknown (collecting) rather than showing a verdict on the first few records."""
 MAX_SERVER_FAILURE_RATE = 0.05
 """Records that ran out of attempts (5xx, timeouts, resets): a rerun retries them, but this many means a
 sick server."""
-
-
-@dataclass(frozen=True)
-class Tally:
-    """Counts over a set of records (a shard's counters, the canary's outputs, a whole output dir)."""
-
-    records: int = 0
-    tool_records: int = 0
-    rejected: int = 0
-    """Records the server refused (HTTP 4xx): the only server errors."""
-    flags: dict[str, int] = field(default_factory=dict)
-    lines: int = 0
-    """Dataset lines looked at (valid prompts + lines set aside): what set-aside rates are out of."""
-    malformed: int = 0
-    """Prompts set aside unsent: a dataset line that is not a usable prompt, or one the template cannot render."""
-    too_long: int = 0
-    """Prompts set aside unsent: prompt + max_new_tokens over the server's context."""
-    failed: int = 0
-    """Records that ran out of attempts (5xx, timeouts, resets); a rerun retries them."""
-    unwritten: int = 0
-    """Answers the output volume could not take (full, read-only, I/O errors)."""
-
-    @classmethod
-    def of(cls, counts: RecordCounts, **causes: int) -> Tally:
-        """The written records' counts (api.progress.RecordCounts) with the other causes' numbers."""
-        return cls(records=counts.records, tool_records=counts.tool_records, flags=dict(counts.flags), **causes)
-
-    def count(self, *names: str) -> int:
-        return sum(self.flags.get(name, 0) for name in names)
-
-    def _combine(self, other: Tally, sign: int) -> Tally:
-        numbers = {
-            f.name: getattr(self, f.name) + sign * getattr(other, f.name) for f in fields(self) if f.name != "flags"
-        }
-        flags = dict(self.flags)
-        for name, value in other.flags.items():
-            flags[name] = flags.get(name, 0) + sign * value
-        return Tally(**numbers, flags=flags)
-
-    def __add__(self, other: Tally) -> Tally:
-        return self._combine(other, 1)
-
-    def __sub__(self, baseline: Tally) -> Tally:
-        return self._combine(baseline, -1)
 
 
 @dataclass(frozen=True)
@@ -146,32 +101,32 @@ def _frac(count: int, total: int) -> str:
     return f"{count}/{total}"
 
 
-def evaluate(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
-    """Every check over the tally; a check with nothing to look at passes with total 0."""
+def evaluate(counts: Counts, ctx: CheckContext) -> list[CheckResult]:
+    """Every check over the counts; a check with nothing to look at passes with total 0."""
     return [
-        *record_checks(tally, ctx),
-        _server_errors(tally, ctx),
-        *dataset_checks(tally),
-        _server_failures(tally),
-        _output_volume(tally),
+        *record_checks(counts, ctx),
+        _server_errors(counts, ctx),
+        *dataset_checks(counts),
+        _server_failures(counts),
+        _output_volume(counts),
     ]
 
 
-def record_checks(tally: Tally, ctx: CheckContext) -> list[CheckResult]:
+def record_checks(counts: Counts, ctx: CheckContext) -> list[CheckResult]:
     """The checks over written records' flags: what an existing output is judged by before a resume."""
     return [
-        _reasoning(tally, ctx),
-        _token_counts(tally, ctx),
-        _termination(tally),
-        _truncation(tally, ctx),
-        _tool_calls(tally, ctx),
-        _retractions(tally, ctx),
+        _reasoning(counts, ctx),
+        _token_counts(counts, ctx),
+        _termination(counts),
+        _truncation(counts, ctx),
+        _tool_calls(counts, ctx),
+        _retractions(counts, ctx),
     ]
 
 
-def dataset_checks(tally: Tally) -> list[CheckResult]:
+def dataset_checks(counts: Counts) -> list[CheckResult]:
     """The checks over the dataset's lines set aside: known before any server (the preflight)."""
-    return [_malformed(tally), _too_long(tally)]
+    return [_malformed(counts), _too_long(counts)]
 
 
 THRESHOLD_FIELDS: dict[str, str] = {
@@ -268,8 +223,8 @@ def _wrong_markers(seen: MarkersSeen, n: int, ctx: CheckContext) -> str:
     return wrong_markers_verdict(seen.written, who, ctx.preset, _own_markers(ctx), seen.families)
 
 
-def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n = tally.records
+def _reasoning(counts: Counts, ctx: CheckContext) -> CheckResult:
+    n = counts.records
     end = f"`{ctx.think_end}` ({ctx.think_end_id})" if ctx.think_end_id is not None else f"`{ctx.think_end}`"
     seen = ctx.markers_seen
     if seen is not None and (ctx.think_end is None or ctx.think_end_id is None):
@@ -283,11 +238,11 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
     if ctx.think_end is None:
         return CheckResult(name=REASONING_CAPTURED, passed=True, total=n, verdict="model has no reasoning tokens")
     if not ctx.thinking:
-        return _reasoning_off(tally, ctx)
-    missing_end = tally.count(rc.NO_THINK_END)
-    empty = tally.count(rc.EMPTY_REASONING)
-    no_start = tally.count(rc.NO_THINK_START)
-    closed_prompts = tally.count(rc.PROMPT_CLOSES_THINK)
+        return _reasoning_off(counts, ctx)
+    missing_end = counts.count(rc.NO_THINK_END)
+    empty = counts.count(rc.EMPTY_REASONING)
+    no_start = counts.count(rc.NO_THINK_START)
+    closed_prompts = counts.count(rc.PROMPT_CLOSES_THINK)
     bad = missing_end + empty + no_start
     judged = judge_min_rate(n - bad, n, ctx.thresholds.min_reasoning_rate)
     passed = judged.passed
@@ -330,10 +285,10 @@ def _reasoning(tally: Tally, ctx: CheckContext) -> CheckResult:
     )
 
 
-def _reasoning_off(tally: Tally, ctx: CheckContext) -> CheckResult:
+def _reasoning_off(counts: Counts, ctx: CheckContext) -> CheckResult:
     """Thinking off: no output may hold think markers, the run's or another family's."""
-    n, seen = tally.records, ctx.markers_seen
-    own = tally.count(rc.UNEXPECTED_REASONING)
+    n, seen = counts.records, ctx.markers_seen
+    own = counts.count(rc.UNEXPECTED_REASONING)
     # The same output may hold both: the larger count is the least number of outputs at fault.
     bad = max(own, seen.outputs if seen else 0)
     causes: list[str] = []
@@ -352,8 +307,8 @@ def _reasoning_off(tally: Tally, ctx: CheckContext) -> CheckResult:
     )  # fmt: skip
 
 
-def _token_counts(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n, bad, leaks = tally.records, tally.count(rc.TOKEN_COUNT_MISMATCH), tally.count(rc.PROMPT_SUFFIX_LEAK)
+def _token_counts(counts: Counts, ctx: CheckContext) -> CheckResult:
+    n, bad, leaks = counts.records, counts.count(rc.TOKEN_COUNT_MISMATCH), counts.count(rc.PROMPT_SUFFIX_LEAK)
     if leaks:
         failed = (
             f"output_ids start with prompt-suffix tokens in {_frac(leaks, n)} records (the upstream SGLang bug of "
@@ -377,11 +332,11 @@ def _token_counts(tally: Tally, ctx: CheckContext) -> CheckResult:
     )
 
 
-def _termination(tally: Tally) -> CheckResult:
-    n = tally.records
-    bad = tally.count(rc.BAD_TERMINATION)
-    aborted = tally.count(rc.ABORTED)
-    nan = tally.count(rc.NAN_REPLACED)
+def _termination(counts: Counts) -> CheckResult:
+    n = counts.records
+    bad = counts.count(rc.BAD_TERMINATION)
+    aborted = counts.count(rc.ABORTED)
+    nan = counts.count(rc.NAN_REPLACED)
     count = bad + aborted + nan
     if count == 0:
         verdict = "every finished output ends with a stop token"
@@ -447,9 +402,9 @@ MEMORY_FIX = (
 )
 
 
-def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
-    n, truncated, limit = tally.records, tally.count(rc.TRUNCATED), ctx.thresholds.max_truncation_rate
-    by_memory = tally.count(rc.TRUNCATED_BY_MEMORY)
+def _truncation(counts: Counts, ctx: CheckContext) -> CheckResult:
+    n, truncated, limit = counts.records, counts.count(rc.TRUNCATED), ctx.thresholds.max_truncation_rate
+    by_memory = counts.count(rc.TRUNCATED_BY_MEMORY)
     counted = f"{_frac(truncated, n)} outputs hit max_new_tokens"
     fix = "raise generation.sampling.max_new_tokens"
     if by_memory:
@@ -462,10 +417,10 @@ def _truncation(tally: Tally, ctx: CheckContext) -> CheckResult:
     return _rate_check(TRUNCATION, truncated, n, limit, "outputs", counted, counted, fix)
 
 
-def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
+def _tool_calls(counts: Counts, ctx: CheckContext) -> CheckResult:
     # Workers' counters do not carry how many records offered tools: then all records are the
     # denominator (a lower rate, never a false alarm); verify and the canary count them exactly.
-    n, bad = tally.tool_records or tally.records, tally.count(rc.UNBALANCED_TOOL_CALLS)
+    n, bad = counts.tool_records or counts.records, counts.count(rc.UNBALANCED_TOOL_CALLS)
     return _rate_check(
         TOOL_CALLS,
         bad,
@@ -480,9 +435,9 @@ def _tool_calls(tally: Tally, ctx: CheckContext) -> CheckResult:
     )
 
 
-def _retractions(tally: Tally, ctx: CheckContext) -> CheckResult:
+def _retractions(counts: Counts, ctx: CheckContext) -> CheckResult:
     # Flagged only where the run's sampling keeps state over the output (record_checks.RETRACTED).
-    n, bad = tally.records, tally.count(rc.RETRACTED)
+    n, bad = counts.records, counts.count(rc.RETRACTED)
     return _rate_check(
         RETRACTIONS,
         bad,
@@ -499,23 +454,23 @@ def _retractions(tally: Tally, ctx: CheckContext) -> CheckResult:
     )
 
 
-def _server_errors(tally: Tally, ctx: CheckContext) -> CheckResult:
+def _server_errors(counts: Counts, ctx: CheckContext) -> CheckResult:
     # Only requests the server refused: prompts set aside unsent (malformed, too long) never reached it.
-    total, rejected = tally.records + tally.rejected, tally.rejected
+    total, refused = counts.records + counts.refused, counts.refused
     return _rate_check(
         SERVER_ERRORS,
-        rejected,
+        refused,
         total,
         ctx.thresholds.max_error_rate,
         "requests",
-        f"{_frac(rejected, total)} requests rejected by the server",
-        f"{_frac(rejected, total)} requests rejected by the server (HTTP 4xx)",
+        f"{_frac(refused, total)} requests rejected by the server",
+        f"{_frac(refused, total)} requests rejected by the server (HTTP 4xx)",
         "their reasons are in rejects.jsonl",
     )
 
 
-def _malformed(tally: Tally) -> CheckResult:
-    n, bad = tally.lines, tally.malformed
+def _malformed(counts: Counts) -> CheckResult:
+    n, bad = counts.lines, counts.unusable
     return _rate_check(
         MALFORMED,
         bad,
@@ -528,8 +483,8 @@ def _malformed(tally: Tally) -> CheckResult:
     )
 
 
-def _too_long(tally: Tally) -> CheckResult:
-    n, bad = tally.lines, tally.too_long
+def _too_long(counts: Counts) -> CheckResult:
+    n, bad = counts.lines, counts.too_long
     return _rate_check(
         TOO_LONG,
         bad,
@@ -543,8 +498,8 @@ def _too_long(tally: Tally) -> CheckResult:
     )
 
 
-def _server_failures(tally: Tally) -> CheckResult:
-    total, bad = tally.records + tally.rejected + tally.failed, tally.failed
+def _server_failures(counts: Counts) -> CheckResult:
+    total, bad = counts.records + counts.refused + counts.failed, counts.failed
     return _rate_check(
         SERVER_FAILURES,
         bad,
@@ -557,8 +512,8 @@ def _server_failures(tally: Tally) -> CheckResult:
     )
 
 
-def _output_volume(tally: Tally) -> CheckResult:
-    total, bad = tally.records + tally.unwritten, tally.unwritten
+def _output_volume(counts: Counts) -> CheckResult:
+    total, bad = counts.records + counts.unwritten, counts.unwritten
     return _rate_check(
         OUTPUT_VOLUME,
         bad,

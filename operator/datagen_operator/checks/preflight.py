@@ -35,7 +35,6 @@ from datagen_operator.checks.evaluate import (
     MIN_RECORDS_TO_JUDGE,
     THRESHOLD_FIELDS,
     CheckContext,
-    Tally,
     check_context,
     measured,
     record_checks,
@@ -284,7 +283,7 @@ def judge_existing_records(output: Path, expect: rc.Expectations, ctx: CheckCont
     counts = stored_record_counts(output, expect)
     if counts.records < MIN_RECORDS_TO_JUDGE:
         return ExistingRecords(counts.records, [])
-    return ExistingRecords(counts.records, record_checks(Tally.of(counts), ctx))
+    return ExistingRecords(counts.records, record_checks(counts, ctx))
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts
 from datagen_operator.api.status import CheckResult
-from datagen_operator.checks.evaluate import Tally, dataset_checks, measured
+from datagen_operator.checks.evaluate import dataset_checks, measured
 from datagen_operator.output.records import ContextLimit, too_long_reason
 from datagen_operator.output.rendered import RenderedWriter
 from datagen_operator.output.volume import is_volume_error
@@ -46,7 +47,8 @@ SAMPLE_PROMPTS = 64
 class DatasetLines:
     """The dataset's lines judged by the rolling checks' own dataset rules (checks.evaluate.dataset_checks)."""
 
-    tally: Tally
+    counts: Counts
+    """The dataset's lines and the prompts set aside by cause."""
     checks: list[CheckResult]
     examples: str
     """The first lines of each cause (line number, id, why), for the message."""
@@ -67,7 +69,7 @@ class DatasetLines:
 
     @property
     def set_aside(self) -> int:
-        return self.tally.malformed + self.tally.too_long
+        return sum(self.counts.set_aside.values())
 
     @property
     def failed(self) -> str:
@@ -311,17 +313,16 @@ async def judge_dataset(
     if entries:
         ahead.append((entries, asyncio.ensure_future(pool.render(items))))
     await drain(0)
-    tally = Tally(
-        lines=prompts + len(malformed),
-        malformed=len(malformed) + run.unrenderable_count,
-        too_long=run.too_long_count,
+    causes = Counter(line.cause for line in malformed) + Counter(
+        {UNRENDERABLE: run.unrenderable_count, TOO_LONG: run.too_long_count}
     )
+    counts = Counts(lines=prompts + len(malformed), set_aside=dict(causes))
     bad = [f"line {line.position + 1}: {line.reason}" for line in malformed[:2]]
     firsts = [*bad, *run.unrenderable, *run.too_long]
     examples = "e.g. " + "; ".join(firsts) if firsts else ""
     return DatasetLines(
-        tally,
-        dataset_checks(tally),
+        counts,
+        dataset_checks(counts),
         examples,
         prompts,
         scan.lines_total,

@@ -19,10 +19,12 @@ class VerifyReport(Protocol):
     """What the page shows of checks/verify.py's VerifyReport (which imports this module)."""
 
     output: str
-    records: int
     checks: list[CheckResult]
     fingerprint_sha256: str | None
     expectations: Expectations | None
+
+    @property
+    def records(self) -> int: ...
 
     @property
     def passed(self) -> bool: ...

@@ -25,14 +25,14 @@ from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT
 from datagen_operator.api.mounts import POD_MOUNTS
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.evaluate import Tally, by_turn_words, check_context, evaluate
+from datagen_operator.checks.evaluate import by_turn_words, check_context, evaluate
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 from datagen_operator.engine.model_configs import model_config_dir
@@ -59,14 +59,23 @@ class Example:
 @dataclass
 class VerifyReport:
     output: str
-    records: int
+    counts: Counts
+    """The whole output's counts, as the run's status.progress holds them: records, server refusals, prompts set
+    aside by cause (from rejects.jsonl), requests out of attempts."""
     checks: list[CheckResult]
     examples: list[Example] = field(default_factory=list)
     fingerprint_sha256: str | None = None
-    set_aside: dict[str, int] = field(default_factory=dict)
-    """cause -> dataset lines or prompts set aside unsent (listed in rejects.jsonl)."""
     expectations: rc.Expectations | None = None
     """What the records were judged by (where reasoning ends): the HTML report's lengths use the same."""
+
+    @property
+    def records(self) -> int:
+        return self.counts.records
+
+    @property
+    def set_aside(self) -> dict[str, int]:
+        """cause -> dataset lines or prompts set aside unsent (listed in rejects.jsonl)."""
+        return self.counts.set_aside
 
     @property
     def passed(self) -> bool:
@@ -94,6 +103,7 @@ class VerifyReport:
             "checks": [c.model_dump(mode="json") for c in self.checks],
             "examples": [e.__dict__ for e in self.examples],
             "set_aside": dict(self.set_aside),
+            "counts": self.counts.for_storage(),
         }
 
 
@@ -394,7 +404,7 @@ def verify_output(
         fidelity_size=thresholds.fidelity_sample if fidelity else 0,
         name_prompts=dataset_path is None,
     )
-    counts, records, reservoir, duplicates = read.counts, read.records, read.fidelity_sample, read.duplicates
+    counts, reservoir, duplicates = read.counts, read.fidelity_sample, read.duplicates
     keys = KeyCheck(seen=read.keys)
     all_rejects = list(iter_rejects(output))
     server = {
@@ -452,9 +462,9 @@ def verify_output(
         prompts_named = len(named)
     else:
         prompts_named = dataset_count
-    tally = _output_tally(counts, server, prompts_named, set_aside)
+    counts = _output_counts(counts, server, prompts_named, set_aside)
     ctx = check_context(resolved, thresholds, expect.think_end_id, thinking=thinking, preset=fingerprint.get("preset"))
-    checks = [_integrity(output, manifest), *evaluate(tally, ctx)]
+    checks = [_integrity(output, manifest), *evaluate(counts, ctx)]
     checks.append(_completeness(keys, duplicates, set_aside, turns_cut_causes(all_rejects)))
     if turns_mode == "all":
         ended = {(r["id"], r.get("sample", 0)) for r in all_rejects if r.get("kind") == TURNS_KIND}
@@ -475,30 +485,29 @@ def verify_output(
             checks.append(line_fidelity(reservoir, prompts, renderer))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
-        str(output), records, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), set_aside.causes,
-        expectations=expect,
-    )  # fmt: skip
+        str(output), counts, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), expectations=expect
+    )
 
 
-def stored_record_counts(output: Path, expect: rc.Expectations) -> RecordCounts:
+def stored_record_counts(output: Path, expect: rc.Expectations) -> Counts:
     """The flags of every record the output holds (Parquet and segments, exactly once), checked in columns as
     verify checks them: what the preflight judges an output by before a resume."""
     from datagen_operator.output.readers import RecordBatches
 
-    counts = RecordCounts()
+    counts = Counts()
     for batch in RecordBatches(output, (*COLUMNS, "cached_tokens")):
         counts.merge(_batch_counts(batch, batch_flags(batch, expect).counts()))
     return counts
 
 
-def _batch_counts(batch: Any, flags: Counter[str]) -> RecordCounts:
-    """RecordCounts.add over a batch: token counts are list lengths, a missing cached count is 0."""
+def _batch_counts(batch: Any, flags: Counter[str]) -> Counts:
+    """Counts.add over a batch: token counts are list lengths, a missing cached count is 0."""
     import pyarrow.compute as pc
 
     def total(values: Any) -> int:
         return int(pc.sum(values).as_py() or 0)
 
-    return RecordCounts(
+    return Counts(
         records=batch.num_rows,
         tool_records=total(batch.column("has_tools").cast("int64")),
         prompt_tokens=total(pc.list_value_length(batch.column("input_ids"))),
@@ -542,7 +551,7 @@ class _FidelitySample:
 @dataclass
 class _RecordsPass:
     records: int
-    counts: RecordCounts
+    counts: Counts
     keys: Any
     """np.ndarray: the records' key hashes, unique, sorted."""
     duplicates: int
@@ -596,7 +605,7 @@ def _read_records(
     """One pass over the records (RecordBatches), checked in columns (record_columns)."""
     import numpy as np
 
-    counts = RecordCounts()
+    counts = Counts()
     record_keys = array("q")
     prompts: set[int] = set()
     examples: dict[str, list[Example]] = defaultdict(list)
@@ -721,30 +730,20 @@ def _read_dataset(
     return result
 
 
-def _output_tally(
-    counts: RecordCounts,
+def _output_counts(
+    records: Counts,
     server: Mapping[Key, Mapping[str, Any]],
     prompts: int,
     set_aside: SetAside,
-) -> Tally:
+) -> Counts:
     """The whole output's counts, each cause apart: server refusals (HTTP 4xx) and server failures (a 5xx
-    listed in rejects.jsonl) from the server entries, `too_long` and `malformed` (every other cause: bad
-    lines, unrenderable prompts) from the set-aside accounting. `prompts`: the dataset's valid prompts, or
-    without the dataset the prompts the output names (records, server entries, set aside); `lines` is
-    then the dataset's line count."""
-    from datagen_operator.output.records import TOO_LONG
-
+    listed in rejects.jsonl) from the server entries, the prompts set aside by cause from the set-aside
+    accounting. `prompts`: the dataset's valid prompts, or without the dataset the prompts the output names
+    (records, server entries, set aside); `lines` adds the dataset's lines that are not prompts."""
     failed = sum(1 for entry in server.values() if int(entry.get("status") or 0) >= 500)
-    too_long = set_aside.causes.get(TOO_LONG, 0)
-    malformed = sum(set_aside.causes.values()) - too_long
-    return Tally.of(
-        counts,
-        rejected=len(server) - failed,
-        lines=prompts + malformed + too_long - len(set_aside.prompts),
-        malformed=malformed,
-        too_long=too_long,
-        failed=failed,
-    )
+    counts = records + Counts(refused=len(server) - failed, failed=failed, set_aside=dict(set_aside.causes))
+    counts.lines = prompts + sum(set_aside.causes.values()) - len(set_aside.prompts)
+    return counts
 
 
 def _name_examples(

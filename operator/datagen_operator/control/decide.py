@@ -139,49 +139,57 @@ def progress_of(
     over on a resume, so it is shown only where no preflight counted. Whole conversations (`dataset_turns`, the
     preflight's count of their planned turns) are counted in turns, their conversations beside them."""
     c = counters or ProgressCounters()
-    conversations = dataset_turns is not None
+    counts = c.counts
+    settled = counts.records + counts.refused + counts.records_set_aside
     if dataset_prompts is None:
         prompts_total, prompts_done = c.prompts_total, c.prompts_done
-        records_total = prompts_total * samples
-        records_done = c.tally.records + c.tally.rejected + c.records_set_aside
+        records_total, records_done = prompts_total * samples, settled
     else:
         prompts_total, records_total = dataset_prompts, (dataset_turns or dataset_prompts) * samples
         # A prompt set aside after some of its samples were recorded counts each once: never past the total.
-        records_done = min(records_total, c.tally.records + c.tally.rejected + c.records_set_aside)
+        records_done = min(records_total, settled)
         # One answer a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
-        single = samples == 1 and not conversations
+        single = samples == 1 and dataset_turns is None
         prompts_done = records_done if single else min(prompts_total, c.prompts_done)
-    if conversations and records_total:
-        done, total, unit = records_done, records_total, "turns" if samples == 1 else "records"
-    elif dataset_prompts is None or samples == 1:
-        done, total, unit = prompts_done, prompts_total, "prompts"
-    else:
-        done, total, unit = records_done, records_total, "records"
-    summary = f"{done}/{total} {unit}"
-    if conversations and total:
-        summary += f" ({prompts_done}/{prompts_total} conversations)"
-    producing = counters is not None and done < total
-    if rate and (producing or c.tokens_per_second):  # a finished run (or one not generating yet) has none
-        summary += f", {human_rate(c.tokens_per_second)} tok/s"
-    if not total:
-        summary = uncounted
-    if c.tally.rejected or c.malformed:
-        summary += f", {c.tally.rejected + c.malformed} set aside"
-    return Progress(
+    progress = Progress(
         prompts_total=prompts_total,
         prompts_done=prompts_done,
         records_total=records_total,
         records_done=records_done,
-        records=c.tally.records,
+        records=counts.records,
         dataset_prompts=dataset_prompts,
         dataset_turns=dataset_turns,
-        completion_tokens=c.completion_tokens,
+        completion_tokens=counts.output_tokens,
         tokens_per_second=round(c.tokens_per_second, 1),
         shards_total=shards_total,
         shards_done=shards_done,
-        rejected=c.tally.rejected + c.malformed,
-        summary=summary,
+        refused=counts.refused,
+        set_aside=dict(counts.set_aside),
     )
+    rate_shown = c.tokens_per_second if rate else None
+    return progress.model_copy(update={"summary": _summary(progress, samples, counters, rate_shown, uncounted)})
+
+
+def _summary(p: Progress, samples: int, counters: ProgressCounters | None, rate: float | None, uncounted: str) -> str:
+    """What `kubectl get dgr` shows: '1234/88000 prompts, 5.1k tok/s, 3 refused, 2 set aside'; `rate` None for
+    a run that stops now."""
+    conversations = p.dataset_turns is not None
+    if conversations and p.records_total:
+        done, total, unit = p.records_done, p.records_total, "turns" if samples == 1 else "records"
+    elif p.dataset_prompts is None or samples == 1:
+        done, total, unit = p.prompts_done, p.prompts_total, "prompts"
+    else:
+        done, total, unit = p.records_done, p.records_total, "records"
+    summary = f"{done}/{total} {unit}"
+    if conversations and total:
+        summary += f" ({p.prompts_done}/{p.prompts_total} conversations)"
+    producing = counters is not None and done < total
+    if rate is not None and (producing or rate):  # a finished run (or one not generating yet) has none
+        summary += f", {human_rate(rate)} tok/s"
+    if not total:
+        summary = uncounted
+    set_aside = sum(p.set_aside.values())
+    return summary + (f", {p.refused} refused" if p.refused else "") + (f", {set_aside} set aside" if set_aside else "")
 
 
 def _uncounted(observed: Observed, begun: bool) -> str:
@@ -490,7 +498,7 @@ def _shard_cause(run: _Pass) -> Decision | None:
     observed, workers = run.observed, run.observed.workers
     progress = observed.progress
     stopped = (progress.failure_reason if progress else None) or (workers.failure_reason if workers else None)
-    lost_now = bool(progress and progress.tally.unwritten)  # this attempt's (stale_events)
+    lost_now = bool(progress and progress.counts.unwritten)  # this attempt's (stale_events)
     if not stopped or workers is None or not (workers.shards_failed or lost_now):
         return None
     message = (progress.failure_message if progress else None) or workers.failure_message or stopped
@@ -620,9 +628,9 @@ def _rolling_checks(
 ) -> tuple[bool, tuple[CheckResult, ...]]:
     """DataFaithful over the records so far (appended to `updates`): (faithful, the checks)."""
     checks: tuple[CheckResult, ...] = ()
-    tally = observed.progress.tally if observed.progress else None
-    if tally is None or tally.records < MIN_RECORDS_TO_JUDGE:
-        have = tally.records if tally else 0
+    counts = observed.progress.counts if observed.progress else None
+    if counts is None or counts.records < MIN_RECORDS_TO_JUDGE:
+        have = counts.records if counts else 0
         updates.append(
             _u(
                 DATA_FAITHFUL,
@@ -633,7 +641,7 @@ def _rolling_checks(
         )
         faithful = True
     else:
-        checks = tuple(evaluate(tally, context))
+        checks = tuple(evaluate(counts, context))
         failed = [c for c in checks if not c.passed]
         faithful = not failed
         counted = observed.progress
@@ -646,7 +654,7 @@ def _rolling_checks(
                     DATA_FAITHFUL,
                     "True",
                     Reason.WITHIN_THRESHOLDS,
-                    f"{len(checks)} checks pass over {tally.records} records{turns}",
+                    f"{len(checks)} checks pass over {counts.records} records{turns}",
                 )
             )
         else:

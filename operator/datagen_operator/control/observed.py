@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.progress import Counts
 from datagen_operator.api.status import CheckResult, Progress
-from datagen_operator.checks.evaluate import Tally
 
 
 @dataclass(frozen=True)
@@ -82,21 +82,17 @@ class WorkersObservation:
 
 @dataclass(frozen=True)
 class ProgressCounters:
-    """Counters summed over the shards' progress snapshots."""
+    """The shards' progress snapshots summed (control.progress.counters_from_snapshots)."""
 
     prompts_total: int = 0
     """The prompts the workers have read so far: the whole dataset only once each has read its shard."""
     prompts_done: int = 0
     """Prompts with nothing left, as the workers count them while reading the dataset."""
-    records_set_aside: int = 0
-    """Samples of prompts set aside unsent (unrenderable, too long), in the whole output."""
-    completion_tokens: int = 0
     tokens_per_second: float = 0.0
-    malformed: int = 0
-    tally: Tally = field(default_factory=Tally)
-    """The whole output's records, rejects and inline record-check flags (see checks.record_checks): the
-    records resumed from (judged by the preflight, with the same checks) and this attempt's. Each shard's
-    snapshot counts every set-aside line once, however many attempts read it."""
+    counts: Counts = field(default_factory=Counts)
+    """The whole output's counts (api.progress.Counts), the shards' summed: the records resumed from (judged by
+    the preflight, with the same checks) and this attempt's; `failed` and `unwritten` this attempt's only. Each
+    shard's snapshot counts every set-aside line once, however many attempts read it."""
     records_by_turn: dict[int, int] = field(default_factory=dict)
     """generation.turns all: the workers' records of this attempt by turn, and the flagged ones."""
     flagged_by_turn: dict[int, int] = field(default_factory=dict)

@@ -5,36 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from datagen_operator.api.progress import ShardProgress
-from datagen_operator.checks.evaluate import Tally
+from datagen_operator.api.progress import Counts, ShardProgress, sum_counts
 from datagen_operator.control.observed import ProgressCounters
-from datagen_operator.output.records import TOO_LONG
 
 
-def snapshot_tally(s: ShardProgress) -> Tally:
-    """One shard's counts, each cause apart: server 4xx (`records_rejected`), prompts set aside unsent
-    (`set_aside` by cause: too long, or malformed/unrenderable), records out of attempts, answers lost to
-    the output volume."""
-    too_long = int(s.set_aside.get(TOO_LONG, 0))
-    malformed = sum(map(int, s.set_aside.values())) - too_long
-    return Tally.of(
-        s.counts,
-        rejected=s.records_rejected,
-        lines=s.prompts_total + s.prompts_malformed,
-        malformed=malformed,
-        too_long=too_long,
-        failed=s.records_failed,
-        unwritten=s.records_unwritten,
-    )
-
-
-def stale_events(s: ShardProgress, attempt_started_at: float | None) -> Tally:
+def stale_events(s: ShardProgress, attempt_started_at: float | None) -> Counts:
     """What a snapshot older than this attempt (a worker of an earlier `datagen run`, a previous Job's
     ConfigMap) says happened then and not now: answers lost to the volume and requests out of attempts. Its
     records, flags and set-aside lines stay: the rolling checks judge the whole output."""
     if attempt_started_at is None or s.started_at >= attempt_started_at:
-        return Tally()
-    return Tally(failed=s.records_failed, unwritten=s.records_unwritten)
+        return Counts()
+    return Counts(failed=s.counts.failed, unwritten=s.counts.unwritten)
 
 
 def failure_of(snapshots: list[ShardProgress]) -> tuple[str, str] | None:
@@ -59,36 +40,24 @@ def failure_of(snapshots: list[ShardProgress]) -> tuple[str, str] | None:
 def counters_from_snapshots(
     snapshots: Iterable[ShardProgress], *, attempt_started_at: float | None = None
 ) -> ProgressCounters:
-    """Sum the workers' snapshots.
+    """Sum the workers' snapshots: their counts as they are, less what older attempts lost (`stale_events`).
 
-    `attempt_started_at`: when this attempt began (the local runner's start, the workers Job's): what older
-    snapshots say was lost or failed then is not this attempt's (`stale_events`)."""
+    `attempt_started_at`: when this attempt began (the local runner's start, the workers Job's)."""
     snapshots = list(snapshots)
-    prompts_total = prompts_done = set_aside = completion = malformed = 0
-    rate = 0.0
-    tally = Tally()
     by_turn: Counter[int] = Counter()
     flagged: Counter[int] = Counter()
     for s in snapshots:
         by_turn.update({int(turn): n for turn, n in s.records_by_turn.items()})
         flagged.update({int(turn): n for turn, n in s.flagged_by_turn.items()})
-        prompts_total += s.prompts_total
-        prompts_done += s.prompts_done
-        set_aside += s.records_set_aside
-        completion += s.output_tokens
-        malformed += sum(map(int, s.set_aside.values()))  # every cause: malformed lines, unrenderable, too long
-        if not s.finished:
-            rate += s.tokens_per_s
-        tally = tally + snapshot_tally(s) - stale_events(s, attempt_started_at)
+    counts = sum_counts(s.counts for s in snapshots) - sum_counts(
+        stale_events(s, attempt_started_at) for s in snapshots
+    )
     failure = failure_of(snapshots)
     return ProgressCounters(
-        prompts_total=prompts_total,
-        prompts_done=prompts_done,
-        records_set_aside=set_aside,
-        completion_tokens=completion,
-        tokens_per_second=rate,
-        malformed=malformed,
-        tally=tally,
+        prompts_total=sum(s.prompts_total for s in snapshots),
+        prompts_done=sum(s.prompts_done for s in snapshots),
+        tokens_per_second=sum(s.tokens_per_s for s in snapshots if not s.finished),
+        counts=counts,
         records_by_turn=dict(by_turn),
         flagged_by_turn=dict(flagged),
         failure_reason=failure[0] if failure else None,

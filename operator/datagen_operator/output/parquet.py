@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import Counts
 from datagen_operator.output.layout import (
     RECORD_FIELDS,
     Key,
@@ -64,13 +64,13 @@ def parquet_schema() -> pa.Schema:
     )
 
 
-def parquet_keys_and_summary(path: Path, keys: KeySet) -> RecordCounts:
-    """Exact counts of a compacted shard (token counts are list lengths, as in RecordCounts.add_record); its
+def parquet_keys_and_summary(path: Path, keys: KeySet) -> Counts:
+    """Exact counts of a compacted shard (token counts are list lengths, as in Counts.add_record); its
     keys are added to `keys`."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    summary = RecordCounts()
+    summary = Counts()
     columns = ["id", "sample", "input_ids", "output_ids", "cached_tokens", "flags", "has_tools", "turn"]
     for batch in pq.ParquetFile(path).iter_batches(columns=columns, batch_size=8192):
         ids, samples = batch.column(0).to_pylist(), batch.column(1).to_pylist()

@@ -9,15 +9,14 @@ from typing import Any
 
 import orjson
 
+# Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
+# prompts.dataset.CAUSES), defined with the counter that counts them.
+from datagen_operator.api.progress import TOO_LONG as TOO_LONG
+from datagen_operator.api.progress import UNRENDERABLE as UNRENDERABLE
 from datagen_operator.engine.limits import memory_cap, reserved_tokens
 from datagen_operator.output.layout import Key
 from datagen_operator.prompts.conversation import AnswerSplit, Turns
 from datagen_operator.prompts.dataset import line_key, line_number
-
-# Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
-# prompts.dataset.CAUSES). Set-aside prompts are never sent, never retried, and are not server errors.
-UNRENDERABLE = "unrenderable"
-TOO_LONG = "too_long"
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import Counts
 from datagen_operator.output.layout import keys_path, record_key, write_atomic
 
 # --- segments --------------------------------------------------------------------------------------
@@ -20,7 +20,7 @@ from datagen_operator.output.layout import keys_path, record_key, write_atomic
 class SegmentScan:
     entries: list[tuple[str, int, int, int, int]]
     """(id, sample, turn, byte offset, byte length) of each valid record line."""
-    summary: RecordCounts
+    summary: Counts
     valid_bytes: int
     """Length of the prefix that ends with the last complete line."""
     torn_bytes: int
@@ -57,7 +57,7 @@ def parse_record_line(line: bytes) -> dict[str, Any] | None:
 
 def scan_segment_bytes(data: bytes) -> SegmentScan:
     entries: list[tuple[str, int, int, int, int]] = []
-    summary = RecordCounts()
+    summary = Counts()
     corrupt = 0
     valid_bytes = data.rfind(b"\n") + 1
     for offset, line in complete_lines(data):
@@ -82,7 +82,7 @@ def load_sealed_keys(segment: Path) -> SegmentScan | None:
     if data.get("bytes") != size:
         return None
     entries = [_entry(entry) for entry in data["entries"]]
-    return SegmentScan(entries, RecordCounts.from_storage(data["summary"]), size, 0, data.get("corrupt_lines", 0))
+    return SegmentScan(entries, Counts.from_storage(data["summary"]), size, 0, data.get("corrupt_lines", 0))
 
 
 def _entry(entry: list[Any]) -> tuple[str, int, int, int, int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.progress import RecordCounts
+from datagen_operator.api.progress import Counts
 from datagen_operator.output.layout import Key, KeySet, OutputLayout, fsync_dir, record_key, segment_seq
 from datagen_operator.output.manifest import manifest_lock
 from datagen_operator.output.parquet import parquet_keys_and_summary
@@ -81,9 +81,9 @@ class ShardWriter:
         """(id, sample) -> the first of a conversation's turns never sent (records.turns_reject)."""
         self.turns_cut_records = 0
         """The turns those entries say were never sent."""
-        self.summary = RecordCounts()
+        self.summary = Counts()
         """What `recover` found on disk (the worker's progress tracker counts from there on)."""
-        self.written = RecordCounts()
+        self.written = Counts()
         """Records this writer put on disk whole (with `summary`: exactly what the shard holds)."""
         self._buffer: list[bytes] = []
         self._buffered = 0
@@ -91,9 +91,9 @@ class ShardWriter:
         self._fd = -1
         self._size = 0
         self._entries: list[tuple[str, int, int, int, int]] = []
-        self._segment_summary = RecordCounts()
+        self._segment_summary = Counts()
         self._pending: list[tuple[Key, int, tuple[int, int, int, list[str], bool]]] = []
-        """(key, line length, RecordCounts.add arguments) of the buffered lines."""
+        """(key, line length, Counts.add arguments) of the buffered lines."""
         self._rejects_fd = -1
         self._dirty = False
 
@@ -155,7 +155,7 @@ class ShardWriter:
         self._fd = os.open(self._segment, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self._size = 0
         self._entries = []
-        self._segment_summary = RecordCounts()
+        self._segment_summary = Counts()
         fsync_dir(self.dir)
 
     def append(self, record: dict[str, Any], line: bytes | None = None) -> None:

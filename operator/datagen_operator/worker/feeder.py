@@ -157,7 +157,7 @@ class Feeder:
                 p.shard,
                 p.shard_count,
                 p.prompts_total,
-                p.prompts_malformed,
+                p.malformed_lines,
                 self.work.stolen,
                 self.work.given,
             )

@@ -96,7 +96,7 @@ class Finisher:
         else:
             code = EXIT_INCOMPLETE
             p.state = "incomplete"
-            p.message = f"{p.records_failed} records ran out of attempts; rerun resumes them"
+            p.message = f"{p.counts.failed} records ran out of attempts; rerun resumes them"
         if code != EXIT_OK:
             self.failure.tell_cause(cause, p.message)
         self._record_shard()
@@ -114,7 +114,7 @@ class Finisher:
         free = free_bytes(self.config.output)  # what the volume had left, before the reserve is given back
         writer.release_reserve()
         ledger.count_from_disk()
-        p.records_unwritten = unwritten
+        p.counts.unwritten = unwritten
         p.failure_reason = reason = volume_reason(error)
         p.state, p.message = "failed", self.failure.volume_text(error, free)
         if unwritten:

@@ -63,7 +63,7 @@ class Generation:
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
         cpu_before = time.process_time()
-        started, tokens_before, records_before = time.perf_counter(), p.output_tokens, p.records_done
+        started, tokens_before, records_before = time.perf_counter(), p.counts.output_tokens, p.records_done
         lanes = [asyncio.create_task(self.lanes.lane()) for _ in range(c.spec.clients.concurrency)]
         background = [
             asyncio.create_task(self.feeder.feed()),
@@ -79,7 +79,7 @@ class Generation:
             await asyncio.gather(*background, return_exceptions=True)
             await self.pool.close()
         elapsed = time.perf_counter() - started
-        made = p.output_tokens - tokens_before
+        made = p.counts.output_tokens - tokens_before
         log.info(
             "generation phase: %d records, %d output tokens in %.2fs",
             p.records_done - records_before,

@@ -76,7 +76,7 @@ class Lanes:
                 continue
             except GaveUp as gave_up:
                 log.warning("record %s#%d failed: %s", sending.id, sending.sample, gave_up.reason)
-                self.ledger.progress.records_failed += 1
+                self.ledger.progress.counts.failed += 1
                 continue
             except Drained:
                 return
@@ -132,5 +132,5 @@ class Lanes:
         entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)
         if not self.volume.write(self.writer.add_reject, entry):
             return
-        self.ledger.progress.records_rejected += 1
+        self.ledger.progress.counts.refused += 1
         self.ledger.finish_sample(job.id)

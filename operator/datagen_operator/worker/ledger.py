@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from datagen_operator.api.progress import RecordCounts, ShardProgress
+from datagen_operator.api.progress import Counts, ShardProgress
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject, turns_entry
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import EARLIER_TURN_REFUSED, NO_USER_TURN, TOOL_TURN, plan_turns
@@ -26,7 +26,7 @@ def start_ledger(
     dataset's totals and what is left of each prompt come as the feeder reads the plan. They replace the
     start-up's progress in `tracker`."""
     c, early = config, tracker.progress
-    counts = RecordCounts()
+    counts = Counts()
     counts.merge(writer.summary)
     counts.merge(writer.written)
     counts.records = len(writer.done)
@@ -38,9 +38,9 @@ def start_ledger(
         started_at=early.started_at,
         fingerprint_sha256=early.fingerprint_sha256,
         counts=counts,
-        records_rejected=len(writer.rejected),
-        records_set_aside=set_aside_on_disk(writer, c.spec.generation.samples_per_prompt),
     )
+    counts.refused = len(writer.rejected)
+    counts.records_set_aside = set_aside_on_disk(writer, c.spec.generation.samples_per_prompt)
     tracker.restart(p)
     log.info(
         "shard %d/%d: %d records already recorded; reading the dataset as requests go out",
@@ -73,16 +73,16 @@ class Ledger:
 
     def plan_line(self, line: MalformedLine) -> None:
         """A dataset line this shard owns that is set aside (bad JSON, id, messages, tools, duplicate)."""
-        p = self.progress
         self.writer.add_reject(malformed_reject(line.position, line.reason, line.excerpt, line.id, line.cause))
-        p.prompts_malformed += 1
-        p.set_aside[line.cause] = p.set_aside.get(line.cause, 0) + 1
+        self.progress.counts.lines += 1
+        self.progress.counts.set_aside_one(line.cause)
 
     def plan_prompt(self, ref: PromptRef, turns: int = 1, cut: int = 0) -> bool:
         """Count one valid prompt of the plan, with the `turns` its conversation gets (`cut`: its user turns
         after a dataset tool message, never planned); True when records of it are still to generate."""
         p, writer, n = self.progress, self.writer, self.samples
         p.prompts_total += 1
+        p.counts.lines += 1
         p.records_total += n * turns
         if cut:
             p.turns_cut[TOOL_TURN] = p.turns_cut.get(TOOL_TURN, 0) + cut
@@ -90,12 +90,8 @@ class Ledger:
         if cause is not None:
             # Set aside by an earlier run (unrenderable, too long): never sent again. Its samples are counted
             # from the start (set_aside_on_disk).
-            if cause == TOO_LONG:
-                p.prompts_too_long += 1
-            else:
-                p.prompts_rejected += 1
-            p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
-            p.records_set_aside += n * (turns - 1)  # set_aside_on_disk counted one turn per sample
+            p.counts.set_aside_one(cause)
+            p.counts.records_set_aside += n * (turns - 1)  # set_aside_on_disk counted one turn per sample
             p.prompts_done += 1
             return False
         for sample in range(n) if turns > 1 else ():
@@ -152,7 +148,7 @@ class Ledger:
             return 0
         p, count = self.progress, int(entry["turns"]) - int(entry["turn"])
         p.turns_cut[entry["cause"]] = p.turns_cut.get(entry["cause"], 0) + count
-        p.records_set_aside += count
+        p.counts.records_set_aside += count
         return count
 
     def set_aside(self, prompt_id: str, entry: dict[str, Any]) -> None:
@@ -160,13 +156,9 @@ class Ledger:
         server errors, the prompt done."""
         if not self.volume.write(self.writer.add_reject, entry):
             return
-        p, cause = self.progress, entry["cause"]
-        if cause == TOO_LONG:
-            p.prompts_too_long += 1
-        else:
-            p.prompts_rejected += 1
-        p.set_aside[cause] = p.set_aside.get(cause, 0) + 1
-        p.records_set_aside += self.remaining.pop(prompt_id)
+        p = self.progress
+        p.counts.set_aside_one(entry["cause"])
+        p.counts.records_set_aside += self.remaining.pop(prompt_id)
         p.prompts_done += 1
 
     def finish_sample(self, prompt_id: str) -> None:
@@ -185,22 +177,22 @@ class Ledger:
         """Set the counts and totals exactly from the disk and a whole pass over the plan (a failure's final
         report: the feeder may not have read the whole plan)."""
         c, p, writer, n = self.config, self.progress, self.writer, self.samples
-        p.records_done = p.records_rejected = p.records_set_aside = p.prompts_done = 0
-        p.prompts_total = p.records_total = p.prompts_malformed = p.prompts_rejected = p.prompts_too_long = 0
-        p.set_aside = {}
-        p.records_set_aside = set_aside_on_disk(writer, n)
+        counts = p.counts
+        counts.records = counts.refused = counts.lines = p.prompts_done = p.prompts_total = p.records_total = 0
+        counts.set_aside = {}
+        counts.records_set_aside = set_aside_on_disk(writer, n)
         self.remaining = {}
         for item in owned_items(c):
             if isinstance(item, MalformedLine):
-                p.prompts_malformed += 1
-                p.set_aside[item.cause] = p.set_aside.get(item.cause, 0) + 1
+                counts.lines += 1
+                counts.set_aside_one(item.cause)
                 continue
             ref, obj = item
             turns, cut = self.turns_of(ref, obj)
             if line_key(ref.position) not in writer.set_aside:
                 keys = [(ref.id, sample, turn) for sample in range(n) for turn in range(turns)]
-                p.records_done += sum(1 for key in keys if key in writer.done)
-                p.records_rejected += sum(1 for key in keys if key in writer.rejected)
+                counts.records += sum(1 for key in keys if key in writer.done)
+                counts.refused += sum(1 for key in keys if key in writer.rejected)
             self.plan_prompt(ref, turns, cut)
 
     def turns_of(self, ref: PromptRef, obj: dict[str, Any]) -> tuple[int, int]:

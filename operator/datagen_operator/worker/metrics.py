@@ -34,18 +34,21 @@ class ProgressCollector(Collector):
             return family
 
         yield counter("records", "Records written (resumed ones included).", p.records_done)
-        yield counter("records_rejected", "Records refused by the server (4xx).", p.records_rejected)
+        c = p.counts
+        yield counter("records_rejected", "Records refused by the server (4xx).", c.refused)
         yield counter(
-            "records_set_aside", "Samples of prompts set aside unsent (unrenderable, too long).", p.records_set_aside
+            "records_set_aside",
+            "Records never made, not for the server's sake: samples of prompts set aside, turns cut short.",
+            c.records_set_aside,
         )
-        yield counter("records_failed", "Records that ran out of attempts in this run.", p.records_failed)
-        yield counter("prompt_tokens", "Prompt tokens of written records.", p.prompt_tokens)
-        yield counter("output_tokens", "Output tokens of written records.", p.output_tokens)
-        yield counter("malformed_lines", "Dataset lines set aside as malformed.", p.prompts_malformed)
+        yield counter("records_failed", "Records that ran out of attempts in this run.", c.failed)
+        yield counter("prompt_tokens", "Prompt tokens of written records.", c.prompt_tokens)
+        yield counter("output_tokens", "Output tokens of written records.", c.output_tokens)
+        yield counter("malformed_lines", "Dataset lines set aside as malformed.", p.malformed_lines)
         set_aside = CounterMetricFamily(
             f"{PREFIX}_prompts_set_aside", "Prompts set aside unsent, by cause.", labels=["shard", "cause"]
         )
-        for cause, count in sorted(p.set_aside.items()):
+        for cause, count in sorted(c.set_aside.items()):
             set_aside.add_metric([str(p.shard), cause], count)
         yield set_aside
         errors = CounterMetricFamily(f"{PREFIX}_errors", "Retried request failures by kind.", labels=["shard", "kind"])
@@ -55,7 +58,7 @@ class ProgressCollector(Collector):
         flags = CounterMetricFamily(
             f"{PREFIX}_flags", "Records raising each inline check flag.", labels=["shard", "flag"]
         )
-        for flag, count in sorted(p.flags.items()):
+        for flag, count in sorted(c.flags.items()):
             flags.add_metric([str(p.shard), flag], count)
         yield flags
         yield gauge("in_flight", "Requests in flight.", p.in_flight)

@@ -49,11 +49,11 @@ class Tracker:
         now = time.time() if now is None else now
         p = self.progress
         samples = self._samples
-        samples.append((now, p.output_tokens))
+        samples.append((now, p.counts.output_tokens))
         while len(samples) > 2 and samples[1][0] <= now - self._window_s:
             samples.popleft()
         first_t, first_tokens = samples[0]
-        p.tokens_per_s = round((p.output_tokens - first_tokens) / (now - first_t), 1) if now > first_t else 0.0
+        p.tokens_per_s = round((p.counts.output_tokens - first_tokens) / (now - first_t), 1) if now > first_t else 0.0
         p.errors = dict(self.errors)
         p.updated_at = now
         return p
@@ -183,11 +183,12 @@ class Display:
             bar.start()
             self._bar = bar, bar.add_task("records", total=snapshot.records_total, info="")
         bar, task = self._bar
+        counts = snapshot.counts
         info = (
             f"{snapshot.state} {snapshot.tokens_per_s / 1000:.1f}k tok/s in-flight {snapshot.in_flight} "
-            f"rejected {snapshot.records_rejected} set aside {sum(snapshot.set_aside.values())} retries {sum(snapshot.errors.values())}"
+            f"refused {counts.refused} set aside {sum(counts.set_aside.values())} retries {sum(snapshot.errors.values())}"
         )
-        done = snapshot.records_done + snapshot.records_rejected + snapshot.records_set_aside
+        done = counts.records + counts.refused + counts.records_set_aside
         bar.update(task, completed=done, total=snapshot.records_total, info=info)
 
     def close(self, snapshot: ShardProgress) -> None:

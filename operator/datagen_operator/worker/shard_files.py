@@ -66,23 +66,24 @@ def record_shard(
     layout: OutputLayout, shard_index: int, p: ShardProgress, compaction: CompactionResult | None
 ) -> dict[str, Any]:
     """The shard's state and counts (and its Parquet, once compacted) in manifest.json; the manifest now."""
+    c = p.counts
     entry: dict[str, Any] = {
         "state": p.state,
         "counts": {
             "prompts": p.prompts_total,
-            "malformed_lines": p.prompts_malformed,
-            "unrenderable_prompts": p.prompts_rejected,
-            "too_long_prompts": p.prompts_too_long,
-            "records": p.records_done,
+            "malformed_lines": p.malformed_lines,
+            "unrenderable_prompts": c.unusable - p.malformed_lines,
+            "too_long_prompts": c.too_long,
+            "records": c.records,
             "records_total": p.records_total,
-            "rejected": p.records_rejected,
-            "set_aside_records": p.records_set_aside,
-            "failed": p.records_failed,
-            "prompt_tokens": p.prompt_tokens,
-            "output_tokens": p.output_tokens,
+            "rejected": c.refused,
+            "set_aside_records": c.records_set_aside,
+            "failed": c.failed,
+            "prompt_tokens": c.prompt_tokens,
+            "output_tokens": c.output_tokens,
         },
-        "flags": dict(p.flags),
-        "set_aside": dict(p.set_aside),
+        "flags": dict(c.flags),
+        "set_aside": dict(c.set_aside),
         "updated_at": time.time(),
     }
     if compaction is not None:
