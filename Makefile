@@ -28,12 +28,18 @@ testbin: venv
 chromium:
 	bash hack/chromium.sh
 
+# The suite in parallel (pytest-xdist): most tests wait on processes and the control plane, not the CPU, so
+# more workers than cores pays. Each file runs whole on one worker (its module fixtures built once); each
+# worker that meets a cluster test starts its own control plane. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test: venv testbin chromium
-	PYTHON=$(PY) $(PY) -m pytest -q -ra
+	PYTHON=$(PY) $(PY) -m pytest -q -ra $(PYTEST_PARALLEL)
 
 # Everything but the tests that need the control plane.
 test-fast: venv chromium
-	$(PY) -m pytest -q -ra -m 'not cluster'
+	$(PY) -m pytest -q -ra $(PYTEST_PARALLEL) -m 'not cluster'
 
 # Opt-in: speculators' own preprocessing on a `datagen export` (torch; a separate venv outside the repo).
 CONSUMERS_VENV ?= $(HOME)/.cache/datagen/consumers-venv
