@@ -35,3 +35,15 @@ def test_transitions_are_counted() -> None:
     metrics.count_transition("CanaryPassed", "False", "Failed")
     assert metrics.REGISTRY.get_sample_value("datagen_condition_transitions_total", labels) == before + 2
     assert 'datagen_condition_transitions_total{reason="Failed",status="False",type="CanaryPassed"}' in exposition()
+
+
+def test_passes_are_counted_per_run_and_forgotten_with_it() -> None:
+    labels = {"namespace": "llm", "name": "run-p"}
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) is None
+    metrics.count_pass("llm", "run-p")
+    metrics.count_pass("llm", "run-p")
+    metrics.count_pass("llm", "run-q")
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) == 2.0
+    metrics.forget_run("llm", "run-p")
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) is None
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", {**labels, "name": "run-q"}) == 1.0

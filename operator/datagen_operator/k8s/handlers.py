@@ -144,6 +144,7 @@ async def run_daemon(
             waker.clear()
             try:
                 await reconciler.run_pass(body)
+                metrics.count_pass(namespace, name)
                 failures = 0
             except Exception:  # an API hiccup must not end the run's daemon; the next pass retries
                 failures += 1

@@ -34,7 +34,13 @@ TRANSITIONS = Counter(
     ["type", "status", "reason"],
     registry=REGISTRY,
 )
-_GAUGES = (PROMPTS_TOTAL, PROMPTS_DONE, RECORDS, TOKENS_PER_SECOND)
+PASSES = Counter(
+    "datagen_run_passes",
+    "Passes the operator finished over the run (each observes it, decides, acts and reports).",
+    _RUN,
+    registry=REGISTRY,
+)
+_PER_RUN = (PROMPTS_TOTAL, PROMPTS_DONE, RECORDS, TOKENS_PER_SECOND, PASSES)
 
 
 def observe_status(namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -55,18 +61,22 @@ def count_transition(type_: str, status: str, reason: str) -> None:
     TRANSITIONS.labels(type_, status, reason).inc()
 
 
+def count_pass(namespace: str, name: str) -> None:
+    PASSES.labels(namespace, name).inc()
+
+
 def forget_run(namespace: str, name: str) -> None:
     """Drop a deleted run's series, so dashboards do not show ghosts."""
     for type_ in CONDITION_TYPES:
         for value in ("True", "False", "Unknown"):
             _remove(CONDITION, namespace, name, type_, value)
-    for gauge in _GAUGES:
-        _remove(gauge, namespace, name)
+    for series in _PER_RUN:
+        _remove(series, namespace, name)
 
 
-def _remove(gauge: Gauge, *labels: str) -> None:
+def _remove(series: Gauge | Counter, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never observed: nothing to drop
-        gauge.remove(*labels)
+        series.remove(*labels)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:
