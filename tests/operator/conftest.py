@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -23,6 +23,7 @@ from datagen_operator.k8s.rbac import CLUSTER_RULES
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 
+T = TypeVar("T")
 GROUP, VERSION, PLURAL = "datagen.dev", "v1alpha1", "datagenruns"
 PROMPTS = [
     {"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue, in {i} words?"}]}
@@ -130,6 +131,30 @@ class Runs:
                 return value
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}")
+
+    def passes(self, name: str) -> float:
+        """Passes the in-process operator finished over the run (its metric `datagen_run_passes_total`)."""
+        from datagen_operator.k8s import metrics
+
+        labels = {"namespace": self.namespace, "name": name}
+        return metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) or 0.0
+
+    def during_passes(self, name: str, count: int, look: Callable[[], T], timeout: float = 60.0) -> list[T]:
+        """`look()` every 0.3 s until the operator has made `count` whole passes over the run that began after this
+        call (a pass under way now is not one of them): what a test waits on before it says that something did
+        NOT happen, instead of a fixed sleep. Every look's result, in order (at least one)."""
+        wanted = self.passes(name) + count + 1
+        deadline = time.monotonic() + timeout
+        seen = [look()]
+        while self.passes(name) < wanted:
+            assert time.monotonic() < deadline, f"{count} passes over {name} not made in {timeout} s"
+            time.sleep(0.3)
+            seen.append(look())
+        return seen
+
+    def wait_passes(self, name: str, count: int = 3, timeout: float = 60.0) -> None:
+        """Returns once the operator has made `count` whole passes over the run begun after this call."""
+        self.during_passes(name, count, lambda: None, timeout)
 
     def pod_ip(self, name: str) -> str | None:
         try:
