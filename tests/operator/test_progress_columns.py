@@ -14,7 +14,6 @@ import json
 import re
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 from tests.harness.kubelet import PodRunner
@@ -84,6 +83,16 @@ class Poller:
     def rows(self, name: str) -> list[dict[str, str]]:
         return [row for poll in self.polls for row in poll if row["NAME"] == name]
 
+    def wait_for(self, runs: Runs, name: str, column: str, value: str, polls: int, timeout: float = 60) -> None:
+        """Until `polls` polls taken from now show the run's `column` reading `value` (kubectl's own word, not a
+        sleep that a slow kubectl on a loaded machine outlasts)."""
+        start = len(self.polls)
+        runs.wait_for(
+            f"{polls} polls of {name} with {column} {value}",
+            lambda: sum(r["NAME"] == name and r.get(column) == value for p in self.polls[start:] for r in p) >= polls,
+            timeout,
+        )
+
 
 def progress(row: dict[str, str]) -> tuple[int, int] | None:
     match = SUMMARY.match(row["PROGRESS"])
@@ -124,7 +133,7 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
         runs.patch_spec(name, {"checks": STRICT})
         runs.wait(name, "Succeeded", "False", "ChecksFailed", timeout=60)
         runs.wait_for("the workers stopped", lambda: not kubelet.running(runs.namespace, f"{name}-workers-"), 60)
-        time.sleep(1.5)  # a few polls of the halted run
+        poller.wait_for(runs, name, "PHASE", "Halted", polls=3)  # a few polls of the halted run
         # The resume: new worker pods, which read the dataset from its start again.
         runs.patch_spec(name, {"checks": LENIENT})
         runs.wait(name, "Progressing", "True", "Running", timeout=60)
@@ -132,7 +141,7 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
         # A data change after bulk records: refused, and said where people look.
         runs.patch_spec(name, {"model": {"path": "/models/other"}})
         runs.wait(name, "SpecApplied", "False", "DataFieldsFrozen")
-        time.sleep(1.5)
+        poller.wait_for(runs, name, "SPEC", "DataFieldsFrozen", polls=2)
         runs.patch_spec(name, {"model": {"path": "/models/standin"}})
         runs.wait(name, "SpecApplied", "True", "Applied")
         runs.wait(name, "Succeeded", "True", "Completed", timeout=240)
