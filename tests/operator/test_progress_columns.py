@@ -10,7 +10,6 @@ resumed (new worker pods), and meets a refused data change, beside a run halted 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import subprocess
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
-from tests.operator.conftest import OperatorFactory, Runs, new_name
+from tests.operator.conftest import OperatorFactory, Runs, many_prompts, new_name
 
 PROMPTS = 300
 """Each shard reads ~100 prompts ahead of its requests: more than that shows a total counted as read."""
@@ -102,11 +101,7 @@ def progress(row: dict[str, str]) -> tuple[int, int] | None:
 def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_changes(
     runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
-    prompts = [
-        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue?"}]}
-        for i in range(PROMPTS)
-    ]
-    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    many_prompts(data_dir, PROMPTS, "why is the sky blue?")
     (data_dir / "broken.jsonl").write_text('{"id": "x", "messages": "not a list"}\nnot json\n')
     name, broken = new_name("columns"), new_name("broken")
     log = runs.cluster.logs_dir / f"kubectl-get-dgr-{name}.log"
