@@ -7,7 +7,6 @@ names memory, not max_new_tokens, as the fix."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -22,6 +21,7 @@ from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_run, write_run
+from tests.programs import one_shard_worker, run_program
 from tests.worker.proxy import CountingProxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,11 +55,7 @@ def _dataset(tmp_path: Path) -> Path:
 
 
 def _worker(run_file: Path, output: Path, url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output", str(output),
-         "--server", url, "--shard-index", "0", "--shard-count", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    return run_program(one_shard_worker(run_file, output, url))
 
 
 def test_prompts_the_kv_pool_would_cut_are_set_aside_naming_the_pool(tmp_path: Path) -> None:

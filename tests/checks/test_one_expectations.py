@@ -9,8 +9,6 @@ its config's eos (`<|im_end|>`), the case where the canary passed and verify the
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import DELETE, local_run, write_run
+from tests.programs import one_shard_worker, run_program
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
@@ -116,11 +115,7 @@ def test_canary_worker_rolling_and_verify_flag_the_same_records(tmp_path: Path, 
     expect = rc.expectations_for(resolve_model(spec), tokenizer, kimi)
     with start_sim(*KIMI_PARSERS, "--sim-fault-nan-rate", nan_rate) as sim:
         canary = asyncio.run(run_canary(spec, tokenizer, PROMPTS, [sim.url], tmp_path / "canary.jsonl", kimi))
-        worker = subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
-             str(tmp_path / "out"), "--server", sim.url, "--shard-index", "0", "--shard-count", "1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        worker = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))
     assert worker.returncode == 0, worker.stdout + worker.stderr
 
     canary_records = [orjson.loads(line) for line in (tmp_path / "canary.jsonl").read_bytes().splitlines()]

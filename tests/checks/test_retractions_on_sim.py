@@ -5,8 +5,6 @@ one, the same retractions are stored and harmless."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_run, write_run
+from tests.programs import one_shard_worker, run_program
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
@@ -35,11 +34,7 @@ def test_retracted_records_are_flagged_where_the_penalties_restart(tmp_path: Pat
     changes = {"generation": {"sampling": sampling}, "clients": {"shards": 1, "concurrency": 8}}
     write_run(run_file, local_run(standin, PROMPTS, tmp_path / "out", name="r", **changes))
     with start_sim(*SIM, "--sim-retraction-rate", "1") as sim:
-        worker = subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
-             str(tmp_path / "out"), "--server", sim.url, "--shard-index", "0", "--shard-count", "1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        worker = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))
     assert worker.returncode == 0, worker.stdout + worker.stderr
     stored = list(iter_records(tmp_path / "out"))
     assert len(stored) == 24 and all(r["num_retractions"] == 1 for r in stored)

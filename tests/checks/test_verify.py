@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -13,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen_operator.api import load_run
+from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import check_context
@@ -23,6 +22,7 @@ from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_run, write_run
+from tests.programs import one_shard_worker, run_program
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
@@ -38,11 +38,7 @@ def produced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     write_run(run_file, local_run(standin, PROMPTS, folder / "out", name="v", **changes))
     flags = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-reasoning-tokens", "40")
     with start_sim(*flags) as sim:
-        result = subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
-             str(folder / "out"), "--server", sim.url, "--shard-index", "0", "--shard-count", "1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        result = run_program(one_shard_worker(run_file, folder / "out", sim.url))
     assert result.returncode == 0, result.stdout + result.stderr
     return run_file, folder / "out"
 
@@ -87,16 +83,10 @@ def test_a_correct_output_passes_every_check(produced: tuple[Path, Path]) -> Non
 
 def test_cli_report_and_json(produced: tuple[Path, Path]) -> None:
     run_file, output = produced
-    human = subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "verify", str(output), "--run", str(run_file)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    human = run_program(VerifyCommand(output=str(output), run=str(run_file)))
     assert human.returncode == 0, human.stdout + human.stderr
     assert "PASSED" in human.stdout and "completeness" in human.stdout
-    machine = subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "verify", str(output), "--run", str(run_file), "--json"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    machine = run_program(VerifyCommand(output=str(output), run=str(run_file), json=True))
     assert json.loads(machine.stdout)["passed"] is True
 
 

@@ -15,7 +15,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +170,19 @@ def test_after_helm_uninstall_release_finalizers_lets_the_namespace_go(
         timeout=60,
         describe="the namespace controller deleting the run",
     )
-    time.sleep(5)  # the trap: nobody runs the finalizer, so the run and its namespace stay
+
+    def stuck_on_our_finalizer() -> bool:
+        """The namespace controller has tried to empty the namespace and reports what holds it: our finalizer."""
+        conditions = namespaces.get(name=runs_namespace).status.conditions or []
+        return any(
+            c.type == "NamespaceFinalizersRemaining"
+            and c.status == "True"
+            and "datagen.dev/finalizer" in (c.message or "")
+            for c in conditions
+        )
+
+    # The trap: nobody runs the finalizer, so the run and its namespace stay.
+    wait_until(stuck_on_our_finalizer, timeout=60, describe="the namespace controller held by the run's finalizer")
     assert namespaces.get(name=runs_namespace).status.phase == "Terminating"
     assert finalizers() == ["datagen.dev/finalizer"]
 

@@ -4,7 +4,6 @@ resume's preflight (before any server), by the workers, and by `datagen verify`.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -16,6 +15,7 @@ from datagen_operator.prompts.pin import pin_changes, pin_dataset, read_pin
 from datagen_operator.prompts.render import load_tokenizer
 from tests.harness.sim import start_sim
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
+from tests.programs import one_shard_worker, run_program
 
 PARSERS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-mean-reasoning-tokens", "40")
 
@@ -62,11 +62,7 @@ def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_an
     assert read_pin(tmp_path / "out") is not None
 
     def worker(url: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
-             str(tmp_path / "out"), "--server", url, "--shard-index", "0", "--shard-count", "1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        return run_program(one_shard_worker(run_file, tmp_path / "out", url))
 
     with start_sim(*PARSERS) as sim:
         assert worker(sim.url).returncode == 0
@@ -104,11 +100,7 @@ def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin: Path) -> 
     tokenizer = load_tokenizer(standin, trust_remote_code=False)
     assert run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out").passed
     with start_sim(*PARSERS) as sim:
-        done = subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
-             str(tmp_path / "out"), "--server", sim.url, "--shard-index", "0", "--shard-count", "1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        done = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))
     assert done.returncode == 0, done.stdout + done.stderr
     passed = verify_output(tmp_path / "out", spec, tokenizer=tokenizer, dataset=dataset)
     pin_check = next(c for c in passed.checks if c.name == DATASET_PIN)

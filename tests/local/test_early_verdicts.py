@@ -4,17 +4,17 @@ records already fail a check. Counted: the refusal's numbers, and no server log 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 
 from datagen_operator.api import load_run
+from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.checks.preflight import run_preflight
 from datagen_operator.prompts.render import load_tokenizer
 from tests.harness.sim import start_sim
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
+from tests.programs import one_shard_worker, run_program
 
 
 def _mixed_dataset(path: Path) -> Path:
@@ -46,9 +46,7 @@ def test_a_dataset_over_the_malformed_threshold_is_refused_before_any_server(tmp
     assert not list((tmp_path / "out").glob("shards/*")), "no worker may be started"
     # Nothing points at files that do not exist: no verify of an empty output, no server logs.
     assert "no record was written to" in text and "(datagen verify" not in text
-    verify = subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "verify", str(tmp_path / "out")], capture_output=True, text=True
-    )
+    verify = run_program(VerifyCommand(output=str(tmp_path / "out")))
     assert verify.returncode == 1 and "with no record in it" in verify.stdout + verify.stderr
     assert "server logs in" not in verify.stdout + verify.stderr
 
@@ -76,11 +74,7 @@ def test_a_resume_over_records_that_already_fail_is_refused_before_any_server(tm
     run_file = manifest(tmp_path, standin, clients__shards=1)
     leaking = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-prompt-suffix-leak", "3")
     with start_sim(*leaking) as sim:
-        worker = subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output",
-             str(tmp_path / "out"), "--server", sim.url, "--shard-index", "0", "--shard-count", "1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        worker = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))
     assert worker.returncode == 0, worker.stdout + worker.stderr
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 1, result.stdout + result.stderr

@@ -7,17 +7,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
+from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.output.readers import iter_records, iter_rejects
 from tests.local.runs import FAST_SIM, datagen_run
 from tests.manifests import EXAMPLES
+from tests.programs import run_program
 
 FAMILIES = ("kimi-k2.5", "qwen3", "deepseek-r1", "gpt-oss")
 
@@ -41,11 +41,7 @@ def test_the_regenerate_example_completes_for_each_family(tmp_path: Path, preset
         r"DataFaithful=True \(WithinThresholds\): \d+ checks pass over \d+ records; records by turn: 1: ", said
     )
     records = list(iter_records(tmp_path / "out"))
-    verified = subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "verify", str(tmp_path / "out"), "--json"],
-        capture_output=True,
-        text=True,
-    )
+    verified = run_program(VerifyCommand(output=str(tmp_path / "out"), json=True))
     report = json.loads(verified.stdout)
     fidelity = next(check for check in report["checks"] if check["name"] == "prompt_fidelity")
     # Every turn of the sampled conversations (fidelitySample 64 records: all 23 here) rebuilt and proved.

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 import yaml
 
+from datagen_operator.api.commands import PreflightCommand
 from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.output.rendered import RenderedWriter, open_rendered, rendered_dir
+from tests.programs import run_program
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,10 +36,7 @@ def _run(tmp_path: Path, tokenizer: Path, lines: list[dict]) -> Path:
 
 
 def _preflight(run: Path) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "preflight", "--run", str(run)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_program(PreflightCommand(run=str(run)), cwd=REPO)
     return orjson.loads(done.stdout.strip().splitlines()[-1])
 
 

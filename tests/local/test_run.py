@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import yaml
 
+from datagen_operator.api.commands import VerifyCommand
 from tests.local.runs import FAST_SIM, datagen_run, dataset_ids, manifest, start_generating, stored_keys
+from tests.programs import run_program
 
 
 def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path) -> None:
@@ -23,9 +24,7 @@ def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path
     for condition in ("ServerReady=True", "ParsersVerified=True", "CanaryPassed=True", "Succeeded=True"):
         assert condition in result.stdout, result.stdout
     assert sorted(stored_keys(out)) == sorted((i, 0) for i in dataset_ids())
-    verify = subprocess.run(
-        [sys.executable, "-m", "datagen_operator.cli", "verify", str(out), "--json"], capture_output=True, text=True
-    )
+    verify = run_program(VerifyCommand(output=str(out), json=True))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = orjson.loads(verify.stdout)
     assert report["passed"] and report["records"] == len(dataset_ids())

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -24,6 +24,7 @@ from datagen_operator.k8s.rbac import CLUSTER_RULES
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 
+T = TypeVar("T")
 GROUP, VERSION = API_GROUP, API_VERSION
 PROMPTS = [
     {"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue, in {i} words?"}]}
@@ -132,6 +133,30 @@ class Runs:
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}")
 
+    def passes(self, name: str) -> float:
+        """Passes the in-process operator finished over the run (its metric `datagen_run_passes_total`)."""
+        from datagen_operator.k8s import metrics
+
+        labels = {"namespace": self.namespace, "name": name}
+        return metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) or 0.0
+
+    def during_passes(self, name: str, count: int, look: Callable[[], T], timeout: float = 60.0) -> list[T]:
+        """`look()` every 0.3 s until the operator has made `count` whole passes over the run that began after this
+        call (a pass under way now is not one of them): what a test waits on before it says that something did
+        NOT happen, instead of a fixed sleep. Every look's result, in order (at least one)."""
+        wanted = self.passes(name) + count + 1
+        deadline = time.monotonic() + timeout
+        seen = [look()]
+        while self.passes(name) < wanted:
+            assert time.monotonic() < deadline, f"{count} passes over {name} not made in {timeout} s"
+            time.sleep(0.3)
+            seen.append(look())
+        return seen
+
+    def wait_passes(self, name: str, count: int = 3, timeout: float = 60.0) -> None:
+        """Returns once the operator has made `count` whole passes over the run begun after this call."""
+        self.during_passes(name, count, lambda: None, timeout)
+
     def pod_ip(self, name: str) -> str | None:
         try:
             return self.core.read_namespaced_pod(name, self.namespace).status.pod_ip
@@ -204,36 +229,49 @@ def operator_account(control_plane: Cluster, namespace: str) -> tuple[Path, Call
     return control_plane.kubeconfig_for_service_account(namespace, "datagen-operator"), unbind
 
 
+def start_kopf(
+    monkeypatch: pytest.MonkeyPatch,
+    kubeconfig: Path,
+    watched: str,
+    server_urls: list[str],
+    worker_image: str = WORKER_IMAGE,
+    env: dict[str, str | None] | None = None,
+) -> Any:
+    """kopf's KopfRunner, entered: the operator in this process watching namespace `watched` as the kubeconfig's
+    user, its servers at `server_urls`, with the tests' pace (a pass every second, progress written every 2 s);
+    `env` sets more of its variables (None: the operator's default). Leave it with `.__exit__(None, None, None)`."""
+    from kopf.testing import KopfRunner
+
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
+    monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
+    monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
+    monkeypatch.setenv("DATAGEN_MESSAGE_WRITE_SECONDS", "2")
+    monkeypatch.setenv("DATAGEN_WORKER_IMAGE", worker_image)
+    for key, value in (env or {}).items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    runner = KopfRunner(
+        ["run", "--standalone", "--namespace", watched, "-m", "datagen_operator.k8s.handlers"], timeout=60
+    )
+    runner.__enter__()
+    return runner
+
+
 @pytest.fixture
 def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorFactory]:
     """`(server_urls, worker_image=...) -> handle`: the operator in-process as ServiceAccount datagen-operator of
     the test's namespace, bound to a ClusterRole with exactly k8s/rbac.py's rules. Call again after `.stop()` to
     restart (with another worker image: an operator upgrade)."""
-    from kopf.testing import KopfRunner
-
     kubeconfig, unbind = operator_account(control_plane, namespace)
     handles: list[OperatorHandle] = []
 
     def start(
         server_urls: list[str], worker_image: str = WORKER_IMAGE, env: dict[str, str | None] | None = None
     ) -> OperatorHandle:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
-        monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
-        monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
-        monkeypatch.setenv("DATAGEN_MESSAGE_WRITE_SECONDS", "2")
-        monkeypatch.setenv("DATAGEN_WORKER_IMAGE", worker_image)
-        for key, value in (env or {}).items():  # None: the operator's default
-            if value is None:
-                monkeypatch.delenv(key, raising=False)
-            else:
-                monkeypatch.setenv(key, value)
-        runner = KopfRunner(
-            ["run", "--standalone", "--namespace", namespace, "-m", "datagen_operator.k8s.handlers"],
-            timeout=60,
-        )
-        runner.__enter__()
-        handle = OperatorHandle(runner)
+        handle = OperatorHandle(start_kopf(monkeypatch, kubeconfig, namespace, server_urls, worker_image, env))
         handles.append(handle)
         return handle
 
@@ -249,10 +287,11 @@ LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens",
 """Answers longer than max_new_tokens (64): truncated records, which a strict maxTruncationRate halts on."""
 
 
-def many_prompts(data_dir: Path, count: int = 120) -> None:
-    """Enough prompts that a run is still generating when the strict checks come in."""
+def many_prompts(data_dir: Path, count: int = 120, question: str = "why?") -> None:
+    """Enough prompts that a run is still generating when the strict checks come in (prompts.jsonl)."""
     lines = [
-        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why?"}]} for i in range(count)
+        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: {question}"}]}
+        for i in range(count)
     ]
     (data_dir / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 

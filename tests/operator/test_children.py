@@ -39,14 +39,15 @@ def named(items: list[Any], name: str) -> Any:
     return next((item for item in items if item.metadata.name == name), None)
 
 
-def settle(applies: list[tuple[str, str]], quiet_s: float = 3.0) -> None:
-    """Wait until no apply was sent for `quiet_s` (the operator passes every second in these tests)."""
-    seen, since = len(applies), time.monotonic()
-    deadline = since + 60
-    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
-        time.sleep(0.2)
-        if len(applies) != seen:
-            seen, since = len(applies), time.monotonic()
+def settle(runs: Runs, name: str, applies: list[tuple[str, str]], quiet_passes: int = 3) -> None:
+    """Wait until the operator made `quiet_passes` passes over the run in a row that sent no apply."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen = len(applies)
+        runs.wait_passes(name, quiet_passes)
+        if len(applies) == seen:
+            return
+        assert time.monotonic() < deadline, f"still applying after 60 s: {applies[seen:]}"
 
 
 def test_a_deleted_or_edited_child_comes_back_without_a_restart(
@@ -61,7 +62,7 @@ def test_a_deleted_or_edited_child_comes_back_without_a_restart(
     bindings = lambda: rbac.list_namespaced_role_binding(runs.namespace).items  # noqa: E731
     runs.wait_for("the replica Service", lambda: named(services(), service))
     runs.wait_for("the RoleBinding", lambda: named(bindings(), binding))
-    settle(applies)
+    settle(runs, name, applies)
     assert creations(applies, f"Service/{service}") == creations(applies, f"RoleBinding/{binding}") == 1, applies
     built = runs.core.read_namespaced_service(service, runs.namespace)
     assert any(f.manager == FIELD_MANAGER and f.operation == "Apply" for f in built.metadata.managed_fields)
@@ -72,7 +73,7 @@ def test_a_deleted_or_edited_child_comes_back_without_a_restart(
     again = runs.wait_for("the Service back", lambda: named(services(), service), timeout=30)
     assert again.metadata.uid != built.metadata.uid
     runs.wait_for("the RoleBinding back", lambda: named(bindings(), binding), timeout=30)
-    settle(applies)
+    settle(runs, name, applies)
     assert creations(applies, f"Service/{service}") == creations(applies, f"RoleBinding/{binding}") == 2, applies
 
     # Edited by hand (a port's target, a label): the operator's fields are taken back, nothing else moves.
@@ -95,10 +96,10 @@ def test_a_deleted_or_edited_child_comes_back_without_a_restart(
     restored = runs.core.read_namespaced_service(service, runs.namespace)
     assert [(p.name, p.port, p.target_port) for p in restored.spec.ports] == [(port.name, port.port, "http")]
     assert restored.metadata.uid == again.metadata.uid, "repaired in place, not recreated"
-    settle(applies)
+    settle(runs, name, applies)
     assert creations(applies, f"Service/{service}") == 2, applies
 
     # A steady run sends no apply at all, however many passes it makes.
     before = len(applies)
-    time.sleep(4)
+    runs.wait_passes(name, 4)
     assert len(applies) == before, applies[before:]

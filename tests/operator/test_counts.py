@@ -118,7 +118,7 @@ def test_one_server_pod_per_run_through_live_changes_verification_and_release(
             "the change observed",
             lambda: runs.get(name)["status"].get("observedGeneration") == generation,
         )
-        time.sleep(3)  # a few more passes (resync 1 s) to give a wrong patch its chance
+        runs.wait_passes(name, 3)  # a few more passes to give a wrong patch its chance
         assert server_pod(runs, name).metadata.uid == loaded.metadata.uid, "a live field restarted the server"
         sts = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
         assert sts.spec.template == sts_before.spec.template, "the running template waits for the next start"
@@ -183,7 +183,8 @@ def test_a_halted_run_reads_server_ready_false_with_one_server_pod(
         "the GPUs released",
         lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
     )
-    time.sleep(2)  # passes over a halted run must not bring the server back
+    runs.wait_passes(name, 3)  # passes over a halted run must not bring the server back
+    assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
     assert server_pod_events(runs, name, "SuccessfulCreate") == 1
     assert runs.get(name)["status"]["server"]["replicas"] == 0
 
@@ -206,7 +207,8 @@ def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(
         "the GPUs released",
         lambda: runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0,
     )
-    time.sleep(2)  # the halt stands: no canary, no server again
+    runs.wait_passes(name, 3)  # the halt stands: no canary, no server again
+    assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
     assert server_pod_events(runs, name, "SuccessfulCreate") == 1
     jobs = {j.metadata.name for j in runs.batch.list_namespaced_job(runs.namespace).items}
     assert f"{name}-canary" not in jobs and f"{name}-workers" not in jobs, jobs

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,8 @@ from tests.operator.conftest import (
 VERDICTS = ("InputsVerified", "ParsersVerified", "CanaryPassed", "DataFaithful", "Exported", "Succeeded")
 """Conditions that hold a step's verdict once they read True or False (DataFaithful: the final verification's)."""
 STEPS = ("preflight", "canary", "workers", "verify", "export")
-SETTLE_S = 8.0
-"""Polls of a finished or halted run after its children are deleted (the operator passes every second)."""
+SETTLE_PASSES = 6
+"""Passes of the operator over a finished or halted run after its children are deleted, the run polled meanwhile."""
 
 Snapshot = dict[str, tuple[str, str, str]]
 
@@ -183,15 +182,14 @@ def reached(runs: Runs, name: str, reasons: dict[str, str], timeout: float = 120
     runs.wait_for(f"{name}: {reasons}", now, timeout)
 
 
-def settled(runs: Runs, name: str, seconds: float) -> list[Snapshot]:
-    """The whole condition list, polled for `seconds`."""
-    out = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+def settled(runs: Runs, name: str, passes: int) -> list[Snapshot]:
+    """The whole condition list, polled until the operator has made `passes` passes over the run."""
+
+    def look() -> Snapshot:
         conditions = runs.get(name)["status"]["conditions"]
-        out.append({c["type"]: (c["status"], c["reason"], c["lastTransitionTime"]) for c in conditions})
-        time.sleep(0.3)
-    return out
+        return {c["type"]: (c["status"], c["reason"], c["lastTransitionTime"]) for c in conditions}
+
+    return runs.during_passes(name, passes, look)
 
 
 def evidence(runs: Runs, line: str) -> None:
@@ -213,7 +211,7 @@ def test_deleting_finished_step_children_at_every_phase_changes_nothing(
         runs.wait(name, "InputsVerified", "True", "Passed", timeout=90)
         runs.wait(name, "ServerReady", "False", "Loading", timeout=60)
         steps.delete(("preflight",), what)
-        time.sleep(2)  # passes over a loading server with its preflight gone
+        runs.wait_passes(name, 2)  # passes over a loading server with its preflight gone
         sim.spawn().wait_ready()
 
         # Bulk generation: the preflight's and the canary's children go; a worker crashes (SIGKILL, its Job
@@ -243,7 +241,7 @@ def test_deleting_finished_step_children_at_every_phase_changes_nothing(
 
         # After success: every step's children go; the run reads the same on every poll.
         steps.delete(STEPS, what)
-        after = settled(runs, name, SETTLE_S)
+        after = settled(runs, name, SETTLE_PASSES)
         status = runs.get(name)["status"]
     final = {c["type"]: (c["status"], c["reason"], c["lastTransitionTime"]) for c in before["conditions"]}
     started = {step: steps.started(step) for step in STEPS}
@@ -279,19 +277,23 @@ def test_deleting_a_halted_runs_children_changes_nothing(
         runs.patch_spec(name, {"checks": STRICT})
         runs.wait(name, "Succeeded", "False", "ChecksFailed", timeout=60)
         runs.wait_for("the workers stopped", lambda: not kubelet.running(runs.namespace, f"{name}-workers-"), 60)
-        time.sleep(2)
+        runs.wait_passes(name, 2)  # the operator has seen the workers stopped
         before = runs.get(name)["status"]
         started_before = {step: steps.started(step) for step in STEPS}
 
         steps.delete(("preflight", "canary", "workers"), what)
-        after = settled(runs, name, SETTLE_S)
+        after = settled(runs, name, SETTLE_PASSES)
         polled, started = len(polls.snapshots), {step: steps.started(step) for step in STEPS}
         jobs_wrong = steps.check_jobs()
         # A data change now is refused as before: the output holds records whether or not their Job is left.
         # (Any spec change lifts a halt: the run is judged again, which is not what is counted here.)
         runs.patch_spec(name, {"generation": {"sampling": {"max_new_tokens": 1024}}})
         frozen = runs.wait(name, "SpecApplied", "False", "DataFieldsFrozen", timeout=30)
-        time.sleep(2)
+        runs.wait_passes(name, 3)  # passes over the refused change, which must start no step
+        # The change lifts the halt (the workers may go on); the refused data change runs no gate step again.
+        gates_again = [
+            wrong for wrong in steps.check_jobs() if wrong.startswith((f"{name}-preflight ", f"{name}-canary "))
+        ]
         reran = {step: steps.started(step) for step in ("preflight", "canary")}
     final = {c["type"]: (c["status"], c["reason"], c["lastTransitionTime"]) for c in before["conditions"]}
     evidence(runs, f"{name}: {polled} polls, {steps.deleted_pods} pods and {len(steps.deleted_jobs)} "
@@ -301,6 +303,7 @@ def test_deleting_a_halted_runs_children_changes_nothing(
     assert not jobs_wrong, jobs_wrong
     assert started == started_before and started["preflight"] == started["canary"] == 1, started
     assert "spec.generation.sampling.max_new_tokens" in frozen["message"]
+    assert not gates_again, gates_again
     assert reran == {"preflight": 1, "canary": 1}, "the refused change ran no step again"
     assert runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace).spec.replicas == 0
 

@@ -5,7 +5,6 @@ the same cause (issue 34 item 3). A change beyond `spec.suspend` is a new spec, 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import yaml
@@ -16,8 +15,8 @@ from tests.manifests import cluster_run
 from tests.operator.conftest import OperatorFactory, Runs, new_name
 from tests.operator.test_counts import server_pod_events
 
-WATCH_S = 3.0
-"""How long each state is watched once a pass has taken it: three of the fixture's 1 s resyncs."""
+WATCH_PASSES = 3
+"""How long each state is watched once a pass has taken it: three more passes of the operator over the run."""
 
 
 def test_a_halted_run_stays_halted_through_suspend_resume_and_an_operator_restart(
@@ -31,11 +30,11 @@ def test_a_halted_run_stays_halted_through_suspend_resume_and_an_operator_restar
         return bool((yaml.safe_load(cm.data["run.yaml"])["spec"]).get("suspend"))
 
     def watch(what: str) -> None:
-        end = time.monotonic() + WATCH_S
-        while time.monotonic() < end:
+        def look() -> tuple[str, str, str]:
             succeeded = runs.condition(name, "Succeeded") or {}
-            seen.append((what, succeeded.get("status", ""), succeeded.get("reason", "")))
-            time.sleep(0.2)
+            return what, succeeded.get("status", ""), succeeded.get("reason", "")
+
+        seen.extend(runs.during_passes(name, WATCH_PASSES, look))
 
     # The server runs the wrong reasoning parser: a halt at the parser check, after one model load.
     with start_sim(

@@ -45,9 +45,12 @@ from tests.operator.conftest import (
     many_prompts,
     new_name,
     operator_account,
+    start_kopf,
 )
 
 DELETION_S = 60.0
+GONE = "Deleted, really deleted, and we are notified."
+"""kopf's DEBUG line once the watch reports an object deleted for good."""
 PER_EVENT = re.compile(r"(Handler|Indexer) '[^']+' succeeded\.")
 """kopf's line for every watch event handed to a handler or an indexer."""
 
@@ -71,6 +74,13 @@ class OperatorLog(logging.Handler):
 
     def per_event(self) -> list[str]:
         return [line for r in self.records if PER_EVENT.fullmatch(line := r.getMessage())]
+
+    def gone(self, name: str) -> bool:
+        """kopf handled the run's last watch event (its DELETED): its daemon, its finalizer and every handler
+        for it are done, so nothing more is logged about it. kopf says so at DEBUG (`kopf.objects`)."""
+        return any(
+            r.getMessage() == GONE and (getattr(r, "k8s_ref", None) or {}).get("name") == name for r in self.records
+        )
 
 
 @pytest.fixture
@@ -98,8 +108,6 @@ def logged_operator(
     """`(server_urls) -> its log`: the operator in-process, watching `run_namespace`, as ServiceAccount
     datagen-operator of the test's namespace bound to exactly k8s/rbac.py's rules (as tests/operator/conftest.py's
     `operator`, which watches the test's own namespace)."""
-    from kopf.testing import KopfRunner
-
     kubeconfig, unbind = operator_account(control_plane, namespace)
     log = OperatorLog()
     logging.getLogger().addHandler(log)
@@ -109,16 +117,7 @@ def logged_operator(
     runners: list[Any] = []
 
     def start(server_urls: list[str]) -> OperatorLog:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        monkeypatch.setenv("DATAGEN_TEST_SERVER_URLS", ",".join(server_urls))
-        monkeypatch.setenv("DATAGEN_RESYNC_SECONDS", "1")
-        monkeypatch.setenv("DATAGEN_PROGRESS_WRITE_SECONDS", "2")
-        monkeypatch.setenv("DATAGEN_WORKER_IMAGE", "datagen-operator/datagen:test")
-        runner = KopfRunner(
-            ["run", "--standalone", "--namespace", run_namespace, "-m", "datagen_operator.k8s.handlers"], timeout=60
-        )
-        runner.__enter__()
-        runners.append(runner)
+        runners.append(start_kopf(monkeypatch, kubeconfig, run_namespace, server_urls))
         return log
 
     yield start
@@ -179,6 +178,17 @@ def evidence(cluster: Cluster, line: str) -> None:
         log.write(line + "\n")
 
 
+@pytest.fixture
+def kopf_object_debug() -> Iterator[None]:
+    """kopf's per-object DEBUG lines logged (its word that an object is gone among them, `OperatorLog.gone`)."""
+    logger = logging.getLogger("kopf.objects")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.mark.usefixtures("kopf_object_debug")
 @pytest.mark.parametrize("how", ["namespace", "run"])
 @pytest.mark.parametrize("phase", ["loading", "bulk", "finished", "halted"])
 def test_deleting_the_namespace_or_the_run_completes_within_a_minute(
@@ -225,7 +235,8 @@ def test_deleting_the_namespace_or_the_run_completes_within_a_minute(
             time.sleep(0.3)
         took = time.monotonic() - started
         state = "" if finished else runs.describe()
-        time.sleep(2)  # what the operator logs as the run goes
+        if finished:  # what the operator logs as the run goes, up to kopf's last word on it
+            runs.wait_for("kopf's word that the run is gone", lambda: log.gone(name), 30)
     errors = log.errors()
     let_go = [line.partition("(")[2].partition(")")[0] for line in log.lines() if "namespace is being deleted" in line]
     evidence(control_plane, f"{phase}/{how}: {'gone' if finished else 'NOT gone'} after {took:.1f} s, "
@@ -255,7 +266,7 @@ def test_a_successful_run_warns_of_nothing_and_logs_no_line_per_watch_event(
         log = logged_operator([sim.url])
         runs.create(cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 3}))
         runs.wait(name, "Succeeded", "True", "Completed", timeout=240)
-        time.sleep(2)
+        runs.wait_passes(name, 3)  # passes over the finished run: its last events and log lines
     events = runs.events(name)
     warnings = [(e.reason, e.message) for e in events if e.type == "Warning"]
     info = log.lines()

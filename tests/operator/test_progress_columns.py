@@ -10,17 +10,15 @@ resumed (new worker pods), and meets a refused data change, beside a run halted 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
-from tests.operator.conftest import OperatorFactory, Runs, new_name
+from tests.operator.conftest import OperatorFactory, Runs, many_prompts, new_name
 
 PROMPTS = 300
 """Each shard reads ~100 prompts ahead of its requests: more than that shows a total counted as read."""
@@ -84,6 +82,16 @@ class Poller:
     def rows(self, name: str) -> list[dict[str, str]]:
         return [row for poll in self.polls for row in poll if row["NAME"] == name]
 
+    def wait_for(self, runs: Runs, name: str, column: str, value: str, polls: int, timeout: float = 60) -> None:
+        """Until `polls` polls taken from now show the run's `column` reading `value` (kubectl's own word, not a
+        sleep that a slow kubectl on a loaded machine outlasts)."""
+        start = len(self.polls)
+        runs.wait_for(
+            f"{polls} polls of {name} with {column} {value}",
+            lambda: sum(r["NAME"] == name and r.get(column) == value for p in self.polls[start:] for r in p) >= polls,
+            timeout,
+        )
+
 
 def progress(row: dict[str, str]) -> tuple[int, int] | None:
     match = SUMMARY.match(row["PROGRESS"])
@@ -93,11 +101,7 @@ def progress(row: dict[str, str]) -> tuple[int, int] | None:
 def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_changes(
     runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
-    prompts = [
-        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue?"}]}
-        for i in range(PROMPTS)
-    ]
-    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    many_prompts(data_dir, PROMPTS, "why is the sky blue?")
     (data_dir / "broken.jsonl").write_text('{"id": "x", "messages": "not a list"}\nnot json\n')
     name, broken = new_name("columns"), new_name("broken")
     log = runs.cluster.logs_dir / f"kubectl-get-dgr-{name}.log"
@@ -124,7 +128,7 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
         runs.patch_spec(name, {"checks": STRICT})
         runs.wait(name, "Succeeded", "False", "ChecksFailed", timeout=60)
         runs.wait_for("the workers stopped", lambda: not kubelet.running(runs.namespace, f"{name}-workers-"), 60)
-        time.sleep(1.5)  # a few polls of the halted run
+        poller.wait_for(runs, name, "PHASE", "Halted", polls=3)  # a few polls of the halted run
         # The resume: new worker pods, which read the dataset from its start again.
         runs.patch_spec(name, {"checks": LENIENT})
         runs.wait(name, "Progressing", "True", "Running", timeout=60)
@@ -132,7 +136,7 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
         # A data change after bulk records: refused, and said where people look.
         runs.patch_spec(name, {"model": {"path": "/models/other"}})
         runs.wait(name, "SpecApplied", "False", "DataFieldsFrozen")
-        time.sleep(1.5)
+        poller.wait_for(runs, name, "SPEC", "DataFieldsFrozen", polls=2)
         runs.patch_spec(name, {"model": {"path": "/models/standin"}})
         runs.wait(name, "SpecApplied", "True", "Applied")
         runs.wait(name, "Succeeded", "True", "Completed", timeout=240)

@@ -4,7 +4,6 @@ numbers-only changes every 30 s and a run's PROGRESS column stood still that lon
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from datagen_operator.api.progress import ShardProgress
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
-from tests.operator.conftest import OperatorFactory, Runs, new_name
+from tests.operator.conftest import OperatorFactory, Runs, many_prompts, new_name
 
 PROMPTS = 240
 # About 1 s an answer, 4 in flight a shard: some 30 s of generation, several spacings of either default.
@@ -28,11 +27,7 @@ sampling's and a pass's slack."""
 def test_status_progress_follows_the_workers_within_about_10_s(
     runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
 ) -> None:
-    prompts = [
-        {"id": f"q{i:04d}", "messages": [{"role": "user", "content": f"Question {i}: why is the sky blue?"}]}
-        for i in range(PROMPTS)
-    ]
-    (data_dir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    many_prompts(data_dir, PROMPTS, "why is the sky blue?")
     name = new_name("lag")
     manifest = cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 2, "concurrency": 4})
     samples: list[tuple[float, int, int]] = []  # (time, the workers' records, status.progress.records)

@@ -11,18 +11,9 @@ import pytest
 from datagen_operator.presets import presets
 from datagen_operator.tokenizer.families import FAMILIES, Family
 from datagen_operator.tokenizer.standin import ensure_standin, ensure_standin_tokenizer, main
+from tests.kimi_reference import TOOLS
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 # Published ids (families.py names each source), checked here against the built stand-ins.
 PUBLISHED = {
     "qwen3": [("<|endoftext|>", 151643, True), ("<|im_start|>", 151644, True), ("<|im_end|>", 151645, True),

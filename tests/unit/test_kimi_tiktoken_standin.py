@@ -27,31 +27,11 @@ from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer import kimi_tiktoken, kimi_tokens, standin
 from datagen_operator.tokenizer.chat_template import kimi_k2_chat_template, render_chat
 from datagen_operator.tokenizer.corpus import training_lines
+from tests.kimi_reference import REFERENCE_TABLE, TOOLS
 
 REPO = Path(__file__).resolve().parents[2]
 # The tokenizer files of moonshotai/Kimi-K2.5 (and K2-Thinking, K2.6): no tokenizer.json, no special_tokens_map.
 REAL_KIMI_TOKENIZER_FILES = ["chat_template.jinja", "tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json"]
-# (content, id, special) as tokenizer_config.json `added_tokens_decoder` of moonshotai/Kimi-K2.5 lists them
-# (https://huggingface.co/moonshotai/Kimi-K2.5), written out apart from tokenizer/kimi_tokens.py.
-REFERENCE_TABLE = [
-    ("[BOS]", 163584, True), ("[EOS]", 163585, True), ("<|im_end|>", 163586, True),
-    ("<|im_user|>", 163587, True), ("<|im_assistant|>", 163588, True), ("[EOT]", 163593, True),
-    ("<|im_system|>", 163594, True), ("<|tool_calls_section_begin|>", 163595, False),
-    ("<|tool_calls_section_end|>", 163596, False), ("<|tool_call_begin|>", 163597, False),
-    ("<|tool_call_argument_begin|>", 163598, False), ("<|tool_call_end|>", 163599, False),
-    ("<|im_middle|>", 163601, True), ("<think>", 163606, False), ("</think>", 163607, False),
-    ("[UNK]", 163838, True), ("[PAD]", 163839, True),
-]  # fmt: skip
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 TOOL_CALL_MARKUP = (
     "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
     '{"city": "東京"}<|tool_call_end|><|tool_calls_section_end|>'

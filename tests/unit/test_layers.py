@@ -1,5 +1,6 @@
-"""The package's import picture: every import points down the layers, and no modules import each other in a
-circle. Read from the source with `ast` (imports inside functions count too)."""
+"""The package's import picture: each layer imports only the layers ALLOWED names for it (docs/architecture.md), every
+allowed arrow points down the layers, and no modules import each other in a circle. Read from the source with
+`ast` (imports inside functions count too), plus the modules the cli loads by name (`cli.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,42 @@ import ast
 from pathlib import Path
 
 import datagen_operator
+from datagen_operator.cli import COMMANDS
 
 PACKAGE = Path(datagen_operator.__file__).parent
+ROOT = "datagen_operator"
+"""The package itself (its `__version__`), named as a layer of its own in ALLOWED."""
 LAYERS = (
     "presets", "api", "tokenizer", "engine", "prompts", "output", "checks", "control", "export", "worker",
     "k8s", "local", "cli",
 )  # fmt: skip
-"""Lowest first: a layer may import itself and the layers before it (the package root is below them all)."""
+"""Lowest first: every allowed arrow points to a layer before its own (the package root is below them all)."""
+ALLOWED: dict[str, frozenset[str]] = {
+    "presets": frozenset(),
+    "api": frozenset({"presets"}),
+    "tokenizer": frozenset({"presets"}),
+    "engine": frozenset({"tokenizer", "api", "presets"}),
+    "prompts": frozenset({"engine", "tokenizer", "api"}),
+    "output": frozenset({"prompts", "engine", "api"}),
+    "checks": frozenset({"output", "prompts", "engine", "tokenizer", "api", "presets"}),
+    "control": frozenset({"checks", "output", "api"}),
+    "export": frozenset({"checks", "output", "prompts", "api"}),
+    "worker": frozenset({"checks", "output", "prompts", "engine", "api"}),
+    "k8s": frozenset({"control", "checks", "engine", "api", ROOT}),
+    "local": frozenset({"export", "control", "checks", "output", "prompts", "engine", "tokenizer", "api", "presets"}),
+    "cli": frozenset(
+        {"k8s", "local", "worker", "export", "checks", "output", "engine", "tokenizer", "api", "presets", ROOT}
+    ),
+}
+"""Which other layers each layer may import (its own always). As tight as the imports are: an arrow no module
+uses is not allowed (test_every_allowed_arrow_is_used), so a new one is a decision written here and in
+docs/architecture.md."""
 
 
 def _modules() -> dict[str, Path]:
     out = {}
     for path in PACKAGE.rglob("*.py"):
-        parts = ["datagen_operator", *path.relative_to(PACKAGE).with_suffix("").parts]
+        parts = [ROOT, *path.relative_to(PACKAGE).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
@@ -43,31 +67,61 @@ def _imports(name: str, source: str, modules: dict[str, Path], *, is_package: bo
     return {target for target in found if target in modules and target != name}
 
 
-def _layer(module: str) -> int:
+def layer(module: str) -> str:
     parts = module.split(".")
-    return -1 if len(parts) == 1 else LAYERS.index(parts[1])
+    return ROOT if len(parts) == 1 else parts[1]
 
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {
+    graph = {
         name: _imports(name, path.read_text(encoding="utf-8"), modules, is_package=path.name == "__init__.py")
         for name, path in modules.items()
     }
+    graph[f"{ROOT}.cli"] |= {module for module, _, _ in COMMANDS.values()} - {f"{ROOT}.cli"}
+    return graph
 
 
-def _upward(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if _layer(b) > _layer(a))
+def forbidden(graph: dict[str, set[str]]) -> list[str]:
+    """Each import whose layer ALLOWED does not let its importer's layer use, with the rule it breaks."""
+    out = []
+    for importer, targets in sorted(graph.items()):
+        here = layer(importer)
+        for target in sorted(targets):
+            there = layer(target)
+            if here != ROOT and there != here and there not in ALLOWED[here]:
+                may = ", ".join(sorted(ALLOWED[here])) or "no other layer"
+                out.append(f"{importer} imports {target}: {here} may import {may} (ALLOWED[{here!r}])")
+    return out
 
 
 def test_every_module_sits_in_a_layer() -> None:
-    strays = [name for name in _modules() if len(name.split(".")) > 1 and name.split(".")[1] not in LAYERS]
+    strays = [name for name in _modules() if layer(name) not in (ROOT, *LAYERS)]
     assert not strays, f"modules outside the layers {LAYERS}: {strays}"
+    assert set(ALLOWED) == set(LAYERS)
 
 
-def test_imports_only_point_down() -> None:
-    up = _upward(_graph())
-    assert not up, "imports that run up the layers:\n" + "\n".join(up)
+def test_every_allowed_arrow_points_down_the_layers() -> None:
+    """The table cannot let two layers import each other: each arrow goes to a layer lower in LAYERS."""
+    up = [
+        f"{here} -> {there}"
+        for here, theirs in ALLOWED.items()
+        for there in theirs
+        if there != ROOT and LAYERS.index(there) >= LAYERS.index(here)
+    ]
+    assert not up, f"ALLOWED arrows that do not point down LAYERS: {up}"
+
+
+def test_imports_follow_the_allowed_arrows() -> None:
+    wrong = forbidden(_graph())
+    assert not wrong, "imports the layers do not allow:\n" + "\n".join(wrong)
+
+
+def test_every_allowed_arrow_is_used() -> None:
+    used = {(layer(a), layer(b)) for a, targets in _graph().items() for b in targets}
+    unused = sorted(f"{here} -> {there}" for here, theirs in ALLOWED.items() for there in theirs
+                    if (here, there) not in used)  # fmt: skip
+    assert not unused, f"ALLOWED arrows no module uses (remove them, here and in docs/architecture.md): {unused}"
 
 
 def test_no_modules_import_each_other_in_a_circle() -> None:
@@ -102,7 +156,7 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
     assert not circles, f"modules importing each other: {circles}"
 
 
-def test_the_check_sees_an_upward_import_however_it_is_written() -> None:
+def test_the_check_sees_a_forbidden_import_however_it_is_written() -> None:
     modules = _modules()
     for source in (
         "from datagen_operator.k8s import manifests",
@@ -112,6 +166,15 @@ def test_the_check_sees_an_upward_import_however_it_is_written() -> None:
     ):
         found = _imports("datagen_operator.api.spec", source, modules)
         assert found == {"datagen_operator.k8s.manifests"}, source
-        assert _upward({"datagen_operator.api.spec": found}) == [
-            "datagen_operator.api.spec -> datagen_operator.k8s.manifests"
+        assert forbidden({"datagen_operator.api.spec": found}) == [
+            "datagen_operator.api.spec imports datagen_operator.k8s.manifests: api may import presets (ALLOWED['api'])"
         ]
+
+
+def test_a_downward_import_the_table_does_not_name_is_refused() -> None:
+    """Not a total order: the worker sits above control, and still may not use it."""
+    graph = {"datagen_operator.worker.main": {"datagen_operator.control.decide", "datagen_operator.api.spec"}}
+    assert forbidden(graph) == [
+        "datagen_operator.worker.main imports datagen_operator.control.decide: worker may import api, checks, "
+        "engine, output, prompts (ALLOWED['worker'])"
+    ]

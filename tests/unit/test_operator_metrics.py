@@ -116,3 +116,15 @@ def test_a_check_gone_from_the_status_loses_its_series() -> None:
     assert 'check="termination",name="run-b"' not in exposition()
     metrics.forget_run("llm", "run-b")
     assert 'name="run-b"' not in exposition()
+
+
+def test_passes_are_counted_per_run_and_forgotten_with_it() -> None:
+    labels = {"namespace": "llm", "name": "run-p"}
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) is None
+    metrics.count_pass("llm", "run-p")
+    metrics.count_pass("llm", "run-p")
+    metrics.count_pass("llm", "run-q")
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) == 2.0
+    metrics.forget_run("llm", "run-p")
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", labels) is None
+    assert metrics.REGISTRY.get_sample_value("datagen_run_passes_total", {**labels, "name": "run-q"}) == 1.0

@@ -14,14 +14,14 @@ from datagen_operator.api.exit_codes import (
     EXIT_OK,
     EXIT_OUTPUT_VOLUME,
     EXIT_SERVER_UNREACHABLE,
+    WORKER_DRAIN_S,
+    WORKER_GRACE_S,
 )
 from datagen_operator.control.policy import (
     FREE_EXITS,
     PERMANENT_EXITS,
     SERVER_RESTARTS,
     SHARD_RETRIES,
-    WORKER_DRAIN_S,
-    WORKER_GRACE_S,
     ShardExit,
     server_restart_delay_s,
     shard_exit,

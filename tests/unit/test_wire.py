@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
 
 from datagen_operator.checks.record_checks import Expectations, inspect_record
-from datagen_operator.engine.client.generate import parse_generate_body, read_incremental_stream
+from datagen_operator.engine.client.generate import parse_generate_body
 from datagen_operator.engine.wire import WireIds, compact_int_array, cut_array, join, split_answer
 from datagen_operator.output.records import Answer, Job, build_record, encode_record
+from tests.streams import read_chunks
 
 THINK, END, IM_END, SECTION_BEGIN, SECTION_END = 163606, 163607, 163586, 163595, 163596
 # Ids that are substrings of each other, zero, and the markers: the byte searches must tell them apart.
@@ -150,15 +149,6 @@ def test_a_key_inside_a_string_is_not_cut() -> None:
     assert split_answer(b'{"a":{"output_ids":[9]},"output_ids":[1]}') is None
 
 
-class _Content:
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for chunk in self.chunks:
-            yield chunk
-
-
 def test_streamed_deltas_joined_as_bytes_equal_the_parsed_stream() -> None:
     rng = random.Random(3)
     for _ in range(200):
@@ -169,7 +159,7 @@ def test_streamed_deltas_joined_as_bytes_equal_the_parsed_stream() -> None:
             b"data: " + orjson.dumps({"output_ids": d, "meta_info": {"finish_reason": None}}) + b"\n\n" for d in deltas
         ]
         events.append(b'data: {"output_ids":[],"meta_info":{"finish_reason":{"type":"stop"}}}\n\ndata: [DONE]\n\n')
-        parsed, _ = asyncio.run(read_incremental_stream(_Content([b"".join(events)])))  # type: ignore[arg-type]
+        parsed, _ = read_chunks([b"".join(events)])
         pieces = []
         for delta in deltas:
             split = split_answer(orjson.dumps({"output_ids": delta, "meta_info": {}}))

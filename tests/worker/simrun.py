@@ -15,6 +15,7 @@ import orjson
 
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
+from tests.kimi_reference import TOOLS
 from tests.manifests import local_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,16 +24,6 @@ SIM_FLAGS = (
     "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
     "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16", "--sim-length-sigma", "0.3",
 )  # fmt: skip
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 
 
 @cache

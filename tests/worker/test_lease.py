@@ -26,6 +26,7 @@ from datagen_operator.output.lease import main as lease_main
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.local.runs import PROMPTS
 from tests.manifests import local_run, write_run
+from tests.programs import one_shard_worker, run_program
 
 A = Holder("uid-a", "team-a/kimi-b1")
 B = Holder("uid-b", "team-b/kimi-b1")
@@ -132,12 +133,8 @@ def test_a_worker_of_another_run_is_refused_naming_the_holder(tmp_path: Path) ->
     output = tmp_path / "out"
     take_lease(output, A, 600)
     run_file = write_run(tmp_path / "run.yaml", local_run(standin, PROMPTS, output))
-    for holder in (["--lease-holder", "uid-b"], []):  # another run's worker, and one run by hand
-        worker = subprocess.run(
-            [sys.executable, "-m", "datagen_operator.cli", "worker", "--run", str(run_file), "--output", str(output),
-             "--server", "http://127.0.0.1:9", "--shard-index", "0", "--shard-count", "1", *holder],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    for holder in ("uid-b", None):  # another run's worker, and one run by hand
+        worker = run_program(one_shard_worker(run_file, output, "http://127.0.0.1:9", holder), timeout=120)
         assert worker.returncode == EXIT_BAD_INPUT, worker.stderr
         assert "OutputInUse" in worker.stderr and "team-a/kimi-b1" in worker.stderr
     assert read_lease(output).holder == "uid-a"  # type: ignore[union-attr]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -12,7 +11,7 @@ import pytest
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.engine.client.generate import parse_generate_body, read_incremental_stream
+from datagen_operator.engine.client.generate import parse_generate_body
 from datagen_operator.engine.client.policy import (
     RequestFailed,
     RetryPolicy,
@@ -34,6 +33,7 @@ from datagen_operator.output.fingerprint import (
 from datagen_operator.output.records import Job
 from datagen_operator.prompts.render import template_variables
 from tests.manifests import bare_spec
+from tests.streams import read_chunks
 
 
 @pytest.mark.parametrize(
@@ -99,15 +99,6 @@ def test_generate_body_parsing() -> None:
         parse_generate_body(b'{"text": "only text"}')
 
 
-class _Content:
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for chunk in self.chunks:
-            yield chunk
-
-
 def _sse(*events: dict | str) -> bytes:
     return b"".join(b"data: " + (e.encode() if isinstance(e, str) else orjson.dumps(e)) + b"\n\n" for e in events)
 
@@ -121,26 +112,26 @@ def test_incremental_stream_is_joined_across_arbitrary_chunk_boundaries() -> Non
     )
     for size in (1, 7, 64, len(body)):
         chunks = [body[i : i + size] for i in range(0, len(body), size)]
-        ids, meta = asyncio.run(read_incremental_stream(_Content(chunks)))  # type: ignore[arg-type]
+        ids, meta = read_chunks(chunks)
         assert ids == [1, 2, 3, 4] and meta["completion_tokens"] == 4
 
 
 def test_stream_errors_and_early_ends_are_retryable_or_permanent_as_the_server_says() -> None:
     retryable = _sse({"output_ids": [1], "meta_info": {}}, {"error": {"message": "oom", "retryable": True}})
     with pytest.raises(RequestFailed) as caught:
-        asyncio.run(read_incremental_stream(_Content([retryable])))  # type: ignore[arg-type]
+        read_chunks([retryable])
     assert caught.value.verdict is Verdict.RETRY
     permanent = _sse({"error": {"message": "bad input", "retryable": False}}, "[DONE]")
     with pytest.raises(RequestFailed) as caught:
-        asyncio.run(read_incremental_stream(_Content([permanent])))  # type: ignore[arg-type]
+        read_chunks([permanent])
     assert caught.value.verdict is Verdict.REJECT and caught.value.status is None
     refused = _sse({"error": {"message": "bad", "type": "invalid_request_error", "code": 400, "retryable": False}})
     with pytest.raises(RequestFailed) as caught:
-        asyncio.run(read_incremental_stream(_Content([refused])))  # type: ignore[arg-type]
+        read_chunks([refused])
     assert caught.value.verdict is Verdict.REJECT and caught.value.status == 400
     cut = _sse({"output_ids": [1], "meta_info": {"finish_reason": None}})
     with pytest.raises(RequestFailed, match="ended before"):
-        asyncio.run(read_incremental_stream(_Content([cut])))  # type: ignore[arg-type]
+        read_chunks([cut])
 
 
 def test_payload_always_has_max_new_tokens_and_per_sample_seeds() -> None:

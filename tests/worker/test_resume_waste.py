@@ -16,12 +16,21 @@ from tests.worker.simrun import SIM_FLAGS, prompts, raw_segment_keys, spawn, spe
 CONCURRENCY = 16
 
 
-def _finished(url: str) -> int:
-    """Answers the simulator completed (its `sglang:num_requests_total`)."""
+def _metric(url: str, name: str) -> int:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    match = re.search(r"^sglang:num_requests_total(?:{[^}]*})? ([0-9.e+]+)$", text, re.MULTILINE)
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.MULTILINE)
     return int(float(match.group(1))) if match else 0
+
+
+def _finished(url: str) -> int:
+    """Answers the simulator completed (its `sglang:num_requests_total`)."""
+    return _metric(url, "sglang:num_requests_total")
+
+
+def _busy(url: str) -> int:
+    """Requests the simulator still runs or queues (`sglang:num_running_reqs` + `sglang:num_queue_reqs`)."""
+    return _metric(url, "sglang:num_running_reqs") + _metric(url, "sglang:num_queue_reqs")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
@@ -46,7 +55,11 @@ def test_a_kill_at_wire_speed_loses_no_more_than_the_requests_in_flight(tmp_path
             if worker.poll() is None:
                 worker.kill()
                 worker.wait(10)
-        time.sleep(1.0)  # answers the server was still producing for the dead worker finish there
+        # Answers the server was still producing for the dead worker finish there: counted once none is left.
+        deadline = time.monotonic() + 30
+        while _busy(server.url):
+            assert time.monotonic() < deadline, "the server still runs the dead worker's requests after 30 s"
+            time.sleep(0.05)
         finished, kept = _finished(server.url), len(raw_segment_keys(output))
     assert finished < len(items), "the run finished before the kill"
     wasted = finished - kept

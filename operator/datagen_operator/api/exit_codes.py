@@ -5,6 +5,8 @@ operator's step Jobs fail on."""
 
 from __future__ import annotations
 
+import math
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FINGERPRINT_MISMATCH = 3
@@ -12,6 +14,18 @@ EXIT_SERVER_UNREACHABLE = 4
 EXIT_DRAINED = 5
 EXIT_INCOMPLETE = 6
 EXIT_OUTPUT_VOLUME = 7
+
+# How a worker told to stop ends with EXIT_DRAINED: the worker's drain and the time its stopper (the workers Job's
+# grace period, the local runner) allows, one rule for both sides.
+WORKER_DRAIN_S = 25.0
+"""How long a worker told to stop (SIGTERM) waits for its in-flight requests before it abandons them
+(`datagen worker --drain-timeout`'s default)."""
+FINAL_FSYNC_MARGIN_S = 15.0
+"""After the drain: the segments flushed and fsynced, progress.json and the termination message written."""
+WORKER_GRACE_S = math.ceil(WORKER_DRAIN_S + FINAL_FSYNC_MARGIN_S)
+"""SIGTERM to SIGKILL for a worker (the workers Job's terminationGracePeriodSeconds, the local runner's stop):
+longer than the drain, so a stopped worker always ends on its own, its files synced (EXIT_DRAINED), and is
+never killed mid-write."""
 
 EXIT_FAILED_VERDICT = 1
 """A step program's verdict is written (stdout, --termination-log) and it is not a pass: a refusal or a failed

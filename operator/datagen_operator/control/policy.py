@@ -1,13 +1,10 @@
-"""Retry and stop policies, defined once: the Job builder (k8s/manifests.py), the worker and the local runner
-read them.
-
+"""Retry policies, defined once: the Job builder (k8s/manifests.py) and the local runner both read them.
 A shard's worker exit is one of: done, retried for free (the server was away or the worker was told to stop),
 retried against a bound (a crash), or failed for good (a retry cannot help until a person changes something).
 """
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 
 from datagen_operator.api.exit_codes import (
@@ -30,16 +27,6 @@ PERMANENT_EXITS: dict[int, str] = {
     EXIT_OUTPUT_VOLUME: "output volume",
 }
 """Exits a rerun cannot fix without a person (podFailurePolicy FailIndex), with what they mean."""
-
-WORKER_DRAIN_S = 25.0
-"""How long a worker told to stop (SIGTERM) waits for its in-flight requests before it abandons them
-(`datagen worker --drain-timeout`'s default)."""
-FINAL_FSYNC_MARGIN_S = 15.0
-"""After the drain: the segments flushed and fsynced, progress.json and the termination message written."""
-WORKER_GRACE_S = math.ceil(WORKER_DRAIN_S + FINAL_FSYNC_MARGIN_S)
-"""SIGTERM to SIGKILL for a worker (the workers Job's terminationGracePeriodSeconds, the local runner's stop):
-longer than the drain, so a stopped worker always ends on its own, its files synced (EXIT_DRAINED), and is
-never killed mid-write."""
 
 SERVER_RESTARTS = 3
 """Exits a server process survives on one machine (`datagen run`): after its 3rd restart, an exit ends the run.

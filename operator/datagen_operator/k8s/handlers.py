@@ -22,6 +22,7 @@ import datagen_operator.k8s.storage  # noqa: F401  (registers the claims' access
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import metrics
+from datagen_operator.k8s.callbacks import namespaced
 from datagen_operator.k8s.context import OperatorContext
 from datagen_operator.k8s.executor import stop_children
 from datagen_operator.k8s.kube import Kube
@@ -94,15 +95,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.ctx.kube.close()
 
 
-def _run_key(namespace: str, labels: kopf.Labels) -> tuple[str, str]:
-    return namespace, labels.get(m.RUN_LABEL, "")
+def _run_key(namespace: str | None, labels: kopf.Labels) -> tuple[str, str]:
+    return namespaced(namespace), labels.get(m.RUN_LABEL, "")
 
 
-def index_by_run(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def index_by_run(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {_run_key(namespace, labels): body}
 
 
-def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+def child_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     memo.ctx.wake(*_run_key(namespace, labels))
 
 
@@ -116,8 +117,8 @@ for _watched in WATCHED:
 
 
 @kopf.on.event(*RUN)
-def run_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.ctx.wake(namespace, name)
+def run_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.wake(namespaced(namespace), name)
 
 
 # kopf cancels a daemon not done at once when its run is deleted, unless it is given a backoff first (kopf's
@@ -127,13 +128,14 @@ def run_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
 async def run_daemon(
     stopped: kopf.DaemonStopped,
     name: str,
-    namespace: str,
+    namespace: str | None,
     body: kopf.Body,
     memo: kopf.Memo,
     logger: kopf.Logger,
     **kwargs: Any,
 ) -> None:
     ctx: OperatorContext = memo.ctx
+    namespace = namespaced(namespace)
     indexes: dict[str, kopf.Index[Any, Any]] = {watched.kind: kwargs[watched.index_id] for watched in WATCHED}
     ctx.children = lambda kind, ns, run: list(indexes[kind].get((ns, run), ()))
     reconciler = Reconciler(ctx, namespace, name)
@@ -144,6 +146,7 @@ async def run_daemon(
             waker.clear()
             try:
                 await reconciler.run_pass(body)
+                metrics.count_pass(namespace, name)
                 failures = 0
             except Exception:  # an API hiccup must not end the run's daemon; the next pass retries
                 failures += 1
@@ -159,11 +162,12 @@ async def run_daemon(
 
 
 @kopf.on.delete(*RUN)
-async def run_deleted(name: str, namespace: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def run_deleted(name: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Workers first (they drain and sync), then the server; the output volume is never touched.
 
     Waiting for pods to stop is the normal course of a deletion: it is waited out here and logged at INFO.
     Only a wait past STOP_WAIT_S becomes kopf's retry (an error: something keeps the pods alive)."""
+    namespace = namespaced(namespace)
     deadline = asyncio.get_running_loop().time() + STOP_WAIT_S
     said = None
     while waiting := await stop_children(memo.ctx.kube, namespace, name):

@@ -25,7 +25,7 @@ from datagen_operator.api.commands import (
     VerifyCommand,
     WorkerCommand,
 )
-from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
+from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, WORKER_GRACE_S
 from datagen_operator.api.extra_args import extra_arg_value
 from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.names import (
@@ -44,7 +44,7 @@ from datagen_operator.api.names import (
 )
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import API_GROUP, API_GROUP_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
-from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES, WORKER_GRACE_S
+from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
 from datagen_operator.engine.health import (
     HEALTH_ANSWER_TIMEOUT_S,
     WATCHDOG_FLAG,

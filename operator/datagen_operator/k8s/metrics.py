@@ -8,6 +8,7 @@ series carry (namespace, name), a check's also `check`: nothing that grows with 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,12 @@ TRANSITIONS = Counter(
     "datagen_condition_transitions",
     "Condition transitions the operator wrote (each is also a Kubernetes event).",
     ["type", "status", "reason"],
+    registry=REGISTRY,
+)
+PASSES = Counter(
+    "datagen_run_passes",
+    "Passes the operator finished over the run (each observes it, decides, acts and reports).",
+    _RUN,
     registry=REGISTRY,
 )
 
@@ -162,10 +169,16 @@ def count_transition(type_: str, status: str, reason: str) -> None:
     TRANSITIONS.labels(type_, status, reason).inc()
 
 
+def count_pass(namespace: str, name: str) -> None:
+    PASSES.labels(namespace, name).inc()
+
+
 def forget_run(namespace: str, name: str) -> None:
     """Drop a deleted run's series, so dashboards do not show ghosts."""
     for metric, labels in _SERIES.pop((namespace, name), set()):
         _RUN_GAUGES[metric].remove(namespace, name, *labels)
+    with contextlib.suppress(KeyError):  # never counted: nothing to drop
+        PASSES.remove(namespace, name)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:

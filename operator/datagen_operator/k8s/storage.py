@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from datagen_operator.api import SpecError, parse_spec
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL, DataGenRunSpec
 from datagen_operator.control.conditions import Event
+from datagen_operator.k8s.callbacks import namespaced
 from datagen_operator.k8s.status_writer import post_run_event
 
 ONE_NODE_MODES = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
@@ -49,7 +50,8 @@ def access_mode_warnings(spec: DataGenRunSpec, modes: dict[str, list[str]]) -> l
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
-async def check_claims(spec: kopf.Spec, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def check_claims(spec: kopf.Spec, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    namespace = namespaced(namespace)
     try:
         parsed = parse_spec(dict(spec))
     except SpecError:

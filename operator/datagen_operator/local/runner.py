@@ -23,7 +23,7 @@ import yaml
 from datagen_operator.api import DataGenRun
 from datagen_operator.api.commands import WorkerCommand
 from datagen_operator.api.duration import format_duration
-from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME
+from datagen_operator.api.exit_codes import EXIT_OUTPUT_VOLUME, WORKER_GRACE_S
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
@@ -44,7 +44,6 @@ from datagen_operator.control.observed import (
 from datagen_operator.control.policy import (
     PERMANENT_EXITS,
     SHARD_RETRIES,
-    WORKER_GRACE_S,
     ShardExit,
     server_restart_delay_s,
     shard_exit,

@@ -11,11 +11,10 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.exit_codes import exit_codes_help
+from datagen_operator.api.exit_codes import WORKER_DRAIN_S, exit_codes_help
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.control.policy import WORKER_DRAIN_S
 from datagen_operator.output.lease import Holder, lease_holder
 
 
