@@ -17,18 +17,12 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.server_truth import verify_running_server
 from datagen_operator.prompts.render import load_tokenizer
-from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI_FLAGS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
 SHORT = ("--sim-mean-reasoning-tokens", "40", "--sim-mean-answer-tokens", "24")
-
-
-@pytest.fixture(scope="module")
-def standin() -> Path:
-    return ensure_standin_tokenizer()
 
 
 def spec_for(model_dir: Path) -> DataGenRunSpec:
@@ -62,27 +56,27 @@ def canary_outcome(url: str, spec: DataGenRunSpec, model_dir: Path) -> StepOutco
     return asyncio.run(run_canary(spec, tokenizer, Path(spec.dataset.path), [url]))
 
 
-def test_correct_server_passes_the_whole_gate(standin: Path) -> None:
-    spec = spec_for(standin)
+def test_correct_server_passes_the_whole_gate(standin_tokenizer: Path) -> None:
+    spec = spec_for(standin_tokenizer)
     with start_sim(*KIMI_FLAGS, *SHORT) as sim:
         parsers = parsers_outcome(sim.url, spec)
-        canary = canary_outcome(sim.url, spec, standin)
+        canary = canary_outcome(sim.url, spec, standin_tokenizer)
     assert parsers.passed, parsers.message
     assert canary.passed, canary.message
     assert {c.name for c in canary.checks} >= {"reasoning_captured", "token_counts", "termination", "tool_calls"}
 
 
-def test_server_launched_without_a_reasoning_parser(standin: Path) -> None:
+def test_server_launched_without_a_reasoning_parser(standin_tokenizer: Path) -> None:
     with start_sim("--tool-call-parser", "kimi_k2", *SHORT) as sim:
-        outcome = parsers_outcome(sim.url, spec_for(standin))
+        outcome = parsers_outcome(sim.url, spec_for(standin_tokenizer))
     assert not outcome.passed
     assert "without --reasoning-parser" in outcome.message
     assert "launch it with --reasoning-parser kimi_k2" in outcome.message
 
 
-def test_server_launched_with_the_old_kimi_parser(standin: Path) -> None:
+def test_server_launched_with_the_old_kimi_parser(standin_tokenizer: Path) -> None:
     with start_sim("--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", *SHORT) as sim:
-        outcome = parsers_outcome(sim.url, spec_for(standin))
+        outcome = parsers_outcome(sim.url, spec_for(standin_tokenizer))
     assert not outcome.passed
     assert (
         "the server's reasoning parser is `kimi` (◁think▷) but kimi-k2.5 writes <think>; use kimi_k2" in outcome.message
@@ -96,23 +90,25 @@ def test_server_launched_with_the_old_kimi_parser(standin: Path) -> None:
         ("ignore-thinking", "kimi-k2.5 ignores thinking"),
     ],
 )
-def test_misconfigured_models_fail_the_canary_with_the_true_cause(standin: Path, misconfig: str, expected: str) -> None:
+def test_misconfigured_models_fail_the_canary_with_the_true_cause(
+    standin_tokenizer: Path, misconfig: str, expected: str
+) -> None:
     """The prompt prefills `<think>`, so neither misconfigured model writes a tag: the verdict comes from the
     same prompts sent with the think block closed, and it is the first thing the message says. (A model that
     writes another family's markers, `kimi-tags`, is named by them: test_think_markers_on_sim.py.)"""
-    spec = spec_for(standin)
+    spec = spec_for(standin_tokenizer)
     with start_sim(*KIMI_FLAGS, *SHORT, "--sim-misconfig", misconfig) as sim:
-        outcome = canary_outcome(sim.url, spec, standin)
+        outcome = canary_outcome(sim.url, spec, standin_tokenizer)
     assert not outcome.passed
     assert outcome.message.startswith(expected), outcome.message
     assert outcome.checks[1].name == "model_thinking"
 
 
-def test_prompt_rendered_with_thinking_off_fails_the_canary(standin: Path, tmp_path: Path) -> None:
+def test_prompt_rendered_with_thinking_off_fails_the_canary(standin_tokenizer: Path, tmp_path: Path) -> None:
     """A model dir whose chat template always closes the think block (an instruct template under a
     thinking preset): the canary names the render as the cause."""
     model_dir = tmp_path / "model"
-    shutil.copytree(standin, model_dir)
+    shutil.copytree(standin_tokenizer, model_dir)
     switch = "{%- if thinking is defined and thinking is false -%}"
     template_file = model_dir / "chat_template.jinja"
     template_file.write_text(template_file.read_text().replace(switch, "{%- if true -%}"))
@@ -132,11 +128,11 @@ def test_prompt_rendered_with_thinking_off_fails_the_canary(standin: Path, tmp_p
     assert outcome.checks[0].name == "chat_template" and not outcome.checks[0].passed
 
 
-def test_template_that_drops_the_prefill_is_named(standin: Path, tmp_path: Path) -> None:
+def test_template_that_drops_the_prefill_is_named(standin_tokenizer: Path, tmp_path: Path) -> None:
     """The model opens `<think>` itself, so every output check passes: only the prompts show the template is not
     kimi-k2.5's."""
     model_dir = tmp_path / "model"
-    shutil.copytree(standin, model_dir)
+    shutil.copytree(standin_tokenizer, model_dir)
     template_file = model_dir / "chat_template.jinja"
     template = template_file.read_text()
     prefill = "{%- else -%}\n        <think>\n"
@@ -152,18 +148,20 @@ def test_template_that_drops_the_prefill_is_named(standin: Path, tmp_path: Path)
     assert [c.name for c in outcome.checks if not c.passed] == ["chat_template"]
 
 
-def test_long_reasoning_cut_by_the_canary_cap_is_asked_again_with_the_runs_budget(standin: Path) -> None:
-    spec = spec_for(standin)
+def test_long_reasoning_cut_by_the_canary_cap_is_asked_again_with_the_runs_budget(standin_tokenizer: Path) -> None:
+    spec = spec_for(standin_tokenizer)
     spec = spec.model_copy(update={"checks": spec.checks.model_copy(update={"canary_max_new_tokens": 64})})
     flags = ("--sim-mean-reasoning-tokens", "400", "--sim-length-sigma", "0", "--enable-metrics")
     with start_sim(*KIMI_FLAGS, *flags) as sim:
-        outcome = canary_outcome(sim.url, spec, standin)
+        outcome = canary_outcome(sim.url, spec, standin_tokenizer)
         requests = sim_request_count(sim.url)
     assert outcome.passed, outcome.message
     assert requests == 2 * 7, "each of the 7 cut outputs is sent once more, with the run's max_new_tokens"
 
 
-def test_prompts_the_template_cannot_render_or_the_server_refuses_are_set_aside(standin: Path, tmp_path: Path) -> None:
+def test_prompts_the_template_cannot_render_or_the_server_refuses_are_set_aside(
+    standin_tokenizer: Path, tmp_path: Path
+) -> None:
     dataset = tmp_path / "prompts.jsonl"
     lines = [
         {"id": "fine-1", "messages": [{"role": "user", "content": "Hello"}]},
@@ -171,7 +169,7 @@ def test_prompts_the_template_cannot_render_or_the_server_refuses_are_set_aside(
         {"id": "fine-2", "messages": [{"role": "user", "content": "Hi again"}]},
     ]
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    spec = spec_for(standin)
+    spec = spec_for(standin_tokenizer)
     spec = spec.model_copy(
         update={
             "dataset": spec.dataset.model_copy(update={"path": str(dataset)}),
@@ -179,14 +177,14 @@ def test_prompts_the_template_cannot_render_or_the_server_refuses_are_set_aside(
         }
     )
     with start_sim(*KIMI_FLAGS, *SHORT, "--context-length", "4096") as sim:
-        outcome = canary_outcome(sim.url, spec, standin)
+        outcome = canary_outcome(sim.url, spec, standin_tokenizer)
     assert outcome.passed, outcome.message
     assert "set aside 1 prompt(s): too-long (refused by the server: HTTP 400" in outcome.message
 
 
-def test_prompt_suffix_leak_fails_the_canary(standin: Path) -> None:
+def test_prompt_suffix_leak_fails_the_canary(standin_tokenizer: Path) -> None:
     with start_sim(*KIMI_FLAGS, *SHORT, "--sim-prompt-suffix-leak", "2") as sim:
-        outcome = canary_outcome(sim.url, spec_for(standin), standin)
+        outcome = canary_outcome(sim.url, spec_for(standin_tokenizer), standin_tokenizer)
     assert not outcome.passed
     assert "prompt-suffix tokens" in outcome.message
 
@@ -216,10 +214,10 @@ def conversations_spec(model_dir: Path) -> DataGenRunSpec:
     )
 
 
-def test_whole_conversations_prove_a_second_turn_carries_the_first_answer(standin: Path) -> None:
+def test_whole_conversations_prove_a_second_turn_carries_the_first_answer(standin_tokenizer: Path) -> None:
     with start_sim(*KIMI_FLAGS, *SHORT, "--enable-metrics") as sim:
         before = sim_request_count(sim.url)
-        outcome = canary_outcome(sim.url, conversations_spec(standin), standin)
+        outcome = canary_outcome(sim.url, conversations_spec(standin_tokenizer), standin_tokenizer)
         sent = sim_request_count(sim.url) - before
     history = next(check for check in outcome.checks if check.name == "conversation_history")
     assert outcome.passed and history.passed, outcome.message
@@ -228,11 +226,11 @@ def test_whole_conversations_prove_a_second_turn_carries_the_first_answer(standi
 
 
 def test_a_template_that_rewrites_earlier_answers_fails_the_canary_for_whole_conversations(
-    standin: Path, tmp_path: Path
+    standin_tokenizer: Path, tmp_path: Path
 ) -> None:
     """Every output check passes (the first turn is fine): only a second turn shows the history is not the model's."""
     model_dir = tmp_path / "model"
-    shutil.copytree(standin, model_dir)
+    shutil.copytree(standin_tokenizer, model_dir)
     template_file = model_dir / "chat_template.jinja"
     template = template_file.read_text()
     branch = "{{- render_role(message) -}}\n    {%- if message['role'] == 'assistant' -%}"

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.contract import sglang_side
 from tests.contract.wheel import sglang_wheel, unpacked_sglang
 
@@ -40,22 +39,15 @@ def sglang_wheel_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def standin_model_dir() -> Path:
-    """A model directory for SGLang's resolution, which reads its config.json (model type, context length)
-    and chat template; the Kimi-K2 stand-in's config says deepseek_v3, as the real Kimi-K2.5 checkpoint does."""
-    return ensure_standin_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def sglang(standin_model_dir: Path) -> Iterator[SGLang]:
+def sglang(standin_tokenizer: Path) -> Iterator[SGLang]:
     source = unpacked_sglang()
     pool = ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=sglang_side.load,
-        initargs=(str(source), str(standin_model_dir)),
+        initargs=(str(source), str(standin_tokenizer)),
     )
     try:
-        yield SGLang(pool, standin_model_dir)
+        yield SGLang(pool, standin_tokenizer)
     finally:
         pool.shutdown(cancel_futures=True)

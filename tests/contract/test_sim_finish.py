@@ -23,8 +23,8 @@ CONFIG = ModelConfig(mean_answer_tokens=40, mean_reasoning_tokens=40, length_sig
 
 
 @pytest.fixture(scope="module")
-def vocab(standin_model_dir: Path) -> SimVocab:
-    return load_vocab(standin_model_dir)
+def vocab(standin_tokenizer: Path) -> SimVocab:
+    return load_vocab(standin_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +66,14 @@ def _cases(ids: list[int], vocab: SimVocab) -> dict[str, dict[str, Any]]:
 
 
 def test_the_simulator_finishes_where_sglang_does(
-    sglang: SGLang, standin_model_dir: Path, vocab: SimVocab, output_ids: list[int]
+    sglang: SGLang, standin_tokenizer: Path, vocab: SimVocab, output_ids: list[int]
 ) -> None:
     natural = vocab.run(output_ids)
     for name, raw in _cases(output_ids, vocab).items():
         sim = finish_output(natural, parse_sampling_params(raw), vocab, raw["max_new_tokens"])
         expected = sglang.call(
             sglang_sim_side.finish_state,
-            model_dir=str(standin_model_dir),
+            model_dir=str(standin_tokenizer),
             output_ids=output_ids,
             sampling_params=raw,
             eos_token_ids=sorted(vocab.eos_ids),
@@ -84,7 +84,7 @@ def test_the_simulator_finishes_where_sglang_does(
 
 
 def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
-    sglang: SGLang, standin_model_dir: Path, vocab: SimVocab, output_ids: list[int]
+    sglang: SGLang, standin_tokenizer: Path, vocab: SimVocab, output_ids: list[int]
 ) -> None:
     """NaN logits make the sampler return an id outside the vocabulary; SGLang's `_check_vocab_boundary_finish`
     writes a stop id over it and reports `matched: "NaN happened"`. The simulator's fault gives the same ids and
@@ -103,7 +103,7 @@ def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
     sampled = [*output_ids[:keep], vocab.size, *output_ids[keep + 1 :]]  # the bad id, then what would follow
     expected = sglang.call(
         sglang_sim_side.finish_state,
-        model_dir=str(standin_model_dir),
+        model_dir=str(standin_tokenizer),
         output_ids=sampled,
         sampling_params=raw,
         eos_token_ids=sorted(vocab.eos_ids),
@@ -114,9 +114,9 @@ def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
         "finish_reason": expected["finish_reason"],
         "output_ids": expected["output_ids"],
     }
-    spec = parse_spec(local_spec(standin_model_dir, Path("/nonexistent"), Path("/nonexistent")))
-    tokenizer = load_tokenizer(standin_model_dir, trust_remote_code=False)
-    expect = rc.expectations_for(resolve_model(spec), tokenizer, standin_model_dir)
+    spec = parse_spec(local_spec(standin_tokenizer, Path("/nonexistent"), Path("/nonexistent")))
+    tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, standin_tokenizer)
     flags = rc.inspect_record([1, 2, 3], expected["output_ids"], expected["finish_reason"], keep + 1, False, expect)
     assert rc.NAN_REPLACED in flags
 

@@ -91,21 +91,21 @@ def test_plain_launch_reports_every_fingerprinted_key_as_sglang_resolves_it(sgla
 
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_the_simulator_resolves_a_launch_as_sglang_does(sglang: SGLang, standin_model_dir: Path, launch: str) -> None:
+def test_the_simulator_resolves_a_launch_as_sglang_does(sglang: SGLang, standin_tokenizer: Path, launch: str) -> None:
     flags = LAUNCHES[launch]
-    expected = _sglang_args(sglang, standin_model_dir, flags)
-    sim = _sim_args(standin_model_dir, flags)
+    expected = _sglang_args(sglang, standin_tokenizer, flags)
+    sim = _sim_args(standin_tokenizer, flags)
     assert {key: sim[key] for key in KEYS} == {key: expected[key] for key in KEYS}
     assert reserved_tokens(sim) == expected["num_reserved_tokens"]
 
 
 @pytest.mark.parametrize("launch", list(REFUSED))
-def test_the_simulator_refuses_a_launch_sglang_refuses(sglang: SGLang, standin_model_dir: Path, launch: str) -> None:
+def test_the_simulator_refuses_a_launch_sglang_refuses(sglang: SGLang, standin_tokenizer: Path, launch: str) -> None:
     flags = REFUSED[launch]
-    verdict = sglang.call(sglang_sim_side.launch_resolution, ["--model-path", str(standin_model_dir), *flags], KEYS)
+    verdict = sglang.call(sglang_sim_side.launch_resolution, ["--model-path", str(standin_tokenizer), *flags], KEYS)
     assert "refused" in verdict, f"SGLang resolved {flags}: {verdict}"
     with pytest.raises(resolution.LaunchError) as refusal:
-        _sim_args(standin_model_dir, flags)
+        _sim_args(standin_tokenizer, flags)
     if verdict["refused"].startswith("ValueError: "):  # SGLang's own text; its assertions and crashes have none
         assert str(refusal.value) == verdict["refused"].removeprefix("ValueError: ")
 
@@ -123,8 +123,8 @@ CONTEXT = 4096
 
 
 @pytest.fixture(scope="module")
-def vocab(standin_model_dir: Path) -> SimVocab:
-    return load_vocab(standin_model_dir)
+def vocab(standin_tokenizer: Path) -> SimVocab:
+    return load_vocab(standin_tokenizer)
 
 
 def _sim_verdict(vocab: SimVocab, input_len: int, max_new_tokens: int | None, reserved: int) -> str | None:
@@ -139,9 +139,9 @@ def _sim_verdict(vocab: SimVocab, input_len: int, max_new_tokens: int | None, re
 
 @pytest.mark.parametrize("launch", ["plain", "eagle", "eagle-tree", "eagle3-lowercase", "standalone", "ngram"])
 def test_speculative_draft_tokens_count_in_the_length_checks_as_in_sglang(
-    sglang: SGLang, standin_model_dir: Path, vocab: SimVocab, launch: str
+    sglang: SGLang, standin_tokenizer: Path, vocab: SimVocab, launch: str
 ) -> None:
-    reserved = reserved_tokens(_sim_args(standin_model_dir, LAUNCHES[launch]))
+    reserved = reserved_tokens(_sim_args(standin_tokenizer, LAUNCHES[launch]))
     # Each side of both limits: the input alone, and the input with max_new_tokens.
     cases = [(CONTEXT - reserved - 1, None), (CONTEXT - reserved, None), (100, CONTEXT - 100 - reserved),
              (100, CONTEXT - 100 - reserved + 1), (CONTEXT - 4, 1)]  # fmt: skip

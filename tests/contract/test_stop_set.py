@@ -17,17 +17,17 @@ from tests.contract.conftest import SGLang
 
 @pytest.mark.parametrize(("config_eos", "generation_eos"), [(11, [12, 13]), ([11, 12], None), (None, 14), (7, 7)])
 def test_the_models_eos_ids_are_sglangs(
-    sglang: SGLang, standin_model_dir: Path, tmp_path: Path, config_eos: object, generation_eos: object
+    sglang: SGLang, standin_tokenizer: Path, tmp_path: Path, config_eos: object, generation_eos: object
 ) -> None:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    config = json.loads((standin_model_dir / "config.json").read_text())
+    config = json.loads((standin_tokenizer / "config.json").read_text())
     config["eos_token_id"] = config_eos
     (model_dir / "config.json").write_text(json.dumps(config))
     if generation_eos is not None:
         (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
     # The tokenizer elsewhere, with its own configs' eos: SGLang never reads those.
     tokenizer_dir = tmp_path / "tokenizer"
-    shutil.copytree(standin_model_dir, tokenizer_dir)
+    shutil.copytree(standin_tokenizer, tokenizer_dir)
     ours = read_model_eos_ids(model_config_dir(model_dir, tokenizer_dir) or tokenizer_dir)
     assert sorted(ours) == sglang.call(sglang_sim_side.model_eos_ids, str(model_dir))

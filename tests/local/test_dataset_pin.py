@@ -51,13 +51,13 @@ def test_changes_are_named_by_line_and_id(tmp_path: Path) -> None:
 
 
 def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_and_verify(
-    tmp_path: Path, standin: Path
+    tmp_path: Path, standin_tokenizer: Path
 ) -> None:
     dataset, lines = _copy(tmp_path / "d.jsonl")
-    run_file = manifest(tmp_path, standin, dataset=dataset, clients__shards=1)
+    run_file = manifest(tmp_path, standin_tokenizer, dataset=dataset, clients__shards=1)
     spec = load_run(run_file).spec
-    tokenizer = load_tokenizer(standin, trust_remote_code=False)
-    first = run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out")
+    tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
+    first = run_preflight(spec, tokenizer, standin_tokenizer, dataset, tmp_path / "out")
     assert first.passed and "pinned: sha256" in first.message
     assert read_pin(tmp_path / "out") is not None
 
@@ -71,7 +71,7 @@ def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_an
     assert refused.returncode == 2, refused.stdout + refused.stderr  # bad input: retrying cannot help
     assert f"line 5 (id {edited_id!r})" in refused.stderr + refused.stdout
 
-    outcome = run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out")
+    outcome = run_preflight(spec, tokenizer, standin_tokenizer, dataset, tmp_path / "out")
     assert not outcome.passed and outcome.reason == "DatasetChanged"
     assert "1 line edited" in outcome.message and "100 lines appended" in outcome.message
     assert "new spec.output.path" in outcome.message
@@ -86,7 +86,7 @@ def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_an
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
 
 
-def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin: Path) -> None:
+def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin_tokenizer: Path) -> None:
     """A record generated from a line edited mid-run (the pin says otherwise) is found by its stored hash, even
     when the file was put back afterwards: every record, not a fidelity sample."""
     import pyarrow as pa
@@ -95,10 +95,10 @@ def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin: Path) -> 
     from tests.checks.test_verify import rewrite_shard
 
     dataset, _ = _copy(tmp_path / "d.jsonl")
-    run_file = manifest(tmp_path, standin, dataset=dataset, clients__shards=1)
+    run_file = manifest(tmp_path, standin_tokenizer, dataset=dataset, clients__shards=1)
     spec = load_run(run_file).spec
-    tokenizer = load_tokenizer(standin, trust_remote_code=False)
-    assert run_preflight(spec, tokenizer, standin, dataset, tmp_path / "out").passed
+    tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
+    assert run_preflight(spec, tokenizer, standin_tokenizer, dataset, tmp_path / "out").passed
     with start_sim(*PARSERS) as sim:
         done = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -34,8 +34,10 @@ def _mixed_dataset(path: Path) -> Path:
     return path
 
 
-def test_a_dataset_over_the_malformed_threshold_is_refused_before_any_server(tmp_path: Path, standin: Path) -> None:
-    run_file = manifest(tmp_path, standin, dataset=_mixed_dataset(tmp_path / "mixed.jsonl"))
+def test_a_dataset_over_the_malformed_threshold_is_refused_before_any_server(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
+    run_file = manifest(tmp_path, standin_tokenizer, dataset=_mixed_dataset(tmp_path / "mixed.jsonl"))
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 1, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
@@ -51,27 +53,33 @@ def test_a_dataset_over_the_malformed_threshold_is_refused_before_any_server(tmp
     assert "server logs in" not in verify.stdout + verify.stderr
 
 
-def test_prompts_too_long_for_the_models_context_are_refused_at_the_preflight(tmp_path: Path, standin: Path) -> None:
+def test_prompts_too_long_for_the_models_context_are_refused_at_the_preflight(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
     # Every quickstart prompt renders to more than 6 tokens: with a 1030-token context and 1024 new tokens, all
     # are too long, the server's own limit would set them aside one by one after a model load.
-    run_file = manifest(tmp_path, standin, server__extraArgs=["--context-length", "1030"])
+    run_file = manifest(tmp_path, standin_tokenizer, server__extraArgs=["--context-length", "1030"])
     spec = load_run(run_file).spec
-    outcome = run_preflight(spec, load_tokenizer(standin, trust_remote_code=False), standin, PROMPTS, tmp_path / "out")
+    outcome = run_preflight(
+        spec, load_tokenizer(standin_tokenizer, trust_remote_code=False), standin_tokenizer, PROMPTS, tmp_path / "out"
+    )
     prompts = sum(1 for line in PROMPTS.read_bytes().splitlines() if line.strip())
     assert not outcome.passed and outcome.reason == "DatasetUnusable"
     assert f"too_long {prompts}/{prompts} = 100.0%, threshold 10.0%" in outcome.message, outcome.message
     assert "exceeds the server's context length of 1030 tokens" in outcome.message
     # The model's own context (its config) holds them: the same dataset passes.
-    fits = load_run(manifest(tmp_path, standin)).spec
+    fits = load_run(manifest(tmp_path, standin_tokenizer)).spec
     assert run_preflight(
-        fits, load_tokenizer(standin, trust_remote_code=False), standin, PROMPTS, tmp_path / "out"
+        fits, load_tokenizer(standin_tokenizer, trust_remote_code=False), standin_tokenizer, PROMPTS, tmp_path / "out"
     ).passed
 
 
-def test_a_resume_over_records_that_already_fail_is_refused_before_any_server(tmp_path: Path, standin: Path) -> None:
+def test_a_resume_over_records_that_already_fail_is_refused_before_any_server(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
     """The output already holds records whose output_ids start with the prompt's tail (the upstream SGLang bug):
     token_counts fails at 0%; the resume is refused naming counts, rate, threshold and the fix."""
-    run_file = manifest(tmp_path, standin, clients__shards=1)
+    run_file = manifest(tmp_path, standin_tokenizer, clients__shards=1)
     leaking = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-prompt-suffix-leak", "3")
     with start_sim(*leaking) as sim:
         worker = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))
@@ -87,11 +95,11 @@ def test_a_resume_over_records_that_already_fail_is_refused_before_any_server(tm
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
 
 
-def test_a_missing_dataset_is_refused_naming_the_field(tmp_path: Path, standin: Path) -> None:
+def test_a_missing_dataset_is_refused_naming_the_field(tmp_path: Path, standin_tokenizer: Path) -> None:
     """The same words in a cluster (the preflight pod's verdict) as on one machine: the field, then the cause."""
     missing = tmp_path / "nowhere.jsonl"
-    spec = load_run(manifest(tmp_path, standin, dataset=missing)).spec
-    tokenizer = load_tokenizer(standin, trust_remote_code=True)
-    outcome = run_preflight(spec, tokenizer, standin, missing, tmp_path / "out")
+    spec = load_run(manifest(tmp_path, standin_tokenizer, dataset=missing)).spec
+    tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=True)
+    outcome = run_preflight(spec, tokenizer, standin_tokenizer, missing, tmp_path / "out")
     assert (outcome.passed, outcome.reason) == (False, "DatasetUnusable")
     assert outcome.message.startswith(f"spec.dataset.path {missing}: "), outcome.message

@@ -23,11 +23,11 @@ def test_the_loading_message_is_due_again_within_a_minute() -> None:
 
 
 def test_run_log_repeats_the_loading_time_while_the_model_loads(
-    tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, standin_tokenizer: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Seconds stand for the half minutes of a real load: the simulator's /health answers 503 for 4 s.
     monkeypatch.setattr(server, "LOADING_REPORT_S", 1.0)
-    run_file = manifest(tmp_path, standin)
+    run_file = manifest(tmp_path, standin_tokenizer)
     code = datagen_run([str(run_file), "--simulator", "--sim-arg=--sim-load-seconds=4", *FAST_SIM])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -37,14 +37,14 @@ def test_run_log_repeats_the_loading_time_while_the_model_loads(
 
 
 def test_run_log_repeats_progress_while_the_workers_generate(
-    tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, standin_tokenizer: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without a terminal the events are the display: Progressing's done/total and tok/s are said again as they
     move, not only `0/N` at the start and the total at the end."""
     from datagen_operator.local import runner
 
     monkeypatch.setattr(runner, "PROGRESS_REPORT_S", 0.5)
-    run_file = manifest(tmp_path, standin)
+    run_file = manifest(tmp_path, standin_tokenizer)
     paced = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=40", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
     code = datagen_run([str(run_file), "--simulator", *paced])
     out = capsys.readouterr().out

@@ -18,9 +18,9 @@ def flat(text: str) -> str:
     return " ".join(text.split())  # rich wraps long lines
 
 
-def test_a_missing_model_path_is_refused_and_nothing_is_created(tmp_path: Path, standin: Path) -> None:
+def test_a_missing_model_path_is_refused_and_nothing_is_created(tmp_path: Path, standin_tokenizer: Path) -> None:
     missing = tmp_path / "models" / "does-not-exist"
-    result = datagen_run(manifest(tmp_path, standin, model__path=str(missing)), *FAST_SIM)
+    result = datagen_run(manifest(tmp_path, standin_tokenizer, model__path=str(missing)), *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     said = flat(result.stdout)
     assert f"spec.model.path: {missing} does not exist on this machine" in said
@@ -29,9 +29,11 @@ def test_a_missing_model_path_is_refused_and_nothing_is_created(tmp_path: Path, 
     assert not (tmp_path / "out").exists(), "nothing may be started"
 
 
-def test_standin_builds_the_presets_tokenizer_where_asked_and_the_run_succeeds(tmp_path: Path, standin: Path) -> None:
+def test_standin_builds_the_presets_tokenizer_where_asked_and_the_run_succeeds(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
     model = tmp_path / "models" / "qwen3"
-    run_file = manifest(tmp_path, standin, model__path=str(model), model__preset="qwen3")
+    run_file = manifest(tmp_path, standin_tokenizer, model__path=str(model), model__preset="qwen3")
     result = datagen_run(run_file, "--standin", *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--standin: building the qwen3 stand-in tokenizer at" in flat(result.stdout)
@@ -39,11 +41,11 @@ def test_standin_builds_the_presets_tokenizer_where_asked_and_the_run_succeeds(t
     assert len(stored_keys(tmp_path / "out")) == len([line for line in PROMPTS.read_text().splitlines() if line])
 
 
-def test_standin_without_a_preset_is_refused_naming_the_field(tmp_path: Path, standin: Path) -> None:
+def test_standin_without_a_preset_is_refused_naming_the_field(tmp_path: Path, standin_tokenizer: Path) -> None:
     missing = tmp_path / "nowhere"
     run_file = manifest(
         tmp_path,
-        standin,
+        standin_tokenizer,
         model__path=str(missing),
         model__preset=None,
         server__reasoningParser="kimi_k2",
@@ -64,9 +66,9 @@ def test_standin_without_a_preset_is_refused_naming_the_field(tmp_path: Path, st
     ],
 )
 def test_a_volume_datagen_run_cannot_mount_is_refused_naming_the_field(
-    tmp_path: Path, standin: Path, section: str, volume: dict, named: str
+    tmp_path: Path, standin_tokenizer: Path, section: str, volume: dict, named: str
 ) -> None:
-    run_file = manifest(tmp_path, standin, **{f"{section}__volume": volume})
+    run_file = manifest(tmp_path, standin_tokenizer, **{f"{section}__volume": volume})
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     said = flat(result.stdout)
@@ -75,15 +77,15 @@ def test_a_volume_datagen_run_cannot_mount_is_refused_naming_the_field(
     assert not (tmp_path / "out").exists(), "nothing may be started"
 
 
-def test_hostpath_volumes_are_read_as_their_directories(tmp_path: Path, standin: Path) -> None:
+def test_hostpath_volumes_are_read_as_their_directories(tmp_path: Path, standin_tokenizer: Path) -> None:
     """The cluster's layout (model volume at model.path, dataset and output paths inside their volumes), here."""
     models, data = tmp_path / "host-models", tmp_path / "host-data"
-    shutil.copytree(standin, models / "kimi")
+    shutil.copytree(standin_tokenizer, models / "kimi")
     (data / "prompts").mkdir(parents=True)
     shutil.copy(PROMPTS, data / "prompts" / "p.jsonl")
     run_file = manifest(
         tmp_path,
-        standin,
+        standin_tokenizer,
         model__path="/models/kimi",
         model__subPath="kimi",
         model__volume={"hostPath": {"path": str(models)}},
@@ -103,10 +105,10 @@ def test_hostpath_volumes_are_read_as_their_directories(tmp_path: Path, standin:
     assert stored_keys(data / "eagle3" / "run")
 
 
-def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Path, standin: Path) -> None:
+def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Path, standin_tokenizer: Path) -> None:
     run_file = manifest(
         tmp_path,
-        standin,
+        standin_tokenizer,
         model__path="/models/kimi",
         model__subPath="k2/int4",
         model__tokenizerPath="/models/kimi/tok",
@@ -116,26 +118,29 @@ def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Pat
     assert (model.path, model.tokenizer_path) == ("/srv/models/k2/int4", "/srv/models/k2/int4/tok")
     with pytest.raises(SpecError) as refused:
         run_on_this_machine(
-            load_run(manifest(tmp_path, standin, model__volume={"nfs": {"server": "s", "path": "/m"}})), tmp_path
+            load_run(manifest(tmp_path, standin_tokenizer, model__volume={"nfs": {"server": "s", "path": "/m"}})),
+            tmp_path,
         )
     assert [e.field for e in refused.value.errors] == ["spec.model.volume"]
 
 
-def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(tmp_path: Path, standin: Path) -> None:
+def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
     """One owner per output (output/lease.py): the second run is refused before it writes anything or starts a
     server; the first generates every prompt once and names itself in each record."""
 
     from datagen_operator.output.lease import read_lease
 
     out = tmp_path / "out"
-    first = start_generating(manifest(tmp_path, standin, output=out, clients__concurrency=2), out)
+    first = start_generating(manifest(tmp_path, standin_tokenizer, output=out, clients__concurrency=2), out)
     lease = read_lease(out)
     assert lease is not None and lease.pid == first.pid
     run_yaml = (out / "run.yaml").read_bytes()
 
     second_dir = tmp_path / "second"
     second_dir.mkdir()
-    second = datagen_run(manifest(second_dir, standin, output=out), *FAST_SIM)
+    second = datagen_run(manifest(second_dir, standin_tokenizer, output=out), *FAST_SIM)
     assert second.returncode == 1, second.stdout + second.stderr
     said = flat(second.stdout)
     assert f"OutputInUse: {out} is held by datagen run t (pid {first.pid} on {lease.host})" in said, said

@@ -40,7 +40,7 @@ def _preflight(run: Path) -> dict:
     return orjson.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_the_preflight_stores_each_prompt_as_the_renderer_renders_it(tmp_path: Path, standin: Path) -> None:
+def test_the_preflight_stores_each_prompt_as_the_renderer_renders_it(tmp_path: Path, standin_tokenizer: Path) -> None:
     from datagen_operator.api import load_run
     from datagen_operator.api.resolve import resolve_model
     from datagen_operator.output.rendered import render_identity
@@ -49,16 +49,16 @@ def test_the_preflight_stores_each_prompt_as_the_renderer_renders_it(tmp_path: P
 
     lines = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"question {i} " * (i + 1)}]} for i in range(40)]
     lines.insert(7, {"id": "bad", "messages": "not a list"})  # set aside: no ids stored for its position
-    run = _run(tmp_path, standin, lines)
+    run = _run(tmp_path, standin_tokenizer, lines)
     verdict = _preflight(run)
     assert verdict["passed"], verdict
     output = tmp_path / "out"
     spec = load_run(str(run)).spec
     renderer = Renderer(
-        load_tokenizer(standin, trust_remote_code=False),
+        load_tokenizer(standin_tokenizer, trust_remote_code=False),
         template_variables(resolve_model(spec), render_date(output)),
     )
-    identity = render_identity(renderer.template, renderer.variables, standin, "last")
+    identity = render_identity(renderer.template, renderer.variables, standin_tokenizer, "last")
     store = open_rendered(output, identity, read_pin(output).sha256)
     assert not isinstance(store, str), store
     for position, line in enumerate(lines):
@@ -76,9 +76,9 @@ def test_the_preflight_stores_each_prompt_as_the_renderer_renders_it(tmp_path: P
     assert isinstance(open_rendered(output, identity, "0" * 64), str)
 
 
-def test_a_refused_preflight_keeps_no_rendered_prompts(tmp_path: Path, standin: Path) -> None:
+def test_a_refused_preflight_keeps_no_rendered_prompts(tmp_path: Path, standin_tokenizer: Path) -> None:
     lines = [{"id": "p0", "messages": "not a list"}, {"id": "p1", "messages": 3}]
-    verdict = _preflight(_run(tmp_path, standin, lines))
+    verdict = _preflight(_run(tmp_path, standin_tokenizer, lines))
     assert not verdict["passed"]
     assert not (rendered_dir(tmp_path / "out") / "meta.json").exists()
 

@@ -14,8 +14,8 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_a_finished_output_is_verified_without_a_server(tmp_path: Path, standin: Path) -> None:
-    run_file = manifest(tmp_path, standin)
+def test_a_finished_output_is_verified_without_a_server(tmp_path: Path, standin_tokenizer: Path) -> None:
+    run_file = manifest(tmp_path, standin_tokenizer)
     first = datagen_run(run_file, *FAST_SIM)
     assert first.returncode == 0, first.stdout + first.stderr
     keys = stored_keys(tmp_path / "out")
@@ -34,11 +34,11 @@ def test_a_finished_output_is_verified_without_a_server(tmp_path: Path, standin:
 
 
 def test_a_resume_whose_canary_passed_with_the_same_fingerprint_does_not_rerun_it(
-    tmp_path: Path, standin: Path
+    tmp_path: Path, standin_tokenizer: Path
 ) -> None:
     import signal
 
-    run_file = manifest(tmp_path, standin, clients__concurrency=2)
+    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
     out = tmp_path / "out"
     first = start_generating(run_file, out)
     first.send_signal(signal.SIGINT)
@@ -61,12 +61,14 @@ def test_a_resume_whose_canary_passed_with_the_same_fingerprint_does_not_rerun_i
     assert remembered_canary(out, "0" * 64) is None
 
 
-def test_the_canary_key_moves_with_the_checks_and_data_fields_not_with_live_ones(tmp_path: Path, standin: Path) -> None:
+def test_the_canary_key_moves_with_the_checks_and_data_fields_not_with_live_ones(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
     from datagen_operator.api import load_run
     from datagen_operator.local.runner import LocalRunner
 
     def key(**changes: object) -> str:
-        run = load_run(manifest(tmp_path, standin, **changes))
+        run = load_run(manifest(tmp_path, standin_tokenizer, **changes))
         return LocalRunner(run, tmp_path / "out", simulator=True)._canary_key()
 
     base = key()

@@ -16,8 +16,8 @@ from tests.local.runs import FAST_SIM, datagen_run, dataset_ids, manifest, start
 from tests.programs import run_program
 
 
-def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path) -> None:
-    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM)
+def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin_tokenizer: Path) -> None:
+    result = datagen_run(manifest(tmp_path, standin_tokenizer), *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr
     out = tmp_path / "out"
     assert "SGLang simulator" in result.stdout
@@ -30,9 +30,13 @@ def test_quickstart_like_run_succeeds_and_verifies(tmp_path: Path, standin: Path
     assert report["passed"] and report["records"] == len(dataset_ids())
 
 
-def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: Path) -> None:
+def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin_tokenizer: Path) -> None:
     run_file = manifest(
-        tmp_path, standin, model__preset=None, server__reasoningParser="kimi", server__toolCallParser="kimi_k2"
+        tmp_path,
+        standin_tokenizer,
+        model__preset=None,
+        server__reasoningParser="kimi",
+        server__toolCallParser="kimi_k2",
     )
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -45,11 +49,13 @@ def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin: 
     assert not (tmp_path / "out" / "canary.jsonl").exists()
 
 
-def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(tmp_path: Path, standin: Path) -> None:
+def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
     from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
 
     # Every generation request fails with a 500, the chat probe included; /health and /server_info answer.
-    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-fault-5xx-rate=1")
+    result = datagen_run(manifest(tmp_path, standin_tokenizer), *FAST_SIM, "--sim-arg=--sim-fault-5xx-rate=1")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ParsersVerified=False (ProbeFailed)" in result.stdout
     assert f"in {PARSER_PROBE_ATTEMPTS} attempts" in result.stdout
@@ -57,9 +63,9 @@ def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(tmp_pa
     assert not (tmp_path / "out" / "canary.jsonl").exists(), "no canary prompt after a failed probe"
 
 
-def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, standin: Path) -> None:
+def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, standin_tokenizer: Path) -> None:
     """The parsers are right (ParsersVerified=True); the canary names the model as the cause."""
-    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")
+    result = datagen_run(manifest(tmp_path, standin_tokenizer), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ParsersVerified=True" in result.stdout
     assert "CanaryPassed=False" in result.stdout
@@ -68,8 +74,8 @@ def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, stan
     assert not list((tmp_path / "out").glob("shards/*/*.jsonl"))
 
 
-def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin: Path) -> None:
-    run_file = manifest(tmp_path, standin)
+def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin_tokenizer: Path) -> None:
+    run_file = manifest(tmp_path, standin_tokenizer)
     (tmp_path / "empty.jsonl").write_text("\n")
     document = yaml.safe_load(run_file.read_text())
     document["spec"]["dataset"]["path"] = str(tmp_path / "empty.jsonl")
@@ -82,8 +88,10 @@ def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin: Pat
     assert not (tmp_path / "out" / "logs" / "server-0.log").exists(), "no server may be started"
 
 
-def test_a_server_over_several_nodes_is_refused_pointing_to_the_operator(tmp_path: Path, standin: Path) -> None:
-    run_file = manifest(tmp_path, standin, server__nodes=2, server__gpus=1, server__tensorParallel=2)
+def test_a_server_over_several_nodes_is_refused_pointing_to_the_operator(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
+    run_file = manifest(tmp_path, standin_tokenizer, server__nodes=2, server__gpus=1, server__tensorParallel=2)
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     output = " ".join(result.stdout.split())  # rich wraps long lines
@@ -92,8 +100,8 @@ def test_a_server_over_several_nodes_is_refused_pointing_to_the_operator(tmp_pat
     assert not (tmp_path / "out" / "logs").exists(), "nothing may be started"
 
 
-def test_prompt_suffix_leak_fails_the_canary(tmp_path: Path, standin: Path) -> None:
-    result = datagen_run(manifest(tmp_path, standin), *FAST_SIM, "--sim-arg=--sim-prompt-suffix-leak=3")
+def test_prompt_suffix_leak_fails_the_canary(tmp_path: Path, standin_tokenizer: Path) -> None:
+    result = datagen_run(manifest(tmp_path, standin_tokenizer), *FAST_SIM, "--sim-arg=--sim-prompt-suffix-leak=3")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ParsersVerified=True" in result.stdout
     assert "CanaryPassed=False" in result.stdout
@@ -108,8 +116,8 @@ def _children_of(output: Path) -> list[str]:
     return [pid for pid in found.stdout.split() if int(pid) != os.getpid()]
 
 
-def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin: Path) -> None:
-    run_file = manifest(tmp_path, standin, clients__concurrency=2)
+def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin_tokenizer: Path) -> None:
+    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
     out = tmp_path / "out"
     process = start_generating(run_file, out)
     time.sleep(1.0)
@@ -126,7 +134,7 @@ def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin: Pa
     assert sorted(keys) == sorted((i, 0) for i in dataset_ids()), "records lost after resume"
 
     # The same output with other sampling is refused before a server is started (on GPUs: before a model load).
-    changed = manifest(tmp_path, standin, clients__concurrency=2, generation__sampling__temperature=0.9)
+    changed = manifest(tmp_path, standin_tokenizer, clients__concurrency=2, generation__sampling__temperature=0.9)
     refused = datagen_run(changed, *FAST_SIM)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "InputsVerified=False" in refused.stdout and "FingerprintMismatch" in refused.stdout

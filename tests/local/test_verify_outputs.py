@@ -19,20 +19,20 @@ from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory, standin: Path) -> Path:
+def finished(tmp_path_factory: pytest.TempPathFactory, standin_tokenizer: Path) -> Path:
     root = tmp_path_factory.mktemp("finished")
-    result = datagen_run(manifest(root, standin), *FAST_SIM)
+    result = datagen_run(manifest(root, standin_tokenizer), *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr
     return root / "out"
 
 
 @pytest.fixture(scope="module")
-def halted(tmp_path_factory: pytest.TempPathFactory, standin: Path) -> Path:
+def halted(tmp_path_factory: pytest.TempPathFactory, standin_tokenizer: Path) -> Path:
     """The seeds' mistake: the wrong reasoning parser halts the run before its workers."""
     root = tmp_path_factory.mktemp("halted")
     # As examples/misconfigured.yaml writes it: no preset (which would refuse the parser), trust remote code.
     run_file = manifest(
-        root, standin, model__preset=None, model__trustRemoteCode=True, server__reasoningParser="kimi",
+        root, standin_tokenizer, model__preset=None, model__trustRemoteCode=True, server__reasoningParser="kimi",
         server__toolCallParser="kimi_k2",
     )  # fmt: skip
     result = datagen_run(run_file)
@@ -103,10 +103,10 @@ def as_cluster_output(finished: Path, volume: Path, *, dataset_path: str, output
     "dataset_path", ["prompts/b1.jsonl", f"{POD_MOUNTS[0]}/prompts/b1.jsonl"], ids=["on-the-volume", "pod-mount"]
 )
 def test_verify_finds_a_cluster_outputs_dataset_on_its_volume(
-    finished: Path, standin: Path, tmp_path: Path, dataset_path: str, capsys: pytest.CaptureFixture[str]
+    finished: Path, standin_tokenizer: Path, tmp_path: Path, dataset_path: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = as_cluster_output(finished, tmp_path / "data", dataset_path=dataset_path, output_path="eagle3/b1")
-    assert datagen(["verify", str(output), "--tokenizer", str(standin), "--json"]) == 0
+    assert datagen(["verify", str(output), "--tokenizer", str(standin_tokenizer), "--json"]) == 0
     report = orjson.loads(capsys.readouterr().out)
     fidelity = next(check for check in report["checks"] if check["name"] == "prompt_fidelity")
     assert fidelity["passed"] and fidelity["total"] > 0, fidelity

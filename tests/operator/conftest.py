@@ -54,13 +54,6 @@ def kubelet(control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) ->
     node.stop()
 
 
-@pytest.fixture(scope="session")
-def standin_tokenizer() -> Path:
-    from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
-
-    return ensure_standin_tokenizer()
-
-
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     data = tmp_path / "data"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import SimServer, start_sim, start_sims
 
 # Short outputs keep the suite fast; tools declared in a prompt are always called (rate 1).
@@ -16,13 +15,7 @@ KIMI_PARSERS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"
 
 
 @pytest.fixture(scope="session")
-def standin_dir() -> Path:
-    """Built once before any server starts, so servers never race to build it."""
-    return ensure_standin_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def sim(standin_dir: Path) -> Iterator[SimServer]:
+def sim(standin_tokenizer: Path) -> Iterator[SimServer]:
     """A simulator configured as the Kimi-K2.5 preset launches SGLang, with metrics."""
     with start_sim(*KIMI_PARSERS, "--enable-metrics", "--sim-tool-call-rate", "1", *SHORT) as server:
         yield server
@@ -84,14 +77,14 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 
 
 @pytest.fixture(scope="session")
-def fleet(standin_dir: Path) -> Iterator[dict[str, SimServer]]:
+def fleet(standin_tokenizer: Path) -> Iterator[dict[str, SimServer]]:
     names = list(VARIANTS)
     with start_sims([VARIANTS[name] for name in names]) as servers:
         yield dict(zip(names, servers, strict=True))
 
 
 @pytest.fixture
-def sim_factory(standin_dir: Path) -> Iterator[Callable[..., SimServer]]:
+def sim_factory(standin_tokenizer: Path) -> Iterator[Callable[..., SimServer]]:
     """Start a dedicated simulator with the given flags; stopped at the end of the test."""
     started: list[SimServer] = []
 
@@ -106,7 +99,7 @@ def sim_factory(standin_dir: Path) -> Iterator[Callable[..., SimServer]]:
 
 
 @pytest.fixture
-def sims_factory(standin_dir: Path) -> Iterator[Callable[..., list[SimServer]]]:
+def sims_factory(standin_tokenizer: Path) -> Iterator[Callable[..., list[SimServer]]]:
     """Start several dedicated simulators in parallel; stopped at the end of the test."""
     contexts = []
 

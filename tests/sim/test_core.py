@@ -28,8 +28,8 @@ from tests.sim.prompts import IM_END, THINK, THINK_END, WEATHER_TOOL, chat_promp
 
 
 @pytest.fixture(scope="module")
-def vocab(standin_dir: Path) -> SimVocab:
-    return load_vocab(standin_dir)
+def vocab(standin_tokenizer: Path) -> SimVocab:
+    return load_vocab(standin_tokenizer)
 
 
 # -- token runs behave like the lists they stand for --------------------------------------------
@@ -202,14 +202,14 @@ def test_completion_structure_and_misconfigs(vocab: SimVocab) -> None:
     assert ids() == normal and ids(seed=1) != normal
 
 
-def test_the_models_eos_ids_come_from_the_model_directory(standin_dir: Path, tmp_path: Path) -> None:
+def test_the_models_eos_ids_come_from_the_model_directory(standin_tokenizer: Path, tmp_path: Path) -> None:
     # As SGLang: configs from --model-path, the tokenizer (and its eos) from --tokenizer-path.
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "eos_token_id": 11}))
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [12, 13]}))
-    plain = load_vocab(standin_dir)
-    split = load_vocab(standin_dir, model_dir=model_dir)
-    config_eos = json.loads((standin_dir / "config.json").read_text())["eos_token_id"]
+    plain = load_vocab(standin_tokenizer)
+    split = load_vocab(standin_tokenizer, model_dir=model_dir)
+    config_eos = json.loads((standin_tokenizer / "config.json").read_text())["eos_token_id"]
     assert {11, 12, 13} <= split.eos_ids and not {11, 12, 13} & plain.eos_ids
     assert config_eos in plain.eos_ids

@@ -32,7 +32,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_done_when(standin_dir: Path, tmp_path: Path) -> None:
+def test_done_when(standin_tokenizer: Path, tmp_path: Path) -> None:
     port = _free_port()
     log = (tmp_path / "sim.log").open("wb")
     process = subprocess.Popen(

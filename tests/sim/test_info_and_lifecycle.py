@@ -72,9 +72,9 @@ def test_server_info_shows_sglang_flags_as_given(fleet: dict[str, SimServer]) ->
     assert get(server.url, "/metrics").status == 404, "no --enable-metrics"
 
 
-def test_model_info(sim: SimServer, standin_dir: object) -> None:
+def test_model_info(sim: SimServer, standin_tokenizer: object) -> None:
     info = get(sim.url, "/model_info").json()
-    assert info["model_path"] == str(standin_dir) and info["is_generation"] is True
+    assert info["model_path"] == str(standin_tokenizer) and info["is_generation"] is True
     assert info["reasoning_parser"] == "kimi_k2" and info["architectures"] == ["DeepseekV3ForCausalLM"]
     assert get(sim.url, "/get_model_info").json() == info
 

@@ -28,22 +28,17 @@ TOOLS_JSON = (
 
 
 @pytest.fixture(scope="module")
-def standin() -> Path:
-    return ensure_standin_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def hf(standin: Path) -> Any:
+def hf(standin_tokenizer: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(standin), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(standin_tokenizer), local_files_only=True)
 
 
 # -- vocabulary ---------------------------------------------------------------------------------
 
 
-def test_directory_has_the_files_transformers_and_sglang_read(standin: Path) -> None:
-    assert sorted(path.name for path in standin.iterdir()) == sorted(FILES)
+def test_directory_has_the_files_transformers_and_sglang_read(standin_tokenizer: Path) -> None:
+    assert sorted(path.name for path in standin_tokenizer.iterdir()) == sorted(FILES)
 
 
 def test_vocabulary_size_and_eos(hf: Any) -> None:
@@ -216,12 +211,12 @@ def test_simulator_renderer_drops_null_fields_as_transformers_does(hf: Any) -> N
 # -- building and caching -----------------------------------------------------------------------
 
 
-def test_build_is_deterministic_and_cached_by_version(standin: Path, tmp_path: Path) -> None:
+def test_build_is_deterministic_and_cached_by_version(standin_tokenizer: Path, tmp_path: Path) -> None:
     fresh = ensure_standin_tokenizer(tmp_path)
-    assert fresh == tmp_path / standin_dir_name() and fresh.name == standin.name
+    assert fresh == tmp_path / standin_dir_name() and fresh.name == standin_tokenizer.name
     assert fresh.name.startswith("kimi-k2-standin-v1-")
     for name in FILES:
-        assert (fresh / name).read_bytes() == (standin / name).read_bytes(), name
+        assert (fresh / name).read_bytes() == (standin_tokenizer / name).read_bytes(), name
     stamp = (fresh / "tokenizer.json").stat().st_mtime_ns
     assert ensure_standin_tokenizer(tmp_path) == fresh
     assert (fresh / "tokenizer.json").stat().st_mtime_ns == stamp, "the second call reuses the cache"
@@ -235,6 +230,6 @@ def test_cache_root_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     assert default_cache_root().parts[-2:] == ("datagen-operator", "tokenizer")
 
 
-def test_cli_prints_the_directory(standin: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--cache-dir", str(standin.parent)]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == str(standin)
+def test_cli_prints_the_directory(standin_tokenizer: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cache-dir", str(standin_tokenizer.parent)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(standin_tokenizer)
