@@ -4,14 +4,17 @@ against the ClusterQueue's quota. What the operator relies on is in docs/kueue.m
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from datagen_operator.k8s.observe import kueue_queued
+from tests.cluster.test_lws import leaderworkerset
 from tests.harness.controlplane import GPU_RESOURCE, GPU_TOLERATION, Cluster
 from tests.harness.kueue import KUEUE_API_VERSION
+from tests.harness.lws import LWS_API_VERSION, LWS_NAME_LABEL
 from tests.harness.processes import wait_until
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -234,3 +237,62 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
         assert pod["metadata"]["labels"][QUEUE_LABEL] == local_queue  # Kueue's copy; not in our template
     assert QUEUE_LABEL not in body["spec"]["template"]["metadata"]["labels"]
     kueue_controller.resource("apps/v1", "StatefulSet").delete(namespace=kueue_namespace, name=body["metadata"]["name"])
+
+
+def test_a_leaderworkerset_group_is_admitted_whole_or_not_at_all(
+    kueue_controller: Cluster, kueue_namespace: str, gpu_queue: tuple[str, str]
+) -> None:
+    """A two-node group (2 x 8 GPUs) against 8 GPUs of quota: the leader alone would fit, yet no pod of the
+    group is released until the whole group fits; raising the quota to 16 releases both at once."""
+    cluster_queue, local_queue = gpu_queue
+    body = leaderworkerset("sglang", size=2, gpus=8)
+    body["metadata"]["labels"] = {QUEUE_LABEL: local_queue}
+    # A leader template of its own, as the operator's group has (k8s/manifests.py): Kueue's pod sets follow it.
+    group = body["spec"]["leaderWorkerTemplate"]
+    group["leaderTemplate"] = copy.deepcopy(group["workerTemplate"])
+    kueue_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").create(namespace=kueue_namespace, body=body)
+    workloads = kueue_controller.resource(KUEUE_API_VERSION, "Workload")
+    pods = kueue_controller.resource("v1", "Pod")
+
+    def group_workload() -> dict[str, Any] | None:
+        found = workloads.get(namespace=kueue_namespace).to_dict()["items"]
+        return dict(found[0]) if len(found) == 1 else None
+
+    def pending() -> dict[str, Any] | None:
+        workload = group_workload()
+        reserved = condition(workload, "QuotaReserved") if workload else None
+        return workload if reserved and reserved["status"] == "False" and reserved["reason"] == "Pending" else None
+
+    workload = wait_until(pending, timeout=60, describe="the group's Workload Pending")
+    assert {(p["name"], p["count"]) for p in workload["spec"]["podSets"]} == {("leader", 1), ("worker", 1)}
+    queued = kueue_queued(workload, cluster_queue)
+    assert queued is not None and f"insufficient quota for {GPU_RESOURCE} in flavor gpu-" in queued.message
+
+    def group_pods() -> list[dict[str, Any]]:
+        return list(pods.get(namespace=kueue_namespace, label_selector=f"{LWS_NAME_LABEL}=sglang").to_dict()["items"])
+
+    gated = wait_until(lambda: group_pods() or None, timeout=60, describe="the group's leader pod created")
+    for pod in gated:  # the leader (LWS makes the workers once the leader runs): held, on no node
+        assert ADMISSION_GATE in [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+        assert not pod["spec"].get("nodeName")
+
+    queue = kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue").get(name=cluster_queue).to_dict()
+    groups = queue["spec"]["resourceGroups"]
+    for resource in groups[0]["flavors"][0]["resources"]:
+        if resource["name"] == GPU_RESOURCE:
+            resource["nominalQuota"] = "16"
+    kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue").patch(
+        name=cluster_queue,
+        body={"spec": {"resourceGroups": groups}},
+        content_type="application/merge-patch+json",
+    )
+
+    def group_placed() -> list[dict[str, Any]] | None:
+        found = group_pods()
+        return found if len(found) == 2 and all(p["spec"].get("nodeName") for p in found) else None
+
+    placed = wait_until(group_placed, timeout=90, describe="the whole group placed once it fits")
+    assert {p["spec"]["nodeName"] for p in placed} == set(kueue_controller.gpu_node_names)
+    admitted = group_workload()
+    assert admitted is not None and (condition(admitted, "Admitted") or {}).get("status") == "True"
+    kueue_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").delete(namespace=kueue_namespace, name="sglang")

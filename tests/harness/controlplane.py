@@ -596,6 +596,9 @@ class LocalControlPlane(Cluster):
         if self._kueue is not None:
             return
         assert self._ca is not None, "the control plane is not started"
+        # LWS first: Kueue sets up its LeaderWorkerSet integration once that API exists, polling for it with
+        # a back-off of up to 2 minutes (jobframework/setup.go), which a later test would wait out.
+        self.ensure_lws()
         self._kueue = self._start_kueue(self._ca)
 
     def _start_kueue(self, ca: CertificateAuthority) -> ManagedProcess:
