@@ -585,7 +585,9 @@ class DataGenRunSpec(SpecModel):
     export: ExportSpec | None = Field(default=None, description="Export the verified records (docs/export.md).")
     suspend: bool = Field(default=False, description="Suspend (Kueue style): releases the GPUs, keeps the output.")
     queue: QueueSpec | None = Field(
-        default=None, description="Queue the server in Kueue (docs/kueue.md); unset, the run is not labelled for it."
+        default=None,
+        description="Queue the server in Kueue (docs/kueue.md); unset, the run is not labelled for it. Ignored by "
+        "`datagen run` on one machine.",
     )
 
 
