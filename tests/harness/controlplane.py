@@ -1,6 +1,6 @@
 """A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok with fake GPU nodes and (on first use) the LeaderWorkerSet controller, all on
-loopback, built by hack/testbin/build.sh.
+kube-scheduler, kwok with fake GPU nodes and (on first use) the LeaderWorkerSet and Kueue controllers,
+all on loopback, built by hack/testbin/build.sh.
 
 `LocalControlPlane` starts the processes; `ExistingCluster` uses a cluster someone else runs
 (DATAGEN_TEST_KUBECONFIG: kind, k3d, ...). Both share `Cluster`: fake GPU nodes, CRDs from crds/,
@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from tests.harness.kubeconfig import read_cluster_endpoint, write_kubeconfig
+from tests.harness.kueue import KUEUE_GROUP, start_kueue
 from tests.harness.lws import LWS_CRD_NAME, start_lws
 from tests.harness.pki import CertificateAuthority, KeyPair, write_service_account_signing_key
 from tests.harness.processes import ControlPlaneError, ManagedProcess, free_port, wait_until
@@ -207,6 +208,11 @@ class Cluster:
         """Makes sure the LeaderWorkerSet controller serves this cluster (started on first use)."""
         raise NotImplementedError
 
+    def ensure_kueue(self) -> None:
+        """Makes sure Kueue serves this cluster's namespaces labelled `KUEUE_NAMESPACE_LABEL`
+        (started on first use)."""
+        raise NotImplementedError
+
     def stop(self) -> None:
         for subject in reversed(self._subjects):
             subject.stop()
@@ -357,6 +363,7 @@ class LocalControlPlane(Cluster):
     _etcd_data: Path | None = field(default=None, init=False)
     _ca: CertificateAuthority | None = field(default=None, init=False)
     _lws: ManagedProcess | None = field(default=None, init=False)
+    _kueue: ManagedProcess | None = field(default=None, init=False)
 
     def binary(self, name: str) -> str:
         return str(self.testbin / name)
@@ -383,6 +390,7 @@ class LocalControlPlane(Cluster):
     def stop(self) -> None:
         super().stop()
         self._lws = None
+        self._kueue = None
         if self._etcd_data is not None:
             shutil.rmtree(self._etcd_data, ignore_errors=True)
             self._etcd_data = None
@@ -583,6 +591,43 @@ class LocalControlPlane(Cluster):
         self.processes.append(manager)
         return manager
 
+    def ensure_kueue(self) -> None:
+        # On first use, as LWS: its CRDs (the Workload's alone is 0.7 MB) keep the API server busy.
+        if self._kueue is not None:
+            return
+        assert self._ca is not None, "the control plane is not started"
+        # LWS first: Kueue sets up its LeaderWorkerSet integration once that API exists, polling for it with
+        # a back-off of up to 2 minutes (jobframework/setup.go), which a later test would wait out.
+        self.ensure_lws()
+        self._kueue = self._start_kueue(self._ca)
+
+    def _start_kueue(self, ca: CertificateAuthority) -> ManagedProcess:
+        source = self.testbin / "kueue"
+
+        def install(crds: list[dict[str, Any]], webhooks: list[dict[str, Any]]) -> None:
+            for crd in crds:
+                self.create_or_replace(crd, source=source)
+            for crd in crds:
+                self.wait_for_crd(crd["metadata"]["name"])
+            for configuration in webhooks:
+                self.create_or_replace(configuration, source=source)
+
+        def dry_run_create(body: dict[str, Any]) -> None:
+            self.resource(body["apiVersion"], body["kind"]).create(body=body, dry_run="All")
+
+        manager = start_kueue(
+            self.binary("kueue-manager"),
+            ca=ca,
+            server=f"https://127.0.0.1:{self.api_port}",
+            workdir=self.workdir,
+            logs_dir=self.logs_dir,
+            install=install,
+            dry_run_create=dry_run_create,
+            watched=self.processes,
+        )
+        self.processes.append(manager)
+        return manager
+
 
 # Without stages of its own kwok uses its default ones; an explicit file keeps a user's
 # ~/.kwok/kwok.yaml (kwok's default --config) out of the tests.
@@ -650,6 +695,18 @@ class ExistingCluster(Cluster):
             raise ControlPlaneError(
                 f"the LeaderWorkerSet CRD {LWS_CRD_NAME} is not Established in DATAGEN_TEST_KUBECONFIG's cluster "
                 f"({error}); install LWS v0.7.0 there (its release manifests) for these tests"
+            ) from error
+
+    def ensure_kueue(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = f"workloads.{KUEUE_GROUP}"
+        try:
+            self.wait_for_crd(name, timeout=5)
+        except (ControlPlaneError, ApiException) as error:
+            raise ControlPlaneError(
+                f"the Kueue CRD {name} is not Established in DATAGEN_TEST_KUBECONFIG's cluster ({error}); "
+                "install Kueue v0.17.0 there, managing the namespaces labelled datagen.dev/kueue=managed"
             ) from error
 
     def stop(self) -> None:

@@ -100,7 +100,7 @@ def _config_yaml(webhook_port: int, cert_dir: Path, probe_port: int) -> str:
     )
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
@@ -108,7 +108,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _webhook_serving(port: int, ca_file: Path) -> bool:
+def webhook_serving(port: int, ca_file: Path) -> bool:
     # The webhook server answers 404 to a path it has not registered, so any HTTP answer means TLS
     # works with our CA; whether the handlers are registered is what the dry-run below checks.
     context = ssl.create_default_context(cafile=str(ca_file))
@@ -176,13 +176,13 @@ def start_lws(
     )
     every = [*watched, manager]
     wait_until(
-        lambda: _http_ok(f"http://127.0.0.1:{probe_port}/readyz"),
+        lambda: http_ok(f"http://127.0.0.1:{probe_port}/readyz"),
         timeout=60,
         describe="lws-manager /readyz",
         watched=every,
     )
     wait_until(
-        lambda: _webhook_serving(webhook_port, ca.pair.cert), timeout=60, describe="LWS webhook server", watched=every
+        lambda: webhook_serving(webhook_port, ca.pair.cert), timeout=60, describe="LWS webhook server", watched=every
     )
 
     def admitted() -> bool:

@@ -20,6 +20,7 @@ TESTBIN_BINARIES = (
     "kwok",
     "kubectl",
     "lws-manager",
+    "kueue-manager",
 )
 
 

@@ -360,3 +360,42 @@ def test_the_workers_job_fails_the_index_on_a_failed_volume_and_keeps_the_cause_
     (container,) = job["spec"]["template"]["spec"]["containers"]
     args = container["command"]
     assert args[args.index("--termination-log") + 1] == container["terminationMessagePath"]
+
+
+QUEUED = parse_spec(unit_spec(queue={"name": "team-a", "workloadPriorityClassName": "batch-low"}))
+
+
+@pytest.mark.parametrize("spec", [SPEC, GROUP_SPEC], ids=["statefulset", "leaderworkerset"])
+def test_a_queued_server_carries_kueues_labels_on_its_workload_object_alone(spec: Any) -> None:
+    queued = spec.model_copy(update={"queue": QUEUED.queue})
+    plain, labelled = m.server_workload(RUN, spec, 2), m.server_workload(RUN, queued, 2)
+    assert labelled["metadata"]["labels"] == {
+        **m.labels("kimi", "server"),
+        "kueue.x-k8s.io/queue-name": "team-a",
+        "kueue.x-k8s.io/priority-class": "batch-low",
+    }
+    # Nothing else moves: Kueue copies to the pods what it needs, and the template hashes stay.
+    assert {**labelled, "metadata": {**labelled["metadata"], "labels": plain["metadata"]["labels"]}} == plain
+    assert (
+        m.with_restart_hash(labelled)["metadata"]["annotations"]
+        == m.with_restart_hash(plain)["metadata"]["annotations"]
+    )
+
+
+def test_a_queue_without_a_priority_labels_the_queue_only_and_no_queue_labels_nothing() -> None:
+    only_queue = parse_spec(unit_spec(queue={"name": "gpus"}))
+    assert m.kueue_labels(only_queue) == {"kueue.x-k8s.io/queue-name": "gpus"}
+    assert m.kueue_labels(SPEC) == {}
+    assert not any(
+        key.startswith("kueue.x-k8s.io/") for key in m.server_statefulset(RUN, SPEC, 1)["metadata"]["labels"]
+    )
+    # An unset queue is no key at all in the applied spec document, so runs without one compare as before.
+    assert "queue" not in m.spec_document(SPEC)
+
+
+def test_the_cpu_jobs_carry_no_kueue_label_yet() -> None:
+    # The CPU Jobs' queueing (issue 35) is not decided: a queued run's Jobs stay as an unqueued run's.
+    for name, pod in datagen_pods(QUEUED).items():
+        assert pod == datagen_pods(SPEC)[name]
+    for job in (m.preflight_job(RUN, QUEUED, "img:1", 1), m.verify_job(RUN, QUEUED, "img:1")):
+        assert not any(key.startswith("kueue.x-k8s.io/") for key in job["metadata"]["labels"])

@@ -19,6 +19,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.control import conditions, remembered
 from datagen_operator.control.decide import decide
 from datagen_operator.control.observed import (
+    KueueQueued,
     Observed,
     ProbeFailures,
     ServerInstance,
@@ -44,9 +45,9 @@ NOT_YET = [PACKAGE / "k8s" / name for name in ("reconcile.py", "manifests.py", "
 
 REASON_ARGUMENT = {"ConditionUpdate": 2, "_u": 2, "verdict": 1, "StepOutcome": 1, "_failed": 0, "HaltedBefore": 0}
 """Callables of the package that take a reason, and its position."""
-KUBERNETES_WORDS = {"_CRASH_REASONS", "_IMAGE_REASONS", "_CONFIG_REASONS", "waiting_reason"}
-"""Kubernetes' own container reasons (read from pods, never written; the local runner plays a pod's
-CrashLoopBackOff): not the package's vocabulary."""
+KUBERNETES_WORDS = {"_CRASH_REASONS", "_IMAGE_REASONS", "_CONFIG_REASONS", "waiting_reason", "kueue_reason"}
+"""Kubernetes' own container reasons and Kueue's Workload reasons (read from objects, never written; the local
+runner plays a pod's CrashLoopBackOff): not the package's vocabulary."""
 CAMEL = re.compile(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*")
 
 
@@ -188,6 +189,7 @@ def _worlds() -> list[Observed]:
         Observed(1, preflight=SAID),
         Observed(1, preflight=SAID, server=ServerObservation(1, refused="exceeded quota")),
         Observed(1, preflight=SAID, server=server(scheduled=False, unschedulable_message="0/3 nodes")),
+        Observed(1, preflight=SAID, server=replace(server(scheduled=False), queued=(KueueQueued("wl", "q"),))),
         Observed(1, preflight=SAID, server=server(last_exit="exit 2: invalid choice: 'x'")),
         Observed(1, preflight=SAID, server=server(waiting_reason="ImagePullBackOff")),
         Observed(1, preflight=SAID, server=server(waiting_reason="CreateContainerConfigError")),

@@ -75,6 +75,9 @@ class Reason(StrEnum):
     REFUSED = "Refused"
     """The API server refused to create a pod (a quota, an admission policy); also ChildrenAccepted=False."""
     UNSCHEDULABLE = "Unschedulable"
+    QUEUED = "Queued"
+    """Kueue has not admitted the server (ServerReady and Progressing): it holds no GPU, and no startup budget
+    or retry is spent while it waits."""
     INVALID_ARGS = "InvalidArgs"
     """The server exited refusing its command line."""
     IMAGE_PULL = "ImagePull"

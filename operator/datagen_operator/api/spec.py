@@ -553,6 +553,29 @@ class ExportSpec(SpecModel):
     )
 
 
+KUEUE_NAME_MAX_LENGTH = 63
+"""A Kueue object's name as its label holds it: a DNS-1123 subdomain (Kueue's own check) no longer than a label
+value may be."""
+
+
+class QueueSpec(SpecModel):
+    """Kueue (docs/kueue.md): the LocalQueue that admits the run's server, all its pods as one unit, and its
+    priority. Unset: no Kueue labels (a `default` LocalQueue in the namespace is still Kueue's own rule)."""
+
+    name: str = Field(
+        max_length=KUEUE_NAME_MAX_LENGTH,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The LocalQueue in the run's namespace (Kueue's label kueue.x-k8s.io/queue-name).",
+    )
+    workload_priority_class_name: str | None = Field(
+        default=None,
+        max_length=KUEUE_NAME_MAX_LENGTH,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="A Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class): the order in the queue "
+        "and who may preempt whom. Not the pods' PriorityClass (server.priorityClassName).",
+    )
+
+
 class DataGenRunSpec(SpecModel):
     model: ModelSpec
     server: ServerSpec = Field(default_factory=ServerSpec)
@@ -563,6 +586,11 @@ class DataGenRunSpec(SpecModel):
     checks: ChecksSpec = Field(default_factory=ChecksSpec)
     export: ExportSpec | None = Field(default=None, description="Export the verified records (docs/export.md).")
     suspend: bool = Field(default=False, description="Suspend (Kueue style): releases the GPUs, keeps the output.")
+    queue: QueueSpec | None = Field(
+        default=None,
+        description="Queue the server in Kueue (docs/kueue.md); unset, the run is not labelled for it. Ignored by "
+        "`datagen run` on one machine.",
+    )
 
 
 class ObjectMeta(BaseModel):

@@ -443,7 +443,8 @@ def _server(run: _Pass) -> Decision | None:
     if server.condition.status == "True":
         return None
     # Workers that already started keep running: they pause by themselves while the server is down.
-    run.updates += _waiting_for(run.observed, "the server", run.started)
+    queued = server.condition.message if server.condition.reason == Reason.QUEUED else None
+    run.updates += _waiting_for(run.observed, "the server", run.started, queued=queued)
     return run.decision(Step.WAIT_FOR_SERVER, server_wanted=True, workers_wanted=run.started)
 
 
@@ -669,7 +670,10 @@ def _rolling_checks(
     return faithful, checks
 
 
-def _waiting_for(observed: Observed, what: str, started: bool, parsers: bool = True) -> list[ConditionUpdate]:
+def _waiting_for(
+    observed: Observed, what: str, started: bool, parsers: bool = True, queued: str | None = None
+) -> list[ConditionUpdate]:
+    """The conditions of a run waiting for `what`; `queued`: Kueue's admission of the server, in those words."""
     updates = []
     if parsers and observed.parsers is None:
         updates.append(_u(PARSERS_VERIFIED, "Unknown", Reason.WAITING, f"waiting for {what}"))
@@ -679,6 +683,9 @@ def _waiting_for(observed: Observed, what: str, started: bool, parsers: bool = T
         updates.append(_u(PROGRESSING, "True", Reason.PAUSED, f"workers wait for {what}"))
     else:
         updates.append(_u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"))
-        updates.append(_u(PROGRESSING, "False", Reason.WAITING, f"waiting for {what}"))
+        if queued:
+            updates.append(_u(PROGRESSING, "False", Reason.QUEUED, queued))
+        else:
+            updates.append(_u(PROGRESSING, "False", Reason.WAITING, f"waiting for {what}"))
     updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, f"waiting for {what}"))
     return updates

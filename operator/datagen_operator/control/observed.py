@@ -31,11 +31,29 @@ class ServerInstance:
 
 
 @dataclass(frozen=True)
+class KueueQueued:
+    """A Kueue Workload of the server (one per StatefulSet, one per LeaderWorkerSet group) not admitted: its
+    pods exist but wait behind Kueue's scheduling gate, holding no node and no GPU (docs/kueue.md)."""
+
+    workload: str
+    local_queue: str
+    cluster_queue: str | None = None
+    """From the Workload's admission, else the LocalQueue's spec.clusterQueue; None when neither is known."""
+    kueue_reason: str = "Pending"
+    """Kueue's QuotaReserved reason: Pending (no room yet), Inadmissible (the queue is missing or stopped)."""
+    message: str = ""
+    """Kueue's own words, e.g. 'couldn't assign flavors to pod set main: insufficient unused quota for
+    nvidia.com/gpu in flavor gpu, 8 more needed'; empty before Kueue's scheduler has looked at it."""
+
+
+@dataclass(frozen=True)
 class ServerObservation:
     replicas_wanted: int
     instances: tuple[ServerInstance, ...] = ()
     refused: str | None = None
     """Why a replica could not even be created, in the refuser's words (a quota, an admission policy)."""
+    queued: tuple[KueueQueued, ...] = ()
+    """The server's Kueue Workloads not admitted yet (spec.queue, or a namespace's default LocalQueue)."""
 
     @property
     def ready_endpoints(self) -> tuple[str, ...]:

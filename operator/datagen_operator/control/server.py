@@ -8,7 +8,7 @@ from datagen_operator.api.duration import format_duration
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import SERVER_READY, ConditionStatus
 from datagen_operator.control.conditions import ConditionUpdate, never_fits
-from datagen_operator.control.observed import ServerInstance, ServerObservation
+from datagen_operator.control.observed import KueueQueued, ServerInstance, ServerObservation
 
 _CRASH_REASONS = frozenset({"CrashLoopBackOff", "Error", "RunContainerError"})
 _IMAGE_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
@@ -51,6 +51,19 @@ def _unschedulable_message(instance: ServerInstance) -> str:
     return f"{instance.name}: {words}{hint}"
 
 
+def queued_message(queued: tuple[KueueQueued, ...], wanted: int) -> str:
+    """Where the server waits and, in Kueue's words, what is short; with several groups, how many wait."""
+    first = queued[0]
+    where = f"LocalQueue {first.local_queue}"
+    if first.cluster_queue:
+        where += f" (ClusterQueue {first.cluster_queue})"
+    words = first.message or "waiting for Kueue to consider it"
+    if first.kueue_reason != "Pending":
+        words = f"{first.kueue_reason}: {words}"
+    groups = f"{len(queued)} of {wanted} server groups " if len(queued) > 1 else ""
+    return f"{groups}queued by Kueue in {where}: {words}"
+
+
 def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
     def verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
         return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
@@ -63,6 +76,9 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
     if observed.refused and not ready:
         # Not fatal: a quota frees up, a policy is fixed; the controller keeps retrying and so does the run.
         return verdict("False", Reason.REFUSED, observed.refused)
+    if observed.queued and not ready:
+        # Before the pods' own state: Kueue's gate keeps them unscheduled, which is waiting, not a failure.
+        return verdict("False", Reason.QUEUED, queued_message(observed.queued, wanted))
     if not instances:
         return verdict("False", Reason.CREATING, f"creating {wanted} server replica(s)")
 

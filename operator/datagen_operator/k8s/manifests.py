@@ -67,6 +67,8 @@ SPEC_CHANGED_GENERATION = f"{API_GROUP}/spec-changed-generation"
 SERVER_URLS = f"{API_GROUP}/server-urls"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 """A server over several nodes (sigs.k8s.io/lws, which must be installed in the cluster)."""
 
 RUN_FILE_DIR = "/etc/datagen"
@@ -496,6 +498,23 @@ def _server_pod_template(
     return {"metadata": {"labels": labels(run.name, Component.SERVER)}, Component.SPEC: pod_spec}
 
 
+def kueue_labels(spec: DataGenRunSpec) -> dict[str, str]:
+    """Kueue's labels for the server's StatefulSet or LeaderWorkerSet when spec.queue is set, else none. On the
+    workload object alone: Kueue copies what its pods need itself (docs/kueue.md)."""
+    if spec.queue is None:
+        return {}
+    out = {KUEUE_QUEUE_LABEL: spec.queue.name}
+    if spec.queue.workload_priority_class_name:
+        out[KUEUE_PRIORITY_LABEL] = spec.queue.workload_priority_class_name
+    return out
+
+
+def _server_meta(run: RunRef, spec: DataGenRunSpec, template_digest: str) -> dict[str, Any]:
+    meta = _meta(run, server_name(run.name), Component.SERVER, {TEMPLATE_HASH: template_digest})
+    meta["labels"].update(kueue_labels(spec))
+    return meta
+
+
 def server_statefulset(
     run: RunRef, spec: DataGenRunSpec, replicas: int, resolved: ResolvedModel | None = None
 ) -> Manifest:
@@ -504,7 +523,7 @@ def server_statefulset(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _meta(run, server_name(run.name), Component.SERVER, {TEMPLATE_HASH: template_hash(template)}),
+        "metadata": _server_meta(run, spec, template_hash(template)),
         "spec": {
             "serviceName": server_name(run.name),
             "replicas": replicas,
@@ -530,12 +549,7 @@ def server_leaderworkerset(
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": _meta(
-            run,
-            server_name(run.name),
-            Component.SERVER,
-            {TEMPLATE_HASH: template_hash({"leader": leader, "worker": worker})},
-        ),
+        "metadata": _server_meta(run, spec, template_hash({"leader": leader, "worker": worker})),
         "spec": {
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",  # every rank loads at once; the leader waits for the others

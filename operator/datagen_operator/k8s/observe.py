@@ -14,7 +14,13 @@ from datagen_operator.api.exit_codes import EXIT_OK, EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome, cut_text
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.reasons import SHARD_CAUSES, Reason
-from datagen_operator.control.observed import ProgressCounters, ServerInstance, ServerObservation, WorkersObservation
+from datagen_operator.control.observed import (
+    KueueQueued,
+    ProgressCounters,
+    ServerInstance,
+    ServerObservation,
+    WorkersObservation,
+)
 from datagen_operator.control.progress import counters_from_snapshots
 
 Obj = Mapping[str, Any]
@@ -154,6 +160,24 @@ def server_observation(
             server_instance(pod, now, urls[index] if index < len(urls) else None, health.get(name), current)
         )
     return ServerObservation(replicas_wanted=replicas, instances=tuple(instances), refused=refused)
+
+
+def kueue_queued(workload: Obj, cluster_queue: str | None = None) -> KueueQueued | None:
+    """A Kueue Workload (kueue.x-k8s.io/v1beta2) of the server that is not admitted, in Kueue's words; None once
+    admitted. `cluster_queue`: the LocalQueue's spec.clusterQueue, for a Workload not admitted anywhere yet."""
+    if (_condition(workload, "Admitted") or {}).get("status") == "True":
+        return None
+    status = workload.get("status") or {}
+    reserved = _condition(workload, "QuotaReserved") or {}
+    # Quota held but admission checks not passed yet: the Admitted condition says which.
+    waiting = (_condition(workload, "Admitted") or {}) if reserved.get("status") == "True" else reserved
+    return KueueQueued(
+        workload=workload["metadata"]["name"],
+        local_queue=(workload.get("spec") or {}).get("queueName") or "",
+        cluster_queue=(status.get("admission") or {}).get("clusterQueue") or cluster_queue,
+        kueue_reason=waiting.get("reason") or "Pending",
+        message=waiting.get("message") or "",
+    )
 
 
 def _event_order(event: Obj) -> tuple[str, int]:

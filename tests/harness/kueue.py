@@ -1,0 +1,173 @@
+"""The real Kueue controller (sigs.k8s.io/kueue) in the test control plane.
+
+hack/testbin/build.sh builds `kueue-manager` and copies the module's CRDs and webhook manifests into
+`<testbin>/kueue/`. As for LWS (tests/harness/lws.py), the manager runs as a local process with its
+internal certificate management off, serving its webhooks on loopback with a certificate from the
+harness's CA; the webhook configurations point the API server at `https://127.0.0.1:<port>/<path>`.
+With that setting v0.17.0 also reads a metrics certificate from a fixed path under /etc; build.sh's one
+patch lets `KUEUE_METRICS_CERT_PATH` name another folder, and the harness gives it the serving one.
+
+Kueue is confined to the namespaces labelled `KUEUE_NAMESPACE_LABEL`: its workload webhooks (Job, Pod,
+StatefulSet, LeaderWorkerSet) select only those namespaces, and so does its
+`managedJobsNamespaceSelector`, so the other tests of a session that started it never meet it.
+See docs/kueue.md for what the operator relies on.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.harness.kubeconfig import write_kubeconfig
+from tests.harness.lws import http_ok, webhook_serving
+from tests.harness.pki import CertificateAuthority
+from tests.harness.processes import ManagedProcess, free_port, wait_until
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/v1beta2"
+# A namespace carrying this label is one Kueue manages (its workload webhooks and its controllers).
+KUEUE_NAMESPACE_LABEL = ("datagen.dev/kueue", "managed")
+# The integrations the operator's children need: its CPU Jobs, the single-node server's StatefulSet,
+# the multi-node server's LeaderWorkerSet; `pod` is what the last two are built on (pod groups).
+FRAMEWORKS = ("batch/job", "pod", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset")
+# Webhook paths kept from the module's manifests: Kueue's own objects and the integrations above.
+_KEPT_PATH_PARTS = ("-kueue-x-k8s-io-", "-batch-v1-job", "--v1-pod", "-apps-v1-statefulset", "-leaderworkerset-")
+_WORKLOAD_PATH_PARTS = _KEPT_PATH_PARTS[1:]
+
+
+@dataclass(frozen=True)
+class KueueManifests:
+    """The files build.sh copies from the module: every CRD in one file, the webhook configurations."""
+
+    directory: Path
+
+    def crds(self) -> list[dict[str, Any]]:
+        """Each CRD with its storage version (v1beta2) alone: the v1beta1 twin would need Kueue's
+        conversion webhook, which nothing here calls."""
+        crds = []
+        for document in yaml.safe_load_all((self.directory / "crds.yaml").read_text()):
+            if not document:
+                continue
+            document["spec"]["versions"] = [v for v in document["spec"]["versions"] if v.get("storage")]
+            document["spec"].pop("conversion", None)
+            crds.append(document)
+        return crds
+
+    def webhook_configurations(self, base_url: str, ca_pem: bytes) -> list[dict[str, Any]]:
+        """The Mutating- and ValidatingWebhookConfiguration, cut to the kept webhooks, the workload
+        ones limited to labelled namespaces, each pointed at `base_url` + its path."""
+        key, value = KUEUE_NAMESPACE_LABEL
+        configurations = []
+        for document in yaml.safe_load_all((self.directory / "webhooks.yaml").read_text()):
+            if not document:
+                continue
+            webhooks = []
+            for webhook in document["webhooks"]:
+                path = webhook["clientConfig"]["service"]["path"]
+                if not any(part in path for part in _KEPT_PATH_PARTS):
+                    continue
+                webhook["clientConfig"] = {"url": f"{base_url}{path}", "caBundle": base64.b64encode(ca_pem).decode()}
+                if any(part in path for part in _WORKLOAD_PATH_PARTS):
+                    webhook["namespaceSelector"] = {"matchLabels": {key: value}}
+                webhooks.append(webhook)
+            configurations.append(
+                {**document, "metadata": {"name": f"kueue-{document['metadata']['name']}"}, "webhooks": webhooks}
+            )
+        return configurations
+
+
+def _config_yaml(webhook_port: int, cert_dir: Path, probe_port: int) -> str:
+    # Fields of config.kueue.x-k8s.io/v1beta2 Configuration (apis/config/v1beta2 in the module).
+    key, value = KUEUE_NAMESPACE_LABEL
+    return yaml.safe_dump(
+        {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
+            "manageJobsWithoutQueueName": False,
+            "managedJobsNamespaceSelector": {"matchLabels": {key: value}},
+            "integrations": {"frameworks": list(FRAMEWORKS)},
+            # On-demand visibility is an aggregated API server of its own; nothing here reads it.
+            "featureGates": {"VisibilityOnDemand": False},
+        },
+        sort_keys=False,
+    )
+
+
+def probe_resource_flavor(name: str) -> dict[str, Any]:
+    """A ResourceFlavor, for a server-side dry run that passes Kueue's own webhooks."""
+    return {"apiVersion": KUEUE_API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": name}}
+
+
+def start_kueue(
+    binary: str,
+    *,
+    ca: CertificateAuthority,
+    server: str,
+    workdir: Path,
+    logs_dir: Path,
+    install: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None],
+    dry_run_create: Callable[[dict[str, Any]], None],
+    watched: list[ManagedProcess],
+) -> ManagedProcess:
+    """Starts kueue-manager, installs its CRDs and webhook configurations through
+    `install(crds, webhooks)`, and returns once a dry run passes its webhooks (`dry_run_create`)."""
+    manifests = KueueManifests(Path(binary).parent / "kueue")
+    cert_dir = workdir / "kueue-serving"
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    serving = ca.issue("kueue-webhook", "kueue-webhook", ip_addresses=("127.0.0.1",), server=True)
+    (cert_dir / "tls.crt").write_bytes(serving.cert_pem())
+    (cert_dir / "tls.key").write_bytes(serving.key_pem())
+    webhook_port, probe_port = free_port(), free_port()
+    config = workdir / "kueue-config.yaml"
+    config.write_text(_config_yaml(webhook_port, cert_dir, probe_port))
+    # Admin-like identity: Kueue's own ClusterRole is not installed here, system:masters stands for it.
+    client = ca.issue("kueue-controller", "kueue-controller", organizations=("system:masters",))
+    kubeconfig = write_kubeconfig(
+        workdir / "kueue-controller.kubeconfig",
+        server=server,
+        ca_pem=ca.pair.cert_pem(),
+        user_name="kueue-controller",
+        client=client,
+    )
+    install(manifests.crds(), manifests.webhook_configurations(f"https://127.0.0.1:{webhook_port}", ca.pair.cert_pem()))
+    manager = ManagedProcess.start(
+        "kueue-manager",
+        [binary, f"--config={config}", "--zap-log-level=info"],
+        logs_dir,
+        # Its metrics certificate (metrics are off, but v0.17.0 reads one): the serving one, through the
+        # environment variable hack/testbin/build.sh's one patch adds.
+        {**os.environ, "KUBECONFIG": str(kubeconfig), "KUEUE_METRICS_CERT_PATH": str(cert_dir)},
+    )
+    every = [*watched, manager]
+    wait_until(
+        lambda: http_ok(f"http://127.0.0.1:{probe_port}/readyz"),
+        timeout=90,
+        describe="kueue-manager /readyz",
+        watched=every,
+    )
+    wait_until(
+        lambda: webhook_serving(webhook_port, ca.pair.cert),
+        timeout=60,
+        describe="Kueue webhook server",
+        watched=every,
+    )
+
+    def admitted() -> bool:
+        dry_run_create(probe_resource_flavor("harness-probe"))
+        return True
+
+    wait_until(
+        admitted, timeout=60, describe="a ResourceFlavor dry run through Kueue's webhooks", watched=every, interval=0.5
+    )
+    return manager

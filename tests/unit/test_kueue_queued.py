@@ -1,0 +1,130 @@
+"""A server Kueue has not admitted (docs/kueue.md): the run says Queued, where and what is short, in Kueue's
+words; it waits (no halt, no startup budget spent) and moves on once admitted. The Workload objects here
+have the shape the real Kueue v0.17.0 writes (tests/cluster/test_kueue.py reads them from it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
+from datagen_operator.control.server import server_verdict
+from datagen_operator.k8s.observe import kueue_queued
+from tests.unit.decide_world import conditions, context, spec
+
+SHORT = (
+    "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor gpu, 8 more needed"
+)
+# A gated pod as the scheduler reports it: Kueue's gate keeps it off every node.
+GATED = ServerInstance(
+    "kimi-server-0", scheduled=False, unschedulable_message="Scheduling is blocked due to non-empty scheduling gates"
+)
+QUEUED = KueueQueued("statefulset-kimi-server-1a2b3", "team-a", "gpus", "Pending", SHORT)
+
+
+def workload(conditions: list[dict[str, str]], admission: dict[str, Any] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": conditions}
+    if admission is not None:
+        status["admission"] = admission
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "statefulset-kimi-server-1a2b3", "namespace": "ml"},
+        "spec": {"queueName": "team-a", "podSets": [{"name": "main", "count": 1}]},
+        "status": status,
+    }
+
+
+def test_a_pending_workload_is_queued_in_kueues_words_naming_both_queues() -> None:
+    pending = workload([{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": SHORT}])
+    assert kueue_queued(pending, cluster_queue="gpus") == QUEUED
+    # Without the LocalQueue read, the ClusterQueue is not known: never guessed.
+    assert kueue_queued(pending) == KueueQueued(QUEUED.workload, "team-a", None, "Pending", SHORT)
+
+
+def test_an_inadmissible_workload_keeps_kueues_reason() -> None:
+    missing = workload(
+        [
+            {
+                "type": "QuotaReserved",
+                "status": "False",
+                "reason": "Inadmissible",
+                "message": "LocalQueue team-a doesn't exist",
+            }
+        ]
+    )
+    queued = kueue_queued(missing)
+    assert queued is not None and (queued.kueue_reason, queued.message) == (
+        "Inadmissible",
+        "LocalQueue team-a doesn't exist",
+    )
+    verdict = server_verdict(ServerObservation(1, (GATED,), queued=(queued,)), 3600)
+    assert (
+        verdict.condition.message
+        == "queued by Kueue in LocalQueue team-a: Inadmissible: LocalQueue team-a doesn't exist"
+    )
+
+
+def test_an_admitted_workload_is_not_queued_and_quota_alone_waits_on_the_admission_checks() -> None:
+    admitted = workload(
+        [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted"},
+        ],
+        admission={"clusterQueue": "gpus"},
+    )
+    assert kueue_queued(admitted) is None
+    checking = workload(
+        [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved"},
+            {"type": "Admitted", "status": "False", "reason": "NoChecks", "message": "waiting for provisioning"},
+        ],
+        admission={"clusterQueue": "gpus"},
+    )
+    assert kueue_queued(checking) == KueueQueued(
+        QUEUED.workload, "team-a", "gpus", "NoChecks", "waiting for provisioning"
+    )
+
+
+def test_a_queued_server_says_so_rather_than_unschedulable_and_the_run_waits() -> None:
+    s = spec()
+    d = decide(s, Observed(1, server=ServerObservation(1, (GATED,), queued=(QUEUED,))), context(s))
+    assert d.step is Step.WAIT_FOR_SERVER and d.server_wanted
+    said = {u.type: u for u in d.updates}
+    message = f"queued by Kueue in LocalQueue team-a (ClusterQueue gpus): {SHORT}"
+    assert (said["ServerReady"].status, said["ServerReady"].reason, said["ServerReady"].message) == (
+        "False",
+        "Queued",
+        message,
+    )
+    assert (said["Progressing"].status, said["Progressing"].reason, said["Progressing"].message) == (
+        "False",
+        "Queued",
+        message,
+    )
+    assert conditions(d)["Succeeded"] == ("Unknown", "Running")  # waiting, not failing
+    # The same pod without Kueue's word is what it was before: Unschedulable in the scheduler's words.
+    d = decide(s, Observed(1, server=ServerObservation(1, (GATED,))), context(s))
+    assert conditions(d)["ServerReady"] == ("False", "Unschedulable")
+    assert conditions(d)["Progressing"] == ("False", "Waiting")
+
+
+def test_a_queued_server_spends_no_startup_budget_however_long_it_waits() -> None:
+    # Loading is counted from the container's start; a gated pod has none, so no wait in a queue ever ends the run.
+    verdict = server_verdict(ServerObservation(1, (GATED,), queued=(QUEUED,)), startup_timeout_s=1)
+    assert not verdict.fatal and verdict.condition.reason == "Queued"
+
+
+def test_admission_moves_it_on_at_once_to_loading() -> None:
+    loading = ServerInstance("kimi-server-0", running=True, loading_seconds=5)
+    verdict = server_verdict(ServerObservation(1, (loading,)), 3600)
+    assert verdict.condition.reason == "Loading"
+
+
+def test_groups_of_a_leaderworkerset_count_the_queued_ones_and_a_ready_group_serves() -> None:
+    second = KueueQueued("leaderworkerset-kimi-server-1-x", "team-a", "gpus", "Pending", SHORT)
+    both = server_verdict(ServerObservation(2, (GATED,), queued=(QUEUED, second)), 3600)
+    assert both.condition.message.startswith("2 of 2 server groups queued by Kueue in LocalQueue team-a")
+    ready = ServerInstance("kimi-server-0", running=True, ready=True, endpoint="http://kimi-server-0:30000")
+    one = server_verdict(ServerObservation(2, (ready, GATED), queued=(second,)), 3600)
+    assert (one.condition.status, one.condition.reason) == ("True", "Degraded")
