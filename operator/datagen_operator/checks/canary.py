@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -31,6 +31,9 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.presets.think_markers import MarkersWritten
 from datagen_operator.tokenizer.families import FAMILIES
+
+if TYPE_CHECKING:  # the reader itself is imported where it is used (the canary's start-up stays light)
+    from datagen_operator.prompts.dataset import DatasetFormat
 
 MODEL_THINKING = "model_thinking"
 
@@ -208,7 +211,7 @@ def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
 
 
 def iter_canary_prompts(
-    dataset: Path, dataset_format: str, turns: str = "last", id_field: str | None = None
+    dataset: Path, dataset_format: DatasetFormat, turns: str = "last", id_field: str | None = None
 ) -> Iterator[dict[str, Any]]:
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
     workers send its first request (prompts/conversation.py `request_messages`)."""
@@ -216,7 +219,7 @@ def iter_canary_prompts(
     from datagen_operator.prompts.dataset import plan_shard
 
     yield from (dict(p) for p in PROBES)
-    plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field)  # type: ignore[arg-type]
+    plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field)
     for prompt in plan.iter_prompts():
         if turns == "all" and not len(plan_turns(prompt.messages)):
             continue  # no user turn: the workers set it aside

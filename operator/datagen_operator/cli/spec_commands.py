@@ -8,12 +8,12 @@ import sys
 
 from datagen_operator.api import load_run
 from datagen_operator.api.errors import SpecError
-from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.spec import DataGenRun, DataGenRunSpec
 
 EXIT_INVALID = 1
 
 
-def _load_or_report(path: str) -> object | None:
+def _load_or_report(path: str) -> DataGenRun | None:
     try:
         return load_run(path)
     except FileNotFoundError:
@@ -49,9 +49,9 @@ def validate_main(argv: list[str]) -> int:
         if run is None:
             failed += 1
         else:
-            print(f"{path}: valid DataGenRun {run.metadata.name}")  # type: ignore[attr-defined]
+            print(f"{path}: valid DataGenRun {run.metadata.name}")
             print(f"  {NOT_CHECKED}")
-            hint = _attention_dp_hint(run.spec)  # type: ignore[attr-defined]
+            hint = _attention_dp_hint(run.spec)
             if hint:
                 print(f"  hint: {hint}")
     return EXIT_INVALID if failed else 0
@@ -91,7 +91,7 @@ def server_args_main(argv: list[str]) -> int:
         return EXIT_INVALID
     from datagen_operator.engine.launch import server_argv
 
-    spec = run.spec  # type: ignore[attr-defined]
+    spec = run.spec
     argv_out = server_argv(spec)
     if args.one_line:
         print(shlex.join(argv_out))
