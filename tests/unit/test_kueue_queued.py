@@ -9,7 +9,7 @@ from typing import Any
 from datagen_operator.control.decide import Step, decide
 from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s.observe import kueue_queued
+from datagen_operator.k8s.observe import kueue_gated, kueue_queued
 from tests.unit.decide_world import conditions, context, spec
 
 SHORT = (
@@ -128,3 +128,13 @@ def test_groups_of_a_leaderworkerset_count_the_queued_ones_and_a_ready_group_ser
     ready = ServerInstance("kimi-server-0", running=True, ready=True, endpoint="http://kimi-server-0:30000")
     one = server_verdict(ServerObservation(2, (ready, GATED), queued=(second,)), 3600)
     assert (one.condition.status, one.condition.reason) == ("True", "Degraded")
+
+
+def test_only_kueues_admission_gate_marks_a_pod_held_by_kueue() -> None:
+    def pod(*gates: str) -> dict[str, Any]:
+        return {"metadata": {"name": "kimi-server-0"}, "spec": {"schedulingGates": [{"name": g} for g in gates]}}
+
+    assert kueue_gated(pod("example.com/other", "kueue.x-k8s.io/admission"))
+    assert not kueue_gated(pod("example.com/other"))
+    assert not kueue_gated(pod())
+    assert not kueue_gated({"metadata": {"name": "p"}})

@@ -180,6 +180,16 @@ def kueue_queued(workload: Obj, cluster_queue: str | None = None) -> KueueQueued
     )
 
 
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
+"""The scheduling gate Kueue's pod webhook puts on a managed pod until its Workload is admitted."""
+
+
+def kueue_gated(pod: Obj) -> bool:
+    """The pod waits behind Kueue's admission gate (the scheduler ignores it: no node, no GPU)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(gate.get("name") == KUEUE_ADMISSION_GATE for gate in gates)
+
+
 def _event_order(event: Obj) -> tuple[str, int]:
     series = (event.get("series") or {}).get("lastObservedTime")
     when = series or event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or ""
