@@ -138,3 +138,17 @@ def test_only_kueues_admission_gate_marks_a_pod_held_by_kueue() -> None:
     assert not kueue_gated(pod("example.com/other"))
     assert not kueue_gated(pod())
     assert not kueue_gated({"metadata": {"name": "p"}})
+
+
+def test_a_pod_whose_gate_was_just_lifted_is_pending_not_unschedulable() -> None:
+    """Kueue lifts the gate on admission; until the scheduler looks, PodScheduled still says SchedulingGated."""
+    from datetime import UTC, datetime
+
+    from datagen_operator.k8s.observe import server_instance
+
+    condition = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "blocked"}
+    pod: dict[str, Any] = {"metadata": {"name": "kimi-server-0"}, "spec": {}, "status": {"conditions": [condition]}}
+    assert server_instance(pod, datetime.now(UTC), None, None, True).scheduled
+    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    held = server_instance(pod, datetime.now(UTC), None, None, True)
+    assert not held.scheduled and held.unschedulable_message == "blocked"
