@@ -18,7 +18,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,12 @@ from typing import Any
 import yaml
 
 from tests.harness.kubeconfig import read_cluster_endpoint, write_kubeconfig
-from tests.harness.kueue import KUEUE_GROUP, start_kueue
-from tests.harness.lws import LWS_CRD_NAME, start_lws
+from tests.harness.kueue import KUEUE_GROUP, kueue_manager
+from tests.harness.lws import LWS_CRD_NAME, lws_manager
 from tests.harness.pki import CertificateAuthority, KeyPair, write_service_account_signing_key
 from tests.harness.processes import ControlPlaneError, ManagedProcess, free_port, wait_until
 from tests.harness.testbin import REPO_ROOT, ensure_testbin
+from tests.harness.webhook_manager import WebhookManager, start_webhook_manager
 
 CRD_DIR = REPO_ROOT / "crds"
 
@@ -568,28 +569,19 @@ class LocalControlPlane(Cluster):
         self._lws = self._start_lws(self._ca)
 
     def _start_lws(self, ca: CertificateAuthority) -> ManagedProcess:
+        source = self.testbin / "lws"
+
         def install(crd: dict[str, Any], webhooks: list[dict[str, Any]]) -> None:
-            self.create_or_replace(crd, source=self.testbin / "lws")
+            self.create_or_replace(crd, source=source)
             for configuration in webhooks:
-                self.create_or_replace(configuration, source=self.testbin / "lws")
+                self.create_or_replace(configuration, source=source)
             self.wait_for_crd(crd["metadata"]["name"])
 
         def dry_run_create(body: dict[str, Any]) -> None:
             resource = self.resource(body["apiVersion"], body["kind"])
             resource.create(body=body, namespace="default", dry_run="All")
 
-        manager = start_lws(
-            self.binary("lws-manager"),
-            ca=ca,
-            server=f"https://127.0.0.1:{self.api_port}",
-            workdir=self.workdir,
-            logs_dir=self.logs_dir,
-            install=install,
-            dry_run_create=dry_run_create,
-            watched=self.processes,
-        )
-        self.processes.append(manager)
-        return manager
+        return self._start_manager(lws_manager(ca, source, install), ca, dry_run_create)
 
     def ensure_kueue(self) -> None:
         # On first use, as LWS: its CRDs (the Workload's alone is 0.7 MB) keep the API server busy.
@@ -615,18 +607,23 @@ class LocalControlPlane(Cluster):
         def dry_run_create(body: dict[str, Any]) -> None:
             self.resource(body["apiVersion"], body["kind"]).create(body=body, dry_run="All")
 
-        manager = start_kueue(
-            self.binary("kueue-manager"),
+        return self._start_manager(kueue_manager(ca, source, install), ca, dry_run_create)
+
+    def _start_manager(
+        self, manager: WebhookManager, ca: CertificateAuthority, dry_run_create: Callable[[dict[str, Any]], None]
+    ) -> ManagedProcess:
+        process = start_webhook_manager(
+            manager,
+            self.binary(f"{manager.name}-manager"),
             ca=ca,
             server=f"https://127.0.0.1:{self.api_port}",
             workdir=self.workdir,
             logs_dir=self.logs_dir,
-            install=install,
             dry_run_create=dry_run_create,
             watched=self.processes,
         )
-        self.processes.append(manager)
-        return manager
+        self.processes.append(process)
+        return process
 
 
 # Without stages of its own kwok uses its default ones; an explicit file keeps a user's

@@ -1,9 +1,9 @@
 """The real Kueue controller (sigs.k8s.io/kueue) in the test control plane.
 
 hack/testbin/build.sh builds `kueue-manager` and copies the module's CRDs and webhook manifests into
-`<testbin>/kueue/`. As for LWS (tests/harness/lws.py), the manager runs as a local process with its
-internal certificate management off, serving its webhooks on loopback with a certificate from the
-harness's CA; the webhook configurations point the API server at `https://127.0.0.1:<port>/<path>`.
+`<testbin>/kueue/`. As LWS, the manager runs as a local process with its internal certificate management
+off, serving its webhooks on loopback with a certificate from the harness's CA
+(tests/harness/webhook_manager.py).
 With that setting v0.17.0 also reads a metrics certificate from a fixed path under /etc; build.sh's one
 patch lets `KUEUE_METRICS_CERT_PATH` name another folder, and the harness gives it the serving one.
 
@@ -16,7 +16,6 @@ See docs/kueue.md for what the operator relies on.
 from __future__ import annotations
 
 import base64
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,8 @@ from typing import Any
 
 import yaml
 
-from tests.harness.kubeconfig import write_kubeconfig
-from tests.harness.lws import http_ok, webhook_serving
 from tests.harness.pki import CertificateAuthority
-from tests.harness.processes import ManagedProcess, free_port, wait_until
+from tests.harness.webhook_manager import WebhookManager
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/v1beta2"
@@ -109,65 +106,19 @@ def probe_resource_flavor(name: str) -> dict[str, Any]:
     return {"apiVersion": KUEUE_API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": name}}
 
 
-def start_kueue(
-    binary: str,
-    *,
-    ca: CertificateAuthority,
-    server: str,
-    workdir: Path,
-    logs_dir: Path,
-    install: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None],
-    dry_run_create: Callable[[dict[str, Any]], None],
-    watched: list[ManagedProcess],
-) -> ManagedProcess:
-    """Starts kueue-manager, installs its CRDs and webhook configurations through
-    `install(crds, webhooks)`, and returns once a dry run passes its webhooks (`dry_run_create`)."""
-    manifests = KueueManifests(Path(binary).parent / "kueue")
-    cert_dir = workdir / "kueue-serving"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    serving = ca.issue("kueue-webhook", "kueue-webhook", ip_addresses=("127.0.0.1",), server=True)
-    (cert_dir / "tls.crt").write_bytes(serving.cert_pem())
-    (cert_dir / "tls.key").write_bytes(serving.key_pem())
-    webhook_port, probe_port = free_port(), free_port()
-    config = workdir / "kueue-config.yaml"
-    config.write_text(_config_yaml(webhook_port, cert_dir, probe_port))
-    # Admin-like identity: Kueue's own ClusterRole is not installed here, system:masters stands for it.
-    client = ca.issue("kueue-controller", "kueue-controller", organizations=("system:masters",))
-    kubeconfig = write_kubeconfig(
-        workdir / "kueue-controller.kubeconfig",
-        server=server,
-        ca_pem=ca.pair.cert_pem(),
-        user_name="kueue-controller",
-        client=client,
-    )
-    install(manifests.crds(), manifests.webhook_configurations(f"https://127.0.0.1:{webhook_port}", ca.pair.cert_pem()))
-    manager = ManagedProcess.start(
-        "kueue-manager",
-        [binary, f"--config={config}", "--zap-log-level=info"],
-        logs_dir,
+def kueue_manager(
+    ca: CertificateAuthority, directory: Path, install: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None]
+) -> WebhookManager:
+    """kueue-manager, with the files build.sh copied into `directory`: its CRDs and webhook configurations go in
+    through `install(crds, webhooks)`; ready once a ResourceFlavor dry run passes its webhooks."""
+    manifests = KueueManifests(directory)
+    return WebhookManager(
+        "kueue",
+        _config_yaml,
+        lambda url: install(manifests.crds(), manifests.webhook_configurations(url, ca.pair.cert_pem())),
+        probe_resource_flavor("harness-probe"),
+        ready_timeout=90,
         # Its metrics certificate (metrics are off, but v0.17.0 reads one): the serving one, through the
         # environment variable hack/testbin/build.sh's one patch adds.
-        {**os.environ, "KUBECONFIG": str(kubeconfig), "KUEUE_METRICS_CERT_PATH": str(cert_dir)},
+        env=lambda cert_dir: {"KUEUE_METRICS_CERT_PATH": str(cert_dir)},
     )
-    every = [*watched, manager]
-    wait_until(
-        lambda: http_ok(f"http://127.0.0.1:{probe_port}/readyz"),
-        timeout=90,
-        describe="kueue-manager /readyz",
-        watched=every,
-    )
-    wait_until(
-        lambda: webhook_serving(webhook_port, ca.pair.cert),
-        timeout=60,
-        describe="Kueue webhook server",
-        watched=every,
-    )
-
-    def admitted() -> bool:
-        dry_run_create(probe_resource_flavor("harness-probe"))
-        return True
-
-    wait_until(
-        admitted, timeout=60, describe="a ResourceFlavor dry run through Kueue's webhooks", watched=every, interval=0.5
-    )
-    return manager

@@ -3,17 +3,14 @@
 hack/testbin/build.sh builds `lws-manager` and copies the module's CRD and webhook manifests into
 `<testbin>/lws/`. Here the manager runs as a local process with its internal certificate management
 off: it serves its webhooks on loopback with a certificate from the harness's CA, and the webhook
-configurations point the API server at `https://127.0.0.1:<port>/<path>` with that CA as caBundle.
+configurations point the API server at `https://127.0.0.1:<port>/<path>` with that CA as caBundle
+(tests/harness/webhook_manager.py starts it; this module knows its files, configuration and probe).
 """
 
 from __future__ import annotations
 
 import base64
 import copy
-import os
-import ssl
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +18,8 @@ from typing import Any
 
 import yaml
 
-from tests.harness.kubeconfig import write_kubeconfig
 from tests.harness.pki import CertificateAuthority
-from tests.harness.processes import ManagedProcess, free_port, wait_until
+from tests.harness.webhook_manager import WebhookManager
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_API_VERSION = f"{LWS_GROUP}/v1"
@@ -100,27 +96,6 @@ def _config_yaml(webhook_port: int, cert_dir: Path, probe_port: int) -> str:
     )
 
 
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def webhook_serving(port: int, ca_file: Path) -> bool:
-    # The webhook server answers 404 to a path it has not registered, so any HTTP answer means TLS
-    # works with our CA; whether the handlers are registered is what the dry-run below checks.
-    context = ssl.create_default_context(cafile=str(ca_file))
-    try:
-        urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=context, timeout=2)
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, OSError):
-        return False
-    return True
-
-
 def probe_leaderworkerset(name: str) -> dict[str, Any]:
     """A minimal LeaderWorkerSet, for a server-side dry run that passes both LWS webhooks."""
     container = {"name": "probe", "image": "registry.k8s.io/pause:3.10"}
@@ -135,61 +110,15 @@ def probe_leaderworkerset(name: str) -> dict[str, Any]:
     }
 
 
-def start_lws(
-    binary: str,
-    *,
-    ca: CertificateAuthority,
-    server: str,
-    workdir: Path,
-    logs_dir: Path,
-    install: Callable[[dict[str, Any], list[dict[str, Any]]], None],
-    dry_run_create: Callable[[dict[str, Any]], None],
-    watched: list[ManagedProcess],
-) -> ManagedProcess:
-    """Starts lws-manager, installs its CRD and webhook configurations through `install(crd, webhooks)`,
-    and returns once a LeaderWorkerSet dry run passes its webhooks (`dry_run_create`)."""
-    manifests = LwsManifests(Path(binary).parent / "lws")
-    cert_dir = workdir / "lws-serving"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    serving = ca.issue("lws-webhook", "lws-webhook", ip_addresses=("127.0.0.1",), server=True)
-    # controller-runtime's webhook server reads tls.crt and tls.key from certDir.
-    (cert_dir / "tls.crt").write_bytes(serving.cert_pem())
-    (cert_dir / "tls.key").write_bytes(serving.key_pem())
-    webhook_port, probe_port = free_port(), free_port()
-    config = workdir / "lws-config.yaml"
-    config.write_text(_config_yaml(webhook_port, cert_dir, probe_port))
-    # Admin-like identity: LWS's own ClusterRole is not installed here, system:masters stands for it.
-    client = ca.issue("lws-controller", "lws-controller", organizations=("system:masters",))
-    kubeconfig = write_kubeconfig(
-        workdir / "lws-controller.kubeconfig",
-        server=server,
-        ca_pem=ca.pair.cert_pem(),
-        user_name="lws-controller",
-        client=client,
+def lws_manager(
+    ca: CertificateAuthority, directory: Path, install: Callable[[dict[str, Any], list[dict[str, Any]]], None]
+) -> WebhookManager:
+    """lws-manager, with the files build.sh copied into `directory`: its CRD and webhook configurations go in
+    through `install(crd, webhooks)`; ready once a LeaderWorkerSet dry run passes its webhooks."""
+    manifests = LwsManifests(directory)
+    return WebhookManager(
+        "lws",
+        _config_yaml,
+        lambda url: install(manifests.crd(), manifests.webhook_configurations(url, ca.pair.cert_pem())),
+        probe_leaderworkerset("harness-probe"),
     )
-    install(manifests.crd(), manifests.webhook_configurations(f"https://127.0.0.1:{webhook_port}", ca.pair.cert_pem()))
-    manager = ManagedProcess.start(
-        "lws-manager",
-        [binary, f"--config={config}", "--zap-log-level=info"],
-        logs_dir,
-        {**os.environ, "KUBECONFIG": str(kubeconfig)},
-    )
-    every = [*watched, manager]
-    wait_until(
-        lambda: http_ok(f"http://127.0.0.1:{probe_port}/readyz"),
-        timeout=60,
-        describe="lws-manager /readyz",
-        watched=every,
-    )
-    wait_until(
-        lambda: webhook_serving(webhook_port, ca.pair.cert), timeout=60, describe="LWS webhook server", watched=every
-    )
-
-    def admitted() -> bool:
-        dry_run_create(probe_leaderworkerset("harness-probe"))
-        return True
-
-    wait_until(
-        admitted, timeout=60, describe="a LeaderWorkerSet dry run through the LWS webhooks", watched=every, interval=0.5
-    )
-    return manager
