@@ -13,7 +13,7 @@ import pytest
 from datagen_operator.k8s.observe import kueue_queued
 from tests.cluster.test_lws import leaderworkerset
 from tests.harness.controlplane import GPU_RESOURCE, GPU_TOLERATION, Cluster
-from tests.harness.kueue import KUEUE_API_VERSION
+from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
 from tests.harness.lws import LWS_API_VERSION, LWS_NAME_LABEL
 from tests.harness.processes import wait_until
 
@@ -58,51 +58,13 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def gpu_queue(kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tuple[str, str]]:
     """(ClusterQueue, LocalQueue): one 8-GPU flavor's quota (plus CPU and memory) behind a LocalQueue
     in the test's namespace; the cluster-scoped objects are removed afterwards."""
-    suffix = kueue_namespace.rsplit("-", 1)[-1]
-    flavor, cluster_queue, local_queue = f"gpu-{suffix}", f"gpus-{suffix}", "gpus"
-    flavors = kueue_controller.resource(KUEUE_API_VERSION, "ResourceFlavor")
-    cluster_queues = kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue")
-    local_queues = kueue_controller.resource(KUEUE_API_VERSION, "LocalQueue")
-    flavors.create(body={"apiVersion": KUEUE_API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": flavor}})
     quota = [
         {"name": "cpu", "nominalQuota": "64"},
         {"name": "memory", "nominalQuota": "512Gi"},
         {"name": GPU_RESOURCE, "nominalQuota": "8"},
     ]
-    cluster_queues.create(
-        body={
-            "apiVersion": KUEUE_API_VERSION,
-            "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                        "flavors": [{"name": flavor, "resources": quota}],
-                    }
-                ],
-            },
-        }
-    )
-    local_queues.create(
-        namespace=kueue_namespace,
-        body={
-            "apiVersion": KUEUE_API_VERSION,
-            "kind": "LocalQueue",
-            "metadata": {"name": local_queue},
-            "spec": {"clusterQueue": cluster_queue},
-        },
-    )
-    wait_until(
-        lambda: (condition(cluster_queues.get(name=cluster_queue).to_dict(), "Active") or {}).get("status") == "True",
-        timeout=30,
-        describe=f"ClusterQueue {cluster_queue} Active",
-    )
-    yield cluster_queue, local_queue
-    # The namespace's deletion takes the LocalQueue; the ClusterQueue keeps a finalizer while it has workloads.
-    cluster_queues.delete(name=cluster_queue)
-    flavors.delete(name=flavor)
+    with gpu_cluster_queue(kueue_controller, kueue_namespace, quota, ["cpu", "memory", GPU_RESOURCE]) as queues:
+        yield queues
 
 
 def test_two_8_gpu_statefulsets_share_an_8_gpu_quota_one_at_a_time(

@@ -16,7 +16,8 @@ See docs/kueue.md for what the operator relies on.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 
 from tests.harness.pki import CertificateAuthority
+from tests.harness.processes import wait_until
 from tests.harness.webhook_manager import WebhookManager
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -122,3 +124,51 @@ def kueue_manager(
         # environment variable hack/testbin/build.sh's one patch adds.
         env=lambda cert_dir: {"KUEUE_METRICS_CERT_PATH": str(cert_dir)},
     )
+def _active(obj: dict[str, Any]) -> bool:
+    found = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Active"]
+    return bool(found) and found[0]["status"] == "True"
+
+
+@contextlib.contextmanager
+def gpu_cluster_queue(
+    cluster: Any, namespace: str, quota: list[dict[str, str]], covered: list[str]
+) -> Iterator[tuple[str, str]]:
+    """(ClusterQueue, LocalQueue "gpus" in `namespace`): one flavor with `quota`, Active before it is given; the
+    cluster-scoped objects are removed afterwards (the namespace's deletion takes the LocalQueue)."""
+    suffix = namespace.rsplit("-", 1)[-1]
+    flavor, cluster_queue, local_queue = f"gpu-{suffix}", f"gpus-{suffix}", "gpus"
+    flavors = cluster.resource(KUEUE_API_VERSION, "ResourceFlavor")
+    cluster_queues = cluster.resource(KUEUE_API_VERSION, "ClusterQueue")
+    local_queues = cluster.resource(KUEUE_API_VERSION, "LocalQueue")
+    flavors.create(body={"apiVersion": KUEUE_API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": flavor}})
+    cluster_queues.create(
+        body={
+            "apiVersion": KUEUE_API_VERSION,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [{"coveredResources": covered, "flavors": [{"name": flavor, "resources": quota}]}],
+            },
+        }
+    )
+    local_queues.create(
+        namespace=namespace,
+        body={
+            "apiVersion": KUEUE_API_VERSION,
+            "kind": "LocalQueue",
+            "metadata": {"name": local_queue},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    )
+    wait_until(
+        lambda: _active(cluster_queues.get(name=cluster_queue).to_dict()),
+        timeout=30,
+        describe=f"ClusterQueue {cluster_queue} Active",
+    )
+    try:
+        yield cluster_queue, local_queue
+    finally:
+        # The ClusterQueue keeps a finalizer while it has workloads: it goes with the namespace's.
+        cluster_queues.delete(name=cluster_queue)
+        flavors.delete(name=flavor)

@@ -9,7 +9,7 @@ from typing import Any
 from datagen_operator.control.decide import Step, decide
 from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s.observe import kueue_queued
+from datagen_operator.k8s.observe import kueue_gated, kueue_queued
 from tests.unit.decide_world import conditions, context, spec
 
 SHORT = (
@@ -128,3 +128,81 @@ def test_groups_of_a_leaderworkerset_count_the_queued_ones_and_a_ready_group_ser
     ready = ServerInstance("kimi-server-0", running=True, ready=True, endpoint="http://kimi-server-0:30000")
     one = server_verdict(ServerObservation(2, (ready, GATED), queued=(second,)), 3600)
     assert (one.condition.status, one.condition.reason) == ("True", "Degraded")
+
+
+def test_only_kueues_admission_gate_marks_a_pod_held_by_kueue() -> None:
+    def pod(*gates: str) -> dict[str, Any]:
+        return {"metadata": {"name": "kimi-server-0"}, "spec": {"schedulingGates": [{"name": g} for g in gates]}}
+
+    assert kueue_gated(pod("example.com/other", "kueue.x-k8s.io/admission"))
+    assert not kueue_gated(pod("example.com/other"))
+    assert not kueue_gated(pod())
+    assert not kueue_gated({"metadata": {"name": "p"}})
+
+
+def test_a_pod_whose_gate_was_just_lifted_is_pending_not_unschedulable() -> None:
+    """Kueue lifts the gate on admission; until the scheduler looks, PodScheduled still says SchedulingGated."""
+    from datetime import UTC, datetime
+
+    from datagen_operator.k8s.observe import server_instance
+
+    condition = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "blocked"}
+    pod: dict[str, Any] = {"metadata": {"name": "kimi-server-0"}, "spec": {}, "status": {"conditions": [condition]}}
+    assert server_instance(pod, datetime.now(UTC), None, None, True).scheduled
+    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    held = server_instance(pod, datetime.now(UTC), None, None, True)
+    assert not held.scheduled and held.unschedulable_message == "blocked"
+
+
+class FakeKueue:
+    """The two Kueue reads of Observer._queued: `workloads` or a status to refuse with; LocalQueue -> ClusterQueue."""
+
+    def __init__(self, workloads: list[dict[str, Any]] | int, cluster_queues: dict[str, str] | None = None) -> None:
+        self.workloads, self.cluster_queues, self.lists = workloads, cluster_queues or {}, 0
+
+    async def kueue_workloads(self, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self.lists += 1
+        if isinstance(self.workloads, int):
+            raise ApiException(status=self.workloads, reason="refused")
+        return self.workloads
+
+    async def kueue_cluster_queue(self, namespace: str, local_queue: str) -> str | None:
+        return self.cluster_queues.get(local_queue)
+
+
+def queued_of(kube: FakeKueue, pods: list[dict[str, Any]] | None = None) -> tuple[KueueQueued, ...]:
+    import asyncio
+    from types import SimpleNamespace
+
+    from datagen_operator.k8s.context import RunCache
+    from datagen_operator.k8s.observation import Observer
+
+    observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="kimi"))  # type: ignore[arg-type]
+    return asyncio.run(observer._queued("team-a", {"metadata": {"uid": "sts-uid"}}, pods or []))
+
+
+def test_a_pending_workload_read_by_the_operator_names_the_local_queues_cluster_queue() -> None:
+    pending = workload([{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": SHORT}])
+    (queued,) = queued_of(FakeKueue([pending], {"team-a": "gpus"}))
+    assert (queued.local_queue, queued.cluster_queue, queued.message) == ("team-a", "gpus", SHORT)
+
+
+def test_where_kueue_is_missing_or_unreadable_a_queued_run_goes_on_and_says_so(
+    caplog: Any,
+) -> None:
+    for status in (404, 403):
+        caplog.clear()
+        kube = FakeKueue(status)
+        assert queued_of(kube) == ()
+        assert kube.lists == 1
+        (record,) = [r for r in caplog.records if "spec.queue is set" in r.getMessage()]
+        assert ("Kueue is not installed" if status == 404 else "may not read") in record.getMessage()
+
+
+def test_a_pod_behind_kueues_gate_before_its_workload_is_read_is_queued() -> None:
+    gated = {"metadata": {"name": "kimi-server-0"}, "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
+    (queued,) = queued_of(FakeKueue([]), [gated])
+    assert queued.local_queue == "team-a" and "waiting for Kueue" in queued.message
+    assert queued_of(FakeKueue([]), [{"metadata": {"name": "kimi-server-0"}, "spec": {}}]) == ()

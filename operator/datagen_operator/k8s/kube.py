@@ -13,7 +13,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
-from datagen_operator.k8s.manifests import LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH, Manifest
+from datagen_operator.k8s.manifests import KUEUE_API_VERSION, LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH, Manifest
 from datagen_operator.k8s.observe import annotation
 
 FIELD_MANAGER = "datagen-operator"
@@ -161,6 +161,28 @@ class Kube:
         listed = await self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}")
         items: list[Mapping[str, Any]] = self._plain(listed).get("items") or []
         return items
+
+    async def kueue_workloads(self, namespace: str, owner_uid: str) -> list[Mapping[str, Any]]:
+        """Kueue's Workloads in `namespace` owned by `owner_uid` (the server's StatefulSet or LeaderWorkerSet).
+        Raises ApiException: 404 where Kueue is not installed, 403 where the operator may not read them."""
+        group, version = KUEUE_API_VERSION.split("/")
+        listed = await self.custom.list_namespaced_custom_object(group, version, namespace, "workloads")
+        items: list[Mapping[str, Any]] = listed.get("items") or []
+        return [w for w in items if any(o.get("uid") == owner_uid for o in w["metadata"].get("ownerReferences") or [])]
+
+    async def kueue_cluster_queue(self, namespace: str, local_queue: str) -> str | None:
+        """The ClusterQueue a LocalQueue feeds (its spec.clusterQueue); None when the LocalQueue does not exist."""
+        group, version = KUEUE_API_VERSION.split("/")
+        try:
+            queue = await self.custom.get_namespaced_custom_object(
+                group, version, namespace, "localqueues", local_queue
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        found: str | None = (queue.get("spec") or {}).get("clusterQueue")
+        return found
 
     async def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str, *, component: str, instance: str

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.names import Component, server_name, spec_configmap_name, workers_job_name
 from datagen_operator.api.outcome import StepOutcome
@@ -22,7 +23,7 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CANARY_PASSED, EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
 from datagen_operator.control.children import Child, made_for
 from datagen_operator.control.decide import parsers_to_read
-from datagen_operator.control.observed import Observed, ProbeFailures, ServerObservation
+from datagen_operator.control.observed import KueueQueued, Observed, ProbeFailures, ServerObservation
 from datagen_operator.control.remembered import (
     remembered_final,
     remembered_outcome,
@@ -69,6 +70,8 @@ class Observer:
     refused_pods: dict[str, str] = field(default_factory=dict)
     """'Job/name' -> why its controller could not create a pod (FailedCreate), as of this pass."""
     probed: tuple[frozenset[tuple[str, bool]], float] | None = None
+    kueue_unreadable: int | None = None
+    """The HTTP status with which the Workload API refused (404: Kueue not installed), once warned about."""
     """The run's pods (uid, terminating) when the namespace was last asked whether it is being deleted, and when."""
 
     @property
@@ -160,13 +163,57 @@ class Observer:
         if grouped:
             refused = refused_writes.get(f"{m.LWS_KIND}/{sts_name}")
             leaders = {"metadata": {"name": sts_name}} if self.group_set is not None else None
-            return groups.group_observation(
+            observation = groups.group_observation(
                 server_pods, leaders, spec.server.replicas, spec.server.nodes, urls, health, now, refused
             )
-        refused = None
-        if statefulset is not None and o.statefulset_short(statefulset, server_pods):
-            refused = await self._pod_refusal(statefulset)
-        return o.server_observation(server_pods, statefulset, spec.server.replicas, urls, health, now, refused)
+        else:
+            refused = None
+            if statefulset is not None and o.statefulset_short(statefulset, server_pods):
+                refused = await self._pod_refusal(statefulset)
+            observation = o.server_observation(
+                server_pods, statefulset, spec.server.replicas, urls, health, now, refused
+            )
+        if spec.queue is None or serving is None:  # a run without spec.queue never touches Kueue's API
+            return observation
+        return replace(observation, queued=await self._queued(spec.queue.name, serving, server_pods))
+
+    async def _queued(
+        self, local_queue: str, serving: Mapping[str, Any], server_pods: list[Mapping[str, Any]]
+    ) -> tuple[KueueQueued, ...]:
+        """The server's Kueue Workloads not admitted yet, read each pass (not watched: admission lifts the
+        scheduling gate of the server's pods, whose watch wakes the pass). Where the Workload API cannot be read
+        (Kueue not installed, or the chart's RBAC predates it) the run goes on as without a queue, said once."""
+        try:
+            workloads = await self.ctx.kube.kueue_workloads(self.namespace, serving["metadata"]["uid"])
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
+            if self.kueue_unreadable != error.status:
+                why = "Kueue is not installed" if error.status == 404 else "the operator may not read them"
+                log.warning(
+                    "%s/%s: spec.queue is set but Kueue's Workloads (%s) cannot be read: %s; the server is not "
+                    "queued by this operator's reading",
+                    self.namespace,
+                    self.name,
+                    m.KUEUE_API_VERSION,
+                    why,
+                )
+                self.kueue_unreadable = error.status
+            return ()
+        self.kueue_unreadable = None
+        queued = []
+        for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
+            waiting = o.kueue_queued(workload)
+            if waiting is not None and waiting.cluster_queue is None and waiting.local_queue:
+                cluster_queue = await self.ctx.kube.kueue_cluster_queue(self.namespace, waiting.local_queue)
+                waiting = replace(waiting, cluster_queue=cluster_queue)
+            if waiting is not None:
+                queued.append(waiting)
+        if not queued and any(o.kueue_gated(pod) for pod in server_pods):
+            # Kueue gated the pods before its Workload was read, or admitted it and is lifting the gates now.
+            words = "admitted; Kueue is lifting its gate" if workloads else "waiting for Kueue to make its Workload"
+            queued.append(KueueQueued(workload="", local_queue=local_queue, message=words))
+        return tuple(queued)
 
     def _steps(
         self,

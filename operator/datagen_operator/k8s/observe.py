@@ -109,6 +109,8 @@ def server_instance(
     name = pod["metadata"]["name"]
     scheduled = _condition(pod, "PodScheduled")
     unschedulable = scheduled is not None and scheduled.get("status") == "False"
+    if unschedulable and (scheduled or {}).get("reason") == "SchedulingGated" and not gated(pod):
+        unschedulable = False  # its gates were lifted (Kueue's admission): the scheduler has yet to look at it
     container = _container_status(pod, "server") or {}
     state = container.get("state") or {}
     running = "running" in state
@@ -178,6 +180,20 @@ def kueue_queued(workload: Obj, cluster_queue: str | None = None) -> KueueQueued
         kueue_reason=waiting.get("reason") or "Pending",
         message=waiting.get("message") or "",
     )
+
+
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
+"""The scheduling gate Kueue's pod webhook puts on a managed pod until its Workload is admitted."""
+
+
+def gated(pod: Obj) -> tuple[str, ...]:
+    """The pod's scheduling gates: while it has any, the scheduler ignores it (no node, no GPU)."""
+    return tuple(gate.get("name") or "" for gate in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def kueue_gated(pod: Obj) -> bool:
+    """The pod waits behind Kueue's admission gate."""
+    return KUEUE_ADMISSION_GATE in gated(pod)
 
 
 def _event_order(event: Obj) -> tuple[str, int]:

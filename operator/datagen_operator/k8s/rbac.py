@@ -39,6 +39,10 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "resources": ["leaderworkersets"],
         "verbs": ["get", "create", "patch", "delete"],
     },
+    # a queued server (spec.queue): Kueue's Workloads owned by it, listed each pass (not watched, so the operator
+    # runs where Kueue is not installed), and the LocalQueue's ClusterQueue while one is not admitted
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
     # the worker Role grants get/patch on configmaps, which the operator holds itself (no escalate/bind)
     {
         "apiGroups": ["rbac.authorization.k8s.io"],
