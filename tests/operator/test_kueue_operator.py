@@ -117,7 +117,7 @@ def test_two_queued_runs_share_8_gpus_of_quota_one_after_the_other(
         assert server_ready is not None and server_ready["reason"] == "Queued"
 
         watching(first, "Succeeded", "True", "Completed", timeout=240)
-        watching(second, "ServerReady", "True", "Ready", timeout=120)
+        watching(second, "ServerReady", "True", "Ready", timeout=300)
         watching(second, "Succeeded", "True", "Completed", timeout=240)
 
     seen = f"server pods: { {run: len(uids) for run, uids in server_pods.items()} }; reasons: {reasons}\n"
