@@ -70,9 +70,9 @@ class Observer:
     refused_pods: dict[str, str] = field(default_factory=dict)
     """'Job/name' -> why its controller could not create a pod (FailedCreate), as of this pass."""
     probed: tuple[frozenset[tuple[str, bool]], float] | None = None
+    """The run's pods (uid, terminating) when the namespace was last asked whether it is being deleted, and when."""
     kueue_unreadable: int | None = None
     """The HTTP status with which the Workload API refused (404: Kueue not installed), once warned about."""
-    """The run's pods (uid, terminating) when the namespace was last asked whether it is being deleted, and when."""
 
     @property
     def namespace(self) -> str:
