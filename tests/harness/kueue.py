@@ -124,6 +124,8 @@ def kueue_manager(
         # environment variable hack/testbin/build.sh's one patch adds.
         env=lambda cert_dir: {"KUEUE_METRICS_CERT_PATH": str(cert_dir)},
     )
+
+
 def _active(obj: dict[str, Any]) -> bool:
     found = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Active"]
     return bool(found) and found[0]["status"] == "True"
