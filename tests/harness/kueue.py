@@ -133,12 +133,12 @@ def _active(obj: dict[str, Any]) -> bool:
 
 @contextlib.contextmanager
 def gpu_cluster_queue(
-    cluster: Any, namespace: str, quota: list[dict[str, str]], covered: list[str]
+    cluster: Any, namespace: str, quota: list[dict[str, str]], covered: list[str], local_queue: str = "gpus"
 ) -> Iterator[tuple[str, str]]:
-    """(ClusterQueue, LocalQueue "gpus" in `namespace`): one flavor with `quota`, Active before it is given; the
-    cluster-scoped objects are removed afterwards (the namespace's deletion takes the LocalQueue)."""
-    suffix = namespace.rsplit("-", 1)[-1]
-    flavor, cluster_queue, local_queue = f"gpu-{suffix}", f"gpus-{suffix}", "gpus"
+    """(ClusterQueue, LocalQueue `local_queue` in `namespace`): one flavor with `quota`, Active before it is
+    given; the cluster-scoped objects are removed afterwards (the namespace's deletion takes the LocalQueue)."""
+    suffix = f"{local_queue}-{namespace.rsplit('-', 1)[-1]}"
+    flavor, cluster_queue = f"gpu-{suffix}", f"cq-{suffix}"
     flavors = cluster.resource(KUEUE_API_VERSION, "ResourceFlavor")
     cluster_queues = cluster.resource(KUEUE_API_VERSION, "ClusterQueue")
     local_queues = cluster.resource(KUEUE_API_VERSION, "LocalQueue")

@@ -4,6 +4,7 @@ pass applies, creates, scales, suspends or deletes, given the decision and what 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from datagen_operator.api import parse_spec
@@ -20,6 +21,7 @@ from datagen_operator.control.children import (
     JobState,
     Serve,
     SuspendWorkers,
+    WantedServer,
     made_for,
     plan,
     spec_applied,
@@ -34,6 +36,7 @@ from tests.manifests import unit_spec
 SPEC = parse_spec(unit_spec())  # two replicas, one node each
 URLS = ["http://kimi-server-0.ml:30000", "http://kimi-server-1.ml:30000"]
 HASH = "restart-1"
+ADMITTED = "admission-1"
 PASSED = StepOutcome(True, "Passed", "ok")
 CURRENT = JobState(data_generation="1")
 OLDER = JobState(data_generation="0")
@@ -59,7 +62,7 @@ def planned(
         children or Children(),
         1,
         urls=URLS,
-        server_restart_hash=HASH,
+        server=WantedServer(restart_hash=HASH, admission_hash=ADMITTED),
     )
 
 
@@ -121,6 +124,55 @@ def test_a_server_on_its_node_restarts_for_a_change_beyond_the_live_fields() -> 
 def test_a_server_on_no_node_yet_takes_the_new_template() -> None:
     pending = Children(statefulset=True, server_replicas=2, server_holds_a_node=False, server_restart_hash=HASH)
     assert serving(planned(Step.WAIT_FOR_SERVER, pending, server=True)) == [Serve(2, keep_template=False)]
+
+
+# --- a server Kueue admits (docs/kueue.md: it refuses resizes and shape changes in place) ----------
+
+QUEUED = Children(
+    statefulset=True,
+    server_replicas=2,
+    server_restart_hash=HASH,
+    server_admission_hash=ADMITTED,
+    server_kueue_managed=True,
+)
+
+
+def deleted(actions: list[Action]) -> list[Child]:
+    return [a.child for a in actions if isinstance(a, Delete)]
+
+
+def test_a_queued_server_whose_shape_or_queue_moved_is_made_anew_not_patched() -> None:
+    moved = replace(QUEUED, server_admission_hash="admission-0")
+    actions = planned(Step.WAIT_FOR_SERVER, moved, server=True)
+    assert deleted(actions) == [Child.SERVER_STATEFULSET] and serving(actions) == []
+    (delete,) = [a for a in actions if isinstance(a, Delete)]
+    assert "Kueue will not change the queue, priority or pod shape" in delete.why
+
+
+def test_a_queued_server_is_served_again_once_made_anew() -> None:
+    assert serving(planned(Step.WAIT_FOR_SERVER, Children(), server=True)) == [Serve(2, keep_template=False)]
+
+
+def test_a_queued_server_on_its_node_keeps_its_template_so_a_moved_shape_waits_for_its_next_start() -> None:
+    loaded = replace(QUEUED, server_holds_a_node=True, server_admission_hash="admission-0")
+    actions = planned(Step.RUN_WORKERS, loaded, server=True)
+    assert serving(actions) == [Serve(2, keep_template=True)] and deleted(actions) == []
+
+
+def test_a_queued_statefulset_is_made_anew_for_another_replica_count_but_scaled_to_and_from_zero() -> None:
+    three = parse_spec(unit_spec(server={"replicas": 3}))
+    resized = planned(Step.RUN_WORKERS, replace(QUEUED, server_holds_a_node=True), spec=three, server=True)
+    assert deleted(resized)[-1] == Child.SERVER_STATEFULSET and serving(resized) == []
+    assert serving(planned(Step.DONE, QUEUED)) == [Serve(0, keep_template=False)]
+    stopped = replace(QUEUED, server_replicas=0)
+    assert serving(planned(Step.WAIT_FOR_SERVER, stopped, server=True)) == [Serve(2, keep_template=False)]
+
+
+def test_a_server_kueue_does_not_manage_is_patched_as_ever() -> None:
+    unmanaged = replace(QUEUED, server_kueue_managed=False, server_admission_hash="admission-0")
+    assert serving(planned(Step.WAIT_FOR_SERVER, unmanaged, server=True)) == [Serve(2, keep_template=False)]
+    three = parse_spec(unit_spec(server={"replicas": 3}))
+    assert serving(planned(Step.RUN_WORKERS, unmanaged, spec=three, server=True)) == [Serve(3, keep_template=False)]
 
 
 def test_a_scale_down_deletes_the_services_of_replicas_that_no_longer_exist() -> None:
@@ -380,7 +432,7 @@ def test_the_inventory_reads_jobs_pods_and_the_server_from_the_cache_objects() -
         pod("kimi-server-0", "server", node="gpu-1"),
         pod("kimi-server-1-1", "server"),
     ]
-    sts = m.with_restart_hash(m.server_statefulset(m.RunRef("kimi", "ml", "u"), SPEC, 2))
+    sts = m.with_hashes(m.server_statefulset(m.RunRef("kimi", "ml", "u"), SPEC, 2))
     children = inventory("kimi", jobs, pods, sts, None, grouped=False)
     assert children.jobs == {
         Child.PREFLIGHT: JobState(data_generation="1", finished=True, pods_gone=True),

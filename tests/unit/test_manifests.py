@@ -16,6 +16,7 @@ from datagen_operator.api.exit_codes import (
 )
 from datagen_operator.api.live_fields import changed_data_fields
 from datagen_operator.api.names import export_job_name
+from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.engine.health import HEALTH_CHECK_TIMEOUT_S, HEALTH_POLL_S, WATCHDOG_TIMEOUT_S
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.k8s import manifests as m
@@ -374,12 +375,28 @@ def test_a_queued_server_carries_kueues_labels_on_its_workload_object_alone(spec
         "kueue.x-k8s.io/queue-name": "team-a",
         "kueue.x-k8s.io/priority-class": "batch-low",
     }
-    # Nothing else moves: Kueue copies to the pods what it needs, and the template hashes stay.
+    # Nothing else moves: Kueue copies to the pods what it needs, and the restart hash stays; what Kueue admits
+    # the server by (its queue) moves the admission hash.
     assert {**labelled, "metadata": {**labelled["metadata"], "labels": plain["metadata"]["labels"]}} == plain
-    assert (
-        m.with_restart_hash(labelled)["metadata"]["annotations"]
-        == m.with_restart_hash(plain)["metadata"]["annotations"]
+    hashed, plain_hashed = m.with_hashes(labelled)["metadata"], m.with_hashes(plain)["metadata"]
+    assert hashed["annotations"][m.RESTART_HASH] == plain_hashed["annotations"][m.RESTART_HASH]
+    assert hashed["annotations"][m.ADMISSION_HASH] != plain_hashed["annotations"][m.ADMISSION_HASH]
+
+
+def test_the_admission_hash_moves_with_what_kueue_admits_by_and_with_nothing_else() -> None:
+    def admission(spec: DataGenRunSpec) -> str:
+        return str(m.with_hashes(m.server_workload(RUN, spec, 2))["metadata"]["annotations"][m.ADMISSION_HASH])
+
+    base = admission(SPEC)
+    # Kueue's pod shape (pkg/util/pod/pod.go SpecShape): placement and requests move it...
+    assert admission(parse_spec(unit_spec(server={"nodeSelector": {"pool": "h200"}}))) != base
+    assert admission(parse_spec(unit_spec(server={"gpus": 4}))) != base
+    assert admission(parse_spec(unit_spec(queue={"name": "a"}))) != admission(
+        parse_spec(unit_spec(queue={"name": "b"}))
     )
+    # ...the image and the replica count do not (Kueue lets them change; the replica count has its own rule).
+    assert admission(parse_spec(unit_spec(server={"image": "lmsysorg/sglang:other"}))) == base
+    assert str(m.with_hashes(m.server_workload(RUN, SPEC, 5))["metadata"]["annotations"][m.ADMISSION_HASH]) == base
 
 
 def test_a_queue_without_a_priority_labels_the_queue_only_and_no_queue_labels_nothing() -> None:

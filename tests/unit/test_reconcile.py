@@ -78,7 +78,7 @@ def test_only_flips_make_a_status_write_urgent() -> None:
 
 
 def restart_hash(workload: m.Manifest) -> str:
-    return m.with_restart_hash(workload)["metadata"]["annotations"][m.RESTART_HASH]
+    return m.with_hashes(workload)["metadata"]["annotations"][m.RESTART_HASH]
 
 
 def test_live_fields_change_the_template_but_not_the_restart_hash() -> None:

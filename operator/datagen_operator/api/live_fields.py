@@ -20,6 +20,7 @@ LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("server", "tolerations"),
     ("server", "affinity"),
     ("server", "priorityClassName"),
+    ("queue",),
     ("clients", "concurrency"),
     ("clients", "requestTimeout"),
     ("clients", "maxAttempts"),
@@ -46,6 +47,7 @@ WHEN_EFFECTIVE: dict[tuple[str, ...], str] = {
     ("server", "tolerations"): _NEXT_SERVER_POD,
     ("server", "affinity"): _NEXT_SERVER_POD,
     ("server", "priorityClassName"): _NEXT_SERVER_POD,
+    ("queue",): _NEXT_SERVER_POD,
     **{("clients", name): _NEXT_WORKER_PODS for name in ("concurrency", "requestTimeout", "maxAttempts", "cpu",
                                                          "memory", "nodeSelector", "tolerations")},
 }  # fmt: skip

@@ -80,6 +80,18 @@ class Children:
     """A server pod is bound to a node: it holds its GPUs, replacing it costs a model load."""
     server_restart_hash: str | None = None
     """The restart hash of the server workload in use (None: none exists)."""
+    server_admission_hash: str | None = None
+    """Its admission hash (None: none exists, or made before the hash was written)."""
+    server_kueue_managed: bool = False
+    """It carries Kueue's queue label (from spec.queue, or Kueue's default LocalQueue): Kueue admits it."""
+
+
+@dataclass(frozen=True)
+class WantedServer:
+    """The hashes of the server workload the spec asks for now (k8s/manifests.with_hashes)."""
+
+    restart_hash: str
+    admission_hash: str
 
 
 @dataclass(frozen=True)
@@ -141,18 +153,18 @@ def plan(
     data_generation: int,
     *,
     urls: Sequence[str],
-    server_restart_hash: str,
+    server: WantedServer,
 ) -> list[Action]:
     """The actions that bring the run's children to what `decision` needs. `urls` are the servers' Service
-    URLs; `server_restart_hash` is that of the server workload the spec wants now."""
+    URLs; `server` the hashes of the server workload the spec wants now."""
     actions: list[Action] = [Apply(Child.WORKER_ACCOUNT), Apply(Child.WORKER_ROLE), Apply(Child.WORKER_ROLE_BINDING)]
     actions += [Apply(Child.SHARD_PROGRESS, index) for index in range(spec.clients.shards)]
-    actions += _server(spec, decision, children, server_restart_hash)
+    actions += _server(spec, decision, children, server)
     actions += _steps(decision, observed, children, data_generation, urls)
     return actions
 
 
-def _server(spec: DataGenRunSpec, decision: Decision, children: Children, restart_hash: str) -> list[Action]:
+def _server(spec: DataGenRunSpec, decision: Decision, children: Children, wanted: WantedServer) -> list[Action]:
     actions: list[Action] = []
     grouped = spec.server.nodes > 1
     workload = children.group if grouped else children.statefulset
@@ -169,9 +181,29 @@ def _server(spec: DataGenRunSpec, decision: Decision, children: Children, restar
     # A scale-down leaves Services of replicas that no longer exist.
     actions += [Delete(Child.REPLICA_SERVICE, index) for index in range(spec.server.replicas, had)]
     if workload or decision.server_wanted:
-        keep = workload and children.server_holds_a_node and children.server_restart_hash == restart_hash
-        actions.append(Serve(spec.server.replicas if decision.server_wanted else 0, keep_template=bool(keep)))
+        keep = bool(workload and children.server_holds_a_node and children.server_restart_hash == wanted.restart_hash)
+        replicas = spec.server.replicas if decision.server_wanted else 0
+        refused = _kueue_refuses(children, wanted, replicas, keep=keep, grouped=grouped) if workload else None
+        if refused is not None:
+            child = Child.SERVER_GROUP if grouped else Child.SERVER_STATEFULSET
+            actions.append(Delete(child, why=f"is made anew: {refused}"))
+        else:
+            actions.append(Serve(replicas, keep_template=keep))
     return actions
+
+
+def _kueue_refuses(children: Children, wanted: WantedServer, replicas: int, *, keep: bool, grouped: bool) -> str | None:
+    """Why Kueue would refuse the server's update, or None. Kueue admits a workload it manages whole, by its
+    queue, priority and pods' shape, and a StatefulSet by its replica count: it refuses to change them in place
+    (but to or from 0 replicas), so the server is deleted, its Workload with it, and made anew (docs/kueue.md)."""
+    if not children.server_kueue_managed:
+        return None
+    old = children.server_replicas
+    if not grouped and old and replicas and old != replicas:
+        return f"Kueue admits a StatefulSet's {old} replicas as one unit and will not resize it to {replicas}"
+    if not keep and children.server_admission_hash not in (None, wanted.admission_hash):
+        return "Kueue will not change the queue, priority or pod shape (requests, placement) of a server it admits"
+    return None
 
 
 def _steps(

@@ -18,7 +18,14 @@ from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.checks.evaluate import check_context
-from datagen_operator.control.children import SpecInForce, children_accepted, plan, spec_applied, spec_in_force
+from datagen_operator.control.children import (
+    SpecInForce,
+    WantedServer,
+    children_accepted,
+    plan,
+    spec_applied,
+    spec_in_force,
+)
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.decide import Decision, decide
 from datagen_operator.control.observed import Observed, ProbeFailures
@@ -161,7 +168,7 @@ class Reconciler:
         grouped = spec.server.nodes > 1
         statefulset = self.cache.named("StatefulSet", server_name(self.name))
         group = self.observer.group_set
-        server = m.with_restart_hash(m.server_workload(run, spec, spec.server.replicas, resolved))
+        server = m.with_hashes(m.server_workload(run, spec, spec.server.replicas, resolved))
         jobs, pods = self.cache.children("Job"), self.cache.children("Pod")
         children = inventory(self.name, jobs, pods, statefulset, group, grouped=grouped)
         actions = plan(
@@ -171,7 +178,10 @@ class Reconciler:
             children,
             data_generation,
             urls=urls,
-            server_restart_hash=annotation(server, m.RESTART_HASH) or "",
+            server=WantedServer(
+                restart_hash=annotation(server, m.RESTART_HASH) or "",
+                admission_hash=annotation(server, m.ADMISSION_HASH) or "",
+            ),
         )
         image = spec.clients.image or self.worker_image or self.ctx.settings.worker_image
         inputs = BuildInputs(run, spec, image, data_generation, tuple(urls))
