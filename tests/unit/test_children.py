@@ -159,13 +159,18 @@ def test_a_queued_server_on_its_node_keeps_its_template_so_a_moved_shape_waits_f
     assert serving(actions) == [Serve(2, keep_template=True)] and deleted(actions) == []
 
 
-def test_a_queued_statefulset_is_made_anew_for_another_replica_count_but_scaled_to_and_from_zero() -> None:
+def test_a_queued_statefulset_is_made_anew_for_another_replica_count_but_scaled_up_from_zero() -> None:
     three = parse_spec(unit_spec(server={"replicas": 3}))
     resized = planned(Step.RUN_WORKERS, replace(QUEUED, server_holds_a_node=True), spec=three, server=True)
     assert deleted(resized)[-1] == Child.SERVER_STATEFULSET and serving(resized) == []
-    assert serving(planned(Step.DONE, QUEUED)) == [Serve(0, keep_template=False)]
-    stopped = replace(QUEUED, server_replicas=0)
+    stopped = replace(QUEUED, server_replicas=0)  # scaled to 0 by an older operator
     assert serving(planned(Step.WAIT_FOR_SERVER, stopped, server=True)) == [Serve(2, keep_template=False)]
+
+
+def test_a_queued_server_no_longer_wanted_is_deleted_not_scaled_to_zero() -> None:
+    done = planned(Step.DONE, QUEUED)
+    assert deleted(done)[-1] == Child.SERVER_STATEFULSET and serving(done) == []
+    assert serving(planned(Step.DONE, Children())) == []
 
 
 def test_a_server_kueue_does_not_manage_is_patched_as_ever() -> None:

@@ -193,12 +193,15 @@ def _server(spec: DataGenRunSpec, decision: Decision, children: Children, wanted
 
 
 def _kueue_refuses(children: Children, wanted: WantedServer, replicas: int, *, keep: bool, grouped: bool) -> str | None:
-    """Why Kueue would refuse the server's update, or None. Kueue admits a workload it manages whole, by its
-    queue, priority and pods' shape, and a StatefulSet by its replica count: it refuses to change them in place
-    (but to or from 0 replicas), so the server is deleted, its Workload with it, and made anew (docs/kueue.md)."""
+    """Why a server Kueue admits is deleted rather than updated, or None. Kueue admits such a workload whole, by
+    its queue, priority and pods' shape, and a StatefulSet by its replica count: it refuses to change them in
+    place (but to or from 0 replicas), and to scale a set up from 0 before the Workload of its scale-down is
+    gone. So the server is deleted, its Workload with it, and made anew when wanted (docs/kueue.md)."""
     if not children.server_kueue_managed:
         return None
     old = children.server_replicas
+    if old and not replicas:
+        return "stopped: Kueue admits its next start as a new Workload (it will not scale a set up from 0 at once)"
     if not grouped and old and replicas and old != replicas:
         return f"Kueue admits a StatefulSet's {old} replicas as one unit and will not resize it to {replicas}"
     if not keep and children.server_admission_hash not in (None, wanted.admission_hash):
