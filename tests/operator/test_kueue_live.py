@@ -1,7 +1,8 @@
 """Changing a queued run where Kueue admits its server, with the real Kueue controller (docs/kueue.md): Kueue
 refuses to change a managed server's placement, requests or queue in place, so the operator makes the server
 anew; the run moves from a queue with no GPUs to one with room, and completes. Counted: the server
-StatefulSets made (by uid), the server pods that held a node, and whether the API server ever refused a write."""
+StatefulSets made (by uid), the server pods that held a node, and whether the API server ever refused a write
+of the server."""
 
 from __future__ import annotations
 
@@ -118,4 +119,7 @@ def test_a_queued_run_takes_new_placement_and_a_new_queue_by_a_new_server_and_co
     assert made[1]["nodeSelector"] == placement and made[2]["queue"] == room, made
     assert [s["queue"] for s in made] == [empty, empty, room], made
     assert len(bound_pods) == 1, "only the server in the queue with room ever held a node"
-    assert refusals == [], "the API server (Kueue's webhook) never refused the operator's writes"
+    # About the server only: Kueue's pod webhook may refuse a step Job's first pod while its cache lacks the
+    # Job just made ("Job.batch ... not found"); the Job controller retries, and that is no write of ours.
+    server_refusals = [r for r in refusals if "StatefulSet/" in r or f"{m.LWS_KIND}/" in r]
+    assert server_refusals == [], "the API server (Kueue's webhook) never refused a write of the server"
