@@ -473,7 +473,7 @@ The dev cluster is up. In another terminal:
 {kueue.cluster_queue} ({kueue.gpus} {GPU_RESOURCE}, preemption withinClusterQueue: LowerPriority),
   WorkloadPriorityClasses {", ".join(f"{name} ({value})" for name, value in kueue.priority_classes.items())}
   kubectl apply -f examples/dev-cluster/queued-a.yaml -f examples/dev-cluster/queued-b.yaml
-  kubectl get dgr                    # each wants all {kueue.gpus} GPUs: one runs, the other is Queued
+  kubectl get dgr                    # each wants all {kueue.gpus} GPUs: one runs, the other stays Starting
   kubectl describe dgr queued-b      # the waiting one (either): Progressing=False Queued, in Kueue's words
   kubectl apply -f examples/dev-cluster/urgent.yaml   # datagen-high: Kueue preempts a datagen-low run
 
