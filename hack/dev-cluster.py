@@ -18,6 +18,11 @@ hostPath volumes under /dev-cluster/ are folders of the state directory (default
 way kind's extraMounts map a node's folders: /dev-cluster/models/kimi-k2.5 holds the stand-in
 tokenizer, /dev-cluster/data the example prompts and the runs' output. examples/dev-cluster/ uses them.
 
+Kueue runs too, as the tests start it (tests/harness/kueue.py, after the LeaderWorkerSet controller), confined
+to namespaces labelled KUEUE_NAMESPACE_LABEL; the examples' namespace gets that label, a LocalQueue `gpus`
+in front of a ClusterQueue whose GPU quota is what the fake nodes hold, and two WorkloadPriorityClasses.
+A run without spec.queue (quickstart.yaml) is not Kueue's: its server takes node GPUs the quota does not see.
+
 SIGINT, SIGTERM or SIGHUP stops everything this script started (pods' processes, simulators, the
 router, the control plane) and leaves no process behind; a second Ctrl-C does not cut that short.
 """
@@ -49,8 +54,14 @@ from aiohttp import web  # noqa: E402
 
 from datagen_operator.engine.launch import LAUNCH_MODULE  # noqa: E402
 from datagen_operator.k8s.manifests import COMPONENT_LABEL  # noqa: E402
-from tests.harness.controlplane import ClusterSettings, LocalControlPlane  # noqa: E402
+from tests.harness.controlplane import (  # noqa: E402
+    GPU_RESOURCE,
+    KWOK_NODE_ANNOTATION,
+    ClusterSettings,
+    LocalControlPlane,
+)
 from tests.harness.kubelet import PodRunner, host_path_mounts, map_path  # noqa: E402
+from tests.harness.kueue import KUEUE_API_VERSION, KUEUE_NAMESPACE_LABEL  # noqa: E402
 from tests.harness.processes import ControlPlaneError, wait_until  # noqa: E402
 from tests.harness.sim import HOST, SimServer, SimStartError  # noqa: E402
 from tests.harness.testbin import ensure_testbin  # noqa: E402
@@ -63,6 +74,14 @@ RELEASE = "datagen-operator"
 OPERATOR_NAMESPACE = "datagen-system"
 TOKEN_SECONDS = 7 * 24 * 3600  # pods' ServiceAccount tokens outlive any laptop session
 SERVER_SELECTOR = f"{COMPONENT_LABEL}=server"
+RUN_NAMESPACE = "default"
+"""Where examples/dev-cluster/ runs go (they name no namespace): Kueue manages it, its LocalQueue is there."""
+RESOURCE_FLAVOR = "dev-gpu"
+CLUSTER_QUEUE = "dev-gpus"
+LOCAL_QUEUE = "gpus"  # not `default`: Kueue would put that one on every StatefulSet and Job of the namespace
+PRIORITY_CLASSES = {"datagen-low": 100, "datagen-high": 1000}
+# CPU and memory are covered (a run's pods request them) but never what is short: the GPUs are.
+AMPLE = {"cpu": "1000", "memory": "100Ti"}
 # Hop-by-hop and framing headers: aiohttp sets its own on each side of the router.
 UNFORWARDED_HEADERS = frozenset(
     {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
@@ -286,6 +305,95 @@ class ServerPodSimulators:
             return web.Response(status=503, text=f"server pod {namespace}/{pod}: its simulator stopped\n")
 
 
+# --- Kueue ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KueueQueues:
+    cluster_queue: str
+    local_queue: str
+    namespace: str
+    gpus: int
+    """The ClusterQueue's nvidia.com/gpu quota: every GPU of the fake nodes."""
+    priority_classes: dict[str, int]
+
+
+def fake_node_gpus(cluster: LocalControlPlane) -> int:
+    """The GPUs the kwok nodes offer (their allocatable), so the quota follows --gpu-nodes."""
+    key, value = KWOK_NODE_ANNOTATION
+    nodes = cluster.resource("v1", "Node").get().to_dict()["items"]
+    return sum(
+        int((node["status"].get("allocatable") or {}).get(GPU_RESOURCE, 0))
+        for node in nodes
+        if (node["metadata"].get("annotations") or {}).get(key) == value
+    )
+
+
+def _active(obj: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Active" and c["status"] == "True" for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def start_kueue(cluster: LocalControlPlane) -> KueueQueues:
+    """The testbin's Kueue controller (LWS first, as the tests start it), a ClusterQueue holding all the fake
+    nodes' GPUs with preemption of lower priorities, a LocalQueue in the examples' namespace (labelled for
+    Kueue), and the priority classes; returns once both queues are Active."""
+    cluster.ensure_kueue()
+    gpus = fake_node_gpus(cluster)
+    if gpus == 0:
+        raise ControlPlaneError(f"the fake nodes offer no {GPU_RESOURCE}: no quota to give Kueue")
+    key, value = KUEUE_NAMESPACE_LABEL
+    cluster.resource("v1", "Namespace").patch(
+        name=RUN_NAMESPACE, body={"metadata": {"labels": {key: value}}}, content_type="application/merge-patch+json"
+    )
+    quota = [{"name": name, "nominalQuota": amount} for name, amount in {**AMPLE, GPU_RESOURCE: str(gpus)}.items()]
+    objects: list[tuple[str, dict[str, Any]]] = [
+        ("ResourceFlavor", {"metadata": {"name": RESOURCE_FLAVOR}}),
+        (
+            "ClusterQueue",
+            {
+                "metadata": {"name": CLUSTER_QUEUE},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": [*AMPLE, GPU_RESOURCE],
+                            "flavors": [{"name": RESOURCE_FLAVOR, "resources": quota}],
+                        }
+                    ],
+                    # A higher-priority workload evicts a lower one when the quota is short.
+                    "preemption": {"withinClusterQueue": "LowerPriority"},
+                },
+            },
+        ),
+        (
+            "LocalQueue",
+            {"metadata": {"name": LOCAL_QUEUE, "namespace": RUN_NAMESPACE}, "spec": {"clusterQueue": CLUSTER_QUEUE}},
+        ),
+        *(
+            ("WorkloadPriorityClass", {"metadata": {"name": name}, "value": priority})
+            for name, priority in PRIORITY_CLASSES.items()
+        ),
+    ]
+    for kind, body in objects:
+        cluster.resource(KUEUE_API_VERSION, kind).create(
+            body={"apiVersion": KUEUE_API_VERSION, "kind": kind, **body}, namespace=body["metadata"].get("namespace")
+        )
+    cluster_queues = cluster.resource(KUEUE_API_VERSION, "ClusterQueue")
+    local_queues = cluster.resource(KUEUE_API_VERSION, "LocalQueue")
+    wait_until(
+        lambda: (
+            _active(cluster_queues.get(name=CLUSTER_QUEUE).to_dict())
+            and _active(local_queues.get(name=LOCAL_QUEUE, namespace=RUN_NAMESPACE).to_dict())
+        ),
+        timeout=60,
+        describe=f"ClusterQueue {CLUSTER_QUEUE} and LocalQueue {RUN_NAMESPACE}/{LOCAL_QUEUE} Active",
+        watched=cluster.processes,
+    )
+    return KueueQueues(CLUSTER_QUEUE, LOCAL_QUEUE, RUN_NAMESPACE, gpus, dict(PRIORITY_CLASSES))
+
+
 # --- set-up -----------------------------------------------------------------------------------------
 
 
@@ -345,12 +453,12 @@ def healthz(port: int) -> bool:
 
     try:
         with urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=2) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except OSError:
         return False
 
 
-def usage(state: Path, kubeconfig: Path, testbin: Path, operator_log: Path, router: str) -> str:
+def usage(state: Path, kubeconfig: Path, testbin: Path, operator_log: Path, router: str, kueue: KueueQueues) -> str:
     shown = os.path.relpath(kubeconfig) if kubeconfig.is_relative_to(Path.cwd()) else kubeconfig
     kubectl_hint = "" if shutil.which("kubectl") else f"\n  export PATH={testbin}:$PATH   # kubectl and helm"
     return f"""
@@ -360,6 +468,14 @@ The dev cluster is up. In another terminal:
   kubectl apply -f examples/dev-cluster/quickstart.yaml
   kubectl get dgr -w                 # Succeeded in about a minute
   kubectl apply -f examples/dev-cluster/misconfigured.yaml   # the seeds' wrong parser: halts
+
+  Kueue: namespace {kueue.namespace} (label {"=".join(KUEUE_NAMESPACE_LABEL)}), LocalQueue {kueue.local_queue} -> ClusterQueue \
+{kueue.cluster_queue} ({kueue.gpus} {GPU_RESOURCE}, preemption withinClusterQueue: LowerPriority),
+  WorkloadPriorityClasses {", ".join(f"{name} ({value})" for name, value in kueue.priority_classes.items())}
+  kubectl apply -f examples/dev-cluster/queued-a.yaml -f examples/dev-cluster/queued-b.yaml
+  kubectl get dgr                    # each wants all {kueue.gpus} GPUs: one runs, the other stays Starting
+  kubectl describe dgr queued-b      # the waiting one (either): Progressing=False Queued, in Kueue's words
+  kubectl apply -f examples/dev-cluster/urgent.yaml   # datagen-high: Kueue preempts a datagen-low run
 
   output:        {state / "data" / "out"}
   operator log:  {operator_log}
@@ -397,6 +513,11 @@ def dev_cluster(state: Path, gpu_nodes: int, sim_flags: list[str]) -> Iterator[L
         stack.callback(kubelet.stop)  # first to stop: the operator and the runs' pods
         kubelet.start()
 
+        kueue = start_kueue(cluster)
+        say(
+            f"Kueue ready: ClusterQueue {kueue.cluster_queue} with {kueue.gpus} {GPU_RESOURCE}, "
+            f"LocalQueue {kueue.namespace}/{kueue.local_queue}"
+        )
         probe_port = install_operator(tool(testbin, "helm", kubeconfig, state), state, simulators.endpoint_template)
         wait_until(
             lambda: healthz(probe_port),
@@ -407,7 +528,12 @@ def dev_cluster(state: Path, gpu_nodes: int, sim_flags: list[str]) -> Iterator[L
         operator_logs = list((state / "node" / OPERATOR_NAMESPACE).glob("*/container.log"))
         print(
             usage(
-                state, kubeconfig, testbin, operator_logs[0] if operator_logs else state / "node", simulators.router_url
+                state,
+                kubeconfig,
+                testbin,
+                operator_logs[0] if operator_logs else state / "node",
+                simulators.router_url,
+                kueue,
             ),
             flush=True,
         )

@@ -1,6 +1,8 @@
-"""`make dev-cluster` as a user runs it: started in the foreground, both examples applied with plain
+"""`make dev-cluster` as a user runs it: started in the foreground, the examples applied with plain
 `kubectl apply`, the quickstart to Succeeded with one server pod creation, the seeds' wrong parser
-halted on what its own simulator answers, then Ctrl-C leaving no process and no open port behind."""
+halted on what its own simulator answers, Kueue's queues as it prints them (the fake nodes' GPUs as
+quota) and of the two queued examples one waiting `Queued` in Kueue's words; then Ctrl-C leaving no
+process and no open port behind."""
 
 from __future__ import annotations
 
@@ -161,6 +163,24 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
             assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
             return result.stdout
 
+        # Kueue's objects as the dev cluster says it made them: the quota is every GPU the nodes offer.
+        nodes = json.loads(kubectl_("get", "nodes", "-o", "json"))["items"]
+        gpus = sum(int((node["status"].get("allocatable") or {}).get("nvidia.com/gpu", 0)) for node in nodes)
+        assert gpus == 16, f"two fake 8-GPU nodes by default: {gpus} GPUs"
+        cluster_queue = json.loads(kubectl_("get", "clusterqueues.kueue.x-k8s.io", "dev-gpus", "-o", "json"))
+        (group,) = cluster_queue["spec"]["resourceGroups"]
+        (flavor,) = group["flavors"]
+        quota = {resource["name"]: resource["nominalQuota"] for resource in flavor["resources"]}
+        assert quota["nvidia.com/gpu"] == str(gpus), quota
+        assert cluster_queue["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority", cluster_queue["spec"]
+        local_queue = json.loads(kubectl_("get", "localqueues.kueue.x-k8s.io", "gpus", "-n", "default", "-o", "json"))
+        assert local_queue["spec"]["clusterQueue"] == "dev-gpus"
+        active = [c for c in local_queue["status"]["conditions"] if c["type"] == "Active"]
+        assert [c["status"] for c in active] == ["True"], local_queue["status"]
+        classes = json.loads(kubectl_("get", "workloadpriorityclasses.kueue.x-k8s.io", "-o", "json"))["items"]
+        assert {c["metadata"]["name"]: c["value"] for c in classes} == {"datagen-low": 100, "datagen-high": 1000}
+        assert f"LocalQueue gpus -> ClusterQueue dev-gpus ({gpus} nvidia.com/gpu" in output()
+
         kubectl_("apply", "-f", str(EXAMPLES / "quickstart.yaml"), "-f", str(EXAMPLES / "misconfigured.yaml"))
 
         def conditions(name: str) -> dict[str, dict[str, Any]]:
@@ -202,6 +222,35 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
         assert records == prompts, f"{records} quickstart records in the host folder for {prompts} prompts"
         bulk = [*(out / "misconfigured").rglob("*.parquet"), *(out / "misconfigured").rglob("shards/*/*.jsonl")]
         assert not bulk, f"bulk records of a halted run: {bulk}"
+
+        # Two runs behind the LocalQueue, each asking all 16 GPUs: Kueue admits one (either) and holds the other,
+        # which says so in Kueue's words.
+        queued_runs = ("queued-a", "queued-b")
+        kubectl_("apply", *(arg for run in queued_runs for arg in ("-f", str(EXAMPLES / f"{run}.yaml"))))
+
+        def one_queued_for_gpus() -> tuple[str, str] | None:
+            progressing = {run: conditions(run).get("Progressing", {}) for run in queued_runs}
+            short = [
+                (run, c["message"])
+                for run, c in progressing.items()
+                if c.get("reason") == "Queued" and "more needed" in c["message"]
+            ]
+            return short[0] if len(short) == 1 else None
+
+        waiting, message = wait("one queued run Progressing=False Queued, short of GPUs", one_queued_for_gpus, 180)
+        assert "LocalQueue gpus (ClusterQueue dev-gpus)" in message, message
+        assert "insufficient unused quota for nvidia.com/gpu in flavor dev-gpu, 16 more needed" in message, message
+        assert conditions(waiting)["ServerReady"]["reason"] == "Queued", conditions(waiting)
+        # The quota went to the other one, whose server comes up (ServerReady=True, or Succeeded=True if that was
+        # missed between polls). Not waited on: the waiting one's turn after it. Here Kueue v0.17.0 was seen keeping
+        # a released server's Workload admitted (its finalizer removal lost to a conflict, never retried), its quota
+        # held: that wait would judge Kueue, not the dev cluster.
+        (admitted,) = set(queued_runs) - {waiting}
+        wait(
+            f"{admitted} ServerReady=True (or already Succeeded=True)",
+            lambda: status_is(admitted, ServerReady="True") or status_is(admitted, Succeeded="True"),
+            300,
+        )
 
         # What must be closed afterwards: the API server, the router, the operator's probe and metrics ports.
         values = yaml.safe_load((state / "operator-values.yaml").read_text())
