@@ -410,9 +410,28 @@ def test_a_queue_without_a_priority_labels_the_queue_only_and_no_queue_labels_no
     assert "queue" not in m.spec_document(SPEC)
 
 
-def test_the_cpu_jobs_carry_no_kueue_label_yet() -> None:
-    # The CPU Jobs' queueing (issue 35) is not decided: a queued run's Jobs stay as an unqueued run's.
-    for name, pod in datagen_pods(QUEUED).items():
-        assert pod == datagen_pods(SPEC)[name]
-    for job in (m.preflight_job(RUN, QUEUED, "img:1", 1), m.verify_job(RUN, QUEUED, "img:1")):
-        assert not any(key.startswith("kueue.x-k8s.io/") for key in job["metadata"]["labels"])
+def every_job(spec: Any) -> dict[str, dict[str, Any]]:
+    """Every Job the operator creates for a run (the release Job too), by component."""
+    return {
+        "preflight": m.preflight_job(RUN, spec, "img:1", 1),
+        "canary": m.canary_job(RUN, spec, "img:1", ["http://a"], 1),
+        "worker": m.workers_job(RUN, spec, "img:1", ["http://a"], suspend=False),
+        "verify": m.verify_job(RUN, spec, "img:1"),
+        "export": m.export_job(RUN, with_export(spec), "img:1"),
+        "release": m.release_job(RUN, spec, "img:1", None),
+    }
+
+
+def test_a_queued_runs_jobs_carry_the_servers_kueue_labels_and_an_unqueued_runs_none() -> None:
+    # One rule: where Kueue manages Jobs, every Job of the run waits in the server's LocalQueue, at its priority
+    # (docs/kueue.md "The run's CPU Jobs"); the labels come from the one place the server's come from.
+    server_labels = m.server_statefulset(RUN, QUEUED, 1)["metadata"]["labels"]
+    wanted = {key: value for key, value in server_labels.items() if key.startswith("kueue.x-k8s.io/")}
+    assert wanted == m.kueue_labels(QUEUED) != {}
+    queued, plain = every_job(QUEUED), every_job(SPEC)
+    for name, job in queued.items():
+        assert job["metadata"]["labels"] == {**plain[name]["metadata"]["labels"], **wanted}, name
+        # Only the Job's own metadata: the pods, their template hash and the rest of the Job stay as they are.
+        assert {**job, "metadata": plain[name]["metadata"]} == plain[name], name
+    for name, job in plain.items():
+        assert not any(key.startswith("kueue.x-k8s.io/") for key in job["metadata"]["labels"]), name

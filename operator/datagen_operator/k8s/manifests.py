@@ -501,8 +501,9 @@ def _server_pod_template(
 
 
 def kueue_labels(spec: DataGenRunSpec) -> dict[str, str]:
-    """Kueue's labels for the server's StatefulSet or LeaderWorkerSet when spec.queue is set, else none. On the
-    workload object alone: Kueue copies what its pods need itself (docs/kueue.md)."""
+    """Kueue's labels when spec.queue is set, else none: on the server's StatefulSet or LeaderWorkerSet and on
+    every Job of the run (preflight, canary, workers, verify, export, release). On the workload object alone:
+    Kueue copies what its pods need itself (docs/kueue.md)."""
     if spec.queue is None:
         return {}
     out = {KUEUE_QUEUE_LABEL: spec.queue.name}
@@ -670,12 +671,11 @@ def _job(
         pod_spec["serviceAccountName"] = service_account
     template = {"metadata": {"labels": labels(run.name, component)}, "spec": pod_spec}
     meta_annotations = {TEMPLATE_HASH: template_hash(template), **(annotations or {})}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _meta(run, name, component, meta_annotations),
-        "spec": {**job_spec, "template": template},
-    }
+    meta = _meta(run, name, component, meta_annotations)
+    # Queued as the server is: where Kueue manages Jobs, every Job of the run waits in the same LocalQueue
+    # (docs/kueue.md, "The run's CPU Jobs").
+    meta["labels"].update(kueue_labels(spec))
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {**job_spec, "template": template}}
 
 
 def started_worker_image(
