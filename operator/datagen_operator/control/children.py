@@ -63,6 +63,8 @@ class JobState:
     suspended: bool = False
     server_urls: str | None = None
     """The workers' Job: the server URLs it was made with (comma-joined)."""
+    queue_name: str | None = None
+    """Its Kueue queue label (spec.queue's, or put on by Kueue's `default` LocalQueue): Kueue manages it."""
 
 
 @dataclass(frozen=True)
@@ -133,10 +135,22 @@ class Serve:
 
 @dataclass(frozen=True)
 class SuspendWorkers:
+    """The workers' Job paused or resumed by its spec.suspend: only one Kueue does not manage."""
+
     suspend: bool
 
 
-Action = Apply | Create | Delete | Serve | SuspendWorkers
+@dataclass(frozen=True)
+class ActivateWorkload:
+    """A Job Kueue manages paused (False) or resumed (True) by its Workload's spec.active: Kueue owns the Job's
+    spec.suspend and would suspend it again (docs/kueue.md)."""
+
+    child: Child
+    workload: str
+    active: bool
+
+
+Action = Apply | Create | Delete | Serve | SuspendWorkers | ActivateWorkload
 
 
 def made_for(job_data_generation: str | None, data_generation: int) -> bool:
@@ -160,7 +174,24 @@ def plan(
     actions: list[Action] = [Apply(Child.WORKER_ACCOUNT), Apply(Child.WORKER_ROLE), Apply(Child.WORKER_ROLE_BINDING)]
     actions += [Apply(Child.SHARD_PROGRESS, index) for index in range(spec.clients.shards)]
     actions += _server(spec, decision, children, server)
-    actions += _steps(decision, observed, children, data_generation, urls)
+    actions += _once(
+        [*_requeued(spec, observed, children), *_steps(decision, observed, children, data_generation, urls)]
+    )
+    return actions
+
+
+def _requeued(spec: DataGenRunSpec, observed: Observed, children: Children) -> list[Action]:
+    """A Job Kueue holds (never admitted, so no pod of it ran) whose queue is not spec.queue is made anew in
+    spec.queue's: Kueue does not move a held Job to another queue by itself, and a Job held where no LocalQueue
+    takes it (a namespace where Kueue manages every Job) waits for ever."""
+    if spec.queue is None:
+        return []
+    actions: list[Action] = []
+    for child, job in children.jobs.items():
+        kueue = observed.job_workloads.get(child)
+        if kueue is not None and kueue.queued is not None and kueue.active and job.queue_name != spec.queue.name:
+            held = f"LocalQueue {job.queue_name}" if job.queue_name else "no LocalQueue"
+            actions.append(Delete(child, why=f"is made anew in LocalQueue {spec.queue.name}: Kueue held it in {held}"))
     return actions
 
 
@@ -255,7 +286,12 @@ def _steps(
         if workers.server_urls != ",".join(urls):
             # The server list changed (replicas): workers drain, a new Job resumes every shard.
             actions.append(Delete(Child.WORKERS))
-        elif workers.suspended != (not decision.workers_wanted):
+        elif (kueue := observed.job_workloads.get(Child.WORKERS)) is not None:
+            # Kueue owns the Job's spec.suspend: paused and resumed through its Workload.
+            if kueue.active != decision.workers_wanted:
+                actions.append(ActivateWorkload(Child.WORKERS, kueue.workload, decision.workers_wanted))
+        elif workers.queue_name is None and workers.suspended != (not decision.workers_wanted):
+            # (A Job with Kueue's queue label whose Workload is not read yet is left to Kueue.)
             actions.append(SuspendWorkers(not decision.workers_wanted))
 
     release = jobs.get(Child.RELEASE)

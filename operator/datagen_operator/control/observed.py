@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from datagen_operator.api.outcome import StepOutcome
@@ -137,3 +138,18 @@ class Observed:
     final: StepOutcome | None = None
     export: StepOutcome | None = None
     """spec.export's verdict (its counts in the message); None while not run."""
+    job_workloads: Mapping[str, JobWorkload] = field(default_factory=dict)
+    """The Kueue Workloads of the run's unfinished Jobs that Kueue manages, by the planner's name of the Job
+    (control/children.py `Child`): read only where a Job of the run is queued or held (docs/kueue.md)."""
+
+
+@dataclass(frozen=True)
+class JobWorkload:
+    """The Kueue Workload of one of the run's Jobs (label kueue.x-k8s.io/job-uid): Kueue owns that Job's
+    spec.suspend; the operator pauses and resumes it through the Workload's spec.active instead."""
+
+    workload: str
+    active: bool = True
+    """The Workload's spec.active (False: deactivated, its Job suspended by Kueue)."""
+    queued: KueueQueued | None = None
+    """Not admitted: Kueue holds the Job (suspended, no pod), in Kueue's words."""

@@ -13,7 +13,16 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.names import server_name, workers_job_name
-from datagen_operator.control.children import Action, Apply, Child, Create, Delete, Serve, SuspendWorkers
+from datagen_operator.control.children import (
+    Action,
+    ActivateWorkload,
+    Apply,
+    Child,
+    Create,
+    Delete,
+    Serve,
+    SuspendWorkers,
+)
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.context import RunCache
 from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refusal
@@ -108,6 +117,19 @@ class Executor:
                 case SuspendWorkers(suspend):
                     body = {"spec": {"suspend": suspend}}
                     await self.kube.patch("Job", self.namespace, workers_job_name(self.name), body)
+                case ActivateWorkload(child, named, active):
+                    log.info(
+                        "%s/%s: Job %s %s through its Kueue Workload %s (spec.active: %s)",
+                        self.namespace,
+                        self.name,
+                        child_name(child, self.name),
+                        "resumed" if active else "paused",
+                        named,
+                        str(active).lower(),
+                    )
+                    await self.write(
+                        "Workload", named, lambda: self.kube.activate_workload(self.namespace, named, active)
+                    )
 
     async def _serve(self, replicas: int, template: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
         wanted = {**template, "spec": {**template["spec"], "replicas": replicas}}

@@ -21,6 +21,7 @@ def job_state(job: Obj, pods: Sequence[Obj]) -> JobState:
         pods_gone=o.job_lost(job, pods),
         suspended=bool((job.get("spec") or {}).get("suspend")),
         server_urls=annotation(job, m.SERVER_URLS),
+        queue_name=(job["metadata"].get("labels") or {}).get(m.KUEUE_QUEUE_LABEL),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,7 +13,14 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
-from datagen_operator.k8s.manifests import KUEUE_API_VERSION, LWS_API_VERSION, LWS_KIND, TEMPLATE_HASH, Manifest
+from datagen_operator.k8s.manifests import (
+    KUEUE_API_VERSION,
+    KUEUE_JOB_UID_LABEL,
+    LWS_API_VERSION,
+    LWS_KIND,
+    TEMPLATE_HASH,
+    Manifest,
+)
 from datagen_operator.k8s.observe import annotation
 
 FIELD_MANAGER = "datagen-operator"
@@ -169,6 +176,32 @@ class Kube:
         listed = await self.custom.list_namespaced_custom_object(group, version, namespace, "workloads")
         items: list[Mapping[str, Any]] = listed.get("items") or []
         return [w for w in items if any(o.get("uid") == owner_uid for o in w["metadata"].get("ownerReferences") or [])]
+
+    async def kueue_job_workloads(self, namespace: str, job_uids: Iterable[str]) -> list[Mapping[str, Any]]:
+        """Kueue's Workloads of the Jobs `job_uids` (Kueue labels each with kueue.x-k8s.io/job-uid), one list call.
+        Raises ApiException: 404 where Kueue is not installed, 403 where the operator may not read them."""
+        group, version = KUEUE_API_VERSION.split("/")
+        selector = f"{KUEUE_JOB_UID_LABEL} in ({','.join(sorted(job_uids))})"
+        listed = await self.custom.list_namespaced_custom_object(
+            group, version, namespace, "workloads", label_selector=selector
+        )
+        items: list[Mapping[str, Any]] = listed.get("items") or []
+        return items
+
+    async def activate_workload(self, namespace: str, name: str, active: bool) -> None:
+        """A Workload's spec.active, merge-patched: False makes Kueue evict it (reason Deactivated) and suspend its
+        Job, True queues it again."""
+        group, version = KUEUE_API_VERSION.split("/")
+        self.writes += 1
+        await self.custom.patch_namespaced_custom_object(
+            group,
+            version,
+            namespace,
+            "workloads",
+            name,
+            {"spec": {"active": active}},
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]  # the generated client takes it in **kwargs
+        )
 
     async def kueue_cluster_queue(self, namespace: str, local_queue: str) -> str | None:
         """The ClusterQueue a LocalQueue feeds (its spec.clusterQueue); None when the LocalQueue does not exist."""

@@ -71,6 +71,8 @@ KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 """The Kueue API the operator reads (Workloads, LocalQueues): v0.17's storage version (docs/kueue.md)."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+"""On the Workload Kueue makes for a Job: the Job's uid (the operator finds a Job's Workload by it)."""
 """A server over several nodes (sigs.k8s.io/lws, which must be installed in the cluster)."""
 
 RUN_FILE_DIR = "/etc/datagen"

@@ -23,7 +23,7 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CANARY_PASSED, EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
 from datagen_operator.control.children import Child, made_for
 from datagen_operator.control.decide import parsers_to_read
-from datagen_operator.control.observed import KueueQueued, Observed, ProbeFailures, ServerObservation
+from datagen_operator.control.observed import JobWorkload, KueueQueued, Observed, ProbeFailures, ServerObservation
 from datagen_operator.control.remembered import (
     remembered_final,
     remembered_outcome,
@@ -35,7 +35,7 @@ from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.observe import annotation
-from datagen_operator.k8s.registry import child_name
+from datagen_operator.k8s.registry import JOBS, child_name
 
 log = logging.getLogger("datagen.operator")
 
@@ -140,6 +140,7 @@ class Observer:
             if o.job_without_pods(job) and (words := await self._pod_refusal(job)):
                 self.refused_pods[f"Job/{job['metadata']['name']}"] = words
         observed = self._steps(spec, generation, data_generation, old, server)
+        observed = replace(observed, job_workloads=await self._job_workloads(spec))
         if parsers_to_read(spec, observed):
             assert observed.server is not None
             outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints[0])
@@ -214,6 +215,44 @@ class Observer:
             words = "admitted; Kueue is lifting its gate" if workloads else "waiting for Kueue to make its Workload"
             queued.append(KueueQueued(workload="", local_queue=local_queue, message=words))
         return tuple(queued)
+
+    async def _job_workloads(self, spec: DataGenRunSpec) -> dict[str, JobWorkload]:
+        """The Kueue Workloads of the run's unfinished Jobs, by the planner's name of the Job, in one list call made
+        only where Kueue may hold one: spec.queue is set, or a Job carries Kueue's queue label or is suspended (Kueue
+        suspends a Job it manages without a queue label in a namespace where it manages every Job). Where the
+        Workload API cannot be read, none: the Jobs go on as without Kueue (the server's reading says so)."""
+        jobs = {
+            job["metadata"]["uid"]: job
+            for job in self.cache.children("Job")
+            if o.job_finished(job) is None and job["metadata"].get("uid")
+        }
+        if spec.queue is None and not any(
+            m.KUEUE_QUEUE_LABEL in (job["metadata"].get("labels") or {}) or (job.get("spec") or {}).get("suspend")
+            for job in jobs.values()
+        ):
+            return {}
+        if not jobs:
+            return {}
+        try:
+            workloads = await self.ctx.kube.kueue_job_workloads(self.namespace, jobs)
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
+            return {}
+        children = {child_name(child, self.name): child for child in JOBS}
+        found: dict[str, JobWorkload] = {}
+        for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
+            job = jobs.get((workload["metadata"].get("labels") or {}).get(m.KUEUE_JOB_UID_LABEL) or "")
+            child = children.get(job["metadata"]["name"]) if job is not None else None
+            if child is None or (workload["metadata"].get("deletionTimestamp")):
+                continue
+            waiting = o.kueue_queued(workload)
+            if waiting is not None and waiting.cluster_queue is None and waiting.local_queue:
+                cluster_queue = await self.ctx.kube.kueue_cluster_queue(self.namespace, waiting.local_queue)
+                waiting = replace(waiting, cluster_queue=cluster_queue)
+            active = (workload.get("spec") or {}).get("active") is not False
+            found[child] = JobWorkload(workload["metadata"]["name"], active=active, queued=waiting)
+        return found
 
     def _steps(
         self,

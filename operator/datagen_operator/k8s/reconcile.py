@@ -28,6 +28,7 @@ from datagen_operator.control.children import (
 )
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.decide import Decision, decide
+from datagen_operator.control.kueue_jobs import with_jobs_queued
 from datagen_operator.control.observed import Observed, ProbeFailures
 from datagen_operator.control.remembered import remembered_halt
 from datagen_operator.k8s import manifests as m
@@ -120,7 +121,7 @@ class Reconciler:
         observed = await self.observer.observe(
             spec, resolved, generation, in_force.data_generation, old, urls, now, refused_writes
         )
-        decision = decide(spec, observed, context)
+        decision = with_jobs_queued(decide(spec, observed, context), observed)
         if not old.conditions:
             # A new run: `kubectl get dgr` shows what it is about to do before its children are written (with
             # many runs applied at once, those writes queue behind each other's).
