@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.harness.controlplane import CRD_DIR, Cluster, ClusterSettings, ExistingCluster, LocalControlPlane
-from tests.harness.kueue import KUEUE_NAMESPACE_LABEL
+from tests.harness.kueue import KUEUE_ALL_JOBS_LABEL, KUEUE_NAMESPACE_LABEL
 from tests.harness.processes import ControlPlaneError, ManagedProcess, wait_until
 from tests.harness.testbin import BUILD_LOG, ensure_testbin
 
@@ -145,6 +145,20 @@ def kueue_namespace(kueue_controller: Cluster, namespace: str) -> str:
         name=namespace, body={"metadata": {"labels": {key: value}}}, content_type="application/merge-patch+json"
     )
     return namespace
+
+
+@pytest.fixture
+def kueue_all_jobs_namespace(kueue_namespace: str, kueue_controller: Cluster) -> str:
+    """The test's namespace, where Kueue manages every Job, with a queue label or without one (and every pod,
+    StatefulSet and LeaderWorkerSet without one), as a cluster whose Kueue has `manageJobsWithoutQueueName: true`
+    over all its namespaces. A Job there that names no LocalQueue runs only once a LocalQueue `default` exists."""
+    key, value = KUEUE_ALL_JOBS_LABEL
+    kueue_controller.resource("v1", "Namespace").patch(
+        name=kueue_namespace,
+        body={"metadata": {"labels": {key: value}}},
+        content_type="application/merge-patch+json",
+    )
+    return kueue_namespace
 
 
 @pytest.fixture(scope="session")

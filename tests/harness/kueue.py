@@ -8,8 +8,12 @@ With that setting v0.17.0 also reads a metrics certificate from a fixed path und
 patch lets `KUEUE_METRICS_CERT_PATH` name another folder, and the harness gives it the serving one.
 
 Kueue is confined to the namespaces labelled `KUEUE_NAMESPACE_LABEL`: its workload webhooks (Job, Pod,
-StatefulSet, LeaderWorkerSet) select only those namespaces, and so does its
-`managedJobsNamespaceSelector`, so the other tests of a session that started it never meet it.
+StatefulSet, LeaderWorkerSet) select only those namespaces, so the other tests of a session that started it
+never meet it. There it manages what carries a queue label. Kueue also manages every Job *without* one
+(`manageJobsWithoutQueueName: true`), but only in the namespaces its `managedJobsNamespaceSelector` selects:
+those that also carry `KUEUE_ALL_JOBS_LABEL` (fixture `kueue_all_jobs_namespace`), a namespace as a cluster
+whose Kueue manages all Jobs has them. Feature gate `ManagedJobsNamespaceSelectorAlwaysRespected` (Beta, on by
+default in v0.17) is off: with it on, a labelled object outside the selector would not be managed at all.
 See docs/kueue.md for what the operator relies on.
 """
 
@@ -32,6 +36,9 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/v1beta2"
 # A namespace carrying this label is one Kueue manages (its workload webhooks and its controllers).
 KUEUE_NAMESPACE_LABEL = ("datagen.dev/kueue", "managed")
+# A namespace carrying this label as well is one where Kueue manages every Job, labelled or not (and every pod,
+# StatefulSet and LeaderWorkerSet without a queue label): its `managedJobsNamespaceSelector`.
+KUEUE_ALL_JOBS_LABEL = ("datagen.dev/kueue-jobs", "all")
 # The integrations the operator's children need: its CPU Jobs, the single-node server's StatefulSet,
 # the multi-node server's LeaderWorkerSet; `pod` is what the last two are built on (pod groups).
 FRAMEWORKS = ("batch/job", "pod", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset")
@@ -83,7 +90,7 @@ class KueueManifests:
 
 def _config_yaml(webhook_port: int, cert_dir: Path, probe_port: int) -> str:
     # Fields of config.kueue.x-k8s.io/v1beta2 Configuration (apis/config/v1beta2 in the module).
-    key, value = KUEUE_NAMESPACE_LABEL
+    key, value = KUEUE_ALL_JOBS_LABEL
     return yaml.safe_dump(
         {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -93,11 +100,16 @@ def _config_yaml(webhook_port: int, cert_dir: Path, probe_port: int) -> str:
             "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)},
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
-            "manageJobsWithoutQueueName": False,
+            # Every Job without a queue label is managed, in the namespaces labelled KUEUE_ALL_JOBS_LABEL only
+            # (jobframework/defaults.go WorkloadShouldBeSuspended, reconciler.go): elsewhere, as with false.
+            "manageJobsWithoutQueueName": True,
             "managedJobsNamespaceSelector": {"matchLabels": {key: value}},
             "integrations": {"frameworks": list(FRAMEWORKS)},
             # On-demand visibility is an aggregated API server of its own; nothing here reads it.
-            "featureGates": {"VisibilityOnDemand": False},
+            # ManagedJobsNamespaceSelectorAlwaysRespected on would stop Kueue managing a labelled object in a
+            # namespace outside managedJobsNamespaceSelector (jobframework/reconciler.go): every test namespace
+            # labelled KUEUE_NAMESPACE_LABEL alone would lose its queues.
+            "featureGates": {"VisibilityOnDemand": False, "ManagedJobsNamespaceSelectorAlwaysRespected": False},
         },
         sort_keys=False,
     )
