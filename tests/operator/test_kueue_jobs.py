@@ -157,7 +157,7 @@ def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_n
         except AssertionError as error:
             raise AssertionError(f"{error}\n{kueue_state(kueue_controller, runs)}") from None
 
-    records = lambda: (runs.get(name)["status"].get("progress") or {}).get("records", 0)  # noqa: E731
+    records = lambda: ((runs.get(name).get("status") or {}).get("progress") or {}).get("records", 0)  # noqa: E731
     with (
         gpu_cluster_queue(kueue_controller, kueue_all_jobs_namespace, AMPLE, COVERED, local_queue="default"),
         start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim,
