@@ -184,6 +184,11 @@ def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_n
         wait_condition(runs, kueue_controller, name, "Succeeded", "True", "Completed", 240)
         look()
     progress = runs.get(name)["status"]["progress"]
+    with (runs.cluster.logs_dir / "kueue-jobs.log").open("a") as log:
+        log.write(
+            f"{name}: paused at {paused_at}/{prompts} records; workers' Workload spec.active {active}; operator "
+            f"spec.suspend patches to Jobs {suspend_patches}; records {progress['records']}\n"
+        )
     assert suspend_patches == [], f"the operator patched a managed Job's spec.suspend: {suspend_patches}"
     assert active == [True, False, True], active
     assert progress["records"] == prompts and progress["promptsDone"] == prompts, progress
