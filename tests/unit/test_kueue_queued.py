@@ -103,9 +103,11 @@ def test_a_queued_server_says_so_rather_than_unschedulable_and_the_run_waits() -
         message,
     )
     assert conditions(d)["Succeeded"] == ("Unknown", "Running")  # waiting, not failing
+    assert d.phase == "Queued"  # what `kubectl get dgr` shows
     # The same pod without Kueue's word is what it was before: Unschedulable in the scheduler's words.
     d = decide(s, Observed(1, server=ServerObservation(1, (GATED,))), context(s))
     assert conditions(d)["ServerReady"] == ("False", "Unschedulable")
+    assert d.phase == "Starting"
     assert conditions(d)["Progressing"] == ("False", "Waiting")
 
 
@@ -119,6 +121,8 @@ def test_admission_moves_it_on_at_once_to_loading() -> None:
     loading = ServerInstance("kimi-server-0", running=True, loading_seconds=5)
     verdict = server_verdict(ServerObservation(1, (loading,)), 3600)
     assert verdict.condition.reason == "Loading"
+    s = spec()
+    assert decide(s, Observed(1, server=ServerObservation(1, (loading,))), context(s)).phase == "Starting"
 
 
 def test_groups_of_a_leaderworkerset_count_the_queued_ones_and_a_ready_group_serves() -> None:

@@ -154,3 +154,7 @@ SHARD_CAUSES = frozenset(
 """The named causes a shard stops for (its verdict's reason, its progress's `failure_reason`): the run halts with
 the cause as its reason and the shard's own words as its message. WorkersFailed (records out of attempts, a
 crash) and Drained (a disruption) are not causes a person must act on first."""
+
+KUEUE_WAITING = frozenset({Reason.QUEUED})
+"""ServerReady's reasons while Kueue holds the server: the run waits (phase Queued), spending no startup budget
+and no retry."""

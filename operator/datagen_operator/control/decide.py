@@ -14,7 +14,7 @@ from enum import StrEnum
 from functools import partial
 
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.reasons import Reason
+from datagen_operator.api.reasons import KUEUE_WAITING, Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -81,13 +81,21 @@ class Decision:
     @property
     def phase(self) -> Phase:
         match self.step:
-            case Step.WAIT_FOR_SERVER:  # workers that started keep running while the server is away
+            case Step.WAIT_FOR_SERVER:
+                if self.server_queued:
+                    return Phase.QUEUED
+                # Workers that started keep running while the server is away.
                 return Phase.RUNNING if self.workers_wanted else Phase.STARTING
             case Step.HALTED:
                 return Phase.FAILED if self.failed else Phase.HALTED
             case Step.DONE:
                 return Phase.FAILED if self.failed else Phase.SUCCEEDED
         return _PHASE_OF_STEP[self.step]
+
+    @property
+    def server_queued(self) -> bool:
+        """Kueue holds the server (ServerReady's reason says so): the run waits for quota, not for a failure."""
+        return any(u.type == SERVER_READY and u.reason in KUEUE_WAITING for u in self.updates)
 
     @property
     def halted(self) -> bool:
