@@ -9,7 +9,7 @@ from typing import Any
 from datagen_operator.control.decide import Step, decide
 from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s.observe import kueue_gated, kueue_queued
+from datagen_operator.k8s.observe import kueue_gated, kueue_local_queue, kueue_queued
 from tests.unit.decide_world import conditions, context, spec
 
 SHORT = (
@@ -201,7 +201,7 @@ def test_where_kueue_is_missing_or_unreadable_a_queued_run_goes_on_and_says_so(
         kube = FakeKueue(status)
         assert queued_of(kube) == ()
         assert kube.lists == 1
-        (record,) = [r for r in caplog.records if "spec.queue is set" in r.getMessage()]
+        (record,) = [r for r in caplog.records if "LocalQueue team-a (spec.queue" in r.getMessage()]
         assert ("Kueue is not installed" if status == 404 else "may not read") in record.getMessage()
 
 
@@ -210,3 +210,19 @@ def test_a_pod_behind_kueues_gate_before_its_workload_is_read_is_queued() -> Non
     (queued,) = queued_of(FakeKueue([]), [gated])
     assert queued.local_queue == "team-a" and "waiting for Kueue" in queued.message
     assert queued_of(FakeKueue([]), [{"metadata": {"name": "kimi-server-0"}, "spec": {}}]) == ()
+
+
+def test_a_server_is_read_in_the_queue_its_label_names_from_spec_queue_or_kueues_default_local_queue() -> None:
+    from datagen_operator.api import parse_spec
+    from datagen_operator.k8s import manifests as m
+    from tests.manifests import unit_spec
+
+    # spec.queue's label, or the one Kueue's webhook put on from the namespace's LocalQueue `default` (no
+    # spec.queue): either way Kueue holds the server, so the operator reads its Workloads and says Queued.
+    run = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+    queued = m.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
+    assert kueue_local_queue(queued) == "team-a"
+    defaulted = m.server_workload(run, parse_spec(unit_spec()), 1)
+    assert kueue_local_queue(defaulted) is None  # not Kueue's unless it says so
+    defaulted["metadata"]["labels"][m.KUEUE_QUEUE_LABEL] = "default"
+    assert kueue_local_queue(defaulted) == "default"

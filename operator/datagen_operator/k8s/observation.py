@@ -173,9 +173,10 @@ class Observer:
             observation = o.server_observation(
                 server_pods, statefulset, spec.server.replicas, urls, health, now, refused
             )
-        if spec.queue is None or serving is None:  # a run without spec.queue never touches Kueue's API
+        local_queue = o.kueue_local_queue(serving) if serving is not None else None
+        if serving is None or local_queue is None:  # a server Kueue does not manage: Kueue's API is not read
             return observation
-        return replace(observation, queued=await self._queued(spec.queue.name, serving, server_pods))
+        return replace(observation, queued=await self._queued(local_queue, serving, server_pods))
 
     async def _queued(
         self, local_queue: str, serving: Mapping[str, Any], server_pods: list[Mapping[str, Any]]
@@ -191,10 +192,11 @@ class Observer:
             if self.kueue_unreadable != error.status:
                 why = "Kueue is not installed" if error.status == 404 else "the operator may not read them"
                 log.warning(
-                    "%s/%s: spec.queue is set but Kueue's Workloads (%s) cannot be read: %s; the server is not "
-                    "queued by this operator's reading",
+                    "%s/%s: the server is in Kueue's LocalQueue %s (spec.queue, or the namespace's default) but "
+                    "Kueue's Workloads (%s) cannot be read: %s; the server is not queued by this operator's reading",
                     self.namespace,
                     self.name,
+                    local_queue,
                     m.KUEUE_API_VERSION,
                     why,
                 )

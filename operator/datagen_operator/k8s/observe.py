@@ -22,6 +22,7 @@ from datagen_operator.control.observed import (
     WorkersObservation,
 )
 from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.k8s import manifests as m
 
 Obj = Mapping[str, Any]
 
@@ -180,6 +181,12 @@ def kueue_queued(workload: Obj, cluster_queue: str | None = None) -> KueueQueued
         kueue_reason=waiting.get("reason") or "Pending",
         message=waiting.get("message") or "",
     )
+
+
+def kueue_local_queue(workload: Obj) -> str | None:
+    """The LocalQueue Kueue admits the server by: its queue label, from spec.queue or put on by Kueue's webhook
+    from the namespace's `default` LocalQueue; None for a server Kueue does not manage."""
+    return ((workload.get("metadata") or {}).get("labels") or {}).get(m.KUEUE_QUEUE_LABEL) or None
 
 
 KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
