@@ -1,7 +1,9 @@
-"""A multi-node server under the real Kueue (docs/kueue.md): a run with server.nodes=2 (one LeaderWorkerSet
-group of two 8-GPU pods) behind a ClusterQueue of 8 GPUs. Its leader alone would fit, yet Kueue admits the
-group whole or not at all: the run says Queued in Kueue's words and no pod of it holds a node. Raising the quota
-to 16 admits the whole group at once, and the run completes on the same group: two server pods, ever."""
+"""Servers Kueue admits that the run does not name a queue for, or that span nodes, under the real Kueue
+(docs/kueue.md). A run with server.nodes=2 (one LeaderWorkerSet group of two 8-GPU pods) behind a ClusterQueue
+of 8 GPUs: its leader alone would fit, yet Kueue admits the group whole or not at all; the run says Queued in
+Kueue's words and no pod of it holds a node; raising the quota to 16 admits the whole group at once, and the run
+completes on the same group: two server pods, ever. A run without spec.queue in a namespace whose LocalQueue
+`default` Kueue puts on it reads Queued too (it read Unschedulable, the gated pods' words)."""
 
 from __future__ import annotations
 
@@ -105,3 +107,48 @@ def test_a_two_node_server_is_queued_whole_and_admitted_whole(
     assert reasons.index("Queued") < reasons.index("Ready"), reasons
     assert "Unschedulable" not in reasons, reasons
     assert runs.get(name)["status"]["progress"]["promptsDone"] == 24
+
+
+@pytest.fixture
+def default_queue_without_gpus(kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tuple[str, str]]:
+    """(ClusterQueue, LocalQueue `default`): Kueue's per-namespace default, with no GPU quota yet."""
+    quota = [
+        {"name": "cpu", "nominalQuota": "1000"},
+        {"name": "memory", "nominalQuota": "100Ti"},
+        {"name": GPU_RESOURCE, "nominalQuota": "0"},
+    ]
+    covered = ["cpu", "memory", GPU_RESOURCE]
+    with gpu_cluster_queue(kueue_controller, kueue_namespace, quota, covered, local_queue="default") as queues:
+        yield queues
+
+
+def test_a_run_without_spec_queue_under_the_namespaces_default_local_queue_reads_queued(
+    default_queue_without_gpus: tuple[str, str],
+    kueue_controller: Cluster,
+    runs: Runs,
+    operator: OperatorFactory,
+    kubelet: PodRunner,
+    data_dir: Path,
+    standin_tokenizer: Path,
+) -> None:
+    """Kueue's webhook puts the `default` LocalQueue's label on the server of a run that names no queue, and holds
+    it: the run says so (not Unschedulable, the gated pods' words), and runs once the quota is there."""
+    cluster_queue, local_queue = default_queue_without_gpus
+    name = new_name("default")
+    with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
+        operator([sim.url])
+        runs.create(cluster_run(name, data_dir, standin_tokenizer))
+        queued = runs.wait(name, "ServerReady", "False", "Queued", timeout=120)
+        assert f"LocalQueue {local_queue} (ClusterQueue {cluster_queue})" in queued["message"], queued
+        server = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
+        assert server.metadata.labels["kueue.x-k8s.io/queue-name"] == "default"  # Kueue's, not the operator's
+
+        queues = kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue")
+        groups = queues.get(name=cluster_queue).to_dict()["spec"]["resourceGroups"]
+        for resource in groups[0]["flavors"][0]["resources"]:
+            if resource["name"] == GPU_RESOURCE:
+                resource["nominalQuota"] = "8"
+        queues.patch(
+            name=cluster_queue, body={"spec": {"resourceGroups": groups}}, content_type="application/merge-patch+json"
+        )
+        runs.wait(name, "Succeeded", "True", "Completed", timeout=240)
