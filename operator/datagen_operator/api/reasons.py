@@ -78,6 +78,12 @@ class Reason(StrEnum):
     QUEUED = "Queued"
     """Kueue has not admitted the server (ServerReady and Progressing): it holds no GPU, and no startup budget
     or retry is spent while it waits."""
+    PREEMPTED = "Preempted"
+    """Kueue preempted the admitted server for a workload of higher priority (ServerReady and Progressing): its pods
+    are deleted and the run pauses, spending no retry and no startup budget, until Kueue admits it again."""
+    EVICTED = "Evicted"
+    """Kueue evicted the admitted server for another cause (PodsReadyTimeout, a stopped queue, deactivation, node
+    failures; the message says which): the run pauses as when preempted."""
     INVALID_ARGS = "InvalidArgs"
     """The server exited refusing its command line."""
     IMAGE_PULL = "ImagePull"
