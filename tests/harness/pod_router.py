@@ -25,6 +25,7 @@ UNFORWARDED_HEADERS = frozenset(
     {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
 )
 """Hop-by-hop and framing headers: aiohttp sets its own on each side of the router."""
+SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 def _free_socket() -> socket.socket:
@@ -120,7 +121,7 @@ class PodRouter:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
         async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
             app = web.Application(client_max_size=64 * 1024 * 1024)
-            app["session"] = session
+            app[SESSION] = session
             app.router.add_route("*", "/{namespace}/{pod}/{path:.*}", self._forward)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -149,7 +150,7 @@ class PodRouter:
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in UNFORWARDED_HEADERS}
-        session: aiohttp.ClientSession = request.app["session"]
+        session = request.app[SESSION]
         url = f"{self.target}/{request.match_info['path']}"
         body = await request.read()
         async with session.request(request.method, url, params=request.query, data=body, headers=headers) as upstream:
