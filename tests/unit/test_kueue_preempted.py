@@ -219,3 +219,13 @@ def test_the_operator_reads_queued_and_evicted_from_one_list_of_the_workloads() 
     kube.workloads = [STOPPING]
     queued, evicted = asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, [gated]))
     assert (queued, evicted) == ((), (GONE,))
+
+
+def test_a_leaderworkerset_group_evicted_beside_a_ready_one_serves_on_degraded() -> None:
+    second = replace(GONE, workload="leaderworkerset-low-server-1-x")
+    both = server_verdict(ServerObservation(2, (GATED,), evicted=(GONE, second)), 3600)
+    assert both.condition.reason == "Preempted"
+    assert both.condition.message.startswith("2 of 2 server groups preempted by Kueue in LocalQueue team-a")
+    ready = ServerInstance("low-server-0", running=True, ready=True, endpoint="http://low-server-0:30000")
+    one = server_verdict(ServerObservation(2, (ready, GATED), evicted=(second,)), 3600)
+    assert (one.condition.status, one.condition.reason) == ("True", "Degraded")
