@@ -187,4 +187,6 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
     assert restarts[low] == 0 and workers_failed[0] == 0, f"no restart, no retry spent: {seen}"
     assert len(ids) == LOW_PROMPTS and len(set(ids)) == LOW_PROMPTS, f"every record exactly once: {seen}"
     assert events and all(e.type == "Normal" for e in events), [(e.type, e.message) for e in events]
+    low_pod = (runs.namespace, f"{low}-server-0")
+    assert router.refused[low_pod] + router.cut[low_pod] > 0, f"the preempted run's workers lost their server: {seen}"
     assert len(server_pods[high]) == 1 and reasons[high][-1] in ("Released", "Ready"), seen
