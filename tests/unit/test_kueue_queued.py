@@ -159,7 +159,7 @@ def test_a_pod_whose_gate_was_just_lifted_is_pending_not_unschedulable() -> None
 
 
 class FakeKueue:
-    """The two Kueue reads of Observer._queued: `workloads` or a status to refuse with; LocalQueue -> ClusterQueue."""
+    """The two Kueue reads of Observer._kueue: `workloads` or a status to refuse with; LocalQueue -> ClusterQueue."""
 
     def __init__(self, workloads: list[dict[str, Any]] | int, cluster_queues: dict[str, str] | None = None) -> None:
         self.workloads, self.cluster_queues, self.lists = workloads, cluster_queues or {}, 0
@@ -184,7 +184,7 @@ def queued_of(kube: FakeKueue, pods: list[dict[str, Any]] | None = None) -> tupl
     from datagen_operator.k8s.observation import Observer
 
     observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="kimi"))  # type: ignore[arg-type]
-    return asyncio.run(observer._queued("team-a", {"metadata": {"uid": "sts-uid"}}, pods or []))
+    return asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, pods or []))[0]
 
 
 def test_a_pending_workload_read_by_the_operator_names_the_local_queues_cluster_queue() -> None:

@@ -23,7 +23,7 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CANARY_PASSED, EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
 from datagen_operator.control.children import Child, made_for
 from datagen_operator.control.decide import parsers_to_read
-from datagen_operator.control.observed import KueueQueued, Observed, ProbeFailures, ServerObservation
+from datagen_operator.control.observed import KueueEvicted, KueueQueued, Observed, ProbeFailures, ServerObservation
 from datagen_operator.control.remembered import (
     remembered_final,
     remembered_outcome,
@@ -176,14 +176,16 @@ class Observer:
         local_queue = o.kueue_local_queue(serving) if serving is not None else None
         if serving is None or local_queue is None:  # a server Kueue does not manage: Kueue's API is not read
             return observation
-        return replace(observation, queued=await self._queued(local_queue, serving, server_pods))
+        queued, evicted = await self._kueue(local_queue, serving, server_pods)
+        return replace(observation, queued=queued, evicted=evicted)
 
-    async def _queued(
+    async def _kueue(
         self, local_queue: str, serving: Mapping[str, Any], server_pods: list[Mapping[str, Any]]
-    ) -> tuple[KueueQueued, ...]:
-        """The server's Kueue Workloads not admitted yet, read each pass (not watched: admission lifts the
-        scheduling gate of the server's pods, whose watch wakes the pass). Where the Workload API cannot be read
-        (Kueue not installed, or the chart's RBAC predates it) the run goes on as without a queue, said once."""
+    ) -> tuple[tuple[KueueQueued, ...], tuple[KueueEvicted, ...]]:
+        """The server's Kueue Workloads not admitted yet, and those Kueue evicted (preempted) and has not admitted
+        again, from one list each pass (not watched: admission lifts the scheduling gate of the server's pods, and
+        an eviction deletes them, whose watch wakes the pass). Where the Workload API cannot be read (Kueue not
+        installed, or the chart's RBAC predates it) the run goes on as without a queue, said once."""
         try:
             workloads = await self.ctx.kube.kueue_workloads(self.namespace, serving["metadata"]["uid"])
         except ApiException as error:
@@ -201,21 +203,33 @@ class Observer:
                     why,
                 )
                 self.kueue_unreadable = error.status
-            return ()
+            return (), ()
         self.kueue_unreadable = None
-        queued = []
+        queued: list[KueueQueued] = []
+        evicted: list[KueueEvicted] = []
+        cluster_queues: dict[str, str | None] = {}
+
+        async def cluster_queue(local: str) -> str | None:
+            if local not in cluster_queues:
+                cluster_queues[local] = await self.ctx.kube.kueue_cluster_queue(self.namespace, local)
+            return cluster_queues[local]
+
         for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
             waiting = o.kueue_queued(workload)
             if waiting is not None and waiting.cluster_queue is None and waiting.local_queue:
-                cluster_queue = await self.ctx.kube.kueue_cluster_queue(self.namespace, waiting.local_queue)
-                waiting = replace(waiting, cluster_queue=cluster_queue)
+                waiting = replace(waiting, cluster_queue=await cluster_queue(waiting.local_queue))
             if waiting is not None:
                 queued.append(waiting)
-        if not queued and any(o.kueue_gated(pod) for pod in server_pods):
+            gone = o.kueue_evicted(workload)
+            if gone is not None and gone.cluster_queue is None and gone.local_queue:
+                gone = replace(gone, cluster_queue=await cluster_queue(gone.local_queue))
+            if gone is not None:
+                evicted.append(gone)
+        if not queued and not evicted and any(o.kueue_gated(pod) for pod in server_pods):
             # Kueue gated the pods before its Workload was read, or admitted it and is lifting the gates now.
             words = "admitted; Kueue is lifting its gate" if workloads else "waiting for Kueue to make its Workload"
             queued.append(KueueQueued(workload="", local_queue=local_queue, message=words))
-        return tuple(queued)
+        return tuple(queued), tuple(evicted)
 
     def _steps(
         self,
