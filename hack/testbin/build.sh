@@ -39,6 +39,14 @@ fi
 PYTHON="${PYTHON:-python3}"
 case "$PYTHON" in */*) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;; esac  # we cd below
 mkdir -p "$dest"
+# One build at a time: two test runs that start on a fresh machine (or pytest and `make testbin`) would
+# otherwise race on the same half-written binaries. The second waits, then finds the folder complete.
+exec 9>"$cache_root/.build.lock"
+if ! flock -n 9; then
+  echo "another build of the testbin is under way; waiting for it ..." >&2
+  flock 9
+fi
+if complete; then echo "$dest"; exit 0; fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0

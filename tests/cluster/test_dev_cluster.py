@@ -241,6 +241,7 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
         assert "LocalQueue gpus (ClusterQueue dev-gpus)" in message, message
         assert "insufficient unused quota for nvidia.com/gpu in flavor dev-gpu, 16 more needed" in message, message
         assert conditions(waiting)["ServerReady"]["reason"] == "Queued", conditions(waiting)
+        assert kubectl_("get", "dgr", waiting, "-o", "jsonpath={.status.phase}") == "Queued"  # kubectl get dgr's PHASE
         # The quota went to the other one, whose server comes up (ServerReady=True, or Succeeded=True if that was
         # missed between polls). Not waited on: the waiting one's turn after it. Here Kueue v0.17.0 was seen keeping
         # a released server's Workload admitted (its finalizer removal lost to a conflict, never retried), its quota

@@ -145,10 +145,17 @@ def _active(obj: dict[str, Any]) -> bool:
 
 @contextlib.contextmanager
 def gpu_cluster_queue(
-    cluster: Any, namespace: str, quota: list[dict[str, str]], covered: list[str], local_queue: str = "gpus"
+    cluster: Any,
+    namespace: str,
+    quota: list[dict[str, str]],
+    covered: list[str],
+    local_queue: str = "gpus",
+    preemption: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """(ClusterQueue, LocalQueue `local_queue` in `namespace`): one flavor with `quota`, Active before it is
-    given; the cluster-scoped objects are removed afterwards (the namespace's deletion takes the LocalQueue)."""
+    given; the cluster-scoped objects are removed afterwards (the namespace's deletion takes the LocalQueue).
+    `preemption`: the ClusterQueue's spec.preemption, e.g. {"withinClusterQueue": "LowerPriority"} (Kueue's
+    default, Never, preempts nothing)."""
     suffix = f"{local_queue}-{namespace.rsplit('-', 1)[-1]}"
     flavor, cluster_queue = f"gpu-{suffix}", f"cq-{suffix}"
     flavors = cluster.resource(KUEUE_API_VERSION, "ResourceFlavor")
@@ -163,6 +170,7 @@ def gpu_cluster_queue(
             "spec": {
                 "namespaceSelector": {},
                 "resourceGroups": [{"coveredResources": covered, "flavors": [{"name": flavor, "resources": quota}]}],
+                **({"preemption": preemption} if preemption else {}),
             },
         }
     )
@@ -186,3 +194,61 @@ def gpu_cluster_queue(
         # The ClusterQueue keeps a finalizer while it has workloads: it goes with the namespace's.
         cluster_queues.delete(name=cluster_queue)
         flavors.delete(name=flavor)
+
+
+PRIORITY_CLASSES = {"low": 100, "high": 1000}
+"""The WorkloadPriorityClasses `workload_priority_classes` makes, by suffix: a higher value preempts a lower one
+in a ClusterQueue whose preemption allows it."""
+
+
+@contextlib.contextmanager
+def workload_priority_classes(cluster: Any, namespace: str) -> Iterator[dict[str, str]]:
+    """Kueue's cluster-scoped WorkloadPriorityClasses low (100) and high (1000), named for the test's namespace
+    ({"low": name, "high": name}: the run's spec.queue.priorityClass), removed afterwards."""
+    classes = cluster.resource(KUEUE_API_VERSION, "WorkloadPriorityClass")
+    suffix = namespace.rsplit("-", 1)[-1]
+    names = {level: f"{level}-{suffix}" for level in PRIORITY_CLASSES}
+    for level, value in PRIORITY_CLASSES.items():
+        classes.create(
+            body={
+                "apiVersion": KUEUE_API_VERSION,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": names[level]},
+                "value": value,
+                "description": f"datagen tests: {level}",
+            }
+        )
+    try:
+        yield names
+    finally:
+        for name in names.values():
+            classes.delete(name=name)
+
+
+def kueue_state(cluster: Any, namespace: str, server_selector: str) -> str:
+    """The Workloads, server pods and StatefulSets of `namespace` as Kueue left them, for a failure's message."""
+    lines = []
+    for workload in cluster.resource(KUEUE_API_VERSION, "Workload").get(namespace=namespace).items:
+        w = workload.to_dict()
+        conditions = [
+            (c["type"], c["status"], c.get("reason"), c.get("message"))
+            for c in (w.get("status") or {}).get("conditions") or []
+        ]
+        lines.append(
+            f"workload {w['metadata']['name']} owners={[o['name'] for o in w['metadata'].get('ownerReferences') or []]} "
+            f"finalizers={w['metadata'].get('finalizers')} deleting={w['metadata'].get('deletionTimestamp')} "
+            f"priority={(w.get('spec') or {}).get('priority')} {conditions}"
+        )
+    for pod in cluster.resource("v1", "Pod").get(namespace=namespace, label_selector=server_selector).items:
+        p = pod.to_dict()
+        lines.append(
+            f"pod {p['metadata']['name']} uid={p['metadata']['uid'][:8]} labels={p['metadata'].get('labels')} "
+            f"gates={(p.get('spec') or {}).get('schedulingGates')} finalizers={p['metadata'].get('finalizers')} "
+            f"deleting={p['metadata'].get('deletionTimestamp')} phase={(p.get('status') or {}).get('phase')}"
+        )
+    for sts in cluster.resource("apps/v1", "StatefulSet").get(namespace=namespace).items:
+        st = sts.to_dict()
+        lines.append(
+            f"sts {st['metadata']['name']} replicas={st['spec'].get('replicas')} labels={st['metadata'].get('labels')}"
+        )
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ from datagen_operator.api.names import Component
 from datagen_operator.k8s import manifests as m
 from tests.harness.controlplane import GPU_RESOURCE, Cluster
 from tests.harness.kubelet import PodRunner
-from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
+from tests.harness.kueue import gpu_cluster_queue, kueue_state
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
@@ -73,31 +73,9 @@ def test_two_queued_runs_share_8_gpus_of_quota_one_after_the_other(
         try:
             found: dict[str, object] = runs.wait_for(f"{run} {type_}={status} {reason}", reached, timeout=timeout)
         except AssertionError as error:
-            raise AssertionError(f"{error}\n{runs.describe()}\n{kueue_state()}") from None
+            state = kueue_state(kueue_controller, runs.namespace, f"{m.COMPONENT_LABEL}={Component.SERVER}")
+            raise AssertionError(f"{error}\n{runs.describe()}\n{state}") from None
         return found
-
-    def kueue_state() -> str:
-        """The Workloads and server pods as Kueue left them, for a failure's message."""
-        lines = []
-        for workload in kueue_controller.resource(KUEUE_API_VERSION, "Workload").get(namespace=runs.namespace).items:
-            w = workload.to_dict()
-            conditions = [
-                (c["type"], c["status"], c.get("reason"), c.get("message")) for c in w["status"].get("conditions") or []
-            ]
-            lines.append(
-                f"workload {w['metadata']['name']} owners={[o['name'] for o in w['metadata'].get('ownerReferences') or []]} "
-                f"finalizers={w['metadata'].get('finalizers')} deleting={w['metadata'].get('deletionTimestamp')} {conditions}"
-            )
-        for pod in runs.core.list_namespaced_pod(
-            runs.namespace, label_selector=f"{m.COMPONENT_LABEL}={Component.SERVER}"
-        ).items:
-            lines.append(
-                f"pod {pod.metadata.name} labels={pod.metadata.labels} gates={pod.spec.scheduling_gates} "
-                f"finalizers={pod.metadata.finalizers} deleting={pod.metadata.deletion_timestamp} phase={pod.status.phase}"
-            )
-        for sts in runs.apps.list_namespaced_stateful_set(runs.namespace).items:
-            lines.append(f"sts {sts.metadata.name} replicas={sts.spec.replicas} labels={sts.metadata.labels}")
-        return "\n".join(lines)
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])

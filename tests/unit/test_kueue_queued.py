@@ -9,7 +9,7 @@ from typing import Any
 from datagen_operator.control.decide import Step, decide
 from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s.observe import kueue_gated, kueue_queued
+from datagen_operator.k8s.observe import kueue_gated, kueue_local_queue, kueue_queued
 from tests.unit.decide_world import conditions, context, spec
 
 SHORT = (
@@ -103,9 +103,11 @@ def test_a_queued_server_says_so_rather_than_unschedulable_and_the_run_waits() -
         message,
     )
     assert conditions(d)["Succeeded"] == ("Unknown", "Running")  # waiting, not failing
+    assert d.phase == "Queued"  # what `kubectl get dgr` shows
     # The same pod without Kueue's word is what it was before: Unschedulable in the scheduler's words.
     d = decide(s, Observed(1, server=ServerObservation(1, (GATED,))), context(s))
     assert conditions(d)["ServerReady"] == ("False", "Unschedulable")
+    assert d.phase == "Starting"
     assert conditions(d)["Progressing"] == ("False", "Waiting")
 
 
@@ -119,6 +121,8 @@ def test_admission_moves_it_on_at_once_to_loading() -> None:
     loading = ServerInstance("kimi-server-0", running=True, loading_seconds=5)
     verdict = server_verdict(ServerObservation(1, (loading,)), 3600)
     assert verdict.condition.reason == "Loading"
+    s = spec()
+    assert decide(s, Observed(1, server=ServerObservation(1, (loading,))), context(s)).phase == "Starting"
 
 
 def test_groups_of_a_leaderworkerset_count_the_queued_ones_and_a_ready_group_serves() -> None:
@@ -155,7 +159,7 @@ def test_a_pod_whose_gate_was_just_lifted_is_pending_not_unschedulable() -> None
 
 
 class FakeKueue:
-    """The two Kueue reads of Observer._queued: `workloads` or a status to refuse with; LocalQueue -> ClusterQueue."""
+    """The two Kueue reads of Observer._kueue: `workloads` or a status to refuse with; LocalQueue -> ClusterQueue."""
 
     def __init__(self, workloads: list[dict[str, Any]] | int, cluster_queues: dict[str, str] | None = None) -> None:
         self.workloads, self.cluster_queues, self.lists = workloads, cluster_queues or {}, 0
@@ -180,7 +184,7 @@ def queued_of(kube: FakeKueue, pods: list[dict[str, Any]] | None = None) -> tupl
     from datagen_operator.k8s.observation import Observer
 
     observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="kimi"))  # type: ignore[arg-type]
-    return asyncio.run(observer._queued("team-a", {"metadata": {"uid": "sts-uid"}}, pods or []))
+    return asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, pods or []))[0]
 
 
 def test_a_pending_workload_read_by_the_operator_names_the_local_queues_cluster_queue() -> None:
@@ -197,7 +201,7 @@ def test_where_kueue_is_missing_or_unreadable_a_queued_run_goes_on_and_says_so(
         kube = FakeKueue(status)
         assert queued_of(kube) == ()
         assert kube.lists == 1
-        (record,) = [r for r in caplog.records if "spec.queue is set" in r.getMessage()]
+        (record,) = [r for r in caplog.records if "LocalQueue team-a (spec.queue" in r.getMessage()]
         assert ("Kueue is not installed" if status == 404 else "may not read") in record.getMessage()
 
 
@@ -206,3 +210,19 @@ def test_a_pod_behind_kueues_gate_before_its_workload_is_read_is_queued() -> Non
     (queued,) = queued_of(FakeKueue([]), [gated])
     assert queued.local_queue == "team-a" and "waiting for Kueue" in queued.message
     assert queued_of(FakeKueue([]), [{"metadata": {"name": "kimi-server-0"}, "spec": {}}]) == ()
+
+
+def test_a_server_is_read_in_the_queue_its_label_names_from_spec_queue_or_kueues_default_local_queue() -> None:
+    from datagen_operator.api import parse_spec
+    from datagen_operator.k8s import manifests as m
+    from tests.manifests import unit_spec
+
+    # spec.queue's label, or the one Kueue's webhook put on from the namespace's LocalQueue `default` (no
+    # spec.queue): either way Kueue holds the server, so the operator reads its Workloads and says Queued.
+    run = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+    queued = m.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
+    assert kueue_local_queue(queued) == "team-a"
+    defaulted = m.server_workload(run, parse_spec(unit_spec()), 1)
+    assert kueue_local_queue(defaulted) is None  # not Kueue's unless it says so
+    defaulted["metadata"]["labels"][m.KUEUE_QUEUE_LABEL] = "default"
+    assert kueue_local_queue(defaulted) == "default"

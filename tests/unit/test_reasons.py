@@ -19,6 +19,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.control import conditions, remembered
 from datagen_operator.control.decide import decide
 from datagen_operator.control.observed import (
+    KueueEvicted,
     KueueQueued,
     Observed,
     ProbeFailures,
@@ -190,6 +191,14 @@ def _worlds() -> list[Observed]:
         Observed(1, preflight=SAID, server=ServerObservation(1, refused="exceeded quota")),
         Observed(1, preflight=SAID, server=server(scheduled=False, unschedulable_message="0/3 nodes")),
         Observed(1, preflight=SAID, server=replace(server(scheduled=False), queued=(KueueQueued("wl", "q"),))),
+        Observed(1, preflight=SAID, server=replace(server(scheduled=False), evicted=(KueueEvicted("wl", "q"),))),
+        Observed(
+            1,
+            preflight=SAID,
+            server=replace(
+                server(scheduled=False), evicted=(KueueEvicted("wl", "q", kueue_reason="PodsReadyTimeout"),)
+            ),
+        ),
         Observed(1, preflight=SAID, server=server(last_exit="exit 2: invalid choice: 'x'")),
         Observed(1, preflight=SAID, server=server(waiting_reason="ImagePullBackOff")),
         Observed(1, preflight=SAID, server=server(waiting_reason="CreateContainerConfigError")),

@@ -78,6 +78,12 @@ class Reason(StrEnum):
     QUEUED = "Queued"
     """Kueue has not admitted the server (ServerReady and Progressing): it holds no GPU, and no startup budget
     or retry is spent while it waits."""
+    PREEMPTED = "Preempted"
+    """Kueue preempted the admitted server for a workload of higher priority (ServerReady and Progressing): its pods
+    are deleted and the run pauses, spending no retry and no startup budget, until Kueue admits it again."""
+    EVICTED = "Evicted"
+    """Kueue evicted the admitted server for another cause (PodsReadyTimeout, a stopped queue, deactivation, node
+    failures; the message says which): the run pauses as when preempted."""
     INVALID_ARGS = "InvalidArgs"
     """The server exited refusing its command line."""
     IMAGE_PULL = "ImagePull"
@@ -154,3 +160,10 @@ SHARD_CAUSES = frozenset(
 """The named causes a shard stops for (its verdict's reason, its progress's `failure_reason`): the run halts with
 the cause as its reason and the shard's own words as its message. WorkersFailed (records out of attempts, a
 crash) and Drained (a disruption) are not causes a person must act on first."""
+
+KUEUE_WAITING = frozenset({Reason.QUEUED, Reason.PREEMPTED, Reason.EVICTED})
+"""ServerReady's reasons while Kueue holds the server, before its admission or after it took the quota back
+(docs/kueue.md): the run waits (phase Queued, Progressing says so too), spending no startup budget and no retry,
+never halted on."""
+KUEUE_TOOK_BACK = frozenset({Reason.PREEMPTED, Reason.EVICTED})
+"""Kueue evicted the admitted server: Progressing=False says so even mid-run, while the workers wait for it."""

@@ -117,6 +117,8 @@ class Phase(StrEnum):
     INVALID = "Invalid"
     SUSPENDED = "Suspended"
     PREFLIGHT = "Preflight"
+    QUEUED = "Queued"
+    """Kueue holds the server: it waits for quota (or re-admission after a preemption), holding no GPU."""
     STARTING = "Starting"
     VERIFYING = "Verifying"
     CANARY = "Canary"

@@ -124,6 +124,8 @@ def never_fits(scheduler_message: str) -> bool:
 
 # False for these reasons is a normal step of a healthy run, not a problem to warn about. Released: every run
 # gives its GPUs back when its shards are done (a halt is warned of by Succeeded=False, not by the release).
+# Queued: the run waits its turn for quota, as a shared cluster means it to. Preempted: Kueue gave the run's GPUs to a workload of higher priority, as its queue's policy says; the run
+# resumes once re-admitted (an eviction for another cause, Evicted, may need a person and stays a Warning).
 _EXPECTED_FALSE_REASONS = frozenset(
     {
         Reason.PENDING,
@@ -135,5 +137,7 @@ _EXPECTED_FALSE_REASONS = frozenset(
         Reason.RUNNING,
         Reason.CREATING,
         Reason.RELEASED,
+        Reason.QUEUED,
+        Reason.PREEMPTED,
     }
 )

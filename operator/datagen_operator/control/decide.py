@@ -14,7 +14,7 @@ from enum import StrEnum
 from functools import partial
 
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.api.reasons import Reason
+from datagen_operator.api.reasons import KUEUE_TOOK_BACK, KUEUE_WAITING, Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
@@ -81,13 +81,21 @@ class Decision:
     @property
     def phase(self) -> Phase:
         match self.step:
-            case Step.WAIT_FOR_SERVER:  # workers that started keep running while the server is away
+            case Step.WAIT_FOR_SERVER:
+                if self.server_queued:
+                    return Phase.QUEUED
+                # Workers that started keep running while the server is away.
                 return Phase.RUNNING if self.workers_wanted else Phase.STARTING
             case Step.HALTED:
                 return Phase.FAILED if self.failed else Phase.HALTED
             case Step.DONE:
                 return Phase.FAILED if self.failed else Phase.SUCCEEDED
         return _PHASE_OF_STEP[self.step]
+
+    @property
+    def server_queued(self) -> bool:
+        """Kueue holds the server (ServerReady's reason says so): the run waits for quota, not for a failure."""
+        return any(u.type == SERVER_READY and u.reason in KUEUE_WAITING for u in self.updates)
 
     @property
     def halted(self) -> bool:
@@ -442,9 +450,12 @@ def _server(run: _Pass) -> Decision | None:
         return run.decision(Step.HALTED, failed=True, progress=run.stopped_at)
     if server.condition.status == "True":
         return None
-    # Workers that already started keep running: they pause by themselves while the server is down.
-    queued = server.condition.message if server.condition.reason == Reason.QUEUED else None
-    run.updates += _waiting_for(run.observed, "the server", run.started, queued=queued)
+    # Workers that already started keep running: they pause by themselves while the server is down (an outage
+    # costs no retry: policy.FREE_EXITS), and a server Kueue queued or took back is waited for, never halted on.
+    kueue = None
+    if server.condition.reason in KUEUE_WAITING:
+        kueue = (server.condition.reason, server.condition.message)
+    run.updates += _waiting_for(run.observed, "the server", run.started, kueue=kueue)
     return run.decision(Step.WAIT_FOR_SERVER, server_wanted=True, workers_wanted=run.started)
 
 
@@ -671,20 +682,23 @@ def _rolling_checks(
 
 
 def _waiting_for(
-    observed: Observed, what: str, started: bool, parsers: bool = True, queued: str | None = None
+    observed: Observed, what: str, started: bool, parsers: bool = True, kueue: tuple[str, str] | None = None
 ) -> list[ConditionUpdate]:
-    """The conditions of a run waiting for `what`; `queued`: Kueue's admission of the server, in those words."""
+    """The conditions of a run waiting for `what`; `kueue`: (reason, message) of a server waiting for Kueue's
+    admission (Queued) or re-admission (Preempted, Evicted), in Kueue's words."""
     updates = []
     if parsers and observed.parsers is None:
         updates.append(_u(PARSERS_VERIFIED, "Unknown", Reason.WAITING, f"waiting for {what}"))
     if observed.canary is None:
         updates.append(_u(CANARY_PASSED, "Unknown", Reason.WAITING, f"waiting for {what}"))
-    if started:
+    if started and kueue is not None and kueue[0] in KUEUE_TOOK_BACK:
+        updates.append(_u(PROGRESSING, "False", kueue[0], f"workers wait for the server: {kueue[1]}"))
+    elif started:
         updates.append(_u(PROGRESSING, "True", Reason.PAUSED, f"workers wait for {what}"))
     else:
         updates.append(_u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"))
-        if queued:
-            updates.append(_u(PROGRESSING, "False", Reason.QUEUED, queued))
+        if kueue is not None:
+            updates.append(_u(PROGRESSING, "False", kueue[0], kueue[1]))
         else:
             updates.append(_u(PROGRESSING, "False", Reason.WAITING, f"waiting for {what}"))
     updates.append(_u(SUCCEEDED, "Unknown", Reason.RUNNING, f"waiting for {what}"))

@@ -48,6 +48,33 @@ class KueueQueued:
 
 
 @dataclass(frozen=True)
+class KueueEvicted:
+    """A Kueue Workload of the server that Kueue evicted after admitting it (Evicted=True, which Kueue resets only
+    when it reserves quota for it again): its pods are deleted (Kueue's TerminationTarget) and made anew behind
+    the admission gate until it is admitted again. Not a crash: the run pauses (docs/kueue.md)."""
+
+    workload: str
+    local_queue: str
+    cluster_queue: str | None = None
+    """The ClusterQueue it was admitted to (while Kueue still holds its admission), else the LocalQueue's."""
+    kueue_reason: str = "Preempted"
+    """Kueue's Evicted reason: Preempted, PodsReadyTimeout, ClusterQueueStopped, LocalQueueStopped, Deactivated,
+    NodeFailures, AdmissionCheck, ..."""
+    preempted_reason: str | None = None
+    """Kueue's Preempted reason when preempted: InClusterQueue, InCohortReclamation, InCohortFairSharing,
+    InCohortReclaimWhileBorrowing."""
+    message: str = ""
+    """Kueue's own words, e.g. 'Preempted to accommodate a workload (UID: ..., JobUID: ...) due to prioritization
+    in the ClusterQueue; preemptor path: /cq; preemptee path: /cq'."""
+    waiting: str = ""
+    """Once requeued: why it is not admitted again, in Kueue's words (QuotaReserved=False's message)."""
+
+    @property
+    def preempted(self) -> bool:
+        return self.kueue_reason == "Preempted" or self.preempted_reason is not None
+
+
+@dataclass(frozen=True)
 class ServerObservation:
     replicas_wanted: int
     instances: tuple[ServerInstance, ...] = ()
@@ -55,6 +82,8 @@ class ServerObservation:
     """Why a replica could not even be created, in the refuser's words (a quota, an admission policy)."""
     queued: tuple[KueueQueued, ...] = ()
     """The server's Kueue Workloads not admitted yet (spec.queue, or a namespace's default LocalQueue)."""
+    evicted: tuple[KueueEvicted, ...] = ()
+    """The server's Kueue Workloads evicted (preempted) and not admitted again since."""
 
     @property
     def ready_endpoints(self) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from datagen_operator.api.duration import format_duration
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import SERVER_READY, ConditionStatus
 from datagen_operator.control.conditions import ConditionUpdate, never_fits
-from datagen_operator.control.observed import KueueQueued, ServerInstance, ServerObservation
+from datagen_operator.control.observed import KueueEvicted, KueueQueued, ServerInstance, ServerObservation
 
 _CRASH_REASONS = frozenset({"CrashLoopBackOff", "Error", "RunContainerError"})
 _IMAGE_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
@@ -64,6 +64,19 @@ def queued_message(queued: tuple[KueueQueued, ...], wanted: int) -> str:
     return f"{groups}queued by Kueue in {where}: {words}"
 
 
+def evicted_message(evicted: tuple[KueueEvicted, ...], wanted: int) -> str:
+    """Who took the server's place, in Kueue's words, and what it waits for now; with several groups, how many."""
+    first = evicted[0]
+    where = f"LocalQueue {first.local_queue}"
+    if first.cluster_queue:
+        where += f" (ClusterQueue {first.cluster_queue})"
+    what = "preempted" if first.preempted else f"evicted ({first.kueue_reason})"
+    words = first.message or first.kueue_reason
+    waiting = first.waiting or "requeued"
+    groups = f"{len(evicted)} of {wanted} server groups " if len(evicted) > 1 else ""
+    return f"{groups}{what} by Kueue in {where}: {words}; waiting for re-admission: {waiting}"
+
+
 def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
     def verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
         return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
@@ -76,6 +89,13 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
     if observed.refused and not ready:
         # Not fatal: a quota frees up, a policy is fixed; the controller keeps retrying and so does the run.
         return verdict("False", Reason.REFUSED, observed.refused)
+    if observed.evicted and not ready:
+        # Before the pods' own state: Kueue deletes an evicted server's pods (they would read as crashed or
+        # being created) and gates their successors until it admits the server again. Until then the eviction is
+        # the cause, also once requeued, and no startup budget or retry is spent. A ready group of a
+        # LeaderWorkerSet whose other group was evicted serves on (Degraded).
+        reason = Reason.PREEMPTED if observed.evicted[0].preempted else Reason.EVICTED
+        return verdict("False", reason, evicted_message(observed.evicted, wanted))
     if observed.queued and not ready:
         # Before the pods' own state: Kueue's gate keeps them unscheduled, which is waiting, not a failure.
         return verdict("False", Reason.QUEUED, queued_message(observed.queued, wanted))

@@ -56,5 +56,5 @@ def inventory(
         server_holds_a_node=o.holds_a_node(server_pods),
         server_restart_hash=annotation(workload, m.RESTART_HASH),
         server_admission_hash=annotation(workload, m.ADMISSION_HASH),
-        server_kueue_managed=m.KUEUE_QUEUE_LABEL in (((workload or {}).get("metadata") or {}).get("labels") or {}),
+        server_kueue_managed=workload is not None and o.kueue_local_queue(workload) is not None,
     )

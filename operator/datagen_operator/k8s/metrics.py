@@ -68,7 +68,7 @@ SERVER_RESTARTS = _run_gauge(
 QUEUED_SECONDS = _run_gauge(
     "datagen_run_queued_seconds",
     "Seconds the run's server has been waiting for a place (being created, refused by a quota, unschedulable, "
-    "pending), as this operator process saw it; 0 while it does not wait.",
+    "pending, queued, preempted or evicted by Kueue), as this operator process saw it; 0 while it does not wait.",
 )
 TRANSITIONS = Counter(
     "datagen_condition_transitions",
@@ -83,9 +83,19 @@ PASSES = Counter(
     registry=REGISTRY,
 )
 
-QUEUED_REASONS = frozenset({Reason.CREATING, Reason.REFUSED, Reason.UNSCHEDULABLE, Reason.PENDING})
-"""ServerReady reasons that mean the server waits for a place, not for itself (loading, crashing). Admission by
-a queue (Kueue) belongs here once the operator knows it."""
+QUEUED_REASONS = frozenset(
+    {
+        Reason.CREATING,
+        Reason.REFUSED,
+        Reason.UNSCHEDULABLE,
+        Reason.PENDING,
+        Reason.QUEUED,
+        Reason.PREEMPTED,
+        Reason.EVICTED,
+    }
+)
+"""ServerReady reasons that mean the server waits for a place, not for itself (loading, crashing): Kueue's
+admission (Queued) and re-admission after an eviction (Preempted, Evicted) included."""
 
 
 @dataclass(frozen=True)

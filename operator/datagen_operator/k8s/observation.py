@@ -23,7 +23,14 @@ from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CANARY_PASSED, EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
 from datagen_operator.control.children import Child, made_for
 from datagen_operator.control.decide import parsers_to_read
-from datagen_operator.control.observed import JobWorkload, KueueQueued, Observed, ProbeFailures, ServerObservation
+from datagen_operator.control.observed import (
+    JobWorkload,
+    KueueEvicted,
+    KueueQueued,
+    Observed,
+    ProbeFailures,
+    ServerObservation,
+)
 from datagen_operator.control.remembered import (
     remembered_final,
     remembered_outcome,
@@ -174,16 +181,19 @@ class Observer:
             observation = o.server_observation(
                 server_pods, statefulset, spec.server.replicas, urls, health, now, refused
             )
-        if spec.queue is None or serving is None:  # a run without spec.queue never touches Kueue's API
+        local_queue = o.kueue_local_queue(serving) if serving is not None else None
+        if serving is None or local_queue is None:  # a server Kueue does not manage: Kueue's API is not read
             return observation
-        return replace(observation, queued=await self._queued(spec.queue.name, serving, server_pods))
+        queued, evicted = await self._kueue(local_queue, serving, server_pods)
+        return replace(observation, queued=queued, evicted=evicted)
 
-    async def _queued(
+    async def _kueue(
         self, local_queue: str, serving: Mapping[str, Any], server_pods: list[Mapping[str, Any]]
-    ) -> tuple[KueueQueued, ...]:
-        """The server's Kueue Workloads not admitted yet, read each pass (not watched: admission lifts the
-        scheduling gate of the server's pods, whose watch wakes the pass). Where the Workload API cannot be read
-        (Kueue not installed, or the chart's RBAC predates it) the run goes on as without a queue, said once."""
+    ) -> tuple[tuple[KueueQueued, ...], tuple[KueueEvicted, ...]]:
+        """The server's Kueue Workloads not admitted yet, and those Kueue evicted (preempted) and has not admitted
+        again, from one list each pass (not watched: admission lifts the scheduling gate of the server's pods, and
+        an eviction deletes them, whose watch wakes the pass). Where the Workload API cannot be read (Kueue not
+        installed, or the chart's RBAC predates it) the run goes on as without a queue, said once."""
         try:
             workloads = await self.ctx.kube.kueue_workloads(self.namespace, serving["metadata"]["uid"])
         except ApiException as error:
@@ -192,29 +202,42 @@ class Observer:
             if self.kueue_unreadable != error.status:
                 why = "Kueue is not installed" if error.status == 404 else "the operator may not read them"
                 log.warning(
-                    "%s/%s: spec.queue is set but Kueue's Workloads (%s) cannot be read: %s; the server is not "
-                    "queued by this operator's reading",
+                    "%s/%s: the server is in Kueue's LocalQueue %s (spec.queue, or the namespace's default) but "
+                    "Kueue's Workloads (%s) cannot be read: %s; the server is not queued by this operator's reading",
                     self.namespace,
                     self.name,
+                    local_queue,
                     m.KUEUE_API_VERSION,
                     why,
                 )
                 self.kueue_unreadable = error.status
-            return ()
+            return (), ()
         self.kueue_unreadable = None
-        queued = []
+        queued: list[KueueQueued] = []
+        evicted: list[KueueEvicted] = []
+        cluster_queues: dict[str, str | None] = {}
+
+        async def cluster_queue(local: str) -> str | None:
+            if local not in cluster_queues:
+                cluster_queues[local] = await self.ctx.kube.kueue_cluster_queue(self.namespace, local)
+            return cluster_queues[local]
+
         for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
             waiting = o.kueue_queued(workload)
             if waiting is not None and waiting.cluster_queue is None and waiting.local_queue:
-                cluster_queue = await self.ctx.kube.kueue_cluster_queue(self.namespace, waiting.local_queue)
-                waiting = replace(waiting, cluster_queue=cluster_queue)
+                waiting = replace(waiting, cluster_queue=await cluster_queue(waiting.local_queue))
             if waiting is not None:
                 queued.append(waiting)
-        if not queued and any(o.kueue_gated(pod) for pod in server_pods):
+            gone = o.kueue_evicted(workload)
+            if gone is not None and gone.cluster_queue is None and gone.local_queue:
+                gone = replace(gone, cluster_queue=await cluster_queue(gone.local_queue))
+            if gone is not None:
+                evicted.append(gone)
+        if not queued and not evicted and any(o.kueue_gated(pod) for pod in server_pods):
             # Kueue gated the pods before its Workload was read, or admitted it and is lifting the gates now.
             words = "admitted; Kueue is lifting its gate" if workloads else "waiting for Kueue to make its Workload"
             queued.append(KueueQueued(workload="", local_queue=local_queue, message=words))
-        return tuple(queued)
+        return tuple(queued), tuple(evicted)
 
     async def _job_workloads(self, spec: DataGenRunSpec) -> dict[str, JobWorkload]:
         """The Kueue Workloads of the run's unfinished Jobs, by the planner's name of the Job, in one list call made

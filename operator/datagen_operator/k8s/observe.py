@@ -15,6 +15,7 @@ from datagen_operator.api.outcome import StepOutcome, cut_text
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.reasons import SHARD_CAUSES, Reason
 from datagen_operator.control.observed import (
+    KueueEvicted,
     KueueQueued,
     ProgressCounters,
     ServerInstance,
@@ -22,6 +23,7 @@ from datagen_operator.control.observed import (
     WorkersObservation,
 )
 from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.k8s import manifests as m
 
 Obj = Mapping[str, Any]
 
@@ -179,6 +181,44 @@ def kueue_queued(workload: Obj, cluster_queue: str | None = None) -> KueueQueued
         cluster_queue=(status.get("admission") or {}).get("clusterQueue") or cluster_queue,
         kueue_reason=waiting.get("reason") or "Pending",
         message=waiting.get("message") or "",
+    )
+
+
+def kueue_local_queue(workload: Obj) -> str | None:
+    """The LocalQueue Kueue admits the server by: its queue label, from spec.queue or put on by Kueue's webhook
+    from the namespace's `default` LocalQueue; None for a server Kueue does not manage."""
+    return ((workload.get("metadata") or {}).get("labels") or {}).get(m.KUEUE_QUEUE_LABEL) or None
+
+
+def kueue_evicted(workload: Obj, cluster_queue: str | None = None) -> KueueEvicted | None:
+    """A Kueue Workload (kueue.x-k8s.io/v1beta2) of the server that Kueue evicted (preempted) and has not admitted
+    again, in Kueue's words; None otherwise. Kueue sets Evicted=True (and, for a preemption, Preempted=True) on
+    the admitted Workload, deletes its pods, then clears its admission (QuotaReserved=False, reason Pending, the
+    eviction's message) and requeues it; only a new quota reservation sets Evicted back to False (Kueue's
+    pkg/workload/workload.go `Evict`, `SetQuotaReservation`; docs/kueue.md). An Evicted=True older than the
+    last Admitted=True is taken as stale, whatever writes it."""
+    evicted = _condition(workload, "Evicted") or {}
+    preempted = _condition(workload, "Preempted") or {}
+    cause = evicted if evicted.get("status") == "True" else preempted
+    if cause.get("status") != "True":
+        return None
+    admitted = _condition(workload, "Admitted") or {}
+    if admitted.get("status") == "True":
+        since, then = parse_time(admitted.get("lastTransitionTime")), parse_time(cause.get("lastTransitionTime"))
+        if since is not None and then is not None and since > then:
+            return None
+    status = workload.get("status") or {}
+    reserved = _condition(workload, "QuotaReserved") or {}
+    message = str(cause.get("message") or "")
+    waiting = str(reserved.get("message") or "") if reserved.get("status") == "False" else ""
+    return KueueEvicted(
+        workload=workload["metadata"]["name"],
+        local_queue=(workload.get("spec") or {}).get("queueName") or "",
+        cluster_queue=(status.get("admission") or {}).get("clusterQueue") or cluster_queue,
+        kueue_reason=str(evicted.get("reason") or "Preempted") if evicted.get("status") == "True" else "Preempted",
+        preempted_reason=(str(preempted.get("reason") or "") or None) if preempted.get("status") == "True" else None,
+        message=message,
+        waiting="" if waiting == message else waiting,
     )
 
 
