@@ -202,7 +202,7 @@ def test_where_kueue_is_missing_or_unreadable_a_queued_run_goes_on_and_says_so(
         assert queued_of(kube) == ()
         assert kube.lists == 1
         (record,) = [r for r in caplog.records if "LocalQueue team-a (spec.queue" in r.getMessage()]
-        assert ("Kueue is not installed" if status == 404 else "may not read") in record.getMessage()
+        assert ("Kueue is not installed" if status == 404 else "may not list") in record.getMessage()
 
 
 def test_a_pod_behind_kueues_gate_before_its_workload_is_read_is_queued() -> None:
@@ -226,3 +226,18 @@ def test_a_server_is_read_in_the_queue_its_label_names_from_spec_queue_or_kueues
     assert kueue_local_queue(defaulted) is None  # not Kueue's unless it says so
     defaulted["metadata"]["labels"][m.KUEUE_QUEUE_LABEL] = "default"
     assert kueue_local_queue(defaulted) == "default"
+
+
+def test_a_queue_the_operator_cannot_read_is_said_beside_the_servers_state() -> None:
+    # spec.queue where Kueue is not installed: the label queues nothing and the server takes its GPUs straight
+    # from the scheduler; the run says so in ServerReady, whatever the server's state, rather than in a log alone.
+    from datagen_operator.k8s.observation import KUEUE_UNREAD
+
+    ready = ServerInstance("kimi-server-0", running=True, ready=True, endpoint="http://x")
+    for status, words in ((404, "spec.queue has no effect: Kueue is not installed"), (403, "its RBAC")):
+        said = server_verdict(ServerObservation(1, (ready,), kueue_unread=KUEUE_UNREAD[status]), 3600).condition
+        assert (said.status, said.reason) == ("True", "Ready")
+        assert said.message.startswith("1/1 replica(s) ready") and words in said.message, said.message
+    said = server_verdict(ServerObservation(1, (GATED,), kueue_unread=KUEUE_UNREAD[403]), 3600).condition
+    assert said.reason == "Unschedulable" and "whether Kueue holds the server is not known" in said.message
+    assert "Kueue" not in server_verdict(ServerObservation(1, (ready,)), 3600).condition.message

@@ -84,6 +84,9 @@ class ServerObservation:
     """The server's Kueue Workloads not admitted yet (spec.queue, or a namespace's default LocalQueue)."""
     evicted: tuple[KueueEvicted, ...] = ()
     """The server's Kueue Workloads evicted (preempted) and not admitted again since."""
+    kueue_unread: str | None = None
+    """Why the Workloads of a server that carries Kueue's queue label could not be read (Kueue is not installed,
+    the operator may not read them): the run cannot say whether Kueue holds it, and says so."""
 
     @property
     def ready_endpoints(self) -> tuple[str, ...]:

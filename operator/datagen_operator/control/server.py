@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from datagen_operator.api.duration import format_duration
 from datagen_operator.api.reasons import Reason
@@ -78,6 +78,16 @@ def evicted_message(evicted: tuple[KueueEvicted, ...], wanted: int) -> str:
 
 
 def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
+    """ServerReady from what the server's pods, its set and Kueue show; `fatal` once its startup budget is spent."""
+    found = _server_verdict(observed, startup_timeout_s)
+    if observed is None or observed.kueue_unread is None:
+        return found
+    # Whatever else the server shows, a queue the run names but Kueue's objects cannot confirm is said beside it.
+    said = found.condition
+    return replace(found, condition=replace(said, message=f"{said.message} ({observed.kueue_unread})"))
+
+
+def _server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
     def verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
         return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
 

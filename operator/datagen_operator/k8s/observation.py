@@ -51,6 +51,15 @@ NAMESPACE_PROBE_S = 60.0
 namespace is being deleted, when its pods did not change."""
 
 
+KUEUE_UNREAD = {
+    404: "spec.queue has no effect: Kueue is not installed (no Workload API), so nothing queues the server",
+    403: "Kueue's Workloads cannot be read: the operator may not list workloads.kueue.x-k8s.io (its RBAC), so "
+    "whether Kueue holds the server is not known",
+}
+"""What a run says beside ServerReady when its server carries Kueue's queue label and the Workloads cannot be read,
+by the API server's answer."""
+
+
 @dataclass(frozen=True)
 class AppliedSpec:
     """The spec-in-force ConfigMap as read this pass (None: the run has none yet)."""
@@ -185,7 +194,8 @@ class Observer:
         if serving is None or local_queue is None:  # a server Kueue does not manage: Kueue's API is not read
             return observation
         queued, evicted = await self._kueue(local_queue, serving, server_pods)
-        return replace(observation, queued=queued, evicted=evicted)
+        unread = KUEUE_UNREAD.get(self.kueue_unreadable) if self.kueue_unreadable is not None else None
+        return replace(observation, queued=queued, evicted=evicted, kueue_unread=unread)
 
     async def _kueue(
         self, local_queue: str, serving: Mapping[str, Any], server_pods: list[Mapping[str, Any]]
@@ -200,15 +210,14 @@ class Observer:
             if error.status not in (403, 404):
                 raise
             if self.kueue_unreadable != error.status:
-                why = "Kueue is not installed" if error.status == 404 else "the operator may not read them"
                 log.warning(
                     "%s/%s: the server is in Kueue's LocalQueue %s (spec.queue, or the namespace's default) but "
-                    "Kueue's Workloads (%s) cannot be read: %s; the server is not queued by this operator's reading",
+                    "Kueue's Workloads (%s) cannot be read: %s",
                     self.namespace,
                     self.name,
                     local_queue,
                     m.KUEUE_API_VERSION,
-                    why,
+                    KUEUE_UNREAD[error.status],
                 )
                 self.kueue_unreadable = error.status
             return (), ()
