@@ -51,12 +51,14 @@ def _unschedulable_message(instance: ServerInstance) -> str:
     return f"{instance.name}: {words}{hint}"
 
 
+def _where(local_queue: str, cluster_queue: str | None) -> str:
+    return f"LocalQueue {local_queue}" + (f" (ClusterQueue {cluster_queue})" if cluster_queue else "")
+
+
 def queued_message(queued: tuple[KueueQueued, ...], wanted: int) -> str:
     """Where the server waits and, in Kueue's words, what is short; with several groups, how many wait."""
     first = queued[0]
-    where = f"LocalQueue {first.local_queue}"
-    if first.cluster_queue:
-        where += f" (ClusterQueue {first.cluster_queue})"
+    where = _where(first.local_queue, first.cluster_queue)
     words = first.message or "waiting for Kueue to consider it"
     if first.kueue_reason != "Pending":
         words = f"{first.kueue_reason}: {words}"
@@ -67,9 +69,7 @@ def queued_message(queued: tuple[KueueQueued, ...], wanted: int) -> str:
 def evicted_message(evicted: tuple[KueueEvicted, ...], wanted: int) -> str:
     """Who took the server's place, in Kueue's words, and what it waits for now; with several groups, how many."""
     first = evicted[0]
-    where = f"LocalQueue {first.local_queue}"
-    if first.cluster_queue:
-        where += f" (ClusterQueue {first.cluster_queue})"
+    where = _where(first.local_queue, first.cluster_queue)
     what = "preempted" if first.preempted else f"evicted ({first.kueue_reason})"
     words = first.message or first.kueue_reason
     waiting = first.waiting or "requeued"
