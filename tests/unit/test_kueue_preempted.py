@@ -56,7 +56,7 @@ def workload(*conditions: dict[str, str], admitted: bool = True) -> dict[str, An
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
-        "metadata": {"name": NAME, "namespace": "ml"},
+        "metadata": {"name": NAME, "namespace": "ml", "ownerReferences": [{"kind": "StatefulSet", "uid": "sts-uid"}]},
         "spec": {"queueName": "team-a", "podSets": [{"name": "main", "count": 1}]},
         "status": status,
     }
@@ -205,19 +205,21 @@ def test_the_operator_reads_queued_and_evicted_from_one_list_of_the_workloads() 
     from types import SimpleNamespace
 
     from datagen_operator.k8s.context import RunCache
-    from datagen_operator.k8s.observation import Observer
+    from datagen_operator.k8s.observation import KueueWorkloads, Observer
     from tests.unit.test_kueue_queued import FakeKueue
 
     kube = FakeKueue([WAITING], {"team-a": "gpus"})
     observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="low"))  # type: ignore[arg-type]
     gated = {"metadata": {"name": "low-server-0"}, "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
-    queued, evicted = asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, [gated]))
+    listed = KueueWorkloads(kube, "ml")  # type: ignore[arg-type]
+    queued, evicted = asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, [gated], listed))
     assert evicted == (replace(GONE, waiting=SHORT),)
     assert [q.message for q in queued] == [SHORT]
     assert kube.lists == 1
     # While its pods are stopped it is evicted, not queued, and its gated successor is not "waiting for Kueue".
     kube.workloads = [STOPPING]
-    queued, evicted = asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, [gated]))
+    listed = KueueWorkloads(kube, "ml")  # type: ignore[arg-type]  (the next pass lists anew)
+    queued, evicted = asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, [gated], listed))
     assert (queued, evicted) == ((), (GONE,))
 
 

@@ -29,7 +29,13 @@ def workload(conditions: list[dict[str, str]], admission: dict[str, Any] | None 
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
-        "metadata": {"name": "statefulset-kimi-server-1a2b3", "namespace": "ml"},
+        "metadata": {
+            "name": "statefulset-kimi-server-1a2b3",
+            "namespace": "ml",
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "kimi-server", "uid": "sts-uid"}
+            ],
+        },
         "spec": {"queueName": "team-a", "podSets": [{"name": "main", "count": 1}]},
         "status": status,
     }
@@ -164,7 +170,7 @@ class FakeKueue:
     def __init__(self, workloads: list[dict[str, Any]] | int, cluster_queues: dict[str, str] | None = None) -> None:
         self.workloads, self.cluster_queues, self.lists = workloads, cluster_queues or {}, 0
 
-    async def kueue_workloads(self, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
+    async def kueue_workloads(self, namespace: str) -> list[dict[str, Any]]:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         self.lists += 1
@@ -181,10 +187,30 @@ def queued_of(kube: FakeKueue, pods: list[dict[str, Any]] | None = None) -> tupl
     from types import SimpleNamespace
 
     from datagen_operator.k8s.context import RunCache
-    from datagen_operator.k8s.observation import Observer
+    from datagen_operator.k8s.observation import KueueWorkloads, Observer
 
     observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="kimi"))  # type: ignore[arg-type]
-    return asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, pods or []))[0]
+    listed = KueueWorkloads(kube, "ml")  # type: ignore[arg-type]
+    return asyncio.run(observer._kueue("team-a", {"metadata": {"uid": "sts-uid"}}, pods or [], listed))[0]
+
+
+def test_the_namespaces_workloads_are_listed_once_a_pass_and_the_server_keeps_its_own() -> None:
+    import asyncio
+
+    from datagen_operator.k8s.observation import KueueWorkloads
+
+    pending = workload([{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": SHORT}])
+    other = {**pending, "metadata": {**pending["metadata"], "name": "other", "ownerReferences": [{"uid": "x"}]}}
+    kube = FakeKueue([pending, other], {"team-a": "gpus"})
+    (queued,) = queued_of(kube)  # another run's Workload in the namespace is not this server's
+    assert queued.workload == pending["metadata"]["name"]
+    listed = KueueWorkloads(kube, "ml")  # type: ignore[arg-type]
+    kube.lists = 0
+    assert asyncio.run(listed.get()) == asyncio.run(listed.get()) == [pending, other]
+    assert kube.lists == 1  # the server's reading and the Jobs' share one list call
+    refused = KueueWorkloads(FakeKueue(404), "ml")  # type: ignore[arg-type]
+    assert asyncio.run(refused.get()) is None and asyncio.run(refused.get()) is None
+    assert refused.unreadable == 404 and refused.kube.lists == 1  # type: ignore[attr-defined]
 
 
 def test_a_pending_workload_read_by_the_operator_names_the_local_queues_cluster_queue() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +15,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s.manifests import (
     KUEUE_API_VERSION,
-    KUEUE_JOB_UID_LABEL,
     LWS_API_VERSION,
     LWS_KIND,
     TEMPLATE_HASH,
@@ -169,22 +168,12 @@ class Kube:
         items: list[Mapping[str, Any]] = self._plain(listed).get("items") or []
         return items
 
-    async def kueue_workloads(self, namespace: str, owner_uid: str) -> list[Mapping[str, Any]]:
-        """Kueue's Workloads in `namespace` owned by `owner_uid` (the server's StatefulSet or LeaderWorkerSet).
+    async def kueue_workloads(self, namespace: str) -> list[Mapping[str, Any]]:
+        """Kueue's Workloads in `namespace`: the server's (owned by its StatefulSet or LeaderWorkerSet) and the Jobs'
+        (labelled kueue.x-k8s.io/job-uid), one list call for both.
         Raises ApiException: 404 where Kueue is not installed, 403 where the operator may not read them."""
         group, version = KUEUE_API_VERSION.split("/")
         listed = await self.custom.list_namespaced_custom_object(group, version, namespace, "workloads")
-        items: list[Mapping[str, Any]] = listed.get("items") or []
-        return [w for w in items if any(o.get("uid") == owner_uid for o in w["metadata"].get("ownerReferences") or [])]
-
-    async def kueue_job_workloads(self, namespace: str, job_uids: Iterable[str]) -> list[Mapping[str, Any]]:
-        """Kueue's Workloads of the Jobs `job_uids` (Kueue labels each with kueue.x-k8s.io/job-uid), one list call.
-        Raises ApiException: 404 where Kueue is not installed, 403 where the operator may not read them."""
-        group, version = KUEUE_API_VERSION.split("/")
-        selector = f"{KUEUE_JOB_UID_LABEL} in ({','.join(sorted(job_uids))})"
-        listed = await self.custom.list_namespaced_custom_object(
-            group, version, namespace, "workloads", label_selector=selector
-        )
         items: list[Mapping[str, Any]] = listed.get("items") or []
         return items
 

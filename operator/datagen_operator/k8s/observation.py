@@ -41,6 +41,7 @@ from datagen_operator.k8s import groups
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s import observe as o
 from datagen_operator.k8s.context import OperatorContext, RunCache
+from datagen_operator.k8s.kube import Kube
 from datagen_operator.k8s.observe import annotation
 from datagen_operator.k8s.registry import JOBS, child_name
 
@@ -68,6 +69,29 @@ class AppliedSpec:
     document: dict[str, Any] | None = None
     data_generation: int | None = None
     changed_generation: int | None = None
+
+
+@dataclass
+class KueueWorkloads:
+    """The namespace's Kueue Workloads, listed at most once a pass (the server's and the Jobs' from the same list):
+    not watched, so the operator runs where Kueue is not installed. `unreadable`: the API server's refusal (404:
+    Kueue not installed, 403: no RBAC), after which the pass reads none."""
+
+    kube: Kube
+    namespace: str
+    listed: list[Mapping[str, Any]] | None = None
+    unreadable: int | None = None
+
+    async def get(self) -> list[Mapping[str, Any]] | None:
+        """The Workloads, or None where the Workload API refused."""
+        if self.listed is None and self.unreadable is None:
+            try:
+                self.listed = await self.kube.kueue_workloads(self.namespace)
+            except ApiException as error:
+                if error.status not in (403, 404):
+                    raise
+                self.unreadable = error.status
+        return self.listed
 
 
 @dataclass
@@ -150,13 +174,14 @@ class Observer:
         refused_writes: Mapping[str, str],
     ) -> Observed:
         """The pass's facts; the server's parsers are read when `parsers_to_read` says they are due."""
-        server = await self._server(spec, urls, now, refused_writes)
+        workloads = KueueWorkloads(self.ctx.kube, self.namespace)
+        server = await self._server(spec, urls, now, refused_writes, workloads)
         self.refused_pods = {}
         for job in self.cache.children("Job"):
             if o.job_without_pods(job) and (words := await self._pod_refusal(job)):
                 self.refused_pods[f"Job/{job['metadata']['name']}"] = words
         observed = self._steps(spec, generation, data_generation, old, server)
-        observed = replace(observed, job_workloads=await self._job_workloads(spec))
+        observed = replace(observed, job_workloads=await self._job_workloads(spec, workloads))
         if parsers_to_read(spec, observed):
             assert observed.server is not None
             outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints[0])
@@ -164,7 +189,12 @@ class Observer:
         return observed
 
     async def _server(
-        self, spec: DataGenRunSpec, urls: list[str], now: datetime, refused_writes: Mapping[str, str]
+        self,
+        spec: DataGenRunSpec,
+        urls: list[str],
+        now: datetime,
+        refused_writes: Mapping[str, str],
+        workloads: KueueWorkloads,
     ) -> ServerObservation:
         sts_name = server_name(self.name)
         server_pods = self.cache.pods(Component.SERVER)
@@ -193,23 +223,25 @@ class Observer:
         local_queue = o.kueue_local_queue(serving) if serving is not None else None
         if serving is None or local_queue is None:  # a server Kueue does not manage: Kueue's API is not read
             return observation
-        queued, evicted = await self._kueue(local_queue, serving, server_pods)
+        queued, evicted = await self._kueue(local_queue, serving, server_pods, workloads)
         unread = KUEUE_UNREAD.get(self.kueue_unreadable) if self.kueue_unreadable is not None else None
         return replace(observation, queued=queued, evicted=evicted, kueue_unread=unread)
 
     async def _kueue(
-        self, local_queue: str, serving: Mapping[str, Any], server_pods: list[Mapping[str, Any]]
+        self,
+        local_queue: str,
+        serving: Mapping[str, Any],
+        server_pods: list[Mapping[str, Any]],
+        listed: KueueWorkloads,
     ) -> tuple[tuple[KueueQueued, ...], tuple[KueueEvicted, ...]]:
         """The server's Kueue Workloads not admitted yet, and those Kueue evicted (preempted) and has not admitted
         again, from one list each pass (not watched: admission lifts the scheduling gate of the server's pods, and
         an eviction deletes them, whose watch wakes the pass). Where the Workload API cannot be read (Kueue not
         installed, or the chart's RBAC predates it) the run goes on as without a queue, said once."""
-        try:
-            workloads = await self.ctx.kube.kueue_workloads(self.namespace, serving["metadata"]["uid"])
-        except ApiException as error:
-            if error.status not in (403, 404):
-                raise
-            if self.kueue_unreadable != error.status:
+        everything = await listed.get()
+        if everything is None:
+            assert listed.unreadable is not None
+            if self.kueue_unreadable != listed.unreadable:
                 log.warning(
                     "%s/%s: the server is in Kueue's LocalQueue %s (spec.queue, or the namespace's default) but "
                     "Kueue's Workloads (%s) cannot be read: %s",
@@ -217,10 +249,14 @@ class Observer:
                     self.name,
                     local_queue,
                     m.KUEUE_API_VERSION,
-                    KUEUE_UNREAD[error.status],
+                    KUEUE_UNREAD[listed.unreadable],
                 )
-                self.kueue_unreadable = error.status
+                self.kueue_unreadable = listed.unreadable
             return (), ()
+        owner = serving["metadata"]["uid"]
+        workloads = [
+            w for w in everything if any(ref.get("uid") == owner for ref in w["metadata"].get("ownerReferences") or [])
+        ]
         self.kueue_unreadable = None
         queued: list[KueueQueued] = []
         evicted: list[KueueEvicted] = []
@@ -248,9 +284,9 @@ class Observer:
             queued.append(KueueQueued(workload="", local_queue=local_queue, message=words))
         return tuple(queued), tuple(evicted)
 
-    async def _job_workloads(self, spec: DataGenRunSpec) -> dict[str, JobWorkload]:
-        """The Kueue Workloads of the run's unfinished Jobs, by the planner's name of the Job, in one list call made
-        only where Kueue may hold one: spec.queue is set, or a Job carries Kueue's queue label or is suspended (Kueue
+    async def _job_workloads(self, spec: DataGenRunSpec, listed: KueueWorkloads) -> dict[str, JobWorkload]:
+        """The Kueue Workloads of the run's unfinished Jobs, by the planner's name of the Job, from the pass's list
+        (labelled kueue.x-k8s.io/job-uid), read only where Kueue may hold one: spec.queue is set, or a Job carries Kueue's queue label or is suspended (Kueue
         suspends a Job it manages without a queue label in a namespace where it manages every Job). Where the
         Workload API cannot be read, none: the Jobs go on as without Kueue (the server's reading says so)."""
         jobs = {
@@ -265,11 +301,8 @@ class Observer:
             return {}
         if not jobs:
             return {}
-        try:
-            workloads = await self.ctx.kube.kueue_job_workloads(self.namespace, jobs)
-        except ApiException as error:
-            if error.status not in (403, 404):
-                raise
+        workloads = await listed.get()
+        if workloads is None:
             return {}
         children = {child_name(child, self.name): child for child in JOBS}
         found: dict[str, JobWorkload] = {}
