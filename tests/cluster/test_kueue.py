@@ -14,6 +14,7 @@ from datagen_operator.k8s.observe import kueue_queued
 from tests.cluster.test_lws import leaderworkerset
 from tests.harness.controlplane import GPU_RESOURCE, GPU_TOLERATION, Cluster
 from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
+from tests.harness.kueue_quota import set_gpu_quota
 from tests.harness.lws import LWS_API_VERSION, LWS_NAME_LABEL
 from tests.harness.processes import wait_until
 
@@ -238,16 +239,7 @@ def test_a_leaderworkerset_group_is_admitted_whole_or_not_at_all(
         assert ADMISSION_GATE in [g["name"] for g in pod["spec"].get("schedulingGates") or []]
         assert not pod["spec"].get("nodeName")
 
-    queue = kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue").get(name=cluster_queue).to_dict()
-    groups = queue["spec"]["resourceGroups"]
-    for resource in groups[0]["flavors"][0]["resources"]:
-        if resource["name"] == GPU_RESOURCE:
-            resource["nominalQuota"] = "16"
-    kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue").patch(
-        name=cluster_queue,
-        body={"spec": {"resourceGroups": groups}},
-        content_type="application/merge-patch+json",
-    )
+    set_gpu_quota(kueue_controller, cluster_queue, 16)
 
     def group_placed() -> list[dict[str, Any]] | None:
         found = group_pods()

@@ -15,6 +15,7 @@ import pytest
 from tests.harness.controlplane import GPU_RESOURCE, Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
+from tests.harness.kueue_quota import COVERED, run_quota, set_gpu_quota
 from tests.harness.lws import LWS_NAME_LABEL
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
@@ -26,12 +27,7 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 @pytest.fixture
 def eight_gpus(lws_controller: Cluster, kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tuple[str, str]]:
     """(ClusterQueue, LocalQueue): 8 GPUs of quota, half of what one two-node group asks."""
-    quota = [
-        {"name": "cpu", "nominalQuota": "1000"},
-        {"name": "memory", "nominalQuota": "100Ti"},
-        {"name": GPU_RESOURCE, "nominalQuota": "8"},
-    ]
-    with gpu_cluster_queue(kueue_controller, kueue_namespace, quota, ["cpu", "memory", GPU_RESOURCE]) as queues:
+    with gpu_cluster_queue(kueue_controller, kueue_namespace, run_quota(8), COVERED) as queues:
         yield queues
 
 
@@ -90,14 +86,7 @@ def test_a_two_node_server_is_queued_whole_and_admitted_whole(
         assert len(workloads) == 1, "one Workload for the whole group"
         assert {(s.name, s.count) for s in workloads[0].spec.podSets} == {("leader", 1), ("worker", 1)}
 
-        queues = kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue")
-        groups = queues.get(name=cluster_queue).to_dict()["spec"]["resourceGroups"]
-        for resource in groups[0]["flavors"][0]["resources"]:
-            if resource["name"] == GPU_RESOURCE:
-                resource["nominalQuota"] = "16"
-        queues.patch(
-            name=cluster_queue, body={"spec": {"resourceGroups": groups}}, content_type="application/merge-patch+json"
-        )
+        set_gpu_quota(kueue_controller, cluster_queue, 16)
 
         watching("ServerReady", "True", "Ready", timeout=120)
         watching("Succeeded", "True", "Completed", timeout=240)
@@ -114,13 +103,7 @@ def test_a_two_node_server_is_queued_whole_and_admitted_whole(
 @pytest.fixture
 def default_queue_without_gpus(kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tuple[str, str]]:
     """(ClusterQueue, LocalQueue `default`): Kueue's per-namespace default, with no GPU quota yet."""
-    quota = [
-        {"name": "cpu", "nominalQuota": "1000"},
-        {"name": "memory", "nominalQuota": "100Ti"},
-        {"name": GPU_RESOURCE, "nominalQuota": "0"},
-    ]
-    covered = ["cpu", "memory", GPU_RESOURCE]
-    with gpu_cluster_queue(kueue_controller, kueue_namespace, quota, covered, local_queue="default") as queues:
+    with gpu_cluster_queue(kueue_controller, kueue_namespace, run_quota(0), COVERED, local_queue="default") as queues:
         yield queues
 
 
@@ -145,12 +128,5 @@ def test_a_run_without_spec_queue_under_the_namespaces_default_local_queue_reads
         server = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)
         assert server.metadata.labels["kueue.x-k8s.io/queue-name"] == "default"  # Kueue's, not the operator's
 
-        queues = kueue_controller.resource(KUEUE_API_VERSION, "ClusterQueue")
-        groups = queues.get(name=cluster_queue).to_dict()["spec"]["resourceGroups"]
-        for resource in groups[0]["flavors"][0]["resources"]:
-            if resource["name"] == GPU_RESOURCE:
-                resource["nominalQuota"] = "8"
-        queues.patch(
-            name=cluster_queue, body={"spec": {"resourceGroups": groups}}, content_type="application/merge-patch+json"
-        )
+        set_gpu_quota(kueue_controller, cluster_queue, 8)
         runs.wait(name, "Succeeded", "True", "Completed", timeout=240)

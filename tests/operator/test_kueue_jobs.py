@@ -18,19 +18,15 @@ import pytest
 
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.kube import Kube
-from tests.harness.controlplane import GPU_RESOURCE, Cluster
+from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
+from tests.harness.kueue_quota import COVERED, run_quota
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, SLOW, OperatorFactory, Runs, many_prompts, new_name
 
-AMPLE = [
-    {"name": "cpu", "nominalQuota": "1000"},
-    {"name": "memory", "nominalQuota": "100Ti"},
-    {"name": GPU_RESOURCE, "nominalQuota": "8"},
-]
-COVERED = ["cpu", "memory", GPU_RESOURCE]
+AMPLE = run_quota(8)
 CLIENTS = {"cpu": "100m", "memory": "256Mi"}
 """What each CPU pod of the runs here asks: what Kueue admits their Jobs by."""
 

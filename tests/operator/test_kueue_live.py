@@ -14,22 +14,13 @@ import pytest
 
 from datagen_operator.api.names import Component, server_name
 from datagen_operator.k8s import manifests as m
-from tests.harness.controlplane import GPU_PRODUCT, GPU_RESOURCE, Cluster
+from tests.harness.controlplane import GPU_PRODUCT, Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import gpu_cluster_queue
+from tests.harness.kueue_quota import COVERED, run_quota
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
-
-COVERED = ["cpu", "memory", GPU_RESOURCE]
-
-
-def quota(gpus: int) -> list[dict[str, str]]:
-    return [
-        {"name": "cpu", "nominalQuota": "1000"},
-        {"name": "memory", "nominalQuota": "100Ti"},
-        {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
-    ]
 
 
 @pytest.fixture
@@ -37,10 +28,10 @@ def two_queues(kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tupl
     """(LocalQueue with no GPU quota, LocalQueue with 8 GPUs)."""
     with contextlib.ExitStack() as stack:
         _, empty = stack.enter_context(
-            gpu_cluster_queue(kueue_controller, kueue_namespace, quota(0), COVERED, local_queue="no-gpus")
+            gpu_cluster_queue(kueue_controller, kueue_namespace, run_quota(0), COVERED, local_queue="no-gpus")
         )
         _, room = stack.enter_context(
-            gpu_cluster_queue(kueue_controller, kueue_namespace, quota(8), COVERED, local_queue="gpus")
+            gpu_cluster_queue(kueue_controller, kueue_namespace, run_quota(8), COVERED, local_queue="gpus")
         )
         yield empty, room
 

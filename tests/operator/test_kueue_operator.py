@@ -14,6 +14,7 @@ from datagen_operator.k8s import manifests as m
 from tests.harness.controlplane import GPU_RESOURCE, Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import gpu_cluster_queue, kueue_state
+from tests.harness.kueue_quota import COVERED, run_quota
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
@@ -22,12 +23,7 @@ from tests.operator.conftest import KIMI, OperatorFactory, Runs, new_name
 @pytest.fixture
 def gpu_queue(kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tuple[str, str]]:
     """(ClusterQueue, LocalQueue): 8 GPUs of quota, CPU and memory to spare."""
-    quota = [
-        {"name": "cpu", "nominalQuota": "1000"},
-        {"name": "memory", "nominalQuota": "100Ti"},
-        {"name": GPU_RESOURCE, "nominalQuota": "8"},
-    ]
-    with gpu_cluster_queue(kueue_controller, kueue_namespace, quota, ["cpu", "memory", GPU_RESOURCE]) as queues:
+    with gpu_cluster_queue(kueue_controller, kueue_namespace, run_quota(8), COVERED) as queues:
         yield queues
 
 

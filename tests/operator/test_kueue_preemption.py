@@ -18,9 +18,10 @@ import pytest
 from datagen_operator.api.names import Component
 from datagen_operator.k8s import manifests as m
 from datagen_operator.output.readers import iter_records
-from tests.harness.controlplane import GPU_RESOURCE, Cluster
+from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import gpu_cluster_queue, kueue_state, workload_priority_classes
+from tests.harness.kueue_quota import COVERED, run_quota
 from tests.harness.pod_router import PodRouter
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
@@ -34,19 +35,13 @@ HIGH_PROMPTS = 16
 @pytest.fixture
 def preempting_queue(kueue_controller: Cluster, kueue_namespace: str) -> Iterator[tuple[str, str, dict[str, str]]]:
     """(ClusterQueue, LocalQueue, {"low": class, "high": class}): 8 GPUs, a higher priority preempts a lower."""
-    quota = [
-        {"name": "cpu", "nominalQuota": "1000"},
-        {"name": "memory", "nominalQuota": "100Ti"},
-        {"name": GPU_RESOURCE, "nominalQuota": "8"},
-    ]
-    covered = ["cpu", "memory", GPU_RESOURCE]
     with (
         workload_priority_classes(kueue_controller, kueue_namespace) as classes,
         gpu_cluster_queue(
             kueue_controller,
             kueue_namespace,
-            quota,
-            covered,
+            run_quota(8),
+            COVERED,
             preemption={"withinClusterQueue": "LowerPriority"},
         ) as (cluster_queue, local_queue),
     ):
