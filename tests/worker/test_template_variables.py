@@ -121,3 +121,38 @@ def test_a_lines_template_kwargs_must_be_an_object_and_may_not_set_what_the_rend
     assert causes["a"][0] == causes["b"][0] == INVALID_TEMPLATE_KWARGS
     assert "must be an object" in causes["a"][1] and "may not set tools" in causes["b"][1]
     assert plan.load(plan.prompts[0]).variables == {"reasoning_effort": "low"}
+
+
+def _every_third_off() -> list[dict[str, Any]]:
+    """The issue's case: thinking on for the run, `enable_thinking: false` on every third line."""
+    out = []
+    for i in range(12):
+        line: dict[str, Any] = {"id": f"t{i:02d}", "messages": [{"role": "user", "content": f"question {i}?"}]}
+        if i % 3 == 2:
+            line["chat_template_kwargs"] = {"enable_thinking": False}
+        out.append(line)
+    return out
+
+
+def test_thinking_off_on_every_third_line_passes_the_canary_the_run_and_verify(tmp_path: Path) -> None:
+    """The canary judges each prompt by its line's own switch, as the workers and verify do: the off lines' closed
+    think blocks and unreasoned answers are what they asked for, not a template rendering thinking off."""
+    import asyncio
+
+    from datagen_operator.checks.canary import run_canary
+
+    output = tmp_path / "out"
+    document = _spec(write_dataset(tmp_path / "lines.jsonl", _every_third_off()), output, **{"checks.canaryPrompts": 8})
+    spec = parse_spec(document)
+    tokenizer = load_tokenizer(_qwen(), trust_remote_code=False)
+    with start_sim(*QWEN_FLAGS, tokenizer_dir=_qwen()) as server:
+        canary = asyncio.run(run_canary(spec, tokenizer, Path(spec.dataset.path), [server.url]))
+        assert canary.passed, canary.message
+        template = next(c for c in canary.checks if c.name == "chat_template")
+        assert template.passed and template.total == 11, template.verdict  # 3 probes, 8 lines (2 of them off)
+        assert "(thinking on; 2 thinking off by their line's own switch)" in template.verdict, template.verdict
+        assert run_inprocess(document, [server.url]) == EXIT_OK
+    records = list(iter_records(output))
+    assert sum(r["thinking"] is False for r in records) == 4 and len(records) == 12
+    report = verify_output(output, spec, tokenizer=tokenizer)
+    assert report.passed, [c.verdict for c in report.checks if not c.passed]

@@ -66,14 +66,21 @@ def thinking_switches(resolved: ResolvedModel) -> tuple[str, ...]:
     return GENERIC_THINKING_SWITCHES
 
 
-def line_thinking(resolved: ResolvedModel, variables: Mapping[str, Any] | None) -> bool:
-    """Whether a line renders with thinking on: its own chat_template_kwargs' switch when it sets one (Qwen3's
-    enable_thinking per line), else the run's."""
+def line_switch(resolved: ResolvedModel, variables: Mapping[str, Any] | None) -> tuple[str, bool] | None:
+    """The thinking switch a line sets itself: (the chat_template_kwargs key, its value), or None when it sets
+    none the template reads (only a boolean switches: Qwen3's `enable_thinking is false` is false for "false")."""
     for name in thinking_switches(resolved) if variables else ():
         value = variables.get(name) if variables else None
         if isinstance(value, bool):
-            return value
-    return resolved.thinking
+            return name, value
+    return None
+
+
+def line_thinking(resolved: ResolvedModel, variables: Mapping[str, Any] | None) -> bool:
+    """Whether a line renders with thinking on: its own chat_template_kwargs' switch when it sets one (Qwen3's
+    enable_thinking per line), else the run's."""
+    switch = line_switch(resolved, variables)
+    return resolved.thinking if switch is None else switch[1]
 
 
 def load_tokenizer(tokenizer_dir: str | Path, *, trust_remote_code: bool) -> Any:
