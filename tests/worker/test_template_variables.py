@@ -156,3 +156,26 @@ def test_thinking_off_on_every_third_line_passes_the_canary_the_run_and_verify(t
     assert sum(r["thinking"] is False for r in records) == 4 and len(records) == 12
     report = verify_output(output, spec, tokenizer=tokenizer)
     assert report.passed, [c.verdict for c in report.checks if not c.passed]
+
+
+@pytest.mark.parametrize("preset", [None, "qwen3", "kimi-k2.5", "gpt-oss", "deepseek-r1"])
+def test_the_exports_reading_of_the_fingerprint_is_what_the_run_renders_with(
+    preset: str | None, tmp_path: Path
+) -> None:
+    """The conversations export carries the run's chat-template keyword arguments read back from the output's
+    fingerprint: they are exactly the run's own (templateVariables and the thinking switch), for every preset."""
+    from datagen_operator.output.fingerprint import build_fingerprint
+    from datagen_operator.prompts.render import fingerprint_template_kwargs
+
+    dataset = write_dataset(tmp_path / "lines.jsonl", _lines()[:1])
+    changes: dict[str, Any] = {"model.preset": preset, "generation.templateVariables": {"custom_flag": 1}}
+    if preset is None:
+        changes |= {"server.reasoningParser": "qwen3", "server.toolCallParser": "qwen25"}
+    resolved = resolve_model(parse_spec(_spec(dataset, tmp_path / "out", **changes)))
+    fingerprint = build_fingerprint(
+        tokenizer={}, chat_template=None, server={}, sampling={},
+        preset=resolved.preset.name if resolved.preset else None, thinking=resolved.thinking,
+        template_variables=resolved.template_variables,
+    )  # fmt: skip
+    assert fingerprint_template_kwargs(fingerprint) == template_variables(resolved)
+    assert template_variables(resolved)["custom_flag"] == 1
