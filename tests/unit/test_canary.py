@@ -204,3 +204,10 @@ def test_a_lines_other_key_that_moves_the_think_block_is_named_not_generation_th
         '{"no_think": true}): a key of those lines switches the template\'s thinking'
     ), verdict.verdict
     assert "set generation.thinking" not in verdict.verdict
+    # Where the run's own prompts end thinking off too, the template is the cause for all: the line is not blamed.
+    everywhere = [RenderedPrompt(off), RenderedPrompt(off, "line 7 (id 'g')", {"no_think": True})]
+    verdict = judge_template(everywhere, expect, TemplateExpectation("qwen3", "<think>", "</think>", "enable_thinking"))
+    assert verdict.verdict == (
+        "2/2 rendered prompts end with an empty think block `<think></think>`: the chat template rendered thinking "
+        "OFF in a thinking run; set generation.thinking: true and check the template variable `enable_thinking`"
+    )

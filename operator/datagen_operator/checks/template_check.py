@@ -74,8 +74,8 @@ def judge_template(prompts: Sequence[RenderedPrompt], expect: Expectations, want
         elif not thinking and not closes:
             open_off.append(prompt)
     problems: list[str] = []
-    run_closed = [p for p in closed_on if not p.kwargs]
-    run_open = [p for p in open_off if not p.kwargs]
+    run_closed, line_closed = _by_cause(closed_on)
+    run_open, line_open = _by_cause(open_off)
     if run_closed:
         problems.append(
             f"{len(run_closed)}/{n} rendered prompts end with an empty think block {block}: the chat template "
@@ -92,8 +92,8 @@ def judge_template(prompts: Sequence[RenderedPrompt], expect: Expectations, want
             f"{len(run_open)}/{n} rendered prompts do not close the think block ({block}) although thinking is off: "
             f"the chat template ignored {switch}; check the template or set generation.thinking: true"
         )
-    problems += _line_problems([p for p in closed_on if p.kwargs], "on", n, block, want)
-    problems += _line_problems([p for p in open_off if p.kwargs], "off", n, block, want)
+    problems += _line_problems(line_closed, "on", n, block, want)
+    problems += _line_problems(line_open, "off", n, block, want)
     if problems:
         bad = len(closed_on) + no_opener + len(open_off)
         return CheckResult(name=CHAT_TEMPLATE, passed=False, count=bad, total=n, verdict="; ".join(problems))
@@ -108,6 +108,17 @@ def judge_template(prompts: Sequence[RenderedPrompt], expect: Expectations, want
         total=n,
         verdict=f"{n}/{n} rendered prompts end as the template should ({shape})",
     )
+
+
+def _by_cause(failed: list[RenderedPrompt]) -> tuple[list[RenderedPrompt], list[RenderedPrompt]]:
+    """The prompts at fault the run's own settings explain, and those their line's own kwargs explain: a line's
+    switch always; a line's other keys only where no prompt without kwargs (a probe, a plain line) fails the same
+    way, else the template fails the run's prompts too and the line's keys are no cause."""
+    run = [p for p in failed if not p.kwargs]
+    others = [p for p in failed if p.kwargs and p.switch is None]
+    if run:
+        return run + others, [p for p in failed if p.switch is not None]
+    return [], [p for p in failed if p.kwargs]
 
 
 def _line_problems(
