@@ -553,3 +553,50 @@ def test_the_conversations_format_needs_the_dataset(kimi_plain: Path, tmp_path: 
             "--dataset", str(tmp_path / "missing.jsonl")]  # fmt: skip
     assert datagen(args) == EXIT_BAD_INPUT
     assert not (tmp_path / "export-manifest.json").exists()
+
+
+def test_sim_conversations_carry_each_lines_chat_template_kwargs(tmp_path: Path) -> None:
+    """A thinking run with `enable_thinking: false` on every third line: each row carries what its prompts were
+    rendered with as `chat_template_kwargs` (the run's switch, the line's own over it), and a trainer calling
+    apply_chat_template with the row's messages, tools and those kwargs gets every turn's prompt back, the off
+    lines' included; without them (the template's default) the off lines' prompts differ."""
+    items = chats(9, lambda i: 1 + i % 2)
+    for i, item in enumerate(items):
+        if i % 3 == 2:
+            item["chat_template_kwargs"] = {"enable_thinking": False}
+    flags = (
+        "--sim-family", "qwen3", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25",
+        "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16", "--sim-length-sigma", "0.3",
+    )  # fmt: skip
+    (tmp_path / "run").mkdir()
+    output = sim_run(
+        tmp_path / "run", items, flags, qwen3_dir(), **{"model.preset": "qwen3", "model.path": str(qwen3_dir())}
+    )
+    out = tmp_path / "conversations"
+    assert datagen(["export", str(output), "--format", "conversations", "--out", str(out)]) == EXIT_OK
+    rows = read_rows(out)
+    whole = whole_by_hand(output)
+    assert {(row["id"], row["sample"]) for row in rows} == set(whole)
+    off = {item["id"] for item in items if "chat_template_kwargs" in item}
+    assert {row["id"] for row in rows if row["chat_template_kwargs"] == {"enable_thinking": False}} == off
+    assert all(row["chat_template_kwargs"] == {"enable_thinking": True} for row in rows if row["id"] not in off)
+    from datagen_operator.prompts.render import load_tokenizer
+
+    tokenizer = load_tokenizer(qwen3_dir(), trust_remote_code=False)
+
+    def trainer_renders(messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> list[int]:
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+        )
+        return list(ids)
+
+    checked_off = 0
+    for row in rows:
+        at = [i for i, message in enumerate(row["conversations"]) if message["role"] == "assistant"]
+        for record, end in zip(whole[(row["id"], row["sample"])], at, strict=True):
+            before = row["conversations"][:end]
+            assert trainer_renders(before, row["tools"], row["chat_template_kwargs"]) == record["input_ids"]
+            if row["id"] in off:
+                assert trainer_renders(before, row["tools"], {}) != record["input_ids"]
+                checked_off += 1
+    assert checked_off >= 2

@@ -126,3 +126,88 @@ def test_own_markers_are_not_other_markers() -> None:
     think = [*tokenizer.encode("<think>a</think>b", add_special_tokens=False), 151645]
     record = CanaryRecord("p", input_ids, think, {"type": "stop"}, len(think), False, frozenset())
     assert markers_seen([record], expect, ("qwen3",)) is None
+
+
+# -- a dataset line's own thinking switch (chat_template_kwargs) ----------------------------------------------------
+def judged_lines(changes: dict[str, Any], preset: str, lines: list[dict[str, Any]]) -> Any:
+    """The canary's template verdict over a probe and `lines` ({"id", "kwargs"}), rendered as the canary renders
+    them (the line's kwargs over the run's variables) on the preset's stand-in tokenizer."""
+    from datagen_operator.checks.canary import PROBES, rendered_prompt
+    from datagen_operator.checks.template_check import judge_template
+
+    model_dir = ensure_standin(preset)
+    spec = parse_spec(local_spec(model_dir, REPO / "examples" / "prompts" / "quickstart.jsonl", Path("/x"), **changes))
+    resolved = resolve_model(spec)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=False)
+    renderer = Renderer(tokenizer, template_variables(resolved))
+    expect = rc.expectations_for(resolved, tokenizer, model_dir)
+    prompts = [dict(PROBES[0])] + [
+        {"id": line["id"], "line": number, "messages": PROMPT, "variables": line["kwargs"]}
+        for number, line in enumerate(lines, start=1)
+    ]
+    judged = [rendered_prompt(p, renderer.render(p["messages"], None, p.get("variables")), resolved) for p in prompts]
+    from datagen_operator.checks.canary import _template_expectation
+
+    return judge_template(judged, expect, _template_expectation(resolved, spec))
+
+
+def test_a_line_that_turns_thinking_off_itself_passes_the_template_check() -> None:
+    """Qwen3 in a thinking run, one line with `enable_thinking: false`: its prompt closes the think block, as the
+    line asked; it is not "the template rendered thinking OFF" (the workers and verify judge it off too)."""
+    lines = [{"id": "a", "kwargs": None}, {"id": "b", "kwargs": {"enable_thinking": False}}]
+    verdict = judged_lines({"model.preset": "qwen3", "generation.thinking": True}, "qwen3", lines)
+    assert verdict.passed, verdict.verdict
+    assert verdict.verdict == (
+        "3/3 rendered prompts end as the template should (thinking on; 1 thinking off by their line's own switch)"
+    )
+
+
+def test_a_lines_switch_the_template_ignores_is_named_as_the_cause() -> None:
+    """No preset: `enable_thinking` is one of the generic switches, so a line setting it false is judged off; the
+    Kimi template reads only `thinking` and renders thinking on. The cause is the line's switch: the verdict names
+    the line and its key, and does not send the user to generation.thinking."""
+    changes = {
+        "model.preset": None, "model.thinkTokens": {"start": "<think>", "end": "</think>"},
+        "server.reasoningParser": "kimi_k2", "server.toolCallParser": "kimi_k2", "generation.thinking": True,
+    }  # fmt: skip
+    lines = [{"id": "a", "kwargs": None}, {"id": "b", "kwargs": {"enable_thinking": False}}]
+    verdict = judged_lines(changes, "kimi-k2.5", lines)
+    assert not verdict.passed and verdict.count == 1 and verdict.total == 3
+    assert verdict.verdict.startswith(
+        "1/3 rendered prompts do not close the think block (`<think></think>`) although their dataset line turns "
+        "thinking off itself (line 2 (id 'b'): chat_template_kwargs {\"enable_thinking\": false}): the chat "
+        "template does not follow the line's `enable_thinking: false`; remove that key from those lines"
+    ), verdict.verdict
+    assert "set generation.thinking" not in verdict.verdict
+
+
+def test_a_lines_other_key_that_moves_the_think_block_is_named_not_generation_thinking() -> None:
+    """A line whose own kwargs hold no switch the run knows, yet its prompt ends thinking off in a thinking run:
+    the run's own prompts end thinking on, so the line's keys are named (not `set generation.thinking: true`)."""
+    from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpectation, judge_template
+
+    model_dir = ensure_standin("qwen3")
+    changes = {"model.preset": "qwen3", "generation.thinking": True}
+    spec = parse_spec(local_spec(model_dir, REPO / "examples" / "prompts" / "quickstart.jsonl", Path("/x"), **changes))
+    resolved = resolve_model(spec)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=False)
+    renderer = Renderer(tokenizer, template_variables(resolved))
+    expect = rc.expectations_for(resolved, tokenizer, model_dir)
+    on = renderer.render(PROMPT, None)
+    off = renderer.render(PROMPT, None, {"enable_thinking": False})  # what a key the template reads did
+    judged = [RenderedPrompt(on), RenderedPrompt(off, "line 7 (id 'g')", {"no_think": True})]
+    verdict = judge_template(judged, expect, TemplateExpectation("qwen3", "<think>", "</think>", "enable_thinking"))
+    assert not verdict.passed and verdict.count == 1
+    assert verdict.verdict.startswith(
+        "1/2 rendered prompts end with an empty think block `<think></think>` although the run asks thinking on, "
+        "and each comes from a dataset line with its own chat_template_kwargs (line 7 (id 'g'): chat_template_kwargs "
+        '{"no_think": true}): a key of those lines switches the template\'s thinking'
+    ), verdict.verdict
+    assert "set generation.thinking" not in verdict.verdict
+    # Where the run's own prompts end thinking off too, the template is the cause for all: the line is not blamed.
+    everywhere = [RenderedPrompt(off), RenderedPrompt(off, "line 7 (id 'g')", {"no_think": True})]
+    verdict = judge_template(everywhere, expect, TemplateExpectation("qwen3", "<think>", "</think>", "enable_thinking"))
+    assert verdict.verdict == (
+        "2/2 rendered prompts end with an empty think block `<think></think>`: the chat template rendered thinking "
+        "OFF in a thinking run; set generation.thinking: true and check the template variable `enable_thinking`"
+    )

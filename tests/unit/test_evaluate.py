@@ -140,3 +140,16 @@ def test_other_markers_where_the_runs_own_are_no_token_fail() -> None:
         "7/7 outputs write `<think>`…`</think>`, not the run's `◁think▷`…`◁/think▷`: the model at model.path writes "
         "other markers than server.reasoningParser reads; use qwen3 (or set model.preset: qwen3)"
     )
+
+
+def test_each_record_is_judged_by_its_lines_own_thinking() -> None:
+    """A thinking run where lines that turn thinking off (chat_template_kwargs) reasoned anyway: their records
+    are flagged unexpected_reasoning (judged off, Expectations.for_line), and that fails reasoning_captured;
+    likewise a thinking-off run whose thinking-on lines did not reason."""
+    on_run = by_name(evaluate(Counts(records=100, flags={rc.UNEXPECTED_REASONING: 10}), CTX))["reasoning_captured"]
+    assert not on_run.passed and on_run.count == 10
+    assert "10/100 outputs of lines that turn thinking off themselves" in on_run.verdict
+    off_ctx = replace(CTX, thinking=False)
+    off_run = by_name(evaluate(Counts(records=100, flags={rc.NO_THINK_END: 3}), off_ctx))["reasoning_captured"]
+    assert not off_run.passed and off_run.count == 3
+    assert "3/100 outputs of lines that turn thinking on themselves" in off_run.verdict

@@ -121,3 +121,61 @@ def test_a_lines_template_kwargs_must_be_an_object_and_may_not_set_what_the_rend
     assert causes["a"][0] == causes["b"][0] == INVALID_TEMPLATE_KWARGS
     assert "must be an object" in causes["a"][1] and "may not set tools" in causes["b"][1]
     assert plan.load(plan.prompts[0]).variables == {"reasoning_effort": "low"}
+
+
+def _every_third_off() -> list[dict[str, Any]]:
+    """The issue's case: thinking on for the run, `enable_thinking: false` on every third line."""
+    out = []
+    for i in range(12):
+        line: dict[str, Any] = {"id": f"t{i:02d}", "messages": [{"role": "user", "content": f"question {i}?"}]}
+        if i % 3 == 2:
+            line["chat_template_kwargs"] = {"enable_thinking": False}
+        out.append(line)
+    return out
+
+
+def test_thinking_off_on_every_third_line_passes_the_canary_the_run_and_verify(tmp_path: Path) -> None:
+    """The canary judges each prompt by its line's own switch, as the workers and verify do: the off lines' closed
+    think blocks and unreasoned answers are what they asked for, not a template rendering thinking off."""
+    import asyncio
+
+    from datagen_operator.checks.canary import run_canary
+
+    output = tmp_path / "out"
+    document = _spec(write_dataset(tmp_path / "lines.jsonl", _every_third_off()), output, **{"checks.canaryPrompts": 8})
+    spec = parse_spec(document)
+    tokenizer = load_tokenizer(_qwen(), trust_remote_code=False)
+    with start_sim(*QWEN_FLAGS, tokenizer_dir=_qwen()) as server:
+        canary = asyncio.run(run_canary(spec, tokenizer, Path(spec.dataset.path), [server.url]))
+        assert canary.passed, canary.message
+        template = next(c for c in canary.checks if c.name == "chat_template")
+        assert template.passed and template.total == 11, template.verdict  # 3 probes, 8 lines (2 of them off)
+        assert "(thinking on; 2 thinking off by their line's own switch)" in template.verdict, template.verdict
+        assert run_inprocess(document, [server.url]) == EXIT_OK
+    records = list(iter_records(output))
+    assert sum(r["thinking"] is False for r in records) == 4 and len(records) == 12
+    report = verify_output(output, spec, tokenizer=tokenizer)
+    assert report.passed, [c.verdict for c in report.checks if not c.passed]
+
+
+@pytest.mark.parametrize("preset", [None, "qwen3", "kimi-k2.5", "gpt-oss", "deepseek-r1"])
+def test_the_exports_reading_of_the_fingerprint_is_what_the_run_renders_with(
+    preset: str | None, tmp_path: Path
+) -> None:
+    """The conversations export carries the run's chat-template keyword arguments read back from the output's
+    fingerprint: they are exactly the run's own (templateVariables and the thinking switch), for every preset."""
+    from datagen_operator.output.fingerprint import build_fingerprint
+    from datagen_operator.prompts.render import fingerprint_template_kwargs
+
+    dataset = write_dataset(tmp_path / "lines.jsonl", _lines()[:1])
+    changes: dict[str, Any] = {"model.preset": preset, "generation.templateVariables": {"custom_flag": 1}}
+    if preset is None:
+        changes |= {"server.reasoningParser": "qwen3", "server.toolCallParser": "qwen25"}
+    resolved = resolve_model(parse_spec(_spec(dataset, tmp_path / "out", **changes)))
+    fingerprint = build_fingerprint(
+        tokenizer={}, chat_template=None, server={}, sampling={},
+        preset=resolved.preset.name if resolved.preset else None, thinking=resolved.thinking,
+        template_variables=resolved.template_variables,
+    )  # fmt: skip
+    assert fingerprint_template_kwargs(fingerprint) == template_variables(resolved)
+    assert template_variables(resolved)["custom_flag"] == 1

@@ -174,3 +174,12 @@ def _contradictions(preset: Preset, reasoning: str | None, tools: str | None) ->
             )
         )
     return errors
+
+
+def preset_thinking_switch(name: str) -> str | None:
+    """The template variable that switches thinking for the preset of this name (an output's fingerprint names
+    its preset), None when its template cannot switch. ValueError: a preset this datagen does not know."""
+    try:
+        return get_preset(name).thinking.switch
+    except KeyError as error:
+        raise ValueError(str(error.args[0])) from None

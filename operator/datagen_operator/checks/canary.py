@@ -26,7 +26,7 @@ from datagen_operator.api.step_program import add_shared_arguments, write_verdic
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
-from datagen_operator.checks.template_check import TemplateExpectation, judge_template
+from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpectation, judge_template
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.presets.think_markers import MarkersWritten
@@ -216,7 +216,7 @@ def iter_canary_prompts(
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
     workers send its first request (prompts/conversation.py `request_messages`)."""
     from datagen_operator.prompts.conversation import plan_turns, request_messages
-    from datagen_operator.prompts.dataset import plan_shard
+    from datagen_operator.prompts.dataset import line_number, plan_shard
 
     yield from (dict(p) for p in PROBES)
     plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field)
@@ -224,7 +224,20 @@ def iter_canary_prompts(
         if turns == "all" and not len(plan_turns(prompt.messages)):
             continue  # no user turn: the workers set it aside
         messages = request_messages(prompt.messages, turns)
-        yield {"id": prompt.id, "messages": messages, "tools": prompt.tools, "variables": prompt.variables}
+        yield {
+            "id": prompt.id, "line": line_number(prompt.position), "messages": messages, "tools": prompt.tools,
+            "variables": prompt.variables,
+        }  # fmt: skip
+
+
+def rendered_prompt(prompt: dict[str, Any], input_ids: list[int], resolved: ResolvedModel) -> RenderedPrompt:
+    """A canary prompt as the template check judges it: by its line's own switch, the line named."""
+    from datagen_operator.prompts.render import line_switch
+
+    kwargs = prompt.get("variables") or {}
+    line = prompt.get("line")
+    where = f"line {line} (id {prompt['id']!r})" if line is not None else repr(prompt["id"])
+    return RenderedPrompt(input_ids, where, kwargs, line_switch(resolved, kwargs))
 
 
 def _record(prompt: dict[str, Any], input_ids: list[int], reply: Any, expect: rc.Expectations) -> CanaryRecord:
@@ -295,9 +308,7 @@ async def run_canary(
                 return None
             line = prompt.get("variables")
             asked = replace(expect, max_new_tokens=params["max_new_tokens"])  # a capped request is cut at its cap
-            return _record(
-                prompt, input_ids, reply, replace(asked, thinking=line_thinking(resolved, line)) if line else asked
-            )
+            return _record(prompt, input_ids, reply, asked.for_line(line_thinking(resolved, line) if line else None))
 
         sent: list[tuple[dict[str, Any], list[int]]] = []
         exhausted = False
@@ -326,7 +337,12 @@ async def run_canary(
                 if record is not None:
                     records[index] = record
             capped = False
-        first = [judge_template([r.input_ids for r in records], expect, _template_expectation(resolved, spec))]
+        # Each prompt judged by its own thinking, its line's switch where it sets one (as its record is).
+        judged = [
+            rendered_prompt(prompt, record.input_ids, resolved)
+            for (prompt, _), record in zip(sent, records, strict=True)
+        ]
+        first = [judge_template(judged, expect, _template_expectation(resolved, spec))]
         # Another family's markers explain missing ones (reasoning_captured names them): no control is needed.
         seen = markers_seen(records, expect, vocabulary_families(tokenizer))
         ctx = replace(ctx, markers_seen=seen)

@@ -223,6 +223,12 @@ def _wrong_markers(seen: MarkersSeen, n: int, ctx: CheckContext) -> str:
     return wrong_markers_verdict(seen.written, who, ctx.preset, _own_markers(ctx), seen.families)
 
 
+_OFF_LINES_REASONED = (
+    "outputs of lines that turn thinking off themselves (their chat_template_kwargs) contain think tags: the "
+    "model reasoned where the line's prompt closed the think block; check the template's switch and the line's"
+)
+
+
 def _reasoning(counts: Counts, ctx: CheckContext) -> CheckResult:
     n = counts.records
     end = f"`{ctx.think_end}` ({ctx.think_end_id})" if ctx.think_end_id is not None else f"`{ctx.think_end}`"
@@ -243,7 +249,9 @@ def _reasoning(counts: Counts, ctx: CheckContext) -> CheckResult:
     empty = counts.count(rc.EMPTY_REASONING)
     no_start = counts.count(rc.NO_THINK_START)
     closed_prompts = counts.count(rc.PROMPT_CLOSES_THINK)
-    bad = missing_end + empty + no_start
+    # Records of lines that turn thinking off themselves are flagged as off records are (Expectations.for_line).
+    unexpected = counts.count(rc.UNEXPECTED_REASONING)
+    bad = missing_end + empty + no_start + unexpected
     judged = judge_min_rate(n - bad, n, ctx.thresholds.min_reasoning_rate)
     passed = judged.passed
     # Another family's markers where the run's are missing say why: not "does not think", nor "never closed".
@@ -270,6 +278,8 @@ def _reasoning(counts: Counts, ctx: CheckContext) -> CheckResult:
             f"`{ctx.think_start}` never opened in {_frac(no_start, n)} outputs (nor at the end of the prompt): the model "
             "does not think (an instruct model under a thinking preset?); check model.path and model.preset"
         )
+    if unexpected:
+        causes.append(f"{_frac(unexpected, n)} {_OFF_LINES_REASONED}")
     captured = f"reasoning captured in {_frac(n - bad, n)} outputs ({judged.said_of_good('outputs')})"
     # Failed: the causes first (the true cause is read first); passed: the numbers, then what was seen.
     verdict = "; ".join([*causes, captured] if not passed else [captured, *causes])
@@ -289,9 +299,16 @@ def _reasoning_off(counts: Counts, ctx: CheckContext) -> CheckResult:
     """Thinking off: no output may hold think markers, the run's or another family's."""
     n, seen = counts.records, ctx.markers_seen
     own = counts.count(rc.UNEXPECTED_REASONING)
+    # Records of lines that turn thinking on themselves are flagged as on records are (Expectations.for_line).
+    unreasoned = counts.count(rc.NO_THINK_END) + counts.count(rc.EMPTY_REASONING) + counts.count(rc.NO_THINK_START)
     # The same output may hold both: the larger count is the least number of outputs at fault.
-    bad = max(own, seen.outputs if seen else 0)
+    bad = max(own, seen.outputs if seen else 0) + unreasoned
     causes: list[str] = []
+    if unreasoned:
+        causes.append(
+            f"{_frac(unreasoned, n)} outputs of lines that turn thinking on themselves (their chat_template_kwargs) "
+            "hold no closed reasoning: the model did not reason where the line asked it to"
+        )
     if own:
         causes.append(
             f"{_frac(own, n)} outputs contain think tags although the prompts close the think block "

@@ -7,6 +7,7 @@ default, SGLang 0.5.23 sglang/srt/sampling/sampling_params.py) and can hide or s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,14 @@ class Expectations:
     max_new_tokens: int | None = None
     """What the requests asked for (the canary's own cap for its capped requests); None: not known, no
     `truncated_by_memory`."""
+
+    def for_line(self, thinking: bool | None) -> Expectations:
+        """What a faithful record of a line looks like: these, with the thinking of a line that switches it
+        itself (its chat_template_kwargs, prompts/render.py `line_thinking`; None: the run's). A thinking-off
+        line must not reason, an on line must. The one rule the workers, the canary and verify judge lines by."""
+        if thinking is None or thinking == self.thinking:
+            return self
+        return dataclasses.replace(self, thinking=thinking)
 
 
 def _token_id(tokenizer: TokenLookup | None, text: str, fixed: int | None) -> int | None:

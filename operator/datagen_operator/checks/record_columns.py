@@ -10,7 +10,6 @@ A test holds the two to identical flags over generated records.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -196,7 +195,7 @@ def batch_flags(batch: Any, expect: Expectations) -> BatchFlags:
     import pyarrow as pa
 
     own = _batch_flags(batch.filter(pa.array(~other)), expect)
-    switched = _batch_flags(batch.filter(pa.array(other)), dataclasses.replace(expect, thinking=not expect.thinking))
+    switched = _batch_flags(batch.filter(pa.array(other)), expect.for_line(not expect.thinking))
     combo_of_row = np.empty(batch.num_rows, np.int64)
     combo_of_row[~other] = own.combo_of_row
     combo_of_row[other] = switched.combo_of_row + len(own.combos)

@@ -177,10 +177,18 @@ def conversations_line(
     sample: int,
     messages: list[Message],
     tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
     metadata: dict[str, Any],
     key: str = "conversations",
 ) -> bytes:
-    """One JSONL line of the conversations format: `{"id", "sample", <key>: messages, "tools", "metadata"}`
-    (`tools` null where the line declares none: one schema in every row)."""
-    row = {"id": prompt_id, "sample": sample, key: messages, "tools": tools, "metadata": metadata}
+    """One JSONL line of the conversations format: `{"id", "sample", <key>: messages, "tools",
+    "chat_template_kwargs", "metadata"}` (`tools` null where the line declares none, `chat_template_kwargs` null
+    where the prompts were rendered with none: one schema in every row). `chat_template_kwargs`: what the run
+    rendered this line's prompts with (its thinking switch and templateVariables, the line's own over them),
+    named as SGLang's and vLLM's chat requests and speculators' render client name them: a trainer passes them
+    to apply_chat_template, so a line that switched thinking itself is re-rendered as it was generated."""
+    row = {
+        "id": prompt_id, "sample": sample, key: messages, "tools": tools,
+        "chat_template_kwargs": chat_template_kwargs, "metadata": metadata,
+    }  # fmt: skip
     return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)

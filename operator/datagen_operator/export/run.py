@@ -497,8 +497,13 @@ def _conversation_texts(
 ) -> None:
     """--format conversations: each whole conversation as messages (the dataset's inputs as planned, the model's
     answers as the next turn's history held them), in dataset order."""
+    from datagen_operator.output.manifest import read_manifest
+    from datagen_operator.prompts.render import fingerprint_template_kwargs
+
     dataset = options.dataset
     assert dataset is not None
+    # What the run rendered every prompt with: each row carries it, its line's own kwargs over it.
+    run_kwargs = fingerprint_template_kwargs((read_manifest(output_dir) or {}).get("fingerprint") or {})
     whole = whole_conversations(output_dir, source, options, tally, digests=False)
     pending = _PendingAnswers(whole)
     for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens, ANSWER_READ)):
@@ -514,8 +519,8 @@ def _conversation_texts(
                 frequency.add(np.bincount(completion))
                 pending.add(key, turns[row], contents[row], reasonings[row], len(completion), batch.unfinished)
         if pending.held >= ANSWER_BUDGET_BYTES:
-            _write_conversations(dataset, options, pending, parts, tally)
-    _write_conversations(dataset, options, pending, parts, tally)
+            _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
+    _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
     for key in pending.answers:  # never all read: cannot happen for a conversation found whole
         tally.leave_out(TURNS_MISSING, f"{key[0]}#{key[1]}")
 
@@ -567,10 +572,17 @@ class _PendingAnswers:
 
 
 def _write_conversations(
-    dataset: DatasetSource, options: ExportOptions, pending: _PendingAnswers, parts: JsonlParts, tally: ExportTally
+    dataset: DatasetSource,
+    options: ExportOptions,
+    pending: _PendingAnswers,
+    parts: JsonlParts,
+    tally: ExportTally,
+    run_kwargs: dict[str, Any],
 ) -> None:
-    """Write the conversations whose answers are all read, their inputs read from the dataset (one pass)."""
+    """Write the conversations whose answers are all read, their inputs read from the dataset (one pass).
+    `run_kwargs`: the chat-template keyword arguments of the run (prompts/render.py fingerprint_template_kwargs)."""
     from datagen_operator.prompts.conversation import plan_turns
+    from datagen_operator.prompts.render import rendered_kwargs
 
     ready = pending.ready()
     if not ready:
@@ -580,6 +592,7 @@ def _write_conversations(
     for prompt in dataset.prompts(set(ready)):
         found.add(prompt.id)
         turns = plan_turns(prompt.messages)
+        kwargs = rendered_kwargs(run_kwargs, prompt.variables) or None
         for sample in sorted(ready[prompt.id]):
             answers, completion_tokens, unfinished, split_missing = pending.take((prompt.id, sample))
             name = f"{prompt.id}#{sample}"
@@ -588,7 +601,9 @@ def _write_conversations(
                 continue
             messages = conversation_messages(turns, answers)
             metadata = {"turns": len(answers), "completion_tokens": completion_tokens, "unfinished": unfinished}
-            lines.append(conversations_line(prompt.id, sample, messages, prompt.tools, metadata, options.messages_key))
+            lines.append(
+                conversations_line(prompt.id, sample, messages, prompt.tools, kwargs, metadata, options.messages_key)
+            )
             tally.rows_written += 1
             tally.completion_tokens += completion_tokens
             tally.rows_unfinished += unfinished

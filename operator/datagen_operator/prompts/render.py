@@ -60,20 +60,48 @@ def template_variables(resolved: ResolvedModel, rendered_on: str | None = None) 
 
 def thinking_switches(resolved: ResolvedModel) -> tuple[str, ...]:
     """The template variables that switch thinking: the preset's, or the generic ones without a preset."""
-    if resolved.preset is not None:
-        switch = resolved.preset.thinking.switch
-        return (switch,) if switch else ()
+    return _switches(resolved.preset is not None, resolved.preset.thinking.switch if resolved.preset else None)
+
+
+def _switches(has_preset: bool, preset_switch: str | None) -> tuple[str, ...]:
+    if has_preset:
+        return (preset_switch,) if preset_switch else ()
     return GENERIC_THINKING_SWITCHES
+
+
+def rendered_kwargs(run_kwargs: Mapping[str, Any], line: Variables) -> dict[str, Any]:
+    """What one line is rendered with: the run's keyword arguments, its own chat_template_kwargs over them (as
+    `Renderer.render` lays them)."""
+    return {**run_kwargs, **(line or {})}
+
+
+def fingerprint_template_kwargs(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat-template keyword arguments every prompt of a run was rendered with (a line's own aside, the
+    render date aside), read back from its output's fingerprint as `template_variables` builds them:
+    generation.templateVariables and the thinking switch. ValueError: a preset this datagen does not know."""
+    from datagen_operator.api.resolve import preset_thinking_switch  # pydantic-heavy: only where it is asked
+
+    name = fingerprint.get("preset")
+    switches = _switches(name is not None, preset_thinking_switch(name) if isinstance(name, str) else None)
+    variables = fingerprint.get("template_variables") or {}
+    return {**variables, **dict.fromkeys(switches, bool(fingerprint.get("thinking")))}
+
+
+def line_switch(resolved: ResolvedModel, variables: Mapping[str, Any] | None) -> tuple[str, bool] | None:
+    """The thinking switch a line sets itself: (the chat_template_kwargs key, its value), or None when it sets
+    none the template reads (only a boolean switches: Qwen3's `enable_thinking is false` is false for "false")."""
+    for name in thinking_switches(resolved) if variables else ():
+        value = variables.get(name) if variables else None
+        if isinstance(value, bool):
+            return name, value
+    return None
 
 
 def line_thinking(resolved: ResolvedModel, variables: Mapping[str, Any] | None) -> bool:
     """Whether a line renders with thinking on: its own chat_template_kwargs' switch when it sets one (Qwen3's
     enable_thinking per line), else the run's."""
-    for name in thinking_switches(resolved) if variables else ():
-        value = variables.get(name) if variables else None
-        if isinstance(value, bool):
-            return value
-    return resolved.thinking
+    switch = line_switch(resolved, variables)
+    return resolved.thinking if switch is None else switch[1]
 
 
 def load_tokenizer(tokenizer_dir: str | Path, *, trust_remote_code: bool) -> Any:

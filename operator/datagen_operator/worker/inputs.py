@@ -4,7 +4,6 @@ faithful outputs look like. Loaded once; BadInput (exit 2) names what is unusabl
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,8 @@ class Inputs:
     """The prompts the preflight rendered with this very renderer (output/rendered.py): sent as they are."""
 
     def expect_for(self, thinking: bool | None) -> Expectations:
-        """What a faithful record of a line looks like: the run's expectations, with the thinking of a line that
-        switches it itself (its chat_template_kwargs): a thinking-off line must not reason, an on line must."""
-        if thinking is None or thinking == self.expect.thinking:
-            return self.expect
-        return dataclasses.replace(self.expect, thinking=thinking)
+        """What a faithful record of a line looks like (Expectations.for_line: its own thinking switch)."""
+        return self.expect.for_line(thinking)
 
 
 async def load_inputs(config: WorkerConfig) -> Inputs:
