@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
+from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.output.fingerprint import build_fingerprint, fingerprint_history_reasoning, prelaunch_changes
 from datagen_operator.presets import presets
-from datagen_operator.prompts.conversation import AnswerSplit, HistoryReasoning, plan_turns, request_messages
+from datagen_operator.prompts.conversation import AnswerSplit, plan_turns, request_messages
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from datagen_operator.tokenizer.families import FAMILIES
 from datagen_operator.tokenizer.standin import chat_template, ensure_standin_tokenizer
@@ -116,3 +118,15 @@ def test_only_templates_that_keep_earlier_reasoning_make_the_choice_matter() -> 
         ("qwen3", "tool_response"): (1,),
         ("qwen3-thinking-2507", "tool_response"): (1,),
     }
+
+
+def test_the_fingerprint_holds_the_choice_and_a_change_is_named() -> None:
+    common: dict[str, Any] = {
+        "tokenizer": {}, "chat_template": None, "server": {}, "sampling": {}, "preset": "qwen3", "thinking": True,
+        "turns": "all",
+    }  # fmt: skip
+    keep, drop = build_fingerprint(**common), build_fingerprint(**common, history_reasoning="drop")
+    assert build_fingerprint(**common, history_reasoning="keep") == keep  # outputs made before the field: unchanged
+    assert prelaunch_changes(keep, drop) == ['history_reasoning: (absent) -> "drop"']
+    assert prelaunch_changes(drop, keep) == ['history_reasoning: "drop" -> (absent)']
+    assert (fingerprint_history_reasoning(keep), fingerprint_history_reasoning(drop)) == ("keep", "drop")

@@ -5,8 +5,8 @@ The rules, pure over a dataset line's (normalised) messages:
 - `turns: all`. The dataset's assistant messages are never sent. Every other message is an input; the inputs up
   to each assistant slot that hold a user message are one turn (two user messages in a row are answered once,
   as a chat client would send them). System messages stay where they are. Turn k's prompt is the inputs of turns
-  0..k with the model's own answers to turns 0..k-1 in between, rendered by the model's chat template (which
-  decides what earlier reasoning it keeps).
+  0..k with the model's own answers to turns 0..k-1 in between (each with or without its reasoning, below),
+  rendered by the model's chat template.
 - Tool results answer the *dataset's* assistant's tool calls, not the regenerated answer's: a conversation is
   regenerated up to its first `tool` message; the user turns from there on are not planned (`TOOL_TURN`,
   counted). An answer that itself calls a tool (the line declares tools and the answer holds a tool-call marker)
@@ -40,8 +40,6 @@ from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_r
 
 Message = dict[str, Any]
 HISTORY_REASONING: tuple[HistoryReasoning, ...] = get_args(HistoryReasoning)
-KEEP_REASONING: HistoryReasoning = "keep"
-"""The default (docs/regenerate.md, "History reasoning")."""
 
 # Why turns of a conversation are not generated (the `cause` of their rejects.jsonl entry).
 TOOL_TURN = "tool_turn"
