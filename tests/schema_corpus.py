@@ -72,6 +72,13 @@ MUTATIONS: list[Mutation] = [
     # wrong types (a YAML string or number where the schema says otherwise)
     mutate("gpus as a string", KIMI, "spec.server.gpus", ("spec.server.gpus", "8")),
     mutate("thinking as yes", QWEN3, "spec.generation.thinking", ("spec.generation.thinking", "yes")),
+    mutate(
+        "historyReasoning strip",
+        "regenerate.yaml",
+        "spec.generation.historyReasoning",
+        ("spec.generation.historyReasoning", "strip"),
+    ),
+    mutate("historyReasoning drop", "regenerate.yaml", None, ("spec.generation.historyReasoning", "drop")),
     mutate("suspend as a string", QUICK, "spec.suspend", ("spec.suspend", "false")),
     mutate("requestTimeout as seconds", KIMI, "spec.clients.requestTimeout", ("spec.clients.requestTimeout", 3600)),
     mutate("startupTimeout as seconds", QUICK, "spec.server.startupTimeout", ("spec.server.startupTimeout", 2700)),

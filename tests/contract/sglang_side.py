@@ -308,3 +308,51 @@ def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capa
         chunk_size=None,
     )  # fmt: skip
     return int(capped)
+
+
+class _TemplateCall:
+    """A tokenizer that records what `apply_chat_template` receives (the chat template's own inputs)."""
+
+    chat_template = "{{ messages }}"
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+        self.calls.append({"messages": messages, "tools": kwargs.get("tools"), "tokenize": kwargs.get("tokenize")})
+        return [1] if kwargs.get("tokenize") else "rendered"
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        return [1]
+
+    def decode(self, ids: Any, **kwargs: Any) -> str:
+        return "rendered"
+
+
+def template_inputs(body: dict[str, Any]) -> dict[str, Any]:
+    """What the chat template gets for a `/v1/chat/completions` body: `OpenAIServingChat._process_messages` (the
+    server's own message processing and tool dump, `_apply_jinja_template`) on SGLang's request model, its
+    tokenizer replaced by one that records the `apply_chat_template` call. A launch without a reasoning or tool
+    parser and a string-format Jinja template (what every family here is detected as)."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    request = ChatCompletionRequest.model_validate(body)
+    tokenizer = _TemplateCall()
+    serving = object.__new__(OpenAIServingChat)  # the handler's state, not its constructor (no tokenizer manager)
+    state = {
+        "is_minimax_m3": False, "is_gpt_oss": False, "is_gemma4": False, "default_chat_template_kwargs": {},
+        "reasoning_parser": None, "tool_call_parser": None, "_reasoning_detector": None, "_encoding_adapter": None,
+        "chat_encoding_spec": None, "_prompt_text_round_trip_is_lossy": False,
+        "_tokenizer_auto_adds_specials": False, "_chat_template_cache": {},
+        "template_manager": types.SimpleNamespace(
+            reasoning_config=None, jinja_template_content_format="string", force_reasoning=False,
+            jinja_template_may_reorder_tool_results=False, chat_template_name=None, python_chat_template=None,
+        ),
+        "tokenizer_manager": types.SimpleNamespace(tokenizer=tokenizer, served_model_name="m"),
+    }  # fmt: skip
+    for name, value in state.items():
+        setattr(serving, name, value)
+    serving._process_messages(request, is_multimodal=False)
+    [call] = tokenizer.calls
+    return {"messages": call["messages"], "tools": call["tools"]}

@@ -58,7 +58,9 @@ def test_the_preflight_stores_each_prompt_as_the_renderer_renders_it(tmp_path: P
         load_tokenizer(standin_tokenizer, trust_remote_code=False),
         template_variables(resolve_model(spec), render_date(output)),
     )
-    identity = render_identity(renderer.template, renderer.variables, standin_tokenizer, "last")
+    identity = render_identity(
+        renderer.template, renderer.variables, standin_tokenizer, "last", history_reasoning="keep"
+    )
     store = open_rendered(output, identity, read_pin(output).sha256)
     assert not isinstance(store, str), store
     for position, line in enumerate(lines):

@@ -211,3 +211,49 @@ def test_a_lines_other_key_that_moves_the_think_block_is_named_not_generation_th
         "2/2 rendered prompts end with an empty think block `<think></think>`: the chat template rendered thinking "
         "OFF in a thinking run; set generation.thinking: true and check the template variable `enable_thinking`"
     )
+
+
+class _Names:
+    """Decodes ids as their names (100: the stop token, special)."""
+
+    NAMES: dict[int, str] = {1: "<think>", 2: "plan", 3: "</think>", 4: "answer", 100: "<|im_end|>"}  # noqa: RUF012
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.NAMES[i] for i in ids if not (skip_special_tokens and i >= 100))
+
+
+class _Recorder:
+    """A renderer that records the messages of each prompt it renders."""
+
+    def __init__(self) -> None:
+        self.tokenizer, self.chat_template, self.variables = _Names(), None, {"enable_thinking": True}
+        self.rendered: list[list[dict[str, Any]]] = []
+
+    def render(self, messages: list[dict[str, Any]], tools: Any, variables: Any = None) -> list[int]:
+        self.rendered.append(messages)
+        return [4]
+
+
+@pytest.mark.parametrize("history_reasoning", ["keep", "drop"])
+def test_the_canarys_second_turn_sends_history_as_the_workers_do(history_reasoning: str) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from datagen_operator.checks.canary import FOLLOW_UP, history_probe
+
+    prompt = {"id": "a", "messages": [{"role": "user", "content": "q"}], "tools": None, "variables": None}
+    record = CanaryRecord("a", [7], [1, 2, 3, 4, 100], {"type": "stop", "matched": 100}, 5, False, frozenset())
+    renderer = _Recorder()
+    resolved = SimpleNamespace(reasoning_parser="qwen3", think_start="<think>", think_end="</think>")
+
+    async def send(*_: Any) -> None:
+        return None
+
+    verdict = asyncio.run(
+        history_probe([(prompt, [7])], [record], renderer, resolved, send, {}, history_reasoning)  # type: ignore[arg-type]
+    )
+    assert verdict.passed, verdict.verdict
+    answer = {"role": "assistant", "content": "answer", "reasoning_content": "plan"}
+    if history_reasoning == "drop":
+        del answer["reasoning_content"]
+    assert renderer.rendered == [[prompt["messages"][0], answer, {"role": "user", "content": FOLLOW_UP}]]

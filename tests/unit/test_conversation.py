@@ -12,6 +12,7 @@ from datagen_operator.prompts.conversation import (
     AnswerSplit,
     AnswerSplitter,
     calls_tool,
+    client_messages,
     last_turn,
     plan_turns,
     planned_turns,
@@ -69,8 +70,8 @@ def test_a_turns_prompt_holds_the_models_own_earlier_answers_in_order() -> None:
         [_m("user", "q1"), _m("assistant", "orig"), _m("user", "q2"), _m("assistant", "o"), _m("user", "q3")]
     )
     answers = [AnswerSplit("mine 1", "thought 1"), AnswerSplit("mine 2", None)]
-    assert turn_messages(turns, 0, []) == [_m("user", "q1")]
-    assert turn_messages(turns, 2, answers) == [
+    assert turn_messages(turns, 0, [], history_reasoning="keep") == [_m("user", "q1")]
+    assert turn_messages(turns, 2, answers, history_reasoning="keep") == [
         _m("user", "q1"),
         {"role": "assistant", "content": "mine 1", "reasoning_content": "thought 1"},
         _m("user", "q2"),
@@ -78,15 +79,45 @@ def test_a_turns_prompt_holds_the_models_own_earlier_answers_in_order() -> None:
         _m("user", "q3"),
     ]
     with pytest.raises(ValueError, match="needs 2 earlier answers"):
-        turn_messages(turns, 2, answers[:1])
+        turn_messages(turns, 2, answers[:1], history_reasoning="keep")
 
 
 def test_turns_last_answers_the_last_user_turn_and_drops_a_trailing_assistant_turn() -> None:
     messages = [_m("user", "q1"), _m("assistant", "a1"), _m("user", "q2"), _m("assistant", "a2")]
     assert last_turn(messages) == (messages[:3], 1)
     assert last_turn(messages[:3]) == (messages[:3], 0)
-    assert request_messages(messages, "last") == messages[:3]
-    assert request_messages(messages, "all") == [_m("user", "q1")]
+    assert request_messages(messages, "last", history_reasoning="keep") == messages[:3]
+    assert request_messages(messages, "all", history_reasoning="keep") == [_m("user", "q1")]
+
+
+def test_history_reasoning_drop_sends_no_assistant_message_with_its_reasoning() -> None:
+    """generation.historyReasoning: `keep` sends each earlier answer as SGLang's chat endpoint returned it,
+    `drop` without its reasoning_content (SpecForge's regenerate_train_data.py), with turns all (the model's own
+    answers) and last (the dataset's); nothing else changes, and the caller's messages are not touched."""
+    turns = plan_turns(
+        [_m("user", "q1"), _m("assistant", "orig"), _m("user", "q2"), _m("assistant", "o"), _m("user", "q3")]
+    )
+    answers = [AnswerSplit("mine 1", "thought 1"), AnswerSplit("mine 2", "thought 2")]
+    kept = turn_messages(turns, 2, answers, history_reasoning="keep")
+    dropped = turn_messages(turns, 2, answers, history_reasoning="drop")
+    assert [m.get("reasoning_content") for m in kept if m["role"] == "assistant"] == ["thought 1", "thought 2"]
+    assert dropped == [
+        _m("user", "q1"), _m("assistant", "mine 1"), _m("user", "q2"), _m("assistant", "mine 2"), _m("user", "q3")
+    ]  # fmt: skip
+    dataset = [
+        _m("system", "s"),
+        _m("user", "q1"),
+        {"role": "assistant", "content": "a1", "reasoning_content": "r1", "name": "bot"},
+        _m("user", "q2"),
+        _m("assistant", "a2"),
+    ]
+    assert request_messages(dataset, "last", history_reasoning="drop") == [
+        _m("system", "s"), _m("user", "q1"), {"role": "assistant", "content": "a1", "name": "bot"}, _m("user", "q2")
+    ]  # fmt: skip
+    assert dataset[2]["reasoning_content"] == "r1"
+    assert request_messages(dataset, "last", history_reasoning="keep") == dataset[:4]
+    with pytest.raises(ValueError, match="historyReasoning must be one of keep, drop"):
+        client_messages(dataset, "strip")  # type: ignore[arg-type]
 
 
 class _Tokenizer:

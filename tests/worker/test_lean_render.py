@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from datagen_operator.engine.template_tools import template_tools
 from datagen_operator.prompts import render
 from datagen_operator.prompts.lean_render import LeanRenderer, LeanSpec
 from datagen_operator.prompts.render import (
@@ -152,3 +153,35 @@ def test_a_helper_difference_is_caught_counted_and_the_helpers_switch_to_the_ref
         assert pool.executor is not None and renderer.rendered == 0  # these helpers are kept
     finally:
         pool.close()
+
+
+def test_a_tokenizer_that_overrides_apply_chat_template_renders_every_prompt_through_it() -> None:
+    """Recent Kimi releases' remote code sorts the tools (and writes them as TypeScript) in its own
+    `apply_chat_template`, which SGLang's chat endpoint calls: the template rendered around it differs on exactly
+    the prompts with tools. Past the sample the lean path is checked on (the first 16, every 256th) such a prompt
+    would be sent as the template renders it; so no prompt of such a tokenizer is rendered around it."""
+    tokenizer = load_tokenizer(ensure_standin_tokenizer(family="qwen3"), trust_remote_code=False)
+
+    class SortsTools(type(tokenizer)):  # type: ignore[misc]
+        def apply_chat_template(self, conversation: Any, tools: Any = None, **kwargs: Any) -> Any:
+            ordered = sorted(tools, key=lambda tool: tool["function"]["name"]) if tools else tools
+            return super().apply_chat_template(conversation, tools=ordered, **kwargs)
+
+    tokenizer.__class__ = SortsTools
+    renderer = Renderer(tokenizer, {"enable_thinking": True})
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+        for name in ("zoom_map", "add_pin")
+    ]
+    plain = [([{"role": "user", "content": f"question {k}"}], None) for k in range(Renderer.CHECK_FIRST)]
+    with_tools = [([{"role": "user", "content": f"where is {city}?"}], tools) for city in ("Paris", "Rome")]
+    for messages, declared in [*plain, *with_tools]:
+        own = tokenizer.apply_chat_template(
+            messages, tools=template_tools(declared), add_generation_prompt=True, tokenize=True, return_dict=False,
+            enable_thinking=True,
+        )  # fmt: skip
+        assert renderer.render(messages, declared) == own
+    assert renderer.lean is None and renderer.rendered == Renderer.CHECK_FIRST + 2
+    assert renderer.render(*with_tools[0]) != LeanRenderer(
+        renderer.template, render.lean_variables(tokenizer, renderer.variables), render.backend_encoder(tokenizer)
+    ).render(*with_tools[0])  # rendered around it, the tools would come in the dataset's order

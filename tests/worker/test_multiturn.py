@@ -83,7 +83,9 @@ def check_conversations(output: Path, items: list[dict[str, Any]], samples: int 
         answers: list[AnswerSplit] = []
         for record in records:
             assert record["turn"] == len(answers)
-            expected = renderer.reference(turn_messages(turns, record["turn"], answers), item.get("tools"))
+            expected = renderer.reference(
+                turn_messages(turns, record["turn"], answers, history_reasoning="keep"), item.get("tools")
+            )
             assert record["input_ids"] == expected, f"{prompt_id} turn {record['turn']}"
             assert ORIGINAL not in renderer.tokenizer.decode(record["input_ids"])
             split = splitter.split(record["output_ids"], record["finish_reason"], bool(item.get("tools")))

@@ -59,10 +59,11 @@ def _chats(count: int) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]] 
 @pytest.mark.parametrize("thinking", [True, False])
 def test_renderer_uses_tiktoken_and_matches_the_standin(kimi_dir: Path, thinking: bool) -> None:
     renderer = Renderer(load_tokenizer(kimi_dir, trust_remote_code=True), {"thinking": thinking})
-    assert backend_encoder(renderer.tokenizer) is not None  # tiktoken directly, checked against the reference
-    assert renderer.lean is not None
-    # No tokenizer.json: a render helper loads the remote code with transformers.
-    assert lean_spec(renderer, kimi_dir) == ("no tokenizer.json (a tiktoken or slow remote-code tokenizer)")
+    assert backend_encoder(renderer.tokenizer) is not None
+    # Its class overrides apply_chat_template (as the real remote code does): no prompt is rendered around it,
+    # and a render helper loads the remote code with transformers.
+    assert renderer.lean is None
+    assert lean_spec(renderer, kimi_dir) == "no lean path for this tokenizer or template"
     reference = reference_renderer(thinking)
     for messages, tools in _chats(Renderer.CHECK_FIRST + 8):
         ids = renderer.render(messages, tools)

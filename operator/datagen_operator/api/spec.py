@@ -451,6 +451,10 @@ class SamplingParams(BaseModel):
         return self
 
 
+HistoryReasoning = Literal["keep", "drop"]
+"""generation.historyReasoning (prompts/conversation.py `client_messages`)."""
+
+
 class GenerationSpec(SpecModel):
     thinking: bool | None = Field(
         default=None, description="Render prompts with thinking on. Default: the preset's default."
@@ -470,6 +474,14 @@ class GenerationSpec(SpecModel):
         description="`last`: one answer per line, to its last user message (a trailing assistant turn is dropped). "
         "`all`: the dataset's assistant turns are not sent; every user turn is answered in order, each on the "
         "model's own earlier answers (docs/regenerate.md).",
+    )
+    history_reasoning: HistoryReasoning = Field(
+        default="keep",
+        description="What earlier assistant messages a request sends (the model's own answers with turns all, the "
+        "dataset's with last): `keep`: each with its reasoning_content, as SGLang's chat endpoint returned it, and "
+        "the chat template decides what the prompt holds; `drop`: without it, as SpecForge's regenerate_train_data.py "
+        "sends them. Same prompts for templates that drop earlier reasoning; not for Kimi-K2-Thinking's or Qwen3's "
+        "(docs/regenerate.md, History reasoning).",
     )
     stream: bool = Field(
         default=False,

@@ -20,7 +20,7 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.spec import DataGenRunSpec, HistoryReasoning
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.checks import record_checks as rc
@@ -211,7 +211,12 @@ def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
 
 
 def iter_canary_prompts(
-    dataset: Path, dataset_format: DatasetFormat, turns: str = "last", id_field: str | None = None
+    dataset: Path,
+    dataset_format: DatasetFormat,
+    turns: str = "last",
+    id_field: str | None = None,
+    *,
+    history_reasoning: HistoryReasoning,
 ) -> Iterator[dict[str, Any]]:
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
     workers send its first request (prompts/conversation.py `request_messages`)."""
@@ -223,7 +228,7 @@ def iter_canary_prompts(
     for prompt in plan.iter_prompts():
         if turns == "all" and not len(plan_turns(prompt.messages)):
             continue  # no user turn: the workers set it aside
-        messages = request_messages(prompt.messages, turns)
+        messages = request_messages(prompt.messages, turns, history_reasoning=history_reasoning)
         yield {
             "id": prompt.id, "line": line_number(prompt.position), "messages": messages, "tools": prompt.tools,
             "variables": prompt.variables,
@@ -289,7 +294,10 @@ async def run_canary(
     cap = min(spec.checks.canary_max_new_tokens, run_budget)
     full_params = run_sampling(spec.generation.sampling, expect.stop_token_ids)
     capped_params = {**full_params, "max_new_tokens": cap}
-    prompts = iter_canary_prompts(dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field)
+    history_reasoning = spec.generation.history_reasoning
+    prompts = iter_canary_prompts(
+        dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field, history_reasoning=history_reasoning
+    )
     set_aside: list[SetAside] = []
     records: list[CanaryRecord] = []
 
@@ -357,7 +365,7 @@ async def run_canary(
         elif seen is None and any(rc.NO_THINK_END in r.flags for r in records):
             first.append(opened_but_never_closed(ctx, model_label(spec)))
         if spec.generation.turns == "all":
-            history = await history_probe(sent, records, renderer, resolved, one, full_params)
+            history = await history_probe(sent, records, renderer, resolved, one, full_params, history_reasoning)
             first.append(history)
         await pool.close()
     finally:
@@ -379,6 +387,7 @@ async def history_probe(
     resolved: ResolvedModel,
     send: Any,
     params: dict[str, Any],
+    history_reasoning: HistoryReasoning,
 ) -> CheckResult:
     """generation.turns all: a canary answer continued by a second user turn, as the workers build it
     (prompts/conversation.py): the answer split as SGLang's chat endpoint splits it must hold no think marker
@@ -386,7 +395,7 @@ async def history_probe(
     rendered by the model's template, must hold turn 1's answer (a template that drops or rewrites earlier
     assistant turns would regenerate every later turn on a history the model never wrote). Turn 2 is sent too:
     its output joins the canary's records and their checks."""
-    from datagen_operator.prompts.conversation import AnswerSplitter, finished_with_stop
+    from datagen_operator.prompts.conversation import AnswerSplitter, Turns, finished_with_stop, turn_messages
 
     pairs = zip(sent, records, strict=False)
     found = next(
@@ -418,7 +427,9 @@ async def history_probe(
         for marker in (resolved.think_start, resolved.think_end)
         if marker and marker in split.content
     ]
-    messages = [*prompt["messages"], split.message(), {"role": "user", "content": FOLLOW_UP}]
+    # Built as the workers build turn 2 (the run's historyReasoning included).
+    asked = Turns((tuple(prompt["messages"]), ({"role": "user", "content": FOLLOW_UP},)))
+    messages = turn_messages(asked, 1, [split], history_reasoning=history_reasoning)
     turn_two = renderer.render(messages, prompt.get("tools"), variables)
     shown = renderer.tokenizer.decode(turn_two, skip_special_tokens=False)
     answer = split.content.strip()

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.resolve import ResolvedModel
+from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
 from datagen_operator.prompts.conversation import (
     AnswerSplit,
@@ -77,6 +78,7 @@ def conversation_fidelity(
     renderer: Any,
     resolved: ResolvedModel | None,
     variables: dict[str, Any] | None,
+    history_reasoning: HistoryReasoning,
 ) -> CheckResult:
     cannot = unprovable(None if resolved is None or variables is None else renderer, prompts)
     if cannot is not None:
@@ -100,7 +102,8 @@ def conversation_fidelity(
                 gaps.append(where)  # a turn recorded without the one before it, or beyond the plan
                 break
             compared += 1
-            fresh = renderer.render(turn_messages(turns, turn, answers), prompt.tools, prompt.variables)
+            sent = turn_messages(turns, turn, answers, history_reasoning=history_reasoning)
+            fresh = renderer.render(sent, prompt.tools, prompt.variables)
             if list(record["input_ids"]) != fresh:
                 prompt_differ.append(where)
             stored = AnswerSplit(record["answer_content"] or "", record["answer_reasoning"])
@@ -142,7 +145,9 @@ def conversation_fidelity(
     )
 
 
-def line_fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: Any) -> CheckResult:
+def line_fidelity(
+    sampled: list[dict[str, Any]], prompts: dict[str, Any], renderer: Any, history_reasoning: HistoryReasoning
+) -> CheckResult:
     """One answer a line: each sampled record's prompt rendered again as the workers sent it."""
     cannot = unprovable(renderer, prompts)
     if cannot is not None:
@@ -155,7 +160,8 @@ def line_fidelity(sampled: list[dict[str, Any]], prompts: dict[str, Any], render
             continue
         compared += 1
         # As the workers sent it: one answer a line answers its last user turn (a trailing assistant turn dropped).
-        fresh = renderer.render(request_messages(prompt.messages, "last"), prompt.tools, prompt.variables)
+        sent = request_messages(prompt.messages, "last", history_reasoning=history_reasoning)
+        fresh = renderer.render(sent, prompt.tools, prompt.variables)
         if list(record["input_ids"]) != fresh:
             differ.append(record["id"])
     if differ:

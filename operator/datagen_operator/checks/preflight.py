@@ -114,7 +114,11 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     if changed and outcome.passed:
         outcome = _failed(Reason.DATASET_CHANGED, changed_message(dataset, f"{changed} while the preflight read it"))
     if outcome.passed:
-        store.finish(pin, render_identity(renderer.template, renderer.variables, tokenizer_dir, spec.generation.turns))
+        identity = render_identity(
+            renderer.template, renderer.variables, tokenizer_dir, spec.generation.turns,
+            history_reasoning=spec.generation.history_reasoning,
+        )  # fmt: skip
+        store.finish(pin, identity)
     else:
         store.abandon()
     return outcome
@@ -170,6 +174,7 @@ def _judge_rendered(
         thinking=resolved.thinking,
         turns=spec.generation.turns,
         template_variables=resolved.template_variables,
+        history_reasoning=spec.generation.history_reasoning,
     )
     changes = prelaunch_changes(manifest.get("fingerprint", {}), current)
     if changes:
@@ -232,9 +237,12 @@ def render_dataset(
     if _size_of(scan.path) >= EAGER_HELPERS_BYTES:
         pool.start("the preflight renders every prompt")  # else once rendering inline takes long (RenderPool)
     try:
-        return asyncio.run(
-            judge_dataset(scan, spec.generation.turns, spec.generation.sampling.max_new_tokens, limit, pool, store)
-        )
+        generation = spec.generation
+        judged = judge_dataset(
+            scan, generation.turns, generation.sampling.max_new_tokens, limit, pool, store,
+            history_reasoning=generation.history_reasoning,
+        )  # fmt: skip
+        return asyncio.run(judged)
     finally:
         pool.close()
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts
+from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks.evaluate import dataset_checks, measured
 from datagen_operator.output.records import ContextLimit, too_long_reason
@@ -253,7 +254,7 @@ class _Pass:
 
 async def judge_dataset(
     scan: ShardScan, turns_mode: str, max_new_tokens: int, limit: ContextLimit, pool: RenderPool,
-    store: RenderedStore,
+    store: RenderedStore, *, history_reasoning: HistoryReasoning,
 ) -> DatasetLines:  # fmt: skip
     """Every valid prompt rendered as the worker renders it: lines that are not prompts or that the template
     cannot render (`malformed`), and prompts whose tokens + max_new_tokens exceed the model's context
@@ -296,15 +297,18 @@ async def judge_dataset(
                 run.set_unrenderable(ref, line_hash, "no user message to answer")
                 continue
             entry.turns = turns
-            items.append((list(turns.inputs[0]), prompt.tools, prompt.variables))
+            first = turn_messages(turns, 0, (), history_reasoning=history_reasoning)
+            items.append((first, prompt.tools, prompt.variables))
             if len(turns) >= 2:
                 last = len(turns) - 1
-                history = turn_messages(turns, last, dataset_answers(prompt.messages, turns))
+                stand_ins = dataset_answers(prompt.messages, turns)
+                history = turn_messages(turns, last, stand_ins, history_reasoning=history_reasoning)
                 items.append((history, prompt.tools, prompt.variables))
                 entry.with_last_turn = True
         else:
             entry.trailing = last_turn(prompt.messages)[1] > 0
-            items.append((request_messages(prompt.messages, turns_mode), prompt.tools, prompt.variables))
+            messages = request_messages(prompt.messages, turns_mode, history_reasoning=history_reasoning)
+            items.append((messages, prompt.tools, prompt.variables))
         entries.append(entry)
         if len(entries) >= BATCH:
             ahead.append((entries, asyncio.ensure_future(pool.render(items))))

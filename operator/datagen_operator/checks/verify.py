@@ -36,6 +36,7 @@ from datagen_operator.checks.evaluate import by_turn_words, check_context, evalu
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
 from datagen_operator.engine.model_configs import model_config_dir
+from datagen_operator.output.fingerprint import fingerprint_history_reasoning
 from datagen_operator.output.layout import Key, OutputLayout
 from datagen_operator.output.records import TURNS_KIND
 
@@ -479,10 +480,12 @@ def verify_output(
         rendered_on = pin.rendered_on if pin is not None else None
         variables = template_variables(resolved, rendered_on) if resolved is not None else None
         renderer = Renderer(tokenizer, variables) if tokenizer is not None and variables is not None else None
+        # What history the output's requests sent: the run's choice, or the output's own record of it.
+        history = spec.generation.history_reasoning if spec else fingerprint_history_reasoning(fingerprint)
         if turns_mode == "all":
-            checks.append(conversation_fidelity(output, reservoir, prompts, renderer, resolved, variables))
+            checks.append(conversation_fidelity(output, reservoir, prompts, renderer, resolved, variables, history))
         else:
-            checks.append(line_fidelity(reservoir, prompts, renderer))
+            checks.append(line_fidelity(reservoir, prompts, renderer, history))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]
     return VerifyReport(
         str(output), counts, checks, flat_examples, (manifest or {}).get("fingerprint_sha256"), expectations=expect

@@ -165,11 +165,13 @@ def conversation_row(prompt: np.ndarray, completion: np.ndarray, earlier: Sequen
 
 def conversation_messages(turns: Turns, answers: Sequence[AnswerSplit]) -> list[Message]:
     """The regenerated conversation: the dataset's inputs of each planned turn as planned (system, user, tool
-    messages) with the model's answer after each, as the next turn's history held it."""
+    messages) with the model's answer after each, its reasoning_content included whatever
+    generation.historyReasoning sent (the record of what the model wrote, as SpecForge's regenerated files hold
+    it; a trainer that re-renders decides what history keeps)."""
     if not answers or len(answers) != len(turns):
         raise ValueError(f"{len(turns)} planned turns, {len(answers)} answers")
     last = len(answers) - 1
-    return [*turn_messages(turns, last, answers), answers[last].message()]
+    return [*turn_messages(turns, last, answers, history_reasoning="keep"), answers[last].message()]
 
 
 def conversations_line(

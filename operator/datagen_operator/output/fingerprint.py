@@ -12,9 +12,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
+
+if TYPE_CHECKING:  # the spec models load pydantic; the fingerprint is read by light tools too
+    from datagen_operator.api.spec import HistoryReasoning
 
 # Files that decide how text becomes ids (never weights: a model dir holds hundreds of GB of them).
 TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
@@ -129,11 +132,14 @@ def build_fingerprint(
     thinking: bool,
     turns: str = "last",
     template_variables: dict[str, Any] | None = None,
+    history_reasoning: str = "keep",
 ) -> dict[str, Any]:
     """Samples per prompt is deliberately not part of it: raising it later extends a run (sample k is
         sent with seed + k either way). generation.templateVariables are, when set (a line's own are in the line,
     held by the dataset pin). `turns` is, when `all`: one output holds one answer per line or whole
-        regenerated conversations, never both (an output of one answer per line keeps its fingerprint)."""
+        regenerated conversations, never both (an output of one answer per line keeps its fingerprint).
+    generation.historyReasoning is, when `drop`: it changes what a later prompt holds (an output made before the
+    field existed sent reasoning back, `keep`, and keeps its fingerprint)."""
     return {
         "tokenizer": tokenizer,
         "chat_template_sha256": chat_template,
@@ -143,7 +149,20 @@ def build_fingerprint(
         "thinking": thinking,
         **({"turns": turns} if turns != "last" else {}),
         **({"template_variables": dict(sorted(template_variables.items()))} if template_variables else {}),
+        **({HISTORY_REASONING_KEY: history_reasoning} if history_reasoning != "keep" else {}),
     }
+
+
+HISTORY_REASONING_KEY = "history_reasoning"
+"""generation.historyReasoning in the fingerprint; absent: `keep`."""
+
+
+def fingerprint_history_reasoning(fingerprint: dict[str, Any]) -> HistoryReasoning:
+    """What history an output's requests sent (for verify without the run's spec)."""
+    value = fingerprint.get(HISTORY_REASONING_KEY, "keep")
+    if value not in ("keep", "drop"):
+        raise ValueError(f"the output's fingerprint says {HISTORY_REASONING_KEY}: {value!r}, not keep or drop")
+    return cast("HistoryReasoning", value)
 
 
 def prelaunch_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

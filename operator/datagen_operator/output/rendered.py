@@ -46,14 +46,18 @@ def rendered_dir(output: Path) -> Path:
     return Path(output) / RENDERED_DIR
 
 
-def render_identity(template: Any, variables: dict[str, Any], tokenizer_dir: Path, turns: str) -> dict[str, Any]:
+def render_identity(
+    template: Any, variables: dict[str, Any], tokenizer_dir: Path, turns: str, *, history_reasoning: str
+) -> dict[str, Any]:
     """Everything the ids of a line depend on besides the line: the template as it renders (its clock pinned),
-    the run's template variables, the tokenizer's files and which request of a line is rendered."""
+    the run's template variables, the tokenizer's files, which request of a line is rendered and what history
+    it sends (generation.historyReasoning, when `drop`: a dataset's assistant messages lose their reasoning)."""
     return {
         "chat_template_sha256": chat_template_sha256(template),
         "variables": orjson.loads(orjson.dumps(variables, default=str, option=orjson.OPT_SORT_KEYS)),
         "tokenizer_sha256": tokenizer_fingerprint(Path(tokenizer_dir))["sha256"],
         "turns": turns,
+        **({"history_reasoning": history_reasoning} if history_reasoning != "keep" else {}),
     }
 
 

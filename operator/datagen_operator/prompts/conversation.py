@@ -5,8 +5,8 @@ The rules, pure over a dataset line's (normalised) messages:
 - `turns: all`. The dataset's assistant messages are never sent. Every other message is an input; the inputs up
   to each assistant slot that hold a user message are one turn (two user messages in a row are answered once,
   as a chat client would send them). System messages stay where they are. Turn k's prompt is the inputs of turns
-  0..k with the model's own answers to turns 0..k-1 in between, rendered by the model's chat template (which
-  decides what earlier reasoning it keeps).
+  0..k with the model's own answers to turns 0..k-1 in between (each with or without its reasoning, below),
+  rendered by the model's chat template.
 - Tool results answer the *dataset's* assistant's tool calls, not the regenerated answer's: a conversation is
   regenerated up to its first `tool` message; the user turns from there on are not planned (`TOOL_TURN`,
   counted). An answer that itself calls a tool (the line declares tools and the answer holds a tool-call marker)
@@ -15,6 +15,12 @@ The rules, pure over a dataset line's (normalised) messages:
   (`ANSWER_UNFINISHED`): its half-written text is no history a client would send.
 - `turns: last`. One answer per line, to its last user turn: trailing assistant messages are dropped (a ShareGPT
   line ends with the dataset's answer; the model writes that answer again, never a second one in a row).
+
+What history a request sends is the client's choice, generation.historyReasoning (`client_messages`, the one rule
+every render of a request goes through): `keep` sends each earlier assistant message with its reasoning_content,
+as SGLang's chat endpoint returned it (SGLang hands an assistant message's reasoning_content to the chat template
+as it came: serving_chat `_apply_jinja_template`), so the model's own template decides what earlier reasoning the
+prompt holds; `drop` removes it first, as SpecForge's `regenerate_train_data.py` does before every request.
 
 How an answer becomes history is what SGLang's chat endpoint hands a client (`split_answer`): the output ids with
 the matched stop id trimmed (the detokenizer's `trim_matched_stop`), decoded with special tokens skipped unless
@@ -27,11 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
+from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
 
 Message = dict[str, Any]
+HISTORY_REASONING: tuple[HistoryReasoning, ...] = get_args(HistoryReasoning)
 
 # Why turns of a conversation are not generated (the `cause` of their rejects.jsonl entry).
 TOOL_TURN = "tool_turn"
@@ -128,8 +136,27 @@ def dataset_answers(messages: Sequence[Message], turns: Turns) -> list[AnswerSpl
     return answers
 
 
-def turn_messages(turns: Turns, turn: int, answers: Sequence[AnswerSplit]) -> list[Message]:
-    """Turn `turn`'s prompt messages: the inputs of turns 0..turn with the answers to 0..turn-1 in between."""
+def client_messages(messages: Sequence[Message], history_reasoning: HistoryReasoning) -> list[Message]:
+    """A request's messages as the chat client sends them (generation.historyReasoning): with `keep` as they are,
+    with `drop` every assistant message without its reasoning_content (SpecForge's `build_query_kwargs`). The
+    one rule of what history holds: every render of a request (worker, canary, preflight, verify) passes here."""
+    if history_reasoning not in HISTORY_REASONING:
+        raise ValueError(f"generation.historyReasoning must be one of {', '.join(HISTORY_REASONING)}")
+    if history_reasoning == "keep":
+        return list(messages)
+    return [
+        {key: value for key, value in message.items() if key != "reasoning_content"}
+        if message.get("role") == "assistant" and "reasoning_content" in message
+        else message
+        for message in messages
+    ]
+
+
+def turn_messages(
+    turns: Turns, turn: int, answers: Sequence[AnswerSplit], *, history_reasoning: HistoryReasoning
+) -> list[Message]:
+    """Turn `turn`'s prompt messages: the inputs of turns 0..turn with the answers to 0..turn-1 in between, as
+    the client sends them (`client_messages`)."""
     if not 0 <= turn < len(turns.inputs) or len(answers) < turn:
         raise ValueError(f"turn {turn} of {len(turns.inputs)} needs {turn} earlier answers, got {len(answers)}")
     out: list[Message] = []
@@ -137,16 +164,21 @@ def turn_messages(turns: Turns, turn: int, answers: Sequence[AnswerSplit]) -> li
         out.extend(turns.inputs[k])
         if k < turn:
             out.append(answers[k].message())
-    return out
+    return client_messages(out, history_reasoning)
 
 
 def request_messages(
-    messages: Sequence[Message], turns: str, turn: int = 0, answers: Sequence[AnswerSplit] = ()
+    messages: Sequence[Message],
+    turns: str,
+    turn: int = 0,
+    answers: Sequence[AnswerSplit] = (),
+    *,
+    history_reasoning: HistoryReasoning,
 ) -> list[Message]:
     """The messages a line's request `turn` renders: the worker's, the canary's, the preflight's and verify's."""
     if turns == "all":
-        return turn_messages(plan_turns(messages), turn, answers)
-    return last_turn(messages)[0]
+        return turn_messages(plan_turns(messages), turn, answers, history_reasoning=history_reasoning)
+    return client_messages(last_turn(messages)[0], history_reasoning)
 
 
 def finished_with_stop(finish_reason: Any) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.engine.template_tools import template_tools
 from datagen_operator.tokenizer.chat_template import compile_template, render_chat
 
 Encoder = Callable[[str], list[int]]
@@ -65,10 +66,12 @@ class LeanRenderer:
         tools: list[dict[str, Any]] | None,
         variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """`variables`: a line's own template variables (its chat_template_kwargs), over the run's."""
+        """`variables`: a line's own template variables (its chat_template_kwargs), over the run's; `tools` as the
+        dataset has them (the template gets SGLang's dump of them, engine/template_tools.py)."""
         merged = {**self.variables, **variables} if variables else self.variables
         try:
-            text = render_chat(self.chat_template, messages, tools=tools, add_generation_prompt=True, **merged)
+            dumped = template_tools(tools)
+            text = render_chat(self.chat_template, messages, tools=dumped, add_generation_prompt=True, **merged)
         except Exception as error:  # jinja errors, template `raise_exception`, bad tool schemas
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
         return self.encode(text)

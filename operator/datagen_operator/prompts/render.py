@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from datagen_operator.engine.template_tools import template_tools
 from datagen_operator.prompts.lean_render import Encoder, LeanRenderer, LeanSpec, RenderError, tokenizers_encoder
 
 if TYPE_CHECKING:  # a render helper imports this module: nothing pydantic-heavy at import time
@@ -128,8 +129,23 @@ def lean_variables(tokenizer: Any, variables: dict[str, Any]) -> dict[str, Any]:
     return {**tokenizer.special_tokens_map, **variables}
 
 
+def own_apply_chat_template(tokenizer: Any) -> str | None:
+    """The tokenizer class that overrides transformers' `apply_chat_template`, or None. Such a class may render
+    anything its own way (recent Kimi releases' remote code sorts the tools and writes them as TypeScript), and
+    SGLang's chat endpoint calls it (serving_chat `_render_and_encode_chat_template`), so its prompts are its
+    own: the template alone, rendered around it, is no proof of them."""
+    for cls in type(tokenizer).__mro__:
+        if "apply_chat_template" in vars(cls):
+            is_base = cls.__name__ == "PreTrainedTokenizerBase" and cls.__module__.startswith("transformers.")
+            return None if is_base else f"{cls.__module__}.{cls.__qualname__}"
+    return None
+
+
 def lean_renderer(tokenizer: Any, template: Any, variables: dict[str, Any]) -> LeanRenderer | str:
     """The lean renderer over a loaded tokenizer's own encoder, or why there is none."""
+    own = own_apply_chat_template(tokenizer)
+    if own is not None:
+        return f"{own} overrides apply_chat_template: every prompt renders through it, as SGLang renders it"
     if not isinstance(template, str):
         return "the tokenizer has several named chat templates"
     encode = backend_encoder(tokenizer)
@@ -147,7 +163,8 @@ class Renderer:
     (`apply_chat_template(tokenize=True)`) on the first `CHECK_FIRST` prompts and every `CHECK_EVERY`th
     after; one difference switches to the reference for good (and is logged), so a template or tokenizer
     that transformers treats differently still renders exactly. `check` is the same comparison for ids a
-    render helper made.
+    render helper made. A tokenizer whose class overrides `apply_chat_template` gets no lean path
+    (`own_apply_chat_template`): a sample proves nothing about the prompts it does not hold (tools, say).
     """
 
     CHECK_FIRST = 16
@@ -167,6 +184,8 @@ class Renderer:
         )
         """What renders: the model's template, its clock pinned to the output's render date."""
         lean = lean_renderer(tokenizer, self.template, self.variables)
+        if isinstance(lean, str):
+            log.info("renderer: apply_chat_template for every prompt (%s)", lean)
         self.lean: LeanRenderer | None = None if isinstance(lean, str) else lean
         self.rendered = 0
         self.checked = 0
@@ -181,12 +200,13 @@ class Renderer:
     def reference(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, variables: Variables = None
     ) -> list[int]:
-        """Exactly what transformers renders and tokenizes (the definition the lean path must match);
-        `variables`: a line's own template variables (its chat_template_kwargs), over the run's."""
+        """Exactly what the tokenizer's own `apply_chat_template` renders and tokenizes (the definition the lean
+        path must match), with the tools SGLang's chat endpoint hands it (engine/template_tools.py); `variables`:
+        a line's own template variables (its chat_template_kwargs), over the run's."""
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages,
-                tools=tools,
+                tools=template_tools(tools),
                 add_generation_prompt=True,
                 tokenize=True,
                 return_dict=False,

@@ -24,7 +24,7 @@ from datagen_operator.output.records import (
     too_long_reject,
 )
 from datagen_operator.output.volume import is_volume_error
-from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, last_turn, plan_turns
+from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, plan_turns, request_messages, turn_messages
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
@@ -75,6 +75,7 @@ class Feeder:
         """The dataset pin's line hashes (prompts/pin.py), read at start; each prompt is held to it."""
         self.turns = turns
         """generation.turns all: how a conversation's later turns are rendered."""
+        self.history_reasoning = config.spec.generation.history_reasoning
         self.resumed: list[tuple[Prompt, int, Turns, int, int]] = []
         """(prompt, line hash, turns, sample, first turn to make) of conversations a crash left mid-way."""
 
@@ -125,7 +126,8 @@ class Feeder:
                         continue
                     prompt = prompt_from(ref, obj)
                     # A line ending with the dataset's answer: the model answers its last user turn instead.
-                    prompt = dataclasses.replace(prompt, messages=last_turn(prompt.messages)[0])
+                    messages = request_messages(prompt.messages, "last", history_reasoning=self.history_reasoning)
+                    prompt = dataclasses.replace(prompt, messages=messages)
                 line_hash = prompt_hash(obj)
                 if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
                     # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
@@ -137,7 +139,8 @@ class Feeder:
                     ledger.set_aside(prompt.id, malformed_reject(prompt.position, reason, "", prompt.id, NO_USER_TURN))
                     continue
                 if turns is not None:
-                    prompt = dataclasses.replace(prompt, messages=list(turns.inputs[0]))
+                    first = turn_messages(turns, 0, (), history_reasoning=self.history_reasoning)
+                    prompt = dataclasses.replace(prompt, messages=first)
                 batch.append((prompt, line_hash, turns))
                 if len(batch) >= self.RENDER_BATCH:
                     ahead.append((batch, asyncio.ensure_future(self._render(batch))))

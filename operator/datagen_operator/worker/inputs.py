@@ -84,9 +84,11 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
 def _rendered(config: WorkerConfig, renderer: Renderer) -> RenderedPrompts | None:
     """The preflight's rendered prompts when they were rendered as this worker renders, else None (said why)."""
     pin = read_pin(config.output)
+    generation = config.spec.generation
     identity = render_identity(
-        renderer.template, renderer.variables, Path(config.tokenizer_dir), config.spec.generation.turns
-    )
+        renderer.template, renderer.variables, Path(config.tokenizer_dir), generation.turns,
+        history_reasoning=generation.history_reasoning,
+    )  # fmt: skip
     store = open_rendered(config.output, identity, pin.sha256 if pin is not None else None)
     if isinstance(store, str):
         log.info("rendering prompts in the worker: %s", store)

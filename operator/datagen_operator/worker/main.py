@@ -162,7 +162,11 @@ class Worker:
                 Display(),
             )
             publisher = Publisher(tracker, pool, sinks, lease, stop, volume, c.progress_interval_s)
-            turns = NextTurns(inputs, ledger, servers.limit, inputs.splitter) if inputs.splitter else None
+            turns = (
+                NextTurns(inputs, ledger, servers.limit, inputs.splitter, c.spec.generation.history_reasoning)
+                if inputs.splitter
+                else None
+            )
             generation = Generation(
                 c,
                 pool,

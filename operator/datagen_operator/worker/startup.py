@@ -98,6 +98,7 @@ def data_fingerprint(config: WorkerConfig, inputs: Inputs, servers: Servers) -> 
         thinking=c.resolved.thinking,
         turns=c.spec.generation.turns,
         template_variables=c.resolved.template_variables,
+        history_reasoning=c.spec.generation.history_reasoning,
     )
 
 

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
 from datagen_operator.prompts.conversation import (
     ANSWER_CALLED_TOOL,
@@ -25,8 +26,16 @@ from datagen_operator.worker.ledger import Ledger
 
 
 class NextTurns:
-    def __init__(self, inputs: Inputs, ledger: Ledger, limit: ContextLimit, splitter: AnswerSplitter) -> None:
+    def __init__(
+        self,
+        inputs: Inputs,
+        ledger: Ledger,
+        limit: ContextLimit,
+        splitter: AnswerSplitter,
+        history_reasoning: HistoryReasoning,
+    ) -> None:
         self.inputs = inputs
+        self.history_reasoning = history_reasoning
         self.ledger = ledger
         self.limit = limit
         self.splitter = splitter
@@ -68,7 +77,9 @@ class NextTurns:
         cannot be sent (the rest of the conversation ended, recorded)."""
         conversation = job.conversation
         assert conversation is not None
-        messages = turn_messages(conversation.turns, job.turn, conversation.answers)
+        messages = turn_messages(
+            conversation.turns, job.turn, conversation.answers, history_reasoning=self.history_reasoning
+        )
         [result] = await self.inputs.render_pool.render([(messages, conversation.tools, conversation.variables)])
         if isinstance(result, str):
             self.end(job, UNRENDERABLE, f"turn {job.turn + 1}: {result}")

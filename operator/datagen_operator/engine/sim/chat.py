@@ -19,6 +19,7 @@ from datagen_operator.engine.sim.model import Completion
 from datagen_operator.engine.sim.protocol import RequestError
 from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
 from datagen_operator.engine.sim.vocab import SimVocab
+from datagen_operator.engine.template_tools import template_tools
 
 KIMI_K2_TOOL_PARSER = "kimi_k2"
 GPT_OSS_MODEL_TYPE = "gpt_oss"
@@ -108,7 +109,7 @@ def render_prompt(request: ChatRequest, vocab: SimVocab) -> list[int]:
         text = render_chat(
             vocab.chat_template,
             request.messages,
-            tools=request.tools,
+            tools=template_tools(request.tools),  # as SGLang dumps them for the template
             add_generation_prompt=True,
             **{**vocab.special_tokens, **request.template_vars},  # transformers passes bos_token & co.
         )
