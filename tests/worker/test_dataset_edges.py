@@ -17,6 +17,7 @@ from datagen_operator.output.readers import iter_rejects
 from datagen_operator.prompts.dataset import (
     BAD_ID,
     BAD_JSON,
+    DUPLICATE_ID,
     INVALID_TOOLS,
     DatasetError,
     EmptyDataset,
@@ -86,19 +87,30 @@ def test_a_tool_schema_sglang_accepts_is_kept(tmp_path: Path, tools: Any) -> Non
 # --- ids ------------------------------------------------------------------------------------------
 
 
-def test_integer_ids_are_refused_so_they_never_collide_with_string_ids(tmp_path: Path) -> None:
-    # Integer 1 first: it used to become "1" and push the real "1" aside as a duplicate.
-    lines = [_prompt(1), _prompt("1"), _prompt(2), _prompt(1.5), _prompt(True), _prompt("2")]
-    plans = [plan_shard(_jsonl(tmp_path / "d.jsonl", lines), index, 2) for index in range(2)]
-    kept = sorted((ref.position, ref.id) for plan in plans for ref in plan.prompts)
-    assert kept == [(1, "1"), (5, "2")]
-    refused = sorted((m.position, m.cause, m.reason) for plan in plans for m in plan.malformed)
-    assert [(position, cause) for position, cause, _ in refused] == [(0, BAD_ID), (2, BAD_ID), (3, BAD_ID), (4, BAD_ID)]
-    reasons = {position: reason for position, _, reason in refused}
-    assert reasons[0].startswith("id must be a JSON string, got integer 1 ")
-    assert reasons[0].endswith('write it as "id": "1"')
-    assert reasons[3].startswith("id must be a JSON string, got number 1.5")
-    assert reasons[4].startswith("id must be a JSON string, got boolean true")
+def test_integer_ids_are_their_decimal_strings_and_a_collision_with_a_string_id_is_named(tmp_path: Path) -> None:
+    # SpecForge's own test data numbers its lines. Integer 1 and string "1" are one stored id: the later is set
+    # aside, its reason naming the collision; two integer 2s are a plain duplicate.
+    lines = [_prompt(1), _prompt("1"), _prompt(2), _prompt(1.5), _prompt(True), _prompt("3"), _prompt(3), _prompt(2)]
+    array = tmp_path / "d.json"
+    array.write_bytes(orjson.dumps(lines))
+    for path in (_jsonl(tmp_path / "d.jsonl", lines), array):
+        plans = [plan_shard(path, index, 2) for index in range(2)]
+        kept = sorted((ref.position, ref.id) for plan in plans for ref in plan.prompts)
+        assert kept == [(0, "1"), (2, "2"), (5, "3")]
+        refused = sorted((m.position, m.cause, m.reason) for plan in plans for m in plan.malformed)
+        assert [(position, cause) for position, cause, _ in refused] == [
+            (1, DUPLICATE_ID), (3, BAD_ID), (4, BAD_ID), (6, DUPLICATE_ID), (7, DUPLICATE_ID)
+        ]  # fmt: skip
+        reasons = {position: reason for position, _, reason in refused}
+        assert reasons[1].startswith(
+            "id '1' collides: an earlier line holds it as the integer and this one as the string"
+        )
+        assert reasons[6].startswith(
+            "id '3' collides: an earlier line holds it as the string and this one as the integer"
+        )
+        assert reasons[7] == "duplicate id '2' (first occurrence kept)"
+        assert reasons[3] == "id must be a JSON string or an integer, got number 1.5"
+        assert reasons[4] == "id must be a JSON string or an integer, got boolean true"
 
 
 def test_a_parquet_integer_id_column_is_read_as_strings(tmp_path: Path) -> None:
@@ -118,15 +130,15 @@ def test_an_empty_dataset_is_refused_naming_spec_dataset_path(tmp_path: Path) ->
     with pytest.raises(EmptyDataset, match=rf"^spec.dataset.path {empty}: the dataset is empty \(2 lines"):
         check_dataset(empty)
 
-    useless = _jsonl(tmp_path / "bad.jsonl", [_prompt(1), _prompt(2), b"{oops"])
+    useless = _jsonl(tmp_path / "bad.jsonl", [_prompt(1.5), _prompt(False), b"{oops"])
     with pytest.raises(EmptyDataset) as raised:
         check_dataset(useless)
     message = str(raised.value)
     assert message.startswith(f"spec.dataset.path {useless}: no valid prompt in 3 lines; set aside: ")
-    assert "2 bad_id (e.g. line 1: id must be a JSON string, got integer 1" in message
+    assert "2 bad_id (e.g. line 1: id must be a JSON string or an integer, got number 1.5" in message
     assert "1 bad_json (e.g. line 3: bad JSON" in message
 
-    summary = check_dataset(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(1), b"[]"]))
+    summary = check_dataset(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(0.5), b"[]"]))
     assert (summary.lines, summary.prompts, summary.set_aside) == (3, 1, {BAD_ID: 1, "not_object": 1})
     assert dataset_summary(useless).set_aside == {BAD_ID: 2, BAD_JSON: 1}
 
@@ -134,7 +146,7 @@ def test_an_empty_dataset_is_refused_naming_spec_dataset_path(tmp_path: Path) ->
 def test_the_worker_refuses_an_empty_dataset_before_any_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dataset = _jsonl(tmp_path / "d.jsonl", [_prompt(1), _prompt(2)])
+    dataset = _jsonl(tmp_path / "d.jsonl", [_prompt(1.5), _prompt(False)])
     document = spec(dataset, tmp_path / "out")
     # Nothing listens on port 9: a worker that got past the dataset would wait for the server, then exit 4.
     assert run_inprocess(document, ["http://127.0.0.1:9"], "--server-timeout", "3") == EXIT_BAD_INPUT
@@ -157,7 +169,7 @@ def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resu
     good = prompts(6)
     bad: dict[int, bytes] = {
         2: orjson.dumps(_prompt("bad-tools", tools=[{"type": "function", "function": {"name": ""}}])),
-        3: orjson.dumps(_prompt(7)),
+        3: orjson.dumps(_prompt(7.5)),
         # The template reads content parts with .get(): a bare number cannot be rendered.
         5: orjson.dumps({"id": "unrenderable", "messages": [{"role": "user", "content": [5]}]}),
     }

@@ -189,6 +189,9 @@ class _Entry:
     turns: Turns | None = None
     with_last_turn: bool = False
     trailing: bool = False
+    unrenderable: str | None = None
+    """Why the line has nothing to render (no request in its batch): judged in its turn, so the store's lines
+    stay in dataset order."""
 
 
 @dataclass
@@ -272,6 +275,9 @@ async def judge_dataset(
             batch, future = ahead.popleft()
             results = iter(await future)
             for entry in batch:
+                if entry.unrenderable is not None:
+                    run.set_unrenderable(entry.ref, entry.line_hash, entry.unrenderable)
+                    continue
                 accepted = run.take(entry, next(results))
                 if entry.with_last_turn:
                     last = next(results)
@@ -293,10 +299,10 @@ async def judge_dataset(
         if turns_mode == "all":
             turns = plan_turns(prompt.messages)
             if not len(turns):
-                run.set_unrenderable(ref, line_hash, "no user message to answer")
-                continue
-            entry.turns = turns
-            items.append((list(turns.inputs[0]), prompt.tools, prompt.variables))
+                entry.unrenderable = "no user message to answer"
+            else:
+                entry.turns = turns
+                items.append((list(turns.inputs[0]), prompt.tools, prompt.variables))
             if len(turns) >= 2:
                 last = len(turns) - 1
                 history = turn_messages(turns, last, dataset_answers(prompt.messages, turns))

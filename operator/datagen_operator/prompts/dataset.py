@@ -12,10 +12,11 @@ one is set aside as a duplicate. A line without a usable id is owned by shard `l
 exactly one shard reports it.
 
 Ids live in the id field (`id`, or spec.dataset.id_field). A line that has the field holds its id there, as
-a JSON string. An integer id is refused per line (cause `bad_id`): the output keys records by a string id
-(Parquet column, resume keys, rejects, verify), so a silent `str()` would make integer 1 and string "1" the
-same prompt. A Parquet id column of an integer type is the exception: a column holds one type, so its ids
-cannot collide, and they are read as their decimal strings.
+a JSON string or an integer (SpecForge's own test data numbers its lines), read as its decimal string: the
+output keys records by a string id (Parquet column, resume keys, rejects, verify). Integer 1 and string "1" are
+then one id; where one dataset holds both, the later line is set aside as `duplicate_id` with a reason naming
+the collision (`_Assigner.duplicate`), as any repeated id is. Other ids (a number with a fraction, a boolean,
+an object) are refused per line (cause `bad_id`).
 
 A line WITHOUT the id field gets an id derived from its content (`derived_id`): "sha256:" and the first 16 hex
 digits of the SHA-256 of `orjson.dumps({"messages": <its normalised messages>, "tools": <its tools or null>},
@@ -186,19 +187,17 @@ def shard_of_line(position: int, shard_count: int) -> int:
     return position % shard_count
 
 
-def validate_prompt(
-    obj: Any, id_field: str | None = None, *, integer_ids: bool = False
-) -> tuple[str | None, Problem | None]:
+def validate_prompt(obj: Any, id_field: str | None = None) -> tuple[str | None, Problem | None]:
     """(id, None) for a usable prompt object, else (id-if-any, the problem: every one the line has, in one
-    reason). The id is the id field's (`id_field`, default `id`), else derived from the content (module doc);
-    `integer_ids`: an integer id is read as its decimal string (a Parquet integer column)."""
+    reason). The id is the id field's (`id_field`, default `id`; an integer as its decimal string), else
+    derived from the content (module doc)."""
     if not isinstance(obj, dict):
         return None, Problem(NOT_OBJECT, f"expected a JSON object, got {_json_type(obj)}")
     id_key = id_field or "id"
     problems: list[Problem] = []
     prompt_id: str | None = None
     if id_key in obj:
-        prompt_id, id_problem = _id_problem(obj[id_key], id_key, integer_ids)
+        prompt_id, id_problem = _id_problem(obj[id_key], id_key)
         if id_problem is not None:
             problems.append(id_problem)
     messages: list[dict[str, Any]] | None = None
@@ -251,20 +250,17 @@ def template_kwargs_problem(kwargs: Any) -> str | None:
     return None
 
 
-def _id_problem(raw_id: Any, id_key: str, integer_ids: bool) -> tuple[str | None, Problem | None]:
-    """The id held in the id field, or why it is unusable."""
+def _id_problem(raw_id: Any, id_key: str) -> tuple[str | None, Problem | None]:
+    """The id held in the id field (an integer as its decimal string), or why it is unusable."""
     if raw_id is None:
         return None, Problem(BAD_ID, f"missing {id_key}")
-    if integer_ids and type(raw_id) is int:
-        return str(raw_id), None  # an integer column: one type for every row, so no collision (module doc)
+    if type(raw_id) is int:
+        return str(raw_id), None  # "1" and 1 in one dataset: the later is a duplicate, named (_Assigner.duplicate)
     if not isinstance(raw_id, str):
-        hint = (
-            f'; write it as "{id_key}": "{raw_id}"' if isinstance(raw_id, int) and not isinstance(raw_id, bool) else ""
-        )
         return None, Problem(
             BAD_ID,
-            f"{id_key} must be a JSON string, got {_json_type(raw_id)} {orjson.dumps(raw_id).decode()[:40]} "
-            f'(ids are stored as strings, so integer 1 and string "1" would be one prompt){hint}',
+            f"{id_key} must be a JSON string or an integer, got {_json_type(raw_id)} "
+            f"{orjson.dumps(raw_id).decode()[:40]}",
         )
     if not raw_id:
         return None, Problem(BAD_ID, f"empty {id_key}")
@@ -565,6 +561,8 @@ class _Assigner:
         from datagen_operator.prompts.seen import SeenHashes  # numpy: only once a dataset is read
 
         self.seen = SeenHashes()
+        self.integer_ids = SeenHashes()
+        """The ids taken that a line held as an integer (few datasets have any), to name a collision of 1 and "1"."""
         self.take_valid = self._valid_taker()
 
     def _valid_taker(self) -> Callable[[int, str, int, int], PromptRef | _Duplicate | None]:
@@ -591,8 +589,21 @@ class _Assigner:
 
         return take_valid
 
-    def duplicate(self, position: int, prompt_id: str, raw: bytes | str) -> MalformedLine:
-        reason = f"duplicate id {prompt_id!r} (first occurrence kept)"
+    def took_integer(self, prompt_id: str) -> None:
+        """The line just taken held its id as an integer."""
+        self.integer_ids.add(hash(prompt_id))
+
+    def duplicate(self, position: int, prompt_id: str, raw: bytes | str, integer: bool = False) -> MalformedLine:
+        """A later line with an id already taken; `integer`: this line holds it as an integer."""
+        if integer != (hash(prompt_id) in self.integer_ids):
+            first, this = ("string", "integer") if integer else ("integer", "string")
+            reason = (
+                f"id {prompt_id!r} collides: an earlier line holds it as the {first} and this one as the {this}, and "
+                "ids are stored as strings, so they would be one prompt (first occurrence kept); give one of them "
+                "another id"
+            )
+        else:
+            reason = f"duplicate id {prompt_id!r} (first occurrence kept)"
         return MalformedLine(position, reason, _excerpt(raw), prompt_id, DUPLICATE_ID)
 
     def set_aside(
@@ -845,6 +856,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
             if sink is not None:
                 sink.parsed(line, obj)
             prompt_id = plain_id(obj, id_key)
+            integer = False
             if prompt_id is None:
                 prompt_id, problem = validate(obj, id_field)
                 if problem is not None:
@@ -853,12 +865,15 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                         yield aside
                     continue
                 assert prompt_id is not None
+                integer = type(obj.get(id_key)) is int
             valid += 1
             ref = take_valid(position, prompt_id, start, length)
             if type(ref) is PromptRef:
+                if integer:
+                    assigner.took_integer(prompt_id)
                 yield ref, obj
             elif ref is DUPLICATE:
-                yield assigner.duplicate(position, prompt_id, line.strip())
+                yield assigner.duplicate(position, prompt_id, line.strip(), integer)
     scan.lines_total = position + 1
     scan.valid_lines_total = valid
     if sink is not None:
@@ -893,11 +908,14 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
             else:
                 assert prompt_id is not None
                 valid += 1
+                integer = type(obj.get(id_key)) is int
                 ref = assigner.take_valid(position, prompt_id, offset, len(data))
                 if isinstance(ref, PromptRef):
+                    if integer:
+                        assigner.took_integer(prompt_id)
                     yield ref, obj
                 elif ref is DUPLICATE:
-                    yield assigner.duplicate(position, prompt_id, data[:200])
+                    yield assigner.duplicate(position, prompt_id, data[:200], integer)
             position += 1
     scan.lines_total = position
     scan.valid_lines_total = valid
@@ -920,7 +938,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
         for obj in batch.to_pylist():
             obj = normalise_parquet_row(obj)
             raw = orjson.dumps(obj, default=str)[:200]
-            prompt_id, problem = validate_prompt(obj, id_field, integer_ids=True)
+            prompt_id, problem = validate_prompt(obj, id_field)
             if problem is not None:
                 aside = assigner.set_aside(position, prompt_id, problem, raw)
                 if aside is not None:
