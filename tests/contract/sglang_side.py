@@ -308,3 +308,40 @@ def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capa
         chunk_size=None,
     )  # fmt: skip
     return int(capped)
+
+
+def chat_tools_verdict(tools: list[Any]) -> dict[str, Any]:
+    """A chat request carrying `tools`, as serving_chat admits it: FastAPI's validation (`ChatCompletionRequest`,
+    its `Tool` models), then `_validate_request`, which rewrites each tool's parameter types in place before the
+    template renders them (`normalize_json_schema_types`) and checks the schema. {"refused": text} or
+    {"functions": each tool's `function` as the request then holds it, its unset fields left out}."""
+    import pydantic
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    try:
+        request = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools}
+        )
+    except pydantic.ValidationError as error:
+        return {"refused": str(error)}
+    serving = types.SimpleNamespace(is_minimax_m3=False, _validate_media_content=lambda request: None)
+    serving._effective_tools = types.MethodType(OpenAIServingChat._effective_tools, serving)
+    refusal = OpenAIServingChat._validate_request(serving, request)
+    if refusal is not None:
+        return {"refused": refusal}
+    return {"functions": [tool.function.model_dump(exclude_unset=True) for tool in request.tools or []]}
+
+
+def schema_types(schemas: list[Any]) -> list[Any]:
+    """Each schema as SGLang's `normalize_json_schema_types` leaves it (it rewrites in place)."""
+    import copy
+
+    from sglang.srt.function_call.utils import normalize_json_schema_types
+
+    out = []
+    for schema in schemas:
+        schema = copy.deepcopy(schema)
+        normalize_json_schema_types(schema)
+        out.append(schema)
+    return out

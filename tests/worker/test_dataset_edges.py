@@ -81,7 +81,47 @@ def test_a_tool_schema_sglang_accepts_is_kept(tmp_path: Path, tools: Any) -> Non
     plan = plan_shard(path, 0, 1)
     assert [ref.id for ref in plan.prompts] == ["ok"] and plan.malformed == []
     [prompt] = plan.iter_prompts()
-    assert prompt.tools == (tools or None)
+    if isinstance(tools, list) and all("function" in tool and "type" in tool for tool in tools):
+        assert prompt.tools == (tools or None)  # the OpenAI shape already: as it is
+    else:  # read into it
+        assert prompt.tools is None or all(tool["type"] == "function" for tool in prompt.tools)
+        assert bool(prompt.tools) == (tools not in ("", None, []))
+
+
+GLAIVE_TOOLS = [  # glaive / LLaMA-Factory glaive_toolcall_en_demo: bare function objects, in a JSON string
+    {"name": "search_recipes", "description": "Search recipes", "parameters": {
+        "type": "object", "properties": {"ingredients": {"type": "array", "items": {"type": "string"}}},
+        "required": ["ingredients"]}},
+]  # fmt: skip
+REASON_TOOL_USE_TOOLS = [  # LLaMA-Factory reason_tool_use_demo: wrapped, with database type names
+    {"type": "function", "function": {"name": "get_asset", "description": "Fetch an asset.", "parameters": {
+        "type": "dict", "properties": {"identifier": {"type": "str", "default": "7"},
+                                       "ids": {"type": "List[int]"}, "limit": {"type": "int"}}},
+        "required": ["identifier"]}},
+]  # fmt: skip
+
+
+def test_the_fields_tool_shapes_are_read_as_sglang_and_specforge_read_them(tmp_path: Path) -> None:
+    # Tools in a JSON string (json.loads, as SpecForge), bare function objects wrapped (SGLang's Tool needs
+    # `function`), database type names rewritten as SGLang's request validation rewrites them for the template.
+    lines = [
+        _prompt("glaive", tools=orjson.dumps(GLAIVE_TOOLS).decode()),
+        _prompt("reason", tools=orjson.dumps(REASON_TOOL_USE_TOOLS).decode()),
+        _prompt("none", tools="[]"),
+    ]
+    path = _jsonl(tmp_path / "d.jsonl", lines)
+    plan = plan_shard(path, 0, 1)
+    assert plan.malformed == []
+    glaive, reason, none = plan.iter_prompts()
+    assert glaive.tools == [{"type": "function", "function": GLAIVE_TOOLS[0]}]
+    assert reason.tools == [
+        {"type": "function", "function": {"name": "get_asset", "description": "Fetch an asset.", "parameters": {
+            "type": "object", "properties": {"identifier": {"type": "string", "default": "7"},
+                                             "ids": {"type": "array"}, "limit": {"type": "integer"}}},
+            "required": ["identifier"]}},
+    ]  # fmt: skip
+    assert none.tools is None
+    assert lines[1]["tools"] == orjson.dumps(REASON_TOOL_USE_TOOLS).decode(), "the line itself is never changed"
 
 
 # --- ids ------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from datagen_operator.prompts.dataset import (
     validate_prompt,
 )
 from datagen_operator.prompts.pin import DatasetPin, LinePins, pin_dataset
+from datagen_operator.prompts.tools import read_tools
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 
 IDS: list[Any] = ["p1", "", " ", 1, 0, True, 1.5, None, ["p1"], {"id": "p1"}]
@@ -167,7 +168,7 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
     assert "formfeed" in {prompt.id for prompt in loaded}
     objs = [item[1] for item in ShardScan(path, 0, 1) if not isinstance(item, MalformedLine)]
     assert [(prompt.messages, prompt.tools) for prompt in loaded] == [
-        (obj["messages"], obj.get("tools") or None) for obj in objs
+        (obj["messages"], read_tools(obj.get("tools"))[0]) for obj in objs
     ]
 
 

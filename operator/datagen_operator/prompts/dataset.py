@@ -42,6 +42,9 @@ from typing import IO, Any, Literal, Protocol
 
 import orjson
 
+from datagen_operator.prompts.tools import json_type as _json_type
+from datagen_operator.prompts.tools import read_tools
+
 DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]
 ReadFormat = Literal["jsonl", "json", "parquet"]
 
@@ -372,73 +375,9 @@ def _shown(value: Any) -> str:
 
 
 def tools_problem(tools: Any) -> str | None:
-    """Why `tools` would not reach the model as SGLang's chat endpoint would send it, or None.
-
-    The rule is SGLang's `Tool`/`Function` request models (entrypoints/openai/protocol.py): each entry
-    an object with `function: {name: str, description?: str, parameters?: object, strict?: bool}`.
-    Stricter than SGLang in two places, both because the chat templates and tool-call parsers only
-    understand function tools with a JSON-schema object: `type` must be "function" (SGLang accepts any
-    string, then renders a tool no template can declare), and `parameters`, when given, must be a schema
-    of type object (`properties` an object, `required` a list of strings).
-    """
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        return f"tools must be a list, got {_json_type(tools)}"
-    for index, tool in enumerate(tools):
-        where = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            return f"{where} must be an object, got {_json_type(tool)}"
-        if tool.get("type") != "function":
-            return f'{where}.type must be "function", got {orjson.dumps(tool.get("type")).decode()[:40]}'
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            return f"{where}.function must be an object, got {_json_type(function)}"
-        name = function.get("name")
-        if not isinstance(name, str) or not name.strip():
-            return f"{where}.function.name must be a non-empty string, got {orjson.dumps(name).decode()[:40]}"
-        if function.get("description") is not None and not isinstance(function["description"], str):
-            return f"{where}.function.description must be a string, got {_json_type(function['description'])}"
-        if function.get("strict") is not None and not isinstance(function["strict"], bool):
-            return f"{where}.function.strict must be true or false, got {_json_type(function['strict'])}"
-        schema_reason = _parameters_problem(function.get("parameters"))
-        if schema_reason is not None:
-            return f"{where}.function.parameters {schema_reason}"
-    return None
-
-
-def _parameters_problem(parameters: Any) -> str | None:
-    if parameters is None:
-        return None  # SGLang and the templates accept a function without parameters
-    if not isinstance(parameters, dict):
-        return f"must be a JSON-schema object, got {_json_type(parameters)}"
-    if parameters.get("type", "object") != "object":
-        return f'must have "type": "object", got {orjson.dumps(parameters.get("type")).decode()[:40]}'
-    if not isinstance(parameters.get("properties", {}), dict):
-        return f"properties must be an object, got {_json_type(parameters['properties'])}"
-    required = parameters.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(item, str) for item in required):
-        return "required must be a list of property names"
-    return None
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of a value's type, as a dataset author would call it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    """Why a line's `tools` would not reach the model as SGLang's chat endpoint would send them, or None
+    (prompts/tools.py `read_tools`, which reads them)."""
+    return read_tools(tools)[1]
 
 
 def _excerpt(raw: bytes | str, limit: int = 200) -> str:
@@ -483,7 +422,11 @@ class ShardPlan:
 def prompt_from(ref: PromptRef, obj: dict[str, Any]) -> Prompt:
     """The prompt of a valid line, from its parsed object: its messages as OpenAI messages (normalised_messages)."""
     return Prompt(
-        ref.position, ref.id, normalised_messages(obj), obj.get("tools") or None, obj.get(TEMPLATE_KWARGS) or None
+        ref.position,
+        ref.id,
+        normalised_messages(obj),
+        read_tools(obj.get("tools"))[0],
+        obj.get(TEMPLATE_KWARGS) or None,
     )
 
 
