@@ -345,3 +345,31 @@ def schema_types(schemas: list[Any]) -> list[Any]:
         normalize_json_schema_types(schema)
         out.append(schema)
     return out
+
+
+def template_content(messages: list[dict[str, Any]], chat_template: str) -> dict[str, Any]:
+    """What serving_chat's `_apply_jinja_template` hands a Jinja chat template for `messages`: the request
+    validated (`ChatCompletionRequest`) and dumped, each message's content processed for the template's content
+    format (`detect_jinja_template_content_format`, `process_content_for_template_format`) and a tool message's
+    text parts joined (`normalize_tool_content`). {"format", "messages"}, or {"refused": text}."""
+    import pydantic
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import normalize_tool_content
+    from sglang.srt.parser.jinja_template_utils import (
+        detect_jinja_template_content_format,
+        process_content_for_template_format,
+    )
+
+    form = detect_jinja_template_content_format(chat_template)
+    try:
+        request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages})
+    except pydantic.ValidationError as error:
+        return {"refused": str(error)}
+    out = []
+    for message in [message.model_dump() for message in request.messages]:
+        if message.get("content") is None:
+            message["content"] = ""
+        processed = process_content_for_template_format(message, form, [], [], [], [])
+        processed["content"] = normalize_tool_content(processed["role"], processed.get("content"))
+        out.append(processed)
+    return {"format": form, "messages": out}

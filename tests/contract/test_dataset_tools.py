@@ -1,4 +1,4 @@
-"""A dataset line's tools, read by prompts/tools.py, held to SGLang 0.5.23's own chat endpoint: every tool read is
+"""A dataset line's tools, read by engine/chat_tools.py, held to SGLang 0.5.23's own chat endpoint: every tool read is
 one SGLang admits (its `Tool` model, its `_validate_request`), with the parameter types SGLang's validation
 leaves for the template; every tool set aside for a type name is one SGLang refuses."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.prompts.tools import TYPE_ALIASES, read_tools, schema_types
+from datagen_operator.engine.chat_tools import TYPE_ALIASES, read_tools, schema_types
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 

@@ -48,3 +48,22 @@ def test_a_system_only_line_after_a_valid_one_is_set_aside_in_order_under_turns_
     assert outcome.prompts == 3 and "(1 set aside)" in outcome.message
     stored = np.frombuffer((rendered_dir(tmp_path / "out") / LINES_FILE).read_bytes(), dtype=LINE_DTYPE)
     assert [int(count) > 0 for count in stored["count"]] == [True, False, True], "lines stored in dataset order"
+
+
+def test_an_empty_user_message_is_answered_and_the_preflight_counts_it(tmp_path: Path, standin_tokenizer: Path) -> None:
+    # SGLang's chat endpoint refuses no empty user message: the template renders an empty user turn, answered.
+    lines = [
+        {"id": "empty", "messages": [{"role": "user", "content": ""}]},
+        {"id": "no-text", "messages": [{"role": "user", "content": []}]},
+        {"id": "spaces", "messages": [{"role": "user", "content": [{"type": "text", "text": " "}]}]},
+        {"id": "fine", "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe rain."}]}]},
+    ]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    spec = load_run(manifest(tmp_path, standin_tokenizer, dataset=dataset)).spec
+    outcome = run_preflight(
+        spec, load_tokenizer(standin_tokenizer, trust_remote_code=False), standin_tokenizer, dataset, tmp_path / "out"
+    )
+    assert outcome.passed, outcome.message
+    assert outcome.prompts == 4 and "set aside" not in outcome.message
+    assert "3 lines hold an empty user message (e.g. line 1 (id 'empty')): it is sent as it is" in outcome.message

@@ -133,3 +133,14 @@ def test_bad_chat_requests_are_400(sim: SimServer) -> None:
 def test_separate_reasoning_endpoint(sim: SimServer) -> None:
     reply = post(sim.url, "/separate_reasoning", {"text": "<think>plan</think> answer", "reasoning_parser": "qwen3"})
     assert reply.json() == {"text": " answer", "reasoning_text": "plan"}  # SGLang strips neither part
+
+
+def test_text_content_parts_are_joined_as_sglangs_chat_endpoint_joins_them(sim: SimServer) -> None:
+    # The stand-in's Kimi-K2 template is string-format: SGLang hands it the parts' text joined with a space.
+    # (The template alone would write them back to back: "rainrain...", far fewer tokens.)
+    parts = [{"type": "text", "text": "rain"}] * 12
+    with_parts = chat(sim, [{"role": "system", "content": parts[:2]}, {"role": "user", "content": parts}])
+    joined = chat(
+        sim, [{"role": "system", "content": "rain rain"}, {"role": "user", "content": " ".join(["rain"] * 12)}]
+    )
+    assert with_parts["usage"]["prompt_tokens"] == joined["usage"]["prompt_tokens"]

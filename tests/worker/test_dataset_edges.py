@@ -210,8 +210,16 @@ def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resu
     bad: dict[int, bytes] = {
         2: orjson.dumps(_prompt("bad-tools", tools=[{"type": "function", "function": {"name": ""}}])),
         3: orjson.dumps(_prompt(7.5)),
-        # The template reads content parts with .get(): a bare number cannot be rendered.
-        5: orjson.dumps({"id": "unrenderable", "messages": [{"role": "user", "content": [5]}]}),
+        # The template reads a tool call with .get(): a bare number cannot be rendered.
+        5: orjson.dumps(
+            {
+                "id": "unrenderable",
+                "messages": [
+                    {"role": "assistant", "content": "a", "tool_calls": [5]},
+                    {"role": "user", "content": "q"},
+                ],
+            }
+        ),
     }
     dataset = write_dataset(tmp_path / "prompts.jsonl", good, bad)
     dataset.write_bytes(BOM + dataset.read_bytes())

@@ -431,17 +431,17 @@ def test_a_truncated_array_keeps_the_elements_before_the_break(
     ("body", "valid", "where"),
     [
         (
-            b'[{"id": "a", "messages": [{"role": "user"}]}, NaN, {"id": "b"}]',
+            b'[{"id": "a", "messages": [{"role": "tool"}]}, NaN, {"id": "b"}]',
             1,
             "at element 2 (byte offset 46): unexpected character",
         ),
-        (b'[{"id": "a", "messages": [{"role": "user"}]}] trailing', 1, "text after the array's closing ] at byte"),
+        (b'[{"id": "a", "messages": [{"role": "tool"}]}] trailing', 1, "text after the array's closing ] at byte"),
         (
-            b'[{"id": "a", "messages": [{"role": "user"}]}, 1}, 2]',
+            b'[{"id": "a", "messages": [{"role": "tool"}]}, 1}, 2]',
             1,
             "at element 2 (byte offset 46): a } at byte offset 47 closes nothing",
         ),
-        (b'[{"id": "a", "messages": [{"role": "user"}]},]', 1, "at element 2 (byte offset 45): Input is a zero-length"),
+        (b'[{"id": "a", "messages": [{"role": "tool"}]},]', 1, "at element 2 (byte offset 45): Input is a zero-length"),
         (b"[", 0, "before its closing ]"),
     ],
 )

@@ -22,6 +22,7 @@ import numpy as np
 from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks.evaluate import dataset_checks, measured
+from datagen_operator.engine.chat_content import empty_user_messages
 from datagen_operator.output.records import ContextLimit, too_long_reason
 from datagen_operator.output.rendered import RenderedWriter
 from datagen_operator.output.volume import is_volume_error
@@ -88,6 +89,9 @@ class ConversationCounts:
     first_may_not_fit: str = ""
     trailing: int = 0
     """turns: last: lines ending with an assistant turn, which is dropped (the model answers the last user turn)."""
+    empty_user: int = 0
+    """Lines holding a user message with no text: sent as SGLang's chat endpoint sends one (engine/chat_content.py)."""
+    first_empty_user: str = ""
 
     def count(self, turns: Turns) -> None:
         self.conversations += 1
@@ -116,6 +120,11 @@ class ConversationCounts:
                 f"{self.may_not_fit} conversations may not fit all their turns (with the dataset's own answers as "
                 f"history, e.g. {self.first_may_not_fit}): a turn that does not fit is set aside as too_long when the "
                 "workers reach it, and its conversation ends there"
+            )
+        if self.empty_user:
+            parts.append(
+                f"{self.empty_user} lines hold an empty user message (e.g. {self.first_empty_user}): it is sent as "
+                "it is, an empty user turn, and answered, as SGLang's chat endpoint answers it"
             )
         if self.trailing:
             parts.append(
@@ -296,6 +305,11 @@ async def judge_dataset(
         line_hash = prompt_hash(obj)
         prompt = prompt_from(ref, obj)
         entry = _Entry(ref, line_hash)
+        if empty_user_messages(prompt.messages):
+            run.conversations.empty_user += 1
+            run.conversations.first_empty_user = run.conversations.first_empty_user or (
+                f"line {ref.position + 1} (id {ref.id!r})"
+            )
         if turns_mode == "all":
             turns = plan_turns(prompt.messages)
             if not len(turns):

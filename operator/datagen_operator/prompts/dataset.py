@@ -4,7 +4,9 @@ A line (a JSON array's element, a Parquet row) is a conversation: a `messages` l
 `messages` is absent or null, of OpenAI messages `{role, content, ...}` (role system/user/assistant/tool; other
 keys such as `reasoning_content`, `tool_calls`, `name`, `tool_call_id` are kept) or ShareGPT ones `{from, value}`
 (SHAREGPT_ROLES maps `from`), and optionally `tools`. `prompt_from` hands every caller OpenAI messages: a
-ShareGPT message becomes `{role, content}`.
+ShareGPT message becomes `{role, content}`. An OpenAI message's content is a string or a list of text parts
+(engine/chat_content.py: a part that is not text sets the line aside as `non_text_content`); `tools` are read as
+SGLang and SpecForge read them (engine/chat_tools.py: a JSON string, bare function objects, type names).
 
 Shard assignment hashes the prompt id (blake2b, not Python's salted `hash`), so every restart, pod
 and machine agrees, and two lines with the same id always land in the same shard, where the second
@@ -42,8 +44,9 @@ from typing import IO, Any, Literal, Protocol
 
 import orjson
 
-from datagen_operator.prompts.tools import json_type as _json_type
-from datagen_operator.prompts.tools import read_tools
+from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_problem
+from datagen_operator.engine.chat_tools import json_type as _json_type
+from datagen_operator.engine.chat_tools import read_tools
 
 DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]
 ReadFormat = Literal["jsonl", "json", "parquet"]
@@ -64,6 +67,7 @@ CAUSES = (
     BAD_ID,
     DUPLICATE_ID,
     BAD_MESSAGES,
+    NON_TEXT_CONTENT,
     INVALID_TOOLS,
     UNKNOWN_SHAPE,
     INVALID_TEMPLATE_KWARGS,
@@ -294,7 +298,12 @@ def _judge_messages(messages: Any, key: str) -> tuple[list[dict[str, Any]] | Non
         elif "role" in message:
             role = message["role"]
             if isinstance(role, str) and role in OPENAI_ROLES:
-                out.append(message)
+                content = content_problem(message, where)
+                if content is None:
+                    out.append(message)
+                else:
+                    non_text, reason = content
+                    problems.append(Problem(NON_TEXT_CONTENT if non_text else BAD_MESSAGES, reason))
             else:
                 problems.append(Problem(UNKNOWN_SHAPE, f"{where} has role {_shown(role)}; {EXPECTED_SHAPES}"))
         elif "from" in message:
@@ -346,7 +355,7 @@ def derived_id(messages: list[dict[str, Any]], tools: Any, kwargs: Any = None) -
 
 def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty `messages`
-    list of objects each with an OpenAI role, no tools), else None: then validate_prompt must judge it. Every
+    list of objects each with an OpenAI role and string content, no tools), else None: then validate_prompt must judge it. Every
     object this accepts, validate_prompt accepts with the same id (it checks a subset of the same conditions, on
     orjson's exact types), so the scan may skip validate_prompt for it (tests/worker/test_dataset_scan.py)."""
     if type(obj) is not dict:
@@ -360,7 +369,14 @@ def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     roles = OPENAI_ROLES
     try:
         for message in messages:
-            if type(message) is not dict or message.get("role") not in roles:
+            if type(message) is not dict:
+                return None
+            role = message.get("role")
+            if role not in roles:
+                return None
+            # Content parts, and a user message without content, are judged in full (engine/chat_content.py).
+            content = message.get("content")
+            if type(content) is not str and (content is not None or role == "user"):
                 return None
     except TypeError:  # an unhashable role (a list, an object): validate_prompt names it
         return None
@@ -376,7 +392,7 @@ def _shown(value: Any) -> str:
 
 def tools_problem(tools: Any) -> str | None:
     """Why a line's `tools` would not reach the model as SGLang's chat endpoint would send them, or None
-    (prompts/tools.py `read_tools`, which reads them)."""
+    (engine/chat_tools.py `read_tools`, which reads them)."""
     return read_tools(tools)[1]
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.engine.chat_content import content_format, template_messages
 from datagen_operator.tokenizer.chat_template import compile_template, render_chat
 
 Encoder = Callable[[str], list[int]]
@@ -49,6 +50,7 @@ class LeanRenderer:
     def __init__(self, chat_template: str, variables: dict[str, Any], encode: Encoder) -> None:
         compile_template(chat_template)
         self.chat_template = chat_template
+        self.content_format = content_format(chat_template)
         self.variables = variables
         self.encode = encode
 
@@ -68,7 +70,13 @@ class LeanRenderer:
         """`variables`: a line's own template variables (its chat_template_kwargs), over the run's."""
         merged = {**self.variables, **variables} if variables else self.variables
         try:
-            text = render_chat(self.chat_template, messages, tools=tools, add_generation_prompt=True, **merged)
+            text = render_chat(
+                self.chat_template,
+                template_messages(messages, self.content_format),
+                tools=tools,
+                add_generation_prompt=True,
+                **merged,
+            )
         except Exception as error:  # jinja errors, template `raise_exception`, bad tool schemas
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
         return self.encode(text)

@@ -102,12 +102,13 @@ def parse_chat_request(body: object, vocab: SimVocab | None = None) -> ChatReque
 def render_prompt(request: ChatRequest, vocab: SimVocab) -> list[int]:
     if vocab.chat_template is None:
         raise RequestError("The tokenizer has no chat template; pass --chat-template.")
+    from datagen_operator.engine.chat_content import content_format, template_messages
     from datagen_operator.tokenizer.chat_template import render_chat  # jinja2 loads on the first chat request
 
     try:
         text = render_chat(
             vocab.chat_template,
-            request.messages,
+            template_messages(request.messages, content_format(vocab.chat_template)),
             tools=request.tools,
             add_generation_prompt=True,
             **{**vocab.special_tokens, **request.template_vars},  # transformers passes bos_token & co.
