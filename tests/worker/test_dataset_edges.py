@@ -246,3 +246,33 @@ def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resu
     assert len(proxy.generate_lengths) == before
     assert len(list(iter_rejects(output))) == 3
     assert progress(output)["set_aside"] == state["set_aside"]
+
+
+def test_a_glaive_shaped_json_array_runs_as_published(tmp_path: Path, proxy: Any) -> None:
+    # LLaMA-Factory's glaive_toolcall_en_demo.json, in small: a JSON array of ShareGPT conversations without ids,
+    # function_call/observation turns, `tools` a JSON string of bare function objects (one line with none).
+    def line(question: str, tools: str) -> dict[str, Any]:
+        return {
+            "conversations": [
+                {"from": "human", "value": question},
+                {
+                    "from": "function_call",
+                    "value": '{"name": "search_recipes", "arguments": {"ingredients": ["rice"]}}',
+                },
+                {"from": "observation", "value": '{"recipes": []}'},
+                {"from": "gpt", "value": "None found."},
+                {"from": "human", "value": "Thanks."},
+                {"from": "gpt", "value": "You're welcome."},
+            ],
+            "tools": tools,
+        }
+
+    dataset = tmp_path / "glaive.json"
+    lines = [line(f"Recipes with rice, {i}?", orjson.dumps(GLAIVE_TOOLS).decode()) for i in range(3)]
+    dataset.write_bytes(orjson.dumps([*lines, line("Hello?", "[]")], option=orjson.OPT_INDENT_2))
+    output = tmp_path / "out"
+    assert run_inprocess(spec(dataset, output, **{"generation.turns": "all"}), [proxy.url]) == EXIT_OK
+    state = progress(output)
+    assert (state["state"], state["set_aside"], state["prompts_done"]) == ("complete", {}, 4)
+    # One answered turn each: the turns after the dataset's tool result are not regenerated (docs/regenerate.md).
+    assert state["records_done"] == 4 and state["tool_records"] == 3
