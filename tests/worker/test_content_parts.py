@@ -1,6 +1,7 @@
-"""OpenAI content-part messages read and rendered as SGLang's chat endpoint reads and renders them (engine/chat_content.py,
-held to SGLang's own functions by tests/contract/test_content_parts.py): text parts joined in every role for a
-string-format template, kept as text parts for an "openai" one; a part that is not text set aside, named."""
+"""OpenAI content-part messages read and rendered as SGLang's chat endpoint reads and renders them
+(engine/chat_content.py, held to SGLang's own functions by tests/contract/test_content_parts.py): text parts joined
+in every role for a string-format template, kept as text parts for an "openai" one; a part that is not text set
+aside, named."""
 
 from __future__ import annotations
 

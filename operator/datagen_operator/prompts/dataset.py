@@ -355,9 +355,10 @@ def derived_id(messages: list[dict[str, Any]], tools: Any, kwargs: Any = None) -
 
 def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty `messages`
-    list of objects each with an OpenAI role and string content, no tools), else None: then validate_prompt must judge it. Every
-    object this accepts, validate_prompt accepts with the same id (it checks a subset of the same conditions, on
-    orjson's exact types), so the scan may skip validate_prompt for it (tests/worker/test_dataset_scan.py)."""
+    list of objects each with an OpenAI role and string content, or none outside a user message; no tools), else
+    None: then validate_prompt must judge it. Every object this accepts, validate_prompt accepts with the same id
+    (it checks a subset of the same conditions, on orjson's exact types), so the scan may skip validate_prompt
+    for it (tests/worker/test_dataset_scan.py)."""
     if type(obj) is not dict:
         return None
     prompt_id = obj.get(id_key)
