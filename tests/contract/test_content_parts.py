@@ -24,6 +24,8 @@ SYNTHETIC_TEMPLATES = {
     "loops-messages-only": "{% for message in messages %}{{ message.content }}{% endfor %}",
     "mentions-vision": "{# vision #}{% for message in messages %}{{ message.content }}{% endfor %}",
     "unparsable": "{% for message in messages %}{{ message.content }",
+    "generation-tag": "{% for message in messages %}{% generation %}{% for p in message.content %}{{ p.text }}"
+    "{% endfor %}{% endgeneration %}{% endfor %}",
 }
 
 

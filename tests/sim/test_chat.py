@@ -144,3 +144,15 @@ def test_text_content_parts_are_joined_as_sglangs_chat_endpoint_joins_them(sim: 
         sim, [{"role": "system", "content": "rain rain"}, {"role": "user", "content": " ".join(["rain"] * 12)}]
     )
     assert with_parts["usage"]["prompt_tokens"] == joined["usage"]["prompt_tokens"]
+
+
+def test_tool_parameter_type_names_are_rewritten_as_sglangs_request_validation_rewrites_them(sim: SimServer) -> None:
+    # SGLang's _validate_request rewrites "dict", "str", "int" in place before the template renders the tool.
+    def tool(object_type: str, string_type: str, integer_type: str) -> dict[str, Any]:
+        properties = {name: {"type": string_type} for name in ("city", "country", "street")}
+        parameters = {"type": object_type, "properties": {**properties, "days": {"type": integer_type}}}
+        return {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+
+    named = chat(sim, HELLO, tools=[tool("dict", "str", "int")], max_tokens=1)
+    standard = chat(sim, HELLO, tools=[tool("object", "string", "integer")], max_tokens=1)
+    assert named["usage"]["prompt_tokens"] == standard["usage"]["prompt_tokens"]

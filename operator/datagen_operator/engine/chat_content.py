@@ -52,18 +52,33 @@ def content_format(chat_template: Any) -> ContentFormat:
 def _string_template_format(chat_template: str) -> ContentFormat:
     if any(keyword in chat_template for keyword in _MEDIA_KEYWORDS):
         return "openai"
-    try:
-        import jinja2.nodes
+    import jinja2.nodes
 
-        from datagen_operator.tokenizer.chat_template import compile_template
-
-        tree = compile_template(chat_template).environment.parse(chat_template)
-    except Exception:  # SGLang: a template its Jinja environment cannot parse is "string"
+    tree = _parsed(chat_template)
+    if tree is None:  # SGLang: a template its Jinja environment cannot parse is "string"
         return "string"
     for loop in tree.find_all(jinja2.nodes.For):
         if any(_reads_content(loop.iter, name) for name in ("message", "msg", "m")):
             return "openai"
     return "string"
+
+
+def _parsed(chat_template: str) -> Any:
+    """The template's Jinja syntax tree, parsed as SGLang parses it (transformers' environment), or None. The
+    project's copy of that environment first (no transformers import: the simulator renders with it); a
+    template only transformers' own compiles (its `{% generation %}` tag) through transformers."""
+    from datagen_operator.tokenizer.chat_template import compile_template
+
+    try:
+        return compile_template(chat_template).environment.parse(chat_template)
+    except Exception:
+        pass
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(chat_template).environment.parse(chat_template)
+    except Exception:
+        return None
 
 
 def _reads_content(node: Any, name: str) -> bool:

@@ -101,6 +101,15 @@ def schema_types(schema: Any) -> Any:
     return out
 
 
+def request_tool(tool: Any) -> Any:
+    """A chat request's tool as SGLang's `_validate_request` leaves it for the template: its parameter types
+    rewritten (`schema_types`); anything else as it is (the simulator's chat endpoint)."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(function, dict) or function.get("parameters") is None:
+        return tool
+    return {**tool, "function": {**function, "parameters": schema_types(function["parameters"])}}
+
+
 def _bad_type(schema: Any, where: str) -> str | None:
     """Where a rewritten schema still holds a `type` outside JSON Schema (SGLang's schema check refuses it)."""
     if isinstance(schema, list):

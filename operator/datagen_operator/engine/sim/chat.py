@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datagen_operator.engine.chat_tools import request_tool
 from datagen_operator.engine.reasoning import DETECTORS, force_reasoning, split_reasoning
 from datagen_operator.engine.sim.formats import read_tool_calls
 from datagen_operator.engine.sim.model import Completion
@@ -72,6 +73,8 @@ def parse_chat_request(body: object, vocab: SimVocab | None = None) -> ChatReque
         raise RequestError("tools must be a list.")
     if body.get("tool_choice") == "none":
         tools = None
+    if tools:
+        tools = [request_tool(tool) for tool in tools]  # SGLang's request validation rewrites type names
     raw = {key: body[field] for field, key in _SAMPLING_FIELDS.items() if body.get(field) is not None}
     # Tool calls and harmony channels are special tokens: SGLang keeps them in the decoded text.
     gpt_oss = vocab is not None and vocab.model_config.get("model_type") == GPT_OSS_MODEL_TYPE
