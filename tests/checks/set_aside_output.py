@@ -21,7 +21,9 @@ def produce(folder: Path) -> tuple[dict[str, Any], Path, Path]:
     """A worker output over 6 good prompts and one of each set-aside cause, on a 600-token context."""
     items = prompts(6, tools_every=0)
     items.append({"id": "too-long", "messages": [{"role": "user", "content": "a long question " * 40}]})
-    items.append({"id": "unrenderable", "messages": [{"role": "user", "content": [5]}]})
+    # The template reads a tool call with .get(): a bare number cannot be rendered.
+    history = {"role": "assistant", "content": "a", "tool_calls": [5]}
+    items.append({"id": "unrenderable", "messages": [history, {"role": "user", "content": "q"}]})
     bad = {
         1: orjson.dumps({"id": "bad-tools", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "f"}]}),
         2: b"{not json",

@@ -356,3 +356,68 @@ def template_inputs(body: dict[str, Any]) -> dict[str, Any]:
     serving._process_messages(request, is_multimodal=False)
     [call] = tokenizer.calls
     return {"messages": call["messages"], "tools": call["tools"]}
+
+
+def chat_tools_verdict(tools: list[Any]) -> dict[str, Any]:
+    """A chat request carrying `tools`, as serving_chat admits it: FastAPI's validation (`ChatCompletionRequest`,
+    its `Tool` models), then `_validate_request`, which rewrites each tool's parameter types in place before the
+    template renders them (`normalize_json_schema_types`) and checks the schema. {"refused": text} or
+    {"functions": each tool's `function` as the request then holds it, its unset fields left out}."""
+    import pydantic
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    try:
+        request = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools}
+        )
+    except pydantic.ValidationError as error:
+        return {"refused": str(error)}
+    serving = types.SimpleNamespace(is_minimax_m3=False, _validate_media_content=lambda request: None)
+    serving._effective_tools = types.MethodType(OpenAIServingChat._effective_tools, serving)
+    refusal = OpenAIServingChat._validate_request(serving, request)
+    if refusal is not None:
+        return {"refused": refusal}
+    return {"functions": [tool.function.model_dump(exclude_unset=True) for tool in request.tools or []]}
+
+
+def schema_types(schemas: list[Any]) -> list[Any]:
+    """Each schema as SGLang's `normalize_json_schema_types` leaves it (it rewrites in place)."""
+    import copy
+
+    from sglang.srt.function_call.utils import normalize_json_schema_types
+
+    out = []
+    for schema in schemas:
+        schema = copy.deepcopy(schema)
+        normalize_json_schema_types(schema)
+        out.append(schema)
+    return out
+
+
+def template_content(messages: list[dict[str, Any]], chat_template: str) -> dict[str, Any]:
+    """What serving_chat's `_apply_jinja_template` hands a Jinja chat template for `messages`: the request
+    validated (`ChatCompletionRequest`) and dumped, each message's content processed for the template's content
+    format (`detect_jinja_template_content_format`, `process_content_for_template_format`) and a tool message's
+    text parts joined (`normalize_tool_content`). {"format", "messages"}, or {"refused": text}."""
+    import pydantic
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import normalize_tool_content
+    from sglang.srt.parser.jinja_template_utils import (
+        detect_jinja_template_content_format,
+        process_content_for_template_format,
+    )
+
+    form = detect_jinja_template_content_format(chat_template)
+    try:
+        request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages})
+    except pydantic.ValidationError as error:
+        return {"refused": str(error)}
+    out = []
+    for message in [message.model_dump() for message in request.messages]:
+        if message.get("content") is None:
+            message["content"] = ""
+        processed = process_content_for_template_format(message, form, [], [], [], [])
+        processed["content"] = normalize_tool_content(processed["role"], processed.get("content"))
+        out.append(processed)
+    return {"format": form, "messages": out}

@@ -133,3 +133,26 @@ def test_bad_chat_requests_are_400(sim: SimServer) -> None:
 def test_separate_reasoning_endpoint(sim: SimServer) -> None:
     reply = post(sim.url, "/separate_reasoning", {"text": "<think>plan</think> answer", "reasoning_parser": "qwen3"})
     assert reply.json() == {"text": " answer", "reasoning_text": "plan"}  # SGLang strips neither part
+
+
+def test_text_content_parts_are_joined_as_sglangs_chat_endpoint_joins_them(sim: SimServer) -> None:
+    # The stand-in's Kimi-K2 template is string-format: SGLang hands it the parts' text joined with a space.
+    # (The template alone would write them back to back: "rainrain...", far fewer tokens.)
+    parts = [{"type": "text", "text": "rain"}] * 12
+    with_parts = chat(sim, [{"role": "system", "content": parts[:2]}, {"role": "user", "content": parts}])
+    joined = chat(
+        sim, [{"role": "system", "content": "rain rain"}, {"role": "user", "content": " ".join(["rain"] * 12)}]
+    )
+    assert with_parts["usage"]["prompt_tokens"] == joined["usage"]["prompt_tokens"]
+
+
+def test_tool_parameter_type_names_are_rewritten_as_sglangs_request_validation_rewrites_them(sim: SimServer) -> None:
+    # SGLang's _validate_request rewrites "dict", "str", "int" in place before the template renders the tool.
+    def tool(object_type: str, string_type: str, integer_type: str) -> dict[str, Any]:
+        properties = {name: {"type": string_type} for name in ("city", "country", "street")}
+        parameters = {"type": object_type, "properties": {**properties, "days": {"type": integer_type}}}
+        return {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+
+    named = chat(sim, HELLO, tools=[tool("dict", "str", "int")], max_tokens=1)
+    standard = chat(sim, HELLO, tools=[tool("object", "string", "integer")], max_tokens=1)
+    assert named["usage"]["prompt_tokens"] == standard["usage"]["prompt_tokens"]

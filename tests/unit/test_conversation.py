@@ -13,6 +13,7 @@ from datagen_operator.prompts.conversation import (
     AnswerSplitter,
     calls_tool,
     client_messages,
+    dataset_answers,
     last_turn,
     plan_turns,
     planned_turns,
@@ -157,3 +158,14 @@ def test_a_parser_whose_split_is_not_modelled_is_refused_for_whole_conversations
 
 def test_an_answer_calls_a_tool_when_it_holds_a_tool_call_opener() -> None:
     assert calls_tool([1, 5, 4], (5,)) and not calls_tool([1, 4], (5,)) and not calls_tool([5], ())
+
+
+def test_the_preflights_stand_in_answers_read_text_parts() -> None:
+    # The dataset's own answers stand in for the model's when the preflight sizes a conversation's last turn.
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Describe rain."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Water"}, {"type": "text", "text": "falls."}]},
+        {"role": "user", "content": "More?"},
+    ]
+    turns = plan_turns(messages)
+    assert [answer.content for answer in dataset_answers(messages, turns)] == ["Water falls.", ""]

@@ -12,9 +12,15 @@ GOOD_FUNCTION = {"name": "f", "parameters": {"type": "object", "properties": {"x
 INVALID_TOOLS_CASES: list[tuple[Any, str]] = [
     ({"type": "function", "function": GOOD_FUNCTION}, "tools must be a list, got object"),
     (["get_weather"], "tools[0] must be an object, got string"),
-    ([{"function": GOOD_FUNCTION}], 'tools[0].type must be "function", got null'),
     ([{"type": "retrieval", "function": GOOD_FUNCTION}], 'tools[0].type must be "function", got "retrieval"'),
-    ([{"type": "function"}], "tools[0].function must be an object, got null"),
+    ([{"type": "function", "function": None}], "tools[0].function must be an object, got null"),
+    ([{"type": "function"}], "tools[0] has neither function nor name; expected a list of"),
+    ("[{", "tools is a string but not JSON ("),
+    ('{"name": "f"}', "tools must be a list, got object"),
+    (
+        [{"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "str, optional"}}}}],
+        'tools[0].parameters.properties.x.type "str, optional" is no JSON-schema type',
+    ),
     ([{"type": "function", "function": {"parameters": {}}}], "tools[0].function.name must be a non-empty string"),
     ([{"type": "function", "function": {"name": 7}}], "tools[0].function.name must be a non-empty string, got 7"),
     ([{"type": "function", "function": {"name": " "}}], "tools[0].function.name must be a non-empty string"),
@@ -45,4 +51,8 @@ VALID_TOOLS_CASES: list[Any] = [
     [{"type": "function", "function": {"name": "f", "parameters": None}, "extra": 1}],  # unknown keys ignored
     [],  # no tools
     None,
+    [{"function": GOOD_FUNCTION}],  # SGLang's Tool.type defaults to "function"
+    '[{"type": "function", "function": {"name": "f"}}]',  # a JSON string (glaive, LLaMA-Factory)
+    [{"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "int"}}}}],  # bare; SGLang's types
+    "",  # a blank string: no tools
 ]

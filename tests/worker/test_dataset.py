@@ -73,20 +73,23 @@ def test_malformed_lines_are_set_aside_once_across_shards(tmp_path: Path) -> Non
         {"id": "p7", "messages": [{"content": "no role"}]},
         b"",
         b"[1, 2]",
-        {"id": 42, "messages": [{"role": "user", "content": "an integer id is refused (it would collide with '42')"}]},
+        {"id": 42, "messages": [{"role": "user", "content": "an integer id is read as its decimal string"}]},
+        {"id": "42", "messages": [{"role": "user", "content": "the same id as a string: a collision, named"}]},
     ]
     path = _write_jsonl(tmp_path / "d.jsonl", lines)
     plans = [plan_shard(path, i, 3) for i in range(3)]
     malformed = sorted((m.position, m.reason) for plan in plans for m in plan.malformed)
-    assert [position for position, _ in malformed] == [1, 2, 3, 5, 6, 7, 9, 10]
+    assert [position for position, _ in malformed] == [1, 2, 3, 5, 6, 7, 9, 11]
     reasons = dict(malformed)
     assert reasons[1].startswith("bad JSON")
     assert reasons[2] == "empty id"
     assert reasons[3] == "empty or missing messages"
     assert "duplicate id 'p0'" in reasons[5]
     valid = sorted(ref.id for plan in plans for ref in plan.prompts)
-    assert reasons[10].startswith("id must be a JSON string, got integer 42")
-    assert valid == ["p0", "p1"]
+    assert reasons[11].startswith(
+        "id '42' collides: an earlier line holds it as the integer and this one as the string"
+    )
+    assert valid == ["42", "p0", "p1"]
     # The first p0 is the one kept.
     owner = next(plan for plan in plans if any(ref.id == "p0" for ref in plan.prompts))
     assert [ref.position for ref in owner.prompts if ref.id == "p0"] == [0]

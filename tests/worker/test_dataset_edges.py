@@ -17,6 +17,7 @@ from datagen_operator.output.readers import iter_rejects
 from datagen_operator.prompts.dataset import (
     BAD_ID,
     BAD_JSON,
+    DUPLICATE_ID,
     INVALID_TOOLS,
     DatasetError,
     EmptyDataset,
@@ -80,25 +81,76 @@ def test_a_tool_schema_sglang_accepts_is_kept(tmp_path: Path, tools: Any) -> Non
     plan = plan_shard(path, 0, 1)
     assert [ref.id for ref in plan.prompts] == ["ok"] and plan.malformed == []
     [prompt] = plan.iter_prompts()
-    assert prompt.tools == (tools or None)
+    if isinstance(tools, list) and all("function" in tool and "type" in tool for tool in tools):
+        assert prompt.tools == (tools or None)  # the OpenAI shape already: as it is
+    else:  # read into it
+        assert prompt.tools is None or all(tool["type"] == "function" for tool in prompt.tools)
+        assert bool(prompt.tools) == (tools not in ("", None, []))
+
+
+GLAIVE_TOOLS = [  # glaive / LLaMA-Factory glaive_toolcall_en_demo: bare function objects, in a JSON string
+    {"name": "search_recipes", "description": "Search recipes", "parameters": {
+        "type": "object", "properties": {"ingredients": {"type": "array", "items": {"type": "string"}}},
+        "required": ["ingredients"]}},
+]  # fmt: skip
+REASON_TOOL_USE_TOOLS = [  # LLaMA-Factory reason_tool_use_demo: wrapped, with database type names
+    {"type": "function", "function": {"name": "get_asset", "description": "Fetch an asset.", "parameters": {
+        "type": "dict", "properties": {"identifier": {"type": "str", "default": "7"},
+                                       "ids": {"type": "List[int]"}, "limit": {"type": "int"}}},
+        "required": ["identifier"]}},
+]  # fmt: skip
+
+
+def test_the_fields_tool_shapes_are_read_as_sglang_and_specforge_read_them(tmp_path: Path) -> None:
+    # Tools in a JSON string (json.loads, as SpecForge), bare function objects wrapped (SGLang's Tool needs
+    # `function`), database type names rewritten as SGLang's request validation rewrites them for the template.
+    lines = [
+        _prompt("glaive", tools=orjson.dumps(GLAIVE_TOOLS).decode()),
+        _prompt("reason", tools=orjson.dumps(REASON_TOOL_USE_TOOLS).decode()),
+        _prompt("none", tools="[]"),
+    ]
+    path = _jsonl(tmp_path / "d.jsonl", lines)
+    plan = plan_shard(path, 0, 1)
+    assert plan.malformed == []
+    glaive, reason, none = plan.iter_prompts()
+    assert glaive.tools == [{"type": "function", "function": GLAIVE_TOOLS[0]}]
+    assert reason.tools == [
+        {"type": "function", "function": {"name": "get_asset", "description": "Fetch an asset.", "parameters": {
+            "type": "object", "properties": {"identifier": {"type": "string", "default": "7"},
+                                             "ids": {"type": "array"}, "limit": {"type": "integer"}}},
+            "required": ["identifier"]}},
+    ]  # fmt: skip
+    assert none.tools is None
+    assert lines[1]["tools"] == orjson.dumps(REASON_TOOL_USE_TOOLS).decode(), "the line itself is never changed"
 
 
 # --- ids ------------------------------------------------------------------------------------------
 
 
-def test_integer_ids_are_refused_so_they_never_collide_with_string_ids(tmp_path: Path) -> None:
-    # Integer 1 first: it used to become "1" and push the real "1" aside as a duplicate.
-    lines = [_prompt(1), _prompt("1"), _prompt(2), _prompt(1.5), _prompt(True), _prompt("2")]
-    plans = [plan_shard(_jsonl(tmp_path / "d.jsonl", lines), index, 2) for index in range(2)]
-    kept = sorted((ref.position, ref.id) for plan in plans for ref in plan.prompts)
-    assert kept == [(1, "1"), (5, "2")]
-    refused = sorted((m.position, m.cause, m.reason) for plan in plans for m in plan.malformed)
-    assert [(position, cause) for position, cause, _ in refused] == [(0, BAD_ID), (2, BAD_ID), (3, BAD_ID), (4, BAD_ID)]
-    reasons = {position: reason for position, _, reason in refused}
-    assert reasons[0].startswith("id must be a JSON string, got integer 1 ")
-    assert reasons[0].endswith('write it as "id": "1"')
-    assert reasons[3].startswith("id must be a JSON string, got number 1.5")
-    assert reasons[4].startswith("id must be a JSON string, got boolean true")
+def test_integer_ids_are_their_decimal_strings_and_a_collision_with_a_string_id_is_named(tmp_path: Path) -> None:
+    # SpecForge's own test data numbers its lines. Integer 1 and string "1" are one stored id: the later is set
+    # aside, its reason naming the collision; two integer 2s are a plain duplicate.
+    lines = [_prompt(1), _prompt("1"), _prompt(2), _prompt(1.5), _prompt(True), _prompt("3"), _prompt(3), _prompt(2)]
+    array = tmp_path / "d.json"
+    array.write_bytes(orjson.dumps(lines))
+    for path in (_jsonl(tmp_path / "d.jsonl", lines), array):
+        plans = [plan_shard(path, index, 2) for index in range(2)]
+        kept = sorted((ref.position, ref.id) for plan in plans for ref in plan.prompts)
+        assert kept == [(0, "1"), (2, "2"), (5, "3")]
+        refused = sorted((m.position, m.cause, m.reason) for plan in plans for m in plan.malformed)
+        assert [(position, cause) for position, cause, _ in refused] == [
+            (1, DUPLICATE_ID), (3, BAD_ID), (4, BAD_ID), (6, DUPLICATE_ID), (7, DUPLICATE_ID)
+        ]  # fmt: skip
+        reasons = {position: reason for position, _, reason in refused}
+        assert reasons[1].startswith(
+            "id '1' collides: an earlier line holds it as the integer and this one as the string"
+        )
+        assert reasons[6].startswith(
+            "id '3' collides: an earlier line holds it as the string and this one as the integer"
+        )
+        assert reasons[7] == "duplicate id '2' (first occurrence kept)"
+        assert reasons[3] == "id must be a JSON string or an integer, got number 1.5"
+        assert reasons[4] == "id must be a JSON string or an integer, got boolean true"
 
 
 def test_a_parquet_integer_id_column_is_read_as_strings(tmp_path: Path) -> None:
@@ -118,15 +170,15 @@ def test_an_empty_dataset_is_refused_naming_spec_dataset_path(tmp_path: Path) ->
     with pytest.raises(EmptyDataset, match=rf"^spec.dataset.path {empty}: the dataset is empty \(2 lines"):
         check_dataset(empty)
 
-    useless = _jsonl(tmp_path / "bad.jsonl", [_prompt(1), _prompt(2), b"{oops"])
+    useless = _jsonl(tmp_path / "bad.jsonl", [_prompt(1.5), _prompt(False), b"{oops"])
     with pytest.raises(EmptyDataset) as raised:
         check_dataset(useless)
     message = str(raised.value)
     assert message.startswith(f"spec.dataset.path {useless}: no valid prompt in 3 lines; set aside: ")
-    assert "2 bad_id (e.g. line 1: id must be a JSON string, got integer 1" in message
+    assert "2 bad_id (e.g. line 1: id must be a JSON string or an integer, got number 1.5" in message
     assert "1 bad_json (e.g. line 3: bad JSON" in message
 
-    summary = check_dataset(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(1), b"[]"]))
+    summary = check_dataset(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(0.5), b"[]"]))
     assert (summary.lines, summary.prompts, summary.set_aside) == (3, 1, {BAD_ID: 1, "not_object": 1})
     assert dataset_summary(useless).set_aside == {BAD_ID: 2, BAD_JSON: 1}
 
@@ -134,7 +186,7 @@ def test_an_empty_dataset_is_refused_naming_spec_dataset_path(tmp_path: Path) ->
 def test_the_worker_refuses_an_empty_dataset_before_any_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dataset = _jsonl(tmp_path / "d.jsonl", [_prompt(1), _prompt(2)])
+    dataset = _jsonl(tmp_path / "d.jsonl", [_prompt(1.5), _prompt(False)])
     document = spec(dataset, tmp_path / "out")
     # Nothing listens on port 9: a worker that got past the dataset would wait for the server, then exit 4.
     assert run_inprocess(document, ["http://127.0.0.1:9"], "--server-timeout", "3") == EXIT_BAD_INPUT
@@ -157,9 +209,17 @@ def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resu
     good = prompts(6)
     bad: dict[int, bytes] = {
         2: orjson.dumps(_prompt("bad-tools", tools=[{"type": "function", "function": {"name": ""}}])),
-        3: orjson.dumps(_prompt(7)),
-        # The template reads content parts with .get(): a bare number cannot be rendered.
-        5: orjson.dumps({"id": "unrenderable", "messages": [{"role": "user", "content": [5]}]}),
+        3: orjson.dumps(_prompt(7.5)),
+        # The template reads a tool call with .get(): a bare number cannot be rendered.
+        5: orjson.dumps(
+            {
+                "id": "unrenderable",
+                "messages": [
+                    {"role": "assistant", "content": "a", "tool_calls": [5]},
+                    {"role": "user", "content": "q"},
+                ],
+            }
+        ),
     }
     dataset = write_dataset(tmp_path / "prompts.jsonl", good, bad)
     dataset.write_bytes(BOM + dataset.read_bytes())
@@ -186,3 +246,33 @@ def test_lines_set_aside_are_never_sent_nor_server_errors_and_stay_aside_on_resu
     assert len(proxy.generate_lengths) == before
     assert len(list(iter_rejects(output))) == 3
     assert progress(output)["set_aside"] == state["set_aside"]
+
+
+def test_a_glaive_shaped_json_array_runs_as_published(tmp_path: Path, proxy: Any) -> None:
+    # LLaMA-Factory's glaive_toolcall_en_demo.json, in small: a JSON array of ShareGPT conversations without ids,
+    # function_call/observation turns, `tools` a JSON string of bare function objects (one line with none).
+    def line(question: str, tools: str) -> dict[str, Any]:
+        return {
+            "conversations": [
+                {"from": "human", "value": question},
+                {
+                    "from": "function_call",
+                    "value": '{"name": "search_recipes", "arguments": {"ingredients": ["rice"]}}',
+                },
+                {"from": "observation", "value": '{"recipes": []}'},
+                {"from": "gpt", "value": "None found."},
+                {"from": "human", "value": "Thanks."},
+                {"from": "gpt", "value": "You're welcome."},
+            ],
+            "tools": tools,
+        }
+
+    dataset = tmp_path / "glaive.json"
+    lines = [line(f"Recipes with rice, {i}?", orjson.dumps(GLAIVE_TOOLS).decode()) for i in range(3)]
+    dataset.write_bytes(orjson.dumps([*lines, line("Hello?", "[]")], option=orjson.OPT_INDENT_2))
+    output = tmp_path / "out"
+    assert run_inprocess(spec(dataset, output, **{"generation.turns": "all"}), [proxy.url]) == EXIT_OK
+    state = progress(output)
+    assert (state["state"], state["set_aside"], state["prompts_done"]) == ("complete", {}, 4)
+    # One answered turn each: the turns after the dataset's tool result are not regenerated (docs/regenerate.md).
+    assert state["records_done"] == 4 and state["tool_records"] == 3

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from datagen_operator.engine.chat_tools import read_tools
 from datagen_operator.prompts.dataset import (
     DUPLICATE_ID,
     UTF8_BOM,
@@ -40,6 +41,10 @@ MESSAGE: list[Any] = [
     "user",
     None,
     [{"role": "user"}],
+    {"role": "user"},  # SGLang refuses a user message without content
+    {"role": "user", "content": [{"type": "text", "text": "q"}]},
+    {"role": "tool", "content": [{"type": "text", "text": "r"}, {"type": "image_url", "image_url": {"url": "u"}}]},
+    {"role": "system", "content": [{"type": "text", "value": "LLaMA-Factory's part"}]},
 ]
 ABSENT = object()
 TOOLS: list[Any] = [ABSENT, *VALID_TOOLS_CASES, *(tools for tools, _ in INVALID_TOOLS_CASES), "x", 3]
@@ -131,10 +136,10 @@ def _dataset(path: Path, bom: bool, final_newline: bool) -> Path:
     lines = [orjson.dumps(obj) for obj in _corpus()]
     rng = random.Random(7)
     lines += [orjson.dumps(_obj(f"dup{rng.randrange(40)}", [MESSAGE[0]], ABSENT)) for _ in range(200)]
-    lines += [b"{not json", b"", b"   ", b'  {"id": "padded", "messages": [{"role": "user"}]}\t', b"[1, 2]", b"\r"]
+    lines += [b"{not json", b"", b"   ", b'  {"id": "padded", "messages": [{"role": "tool"}]}\t', b"[1, 2]", b"\r"]
     lines += [orjson.dumps(_obj("crlf", [MESSAGE[0]], ABSENT)) + b"\r", b'{"id": "caf\xc3\xa9", "messages": 1}']
     # Whitespace bytes.strip cuts but JSON does not allow; a bad line padded with spaces (its error's column).
-    lines += [b'\x0c{"id": "formfeed", "messages": [{"role": "user"}]}\x0b', b"  \x0c ", b"   [1,,]  "]
+    lines += [b'\x0c{"id": "formfeed", "messages": [{"role": "tool"}]}\x0b', b"  \x0c ", b"   [1,,]  "]
     lines += [b"\xff\xfe not utf-8", orjson.dumps(_obj("long", [{"role": "user", "content": "x" * 5000}], ABSENT))]
     rng.shuffle(lines)
     lines.append(orjson.dumps(_obj("last", [MESSAGE[0]], ABSENT)))  # its length counts no newline without one
@@ -167,7 +172,7 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
     assert "formfeed" in {prompt.id for prompt in loaded}
     objs = [item[1] for item in ShardScan(path, 0, 1) if not isinstance(item, MalformedLine)]
     assert [(prompt.messages, prompt.tools) for prompt in loaded] == [
-        (obj["messages"], obj.get("tools") or None) for obj in objs
+        (obj["messages"], read_tools(obj.get("tools"))[0]) for obj in objs
     ]
 
 
@@ -204,7 +209,7 @@ def test_the_pin_a_scan_makes_as_it_reads_is_pin_datasets(tmp_path: Path, bom: b
         (b"\n", 1),
         (b"\n\n ", 3),
         (b"{}", 1),
-        (b'{"id": "a", "messages": [{"role": "user"}]}', 1),
+        (b'{"id": "a", "messages": [{"role": "tool"}]}', 1),
     ],
 )
 def test_line_counts_at_the_edges_match_the_rules(tmp_path: Path, body: bytes, lines: int) -> None:

@@ -23,6 +23,7 @@ from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks.evaluate import dataset_checks, measured
+from datagen_operator.engine.chat_content import empty_user_messages
 from datagen_operator.output.records import ContextLimit, too_long_reason
 from datagen_operator.output.rendered import RenderedWriter
 from datagen_operator.output.volume import is_volume_error
@@ -89,6 +90,9 @@ class ConversationCounts:
     first_may_not_fit: str = ""
     trailing: int = 0
     """turns: last: lines ending with an assistant turn, which is dropped (the model answers the last user turn)."""
+    empty_user: int = 0
+    """Lines holding a user message with no text: sent as SGLang's chat endpoint sends one (engine/chat_content.py)."""
+    first_empty_user: str = ""
 
     def count(self, turns: Turns) -> None:
         self.conversations += 1
@@ -117,6 +121,11 @@ class ConversationCounts:
                 f"{self.may_not_fit} conversations may not fit all their turns (with the dataset's own answers as "
                 f"history, e.g. {self.first_may_not_fit}): a turn that does not fit is set aside as too_long when the "
                 "workers reach it, and its conversation ends there"
+            )
+        if self.empty_user:
+            parts.append(
+                f"{self.empty_user} lines hold an empty user message (e.g. {self.first_empty_user}): it is sent as "
+                "it is, an empty user turn, and answered, as SGLang's chat endpoint answers it"
             )
         if self.trailing:
             parts.append(
@@ -190,6 +199,9 @@ class _Entry:
     turns: Turns | None = None
     with_last_turn: bool = False
     trailing: bool = False
+    unrenderable: str | None = None
+    """Why the line has nothing to render (no request in its batch): judged in its turn, so the store's lines
+    stay in dataset order."""
 
 
 @dataclass
@@ -273,6 +285,9 @@ async def judge_dataset(
             batch, future = ahead.popleft()
             results = iter(await future)
             for entry in batch:
+                if entry.unrenderable is not None:
+                    run.set_unrenderable(entry.ref, entry.line_hash, entry.unrenderable)
+                    continue
                 accepted = run.take(entry, next(results))
                 if entry.with_last_turn:
                     last = next(results)
@@ -291,14 +306,19 @@ async def judge_dataset(
         line_hash = prompt_hash(obj)
         prompt = prompt_from(ref, obj)
         entry = _Entry(ref, line_hash)
+        if empty_user_messages(prompt.messages):
+            run.conversations.empty_user += 1
+            run.conversations.first_empty_user = run.conversations.first_empty_user or (
+                f"line {ref.position + 1} (id {ref.id!r})"
+            )
         if turns_mode == "all":
             turns = plan_turns(prompt.messages)
             if not len(turns):
-                run.set_unrenderable(ref, line_hash, "no user message to answer")
-                continue
-            entry.turns = turns
-            first = turn_messages(turns, 0, (), history_reasoning=history_reasoning)
-            items.append((first, prompt.tools, prompt.variables))
+                entry.unrenderable = "no user message to answer"
+            else:
+                entry.turns = turns
+                first = turn_messages(turns, 0, (), history_reasoning=history_reasoning)
+                items.append((first, prompt.tools, prompt.variables))
             if len(turns) >= 2:
                 last = len(turns) - 1
                 stand_ins = dataset_answers(prompt.messages, turns)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.engine.chat_content import message_text
 from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
 
 Message = dict[str, Any]
@@ -125,12 +126,9 @@ def dataset_answers(messages: Sequence[Message], turns: Turns) -> list[AnswerSpl
         at = next(k for k in range(at, len(messages)) if messages[k] is inputs[-1]) + 1
         following = messages[at] if at < len(messages) else None
         if following is not None and following.get("role") == "assistant":
-            content, reasoning = following.get("content"), following.get("reasoning_content")
-            answers.append(
-                AnswerSplit(
-                    content if isinstance(content, str) else "", reasoning if isinstance(reasoning, str) else None
-                )
-            )
+            reasoning = following.get("reasoning_content")
+            # Text parts as one string: a stand-in answer for the prompt's length only.
+            answers.append(AnswerSplit(message_text(following), reasoning if isinstance(reasoning, str) else None))
         else:
             answers.append(AnswerSplit("", None))
     return answers

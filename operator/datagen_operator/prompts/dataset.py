@@ -4,7 +4,9 @@ A line (a JSON array's element, a Parquet row) is a conversation: a `messages` l
 `messages` is absent or null, of OpenAI messages `{role, content, ...}` (role system/user/assistant/tool; other
 keys such as `reasoning_content`, `tool_calls`, `name`, `tool_call_id` are kept) or ShareGPT ones `{from, value}`
 (SHAREGPT_ROLES maps `from`), and optionally `tools`. `prompt_from` hands every caller OpenAI messages: a
-ShareGPT message becomes `{role, content}`.
+ShareGPT message becomes `{role, content}`. An OpenAI message's content is a string or a list of text parts
+(engine/chat_content.py: a part that is not text sets the line aside as `non_text_content`); `tools` are read as
+SGLang and SpecForge read them (engine/chat_tools.py: a JSON string, bare function objects, type names).
 
 Shard assignment hashes the prompt id (blake2b, not Python's salted `hash`), so every restart, pod
 and machine agrees, and two lines with the same id always land in the same shard, where the second
@@ -12,10 +14,11 @@ one is set aside as a duplicate. A line without a usable id is owned by shard `l
 exactly one shard reports it.
 
 Ids live in the id field (`id`, or spec.dataset.id_field). A line that has the field holds its id there, as
-a JSON string. An integer id is refused per line (cause `bad_id`): the output keys records by a string id
-(Parquet column, resume keys, rejects, verify), so a silent `str()` would make integer 1 and string "1" the
-same prompt. A Parquet id column of an integer type is the exception: a column holds one type, so its ids
-cannot collide, and they are read as their decimal strings.
+a JSON string or an integer (SpecForge's own test data numbers its lines), read as its decimal string: the
+output keys records by a string id (Parquet column, resume keys, rejects, verify). Integer 1 and string "1" are
+then one id; where one dataset holds both, the later line is set aside as `duplicate_id` with a reason naming
+the collision (`_Assigner.duplicate`), as any repeated id is. Other ids (a number with a fraction, a boolean,
+an object) are refused per line (cause `bad_id`).
 
 A line WITHOUT the id field gets an id derived from its content (`derived_id`): "sha256:" and the first 16 hex
 digits of the SHA-256 of `orjson.dumps({"messages": <its normalised messages>, "tools": <its tools or null>},
@@ -41,6 +44,10 @@ from typing import IO, Any, Literal, Protocol
 
 import orjson
 
+from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_problem
+from datagen_operator.engine.chat_tools import json_type as _json_type
+from datagen_operator.engine.chat_tools import read_tools
+
 DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]
 ReadFormat = Literal["jsonl", "json", "parquet"]
 
@@ -60,6 +67,7 @@ CAUSES = (
     BAD_ID,
     DUPLICATE_ID,
     BAD_MESSAGES,
+    NON_TEXT_CONTENT,
     INVALID_TOOLS,
     UNKNOWN_SHAPE,
     INVALID_TEMPLATE_KWARGS,
@@ -186,19 +194,17 @@ def shard_of_line(position: int, shard_count: int) -> int:
     return position % shard_count
 
 
-def validate_prompt(
-    obj: Any, id_field: str | None = None, *, integer_ids: bool = False
-) -> tuple[str | None, Problem | None]:
+def validate_prompt(obj: Any, id_field: str | None = None) -> tuple[str | None, Problem | None]:
     """(id, None) for a usable prompt object, else (id-if-any, the problem: every one the line has, in one
-    reason). The id is the id field's (`id_field`, default `id`), else derived from the content (module doc);
-    `integer_ids`: an integer id is read as its decimal string (a Parquet integer column)."""
+    reason). The id is the id field's (`id_field`, default `id`; an integer as its decimal string), else
+    derived from the content (module doc)."""
     if not isinstance(obj, dict):
         return None, Problem(NOT_OBJECT, f"expected a JSON object, got {_json_type(obj)}")
     id_key = id_field or "id"
     problems: list[Problem] = []
     prompt_id: str | None = None
     if id_key in obj:
-        prompt_id, id_problem = _id_problem(obj[id_key], id_key, integer_ids)
+        prompt_id, id_problem = _id_problem(obj[id_key], id_key)
         if id_problem is not None:
             problems.append(id_problem)
     messages: list[dict[str, Any]] | None = None
@@ -251,20 +257,17 @@ def template_kwargs_problem(kwargs: Any) -> str | None:
     return None
 
 
-def _id_problem(raw_id: Any, id_key: str, integer_ids: bool) -> tuple[str | None, Problem | None]:
-    """The id held in the id field, or why it is unusable."""
+def _id_problem(raw_id: Any, id_key: str) -> tuple[str | None, Problem | None]:
+    """The id held in the id field (an integer as its decimal string), or why it is unusable."""
     if raw_id is None:
         return None, Problem(BAD_ID, f"missing {id_key}")
-    if integer_ids and type(raw_id) is int:
-        return str(raw_id), None  # an integer column: one type for every row, so no collision (module doc)
+    if type(raw_id) is int:
+        return str(raw_id), None  # "1" and 1 in one dataset: the later is a duplicate, named (_Assigner.duplicate)
     if not isinstance(raw_id, str):
-        hint = (
-            f'; write it as "{id_key}": "{raw_id}"' if isinstance(raw_id, int) and not isinstance(raw_id, bool) else ""
-        )
         return None, Problem(
             BAD_ID,
-            f"{id_key} must be a JSON string, got {_json_type(raw_id)} {orjson.dumps(raw_id).decode()[:40]} "
-            f'(ids are stored as strings, so integer 1 and string "1" would be one prompt){hint}',
+            f"{id_key} must be a JSON string or an integer, got {_json_type(raw_id)} "
+            f"{orjson.dumps(raw_id).decode()[:40]}",
         )
     if not raw_id:
         return None, Problem(BAD_ID, f"empty {id_key}")
@@ -295,7 +298,12 @@ def _judge_messages(messages: Any, key: str) -> tuple[list[dict[str, Any]] | Non
         elif "role" in message:
             role = message["role"]
             if isinstance(role, str) and role in OPENAI_ROLES:
-                out.append(message)
+                content = content_problem(message, where)
+                if content is None:
+                    out.append(message)
+                else:
+                    non_text, reason = content
+                    problems.append(Problem(NON_TEXT_CONTENT if non_text else BAD_MESSAGES, reason))
             else:
                 problems.append(Problem(UNKNOWN_SHAPE, f"{where} has role {_shown(role)}; {EXPECTED_SHAPES}"))
         elif "from" in message:
@@ -347,9 +355,10 @@ def derived_id(messages: list[dict[str, Any]], tools: Any, kwargs: Any = None) -
 
 def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty `messages`
-    list of objects each with an OpenAI role, no tools), else None: then validate_prompt must judge it. Every
-    object this accepts, validate_prompt accepts with the same id (it checks a subset of the same conditions, on
-    orjson's exact types), so the scan may skip validate_prompt for it (tests/worker/test_dataset_scan.py)."""
+    list of objects each with an OpenAI role and string content, or none outside a user message; no tools), else
+    None: then validate_prompt must judge it. Every object this accepts, validate_prompt accepts with the same id
+    (it checks a subset of the same conditions, on orjson's exact types), so the scan may skip validate_prompt
+    for it (tests/worker/test_dataset_scan.py)."""
     if type(obj) is not dict:
         return None
     prompt_id = obj.get(id_key)
@@ -361,7 +370,14 @@ def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     roles = OPENAI_ROLES
     try:
         for message in messages:
-            if type(message) is not dict or message.get("role") not in roles:
+            if type(message) is not dict:
+                return None
+            role = message.get("role")
+            if role not in roles:
+                return None
+            # Content parts, and a user message without content, are judged in full (engine/chat_content.py).
+            content = message.get("content")
+            if type(content) is not str and (content is not None or role == "user"):
                 return None
     except TypeError:  # an unhashable role (a list, an object): validate_prompt names it
         return None
@@ -376,73 +392,9 @@ def _shown(value: Any) -> str:
 
 
 def tools_problem(tools: Any) -> str | None:
-    """Why `tools` would not reach the model as SGLang's chat endpoint would send it, or None.
-
-    The rule is SGLang's `Tool`/`Function` request models (entrypoints/openai/protocol.py): each entry
-    an object with `function: {name: str, description?: str, parameters?: object, strict?: bool}`.
-    Stricter than SGLang in two places, both because the chat templates and tool-call parsers only
-    understand function tools with a JSON-schema object: `type` must be "function" (SGLang accepts any
-    string, then renders a tool no template can declare), and `parameters`, when given, must be a schema
-    of type object (`properties` an object, `required` a list of strings).
-    """
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        return f"tools must be a list, got {_json_type(tools)}"
-    for index, tool in enumerate(tools):
-        where = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            return f"{where} must be an object, got {_json_type(tool)}"
-        if tool.get("type") != "function":
-            return f'{where}.type must be "function", got {orjson.dumps(tool.get("type")).decode()[:40]}'
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            return f"{where}.function must be an object, got {_json_type(function)}"
-        name = function.get("name")
-        if not isinstance(name, str) or not name.strip():
-            return f"{where}.function.name must be a non-empty string, got {orjson.dumps(name).decode()[:40]}"
-        if function.get("description") is not None and not isinstance(function["description"], str):
-            return f"{where}.function.description must be a string, got {_json_type(function['description'])}"
-        if function.get("strict") is not None and not isinstance(function["strict"], bool):
-            return f"{where}.function.strict must be true or false, got {_json_type(function['strict'])}"
-        schema_reason = _parameters_problem(function.get("parameters"))
-        if schema_reason is not None:
-            return f"{where}.function.parameters {schema_reason}"
-    return None
-
-
-def _parameters_problem(parameters: Any) -> str | None:
-    if parameters is None:
-        return None  # SGLang and the templates accept a function without parameters
-    if not isinstance(parameters, dict):
-        return f"must be a JSON-schema object, got {_json_type(parameters)}"
-    if parameters.get("type", "object") != "object":
-        return f'must have "type": "object", got {orjson.dumps(parameters.get("type")).decode()[:40]}'
-    if not isinstance(parameters.get("properties", {}), dict):
-        return f"properties must be an object, got {_json_type(parameters['properties'])}"
-    required = parameters.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(item, str) for item in required):
-        return "required must be a list of property names"
-    return None
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of a value's type, as a dataset author would call it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    """Why a line's `tools` would not reach the model as SGLang's chat endpoint would send them, or None
+    (engine/chat_tools.py `read_tools`, which reads them)."""
+    return read_tools(tools)[1]
 
 
 def _excerpt(raw: bytes | str, limit: int = 200) -> str:
@@ -487,7 +439,11 @@ class ShardPlan:
 def prompt_from(ref: PromptRef, obj: dict[str, Any]) -> Prompt:
     """The prompt of a valid line, from its parsed object: its messages as OpenAI messages (normalised_messages)."""
     return Prompt(
-        ref.position, ref.id, normalised_messages(obj), obj.get("tools") or None, obj.get(TEMPLATE_KWARGS) or None
+        ref.position,
+        ref.id,
+        normalised_messages(obj),
+        read_tools(obj.get("tools"))[0],
+        obj.get(TEMPLATE_KWARGS) or None,
     )
 
 
@@ -565,6 +521,8 @@ class _Assigner:
         from datagen_operator.prompts.seen import SeenHashes  # numpy: only once a dataset is read
 
         self.seen = SeenHashes()
+        self.integer_ids = SeenHashes()
+        """The ids taken that a line held as an integer (few datasets have any), to name a collision of 1 and "1"."""
         self.take_valid = self._valid_taker()
 
     def _valid_taker(self) -> Callable[[int, str, int, int], PromptRef | _Duplicate | None]:
@@ -591,8 +549,21 @@ class _Assigner:
 
         return take_valid
 
-    def duplicate(self, position: int, prompt_id: str, raw: bytes | str) -> MalformedLine:
-        reason = f"duplicate id {prompt_id!r} (first occurrence kept)"
+    def took_integer(self, prompt_id: str) -> None:
+        """The line just taken held its id as an integer."""
+        self.integer_ids.add(hash(prompt_id))
+
+    def duplicate(self, position: int, prompt_id: str, raw: bytes | str, integer: bool = False) -> MalformedLine:
+        """A later line with an id already taken; `integer`: this line holds it as an integer."""
+        if integer != (hash(prompt_id) in self.integer_ids):
+            first, this = ("string", "integer") if integer else ("integer", "string")
+            reason = (
+                f"id {prompt_id!r} collides: an earlier line holds it as the {first} and this one as the {this}, and "
+                "ids are stored as strings, so they would be one prompt (first occurrence kept); give one of them "
+                "another id"
+            )
+        else:
+            reason = f"duplicate id {prompt_id!r} (first occurrence kept)"
         return MalformedLine(position, reason, _excerpt(raw), prompt_id, DUPLICATE_ID)
 
     def set_aside(
@@ -845,6 +816,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
             if sink is not None:
                 sink.parsed(line, obj)
             prompt_id = plain_id(obj, id_key)
+            integer = False
             if prompt_id is None:
                 prompt_id, problem = validate(obj, id_field)
                 if problem is not None:
@@ -853,12 +825,15 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                         yield aside
                     continue
                 assert prompt_id is not None
+                integer = type(obj.get(id_key)) is int
             valid += 1
             ref = take_valid(position, prompt_id, start, length)
             if type(ref) is PromptRef:
+                if integer:
+                    assigner.took_integer(prompt_id)
                 yield ref, obj
             elif ref is DUPLICATE:
-                yield assigner.duplicate(position, prompt_id, line.strip())
+                yield assigner.duplicate(position, prompt_id, line.strip(), integer)
     scan.lines_total = position + 1
     scan.valid_lines_total = valid
     if sink is not None:
@@ -893,11 +868,14 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
             else:
                 assert prompt_id is not None
                 valid += 1
+                integer = type(obj.get(id_key)) is int
                 ref = assigner.take_valid(position, prompt_id, offset, len(data))
                 if isinstance(ref, PromptRef):
+                    if integer:
+                        assigner.took_integer(prompt_id)
                     yield ref, obj
                 elif ref is DUPLICATE:
-                    yield assigner.duplicate(position, prompt_id, data[:200])
+                    yield assigner.duplicate(position, prompt_id, data[:200], integer)
             position += 1
     scan.lines_total = position
     scan.valid_lines_total = valid
@@ -920,7 +898,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
         for obj in batch.to_pylist():
             obj = normalise_parquet_row(obj)
             raw = orjson.dumps(obj, default=str)[:200]
-            prompt_id, problem = validate_prompt(obj, id_field, integer_ids=True)
+            prompt_id, problem = validate_prompt(obj, id_field)
             if problem is not None:
                 aside = assigner.set_aside(position, prompt_id, problem, raw)
                 if aside is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datagen_operator.engine.chat_content import content_format, template_messages
 from datagen_operator.engine.template_tools import template_tools
 from datagen_operator.tokenizer.chat_template import compile_template, render_chat
 
@@ -50,6 +51,7 @@ class LeanRenderer:
     def __init__(self, chat_template: str, variables: dict[str, Any], encode: Encoder) -> None:
         compile_template(chat_template)
         self.chat_template = chat_template
+        self.content_format = content_format(chat_template)
         self.variables = variables
         self.encode = encode
 
@@ -70,8 +72,13 @@ class LeanRenderer:
         dataset has them (the template gets SGLang's dump of them, engine/template_tools.py)."""
         merged = {**self.variables, **variables} if variables else self.variables
         try:
-            dumped = template_tools(tools)
-            text = render_chat(self.chat_template, messages, tools=dumped, add_generation_prompt=True, **merged)
+            text = render_chat(
+                self.chat_template,
+                template_messages(messages, self.content_format),
+                tools=template_tools(tools),  # as SGLang dumps them for the template
+                add_generation_prompt=True,
+                **merged,
+            )
         except Exception as error:  # jinja errors, template `raise_exception`, bad tool schemas
             raise RenderError(f"chat template failed: {type(error).__name__}: {error}") from None
         return self.encode(text)

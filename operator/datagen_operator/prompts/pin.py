@@ -320,7 +320,7 @@ def _parsed(line: bytes) -> Any:
 
 
 def _named_id(obj: Any, id_field: str | None) -> str | None:
-    """The id a person knows a line by: its id field's value (even one the scan refuses, such as an integer),
+    """The id a person knows a line by: its id field's value (an integer as its decimal string, as the scan reads it),
     else the id derived from its content."""
     if not isinstance(obj, dict):
         return None

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from datagen_operator.engine.chat_content import content_format, template_messages
 from datagen_operator.engine.template_tools import template_tools
 from datagen_operator.prompts.lean_render import Encoder, LeanRenderer, LeanSpec, RenderError, tokenizers_encoder
 
@@ -183,6 +184,8 @@ class Renderer:
             else self.chat_template
         )
         """What renders: the model's template, its clock pinned to the output's render date."""
+        self.content_format = content_format(self.chat_template)
+        """How serving_chat hands the template a list content (engine/chat_content.py)."""
         lean = lean_renderer(tokenizer, self.template, self.variables)
         if isinstance(lean, str):
             log.info("renderer: apply_chat_template for every prompt (%s)", lean)
@@ -205,7 +208,7 @@ class Renderer:
         a line's own template variables (its chat_template_kwargs), over the run's."""
         try:
             ids = self.tokenizer.apply_chat_template(
-                messages,
+                template_messages(messages, self.content_format),
                 tools=template_tools(tools),
                 add_generation_prompt=True,
                 tokenize=True,

@@ -34,6 +34,10 @@ class SeenHashes:
     def __len__(self) -> int:
         return self._count
 
+    def __contains__(self, value: int) -> bool:
+        bit = value & self._mask
+        return bool(self._bits[bit >> 3] & (1 << (bit & 7))) and self._seen(value)
+
     def add(self, value: int) -> bool:
         """Add a hash (a signed 64-bit int: Python's `hash`); True when it was not seen before."""
         bit = value & self._mask

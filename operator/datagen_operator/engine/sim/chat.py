@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datagen_operator.engine.chat_tools import request_tool
 from datagen_operator.engine.reasoning import DETECTORS, force_reasoning, split_reasoning
 from datagen_operator.engine.sim.formats import read_tool_calls
 from datagen_operator.engine.sim.model import Completion
@@ -73,6 +74,8 @@ def parse_chat_request(body: object, vocab: SimVocab | None = None) -> ChatReque
         raise RequestError("tools must be a list.")
     if body.get("tool_choice") == "none":
         tools = None
+    if tools:
+        tools = [request_tool(tool) for tool in tools]  # SGLang's request validation rewrites type names
     raw = {key: body[field] for field, key in _SAMPLING_FIELDS.items() if body.get(field) is not None}
     # Tool calls and harmony channels are special tokens: SGLang keeps them in the decoded text.
     gpt_oss = vocab is not None and vocab.model_config.get("model_type") == GPT_OSS_MODEL_TYPE
@@ -103,12 +106,13 @@ def parse_chat_request(body: object, vocab: SimVocab | None = None) -> ChatReque
 def render_prompt(request: ChatRequest, vocab: SimVocab) -> list[int]:
     if vocab.chat_template is None:
         raise RequestError("The tokenizer has no chat template; pass --chat-template.")
+    from datagen_operator.engine.chat_content import content_format, template_messages
     from datagen_operator.tokenizer.chat_template import render_chat  # jinja2 loads on the first chat request
 
     try:
         text = render_chat(
             vocab.chat_template,
-            request.messages,
+            template_messages(request.messages, content_format(vocab.chat_template)),
             tools=template_tools(request.tools),  # as SGLang dumps them for the template
             add_generation_prompt=True,
             **{**vocab.special_tokens, **request.template_vars},  # transformers passes bos_token & co.
