@@ -30,12 +30,14 @@ class NextTurns:
         self.ledger = ledger
         self.limit = limit
         self.splitter = splitter
-        self.tool_openers = tuple(opener for opener, _ in inputs.expect.tool_marker_pairs)
         self.max_new_tokens = int(inputs.sampling["max_new_tokens"])
 
     def split(self, job: Job, output_ids: Sequence[int], finish_reason: Any) -> AnswerSplit:
-        variables = job.conversation.variables if job.conversation is not None else None
-        return self.splitter.split(output_ids, finish_reason, job.has_tools, variables)
+        conversation = job.conversation
+        variables, tools = (
+            (conversation.variables, conversation.tools or ()) if conversation is not None else (None, ())
+        )
+        return self.splitter.split(output_ids, finish_reason, job.has_tools, variables, tools)
 
     async def after_answer(
         self, job: Job, split: AnswerSplit, output_ids: Sequence[int], finish_reason: Any
@@ -52,8 +54,9 @@ class NextTurns:
             kind = finish_reason.get("type") if isinstance(finish_reason, dict) else finish_reason
             self.end(following, ANSWER_UNFINISHED, f"turn {job.turn + 1}'s answer ended with {kind!r}, not a stop")
             return None
-        if job.has_tools and calls_tool(output_ids, self.tool_openers):
-            self.end(following, ANSWER_CALLED_TOOL, f"turn {job.turn + 1}'s answer calls a tool")
+        if calls_tool(split):
+            names = ", ".join(call.name for call in split.tool_calls)
+            self.end(following, ANSWER_CALLED_TOOL, f"turn {job.turn + 1}'s answer calls a tool ({names})")
             return None
         return await self.rendered(following)
 
