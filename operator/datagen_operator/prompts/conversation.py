@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
-from datagen_operator.engine.tool_calls import ParsedCall, read_tool_calls, stop_kept
+from datagen_operator.engine.tool_calls import TOOL_CALL_PARSERS, ParsedCall, read_tool_calls, stop_kept
 
 Message = dict[str, Any]
 
@@ -181,6 +181,13 @@ class AnswerSplitter:
                 f"reasoning parser {reasoning_parser!r}: how it splits an answer is not modelled here "
                 f"({', '.join(sorted(DETECTORS))} are), so the history of a later turn cannot be built as SGLang's "
                 "chat endpoint would; use generation.turns: last"
+            )
+        if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool-call parser {tool_call_parser!r}: how it reads a call is not modelled here "
+                f"({', '.join(sorted(TOOL_CALL_PARSERS))} are), so an answer that calls a tool cannot be told from "
+                "one that does not as SGLang's chat endpoint tells them; use generation.turns: last, or "
+                "server.toolCallParser: none when no line declares tools"
             )
         self.tokenizer = tokenizer
         self.parser = reasoning_parser
