@@ -287,8 +287,11 @@ INVENTED_ANSWER = "<|start|>assistant<|channel|>final<|message|><|end|>"
 """The history a gpt-oss tool call became when its split dropped the call: an empty final answer."""
 
 
-def _gpt_oss_tool_run(tmp_path: Path) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
-    """gpt-oss conversations of three user turns, every line declaring a tool, regenerated on the simulator."""
+def _gpt_oss_tool_run(
+    tmp_path: Path, *extra: str, again: Any = None
+) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+    """gpt-oss conversations of three user turns, every line declaring a tool, regenerated on the simulator
+    (`again(output, document, url)`: called while the simulator still runs)."""
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 
     model_dir = ensure_standin_tokenizer(family="gpt-oss")
@@ -307,7 +310,9 @@ def _gpt_oss_tool_run(tmp_path: Path) -> tuple[Path, dict[str, Any], list[dict[s
         **{"model.preset": "gpt-oss", "generation.turns": "all"},
     )  # fmt: skip
     with start_sim(*GPT_OSS_SIM, tokenizer_dir=model_dir) as server:
-        assert run_inprocess(document, [server.url]) == EXIT_OK
+        assert run_inprocess(document, [server.url], *extra) == EXIT_OK
+        if again is not None:
+            again(output, document, server.url)
     return output, document, items
 
 
@@ -365,3 +370,22 @@ def test_verify_fails_a_conversation_continued_after_a_tool_call_on_an_invented_
     after = [key for key in keys if key[2] and keys[(key[0], key[1], key[2] - 1)] in calls]
     assert f"{len(after)} turns were generated after an answer that called a tool" in fidelity.verdict
     assert f"{len(calls)}/{len(records)} recorded answer splits differ from the split" in fidelity.verdict
+
+
+def test_a_crash_between_a_tool_call_and_its_cut_ends_the_conversation_on_resume(tmp_path: Path) -> None:
+    cut: set[tuple[str, int, int]] = set()
+    before: list[int] = []
+
+    def crash_before_the_cuts(output: Path, document: dict[str, Any], url: str) -> None:
+        path = OutputLayout(output).rejects(0)
+        lines = path.read_bytes().splitlines(keepends=True)
+        cut.update((e["id"], e["sample"], e["turn"]) for e in map(orjson.loads, lines) if e["kind"] == "turns")
+        path.write_bytes(b"".join(line for line in lines if b'"kind":"turns"' not in line))
+        before.append(sum(raw_turn_keys(output).values()))
+        assert run_inprocess(document, [url]) == EXIT_OK
+
+    output, _, _ = _gpt_oss_tool_run(tmp_path, "--no-compact", again=crash_before_the_cuts)
+    entries = [e for e in iter_rejects(output) if e.get("kind") == "turns"]
+    assert cut and {(e["id"], e["sample"], e["turn"]) for e in entries} == cut
+    assert {e["cause"] for e in entries} == {"answer_called_tool"}
+    assert len(list(iter_records(output))) == before[0]  # nothing sent after a call

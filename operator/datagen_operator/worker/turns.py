@@ -55,10 +55,15 @@ class NextTurns:
             self.end(following, ANSWER_UNFINISHED, f"turn {job.turn + 1}'s answer ended with {kind!r}, not a stop")
             return None
         if calls_tool(split):
-            names = ", ".join(call.name for call in split.tool_calls)
-            self.end(following, ANSWER_CALLED_TOOL, f"turn {job.turn + 1}'s answer calls a tool ({names})")
+            self.end_after_call(following, split)
             return None
         return await self.rendered(following)
+
+    def end_after_call(self, following: Job, split: AnswerSplit) -> None:
+        """The answer before `following` called a tool: SGLang's chat endpoint hands the call to the client, and
+        no dataset tool result answers it."""
+        names = ", ".join(call.name for call in split.tool_calls)
+        self.end(following, ANSWER_CALLED_TOOL, f"turn {following.turn}'s answer calls a tool ({names})")
 
     def after_refusal(self, job: Job, status: int) -> None:
         """The server refused a turn for good: the conversation's later turns are not sent."""
