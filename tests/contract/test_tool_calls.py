@@ -13,8 +13,10 @@ import pytest
 
 from datagen_operator.engine.sim.formats import ToolCall, write_tool_calls
 from datagen_operator.engine.sim.model import example_arguments
-from datagen_operator.engine.tool_calls import TOOL_CALL_PARSERS, read_tool_calls, stop_kept
+from datagen_operator.engine.tool_calls import GPT_OSS_CALL_ID, TOOL_CALL_PARSERS, read_tool_calls, stop_kept
 from datagen_operator.presets import get_preset, preset_names
+from datagen_operator.prompts.conversation import AnswerSplitter
+from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.tokenizer.families import get_family
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.contract import sglang_side
@@ -66,7 +68,7 @@ def test_our_reading_of_a_tool_call_is_sglangs(sglang: SGLang, preset: str, answ
     text = _answers(preset)[answer]
     theirs = sglang.call(sglang_side.tool_call_parse, parser, TOOLS, text)
     ours = read_tool_calls(parser, text, TOOLS)
-    assert (TOOL_CALL_PARSERS[parser].opener in text) is theirs["found"]
+    assert ours.found is theirs["found"] is (TOOL_CALL_PARSERS[parser].opener in text)
     assert ours.normal_text == theirs["normal_text"]
     assert [{"name": call.name, "arguments": json.loads(call.arguments)} for call in ours.calls] == [
         {"name": call["name"], "arguments": json.loads(call["arguments"])} for call in theirs["calls"]
@@ -100,3 +102,37 @@ def test_the_stop_ids_kept_for_the_tool_parser_are_the_detokenizers(sglang: SGLa
     theirs = sglang.call(sglang_side.kept_stop_ids, str(model_dir), definition.trust_remote_code, parser, stops)
     assert [stop for stop in stops if stop_kept(parser, stop)] == theirs
     assert theirs == ([200012] if parser == "gpt-oss" else [])
+
+
+@pytest.mark.parametrize(("preset", "answer"), CASES)
+def test_the_runs_split_of_each_answer_is_the_chat_endpoints_message(sglang: SGLang, preset: str, answer: str) -> None:
+    """The answers as output ids (the family's stand-in tokenizer; a stop id after them unless the call's own
+    `<|call|>` ends them): SGLang's detokenizer trim, reasoning parser and tool-call parser, as serving_chat runs
+    them, give the message the run's AnswerSplitter records (content, reasoning, calls)."""
+    definition = get_preset(preset)
+    model_dir = ensure_standin_tokenizer(family=definition.family)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=definition.trust_remote_code)
+    ids = list(tokenizer.encode(_answers(preset)[answer], add_special_tokens=False))
+    if ids[-1] != GPT_OSS_CALL_ID:
+        ids.append(next(token.id for token in definition.stop_tokens if token.id is not None))
+    finish_reason = {"type": "stop", "matched": ids[-1]}
+    switch = definition.thinking.switch
+    kwargs = {switch: definition.thinking.default} if switch else {}
+    text = sglang.call(
+        sglang_side.chat_output_text, model_dir=str(model_dir), trust_remote_code=definition.trust_remote_code,
+        tool_call_parser=definition.tool_call_parser, output_ids=ids, finish_reason=finish_reason,
+        skip_special_tokens=False,
+    )  # fmt: skip
+    theirs = sglang.call(
+        sglang_side.chat_split, reasoning_parser=definition.reasoning_parser,
+        tool_call_parser=definition.tool_call_parser, chat_template=tokenizer.chat_template,
+        chat_template_kwargs=kwargs or None, tools=TOOLS, text=text,
+    )  # fmt: skip
+    splitter = AnswerSplitter(
+        tokenizer, definition.reasoning_parser, tokenizer.chat_template, kwargs, definition.tool_call_parser
+    )
+    ours = splitter.split(ids, finish_reason, True, None, TOOLS)
+    assert (ours.content, ours.reasoning_content or None) == (theirs["content"], theirs["reasoning_content"])
+    assert [{"name": call.name, "arguments": json.loads(call.arguments)} for call in ours.tool_calls] == [
+        {"name": call["name"], "arguments": json.loads(call["arguments"])} for call in theirs["tool_calls"]
+    ]

@@ -136,6 +136,7 @@ class _HarmonyTokenizer:
         2: "Call it.",
         3: "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
         4: '{"city": "Paris"}',
+        5: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
         200012: "<|call|>",
     }
 
@@ -153,6 +154,12 @@ def test_a_harmony_call_keeps_its_call_stop_and_is_split_into_the_call() -> None
     split = splitter.split(ids, stop, True, None, WEATHER)
     assert split == AnswerSplit("", "Call it.", (ParsedCall("get_weather", '{"city": "Paris"}'),))
     assert calls_tool(split) and not calls_tool(AnswerSplit("", "Call it."))
+    # A call to an undeclared tool parses as none (SGLang drops it), and a call before any analysis lacks the
+    # message start SGLang's parser looks for (its content is the raw call): both still call, and end there.
+    undeclared = splitter.split(ids, stop, True, None, [{"type": "function", "function": {"name": "other"}}])
+    assert undeclared == AnswerSplit("", "Call it.") and calls_tool(undeclared)
+    first = splitter.split([5, 4, 200012], stop, True, None, WEATHER)
+    assert first.tool_calls == () and first.content.startswith("<|channel|>commentary") and calls_tool(first)
     # Without a tool-call parser SGLang reads no call (and its detokenizer trims <|call|>).
     assert not calls_tool(
         AnswerSplitter(_HarmonyTokenizer(), "gpt-oss", None, {}).split(ids, stop, True, None, WEATHER)

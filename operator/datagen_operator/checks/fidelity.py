@@ -15,7 +15,7 @@ import orjson
 
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.status import CheckResult
-from datagen_operator.engine.tool_calls import ParsedCall
+from datagen_operator.engine.tool_calls import ParsedCall, call_names
 from datagen_operator.prompts.conversation import (
     AnswerSplit,
     AnswerSplitter,
@@ -116,7 +116,7 @@ def conversation_fidelity(
             if called is not None:
                 # The answer before this turn called a tool: the conversation ended there, so this turn's history
                 # holds an answer the model never gave (its call dropped).
-                after_call.append(f"{where} (turn {turn} called {', '.join(call.name for call in called)})")
+                after_call.append(f"{where} (turn {turn} called {call_names(called)})")
             stored = stored_split(record)
             has_tools = bool(record["has_tools"])
             recomputed = splitter.split(
@@ -142,8 +142,8 @@ def conversation_fidelity(
     if after_call:
         problems.append(
             f"{len(after_call)} turns were generated after an answer that called a tool (e.g. "
-            f"{', '.join(after_call[:3])}): SGLang's chat endpoint returns such an answer as tool_calls, no dataset "
-            "tool result answers it, and the history sent instead holds an answer the model never gave"
+            f"{', '.join(after_call[:3])}): no dataset tool result answers the model's own call, and the history sent "
+            "instead holds an answer the model never gave"
         )
     if gaps:
         problems.append(f"{len(gaps)} conversations have a turn recorded without the one before it (e.g. {gaps[:3]})")

@@ -40,6 +40,8 @@ class ParsedCall:
 class ParsedToolCalls:
     normal_text: str
     calls: list[ParsedCall]
+    found: bool = False
+    """The parser's `has_tool_call`: its opener is in the text (even where no call parses from it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,11 @@ TOOL_CALL_PARSERS: dict[str, CallSyntax] = {
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def call_names(calls: Sequence[ParsedCall]) -> str:
+    """The tools an answer calls, for a message (a call SGLang's parser could not read names none)."""
+    return ", ".join(call.name for call in calls) or "a call no tool parses from"
 
 
 def stop_kept(tool_call_parser: str | None, matched: int) -> bool:
@@ -224,4 +231,5 @@ def read_tool_calls(parser: str | None, text: str, tools: Sequence[Any]) -> Pars
     syntax = TOOL_CALL_PARSERS.get(parser or "")
     if syntax is None or not tools or syntax.opener not in text:
         return ParsedToolCalls(text, [])
-    return READERS[syntax.format](text, _schemas(tools))
+    parsed = READERS[syntax.format](text, _schemas(tools))
+    return ParsedToolCalls(parsed.normal_text, parsed.calls, found=True)

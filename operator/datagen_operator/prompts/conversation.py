@@ -29,7 +29,7 @@ verify rebuilds every prompt from the run's own answers.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
@@ -105,8 +105,12 @@ class AnswerSplit:
     content: str
     reasoning_content: str | None
     tool_calls: tuple[ParsedCall, ...] = ()
-    """The calls SGLang's tool-call parser returns for the answer (name, arguments as its JSON string): an answer
-    with any ends its conversation (ANSWER_CALLED_TOOL), so it is never history."""
+    """The calls SGLang's tool-call parser returns for the answer (name, arguments as its JSON string)."""
+    calls_tool: bool = field(default=False, compare=False)
+    """The answer holds a tool call: the parser found a call's opener in it (SGLang's `has_tool_call`; no call may
+    parse from it: an undeclared tool, arguments that are no JSON), or it ended with the stop id that ends a call
+    (gpt-oss's `<|call|>`). It ends its conversation (ANSWER_CALLED_TOOL), so it is never history. Not stored: a
+    split read back from the store calls a tool when it holds calls."""
 
     def message(self) -> Message:
         """The assistant message a chat client sends back with the next turn."""
@@ -161,8 +165,8 @@ def finished_with_stop(finish_reason: Any) -> bool:
 
 
 def calls_tool(split: AnswerSplit) -> bool:
-    """Whether the answer calls a tool: SGLang's chat endpoint returns `tool_calls` for it."""
-    return bool(split.tool_calls)
+    """Whether the answer calls a tool (AnswerSplit.calls_tool), or holds calls (a split read back)."""
+    return split.calls_tool or bool(split.tool_calls)
 
 
 class AnswerSplitter:
@@ -214,15 +218,16 @@ class AnswerSplitter:
         ids = list(output_ids)
         matched = finish_reason.get("matched") if isinstance(finish_reason, Mapping) else None
         stopped = finished_with_stop(finish_reason) and isinstance(matched, int) and ids and ids[-1] == matched
-        if stopped and not stop_kept(self.tool_call_parser, ids[-1]):
+        ended_call = stopped and stop_kept(self.tool_call_parser, ids[-1])
+        if stopped and not ended_call:
             ids.pop()  # the matched stop id is trimmed before decoding (no_stop_trim is never sent)
         keep_special = has_tools or self.parser == HARMONY_PARSER
         text = self.tokenizer.decode(ids, skip_special_tokens=not keep_special)
         forced = self._forced({**self.variables, **line_variables}) if line_variables else self.forced
         split = split_reasoning(text, self.parser, forced)
-        content = split.content
+        content, found = split.content, False
         calls: tuple[ParsedCall, ...] = ()
         if has_tools:
             parsed = read_tool_calls(self.tool_call_parser, content, tools)
-            content, calls = parsed.normal_text, tuple(parsed.calls)
-        return AnswerSplit(content, split.reasoning, calls)
+            content, calls, found = parsed.normal_text, tuple(parsed.calls), parsed.found
+        return AnswerSplit(content, split.reasoning, calls, calls_tool=bool(found or ended_call))

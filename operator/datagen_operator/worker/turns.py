@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from datagen_operator.engine.tool_calls import call_names
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
 from datagen_operator.prompts.conversation import (
     ANSWER_CALLED_TOOL,
@@ -62,7 +63,7 @@ class NextTurns:
     def end_after_call(self, following: Job, split: AnswerSplit) -> None:
         """The answer before `following` called a tool: SGLang's chat endpoint hands the call to the client, and
         no dataset tool result answers it."""
-        names = ", ".join(call.name for call in split.tool_calls)
+        names = call_names(split.tool_calls)
         self.end(following, ANSWER_CALLED_TOOL, f"turn {following.turn}'s answer calls a tool ({names})")
 
     def after_refusal(self, job: Job, status: int) -> None:
