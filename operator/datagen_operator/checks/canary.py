@@ -382,24 +382,22 @@ async def history_probe(
         )
     except ValueError as error:
         return CheckResult(name=HISTORY, passed=False, count=1, total=1, verdict=str(error))
-    # An answer that calls a tool ends its conversation (no turn follows it): the probe continues another.
-    found = None
-    for (prompt, _), record in zip(sent, records, strict=False):
-        if not finished_with_stop(record.finish_reason) or not prompt["messages"]:
-            continue
-        variables = prompt.get("variables")
-        tools = prompt.get("tools") or ()
-        split = splitter.split(record.output_ids, record.finish_reason, record.has_tools, variables, tools)
-        if not calls_tool(split):
-            found = prompt, record, split
-            break
+    # An answer that calls a tool ends its conversation (no turn follows it): the probe continues one that does
+    # not where there is one.
+    finished = [
+        (prompt, splitter.split(record.output_ids, record.finish_reason, record.has_tools, prompt.get("variables"),
+                                prompt.get("tools") or ()))
+        for (prompt, _), record in zip(sent, records, strict=False)
+        if finished_with_stop(record.finish_reason) and prompt["messages"]
+    ]  # fmt: skip
+    found = next((item for item in finished if not calls_tool(item[1])), finished[0] if finished else None)
     if found is None:
         return CheckResult(
             name=HISTORY, passed=False, count=1, total=1,
-            verdict="no canary answer finished with a stop without calling a tool, so no second turn could be built "
-            "on one: the history of later turns is unproven",
+            verdict="no canary answer finished with a stop, so no second turn could be built on one: the history of "
+            "later turns is unproven",
         )  # fmt: skip
-    prompt, record, split = found
+    prompt, split = found
     variables = prompt.get("variables")
     problems = [
         f"turn 1's answer, split by the reasoning parser {resolved.reasoning_parser}, holds {marker} in its content: "
