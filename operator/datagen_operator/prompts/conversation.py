@@ -9,9 +9,9 @@ The rules, pure over a dataset line's (normalised) messages:
   decides what earlier reasoning it keeps).
 - Tool results answer the *dataset's* assistant's tool calls, not the regenerated answer's: a conversation is
   regenerated up to its first `tool` message; the user turns from there on are not planned (`TOOL_TURN`,
-  counted). An answer that itself calls a tool (SGLang's tool-call parser returns calls for it: the line declares
-  tools and the answer holds a call in the family's format, harmony's `commentary to=functions.X` message ending
-  `<|call|>` included) ends the conversation too (`ANSWER_CALLED_TOOL`): no dataset tool result answers it.
+  counted). An answer that itself calls a tool (the line declares tools and SGLang's tool-call parser finds a call's
+  opener in it, harmony's `commentary to=functions.X` message included, or it ended with gpt-oss's `<|call|>`) ends
+  the conversation too (`ANSWER_CALLED_TOOL`): no dataset tool result answers it.
 - An answer that did not end with a stop (cut at max_new_tokens, aborted) ends the conversation
   (`ANSWER_UNFINISHED`): its half-written text is no history a client would send.
 - `turns: last`. One answer per line, to its last user turn: trailing assistant messages are dropped (a ShareGPT

@@ -40,9 +40,7 @@ class NextTurns:
         )
         return self.splitter.split(output_ids, finish_reason, job.has_tools, variables, tools)
 
-    async def after_answer(
-        self, job: Job, split: AnswerSplit, output_ids: Sequence[int], finish_reason: Any
-    ) -> Job | None:
+    async def after_answer(self, job: Job, split: AnswerSplit, finish_reason: Any) -> Job | None:
         """The conversation's next turn, ready to send, or None: it is done or ends here (recorded)."""
         conversation = job.conversation
         if conversation is None:
