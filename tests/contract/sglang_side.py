@@ -421,3 +421,48 @@ def template_content(messages: list[dict[str, Any]], chat_template: str) -> dict
         processed["content"] = normalize_tool_content(processed["role"], processed.get("content"))
         out.append(processed)
     return {"format": form, "messages": out}
+
+
+def tool_call_parse(tool_call_parser: str, tools: list[dict[str, Any]], text: str) -> dict[str, Any]:
+    """What the chat endpoint's `_process_tool_calls` finds in `text` (a request declaring `tools`, tool_choice
+    auto): SGLang's FunctionCallParser `has_tool_call`, then `parse_non_stream` where it found one."""
+    from sglang.srt.entrypoints.openai.protocol import Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    parser = FunctionCallParser([Tool.model_validate(tool) for tool in tools], tool_call_parser)
+    if not parser.has_tool_call(text):
+        return {"found": False, "normal_text": text, "calls": []}
+    normal_text, calls = parser.parse_non_stream(text)
+    return {
+        "found": True,
+        "normal_text": normal_text,
+        "calls": [{"name": call.name, "arguments": call.parameters} for call in calls],
+    }
+
+
+def tool_call_opener(tool_call_parser: str) -> str:
+    """The text SGLang's detector for `tool_call_parser` looks for in `has_tool_call` (its `bot_token`)."""
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    return str(FunctionCallParser.ToolCallParserEnum[tool_call_parser]().bot_token)
+
+
+def kept_stop_ids(
+    model_dir: str, trust_remote_code: bool, tool_call_parser: str | None, stop_ids: list[int]
+) -> list[int]:
+    """Of `stop_ids`, those the detokenizer keeps when one ends an output as its matched stop token
+    (`DetokenizerManager.trim_matched_stop`, the launch's tool-call parser given)."""
+    from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+    from sglang.srt.parser.response_template import tool_close_token_ids
+
+    tokenizer = _tokenizer(model_dir, trust_remote_code)
+    detokenizer = types.SimpleNamespace(
+        is_tool_call_parser_gpt_oss=tool_call_parser == "gpt-oss",
+        tool_close_token_ids=tool_close_token_ids(tool_call_parser, tokenizer),
+    )
+    return [
+        stop_id
+        for stop_id in stop_ids
+        if DetokenizerManager.trim_matched_stop(detokenizer, [1, stop_id], {"type": "stop", "matched": stop_id}, False)
+        == [1, stop_id]
+    ]

@@ -5,7 +5,9 @@ For each preset a simulator speaks the preset's family with the preset's parsers
 to `/v1/chat/completions` (the simulator's split) and, rendered with the model's template as the workers do,
 to `/generate` with the same budget and seed (the raw output ids). SGLang's detokenizer trims and decodes
 the ids as its chat endpoint has them decoded (special tokens kept when tools are declared or for gpt-oss),
-and SGLang's parsers split the text as `serving_chat` runs them (tests/contract/sglang_side.py).
+and SGLang's parsers split the text as `serving_chat` runs them (tests/contract/sglang_side.py). The run's own
+split of the ids (prompts/conversation.py `AnswerSplitter`: a regenerated answer's history and its tool calls) is
+held to the same message.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from datagen_operator.presets import Preset, get_preset, preset_names
+from datagen_operator.prompts.conversation import AnswerSplitter
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.contract import sglang_side
@@ -184,3 +187,18 @@ def _assert_same_split(sglang: SGLang, entry: dict[str, Any], preset: str, conve
             **expected,
             "tool_calls": _arguments(expected["tool_calls"]),
         }, f"seed {seed}, model {model_dir.name}, raw output: {text!r}"
+        # The run's own split of the same ids (the history of a regenerated conversation, and the calls that end
+        # it) is the chat endpoint's message too.
+        splitter = AnswerSplitter(
+            tokenizer,
+            definition.reasoning_parser,
+            tokenizer.chat_template,
+            template_kwargs,
+            definition.tool_call_parser,
+        )
+        ours = splitter.split(output_ids, finish_reason, bool(tools), None, tools or ())
+        calls = [{"name": call.name, "arguments": call.arguments} for call in ours.tool_calls]
+        assert {"reasoning_content": ours.reasoning_content or None, "content": ours.content,
+                "tool_calls": _arguments(calls)} == {**expected, "tool_calls": _arguments(expected["tool_calls"])}, (
+            f"seed {seed}, model {model_dir.name}, raw output: {text!r}"
+        )  # fmt: skip

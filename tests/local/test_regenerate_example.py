@@ -55,3 +55,41 @@ def test_the_regenerate_example_completes_for_each_family(tmp_path: Path, preset
 def _turns_cut(output: Path) -> int:
     """Turns a conversation ended before (an unfinished or tool-calling answer), as rejects.jsonl lists them."""
     return sum(e["turns"] - e["turn"] for e in iter_rejects(output) if e.get("kind") == "turns")
+
+
+def test_the_gpt_oss_tools_example_ends_each_conversation_at_the_models_own_tool_call(tmp_path: Path) -> None:
+    """examples/regenerate-gpt-oss.yaml: every line declares tools; an answer that calls one (harmony's commentary
+    message to=functions.NAME ending in <|call|>) keeps the call and ends its conversation, the turns after it
+    counted as answer_called_tool; no history holds an answer the model never gave; verify proves every turn."""
+    document = yaml.safe_load((EXAMPLES / "regenerate-gpt-oss.yaml").read_text())
+    spec = document["spec"]
+    spec["model"]["path"] = str(tmp_path / "model")
+    spec["dataset"]["path"] = str(shutil.copy(EXAMPLES / "prompts" / "regenerate-tools.jsonl", tmp_path))
+    spec["output"]["path"] = str(tmp_path / "out")
+    run_file = tmp_path / "regenerate-gpt-oss.yaml"
+    run_file.write_text(yaml.safe_dump(document))
+    result = datagen_run(run_file, "--standin", *FAST_SIM)
+    said = " ".join(result.stdout.split())
+    assert result.returncode == 0, said[-3000:]
+    assert "26 user turns to answer in 10 conversations" in said
+    records = list(iter_records(tmp_path / "out"))
+    called = [r for r in records if r["answer_tool_calls"]]
+    cut = [e for e in iter_rejects(tmp_path / "out") if e.get("kind") == "turns"]
+    assert called and {e["cause"] for e in cut} == {"answer_called_tool"}
+    planned = {
+        line["id"]: sum(m["role"] == "user" for m in line["messages"])
+        for line in map(json.loads, (EXAMPLES / "prompts" / "regenerate-tools.jsonl").read_text().splitlines())
+    }
+    ended = {(r["id"], r["turn"] + 1) for r in called if r["turn"] + 1 < planned[r["id"]]}
+    assert {(e["id"], e["turn"]) for e in cut} == ended and ended  # each cut right after a call, none other
+    assert len(records) + _turns_cut(tmp_path / "out") == sum(planned.values()) == 26
+    for record in called:
+        assert {call["name"] for call in record["answer_tool_calls"]} <= {"get_weather", "get_time", "search_flights"}
+        assert all(isinstance(json.loads(call["arguments"]), dict) for call in record["answer_tool_calls"])
+    assert "Succeeded=True (Completed): 26/26 turns (10/10 conversations); verification passed" in said
+    verified = run_program(VerifyCommand(output=str(tmp_path / "out"), json=True))
+    report = json.loads(verified.stdout)
+    fidelity = next(check for check in report["checks"] if check["name"] == "prompt_fidelity")
+    assert fidelity["passed"] and fidelity["total"] == len(records)
+    completeness = next(check for check in report["checks"] if check["name"] == "completeness")
+    assert f"turns not sent: {_turns_cut(tmp_path / 'out')} answer_called_tool" in completeness["verdict"]

@@ -12,7 +12,6 @@ import pytest
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim.config import FaultConfig, ModelConfig
 from datagen_operator.engine.sim.faults import NO_FAULTS, plan_faults
-from datagen_operator.engine.sim.formats import read_tool_calls
 from datagen_operator.engine.sim.model import (
     ThinkingMode,
     complete,
@@ -24,6 +23,7 @@ from datagen_operator.engine.sim.model import (
 from datagen_operator.engine.sim.sampling import SamplingParamsError, parse_sampling_params
 from datagen_operator.engine.sim.tokens import Span, TokenRun, TokenSource
 from datagen_operator.engine.sim.vocab import SimVocab, load_vocab
+from datagen_operator.engine.tool_calls import read_tool_calls
 from tests.sim.prompts import IM_END, THINK, THINK_END, WEATHER_TOOL, chat_prompt, decode
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from datagen_operator.engine.sim.chat import chat_choice, parse_chat_request
-from datagen_operator.engine.sim.config import GPT_OSS_CALL_ID, ModelConfig
+from datagen_operator.engine.sim.config import ModelConfig
 from datagen_operator.engine.sim.model import ThinkingMode, complete, prompt_array, thinking_mode
 from datagen_operator.engine.sim.vocab import SimVocab, VocabError, load_vocab
+from datagen_operator.engine.tool_calls import GPT_OSS_CALL_ID
 from datagen_operator.presets import Preset, presets
 from datagen_operator.tokenizer.chat_template import render_chat
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import pytest
 
+from datagen_operator.engine.tool_calls import ParsedCall
 from datagen_operator.prompts.conversation import (
     AnswerSplit,
     AnswerSplitter,
@@ -156,10 +157,6 @@ def test_a_parser_whose_split_is_not_modelled_is_refused_for_whole_conversations
         AnswerSplitter(_Tokenizer(), "step3", None, {})
 
 
-def test_an_answer_calls_a_tool_when_it_holds_a_tool_call_opener() -> None:
-    assert calls_tool([1, 5, 4], (5,)) and not calls_tool([1, 4], (5,)) and not calls_tool([5], ())
-
-
 def test_the_preflights_stand_in_answers_read_text_parts() -> None:
     # The dataset's own answers stand in for the model's when the preflight sizes a conversation's last turn.
     messages = [
@@ -169,3 +166,44 @@ def test_the_preflights_stand_in_answers_read_text_parts() -> None:
     ]
     turns = plan_turns(messages)
     assert [answer.content for answer in dataset_answers(messages, turns)] == ["Water falls.", ""]
+
+
+def test_a_tool_call_parser_whose_reading_is_not_modelled_is_refused_for_whole_conversations() -> None:
+    with pytest.raises(ValueError, match=r"tool-call parser 'hermes'.*use generation\.turns: last"):
+        AnswerSplitter(_Tokenizer(), "qwen3", None, {}, "hermes")
+
+
+class _HarmonyTokenizer:
+    NAMES: ClassVar[dict[int, str]] = {
+        1: "<|channel|>analysis<|message|>",
+        2: "Call it.",
+        3: "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+        4: '{"city": "Paris"}',
+        5: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+        200012: "<|call|>",
+    }
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.NAMES[i] for i in ids)
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_a_harmony_call_keeps_its_call_stop_and_is_split_into_the_call() -> None:
+    """gpt-oss under the gpt-oss tool parser: the detokenizer keeps <|call|>, so the call is read, not dropped."""
+    ids, stop = [1, 2, 3, 4, 200012], {"type": "stop", "matched": 200012}
+    splitter = AnswerSplitter(_HarmonyTokenizer(), "gpt-oss", None, {}, "gpt-oss")
+    split = splitter.split(ids, stop, True, None, WEATHER)
+    assert split == AnswerSplit("", "Call it.", (ParsedCall("get_weather", '{"city": "Paris"}'),))
+    assert calls_tool(split) and not calls_tool(AnswerSplit("", "Call it."))
+    # A call to an undeclared tool parses as none (SGLang drops it), and a call before any analysis lacks the
+    # message start SGLang's parser looks for (its content is the raw call): both still call, and end there.
+    undeclared = splitter.split(ids, stop, True, None, [{"type": "function", "function": {"name": "other"}}])
+    assert undeclared == AnswerSplit("", "Call it.") and calls_tool(undeclared)
+    first = splitter.split([5, 4, 200012], stop, True, None, WEATHER)
+    assert first.tool_calls == () and first.content.startswith("<|channel|>commentary") and calls_tool(first)
+    # Without a tool-call parser SGLang reads no call (and its detokenizer trims <|call|>).
+    assert not calls_tool(
+        AnswerSplitter(_HarmonyTokenizer(), "gpt-oss", None, {}).split(ids, stop, True, None, WEATHER)
+    )

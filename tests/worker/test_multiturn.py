@@ -4,6 +4,7 @@ resumes each conversation from its last recorded turn, every (id, sample, turn) 
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -13,15 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.verify import verify_output
+from datagen_operator.engine.tool_calls import GPT_OSS_CALL_ID
 from datagen_operator.output.layout import OutputLayout
-from datagen_operator.output.readers import iter_records, iter_rejects
+from datagen_operator.output.readers import iter_records, iter_rejects, stored_split
 from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
 from datagen_operator.prompts.dataset import Prompt
+from datagen_operator.prompts.render import load_tokenizer
 from tests.harness.sim import start_sim
+from tests.manifests import local_spec
 from tests.worker.simrun import (
     SIM_FLAGS,
     TOOLS,
@@ -54,7 +59,7 @@ def conversations(count: int, *, turns_of: Any = None) -> list[dict[str, Any]]:
 @cache
 def _splitter() -> AnswerSplitter:
     renderer = reference_renderer()
-    return AnswerSplitter(renderer.tokenizer, "kimi_k2", renderer.chat_template, {"thinking": True})
+    return AnswerSplitter(renderer.tokenizer, "kimi_k2", renderer.chat_template, {"thinking": True}, "kimi_k2")
 
 
 def by_conversation(output: Path) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -88,8 +93,9 @@ def check_conversations(output: Path, items: list[dict[str, Any]], samples: int 
             )
             assert record["input_ids"] == expected, f"{prompt_id} turn {record['turn']}"
             assert ORIGINAL not in renderer.tokenizer.decode(record["input_ids"])
-            split = splitter.split(record["output_ids"], record["finish_reason"], bool(item.get("tools")))
-            assert AnswerSplit(record["answer_content"], record["answer_reasoning"]) == split
+            tools = item.get("tools") or ()
+            split = splitter.split(record["output_ids"], record["finish_reason"], bool(tools), None, tools)
+            assert stored_split(record) == split
             assert record["finish_reason"]["type"] == "stop"
             answers.append(split)
     return sum(keys.values())
@@ -272,3 +278,116 @@ def test_a_refused_turn_ends_its_conversation_and_a_crash_before_the_cut_is_repa
     report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
     completeness = next(check for check in report.checks if check.name == "completeness")
     assert completeness.passed, completeness.verdict
+
+
+GPT_OSS_SIM = (
+    "--sim-family", "gpt-oss", "--reasoning-parser", "gpt-oss", "--tool-call-parser", "gpt-oss",
+    "--sim-tool-call-rate", "0.5", "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16",
+    "--sim-length-sigma", "0.3",
+)  # fmt: skip
+INVENTED_ANSWER = "<|start|>assistant<|channel|>final<|message|><|end|>"
+"""The history a gpt-oss tool call became when its split dropped the call: an empty final answer."""
+
+
+def _gpt_oss_tool_run(
+    tmp_path: Path, *extra: str, again: Any = None
+) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+    """gpt-oss conversations of three user turns, every line declaring a tool, regenerated on the simulator
+    (`again(output, document, url)`: called while the simulator still runs)."""
+    from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+
+    model_dir = ensure_standin_tokenizer(family="gpt-oss")
+    items = [
+        {"id": f"w{i:02d}", "tools": TOOLS, "messages": [
+            message for t in range(3) for message in (
+                {"role": "user", "content": f"weather question {i}.{t}?"},
+                {"role": "assistant", "content": f"{ORIGINAL} {i}.{t}"},
+            )
+        ]}
+        for i in range(12)
+    ]  # fmt: skip
+    output = tmp_path / "out"
+    document = local_spec(
+        model_dir, write_dataset(tmp_path / "chats.jsonl", items), output,
+        **{"model.preset": "gpt-oss", "generation.turns": "all"},
+    )  # fmt: skip
+    with start_sim(*GPT_OSS_SIM, tokenizer_dir=model_dir) as server:
+        assert run_inprocess(document, [server.url], *extra) == EXIT_OK
+        if again is not None:
+            again(output, document, server.url)
+    return output, document, items
+
+
+def test_a_gpt_oss_answer_that_calls_a_tool_ends_its_conversation_with_the_call_recorded(tmp_path: Path) -> None:
+    output, document, _ = _gpt_oss_tool_run(tmp_path)
+    tokenizer = load_tokenizer(Path(document["model"]["path"]), trust_remote_code=False)
+    records = list(iter_records(output))
+    called = [r for r in records if r["answer_tool_calls"]]
+    assert called and len(called) < len(records), "the simulator calls a tool in about half the answers"
+    for record in called:
+        assert record["output_ids"][-1] == GPT_OSS_CALL_ID  # harmony's <|call|> ended the answer
+        [call] = record["answer_tool_calls"]  # one call a harmony message, as SGLang's gpt-oss parser returns it
+        assert call["name"] == "get_weather" and set(json.loads(call["arguments"])) <= {"city"}
+        assert record["answer_content"] == "" and record["answer_reasoning"]
+    plain = [r for r in records if not r["answer_tool_calls"]]
+    assert all(r["answer_tool_calls"] == [] and r["answer_content"] for r in plain)
+    # Each call ends its conversation: the turns after it are cut with their cause, none is generated.
+    cut = {(e["id"], e["sample"], e["turn"]): e for e in iter_rejects(output) if e.get("kind") == "turns"}
+    ended = {(r["id"], r["sample"], r["turn"] + 1) for r in called if r["turn"] < 2}
+    assert ended and set(cut) == ended and {e["cause"] for e in cut.values()} == {"answer_called_tool"}
+    assert "calls a tool (get_weather)" in next(iter(cut.values()))["reason"]
+    assert not [r for r in records if (r["id"], r["sample"], r["turn"]) in ended]
+    for record in records:  # no history holds an answer the model never gave
+        assert INVENTED_ANSWER not in tokenizer.decode(record["input_ids"], skip_special_tokens=False)
+    state = progress(output)
+    assert state["turns_cut"]["answer_called_tool"] == sum(e["turns"] - e["turn"] for e in cut.values())
+    report = verify_output(output, _spec_model(document), tokenizer=tokenizer)
+    fidelity = next(check for check in report.checks if check.name == "prompt_fidelity")
+    assert report.passed and fidelity.total == len(records), fidelity.verdict
+
+
+def test_verify_fails_a_conversation_continued_after_a_tool_call_on_an_invented_empty_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store as the run made it before calls were parsed for gpt-oss: the call's split was an empty answer and
+    the conversation went on with it. Verify re-splits the sampled answers and fails it."""
+    import datagen_operator.worker.inputs as worker_inputs
+
+    class CallBlind(AnswerSplitter):  # the split that dropped harmony calls: <|call|> trimmed, no calls parsed
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args[:4])
+
+    monkeypatch.setattr(worker_inputs, "AnswerSplitter", CallBlind)
+    output, document, _ = _gpt_oss_tool_run(tmp_path)
+    monkeypatch.undo()
+    tokenizer = load_tokenizer(Path(document["model"]["path"]), trust_remote_code=False)
+    records = list(iter_records(output))
+    invented = [r for r in records if INVENTED_ANSWER in tokenizer.decode(r["input_ids"], skip_special_tokens=False)]
+    assert invented and not [e for e in iter_rejects(output) if e.get("cause") == "answer_called_tool"]
+    report = verify_output(output, _spec_model(document), tokenizer=tokenizer)
+    fidelity = next(check for check in report.checks if check.name == "prompt_fidelity")
+    assert not report.passed and not fidelity.passed
+    keys = {(r["id"], r["sample"], r["turn"]): r for r in records}
+    calls = [r for r in records if r["output_ids"][-1] == GPT_OSS_CALL_ID]
+    after = [key for key in keys if key[2] and keys[(key[0], key[1], key[2] - 1)] in calls]
+    assert f"{len(after)} turns were generated after an answer that called a tool" in fidelity.verdict
+    assert f"{len(calls)}/{len(records)} recorded answer splits differ from the split" in fidelity.verdict
+
+
+def test_a_crash_between_a_tool_call_and_its_cut_ends_the_conversation_on_resume(tmp_path: Path) -> None:
+    cut: set[tuple[str, int, int]] = set()
+    before: list[int] = []
+
+    def crash_before_the_cuts(output: Path, document: dict[str, Any], url: str) -> None:
+        path = OutputLayout(output).rejects(0)
+        lines = path.read_bytes().splitlines(keepends=True)
+        cut.update((e["id"], e["sample"], e["turn"]) for e in map(orjson.loads, lines) if e["kind"] == "turns")
+        path.write_bytes(b"".join(line for line in lines if b'"kind":"turns"' not in line))
+        before.append(sum(raw_turn_keys(output).values()))
+        assert run_inprocess(document, [url]) == EXIT_OK
+
+    output, _, _ = _gpt_oss_tool_run(tmp_path, "--no-compact", again=crash_before_the_cuts)
+    entries = [e for e in iter_rejects(output) if e.get("kind") == "turns"]
+    assert cut and {(e["id"], e["sample"], e["turn"]) for e in entries} == cut
+    assert {e["cause"] for e in entries} == {"answer_called_tool"}
+    assert len(list(iter_records(output))) == before[0]  # nothing sent after a call

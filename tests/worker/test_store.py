@@ -12,11 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from datagen_operator.engine.tool_calls import ParsedCall
 from datagen_operator.output.layout import RECORD_FIELDS, OutputLayout, keys_path
 from datagen_operator.output.manifest import read_manifest, update_manifest
 from datagen_operator.output.parquet import compact_shard
-from datagen_operator.output.readers import RecordBatches, iter_records, iter_rejects
+from datagen_operator.output.readers import RecordBatches, iter_records, iter_rejects, stored_split
 from datagen_operator.output.writer import ShardWriter
+from datagen_operator.prompts.conversation import AnswerSplit
 
 
 def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -42,6 +44,7 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "thinking": None,
         "answer_content": None,
         "answer_reasoning": None,
+        "answer_tool_calls": None,
         "num_retractions": 1,  # meta_info.num_retractions, stored as SGLang reports it
     }
 
@@ -178,6 +181,25 @@ def test_compaction_writes_dataset_order_int32_parquet_readable_everywhere(tmp_p
     writer = ShardWriter(layout, 0)
     writer.recover(layout.parquet(0, 1))
     assert len(writer.done) == 4 and writer.summary.output_tokens == 22
+
+
+def test_an_answers_tool_calls_survive_segments_and_parquet_and_older_outputs_read_without_them(
+    tmp_path: Path,
+) -> None:
+    layout = OutputLayout(tmp_path)
+    calls = [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    split = {"answer_content": "", "answer_reasoning": "Look it up.", "turn": 0}
+    write(layout, [record("a") | split | {"answer_tool_calls": calls}, record("b") | split | {"answer_tool_calls": []}])
+    called = AnswerSplit("", "Look it up.", (ParsedCall("get_weather", '{"city": "Paris"}'),))
+    expected = [called, AnswerSplit("", "Look it up.")]
+    assert [stored_split(r) for r in iter_records(tmp_path)] == expected  # from the segments
+    compact_shard(layout, 0, 1, [("a", 0, 0), ("b", 0, 0)])
+    assert [stored_split(r) for r in iter_records(tmp_path)] == expected  # from the Parquet
+    assert_batches_match(tmp_path)
+    # An output written before the column: its Parquet has none, and reads as answers without calls.
+    path = layout.parquet(0, 1)
+    pq.write_table(pq.read_table(path).drop_columns(["answer_tool_calls"]), path)
+    assert [stored_split(r) for r in iter_records(tmp_path)] == [AnswerSplit("", "Look it up.")] * 2
 
 
 def test_compaction_keeps_orphans_and_merges_new_records_into_an_earlier_parquet(tmp_path: Path) -> None:

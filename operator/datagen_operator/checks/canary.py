@@ -395,32 +395,41 @@ async def history_probe(
     rendered by the model's template, must hold turn 1's answer (a template that drops or rewrites earlier
     assistant turns would regenerate every later turn on a history the model never wrote). Turn 2 is sent too:
     its output joins the canary's records and their checks."""
-    from datagen_operator.prompts.conversation import AnswerSplitter, Turns, finished_with_stop, turn_messages
-
-    pairs = zip(sent, records, strict=False)
-    found = next(
-        (
-            (prompt, record)
-            for (prompt, _), record in pairs
-            if finished_with_stop(record.finish_reason) and prompt["messages"]
-        ),
-        None,
+    from datagen_operator.prompts.conversation import (
+        AnswerSplitter,
+        Turns,
+        calls_tool,
+        finished_with_stop,
+        turn_messages,
     )
+
+    try:
+        splitter = AnswerSplitter(
+            renderer.tokenizer,
+            resolved.reasoning_parser,
+            renderer.chat_template,
+            renderer.variables,
+            resolved.tool_call_parser,
+        )
+    except ValueError as error:
+        return CheckResult(name=HISTORY, passed=False, count=1, total=1, verdict=str(error))
+    # An answer that calls a tool ends its conversation (no turn follows it): the probe continues one that does
+    # not where there is one.
+    finished = [
+        (prompt, splitter.split(record.output_ids, record.finish_reason, record.has_tools, prompt.get("variables"),
+                                prompt.get("tools") or ()))
+        for (prompt, _), record in zip(sent, records, strict=False)
+        if finished_with_stop(record.finish_reason) and prompt["messages"]
+    ]  # fmt: skip
+    found = next((item for item in finished if not calls_tool(item[1])), finished[0] if finished else None)
     if found is None:
         return CheckResult(
             name=HISTORY, passed=False, count=1, total=1,
             verdict="no canary answer finished with a stop, so no second turn could be built on one: the history of "
             "later turns is unproven",
         )  # fmt: skip
-    prompt, record = found
-    try:
-        splitter = AnswerSplitter(
-            renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, renderer.variables
-        )
-    except ValueError as error:
-        return CheckResult(name=HISTORY, passed=False, count=1, total=1, verdict=str(error))
+    prompt, split = found
     variables = prompt.get("variables")
-    split = splitter.split(record.output_ids, record.finish_reason, record.has_tools, variables)
     problems = [
         f"turn 1's answer, split by the reasoning parser {resolved.reasoning_parser}, holds {marker} in its content: "
         "the next turn's history would carry reasoning as the answer"

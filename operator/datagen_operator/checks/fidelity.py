@@ -16,9 +16,11 @@ import orjson
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
+from datagen_operator.engine.tool_calls import ParsedCall, call_names
 from datagen_operator.prompts.conversation import (
     AnswerSplit,
     AnswerSplitter,
+    calls_tool,
     plan_turns,
     request_messages,
     turn_messages,
@@ -49,7 +51,9 @@ def proved(compared: int, verdict: str) -> CheckResult:
     return CheckResult(name=PROMPT_FIDELITY, passed=True, rate=0.0, threshold=0.0, total=compared, verdict=verdict)
 
 
-_COLUMNS = ("input_ids", "output_ids", "finish_reason", "has_tools", "answer_content", "answer_reasoning")
+_COLUMNS = (
+    "input_ids", "output_ids", "finish_reason", "has_tools", "answer_content", "answer_reasoning", "answer_tool_calls",
+)  # fmt: skip
 
 
 def _conversation_records(output: Path, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -84,17 +88,23 @@ def conversation_fidelity(
     if cannot is not None:
         return cannot
     assert resolved is not None and variables is not None
-    splitter = AnswerSplitter(renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, variables)
+    from datagen_operator.output.readers import stored_split
+
+    splitter = AnswerSplitter(
+        renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, variables, resolved.tool_call_parser
+    )
     wanted = {(record["id"], record["sample"]) for record in sampled if record["id"] in prompts}
     conversations = _conversation_records(output, wanted)
     prompt_differ: list[str] = []
     split_differ: list[str] = []
     gaps: list[str] = []
+    after_call: list[str] = []
     compared = 0
     for (prompt_id, sample), records in sorted(conversations.items()):
         prompt = prompts[prompt_id]
         turns = plan_turns(prompt.messages)
         answers: list[AnswerSplit] = []
+        called: tuple[ParsedCall, ...] | None = None
         for record in records:
             turn = record.get("turn") or 0
             where = f"{prompt_id!r}#{sample} turn {turn + 1}"
@@ -106,12 +116,19 @@ def conversation_fidelity(
             fresh = renderer.render(sent, prompt.tools, prompt.variables)
             if list(record["input_ids"]) != fresh:
                 prompt_differ.append(where)
-            stored = AnswerSplit(record["answer_content"] or "", record["answer_reasoning"])
+            if called is not None:
+                # The answer before this turn called a tool: the conversation ended there, so this turn's history
+                # holds an answer the model never gave (its call dropped).
+                after_call.append(f"{where} (turn {turn} called {call_names(called)})")
+            stored = stored_split(record)
             has_tools = bool(record["has_tools"])
-            recomputed = splitter.split(record["output_ids"], record["finish_reason"], has_tools, prompt.variables)
+            recomputed = splitter.split(
+                record["output_ids"], record["finish_reason"], has_tools, prompt.variables, prompt.tools or ()
+            )
             if record["answer_content"] is None or stored != recomputed:
                 split_differ.append(where)
             answers.append(stored)
+            called = recomputed.tool_calls if calls_tool(recomputed) else None
     problems = []
     if prompt_differ:
         problems.append(
@@ -125,10 +142,16 @@ def conversation_fidelity(
             f"(e.g. {', '.join(split_differ[:3])}): the history sent with the next turn is not what SGLang's chat "
             "endpoint would have given a client"
         )
+    if after_call:
+        problems.append(
+            f"{len(after_call)} turns were generated after an answer that called a tool (e.g. "
+            f"{', '.join(after_call[:3])}): no dataset tool result answers the model's own call, and the history sent "
+            "instead holds an answer the model never gave"
+        )
     if gaps:
         problems.append(f"{len(gaps)} conversations have a turn recorded without the one before it (e.g. {gaps[:3]})")
     if problems:
-        count = len(prompt_differ) + len(split_differ) + len(gaps)
+        count = len(prompt_differ) + len(split_differ) + len(gaps) + len(after_call)
         return CheckResult(
             name=PROMPT_FIDELITY,
             passed=False,

@@ -59,6 +59,8 @@ def parquet_schema() -> pa.Schema:
             ("thinking", pa.bool_()),
             ("answer_content", pa.string()),
             ("answer_reasoning", pa.string()),
+            # The answer's tool calls as SGLang's parser returns them (absent from outputs written before it).
+            ("answer_tool_calls", pa.list_(pa.struct([("name", pa.string()), ("arguments", pa.string())]))),
             ("num_retractions", pa.int32()),
         ]
     )

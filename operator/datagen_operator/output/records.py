@@ -95,6 +95,7 @@ def build_record(
         "thinking": job.thinking,
         "answer_content": split.content if split is not None else None,
         "answer_reasoning": split.reasoning_content if split is not None else None,
+        "answer_tool_calls": [call.as_record() for call in split.tool_calls] if split is not None else None,
         "num_retractions": meta.get("num_retractions"),
     }
 

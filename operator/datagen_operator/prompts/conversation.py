@@ -9,8 +9,9 @@ The rules, pure over a dataset line's (normalised) messages:
   rendered by the model's chat template.
 - Tool results answer the *dataset's* assistant's tool calls, not the regenerated answer's: a conversation is
   regenerated up to its first `tool` message; the user turns from there on are not planned (`TOOL_TURN`,
-  counted). An answer that itself calls a tool (the line declares tools and the answer holds a tool-call marker)
-  ends the conversation too (`ANSWER_CALLED_TOOL`): no dataset tool result answers it.
+  counted). An answer that itself calls a tool (the line declares tools and SGLang's tool-call parser finds a call's
+  opener in it, harmony's `commentary to=functions.X` message included, or it ended with gpt-oss's `<|call|>`) ends
+  the conversation too (`ANSWER_CALLED_TOOL`): no dataset tool result answers it.
 - An answer that did not end with a stop (cut at max_new_tokens, aborted) ends the conversation
   (`ANSWER_UNFINISHED`): its half-written text is no history a client would send.
 - `turns: last`. One answer per line, to its last user turn: trailing assistant messages are dropped (a ShareGPT
@@ -23,21 +24,24 @@ as it came: serving_chat `_apply_jinja_template`), so the model's own template d
 prompt holds; `drop` removes it first, as SpecForge's `regenerate_train_data.py` does before every request.
 
 How an answer becomes history is what SGLang's chat endpoint hands a client (`split_answer`): the output ids with
-the matched stop id trimmed (the detokenizer's `trim_matched_stop`), decoded with special tokens skipped unless
-the request has tools or the model speaks harmony (serving_chat), then split by the preset's reasoning parser
-(`engine/reasoning.py`, held to SGLang's own parsers by tests/contract). The split is stored with each turn's
-record, so verify rebuilds every prompt from the run's own answers.
+the matched stop id trimmed (the detokenizer's `trim_matched_stop`, which keeps gpt-oss's `<|call|>` under the
+gpt-oss tool parser), decoded with special tokens skipped unless the request has tools or the model speaks harmony
+(serving_chat), split by the run's reasoning parser (`engine/reasoning.py`), then, when the line declares tools,
+by its tool-call parser (`engine/tool_calls.py`): the content is the parser's normal text and the calls are kept
+apart. Both are held to SGLang's own parsers by tests/contract. The split is stored with each turn's record, so
+verify rebuilds every prompt from the run's own answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.engine.chat_content import message_text
 from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
+from datagen_operator.engine.tool_calls import TOOL_CALL_PARSERS, ParsedCall, read_tool_calls, stop_kept
 
 Message = dict[str, Any]
 HISTORY_REASONING: tuple[HistoryReasoning, ...] = get_args(HistoryReasoning)
@@ -109,6 +113,13 @@ class AnswerSplit:
 
     content: str
     reasoning_content: str | None
+    tool_calls: tuple[ParsedCall, ...] = ()
+    """The calls SGLang's tool-call parser returns for the answer (name, arguments as its JSON string)."""
+    calls_tool: bool = field(default=False, compare=False)
+    """The answer holds a tool call: the parser found a call's opener in it (SGLang's `has_tool_call`; no call may
+    parse from it: an undeclared tool, arguments that are no JSON), or it ended with the stop id that ends a call
+    (gpt-oss's `<|call|>`). It ends its conversation (ANSWER_CALLED_TOOL), so it is never history. Not stored: a
+    split read back from the store calls a tool when it holds calls."""
 
     def message(self) -> Message:
         """The assistant message a chat client sends back with the next turn."""
@@ -183,16 +194,21 @@ def finished_with_stop(finish_reason: Any) -> bool:
     return isinstance(finish_reason, Mapping) and finish_reason.get("type") == "stop"
 
 
-def calls_tool(output_ids: Sequence[int], tool_openers: Sequence[int]) -> bool:
-    """Whether the answer opened a tool call (any of the preset's tool-call opener ids)."""
-    return bool(tool_openers) and any(token in tool_openers for token in output_ids)
+def calls_tool(split: AnswerSplit) -> bool:
+    """Whether the answer calls a tool (AnswerSplit.calls_tool), or holds calls (a split read back)."""
+    return split.calls_tool or bool(split.tool_calls)
 
 
 class AnswerSplitter:
     """`split_answer` for one run: its tokenizer, reasoning parser, template and template variables."""
 
     def __init__(
-        self, tokenizer: Any, reasoning_parser: str | None, chat_template: str | None, variables: Mapping[str, Any]
+        self,
+        tokenizer: Any,
+        reasoning_parser: str | None,
+        chat_template: str | None,
+        variables: Mapping[str, Any],
+        tool_call_parser: str | None = None,
     ) -> None:
         if reasoning_parser is not None and reasoning_parser not in DETECTORS:
             raise ValueError(
@@ -200,8 +216,16 @@ class AnswerSplitter:
                 f"({', '.join(sorted(DETECTORS))} are), so the history of a later turn cannot be built as SGLang's "
                 "chat endpoint would; use generation.turns: last"
             )
+        if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool-call parser {tool_call_parser!r}: how it reads a call is not modelled here "
+                f"({', '.join(sorted(TOOL_CALL_PARSERS))} are), so an answer that calls a tool cannot be told from "
+                "one that does not as SGLang's chat endpoint tells them; use generation.turns: last, or "
+                "server.toolCallParser: none when no line declares tools"
+            )
         self.tokenizer = tokenizer
         self.parser = reasoning_parser
+        self.tool_call_parser = tool_call_parser
         self.chat_template = chat_template
         self.variables = variables
         # serving_chat decides once per request whether the output starts inside reasoning: from the template
@@ -217,14 +241,23 @@ class AnswerSplitter:
         finish_reason: Any,
         has_tools: bool,
         line_variables: Mapping[str, Any] | None = None,
+        tools: Sequence[Any] = (),
     ) -> AnswerSplit:
-        """`line_variables`: the line's own chat_template_kwargs, over the run's."""
+        """`line_variables`: the line's own chat_template_kwargs, over the run's; `tools`: the line's tools (the
+        tool-call parser drops calls to undeclared ones)."""
         ids = list(output_ids)
         matched = finish_reason.get("matched") if isinstance(finish_reason, Mapping) else None
-        if finished_with_stop(finish_reason) and isinstance(matched, int) and ids and ids[-1] == matched:
+        stopped = finished_with_stop(finish_reason) and isinstance(matched, int) and ids and ids[-1] == matched
+        ended_call = stopped and stop_kept(self.tool_call_parser, ids[-1])
+        if stopped and not ended_call:
             ids.pop()  # the matched stop id is trimmed before decoding (no_stop_trim is never sent)
         keep_special = has_tools or self.parser == HARMONY_PARSER
         text = self.tokenizer.decode(ids, skip_special_tokens=not keep_special)
         forced = self._forced({**self.variables, **line_variables}) if line_variables else self.forced
         split = split_reasoning(text, self.parser, forced)
-        return AnswerSplit(split.content, split.reasoning)
+        content, found = split.content, False
+        calls: tuple[ParsedCall, ...] = ()
+        if has_tools:
+            parsed = read_tool_calls(self.tool_call_parser, content, tools)
+            content, calls, found = parsed.normal_text, tuple(parsed.calls), parsed.found
+        return AnswerSplit(content, split.reasoning, calls, calls_tool=bool(found or ended_call))

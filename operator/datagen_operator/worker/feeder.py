@@ -24,7 +24,14 @@ from datagen_operator.output.records import (
     too_long_reject,
 )
 from datagen_operator.output.volume import is_volume_error
-from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, plan_turns, request_messages, turn_messages
+from datagen_operator.prompts.conversation import (
+    NO_USER_TURN,
+    Turns,
+    calls_tool,
+    plan_turns,
+    request_messages,
+    turn_messages,
+)
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
@@ -249,6 +256,10 @@ class Feeder:
             job = Job(
                 prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation, thinking
             )
+            if start and calls_tool(earlier[start - 1]):
+                # A crash between the call's record and its cut: the conversation ended at the call.
+                self.turns.end_after_call(job, earlier[start - 1])
+                continue
             ready = await self.turns.rendered(job)
             if ready is not None:
                 await self.jobs.put(ready)

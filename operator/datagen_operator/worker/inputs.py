@@ -74,7 +74,9 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
     splitter = None
     if spec.generation.turns == "all":
         try:
-            splitter = AnswerSplitter(tokenizer, c.resolved.reasoning_parser, renderer.chat_template, variables)
+            splitter = AnswerSplitter(
+                tokenizer, c.resolved.reasoning_parser, renderer.chat_template, variables, c.resolved.tool_call_parser
+            )
         except ValueError as error:
             render_pool.close()
             raise BadInput(f"generation.turns: {error}") from None

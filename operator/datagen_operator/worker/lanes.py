@@ -92,7 +92,7 @@ class Lanes:
             split = self._record(sending, reply)
             if split is not None and self.turns is not None:
                 meta = reply.meta_info
-                job = await self.turns.after_answer(sending, split, reply.output_ids, meta.get("finish_reason"))
+                job = await self.turns.after_answer(sending, split, meta.get("finish_reason"))
 
     def _record(self, job: Job, reply: Reply) -> AnswerSplit | None:
         """Check, encode and buffer one answer (synchronous: nothing here waits). A conversation's answer comes

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.engine.tool_calls import call_names
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
 from datagen_operator.prompts.conversation import (
     ANSWER_CALLED_TOOL,
@@ -39,16 +40,16 @@ class NextTurns:
         self.ledger = ledger
         self.limit = limit
         self.splitter = splitter
-        self.tool_openers = tuple(opener for opener, _ in inputs.expect.tool_marker_pairs)
         self.max_new_tokens = int(inputs.sampling["max_new_tokens"])
 
     def split(self, job: Job, output_ids: Sequence[int], finish_reason: Any) -> AnswerSplit:
-        variables = job.conversation.variables if job.conversation is not None else None
-        return self.splitter.split(output_ids, finish_reason, job.has_tools, variables)
+        conversation = job.conversation
+        variables, tools = (
+            (conversation.variables, conversation.tools or ()) if conversation is not None else (None, ())
+        )
+        return self.splitter.split(output_ids, finish_reason, job.has_tools, variables, tools)
 
-    async def after_answer(
-        self, job: Job, split: AnswerSplit, output_ids: Sequence[int], finish_reason: Any
-    ) -> Job | None:
+    async def after_answer(self, job: Job, split: AnswerSplit, finish_reason: Any) -> Job | None:
         """The conversation's next turn, ready to send, or None: it is done or ends here (recorded)."""
         conversation = job.conversation
         if conversation is None:
@@ -61,10 +62,16 @@ class NextTurns:
             kind = finish_reason.get("type") if isinstance(finish_reason, dict) else finish_reason
             self.end(following, ANSWER_UNFINISHED, f"turn {job.turn + 1}'s answer ended with {kind!r}, not a stop")
             return None
-        if job.has_tools and calls_tool(output_ids, self.tool_openers):
-            self.end(following, ANSWER_CALLED_TOOL, f"turn {job.turn + 1}'s answer calls a tool")
+        if calls_tool(split):
+            self.end_after_call(following, split)
             return None
         return await self.rendered(following)
+
+    def end_after_call(self, following: Job, split: AnswerSplit) -> None:
+        """The answer before `following` called a tool: SGLang's chat endpoint hands the call to the client, and
+        no dataset tool result answers it."""
+        names = call_names(split.tool_calls)
+        self.end(following, ANSWER_CALLED_TOOL, f"turn {following.turn}'s answer calls a tool ({names})")
 
     def after_refusal(self, job: Job, status: int) -> None:
         """The server refused a turn for good: the conversation's later turns are not sent."""

@@ -15,12 +15,12 @@ from typing import Any
 
 from datagen_operator.engine.chat_tools import request_tool
 from datagen_operator.engine.reasoning import DETECTORS, force_reasoning, split_reasoning
-from datagen_operator.engine.sim.formats import read_tool_calls
 from datagen_operator.engine.sim.model import Completion
 from datagen_operator.engine.sim.protocol import RequestError
 from datagen_operator.engine.sim.sampling import SamplingParams, SamplingParamsError, parse_sampling_params
 from datagen_operator.engine.sim.vocab import SimVocab
 from datagen_operator.engine.template_tools import template_tools
+from datagen_operator.engine.tool_calls import read_tool_calls
 
 KIMI_K2_TOOL_PARSER = "kimi_k2"
 GPT_OSS_MODEL_TYPE = "gpt_oss"

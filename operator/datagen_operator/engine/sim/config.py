@@ -10,14 +10,18 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from datagen_operator.engine.sim import resolution
+from datagen_operator.engine.tool_calls import TOOL_CALL_PARSERS
 from datagen_operator.presets.sglang_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from datagen_operator.tokenizer.families import FAMILIES
 
 Misconfig = Literal["never-close-think", "kimi-tags", "ignore-thinking"]
-# SGLang 0.5.23 `DetokenizerManager.trim_matched_stop` keeps this id (gpt-oss's <|call|>) when the tool-call
-# parser is gpt-oss, so the parser still sees the end of the call.
-GPT_OSS_CALL_ID = 200_012
 SpeedMode = Literal["wire", "gpu"]
+
+
+def kept_stop_id(tool_call_parser: str | None) -> int | None:
+    """The stop id SGLang's detokenizer keeps for the launch's tool-call parser (gpt-oss's `<|call|>`)."""
+    syntax = TOOL_CALL_PARSERS.get(tool_call_parser or "")
+    return syntax.kept_stop_id if syntax is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +337,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
             tool_call_rate=args.sim_tool_call_rate,
             unprompted_thinking=not args.sim_no_unprompted_thinking,
             misconfig=args.sim_misconfig,
-            kept_stop_id=GPT_OSS_CALL_ID if args.tool_call_parser == "gpt-oss" else None,
+            kept_stop_id=kept_stop_id(args.tool_call_parser),
             default_sampling_seed=42 if args.enable_deterministic_inference else None,
         ),
         faults=FaultConfig(
