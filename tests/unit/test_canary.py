@@ -244,7 +244,9 @@ def test_the_canarys_second_turn_sends_history_as_the_workers_do(history_reasoni
     prompt = {"id": "a", "messages": [{"role": "user", "content": "q"}], "tools": None, "variables": None}
     record = CanaryRecord("a", [7], [1, 2, 3, 4, 100], {"type": "stop", "matched": 100}, 5, False, frozenset())
     renderer = _Recorder()
-    resolved = SimpleNamespace(reasoning_parser="qwen3", think_start="<think>", think_end="</think>")
+    resolved = SimpleNamespace(
+        reasoning_parser="qwen3", tool_call_parser="qwen25", think_start="<think>", think_end="</think>"
+    )
 
     async def send(*_: Any) -> None:
         return None
