@@ -40,10 +40,12 @@ SLOW_SIM = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--
 """A simulator slow enough that a run is still generating when the test acts on it."""
 
 
-def start_generating(run_file: Path, output: Path, timeout: float = 120) -> subprocess.Popen[str]:
-    """`datagen run` on the slow simulator in a child process, returned once its workers write records."""
+def start_generating(
+    run_file: Path, output: Path, timeout: float = 120, sim: list[str] = SLOW_SIM
+) -> subprocess.Popen[str]:
+    """`datagen run` on the slow simulator (`sim`) in a child process, returned once its workers write records."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *SLOW_SIM],
+        [sys.executable, "-m", "datagen_operator.cli", "run", str(run_file), *sim],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
