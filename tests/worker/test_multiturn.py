@@ -290,16 +290,16 @@ INVENTED_ANSWER = "<|start|>assistant<|channel|>final<|message|><|end|>"
 
 
 def _gpt_oss_tool_run(
-    tmp_path: Path, *extra: str, again: Any = None
+    tmp_path: Path, *extra: str, again: Any = None, user_turns: int = 3
 ) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
-    """gpt-oss conversations of three user turns, every line declaring a tool, regenerated on the simulator
+    """gpt-oss conversations of `user_turns` user turns, every line declaring a tool, regenerated on the simulator
     (`again(output, document, url)`: called while the simulator still runs)."""
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 
     model_dir = ensure_standin_tokenizer(family="gpt-oss")
     items = [
         {"id": f"w{i:02d}", "tools": TOOLS, "messages": [
-            message for t in range(3) for message in (
+            message for t in range(user_turns) for message in (
                 {"role": "user", "content": f"weather question {i}.{t}?"},
                 {"role": "assistant", "content": f"{ORIGINAL} {i}.{t}"},
             )
@@ -344,6 +344,35 @@ def test_a_gpt_oss_answer_that_calls_a_tool_ends_its_conversation_with_the_call_
     report = verify_output(output, _spec_model(document), tokenizer=tokenizer)
     fidelity = next(check for check in report.checks if check.name == "prompt_fidelity")
     assert report.passed and fidelity.total == len(records), fidelity.verdict
+
+
+def test_the_conversations_export_keeps_a_last_answers_tool_call_as_sglang_returned_it(tmp_path: Path) -> None:
+    """A conversation whose last planned answer calls a tool is whole: the conversations export writes that answer
+    with its calls (`tool_calls`, as SGLang's chat endpoint returns them), not as an empty answer (gpt-oss's
+    content is '' beside a call)."""
+    from datagen_operator.cli import main as datagen
+
+    output, document, _ = _gpt_oss_tool_run(tmp_path, user_turns=2)  # about half the last answers call
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(json.dumps({"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun",
+                                    "metadata": {"name": "t"}, "spec": document}))  # fmt: skip
+    out = tmp_path / "export"
+    args = ["export", str(output), "--run", str(run_file), "--format", "conversations", "--out", str(out)]
+    assert datagen(args) == EXIT_OK
+    rows = [
+        orjson.loads(line) for part in sorted((out / "data").glob("*.jsonl")) for line in part.read_bytes().splitlines()
+    ]
+    records = {(r["id"], r["sample"], r["turn"]): r for r in iter_records(output)}
+    exported_calls = 0
+    for row in rows:
+        answers = [message for message in row["conversations"] if message["role"] == "assistant"]
+        for turn, message in enumerate(answers):
+            record = records[(row["id"], row["sample"], turn)]
+            expected = [{"type": "function", "function": call} for call in record["answer_tool_calls"]]
+            assert message.get("tool_calls", []) == expected, (row["id"], turn)
+            assert message["content"] == record["answer_content"]
+            exported_calls += bool(expected)
+    assert exported_calls, "some whole conversation ends on a call"
 
 
 def test_verify_fails_a_conversation_continued_after_a_tool_call_on_an_invented_empty_answer(

@@ -35,6 +35,11 @@ class ParsedCall:
     def as_record(self) -> dict[str, str]:
         return {"name": self.name, "arguments": self.arguments}
 
+    def as_message(self) -> dict[str, Any]:
+        """The call in an assistant message, as SGLang's chat endpoint returns it in `tool_calls` (its random
+        `id` left out) and as chat templates read it back (`function.name`, `function.arguments`)."""
+        return {"type": "function", "function": self.as_record()}
+
 
 @dataclass(frozen=True, slots=True)
 class ParsedToolCalls:

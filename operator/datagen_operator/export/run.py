@@ -512,12 +512,15 @@ def _conversation_texts(
         turns = records.column("turn").fill_null(0).to_pylist()
         contents = records.column("answer_content").to_pylist()
         reasonings = records.column("answer_reasoning").to_pylist()
+        calls = records.column("answer_tool_calls").to_pylist()
         values, offsets = id_buffers(records.column("output_ids"))
         for row, key in enumerate(zip(prompt_ids, samples, strict=True)):
             if key in whole and turns[row] <= whole[key][0]:
                 completion = values[offsets[row] : offsets[row + 1]]
                 frequency.add(np.bincount(completion))
-                pending.add(key, turns[row], contents[row], reasonings[row], len(completion), batch.unfinished)
+                stored = {"answer_content": contents[row], "answer_reasoning": reasonings[row]}
+                stored["answer_tool_calls"] = calls[row]
+                pending.add(key, turns[row], stored, len(completion), batch.unfinished)
         if pending.held >= ANSWER_BUDGET_BYTES:
             _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
     _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
@@ -525,7 +528,13 @@ def _conversation_texts(
         tally.leave_out(TURNS_MISSING, f"{key[0]}#{key[1]}")
 
 
-ANSWER_READ = ("id", "sample", "turn", "output_ids", "answer_content", "answer_reasoning")
+ANSWER_READ = ("id", "sample", "turn", "output_ids", "answer_content", "answer_reasoning", "answer_tool_calls")
+
+
+def _split_size(split: AnswerSplit) -> int:
+    """About what an answer holds in memory, in characters."""
+    calls = sum(len(call.name) + len(call.arguments) for call in split.tool_calls)
+    return len(split.content) + len(split.reasoning_content or "") + calls
 
 
 class _PendingAnswers:
@@ -539,18 +548,18 @@ class _PendingAnswers:
         self.completion_tokens: dict[tuple[str, int], int] = {}
         self.held = 0
 
-    def add(
-        self, key: tuple[str, int], turn: int, content: str | None, reasoning: str | None, tokens: int, unfinished: bool
-    ) -> None:
-        from datagen_operator.prompts.conversation import AnswerSplit
+    def add(self, key: tuple[str, int], turn: int, stored: dict[str, Any], tokens: int, unfinished: bool) -> None:
+        """`stored`: the record's answer columns (output/readers.py `stored_split` reads them)."""
+        from datagen_operator.output.readers import stored_split
 
-        if content is None:
+        if stored["answer_content"] is None:
             self.no_split.add(key)
-        self.answers.setdefault(key, {})[turn] = AnswerSplit(content or "", reasoning)
+        split = stored_split(stored)
+        self.answers.setdefault(key, {})[turn] = split
         self.completion_tokens[key] = self.completion_tokens.get(key, 0) + tokens
         if unfinished:
             self.unfinished.add(key)
-        self.held += len(content or "") + len(reasoning or "")
+        self.held += _split_size(split)
 
     def ready(self) -> dict[str, list[int]]:
         """id -> samples whose every turn is read."""
@@ -563,7 +572,7 @@ class _PendingAnswers:
     def take(self, key: tuple[str, int]) -> tuple[list[AnswerSplit], int, bool, bool]:
         """Its answers in turn order, completion tokens, whether unfinished and whether a split was missing."""
         got = self.answers.pop(key)
-        self.held -= sum(len(a.content) + len(a.reasoning_content or "") for a in got.values())
+        self.held -= sum(_split_size(answer) for answer in got.values())
         split_missing = key in self.no_split
         self.no_split.discard(key)
         unfinished = key in self.unfinished

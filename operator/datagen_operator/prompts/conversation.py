@@ -122,10 +122,15 @@ class AnswerSplit:
     split read back from the store calls a tool when it holds calls."""
 
     def message(self) -> Message:
-        """The assistant message a chat client sends back with the next turn."""
-        if self.reasoning_content is None:
-            return {"role": "assistant", "content": self.content}
-        return {"role": "assistant", "content": self.content, "reasoning_content": self.reasoning_content}
+        """The assistant message a chat client sends back with the next turn (and the conversations export
+        writes): its calls as SGLang returns them where it made any (such an answer ends its conversation, so
+        only the export meets them)."""
+        message: Message = {"role": "assistant", "content": self.content}
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_message() for call in self.tool_calls]
+        return message
 
 
 def dataset_answers(messages: Sequence[Message], turns: Turns) -> list[AnswerSplit]:
