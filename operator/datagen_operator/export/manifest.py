@@ -71,6 +71,9 @@ def supervision(export_format: str, rows: str, tally: ExportTally, *, last_turn_
         )
     if export_format == "conversations":
         notes.append("answers as messages: what the trainer's template keeps of them is its own (lossy)")
+    if tally.turns_not_generated:
+        cut = ", ".join(f"{reason} {n}" for reason, n in sorted(tally.turns_not_generated.items()))
+        notes.append(f"planned turns never generated (the conversation ended before them): {cut}")
     if notes:
         line += " (" + "; ".join(notes) + ")"
     return {
@@ -79,6 +82,7 @@ def supervision(export_format: str, rows: str, tally: ExportTally, *, last_turn_
         "ratio": round(ratio, 4) if ratio is not None else None,
         "supervised_means": SUPERVISED_MEANS[export_format],
         "unsupervised_tokens": dict(sorted(tally.unsupervised.items())),
+        "turns_not_generated": dict(sorted(tally.turns_not_generated.items())),
         "history_answers": tally.history_answers if export_format == "text" and not last_turn_only else 0,
         "notes": notes,
         "line": line,
@@ -126,6 +130,8 @@ class ExportTally:
     history_answers: int = 0
     """The text format without --last-turn-only, a regenerated run: earlier answers the rows' text holds (mask 0
     in the token formats), which a trainer supervising every assistant turn of a text trains on again."""
+    turns_not_generated: Counter[str] = field(default_factory=Counter)
+    """A regenerated run's planned turns the worker never sent, by cause (rejects.jsonl): in no format's rows."""
     left_out: Counter[str] = field(default_factory=Counter)
     left_out_examples: dict[str, list[str]] = field(default_factory=dict)
     unsupervised: Counter[str] = field(default_factory=Counter)

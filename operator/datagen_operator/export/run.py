@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -211,6 +212,8 @@ def export_output(
         if options.export_format == "trl"
         else JsonlParts(data_dir, options.part_bytes)
     )
+    if source["turns"] == "all":
+        tally.turns_not_generated.update(_turns_never_sent(output_dir))
     try:
         if options.export_format == "conversations":
             assert isinstance(parts, JsonlParts)
@@ -232,6 +235,15 @@ def export_output(
     )
     write_manifest(out_dir, manifest)
     return manifest
+
+
+def _turns_never_sent(output_dir: Path) -> Counter[str]:
+    """Planned turns the worker never sent, by cause (rejects.jsonl: `turns_cut:<cause>`, `turn_refused`): no
+    format can supervise them, as the model never generated them (a conversation ends at a tool call part-way,
+    an unfinished answer...)."""
+    from datagen_operator.output.readers import iter_rejects
+
+    return Counter(reason for cut in turn_cuts(iter_rejects(output_dir)).values() for reason in cut.values())
 
 
 # --- one row per recorded turn ----------------------------------------------------------------------
