@@ -268,3 +268,16 @@ def test_an_output_stored_before_the_column_still_exports(
         summary, _, rows = export_cli(old, out, capsys, *args)
         assert rows and all(row["source_fields"] is None for row in rows)
         assert summary["generated_tokens"] == generated_by_hand(qwen3_run)
+
+
+def test_the_export_jobs_verdict_gives_each_formats_ratio(qwen3_run: Path, tmp_path: Path) -> None:
+    """spec.export's Job (--formats): the Exported condition names each format's supervised / generated ratio."""
+    from datagen_operator.api.outcome import StepOutcome
+
+    out, log = tmp_path / "export", tmp_path / "termination-log"
+    args = ["export", str(qwen3_run), "--formats", "speculators,trl", "--rows", "conversations", "--out", str(out)]
+    assert datagen([*args, "--termination-log", str(log)]) == EXIT_OK
+    outcome = StepOutcome.from_storage(log.read_text())
+    for export_format in ("speculators", "trl"):
+        ratio = read_export_manifest(out / export_format)["supervision"]["ratio"]
+        assert ratio < 1 and f"supervised/generated {ratio:.2f}" in outcome.message.split(f"{export_format}: ")[1]

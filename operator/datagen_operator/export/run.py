@@ -715,6 +715,8 @@ def export_run(
             left_out = sum(manifest["left_out"].values())
             words.append(f"{export_format}: {counts['rows_written']} rows, {counts['tokens_written']} tokens")
             words[-1] += f", {left_out} left out" if left_out else ""
+            ratio = manifest["supervision"]["ratio"]
+            words[-1] += f", supervised/generated {ratio:.2f}" if ratio is not None else ""
     except (OSError, ValueError) as error:
         done = f" ({'; '.join(words)})" if words else ""
         return StepOutcome(False, Reason.EXPORT_FAILED, f"{export_format}: {error}{done}")
