@@ -281,3 +281,18 @@ def test_the_export_jobs_verdict_gives_each_formats_ratio(qwen3_run: Path, tmp_p
     for export_format in ("speculators", "trl"):
         ratio = read_export_manifest(out / export_format)["supervision"]["ratio"]
         assert ratio < 1 and f"supervised/generated {ratio:.2f}" in outcome.message.split(f"{export_format}: ")[1]
+
+
+def test_a_lines_other_fields_are_every_key_but_its_conversation_and_id() -> None:
+    from datagen_operator.prompts.dataset import source_fields
+
+    line = {
+        "uuid": "u1", "id": 7, "conversations": [{"from": "human", "value": "hi"}], "messages": None,
+        "tools": "[]", "system": "be brief", "chat_template_kwargs": {"reasoning_effort": "high"}, "extra": None,
+    }  # fmt: skip
+    # idField uuid: the line's `id` is one of its fields; a null value is kept; the line's order.
+    assert json.loads(source_fields(line, "uuid") or "") == {
+        "id": 7, "system": "be brief", "chat_template_kwargs": {"reasoning_effort": "high"}, "extra": None
+    }  # fmt: skip
+    assert list(json.loads(source_fields(line) or "")) == ["uuid", "system", "chat_template_kwargs", "extra"]
+    assert source_fields({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) is None
