@@ -296,3 +296,22 @@ def test_a_lines_other_fields_are_every_key_but_its_conversation_and_id() -> Non
     }  # fmt: skip
     assert list(json.loads(source_fields(line) or "")) == ["uuid", "system", "chat_template_kwargs", "extra"]
     assert source_fields({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) is None
+
+
+def test_a_text_row_that_reencodes_to_other_ids_is_not_counted_supervised(qwen3_run: Path, tmp_path: Path) -> None:
+    """A codec that loses the last id of every text of odd length: those rows' completions are `roundtrip_failed`."""
+    from datagen_operator.export.run import ExportOptions, TextCodec, export_output
+
+    def encode(text: str) -> list[int]:
+        ids = [int(piece) for piece in text.replace("<", " ").replace(">", " ").split()]
+        return ids[:-1] if len(ids) % 2 else ids
+
+    codec = TextCodec(decode=lambda ids: "".join(f"<{i}>" for i in ids), encode=encode, vocab_size=200_000)
+    manifest = export_output(qwen3_run, tmp_path, ExportOptions("text"), codec)
+    rows = read_rows(tmp_path)
+    records = {(r["id"], r["sample"], r["turn"]): r for r in iter_records(qwen3_run)}
+    failed = [records[(row["id"], row["sample"], row["turn"])] for row in rows if not row["roundtrip_ok"]]
+    lost = sum(len(record["output_ids"]) for record in failed)
+    assert failed and len(failed) < len(rows)
+    assert manifest["supervision"]["unsupervised_tokens"] == {"roundtrip_failed": lost}
+    assert manifest["supervision"]["supervised_tokens"] == generated_by_hand(qwen3_run) - lost
