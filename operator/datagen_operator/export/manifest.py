@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.export.conversations import RERENDERED_SPAN
 from datagen_operator.output.layout import write_atomic
 from datagen_operator.output.manifest import read_manifest
 
@@ -60,7 +61,7 @@ def supervision(export_format: str, rows: str, tally: ExportTally, *, last_turn_
     if rows == "conversations" and export_format != "conversations" and tally.conversation_spans_rerendered:
         notes.append(
             f"whole-conversation rows supervise only the answers they hold verbatim: "
-            f"{tally.conversation_spans_rerendered} earlier answers ({tally.unsupervised['rerendered_span']} tokens) "
+            f"{tally.conversation_spans_rerendered} earlier answers ({tally.unsupervised[RERENDERED_SPAN]} tokens) "
             "are held as the chat template re-rendered them (a thinking model's history drops their reasoning) and "
             "are not supervised; per-turn rows (--rows turns) supervise every generated token once"
         )
