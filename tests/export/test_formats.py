@@ -112,7 +112,10 @@ def test_speculators_row_has_the_consumers_columns_and_stable_metadata() -> None
             "spans_supervised": 1,
             "spans_rerendered": 0,
         },
+        "source_fields": None,  # the dataset line's other fields: none here
     }
+    with_fields = speculators_row("p2", 1, tokens.prompt(2), tokens.completion(2), meta, fields='{"source":"x"}')
+    assert orjson.loads(with_fields)["source_fields"] == {"source": "x"}
 
 
 def test_text_row_reports_a_lossy_roundtrip() -> None:

@@ -46,6 +46,7 @@ def record(prompt: str, sample: int = 0, n_out: int = 5, flags: tuple[str, ...] 
         "answer_reasoning": None,
         "answer_tool_calls": None,
         "num_retractions": 1,  # meta_info.num_retractions, stored as SGLang reports it
+        "source_fields": '{"source":"glaive","metadata":{"n":1}}',  # the dataset line's other fields, JSON text
     }
 
 

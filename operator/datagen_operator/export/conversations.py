@@ -144,6 +144,7 @@ class ConversationRow:
     mask: np.ndarray  # uint8, unshifted: 1 over the last completion and every verbatim earlier answer
     spans_supervised: int  # answers under the loss: the last completion + the verbatim earlier ones
     spans_rerendered: int  # earlier answers the row holds re-rendered: context, mask 0
+    tokens_rerendered: int = 0  # the output tokens of those answers (what the model generated, not supervised)
 
 
 def conversation_row(prompt: np.ndarray, completion: np.ndarray, earlier: Sequence[TurnShape]) -> ConversationRow:
@@ -152,7 +153,7 @@ def conversation_row(prompt: np.ndarray, completion: np.ndarray, earlier: Sequen
     ids = np.concatenate([prompt, completion]).astype(np.int32, copy=False)
     mask = np.zeros(len(ids), dtype=np.uint8)
     mask[len(prompt) :] = 1
-    supervised, rerendered = 1, 0
+    supervised, rerendered, tokens_rerendered = 1, 0, 0
     for shape in earlier:
         end = shape.prompt_length + shape.completion_length
         if shape.digest is not None and end <= len(prompt) and tokens_digest(ids[:end]) == shape.digest:
@@ -160,7 +161,8 @@ def conversation_row(prompt: np.ndarray, completion: np.ndarray, earlier: Sequen
             supervised += 1
         else:
             rerendered += 1
-    return ConversationRow(ids, mask, supervised, rerendered)
+            tokens_rerendered += shape.completion_length
+    return ConversationRow(ids, mask, supervised, rerendered, tokens_rerendered)
 
 
 def conversation_messages(turns: Turns, answers: Sequence[AnswerSplit]) -> list[Message]:
@@ -182,15 +184,17 @@ def conversations_line(
     chat_template_kwargs: dict[str, Any] | None,
     metadata: dict[str, Any],
     key: str = "conversations",
+    fields: str | None = None,
 ) -> bytes:
     """One JSONL line of the conversations format: `{"id", "sample", <key>: messages, "tools",
     "chat_template_kwargs", "metadata"}` (`tools` null where the line declares none, `chat_template_kwargs` null
     where the prompts were rendered with none: one schema in every row). `chat_template_kwargs`: what the run
     rendered this line's prompts with (its thinking switch and templateVariables, the line's own over them),
     named as SGLang's and vLLM's chat requests and speculators' render client name them: a trainer passes them
-    to apply_chat_template, so a line that switched thinking itself is re-rendered as it was generated."""
+    to apply_chat_template, so a line that switched thinking itself is re-rendered as it was generated.
+    `fields`: its records' source_fields (JSON text of the dataset line's other fields), `source_fields` last."""
     row = {
         "id": prompt_id, "sample": sample, key: messages, "tools": tools,
         "chat_template_kwargs": chat_template_kwargs, "metadata": metadata,
     }  # fmt: skip
-    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(row)[:-1] + b',"source_fields":' + (fields.encode() if fields else b"null") + b"}\n"

@@ -237,35 +237,53 @@ def speculators_row(
     metadata: dict[str, Any],
     *,
     turn: int = 0,
+    fields: str | None = None,
 ) -> bytes:
     """One JSONL line for vLLM speculators (>= 0.7.0 pre-tokenized rows) and SpecForge main:
-    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata"}`.
+    `{"id", "sample", "turn", "input_ids": prompt + completion, "loss_mask", "metadata", "source_fields"}`
+    (`fields`: the record's source_fields, JSON text of the dataset line's other fields, spliced as they are).
 
     Built from byte pieces (orjson serialises each id array in C) so no per-token Python runs."""
     as_json = orjson.OPT_SERIALIZE_NUMPY
     ids = _json_concat(orjson.dumps(prompt_ids, option=as_json), orjson.dumps(completion_ids, option=as_json))
-    return _speculators_line(
-        prompt_id, sample, turn, ids, loss_mask_json(len(prompt_ids), len(completion_ids)), metadata
-    )
+    mask = loss_mask_json(len(prompt_ids), len(completion_ids))
+    return _speculators_line(prompt_id, sample, turn, ids, mask, metadata, fields)
 
 
 def speculators_masked_row(
-    prompt_id: str, sample: int, turn: int, ids: np.ndarray, mask: np.ndarray, metadata: dict[str, Any]
+    prompt_id: str,
+    sample: int,
+    turn: int,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    metadata: dict[str, Any],
+    fields: str | None = None,
 ) -> bytes:
     """The same line for a row with any mask (a whole conversation's: several supervised spans)."""
     as_json = orjson.OPT_SERIALIZE_NUMPY
-    return _speculators_line(
-        prompt_id, sample, turn, orjson.dumps(ids, option=as_json), orjson.dumps(mask, option=as_json), metadata
-    )
+    ids_json, mask_json = orjson.dumps(ids, option=as_json), orjson.dumps(mask, option=as_json)
+    return _speculators_line(prompt_id, sample, turn, ids_json, mask_json, metadata, fields)
 
 
 def _speculators_line(
-    prompt_id: str, sample: int, turn: int, ids_json: bytes, mask_json: bytes, metadata: dict[str, Any]
+    prompt_id: str,
+    sample: int,
+    turn: int,
+    ids_json: bytes,
+    mask_json: bytes,
+    metadata: dict[str, Any],
+    fields: str | None,
 ) -> bytes:
     head = orjson.dumps({"id": prompt_id, "sample": sample, "turn": turn})[:-1]
     return b"".join(
-        (head, b',"input_ids":', ids_json, b',"loss_mask":', mask_json, b',"metadata":', orjson.dumps(metadata), b"}\n")
-    )
+        (head, b',"input_ids":', ids_json, b',"loss_mask":', mask_json, b',"metadata":', orjson.dumps(metadata),
+         b',"source_fields":', fields_json(fields), b"}\n")
+    )  # fmt: skip
+
+
+def fields_json(fields: str | None) -> bytes:
+    """A record's source_fields as the JSON value of a row: the stored object's text, `null` where it has none."""
+    return fields.encode() if fields else b"null"
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
@@ -289,16 +307,22 @@ def trl_schema() -> pa.Schema:
             ("over_length", pa.bool_()),
             ("spans_supervised", pa.int32()),
             ("spans_rerendered", pa.int32()),
+            ("source_fields", pa.string()),  # JSON text: each line's own fields, whatever their shape
         ]
     )
 
 
 def trl_table(
-    ids: pa.Array, samples: pa.Array, turns: pa.Array, tokens: TokenColumns, metadata: Sequence[dict[str, Any]]
+    ids: pa.Array,
+    samples: pa.Array,
+    turns: pa.Array,
+    tokens: TokenColumns,
+    metadata: Sequence[dict[str, Any]],
+    fields: pa.Array | None = None,
 ) -> pa.Table:
     """TRL SFTTrainer rows: `input_ids`, `assistant_masks` (1 = loss) and `labels` (IGNORE_INDEX outside)."""
     input_ids, offsets = joined_ids(tokens)
-    return trl_masked_table(ids, samples, turns, input_ids, offsets, loss_mask_values(tokens), metadata)
+    return trl_masked_table(ids, samples, turns, input_ids, offsets, loss_mask_values(tokens), metadata, fields)
 
 
 def trl_masked_table(
@@ -309,8 +333,10 @@ def trl_masked_table(
     offsets: np.ndarray,
     loss_mask: np.ndarray,
     metadata: Sequence[dict[str, Any]],
+    fields: pa.Array | None = None,
 ) -> pa.Table:
-    """The same rows from ids and masks back to back (uint8 mask; `offsets`: rows + 1 into both)."""
+    """The same rows from ids and masks back to back (uint8 mask; `offsets`: rows + 1 into both). `fields`: the
+    records' source_fields (a string column, JSON text), null for every row when None."""
     schema = trl_schema()
     columns = {
         "id": ids,
@@ -322,6 +348,7 @@ def trl_masked_table(
     }
     for name in METADATA_FIELDS:
         columns[name] = pa.array([m[name] for m in metadata], type=schema.field(name).type)
+    columns["source_fields"] = fields if fields is not None else pa.nulls(len(metadata), pa.string())
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 
@@ -336,6 +363,7 @@ def text_row(
     encode: Callable[[str], list[int]],
     last_turn_only: bool,
     turn: int = 0,
+    fields: str | None = None,
 ) -> bytes:
     """Decoded text for template-based trainers. LOSSY: decode-then-encode is not always the identity,
     so `roundtrip_ok` says whether the trainer's re-tokenization gets these exact ids back.
@@ -356,4 +384,4 @@ def text_row(
         roundtrip_ok = encode(text) == all_ids
         row["text"] = text
     row |= {"roundtrip_ok": roundtrip_ok, "metadata": metadata}
-    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(row)[:-1] + b',"source_fields":' + fields_json(fields) + b"}\n"

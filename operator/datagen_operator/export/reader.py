@@ -27,6 +27,7 @@ from datagen_operator.output.segments import parse_record_line
 
 COLUMNS = (
     "id", "sample", "turn", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "flags",
+    "source_fields",
 )  # fmt: skip
 BATCH_TOKENS = 1 << 19
 """Tokens (prompt + output) per batch, about: what bounds memory, whatever the row lengths (rows of

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from datagen_operator.export.formats import (
     finish_types,
     id_buffers,
     is_over_length,
+    list_lengths,
     row_metadata,
     speculators_masked_row,
     speculators_row,
@@ -84,6 +86,9 @@ DATA_DIR = "data"
 prepare-data) must not pick up the manifest or token_freq.json beside them."""
 TOKEN_FORMATS = ("speculators", "trl")
 """The formats --rows conversations applies to: rows of exact token ids with a loss mask."""
+ROUNDTRIP_FAILED = "roundtrip_failed"
+"""Why a text row's completion is not counted supervised: its text re-encodes to other ids (the manifest's
+supervision.unsupervised_tokens)."""
 ANSWER_BUDGET_BYTES = 256 * 1024 * 1024
 """The conversations format holds answers (their text) up to about this much before it writes the conversations
 they complete, reading the dataset once per such round."""
@@ -207,6 +212,8 @@ def export_output(
         if options.export_format == "trl"
         else JsonlParts(data_dir, options.part_bytes)
     )
+    if source["turns"] == "all":
+        tally.turns_not_generated.update(_turns_never_sent(output_dir))
     try:
         if options.export_format == "conversations":
             assert isinstance(parts, JsonlParts)
@@ -228,6 +235,15 @@ def export_output(
     )
     write_manifest(out_dir, manifest)
     return manifest
+
+
+def _turns_never_sent(output_dir: Path) -> Counter[str]:
+    """Planned turns the worker never sent, by cause (rejects.jsonl: `turns_cut:<cause>`, `turn_refused`): no
+    format can supervise them, as the model never generated them (a conversation ends at a tool call part-way,
+    an unfinished answer...)."""
+    from datagen_operator.output.readers import iter_rejects
+
+    return Counter(reason for cut in turn_cuts(iter_rejects(output_dir)).values() for reason in cut.values())
 
 
 # --- one row per recorded turn ----------------------------------------------------------------------
@@ -252,9 +268,12 @@ def _turn_rows(
         finishes = finish_types(records.column("finish_reason"))
         tokens = token_columns(records.column("input_ids"), records.column("output_ids"))
         lengths = tokens.prompt_lengths + tokens.completion_lengths
+        generated = tokens.completion_lengths
+        tally.generated_tokens += int(generated.sum())
         left_out = exclusions(records.column("flags"), finishes, lengths, selection)
         for row, reason in left_out.items():
-            tally.leave_out(reason, record_name(prompt_ids[row], samples[row], turns[row] or 0, turns_all=turns_all))
+            name = record_name(prompt_ids[row], samples[row], turns[row] or 0, turns_all=turns_all)
+            tally.leave_out(reason, name, int(generated[row]))
         if len(left_out) == records.num_rows:
             continue
         keep = [row for row in range(records.num_rows) if row not in left_out] if left_out else range(records.num_rows)
@@ -268,6 +287,7 @@ def _turn_rows(
             records.column("completion_tokens").to_pylist(),
         )
         flags = records.column("flags").to_pylist()
+        fields = records.column("source_fields")  # the dataset line's other fields, JSON text, in every format
         over_length = (
             (lengths[keep] > selection.max_length).tolist() if selection.max_length is not None else [False] * len(keep)
         )
@@ -288,20 +308,22 @@ def _turn_rows(
         tally.tokens_written += prompt_total + completion_total
         tally.prompt_tokens += prompt_total
         tally.completion_tokens += completion_total
-        tally.supervised_tokens += completion_total
         tally.rows_unfinished += len(keep) if batch.unfinished else 0
         tally.rows_over_length_kept += sum(over_length)
+        if options.export_format != "text":
+            tally.supervised_tokens += completion_total  # the mask is 1 over each completion, 0 elsewhere
         if options.export_format == "trl":
             assert isinstance(parts, ParquetParts)
             turn_column = pa.array(kept_turns, type=pa.int32())
-            table = trl_table(records.column("id"), records.column("sample"), turn_column, tokens, metadata)
+            table = trl_table(records.column("id"), records.column("sample"), turn_column, tokens, metadata, fields)
             parts.write_table(table, prompt_total + completion_total)
             continue
         assert isinstance(parts, JsonlParts)
+        field_texts = fields.to_pylist()
         if options.export_format == "speculators":
             lines = [
                 speculators_row(kept_ids[i], kept_samples[i], tokens.prompt(i), tokens.completion(i), metadata[i],
-                                turn=kept_turns[i])
+                                turn=kept_turns[i], fields=field_texts[i])
                 for i in range(len(keep))
             ]  # fmt: skip
             parts.write_lines(lines, prompt_total + completion_total)
@@ -312,9 +334,17 @@ def _turn_rows(
             line = text_row(
                 kept_ids[i], kept_samples[i], tokens.prompt(i), tokens.completion(i), metadata[i],
                 decode=codec.decode, encode=codec.encode, last_turn_only=options.last_turn_only, turn=kept_turns[i],
+                fields=field_texts[i],
             )  # fmt: skip
-            tally.roundtrip_failed += b'"roundtrip_ok":false' in line
+            completion = len(tokens.completion(i))
+            if b'"roundtrip_ok":false' in line:  # the trainer re-encodes it to other ids than the model's
+                tally.roundtrip_failed += 1
+                tally.not_supervised(ROUNDTRIP_FAILED, completion)
+            else:
+                tally.supervised_tokens += completion
             text_lines.append(line)
+        if not options.last_turn_only:  # earlier answers a trainer finds in one text: its turn index counts them
+            tally.history_answers += sum(kept_turns)
         parts.write_lines(text_lines, prompt_total + completion_total)
 
 
@@ -326,7 +356,7 @@ def _index_conversations(
 ) -> ConversationIndex:
     """Pass 1: the shape of every record (no tokens kept: their lengths and, for token rows, a digest)."""
     settled = {int(index) for index, entry in source["shards"].items() if entry.get("state") == "complete"}
-    columns = COLUMNS if digests else ("id", "sample", "turn", "finish_reason", "flags")
+    columns = COLUMNS if digests else ("id", "sample", "turn", "finish_reason", "flags", "output_ids")
     index = ConversationIndex()
     for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens, columns)):
         records = batch.records
@@ -336,12 +366,14 @@ def _index_conversations(
         finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
         flags = records.column("flags").to_pylist()
         tokens = token_columns(records.column("input_ids"), records.column("output_ids")) if digests else None
+        generated = list_lengths(records.column("output_ids"))
+        tally.generated_tokens += int(generated.sum())
         for row in range(records.num_rows):
             if tokens is not None:
                 prompt, completion = tokens.prompt(row), tokens.completion(row)
                 lengths, digest = (len(prompt), len(completion)), tokens_digest(prompt, completion)
             else:
-                lengths, digest = (0, 0), None
+                lengths, digest = (0, int(generated[row])), None
             shape = TurnShape(
                 *lengths,
                 digest,
@@ -376,12 +408,13 @@ def whole_conversations(
     whole: dict[tuple[str, int], tuple[int, list[TurnShape]]] = {}
     for key, recorded in index.turns.items():
         name = f"{key[0]}#{key[1]}"
+        generated = sum(shape.completion_length for shape in recorded.values())
         if planned is not None and key[0] not in planned:
-            tally.leave_out(NOT_IN_DATASET, name)
+            tally.leave_out(NOT_IN_DATASET, name, generated)
             continue
         reason = conversation_verdict(recorded, planned[key[0]] if planned is not None else None, cuts.get(key, {}))
         if reason is not None:
-            tally.leave_out(reason, name)
+            tally.leave_out(reason, name, generated)
             continue
         last = max(recorded)
         whole[key] = (last, [recorded[turn] for turn in range(last)])
@@ -425,21 +458,25 @@ def _conversation_rows(
             records.column("completion_tokens").to_pylist(),
         )
         tokens = token_columns(records.column("input_ids"), records.column("output_ids"))
+        fields = records.column("source_fields").to_pylist()  # the last turn's: every turn of a line has the same
         kept: list[int] = []
         built = []
         metadata = []
         for i in range(records.num_rows):
             name = f"{prompt_ids[i]}#{samples[i]}"
-            row = conversation_row(tokens.prompt(i), tokens.completion(i), whole[(prompt_ids[i], samples[i])][1])
+            earlier = whole[(prompt_ids[i], samples[i])][1]
+            row = conversation_row(tokens.prompt(i), tokens.completion(i), earlier)
+            generated = len(tokens.completion(i)) + sum(shape.completion_length for shape in earlier)
             tally.conversation_spans_rerendered += row.spans_rerendered
             if row.spans_rerendered and options.rerendered_spans == "drop-row":
-                tally.leave_out(RERENDERED_SPAN, name)
+                tally.leave_out(RERENDERED_SPAN, name, generated)
                 continue
             reason = exclusion_reason(frozenset(), len(row.ids), selection)
             if reason is not None:
-                tally.leave_out(reason, name)
+                tally.leave_out(reason, name, generated)
                 continue
             tally.conversation_spans_verbatim += row.spans_supervised - 1
+            tally.not_supervised(RERENDERED_SPAN, row.tokens_rerendered)
             kept.append(i)
             built.append(row)
             metadata.append(
@@ -477,11 +514,12 @@ def _conversation_rows(
                 offsets,
                 np.concatenate([row.mask for row in built]),
                 metadata,
+                pa.array([fields[i] for i in kept], type=pa.string()),
             )
             parts.write_table(table, batch_tokens)
             continue
         lines = [
-            speculators_masked_row(prompt_ids[i], samples[i], turns[i], row.ids, row.mask, meta)
+            speculators_masked_row(prompt_ids[i], samples[i], turns[i], row.ids, row.mask, meta, fields[i])
             for i, row, meta in zip(kept, built, metadata, strict=True)
         ]
         parts.write_lines(lines, batch_tokens)
@@ -513,6 +551,7 @@ def _conversation_texts(
         contents = records.column("answer_content").to_pylist()
         reasonings = records.column("answer_reasoning").to_pylist()
         calls = records.column("answer_tool_calls").to_pylist()
+        fields = records.column("source_fields").to_pylist()
         values, offsets = id_buffers(records.column("output_ids"))
         for row, key in enumerate(zip(prompt_ids, samples, strict=True)):
             if key in whole and turns[row] <= whole[key][0]:
@@ -520,15 +559,17 @@ def _conversation_texts(
                 frequency.add(np.bincount(completion))
                 stored = {"answer_content": contents[row], "answer_reasoning": reasonings[row]}
                 stored["answer_tool_calls"] = calls[row]
-                pending.add(key, turns[row], stored, len(completion), batch.unfinished)
+                pending.add(key, turns[row], stored, len(completion), batch.unfinished, fields[row])
         if pending.held >= ANSWER_BUDGET_BYTES:
             _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
     _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
     for key in pending.answers:  # never all read: cannot happen for a conversation found whole
-        tally.leave_out(TURNS_MISSING, f"{key[0]}#{key[1]}")
+        tally.leave_out(TURNS_MISSING, f"{key[0]}#{key[1]}", pending.completion_tokens.get(key, 0))
 
 
-ANSWER_READ = ("id", "sample", "turn", "output_ids", "answer_content", "answer_reasoning", "answer_tool_calls")
+ANSWER_READ = (
+    "id", "sample", "turn", "output_ids", "answer_content", "answer_reasoning", "answer_tool_calls", "source_fields",
+)  # fmt: skip
 
 
 def _split_size(split: AnswerSplit) -> int:
@@ -546,9 +587,12 @@ class _PendingAnswers:
         self.no_split: set[tuple[str, int]] = set()
         self.unfinished: set[tuple[str, int]] = set()
         self.completion_tokens: dict[tuple[str, int], int] = {}
+        self.fields: dict[tuple[str, int], str] = {}  # its records' source_fields (every turn's are its line's)
         self.held = 0
 
-    def add(self, key: tuple[str, int], turn: int, stored: dict[str, Any], tokens: int, unfinished: bool) -> None:
+    def add(
+        self, key: tuple[str, int], turn: int, stored: dict[str, Any], tokens: int, unfinished: bool, fields: str | None
+    ) -> None:
         """`stored`: the record's answer columns (output/readers.py `stored_split` reads them)."""
         from datagen_operator.output.readers import stored_split
 
@@ -559,6 +603,8 @@ class _PendingAnswers:
         self.completion_tokens[key] = self.completion_tokens.get(key, 0) + tokens
         if unfinished:
             self.unfinished.add(key)
+        if fields is not None:
+            self.fields[key] = fields
         self.held += _split_size(split)
 
     def ready(self) -> dict[str, list[int]]:
@@ -569,15 +615,17 @@ class _PendingAnswers:
                 out.setdefault(key[0], []).append(key[1])
         return out
 
-    def take(self, key: tuple[str, int]) -> tuple[list[AnswerSplit], int, bool, bool]:
-        """Its answers in turn order, completion tokens, whether unfinished and whether a split was missing."""
+    def take(self, key: tuple[str, int]) -> tuple[list[AnswerSplit], int, bool, bool, str | None]:
+        """Its answers in turn order, completion tokens, whether unfinished, whether a split was missing, and its
+        records' source_fields."""
         got = self.answers.pop(key)
         self.held -= sum(_split_size(answer) for answer in got.values())
         split_missing = key in self.no_split
         self.no_split.discard(key)
         unfinished = key in self.unfinished
         self.unfinished.discard(key)
-        return [got[turn] for turn in sorted(got)], self.completion_tokens.pop(key, 0), unfinished, split_missing
+        answers = [got[turn] for turn in sorted(got)]
+        return answers, self.completion_tokens.pop(key, 0), unfinished, split_missing, self.fields.pop(key, None)
 
 
 def _write_conversations(
@@ -603,23 +651,28 @@ def _write_conversations(
         turns = plan_turns(prompt.messages)
         kwargs = rendered_kwargs(run_kwargs, prompt.variables) or None
         for sample in sorted(ready[prompt.id]):
-            answers, completion_tokens, unfinished, split_missing = pending.take((prompt.id, sample))
+            answers, completion_tokens, unfinished, split_missing, fields = pending.take((prompt.id, sample))
             name = f"{prompt.id}#{sample}"
             if split_missing:
-                tally.leave_out(NO_ANSWER_SPLIT, name)
+                tally.leave_out(NO_ANSWER_SPLIT, name, completion_tokens)
                 continue
             messages = conversation_messages(turns, answers)
             metadata = {"turns": len(answers), "completion_tokens": completion_tokens, "unfinished": unfinished}
             lines.append(
-                conversations_line(prompt.id, sample, messages, prompt.tools, kwargs, metadata, options.messages_key)
+                conversations_line(
+                    prompt.id, sample, messages, prompt.tools, kwargs, metadata, options.messages_key, fields
+                )
             )
             tally.rows_written += 1
             tally.completion_tokens += completion_tokens
+            tally.supervised_tokens += (
+                completion_tokens  # every answer an assistant message (manifest.SUPERVISED_MEANS)
+            )
             tally.rows_unfinished += unfinished
     for prompt_id in set(ready) - found:  # the dataset lost the line since its planned turns were read
         for sample in ready[prompt_id]:
-            pending.take((prompt_id, sample))
-            tally.leave_out(NOT_IN_DATASET, f"{prompt_id}#{sample}")
+            _, completion_tokens, _, _, _ = pending.take((prompt_id, sample))
+            tally.leave_out(NOT_IN_DATASET, f"{prompt_id}#{sample}", completion_tokens)
     parts.write_lines(lines, 0)
 
 
@@ -662,6 +715,8 @@ def export_run(
             left_out = sum(manifest["left_out"].values())
             words.append(f"{export_format}: {counts['rows_written']} rows, {counts['tokens_written']} tokens")
             words[-1] += f", {left_out} left out" if left_out else ""
+            ratio = manifest["supervision"]["ratio"]
+            words[-1] += f", supervised/generated {ratio:.2f}" if ratio is not None else ""
     except (OSError, ValueError) as error:
         done = f" ({'; '.join(words)})" if words else ""
         return StepOutcome(False, Reason.EXPORT_FAILED, f"{export_format}: {error}{done}")
@@ -916,11 +971,16 @@ def main(argv: list[str]) -> int:
     if args.overwrite and out_dir.is_dir():
         clear_previous_export(out_dir)
     manifest = export_output(output, out_dir, options, codec)
+    supervision = manifest["supervision"]
     summary = {
         "out": str(out_dir),
         "format": args.export_format,
+        "family": manifest["source"]["preset"],
+        "supervision": supervision["line"],  # supervised / generated tokens, the ratio, and why below 1
+        "supervised_ratio": supervision["ratio"],
         **manifest["counts"],
         "left_out_by": manifest["left_out"],
+        "unsupervised_tokens_by": supervision["unsupervised_tokens"],
     }
     if not manifest["source"]["complete"]:
         summary["note"] = "the run is not complete: rows from uncompacted shards carry metadata.unfinished"

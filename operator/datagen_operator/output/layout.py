@@ -79,6 +79,7 @@ RECORD_FIELDS: tuple[str, ...] = (
     "id", "sample", "input_ids", "output_ids", "finish_reason", "prompt_tokens", "completion_tokens",
     "cached_tokens", "latency_s", "done_at", "server", "attempts", "has_tools", "flags", "line", "prompt_hash", "run",
     "turn", "thinking", "answer_content", "answer_reasoning", "answer_tool_calls", "num_retractions",
+    "source_fields",
 )  # fmt: skip
 
 

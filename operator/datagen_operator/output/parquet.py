@@ -62,6 +62,9 @@ def parquet_schema() -> pa.Schema:
             # The answer's tool calls as SGLang's parser returns them (absent from outputs written before it).
             ("answer_tool_calls", pa.list_(pa.struct([("name", pa.string()), ("arguments", pa.string())]))),
             ("num_retractions", pa.int32()),
+            # The dataset line's other fields as JSON text (free-form: one string column whatever each line holds;
+            # absent from outputs written before it, read as none).
+            ("source_fields", pa.string()),
         ]
     )
 

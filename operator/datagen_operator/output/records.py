@@ -46,6 +46,8 @@ class Job:
     conversation: Conversation | None = None
     thinking: bool | None = None
     """The line's own thinking switch (its chat_template_kwargs), when it sets one: its record is judged by it."""
+    source_fields: str | None = None
+    """The line's other fields, JSON text (prompts.dataset.source_fields): every turn's record carries them."""
 
     @property
     def key(self) -> Key:
@@ -97,6 +99,7 @@ def build_record(
         "answer_reasoning": split.reasoning_content if split is not None else None,
         "answer_tool_calls": [call.as_record() for call in split.tool_calls] if split is not None else None,
         "num_retractions": meta.get("num_retractions"),
+        "source_fields": job.source_fields,
     }
 
 

@@ -136,6 +136,8 @@ class Prompt:
     tools: list[dict[str, Any]] | None
     variables: dict[str, Any] | None = None
     """The line's chat_template_kwargs, rendered over the run's template variables."""
+    source_fields: str | None = None
+    """The line's other fields as JSON text (`source_fields`), where the worker read them: carried to its records."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +447,20 @@ def prompt_from(ref: PromptRef, obj: dict[str, Any]) -> Prompt:
         read_tools(obj.get("tools"))[0],
         obj.get(TEMPLATE_KWARGS) or None,
     )
+
+
+CONVERSATION_KEYS = ("messages", "conversations", "tools")
+"""What a line's conversation is read from; every other top-level key but its id is one of its `source_fields`."""
+
+
+def source_fields(obj: dict[str, Any], id_field: str | None = None) -> str | None:
+    """A line's fields beside its conversation (metadata, source, category, its chat_template_kwargs...) as JSON
+    text, keys in the line's order, or None when it has none: what a record carries of its line so every export
+    keeps the row, as SpecForge's regeneration keeps its input row. Its id (`id_field`, default `id`) is the
+    record's own; messages/conversations and tools are the prompt. A null value is kept (a Parquet column's)."""
+    skipped = (*CONVERSATION_KEYS, id_field or "id")
+    fields = {key: value for key, value in obj.items() if key not in skipped}
+    return orjson.dumps(fields, default=str).decode() if fields else None
 
 
 def unit_of(form: str) -> str:

@@ -32,7 +32,7 @@ from datagen_operator.prompts.conversation import (
     request_messages,
     turn_messages,
 )
-from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from
+from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from, source_fields
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig
@@ -135,6 +135,9 @@ class Feeder:
                     # A line ending with the dataset's answer: the model answers its last user turn instead.
                     messages = request_messages(prompt.messages, "last", history_reasoning=self.history_reasoning)
                     prompt = dataclasses.replace(prompt, messages=messages)
+                fields = source_fields(obj, self.config.spec.dataset.id_field)
+                if fields is not None:
+                    prompt = dataclasses.replace(prompt, source_fields=fields)
                 line_hash = prompt_hash(obj)
                 if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
                     # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
@@ -221,8 +224,9 @@ class Feeder:
                 if turns is None:
                     if ledger.turns_to_send(prompt.id, sample):
                         job = Job(
-                            prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, thinking=thinking
-                        )
+                            prompt.position, prompt.id, sample, input_ids, has_tools, line_hash,
+                            thinking=thinking, source_fields=prompt.source_fields,
+                        )  # fmt: skip
                         await self.jobs.put(job)
                     continue
                 to_send = ledger.turns_to_send(prompt.id, sample, len(turns))
@@ -233,8 +237,9 @@ class Feeder:
                     continue
                 conversation = Conversation(turns, prompt.tools, [], prompt.variables)
                 job = Job(
-                    prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, 0, conversation, thinking
-                )
+                    prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, 0, conversation, thinking,
+                    prompt.source_fields,
+                )  # fmt: skip
                 await self.jobs.put(job)
 
     async def _queue_resumed(self) -> None:
@@ -254,8 +259,9 @@ class Feeder:
             conversation = Conversation(turns, prompt.tools, [earlier[turn] for turn in range(start)], prompt.variables)
             thinking = line_thinking(self.config.resolved, prompt.variables) if prompt.variables else None
             job = Job(
-                prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation, thinking
-            )
+                prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation, thinking,
+                prompt.source_fields,
+            )  # fmt: skip
             if start and calls_tool(earlier[start - 1]):
                 # A crash between the call's record and its cut: the conversation ended at the call.
                 self.turns.end_after_call(job, earlier[start - 1])
