@@ -600,3 +600,71 @@ def test_sim_conversations_carry_each_lines_chat_template_kwargs(tmp_path: Path)
                 assert trainer_renders(before, row["tools"], {}) != record["input_ids"]
                 checked_off += 1
     assert checked_off >= 2
+
+
+def test_sim_exports_say_what_a_trainer_that_re_renders_loses(
+    qwen3_thinking: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qwen3 with thinking on: a trainer that renders the conversations format with the model's template (as
+    SpecForge's ThinkingParser does: the whole conversation, no generation prompt, enable_thinking) trains on
+    earlier answers without their reasoning, text the model never generated there. `datagen export` measures
+    that, counts it in the manifest and warns naming the family; per-turn rows train on every answer once."""
+    from datagen_operator.prompts.render import load_tokenizer
+    from tests.export.trained import compare
+
+    records = list(iter_records(qwen3_thinking))
+    out = tmp_path / "conversations"
+    assert datagen(["export", str(qwen3_thinking), "--format", "conversations", "--out", str(out)]) == EXIT_OK
+    warning = capsys.readouterr().err
+    tokenizer = load_tokenizer(qwen3_dir(), trust_remote_code=False)
+    rendered = []
+    for row in read_rows(out):
+        text = tokenizer.apply_chat_template(
+            row["conversations"],
+            tokenize=False,
+            add_generation_prompt=False,
+            add_special_tokens=False,
+            tools=row["tools"] or None,
+            **{"enable_thinking": True, **(row["chat_template_kwargs"] or {})},
+        )  # fmt: skip  (specforge/data/parse.py ThinkingParser.apply_chat_template)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        rendered.append((ids, [1] * len(ids)))
+    whole = [r for r in records if (r["id"], r["sample"]) in whole_by_hand(qwen3_thinking)]
+    kept = compare(rendered, whole)
+    lost_tokens = kept.generated - kept.supervised_in_place
+    assert 0 < lost_tokens < kept.generated and kept.generated_more == 0  # earlier answers lost, the last kept
+    measured = read_export_manifest(out)["trainer_render"]
+    assert measured["measured"] is True
+    assert (measured["answers"], measured["tokens"]) == (len(whole), kept.generated)
+    assert (measured["answers_lost"], measured["tokens_lost"]) == (kept.records - kept.records_whole, lost_tokens)
+    assert "warning: qwen3: a trainer that renders these conversations" in warning
+    assert f"({lost_tokens} of {kept.generated} generated tokens, reasoning included" in warning
+    # The per-turn rows the warning recommends: every generated token supervised once, in place, nothing else.
+    turns = tmp_path / "turns"
+    assert datagen(["export", str(qwen3_thinking), "--format", "speculators", "--out", str(turns)]) == EXIT_OK
+    assert "warning" not in capsys.readouterr().err
+    per_turn = compare([(row["input_ids"], row["loss_mask"]) for row in read_rows(turns)], records)
+    assert per_turn.ratio == 1.0 and per_turn.not_generated == 0 and per_turn.records_whole == len(records)
+    # Whole-conversation rows leave the re-rendered earlier answers unsupervised: said, counted.
+    rows = tmp_path / "rows"
+    args = ["export", str(qwen3_thinking), "--format", "trl", "--rows", "conversations", "--out", str(rows)]
+    assert datagen(args) == EXIT_OK
+    spans = read_export_manifest(rows)["counts"]["conversation_spans_rerendered"]
+    assert spans > 0 and f"warning: qwen3: {spans} earlier answers are held re-rendered" in capsys.readouterr().err
+
+
+def test_spec_export_verdict_says_what_a_trainer_that_re_renders_loses(qwen3_thinking: Path, tmp_path: Path) -> None:
+    """spec.export (`--formats`, the export Job): the conversations format is measured with the run's tokenizer as
+    `datagen export --format conversations` is, and the Exported message says the loss and what to use instead."""
+    from datagen_operator.api.outcome import StepOutcome
+
+    log = tmp_path / "termination-log"
+    args = ["export", str(qwen3_thinking), "--formats", "speculators,conversations", "--out", str(tmp_path / "x"),
+            "--termination-log", str(log)]  # fmt: skip
+    assert datagen(args) == EXIT_OK
+    outcome = StepOutcome.from_storage(log.read_text())
+    measured = read_export_manifest(tmp_path / "x" / "conversations")["trainer_render"]
+    assert measured["measured"] is True and measured["tokens_lost"] > 0
+    lost = f"({measured['tokens_lost']} of {measured['tokens']} generated tokens lost to a trainer that re-renders"
+    assert outcome.passed and lost in outcome.message and "use speculators/trl per-turn rows" in outcome.message
+    assert outcome.message.count("generated tokens lost") == 1  # the speculators rows lose nothing

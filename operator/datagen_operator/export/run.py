@@ -740,15 +740,33 @@ def export_run(
                 rerendered_spans=rerendered_spans,
                 dataset=dataset,
             )
-            manifest = export_output(output_dir, out_dir, options, codec() if export_format == "text" else None)
+            manifest = export_output(output_dir, out_dir, options, _codec_for(export_format, codec))
             counts = manifest["counts"]
             left_out = sum(manifest["left_out"].values())
             words.append(f"{export_format}: {counts['rows_written']} rows, {counts['tokens_written']} tokens")
             words[-1] += f", {left_out} left out" if left_out else ""
+            render = manifest.get("trainer_render") or {}
+            if render.get("tokens_lost"):  # loss_warnings' words, short: the condition message is one line
+                words[-1] += (
+                    f" ({render['tokens_lost']} of {render['tokens']} generated tokens lost to a trainer that "
+                    "re-renders them: use speculators/trl per-turn rows)"
+                )
     except (OSError, ValueError) as error:
         done = f" ({'; '.join(words)})" if words else ""
         return StepOutcome(False, Reason.EXPORT_FAILED, f"{export_format}: {error}{done}")
     return StepOutcome(True, Reason.EXPORTED, f"{'; '.join(words)} in {root}")
+
+
+def _codec_for(export_format: str, codec: Callable[[], TextCodec]) -> TextCodec | None:
+    """The text format needs the tokenizer; the conversations format measures with it where it loads."""
+    if export_format == "text":
+        return codec()
+    if export_format == "conversations":
+        try:
+            return codec()
+        except (ValueError, OSError):
+            return None  # the manifest says it was not measured
+    return None
 
 
 # --- command line -----------------------------------------------------------------------------------
