@@ -37,6 +37,7 @@ from datagen_operator.prompts.conversation import plan_turns
 from datagen_operator.tokenizer.standin import ensure_standin
 from tests.export.store_output import STOP, make_record, write_shard
 from tests.harness.sim import start_sim
+from tests.specforge_wheel import import_specforge
 from tests.worker.simrun import SIM_FLAGS, run_inprocess, spec, standin, write_dataset
 
 Key = tuple[str, int, int]
@@ -639,11 +640,17 @@ def test_sim_exports_say_what_a_trainer_that_re_renders_loses(
     assert (measured["answers_lost"], measured["tokens_lost"]) == (kept.records - kept.records_whole, lost_tokens)
     assert "warning: qwen3: a trainer that renders these conversations" in warning
     assert f"({lost_tokens} of {kept.generated} generated tokens, reasoning included" in warning
-    # The per-turn rows the warning recommends: every generated token supervised once, in place, nothing else.
+    # The per-turn rows the warning recommends, loaded by SpecForge's own prompt loader (its pre-tokenized path, as
+    # `data.prompts_path` reads them): every generated token supervised once, in place, nothing else.
     turns = tmp_path / "turns"
     assert datagen(["export", str(qwen3_thinking), "--format", "speculators", "--out", str(turns)]) == EXIT_OK
     assert "warning" not in capsys.readouterr().err
-    per_turn = compare([(row["input_ids"], row["loss_mask"]) for row in read_rows(turns)], records)
+    [part] = sorted((turns / "data").glob("part-*.jsonl"))
+    tasks = import_specforge("specforge.data.prompt_builder").prepare_prompt_tasks(
+        part, None, chat_template=None, max_length=32768, is_preformatted=False, train_only_last_turn=False,
+        cache_dir=None, cache_key=None, num_proc=1,
+    )  # fmt: skip
+    per_turn = compare([(task["payload"]["input_ids"], task["payload"]["loss_mask"]) for task in tasks], records)
     assert per_turn.ratio == 1.0 and per_turn.not_generated == 0 and per_turn.records_whole == len(records)
     # Whole-conversation rows leave the re-rendered earlier answers unsupervised: said, counted.
     rows = tmp_path / "rows"
