@@ -658,6 +658,13 @@ def test_sim_exports_say_what_a_trainer_that_re_renders_loses(
     assert datagen(args) == EXIT_OK
     spans = read_export_manifest(rows)["counts"]["conversation_spans_rerendered"]
     assert spans > 0 and f"warning: qwen3: {spans} earlier answers are held re-rendered" in capsys.readouterr().err
+    args = [*args[:-1], str(tmp_path / "drop"), "--rerendered-spans", "drop-row"]
+    assert datagen(args) == EXIT_OK
+    dropped = read_export_manifest(tmp_path / "drop")["left_out"]["rerendered_span"]
+    assert (
+        f"re-rendered by the chat template in these whole-conversation rows: their {dropped} conversations left out"
+        in capsys.readouterr().err
+    )
 
 
 def test_spec_export_verdict_says_what_a_trainer_that_re_renders_loses(qwen3_thinking: Path, tmp_path: Path) -> None:

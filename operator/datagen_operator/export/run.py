@@ -273,9 +273,14 @@ def loss_warnings(manifest: dict[str, Any], family: str | None) -> list[str]:
         )
     spans = manifest["counts"].get("conversation_spans_rerendered", 0)
     if spans:
+        fate = (
+            f"their {manifest['left_out'].get(RERENDERED_SPAN, 0)} conversations left out (drop-row)"
+            if manifest["options"].get("rerendered_spans") == "drop-row"
+            else "not supervised (mask 0)"
+        )
         warnings.append(
             f"{model}{spans} earlier answers are held re-rendered by the chat template in these whole-conversation "
-            f"rows: not supervised (mask 0); {per_turn}"
+            f"rows: {fate}; {per_turn}"
         )
     return warnings
 
