@@ -5,7 +5,7 @@
 
 make-export regenerates small chat datasets (`generation.turns: all`) on the simulator for qwen3, kimi-k2.5,
 deepseek-r1 and gpt-oss with their stand-in tokenizers, and writes, per family, every export docs/export.md offers
-a consumer: `speculators` and `trl` per-turn rows, `speculators` whole-conversation rows, and `conversations`; plus
+a consumer: `speculators` and `trl` per-turn rows, `speculators` whole-conversation rows, `conversations` and `text`; plus
 the run's records (records.jsonl) to compare with.
 
 check loads each export with the consumer's own code, exactly as docs/export.md says to:
@@ -14,6 +14,7 @@ check loads each export with the consumer's own code, exactly as docs/export.md 
   pre-tokenized path for `speculators` rows; for `conversations` its raw path (`build_eagle3_dataset`, the
   family's registered chat template and parser), the file as exported and with `chat_template_kwargs` spread into
   columns as docs/export.md says.
+- SpecForge `text` (`--is-preformatted`, the rows with `roundtrip_ok`), with and without `train_only_last_turn`.
 - TRL: the `trl` parts through `datasets` (`input_ids`, `assistant_masks`).
 and compares the (input_ids, loss_mask) each one will train on with the records (tests/export/trained.py): every
 supervised token a generated token in its place; every generated token supervised exactly once. It prints a table
@@ -44,7 +45,7 @@ SPECFORGE_TEMPLATE = {
     "gpt-oss": "gpt-oss",
 }
 """The SpecForge chat template (its TEMPLATE_REGISTRY name) a user picks for each family."""
-EXPORTS = ("speculators-turns", "trl-turns", "speculators-conversations", "conversations")
+EXPORTS = ("speculators-turns", "trl-turns", "speculators-conversations", "conversations", "text")
 RECOMMENDED = {
     ("speculators", "speculators-turns"),
     ("specforge", "speculators-turns"),
@@ -69,8 +70,9 @@ def sim_flags(family: str) -> tuple[str, ...]:
 def make_export(directory: Path) -> None:
     import orjson
 
-    from datagen_operator.export.run import DatasetSource, ExportOptions, export_output
+    from datagen_operator.export.run import DatasetSource, ExportOptions, codec_from_tokenizer, export_output
     from datagen_operator.output.readers import iter_records
+    from datagen_operator.prompts.render import load_tokenizer
     from datagen_operator.tokenizer.standin import ensure_standin
     from tests.export.test_export_conversations import chats, sim_run
 
@@ -89,6 +91,8 @@ def make_export(directory: Path) -> None:
         }
         for name, option in options.items():
             export_output(output, root / name, option)
+        codec = codec_from_tokenizer(load_tokenizer(model, trust_remote_code=False))
+        export_output(output, root / "text", ExportOptions("text"), codec)
         with (root / "records.jsonl").open("wb") as file:
             for record in iter_records(output):
                 keep = {key: record[key] for key in ("id", "sample", "turn", "input_ids", "output_ids")}
@@ -122,11 +126,22 @@ def speculators_rows(export: Path, model: str, work: Path) -> list[tuple[list[in
 
 
 def specforge_rows(
-    export: Path, tokenizer: Any, template: str, work: Path, *, spread_kwargs: bool = False
+    export: Path,
+    tokenizer: Any,
+    template: str,
+    work: Path,
+    *,
+    spread_kwargs: bool = False,
+    preformatted: bool = False,
+    last_turn_only: bool = False,
 ) -> list[tuple[list[int], list[int]]]:
     from specforge.data.prompt_builder import prepare_prompt_tasks
 
     path = one_file(export, work)
+    if preformatted:  # docs/export.md: the rows whose text round-trips, as `--is-preformatted` text
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path = work / f"{export.name}-roundtrip.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows if row["roundtrip_ok"]))
     if spread_kwargs:  # docs/export.md: the row's chat_template_kwargs as columns, the nested field dropped
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         for row in rows:
@@ -134,8 +149,8 @@ def specforge_rows(
         path = work / f"{export.name}-spread.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     tasks = prepare_prompt_tasks(
-        path, tokenizer, chat_template=template, max_length=MAX_LENGTH, is_preformatted=False,
-        train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=1,
+        path, tokenizer, chat_template=template, max_length=MAX_LENGTH, is_preformatted=preformatted,
+        train_only_last_turn=last_turn_only, cache_dir=None, cache_key=None, num_proc=1,
     )  # fmt: skip
     return [(task["payload"]["input_ids"], task["payload"]["loss_mask"]) for task in tasks]
 
@@ -177,6 +192,10 @@ def check(directory: Path) -> None:
             ("specforge", "conversations"): partial(specforge_rows, root / "conversations", tokenizer, template, work),
             ("specforge", "conversations+kwargs"): partial(
                 specforge_rows, root / "conversations", tokenizer, template, work, spread_kwargs=True
+            ),
+            ("specforge", "text"): partial(specforge_rows, root / "text", tokenizer, template, work, preformatted=True),
+            ("specforge", "text+train_only_last_turn"): partial(
+                specforge_rows, root / "text", tokenizer, template, work, preformatted=True, last_turn_only=True
             ),
             ("trl", "trl-turns"): partial(trl_rows, root / "trl-turns", work),
         }

@@ -658,6 +658,11 @@ def test_sim_exports_say_what_a_trainer_that_re_renders_loses(
     assert datagen(args) == EXIT_OK
     spans = read_export_manifest(rows)["counts"]["conversation_spans_rerendered"]
     assert spans > 0 and f"warning: qwen3: {spans} earlier answers are held re-rendered" in capsys.readouterr().err
+    text = ["export", str(qwen3_thinking), "--format", "text", "--out", str(tmp_path / "text")]
+    assert datagen(text) == EXIT_OK
+    said = capsys.readouterr().err
+    assert "warning: qwen3: a later turn's text holds the earlier answers as the template re-rendered them" in said
+    assert "SpecForge's preformatted loader (--is-preformatted) supervises every assistant span" in said
     args = [*args[:-1], str(tmp_path / "drop"), "--rerendered-spans", "drop-row"]
     assert datagen(args) == EXIT_OK
     dropped = read_export_manifest(tmp_path / "drop")["left_out"]["rerendered_span"]

@@ -271,6 +271,13 @@ def loss_warnings(manifest: dict[str, Any], family: str | None) -> list[str]:
             f"reasoning included: the template re-renders them, e.g. {', '.join(render['examples'][:3])}); "
             f"{per_turn}"
         )
+    if manifest["export_format"] == "text" and manifest["source"].get("turns") == "all":
+        warnings.append(
+            f"{model}a later turn's text holds the earlier answers as the template re-rendered them into history, "
+            "and SpecForge's preformatted loader (--is-preformatted) supervises every assistant span it finds there, "
+            "text the model did not generate in that place, unless told train_only_last_turn (which still "
+            f"supervises a thinking prompt's own opener, Kimi's <think>); {per_turn}"
+        )
     spans = manifest["counts"].get("conversation_spans_rerendered", 0)
     if spans:
         fate = (
