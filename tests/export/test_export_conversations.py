@@ -37,6 +37,7 @@ from datagen_operator.prompts.conversation import plan_turns
 from datagen_operator.tokenizer.standin import ensure_standin
 from tests.export.store_output import STOP, make_record, write_shard
 from tests.harness.sim import start_sim
+from tests.specforge_wheel import import_specforge
 from tests.worker.simrun import SIM_FLAGS, run_inprocess, spec, standin, write_dataset
 
 Key = tuple[str, int, int]
@@ -600,3 +601,89 @@ def test_sim_conversations_carry_each_lines_chat_template_kwargs(tmp_path: Path)
                 assert trainer_renders(before, row["tools"], {}) != record["input_ids"]
                 checked_off += 1
     assert checked_off >= 2
+
+
+def test_sim_exports_say_what_a_trainer_that_re_renders_loses(
+    qwen3_thinking: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qwen3 with thinking on: a trainer that renders the conversations format with the model's template (as
+    SpecForge's ThinkingParser does: the whole conversation, no generation prompt, enable_thinking) trains on
+    earlier answers without their reasoning, text the model never generated there. `datagen export` measures
+    that, counts it in the manifest and warns naming the family; per-turn rows train on every answer once."""
+    from datagen_operator.prompts.render import load_tokenizer
+    from tests.export.trained import compare
+
+    records = list(iter_records(qwen3_thinking))
+    out = tmp_path / "conversations"
+    assert datagen(["export", str(qwen3_thinking), "--format", "conversations", "--out", str(out)]) == EXIT_OK
+    warning = capsys.readouterr().err
+    tokenizer = load_tokenizer(qwen3_dir(), trust_remote_code=False)
+    rendered = []
+    for row in read_rows(out):
+        text = tokenizer.apply_chat_template(
+            row["conversations"],
+            tokenize=False,
+            add_generation_prompt=False,
+            add_special_tokens=False,
+            tools=row["tools"] or None,
+            **{"enable_thinking": True, **(row["chat_template_kwargs"] or {})},
+        )  # fmt: skip  (specforge/data/parse.py ThinkingParser.apply_chat_template)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        rendered.append((ids, [1] * len(ids)))
+    whole = [r for r in records if (r["id"], r["sample"]) in whole_by_hand(qwen3_thinking)]
+    kept = compare(rendered, whole)
+    lost_tokens = kept.generated - kept.supervised_in_place
+    assert 0 < lost_tokens < kept.generated and kept.generated_more == 0  # earlier answers lost, the last kept
+    measured = read_export_manifest(out)["trainer_render"]
+    assert measured["measured"] is True
+    assert (measured["answers"], measured["tokens"]) == (len(whole), kept.generated)
+    assert (measured["answers_lost"], measured["tokens_lost"]) == (kept.records - kept.records_whole, lost_tokens)
+    assert "warning: qwen3: a trainer that renders these conversations" in warning
+    assert f"({lost_tokens} of {kept.generated} generated tokens, reasoning included" in warning
+    # The per-turn rows the warning recommends, loaded by SpecForge's own prompt loader (its pre-tokenized path, as
+    # `data.prompts_path` reads them): every generated token supervised once, in place, nothing else.
+    turns = tmp_path / "turns"
+    assert datagen(["export", str(qwen3_thinking), "--format", "speculators", "--out", str(turns)]) == EXIT_OK
+    assert "warning" not in capsys.readouterr().err
+    [part] = sorted((turns / "data").glob("part-*.jsonl"))
+    tasks = import_specforge("specforge.data.prompt_builder").prepare_prompt_tasks(
+        part, None, chat_template=None, max_length=32768, is_preformatted=False, train_only_last_turn=False,
+        cache_dir=None, cache_key=None, num_proc=1,
+    )  # fmt: skip
+    per_turn = compare([(task["payload"]["input_ids"], task["payload"]["loss_mask"]) for task in tasks], records)
+    assert per_turn.ratio == 1.0 and per_turn.not_generated == 0 and per_turn.records_whole == len(records)
+    # Whole-conversation rows leave the re-rendered earlier answers unsupervised: said, counted.
+    rows = tmp_path / "rows"
+    args = ["export", str(qwen3_thinking), "--format", "trl", "--rows", "conversations", "--out", str(rows)]
+    assert datagen(args) == EXIT_OK
+    spans = read_export_manifest(rows)["counts"]["conversation_spans_rerendered"]
+    assert spans > 0 and f"warning: qwen3: {spans} earlier answers are held re-rendered" in capsys.readouterr().err
+    text = ["export", str(qwen3_thinking), "--format", "text", "--out", str(tmp_path / "text")]
+    assert datagen(text) == EXIT_OK
+    said = capsys.readouterr().err
+    assert "warning: qwen3: a later turn's text holds the earlier answers as the template re-rendered them" in said
+    assert "SpecForge's preformatted loader (--is-preformatted) supervises every assistant span" in said
+    args = [*args[:-1], str(tmp_path / "drop"), "--rerendered-spans", "drop-row"]
+    assert datagen(args) == EXIT_OK
+    dropped = read_export_manifest(tmp_path / "drop")["left_out"]["rerendered_span"]
+    assert (
+        f"re-rendered by the chat template in these whole-conversation rows: their {dropped} conversations left out"
+        in capsys.readouterr().err
+    )
+
+
+def test_spec_export_verdict_says_what_a_trainer_that_re_renders_loses(qwen3_thinking: Path, tmp_path: Path) -> None:
+    """spec.export (`--formats`, the export Job): the conversations format is measured with the run's tokenizer as
+    `datagen export --format conversations` is, and the Exported message says the loss and what to use instead."""
+    from datagen_operator.api.outcome import StepOutcome
+
+    log = tmp_path / "termination-log"
+    args = ["export", str(qwen3_thinking), "--formats", "speculators,conversations", "--out", str(tmp_path / "x"),
+            "--termination-log", str(log)]  # fmt: skip
+    assert datagen(args) == EXIT_OK
+    outcome = StepOutcome.from_storage(log.read_text())
+    measured = read_export_manifest(tmp_path / "x" / "conversations")["trainer_render"]
+    assert measured["measured"] is True and measured["tokens_lost"] > 0
+    lost = f"({measured['tokens_lost']} of {measured['tokens']} generated tokens lost to a trainer that re-renders"
+    assert outcome.passed and lost in outcome.message and "use speculators/trl per-turn rows" in outcome.message
+    assert outcome.message.count("generated tokens lost") == 1  # the speculators rows lose nothing

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -155,14 +155,52 @@ def conversation_row(prompt: np.ndarray, completion: np.ndarray, earlier: Sequen
     mask[len(prompt) :] = 1
     supervised, rerendered, tokens_rerendered = 1, 0, 0
     for shape in earlier:
-        end = shape.prompt_length + shape.completion_length
-        if shape.digest is not None and end <= len(prompt) and tokens_digest(ids[:end]) == shape.digest:
-            mask[shape.prompt_length : end] = 1
+        if held_verbatim(ids, shape, within=len(prompt)):
+            mask[shape.prompt_length : shape.prompt_length + shape.completion_length] = 1
             supervised += 1
         else:
             rerendered += 1
             tokens_rerendered += shape.completion_length
     return ConversationRow(ids, mask, supervised, rerendered, tokens_rerendered)
+
+
+def held_verbatim(ids: np.ndarray, shape: TurnShape, *, within: int | None = None) -> bool:
+    """Whether `ids` (the first `within` of them) start with the turn's record, `input_ids + output_ids`: then its
+    answer sits there exactly as generated, on exactly the context it was generated on."""
+    end = shape.prompt_length + shape.completion_length
+    limit = len(ids) if within is None else within
+    return shape.digest is not None and end <= limit and tokens_digest(ids[:end]) == shape.digest
+
+
+@dataclass
+class TrainerRenderLoss:
+    """--format conversations: what a trainer rendering the rows with the model's chat template trains on, measured
+    at export (SpecForge's GeneralParser/ThinkingParser and TRL's `messages` render the whole conversation with
+    `apply_chat_template(messages, tools=..., add_generation_prompt=False, **chat_template_kwargs)` and tokenize
+    the text): an answer is kept when that rendering holds its record verbatim (`held_verbatim`), else lost."""
+
+    answers: int = 0
+    answers_lost: int = 0
+    tokens: int = 0  # generated tokens of every answer of the exported conversations
+    tokens_lost: int = 0  # of those, the tokens of the answers lost
+    unrenderable: int = 0  # conversations the template refused to render (every answer counted lost)
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, name: str, rendered: np.ndarray | None, shapes: Sequence[TurnShape]) -> None:
+        lost = [k for k, shape in enumerate(shapes) if rendered is None or not held_verbatim(rendered, shape)]
+        self.answers += len(shapes)
+        self.answers_lost += len(lost)
+        self.tokens += sum(shape.completion_length for shape in shapes)
+        self.tokens_lost += sum(shapes[k].completion_length for k in lost)
+        self.unrenderable += rendered is None
+        if lost and len(self.examples) < 5:
+            self.examples.append(f"{name}@{','.join(map(str, lost))}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "answers": self.answers, "answers_lost": self.answers_lost, "tokens": self.tokens,
+            "tokens_lost": self.tokens_lost, "unrenderable": self.unrenderable, "examples": self.examples,
+        }  # fmt: skip
 
 
 def conversation_messages(turns: Turns, answers: Sequence[AnswerSplit]) -> list[Message]:

@@ -28,6 +28,7 @@ from datagen_operator.export.conversations import (
     ROWS,
     TURNS_MISSING,
     ConversationIndex,
+    TrainerRenderLoss,
     TurnShape,
     conversation_messages,
     conversation_row,
@@ -147,11 +148,16 @@ class ExportOptions:
         return out
 
 
+ConversationRender = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any] | None], list[int]]
+"""(messages, tools, chat_template_kwargs) -> the ids a template-based trainer trains on for the whole conversation."""
+
+
 @dataclass(frozen=True)
 class TextCodec:
     decode: Callable[[list[int]], str]
     encode: Callable[[str], list[int]]
     vocab_size: int | None
+    render_conversation: ConversationRender | None = None
 
 
 def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
@@ -164,7 +170,17 @@ def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
         text: str = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return text
 
-    return TextCodec(decode, encode, len(tokenizer))
+    def render_conversation(
+        messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None
+    ) -> list[int]:
+        # As SpecForge's GeneralParser/ThinkingParser (specforge/data/parse.py) and TRL's `messages` render a
+        # conversation to train on: the whole of it, no generation prompt, then the text tokenized.
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=False, **(kwargs or {})
+        )
+        return list(encode(text))
+
+    return TextCodec(decode, encode, len(tokenizer), render_conversation)
 
 
 def options_problem(options: ExportOptions, source_turns: str) -> str | None:
@@ -217,7 +233,7 @@ def export_output(
     try:
         if options.export_format == "conversations":
             assert isinstance(parts, JsonlParts)
-            _conversation_texts(output_dir, source, options, parts, tally, frequency)
+            trainer_render = _conversation_texts(output_dir, source, options, parts, tally, frequency, codec)
         elif options.rows == "conversations":
             _conversation_rows(output_dir, source, options, parts, tally, frequency)
         else:
@@ -233,6 +249,12 @@ def export_output(
         parts=[{**part.to_json(), "name": f"{DATA_DIR}/{part.name}"} for part in written],
         token_freq=token_freq,
     )
+    if options.export_format == "conversations":
+        manifest["trainer_render"] = (
+            {"measured": True, **trainer_render.to_json()}
+            if trainer_render is not None
+            else {"measured": False, "why": "no tokenizer to render with (--tokenizer DIR)"}
+        )
     write_manifest(out_dir, manifest)
     return manifest
 
@@ -244,6 +266,54 @@ def _turns_never_sent(output_dir: Path) -> Counter[str]:
     from datagen_operator.output.readers import iter_rejects
 
     return Counter(reason for cut in turn_cuts(iter_rejects(output_dir)).values() for reason in cut.values())
+
+
+def loss_warnings(manifest: dict[str, Any], family: str | None) -> list[str]:
+    """What a consumer of this export would not train on, in words (`datagen export` prints them): the answers a
+    template-based trainer re-renders (--format conversations, measured) and the earlier answers a
+    whole-conversation row holds re-rendered (--rows conversations)."""
+    model = f"{family}: " if family else ""
+    per_turn = (
+        "per-turn rows (--rows turns) of --format speculators (speculators prepare-data; SpecForge's prompts_path, "
+        "its pre-tokenized path) or --format trl train on every answer once, as generated"
+    )
+    warnings = []
+    render = manifest.get("trainer_render") or {}
+    if render.get("tokens_lost"):
+        warnings.append(
+            f"{model}a trainer that renders these conversations with the model's chat template (SpecForge's "
+            f"conversations loader, TRL's messages) does not train on {render['answers_lost']} of {render['answers']} "
+            f"answers as the model wrote them ({render['tokens_lost']} of {render['tokens']} generated tokens, "
+            f"reasoning included: the template re-renders them, e.g. {', '.join(render['examples'][:3])}); "
+            f"{per_turn}"
+        )
+    if manifest["export_format"] == "text" and manifest["source"].get("turns") == "all":
+        warnings.append(
+            f"{model}a later turn's text holds the earlier answers as the template re-rendered them into history, "
+            "and SpecForge's preformatted loader (--is-preformatted) supervises every assistant span it finds there, "
+            "text the model did not generate in that place, unless told train_only_last_turn (which still "
+            f"supervises a thinking prompt's own opener, Kimi's <think>); {per_turn}"
+        )
+    spans = manifest["counts"].get("conversation_spans_rerendered", 0)
+    if spans:
+        fate = (
+            f"their {manifest['left_out'].get(RERENDERED_SPAN, 0)} conversations left out (drop-row)"
+            if manifest["options"].get("rerendered_spans") == "drop-row"
+            else "not supervised (mask 0)"
+        )
+        warnings.append(
+            f"{model}{spans} earlier answers are held re-rendered by the chat template in these whole-conversation "
+            f"rows: {fate}; {per_turn}"
+        )
+    return warnings
+
+
+def run_family(output_dir: Path) -> str | None:
+    """The run's preset, as its fingerprint records it (the family a warning names)."""
+    from datagen_operator.output.manifest import read_manifest
+
+    preset = ((read_manifest(output_dir) or {}).get("fingerprint") or {}).get("preset")
+    return preset if isinstance(preset, str) else None
 
 
 # --- one row per recorded turn ----------------------------------------------------------------------
@@ -532,9 +602,11 @@ def _conversation_texts(
     parts: JsonlParts,
     tally: ExportTally,
     frequency: TokenFrequency,
-) -> None:
+    codec: TextCodec | None,
+) -> TrainerRenderLoss | None:
     """--format conversations: each whole conversation as messages (the dataset's inputs as planned, the model's
-    answers as the next turn's history held them), in dataset order."""
+    answers as the next turn's history held them), in dataset order. With a codec that renders, what a
+    template-based trainer loses of them is measured (None without)."""
     from datagen_operator.output.manifest import read_manifest
     from datagen_operator.prompts.render import fingerprint_template_kwargs
 
@@ -543,8 +615,11 @@ def _conversation_texts(
     # What the run rendered every prompt with: each row carries it, its line's own kwargs over it.
     run_kwargs = fingerprint_template_kwargs((read_manifest(output_dir) or {}).get("fingerprint") or {})
     whole = whole_conversations(output_dir, source, options, tally, digests=False)
+    render = codec.render_conversation if codec is not None else None
+    loss = TrainerRenderLoss() if render is not None else None
     pending = _PendingAnswers(whole)
-    for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens, ANSWER_READ)):
+    columns = (*ANSWER_READ, "input_ids") if render is not None else ANSWER_READ
+    for batch in prefetched(iter_source_batches(output_dir, options.batch_tokens, columns)):
         records = batch.records
         prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
         turns = records.column("turn").fill_null(0).to_pylist()
@@ -553,6 +628,8 @@ def _conversation_texts(
         calls = records.column("answer_tool_calls").to_pylist()
         fields = records.column("source_fields").to_pylist()
         values, offsets = id_buffers(records.column("output_ids"))
+        if render is not None:
+            prompt_values, prompt_offsets = id_buffers(records.column("input_ids"))
         for row, key in enumerate(zip(prompt_ids, samples, strict=True)):
             if key in whole and turns[row] <= whole[key][0]:
                 completion = values[offsets[row] : offsets[row + 1]]
@@ -560,11 +637,17 @@ def _conversation_texts(
                 stored = {"answer_content": contents[row], "answer_reasoning": reasonings[row]}
                 stored["answer_tool_calls"] = calls[row]
                 pending.add(key, turns[row], stored, len(completion), batch.unfinished, fields[row])
+                if render is not None:
+                    prompt = prompt_values[prompt_offsets[row] : prompt_offsets[row + 1]]
+                    digest = tokens_digest(prompt, completion)
+                    shape = TurnShape(len(prompt), len(completion), digest, frozenset(), True, batch.unfinished)
+                    pending.shapes.setdefault(key, {})[turns[row]] = shape
         if pending.held >= ANSWER_BUDGET_BYTES:
-            _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
-    _write_conversations(dataset, options, pending, parts, tally, run_kwargs)
+            _write_conversations(dataset, options, pending, parts, tally, run_kwargs, render, loss)
+    _write_conversations(dataset, options, pending, parts, tally, run_kwargs, render, loss)
     for key in pending.answers:  # never all read: cannot happen for a conversation found whole
         tally.leave_out(TURNS_MISSING, f"{key[0]}#{key[1]}", pending.completion_tokens.get(key, 0))
+    return loss
 
 
 ANSWER_READ = (
@@ -588,6 +671,7 @@ class _PendingAnswers:
         self.unfinished: set[tuple[str, int]] = set()
         self.completion_tokens: dict[tuple[str, int], int] = {}
         self.fields: dict[tuple[str, int], str] = {}  # its records' source_fields (every turn's are its line's)
+        self.shapes: dict[tuple[str, int], dict[int, TurnShape]] = {}  # with a trainer render to measure against
         self.held = 0
 
     def add(
@@ -635,9 +719,12 @@ def _write_conversations(
     parts: JsonlParts,
     tally: ExportTally,
     run_kwargs: dict[str, Any],
+    render: ConversationRender | None = None,
+    loss: TrainerRenderLoss | None = None,
 ) -> None:
     """Write the conversations whose answers are all read, their inputs read from the dataset (one pass).
-    `run_kwargs`: the chat-template keyword arguments of the run (prompts/render.py fingerprint_template_kwargs)."""
+    `run_kwargs`: the chat-template keyword arguments of the run (prompts/render.py fingerprint_template_kwargs);
+    `render` and `loss`: each conversation rendered as a template-based trainer renders it, its loss counted."""
     from datagen_operator.prompts.conversation import plan_turns
     from datagen_operator.prompts.render import rendered_kwargs
 
@@ -652,11 +739,18 @@ def _write_conversations(
         kwargs = rendered_kwargs(run_kwargs, prompt.variables) or None
         for sample in sorted(ready[prompt.id]):
             answers, completion_tokens, unfinished, split_missing, fields = pending.take((prompt.id, sample))
+            shapes = pending.shapes.pop((prompt.id, sample), {})
             name = f"{prompt.id}#{sample}"
             if split_missing:
                 tally.leave_out(NO_ANSWER_SPLIT, name, completion_tokens)
                 continue
             messages = conversation_messages(turns, answers)
+            if render is not None and loss is not None:
+                try:
+                    rendered: np.ndarray | None = np.asarray(render(messages, prompt.tools, kwargs), dtype=np.int32)
+                except Exception:  # a template that refuses the conversation: nothing of it is trained on as written
+                    rendered = None
+                loss.add(name, rendered, [shapes[turn] for turn in sorted(shapes)])
             metadata = {"turns": len(answers), "completion_tokens": completion_tokens, "unfinished": unfinished}
             lines.append(
                 conversations_line(
@@ -673,6 +767,7 @@ def _write_conversations(
         for sample in ready[prompt_id]:
             _, completion_tokens, _, _, _ = pending.take((prompt_id, sample))
             tally.leave_out(NOT_IN_DATASET, f"{prompt_id}#{sample}", completion_tokens)
+            pending.shapes.pop((prompt_id, sample), None)
     parts.write_lines(lines, 0)
 
 
@@ -710,17 +805,35 @@ def export_run(
                 rerendered_spans=rerendered_spans,
                 dataset=dataset,
             )
-            manifest = export_output(output_dir, out_dir, options, codec() if export_format == "text" else None)
+            manifest = export_output(output_dir, out_dir, options, _codec_for(export_format, codec))
             counts = manifest["counts"]
             left_out = sum(manifest["left_out"].values())
             words.append(f"{export_format}: {counts['rows_written']} rows, {counts['tokens_written']} tokens")
             words[-1] += f", {left_out} left out" if left_out else ""
             ratio = manifest["supervision"]["ratio"]
             words[-1] += f", supervised/generated {ratio:.2f}" if ratio is not None else ""
+            render = manifest.get("trainer_render") or {}
+            if render.get("tokens_lost"):  # loss_warnings' words, short: the condition message is one line
+                words[-1] += (
+                    f" ({render['tokens_lost']} of {render['tokens']} generated tokens lost to a trainer that "
+                    "re-renders them: use speculators/trl per-turn rows)"
+                )
     except (OSError, ValueError) as error:
         done = f" ({'; '.join(words)})" if words else ""
         return StepOutcome(False, Reason.EXPORT_FAILED, f"{export_format}: {error}{done}")
     return StepOutcome(True, Reason.EXPORTED, f"{'; '.join(words)} in {root}")
+
+
+def _codec_for(export_format: str, codec: Callable[[], TextCodec]) -> TextCodec | None:
+    """The text format needs the tokenizer; the conversations format measures with it where it loads."""
+    if export_format == "text":
+        return codec()
+    if export_format == "conversations":
+        try:
+            return codec()
+        except Exception:  # any tokenizer that does not load: the export goes on, its manifest says "not measured"
+            return None
+    return None
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -932,6 +1045,13 @@ def main(argv: list[str]) -> int:
     if ((out_dir / MANIFEST_NAME).exists() or any((out_dir / DATA_DIR).glob(PART_GLOB))) and not args.overwrite:
         problems.append(f"{out_dir} holds an export already: pass --overwrite to replace it")
     codec = None
+    if not problems and args.export_format == "conversations":
+        try:  # to measure what a template-based trainer keeps of the conversations; without it, not measured
+            codec = codec_from_tokenizer(
+                load_run_tokenizer(output, Path(args.run) if args.run else None, args.tokenizer, args.trust_remote_code)
+            )
+        except (ValueError, OSError) as error:
+            print(f"warning: not measuring what a trainer rendering the conversations keeps: {error}", file=sys.stderr)
     if not problems and args.export_format == "text":
         try:
             codec = codec_from_tokenizer(
@@ -972,6 +1092,8 @@ def main(argv: list[str]) -> int:
         clear_previous_export(out_dir)
     manifest = export_output(output, out_dir, options, codec)
     supervision = manifest["supervision"]
+    for warning in loss_warnings(manifest, run_family(output)):
+        print(f"warning: {warning}", file=sys.stderr)
     summary = {
         "out": str(out_dir),
         "format": args.export_format,
