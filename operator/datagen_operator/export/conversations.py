@@ -53,6 +53,9 @@ NOT_IN_DATASET = "not_in_dataset"
 """The dataset given holds no line with the conversation's id."""
 TURN_FLAG = "turn_flag"
 """`turn_flag:<flag>`: one of its turns carries a check flag (the alphabetically first one named)."""
+TRAINER_RERENDERED = "trainer_rerendered"
+"""--format conversations: an answer a trainer rendering the rows with the model's chat template does not hold
+verbatim (TrainerRenderLoss): its generated tokens are not what that trainer supervises."""
 RERENDERED_SPAN = "rerendered_span"
 """--rerendered-spans drop-row: the row holds an earlier answer that is not verbatim."""
 NO_ANSWER_SPLIT = "no_answer_split"
@@ -186,7 +189,8 @@ class TrainerRenderLoss:
     unrenderable: int = 0  # conversations the template refused to render (every answer counted lost)
     examples: list[str] = field(default_factory=list)
 
-    def add(self, name: str, rendered: np.ndarray | None, shapes: Sequence[TurnShape]) -> None:
+    def add(self, name: str, rendered: np.ndarray | None, shapes: Sequence[TurnShape]) -> int:
+        """Count one conversation; returns the generated tokens of its answers lost."""
         lost = [k for k, shape in enumerate(shapes) if rendered is None or not held_verbatim(rendered, shape)]
         self.answers += len(shapes)
         self.answers_lost += len(lost)
@@ -195,6 +199,7 @@ class TrainerRenderLoss:
         self.unrenderable += rendered is None
         if lost and len(self.examples) < 5:
             self.examples.append(f"{name}@{','.join(map(str, lost))}")
+        return sum(shapes[k].completion_length for k in lost)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.export.conversations import RERENDERED_SPAN
+from datagen_operator.export.conversations import RERENDERED_SPAN, TRAINER_RERENDERED
 from datagen_operator.output.layout import write_atomic
 from datagen_operator.output.manifest import read_manifest
 
@@ -42,9 +42,9 @@ SUPERVISED_MEANS = {
         "what a trainer supervising the row's generated turn trains on as the model generated it"
     ),
     "conversations": (
-        "the output_ids of every answer the rows hand over as an assistant message: the most a trainer supervising "
-        "every assistant turn trains on (it renders them with its own template, which keeps what it keeps of "
-        "earlier reasoning)"
+        "the output_ids of every answer the rows hand over as an assistant message that the model's chat template, "
+        "rendering the whole conversation as a trainer does (trainer_render), holds verbatim; without a tokenizer to "
+        "measure that, every answer: the most a trainer supervising every assistant turn trains on"
     ),
 }
 """What `supervised_tokens` counts, per format (docs/export.md, "What will be trained")."""
@@ -70,7 +70,12 @@ def supervision(export_format: str, rows: str, tally: ExportTally, *, last_turn_
             f"a trainer supervising every assistant turn of a text also trains on the {tally.history_answers} "
             "earlier answers the rows' prompts hold, as the template re-rendered them (not counted): --last-turn-only"
         )
-    if export_format == "conversations":
+    if export_format == "conversations" and tally.unsupervised[TRAINER_RERENDERED]:
+        notes.append(
+            f"a trainer rendering these messages with the model's chat template (SpecForge, TRL) re-renders "
+            f"{tally.unsupervised[TRAINER_RERENDERED]} generated tokens (trainer_render), not supervised as written"
+        )
+    elif export_format == "conversations":
         notes.append("answers as messages: what the trainer's template keeps of them is its own (lossy)")
     if tally.turns_not_generated:
         cut = ", ".join(f"{reason} {n}" for reason, n in sorted(tally.turns_not_generated.items()))

@@ -26,6 +26,7 @@ from datagen_operator.export.conversations import (
     RERENDERED_POLICIES,
     RERENDERED_SPAN,
     ROWS,
+    TRAINER_RERENDERED,
     TURNS_MISSING,
     ConversationIndex,
     TrainerRenderLoss,
@@ -745,12 +746,13 @@ def _write_conversations(
                 tally.leave_out(NO_ANSWER_SPLIT, name, completion_tokens)
                 continue
             messages = conversation_messages(turns, answers)
+            lost = 0
             if render is not None and loss is not None:
                 try:
                     rendered: np.ndarray | None = np.asarray(render(messages, prompt.tools, kwargs), dtype=np.int32)
                 except Exception:  # a template that refuses the conversation: nothing of it is trained on as written
                     rendered = None
-                loss.add(name, rendered, [shapes[turn] for turn in sorted(shapes)])
+                lost = loss.add(name, rendered, [shapes[turn] for turn in sorted(shapes)])
             metadata = {"turns": len(answers), "completion_tokens": completion_tokens, "unfinished": unfinished}
             lines.append(
                 conversations_line(
@@ -759,9 +761,11 @@ def _write_conversations(
             )
             tally.rows_written += 1
             tally.completion_tokens += completion_tokens
-            tally.supervised_tokens += (
-                completion_tokens  # every answer an assistant message (manifest.SUPERVISED_MEANS)
-            )
+            # Every answer is an assistant message (manifest.SUPERVISED_MEANS); where a trainer's render was
+            # measured, the answers it does not hold verbatim are not what it supervises.
+            tally.supervised_tokens += completion_tokens - lost
+            if lost:
+                tally.unsupervised[TRAINER_RERENDERED] += lost
             tally.rows_unfinished += unfinished
     for prompt_id in set(ready) - found:  # the dataset lost the line since its planned turns were read
         for sample in ready[prompt_id]:
