@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -22,17 +23,25 @@ from tests.programs import run_program
 FAMILIES = ("kimi-k2.5", "qwen3", "deepseek-r1", "gpt-oss")
 
 
-@pytest.mark.parametrize("preset", FAMILIES)
-def test_the_regenerate_example_completes_for_each_family(tmp_path: Path, preset: str) -> None:
-    document = yaml.safe_load((EXAMPLES / "regenerate.yaml").read_text())
+def run_example(
+    tmp_path: Path, example: str, dataset: str, **model: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`datagen run --standin` on an example with its dataset copied here, the stand-in model built here (`model`:
+    changes to spec.model) and the output here; the result and its stdout on one line."""
+    document = yaml.safe_load((EXAMPLES / example).read_text())
     spec = document["spec"]
-    spec["model"].update(preset=preset, path=str(tmp_path / "model"))  # --standin builds it there
-    spec["dataset"]["path"] = str(shutil.copy(EXAMPLES / "prompts" / "regenerate.jsonl", tmp_path))
+    spec["model"].update(path=str(tmp_path / "model"), **model)  # --standin builds it there
+    spec["dataset"]["path"] = str(shutil.copy(EXAMPLES / "prompts" / dataset, tmp_path))
     spec["output"]["path"] = str(tmp_path / "out")
-    run_file = tmp_path / "regenerate.yaml"
+    run_file = tmp_path / example
     run_file.write_text(yaml.safe_dump(document))
     result = datagen_run(run_file, "--standin", *FAST_SIM)
-    said = " ".join(result.stdout.split())
+    return result, " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_the_regenerate_example_completes_for_each_family(tmp_path: Path, preset: str) -> None:
+    result, said = run_example(tmp_path, "regenerate.yaml", "regenerate.jsonl", preset=preset)
     assert result.returncode == 0, said[-3000:]
     assert "60 user turns to answer in 23 conversations" in said
     assert "1 user turns after a tool message not regenerated" in said
@@ -61,15 +70,7 @@ def test_the_gpt_oss_tools_example_ends_each_conversation_at_the_models_own_tool
     """examples/regenerate-gpt-oss.yaml: every line declares tools; an answer that calls one (harmony's commentary
     message to=functions.NAME ending in <|call|>) keeps the call and ends its conversation, the turns after it
     counted as answer_called_tool; no history holds an answer the model never gave; verify proves every turn."""
-    document = yaml.safe_load((EXAMPLES / "regenerate-gpt-oss.yaml").read_text())
-    spec = document["spec"]
-    spec["model"]["path"] = str(tmp_path / "model")
-    spec["dataset"]["path"] = str(shutil.copy(EXAMPLES / "prompts" / "regenerate-tools.jsonl", tmp_path))
-    spec["output"]["path"] = str(tmp_path / "out")
-    run_file = tmp_path / "regenerate-gpt-oss.yaml"
-    run_file.write_text(yaml.safe_dump(document))
-    result = datagen_run(run_file, "--standin", *FAST_SIM)
-    said = " ".join(result.stdout.split())
+    result, said = run_example(tmp_path, "regenerate-gpt-oss.yaml", "regenerate-tools.jsonl")
     assert result.returncode == 0, said[-3000:]
     assert "26 user turns to answer in 10 conversations" in said
     records = list(iter_records(tmp_path / "out"))
