@@ -382,7 +382,7 @@ class DatasetSample(SpecModel):
     fraction: float | None = Field(
         default=None, gt=0, le=1, allow_inf_nan=False, description="The share of lines to keep, 0 < fraction <= 1."
     )
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Another seed draws another subset.")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Another seed draws another subset.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DatasetSample:
@@ -506,7 +506,7 @@ class TemplateVariableChoice(SpecModel):
 class TemplateVariableMix(SpecModel):
     """Chat-template variables drawn per line from weighted choices (prompts/draws.py), seeded by the line's id."""
 
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Another seed draws other values.")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Another seed draws other values.")
     variables: dict[str, Annotated[list[TemplateVariableChoice], Field(min_length=1)]] = Field(
         min_length=1,
         description="Variable name -> its weighted choices, e.g. reasoning_effort: [{value: low, weight: 4}, "
