@@ -675,10 +675,8 @@ class ShardScan:
         """Whether a line of this identity (prompt id, else line key) is in the subset; None: every line is."""
         if self.sample is None:
             return None
-        from datagen_operator.prompts.draws import subset_rule
-
         if self.subset is None:
-            self.subset = subset_rule(self.sample, self.path, self.format, self.id_field)
+            self.subset = _subset_rule(self.sample, self.path, self.format, self.id_field)
         return self.subset.keeps
 
     def __iter__(self) -> Iterator[tuple[PromptRef, dict[str, Any]] | MalformedLine]:
@@ -686,6 +684,27 @@ class ShardScan:
         if self.format == "jsonl":
             return _scan_jsonl(self)
         return _scan_json(self) if self.format == "json" else _scan_parquet(self)
+
+
+_counted: dict[tuple[Any, ...], SubsetRule] = {}
+"""Count rules by dataset file state and sample: one process reads a dataset to count it once."""
+
+
+def _subset_rule(sample: DatasetSample, path: Path, form: ReadFormat, id_field: str | None) -> SubsetRule:
+    """The rule of `sample` over the dataset at `path`. A fraction's needs no read; a count's, one pass over the
+    whole dataset (its valid prompts' ids), remembered while the file is unchanged."""
+    from datagen_operator.prompts.draws import count_rule, fraction_rule
+
+    if sample.fraction is not None:
+        return fraction_rule(sample)
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, form, id_field, sample.count, sample.seed)
+    rule = _counted.get(key)
+    if rule is None:
+        whole = ShardScan(path, 0, 1, form, id_field=id_field)  # duplicates come as MalformedLine: one id each
+        rule = count_rule(sample, (item[0].id for item in whole if not isinstance(item, MalformedLine)))
+        _counted[key] = rule
+    return rule
 
 
 def has_prompt(scan: ShardScan) -> bool:

@@ -20,15 +20,14 @@ A line's draw is the big-endian integer of the 8-byte blake2b digest of `<seed> 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 from hashlib import blake2b
 from itertools import accumulate
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the spec models load pydantic; a scan without a sample needs none of this
     from datagen_operator.api.spec import DatasetSample, TemplateVariableMix
-    from datagen_operator.prompts.dataset import DatasetFormat
 
 FULL = 1 << 64
 SAMPLE = "sample"
@@ -70,40 +69,18 @@ class SubsetRule:
         return f"dataset.sample: {self.wanted} of {self.prompts} prompts, seed {self.seed}"
 
 
-_counted: dict[tuple[Any, ...], SubsetRule] = {}
-"""Count rules by dataset file state and sample: one process reads a dataset to count it once."""
+def fraction_rule(sample: DatasetSample) -> SubsetRule:
+    assert sample.fraction is not None
+    return SubsetRule(sample.seed, min(FULL - 1, int(sample.fraction * FULL) - 1))
 
 
-def subset_rule(
-    sample: DatasetSample, path: Path, declared: DatasetFormat = "auto", id_field: str | None = None
-) -> SubsetRule:
-    """The rule of `sample` over the dataset at `path`. A fraction's needs no read; a count's, one pass over the
-    whole dataset (ids and validity only), remembered while the file is unchanged."""
-    if sample.fraction is not None:
-        return SubsetRule(sample.seed, min(FULL - 1, int(sample.fraction * FULL) - 1))
-    assert sample.count is not None
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns, declared, id_field, sample.count, sample.seed)
-    rule = _counted.get(key)
-    if rule is None:
-        rule = _count_rule(sample.count, sample.seed, path, declared, id_field)
-        _counted[key] = rule
-    return rule
-
-
-def _count_rule(count: int, seed: int, path: Path, declared: DatasetFormat, id_field: str | None) -> SubsetRule:
+def count_rule(sample: DatasetSample, prompt_ids: Iterable[str]) -> SubsetRule:
+    """The rule of a count over the dataset's valid prompts (`prompt_ids`: each id once, the whole dataset's)."""
     import numpy as np
 
-    from datagen_operator.prompts.dataset import MalformedLine, ShardScan
-
-    draws = np.fromiter(
-        (
-            line_draw(seed, SAMPLE, item[0].id)
-            for item in ShardScan(path, 0, 1, declared, id_field=id_field)
-            if not isinstance(item, MalformedLine)  # duplicates come as MalformedLine: one draw an id
-        ),
-        dtype=np.uint64,
-    )
+    count, seed = sample.count, sample.seed
+    assert count is not None
+    draws = np.fromiter((line_draw(seed, SAMPLE, prompt_id) for prompt_id in prompt_ids), dtype=np.uint64)
     if len(draws) <= count:
         return SubsetRule(seed, FULL - 1, count, len(draws))
     bound = int(np.partition(draws, count - 1)[count - 1])
