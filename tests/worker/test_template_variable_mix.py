@@ -169,3 +169,52 @@ def test_a_variable_both_mixed_and_set_for_the_run_is_refused_naming_both() -> N
     refused = _refusal(MIX, **{"generation.templateVariables": {"reasoning_effort": "low"}})
     assert [e.field for e in refused.errors] == ["spec.generation.templateVariableMix.variables"]
     assert "reasoning_effort is also set in spec.generation.templateVariables" in str(refused)
+
+
+def test_a_thinking_mix_in_regenerated_conversations_is_judged_per_line_and_exported_per_row(tmp_path: Path) -> None:
+    """Qwen3's switch drawn per line (1:1) over whole regenerated conversations: each record's `thinking` is its
+    line's draw, verify judges each line by it, and the conversations export's rows carry the draw, which a trainer
+    renders every turn's prompt back with."""
+    from datagen_operator.cli import main as datagen
+    from tests.export.test_export_conversations import chats, qwen3_dir, read_rows, sim_run, whole_by_hand
+
+    mix = {"seed": 2, "variables": {"enable_thinking": [{"value": True, "weight": 1}, {"value": False, "weight": 1}]}}
+    flags = (
+        "--sim-family", "qwen3", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25",
+        "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16", "--sim-length-sigma", "0.3",
+    )  # fmt: skip
+    changes = {"model.preset": "qwen3", "model.path": str(qwen3_dir()), "generation.templateVariableMix": mix}
+    (tmp_path / "run").mkdir()
+    output = sim_run(tmp_path / "run", chats(16, lambda i: 1 + i % 2), flags, qwen3_dir(), **changes)
+    drawn: dict[str, bool] = {}
+    for record in iter_records(output):
+        switch = orjson.loads(record["source_fields"])["chat_template_kwargs"]["enable_thinking"]
+        assert drawn.setdefault(record["id"], switch) == switch  # every turn of a line: one draw
+        assert record["thinking"] is switch
+    assert set(drawn.values()) == {True, False}, drawn
+    spec = parse_spec(_run_yaml_spec(output))  # as sim_run left it, as `datagen run` does
+    tokenizer = load_tokenizer(qwen3_dir(), trust_remote_code=False)
+    report = verify_output(output, spec, tokenizer=tokenizer)
+    assert report.passed, [c.verdict for c in report.checks if not c.passed]
+
+    out = tmp_path / "conversations"
+    assert datagen(["export", str(output), "--format", "conversations", "--out", str(out)]) == EXIT_OK
+    rows = read_rows(out)
+    whole = whole_by_hand(output)
+    assert rows and {(row["id"], row["sample"]) for row in rows} == set(whole)
+    for row in rows:
+        assert row["chat_template_kwargs"] == {"enable_thinking": drawn[row["id"]]}
+        at = [i for i, message in enumerate(row["conversations"]) if message["role"] == "assistant"]
+        for record, end in zip(whole[(row["id"], row["sample"])], at, strict=True):
+            ids = tokenizer.apply_chat_template(
+                row["conversations"][:end], tools=row["tools"], add_generation_prompt=True, tokenize=True,
+                return_dict=False, **row["chat_template_kwargs"],
+            )  # fmt: skip
+            assert list(ids) == record["input_ids"]
+
+
+def _run_yaml_spec(output: Path) -> dict[str, Any]:
+    import yaml
+
+    spec: dict[str, Any] = yaml.safe_load((output / "run.yaml").read_text())["spec"]
+    return spec
