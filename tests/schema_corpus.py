@@ -386,6 +386,67 @@ MUTATIONS: list[Mutation] = [
         "spec.queue.workloadPriorityClassName",
         ("spec.queue", {"name": "gpus", "workloadPriorityClassName": "kueue/low"}),
     ),
+    # dataset.sample: a count or a fraction, seeded (prompts/draws.py)
+    mutate("sample a count", QUICK, None, ("spec.dataset.sample", {"count": 100, "seed": 7})),
+    mutate("sample a fraction", QUICK, None, ("spec.dataset.sample", {"fraction": 1})),
+    mutate(
+        "sample a count and a fraction",
+        QUICK,
+        "spec.dataset.sample",
+        ("spec.dataset.sample", {"count": 5, "fraction": 0.5}),
+    ),
+    mutate("sample only a seed", QUICK, "spec.dataset.sample", ("spec.dataset.sample", {"seed": 3})),
+    mutate("sample a fraction of 0", QUICK, "spec.dataset.sample.fraction", ("spec.dataset.sample", {"fraction": 0})),
+    mutate(
+        "sample a fraction over 1", QUICK, "spec.dataset.sample.fraction", ("spec.dataset.sample", {"fraction": 1.5})
+    ),
+    mutate("sample a count of 0", QUICK, "spec.dataset.sample.count", ("spec.dataset.sample", {"count": 0})),
+    mutate(
+        "sample a negative seed", QUICK, "spec.dataset.sample.seed", ("spec.dataset.sample", {"count": 5, "seed": -1})
+    ),
+    # generation.templateVariableMix: weighted choices per variable (gpt-oss's effort mix)
+    mutate(
+        "an effort mix",
+        GPT_OSS,
+        None,
+        (
+            "spec.generation.templateVariableMix",
+            {
+                "seed": 1,
+                "variables": {
+                    "reasoning_effort": [
+                        {"value": "low", "weight": 4},
+                        {"value": "medium", "weight": 4},
+                        {"value": "high", "weight": 2},
+                    ]
+                },
+            },
+        ),
+    ),
+    mutate(
+        "a mix without variables",
+        GPT_OSS,
+        "spec.generation.templateVariableMix.variables",
+        ("spec.generation.templateVariableMix", {"variables": {}}),
+    ),
+    mutate(
+        "a mix variable without choices",
+        GPT_OSS,
+        "spec.generation.templateVariableMix.variables.reasoning_effort",
+        ("spec.generation.templateVariableMix", {"variables": {"reasoning_effort": []}}),
+    ),
+    mutate(
+        "a mix choice of weight 0",
+        GPT_OSS,
+        "spec.generation.templateVariableMix.variables.reasoning_effort[0].weight",
+        ("spec.generation.templateVariableMix", {"variables": {"reasoning_effort": [{"value": "low", "weight": 0}]}}),
+    ),
+    mutate(
+        "a mix choice without a value",
+        GPT_OSS,
+        "spec.generation.templateVariableMix.variables.reasoning_effort[0].value",
+        ("spec.generation.templateVariableMix", {"variables": {"reasoning_effort": [{"weight": 1}]}}),
+    ),
 ]
 
 

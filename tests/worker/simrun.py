@@ -138,3 +138,29 @@ def check_records(
 
 def progress(output: Path, shard: int = 0) -> dict[str, Any]:
     return orjson.loads(OutputLayout(output).progress(shard).read_bytes())
+
+
+def kill_9_after_records(document: dict[str, Any], server: str, log: Path, at_least: int = 1) -> int:
+    """Spawns the worker (no compaction, rendering inline), kills it with SIGKILL once its segments hold
+    `at_least` records, and returns how many they held then (fails the test if it finished or wrote none first)."""
+    import signal
+    import time
+
+    output = Path(document["output"]["path"])
+    worker = spawn(document, [server], "--no-compact", "--render-processes", "0", log=log)
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            written = sum(raw_segment_keys(output).values()) if OutputLayout(output).shard_dir(0).is_dir() else 0
+            if written >= at_least:
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(10)
+                return written
+            if worker.poll() is not None:
+                raise AssertionError(f"worker exited {worker.returncode} before the kill:\n{log.read_text()[-3000:]}")
+            time.sleep(0.01)
+        raise AssertionError(f"worker wrote {at_least} records nowhere within 90 s:\n{log.read_text()[-3000:]}")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)

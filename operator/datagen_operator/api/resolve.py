@@ -102,6 +102,7 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
     reserved = sorted(RESERVED_VARIABLES & spec.generation.template_variables.keys())
     for name in reserved:
         errors.append(FieldError("spec.generation.templateVariables", f"{name}: {RESERVED_IN_VARIABLES}"))
+    errors += _mix_problems(spec)
     errors += _export_needs_conversations(spec)
     if errors:
         raise SpecError(errors)
@@ -117,6 +118,28 @@ def resolve_model(spec: DataGenRunSpec) -> ResolvedModel:
         restarted_by_retraction=spec.generation.sampling.restarted_by_retraction(),
         max_new_tokens=spec.generation.sampling.max_new_tokens,
     )
+
+
+def _mix_problems(spec: DataGenRunSpec) -> list[FieldError]:
+    """generation.templateVariableMix draws variables the run does not set itself (CEL cannot read the keys of the
+    free-form templateVariables: these rules are validate's and the operator's InvalidSpec, not the CRD's)."""
+    mix = spec.generation.template_variable_mix
+    if mix is None:
+        return []
+    field = "spec.generation.templateVariableMix.variables"
+    errors = [
+        FieldError(
+            field,
+            f"{name} is also set in spec.generation.templateVariables: a variable is either the run's (there) or "
+            "drawn per line (here); remove it from one of them",
+        )
+        for name in sorted(mix.variables.keys() & spec.generation.template_variables.keys())
+    ]
+    errors += [
+        FieldError(field, f"{name}: {RESERVED_IN_VARIABLES}")
+        for name in sorted(RESERVED_VARIABLES & mix.variables.keys())
+    ]
+    return errors
 
 
 def _export_needs_conversations(spec: DataGenRunSpec) -> list[FieldError]:

@@ -359,6 +359,38 @@ def _known_parser(value: str | None, names: tuple[str, ...], kind: str) -> str |
     raise ValueError(f"{value!r} is not a {kind} parser of the pinned SGLang; use one of: {choices}")
 
 
+SAMPLE_ONE_OF = "set exactly one of count, fraction"
+
+
+class DatasetSample(SpecModel):
+    """A deterministic subset of the dataset (prompts/draws.py): the lines whose seeded hash of their id is among
+    the lowest, so the subset depends on neither the file's order nor the shard count, and a resume draws it again."""
+
+    model_config = ConfigDict(
+        json_schema_extra={  # the CRD's rule; _exactly_one says the same for `datagen validate`
+            "x-kubernetes-validations": [
+                {"rule": "has(self.count) != has(self.fraction)", "message": SAMPLE_ONE_OF},
+            ]
+        },
+    )
+
+    count: int | None = Field(
+        default=None,
+        ge=1,
+        description="Prompts to keep; a dataset with fewer valid prompts is taken whole (the preflight says so).",
+    )
+    fraction: float | None = Field(
+        default=None, gt=0, le=1, allow_inf_nan=False, description="The share of lines to keep, 0 < fraction <= 1."
+    )
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Another seed draws another subset.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DatasetSample:
+        if (self.count is None) == (self.fraction is None):
+            raise ValueError(SAMPLE_ONE_OF)
+        return self
+
+
 class DatasetSpec(SpecModel):
     path: str = Field(
         min_length=1,
@@ -374,6 +406,11 @@ class DatasetSpec(SpecModel):
         pattern=r"^[A-Za-z0-9_.-]+$",
         description="The field holding each conversation's id (default `id`). A line without one gets an id "
         "derived from its content, which survives reordering of the file.",
+    )
+    sample: DatasetSample | None = Field(
+        default=None,
+        description="Generate for a seeded subset of the dataset only (`count` or `fraction`, and `seed`): pinned "
+        "as a subset of the pinned dataset, so a resume and verify hold the same lines (docs/regenerate.md).",
     )
 
 
@@ -451,6 +488,32 @@ class SamplingParams(BaseModel):
         return self
 
 
+class TemplateVariableChoice(SpecModel):
+    value: Any = Field(
+        description="The variable's value (any JSON value: a string, number, boolean...).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    weight: float = Field(gt=0, allow_inf_nan=False, description="Relative weight (4, 4, 2: 40%, 40%, 20%).")
+
+    @field_validator("value")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("a value is required (null renders as an unset variable: leave the choice out)")
+        return value
+
+
+class TemplateVariableMix(SpecModel):
+    """Chat-template variables drawn per line from weighted choices (prompts/draws.py), seeded by the line's id."""
+
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Another seed draws other values.")
+    variables: dict[str, Annotated[list[TemplateVariableChoice], Field(min_length=1)]] = Field(
+        min_length=1,
+        description="Variable name -> its weighted choices, e.g. reasoning_effort: [{value: low, weight: 4}, "
+        "{value: medium, weight: 4}, {value: high, weight: 2}].",
+    )
+
+
 HistoryReasoning = Literal["keep", "drop"]
 """generation.historyReasoning (prompts/conversation.py `client_messages`)."""
 
@@ -468,6 +531,12 @@ class GenerationSpec(SpecModel):
         # Free-form: the API server keeps the values (CEL cannot read the keys of such an object, so the two rules on
         # them are resolve.py's alone: datagen validate and the operator's InvalidSpec, not the CRD).
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    template_variable_mix: TemplateVariableMix | None = Field(
+        default=None,
+        description="Template variables drawn per line from weighted choices, seeded (a resume draws the same), "
+        "rendered as the line's own chat_template_kwargs would be; a line's own value of the variable wins. Not a "
+        "variable of templateVariables (docs/regenerate.md).",
     )
     turns: Literal["last", "all"] = Field(
         default="last",

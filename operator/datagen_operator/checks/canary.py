@@ -20,7 +20,7 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import DataGenRunSpec, HistoryReasoning
+from datagen_operator.api.spec import DataGenRunSpec, DatasetSample, HistoryReasoning, TemplateVariableMix
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.checks import record_checks as rc
@@ -217,14 +217,18 @@ def iter_canary_prompts(
     id_field: str | None = None,
     *,
     history_reasoning: HistoryReasoning,
+    sample: DatasetSample | None = None,
+    mix: TemplateVariableMix | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
-    workers send its first request (prompts/conversation.py `request_messages`)."""
+    workers send its first request (prompts/conversation.py `request_messages`): of dataset.sample's subset, with
+    generation.templateVariableMix's draws, as the workers read them."""
     from datagen_operator.prompts.conversation import plan_turns, request_messages
     from datagen_operator.prompts.dataset import line_number, plan_shard
+    from datagen_operator.prompts.draws import variable_draws
 
     yield from (dict(p) for p in PROBES)
-    plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field)
+    plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field, sample=sample, draws=variable_draws(mix))
     for prompt in plan.iter_prompts():
         if turns == "all" and not len(plan_turns(prompt.messages)):
             continue  # no user turn: the workers set it aside
@@ -296,8 +300,9 @@ async def run_canary(
     capped_params = {**full_params, "max_new_tokens": cap}
     history_reasoning = spec.generation.history_reasoning
     prompts = iter_canary_prompts(
-        dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field, history_reasoning=history_reasoning
-    )
+        dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field, history_reasoning=history_reasoning,
+        sample=spec.dataset.sample, mix=spec.generation.template_variable_mix,
+    )  # fmt: skip
     set_aside: list[SetAside] = []
     records: list[CanaryRecord] = []
 

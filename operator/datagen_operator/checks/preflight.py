@@ -97,7 +97,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     limit = model_context_limit(_read_config(model_dir), spec.server.extra_args)
     store = RenderedStore.begin(output)
     try:
-        scan = ShardScan(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
+        scan = ShardScan(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field, sample=spec.dataset.sample)
         # A JSONL dataset is pinned by the very read that renders it; other formats by a read of their own.
         pins = LinePins(dataset, rendered_on, spec.dataset.id_field) if scan.format == "jsonl" else None
         scan.lines = pins
@@ -109,7 +109,8 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
         return _failed(Reason.DATASET_UNUSABLE, named)
     pin = pins.pin() if pins is not None else pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field)
-    outcome = _judge_rendered(spec, expect, renderer, lines, pin, dataset, output, tokenizer_dir)
+    subset = scan.subset.said() if scan.subset is not None else ""
+    outcome = _judge_rendered(spec, expect, renderer, lines, pin, dataset, output, tokenizer_dir, subset)
     changed = store.disagrees_with(pin)
     if changed and outcome.passed:
         outcome = _failed(Reason.DATASET_CHANGED, changed_message(dataset, f"{changed} while the preflight read it"))
@@ -126,9 +127,10 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
 
 def _judge_rendered(
     spec: DataGenRunSpec, expect: rc.Expectations, renderer: Any, lines: DatasetLines, pin: Any, dataset: Path,
-    output: Path, tokenizer_dir: Path,
+    output: Path, tokenizer_dir: Path, subset: str = "",
 ) -> StepOutcome:  # fmt: skip
-    """The verdicts after the pass over the dataset: its lines, the pin, the room, an existing output."""
+    """The verdicts after the pass over the dataset: its lines, the pin, the room, an existing output. `subset`:
+    what dataset.sample keeps, said."""
     from datagen_operator.output.fingerprint import (
         build_fingerprint,
         chat_template_sha256,
@@ -148,6 +150,7 @@ def _judge_rendered(
         )
     found = f"{lines.prompts} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
     found += f" ({lines.said})" if lines.said else ""
+    found += f" ({subset})" if subset else ""
     passed = partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
     pinned = read_pin(output)
     changed = pin_changes(pinned, pin) if pinned is not None else None
@@ -175,6 +178,8 @@ def _judge_rendered(
         turns=spec.generation.turns,
         template_variables=resolved.template_variables,
         history_reasoning=spec.generation.history_reasoning,
+        dataset_sample=spec.dataset.sample,
+        template_variable_mix=spec.generation.template_variable_mix,
     )
     changes = prelaunch_changes(manifest.get("fingerprint", {}), current)
     if changes:
@@ -228,6 +233,7 @@ def render_dataset(
     may use (`processes`: that many instead), started at once; `variables` as the renderer was made with."""
     import asyncio
 
+    from datagen_operator.prompts.draws import variable_draws
     from datagen_operator.prompts.render import RenderPool, available_cores
 
     pool = RenderPool(
@@ -240,7 +246,7 @@ def render_dataset(
         generation = spec.generation
         judged = judge_dataset(
             scan, generation.turns, generation.sampling.max_new_tokens, limit, pool, store,
-            history_reasoning=generation.history_reasoning,
+            history_reasoning=generation.history_reasoning, draws=variable_draws(generation.template_variable_mix),
         )  # fmt: skip
         return asyncio.run(judged)
     finally:
@@ -428,7 +434,9 @@ def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> O
 
     variables = template_variables(resolve_model(spec))
     renderer = Renderer(tokenizer, variables)
-    scan = ShardScan(spec.dataset.path, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field)
+    scan = ShardScan(
+        spec.dataset.path, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field, sample=spec.dataset.sample
+    )
     lines = render_dataset(
         spec, scan, renderer, variables, tokenizer_dir, False, ContextLimit(None, None), RenderedStore(None), 0
     )

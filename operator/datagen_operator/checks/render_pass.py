@@ -36,6 +36,7 @@ from datagen_operator.prompts.conversation import (
     turn_messages,
 )
 from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, prompt_from
+from datagen_operator.prompts.draws import VariableDraws
 from datagen_operator.prompts.pin import prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderPool, RenderResult, ids_from_result
 
@@ -266,7 +267,7 @@ class _Pass:
 
 async def judge_dataset(
     scan: ShardScan, turns_mode: str, max_new_tokens: int, limit: ContextLimit, pool: RenderPool,
-    store: RenderedStore, *, history_reasoning: HistoryReasoning,
+    store: RenderedStore, *, history_reasoning: HistoryReasoning, draws: VariableDraws | None = None,
 ) -> DatasetLines:  # fmt: skip
     """Every valid prompt rendered as the worker renders it: lines that are not prompts or that the template
     cannot render (`malformed`), and prompts whose tokens + max_new_tokens exceed the model's context
@@ -304,7 +305,7 @@ async def judge_dataset(
         ref, obj = item
         prompts += 1
         line_hash = prompt_hash(obj)
-        prompt = prompt_from(ref, obj)
+        prompt = prompt_from(ref, obj, draws)
         entry = _Entry(ref, line_hash)
         if empty_user_messages(prompt.messages):
             run.conversations.empty_user += 1

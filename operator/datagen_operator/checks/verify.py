@@ -28,7 +28,7 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
+from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec, DatasetSample
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.checks import record_checks as rc
@@ -39,6 +39,7 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.fingerprint import fingerprint_history_reasoning
 from datagen_operator.output.layout import Key, OutputLayout
 from datagen_operator.output.records import TURNS_KIND
+from datagen_operator.prompts.draws import VariableDraws, variable_draws
 
 COMPLETENESS = "completeness"
 CONVERSATIONS = "conversations"
@@ -385,6 +386,10 @@ def verify_output(
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
     turns_mode = spec.generation.turns if spec else str(fingerprint.get("turns", "last"))
     thresholds = spec.checks if spec else ChecksSpec()
+    # The subset and the variables drawn are the spec's (OUTPUT/run.yaml's, for `datagen verify OUTPUT`): the
+    # records wanted are the subset's lines only, each judged by its own draw.
+    sample = spec.dataset.sample if spec else None
+    draws = variable_draws(spec.generation.template_variable_mix if spec else None)
 
     from datagen_operator.prompts.dataset import ShardScan
 
@@ -431,11 +436,13 @@ def verify_output(
                 1,
                 spec.dataset.format if spec else "auto",
                 id_field=spec.dataset.id_field if spec else None,
+                sample=sample,
             ),
             samples,
             reject_lines,
             {r["id"] for r in reservoir},
             turns_mode,
+            draws,
         )
         keys.wanted, prompts, planned = scanned.wanted, scanned.sampled, scanned.turns
         dataset_prompts, dataset_causes, dataset_count = scanned.on_reject_lines, scanned.causes, scanned.prompts
@@ -457,6 +464,7 @@ def verify_output(
             samples,
             turns_mode,
             spec.dataset.id_field if spec else None,
+            sample,
         )
     if dataset_count is None:
         named = read.prompts | {hash(key[0]) for key in server} | {hash(i) for i in set_aside.prompts}
@@ -684,8 +692,9 @@ class _DatasetPass:
 
 
 def _read_dataset(
-    scan: Any, samples: int, reject_lines: set[Any], sampled_ids: set[str], turns_mode: str = "last"
-) -> _DatasetPass:
+    scan: Any, samples: int, reject_lines: set[Any], sampled_ids: set[str], turns_mode: str = "last",
+    draws: VariableDraws | None = None,
+) -> _DatasetPass:  # fmt: skip
     """One pass over the dataset (a ShardScan of the whole of it); keys hashed a chunk at a time."""
     import numpy as np
 
@@ -727,7 +736,7 @@ def _read_dataset(
             result.on_reject_lines.append((line_number(ref.position), ref.id))
             result.turns[ref.id] = planned
         if ref.id in sampled_ids:
-            result.sampled[ref.id] = prompt_from(ref, obj)
+            result.sampled[ref.id] = prompt_from(ref, obj, draws)
     hash_chunk()
     result.wanted = sorted_unique(np.concatenate([np.zeros(0, np.int64), *chunks]))
     return result
@@ -757,6 +766,7 @@ def _name_examples(
     samples: int,
     turns_mode: str = "last",
     id_field: str | None = None,
+    sample: DatasetSample | None = None,
 ) -> None:
     """The first few missing and extra keys by name: a second pass, only when there are any."""
     import heapq
@@ -769,7 +779,7 @@ def _name_examples(
     if missing and dataset is not None:
         found = (
             (item[0].id, s, t)
-            for item in ShardScan(dataset, 0, 1, fmt, id_field=id_field)
+            for item in ShardScan(dataset, 0, 1, fmt, id_field=id_field, sample=sample)
             if not isinstance(item, MalformedLine)
             for s in range(samples)
             for t in range(planned_turns(prompt_from(*item).messages, turns_mode))

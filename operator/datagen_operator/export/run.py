@@ -77,6 +77,7 @@ from datagen_operator.export.reader import (
 from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 from datagen_operator.output.layout import OutputLayout
+from datagen_operator.prompts.draws import VariableDraws, variable_draws
 
 if TYPE_CHECKING:
     from datagen_operator.api.outcome import StepOutcome
@@ -103,6 +104,8 @@ class DatasetSource:
     path: Path
     format: DatasetFormat = "auto"
     id_field: str | None = None
+    draws: VariableDraws | None = None
+    """generation.templateVariableMix: each line's drawn variables are in its prompt's (prompt_from)."""
 
     def prompts(self, wanted: set[str]) -> Iterator[Prompt]:
         """The valid prompts whose id is in `wanted`, in dataset order (one streamed pass)."""
@@ -113,7 +116,7 @@ class DatasetSource:
                 continue
             ref, obj = item
             if ref.id in wanted:
-                yield prompt_from(ref, obj)
+                yield prompt_from(ref, obj, self.draws)
 
 
 @dataclass(frozen=True)
@@ -876,17 +879,18 @@ def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tu
     spec = load_run_spec(output, run_file)
     form: DatasetFormat = spec.dataset.format if spec is not None else "auto"
     id_field = spec.dataset.id_field if spec is not None else None
+    draws = variable_draws(spec.generation.template_variable_mix) if spec is not None else None
     if dataset:
         path = Path(dataset)
         if not path.is_file():
             return None, f"--dataset {dataset}: not a file"
-        return DatasetSource(path, form, id_field), ""
+        return DatasetSource(path, form, id_field, draws), ""
     if spec is None:
         return None, f"no {run_file or OutputLayout(output).run_file} to find the dataset from: pass --dataset FILE"
     found, notes = on_this_machine(spec, output)
     if found is None:
         return None, "; ".join(notes) or "the run's dataset is not found here: pass --dataset FILE"
-    return DatasetSource(found, form, id_field), ""
+    return DatasetSource(found, form, id_field, draws), ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -476,6 +476,7 @@ class LocalRunner:
         """spec.export in process: each format to OUTPUT/<export.path>/<format>."""
         from datagen_operator.export.formats import Selection
         from datagen_operator.export.run import DatasetSource, codec_from_tokenizer, export_run
+        from datagen_operator.prompts.draws import variable_draws
 
         spec = self.spec
         export = spec.export
@@ -489,7 +490,12 @@ class LocalRunner:
             lambda: codec_from_tokenizer(self._tokenizer()),
             rows=export.rows,
             rerendered_spans=export.rerendered_spans,
-            dataset=DatasetSource(Path(spec.dataset.path), spec.dataset.format, spec.dataset.id_field),
+            dataset=DatasetSource(
+                Path(spec.dataset.path),
+                spec.dataset.format,
+                spec.dataset.id_field,
+                variable_draws(spec.generation.template_variable_mix),
+            ),
         )
 
     async def _stop_workers(self) -> None:

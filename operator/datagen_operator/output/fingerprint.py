@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 if TYPE_CHECKING:  # the spec models load pydantic; the fingerprint is read by light tools too
-    from datagen_operator.api.spec import HistoryReasoning
+    from datagen_operator.api.spec import DatasetSample, HistoryReasoning, TemplateVariableMix
 
 # Files that decide how text becomes ids (never weights: a model dir holds hundreds of GB of them).
 TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
@@ -133,13 +133,17 @@ def build_fingerprint(
     turns: str = "last",
     template_variables: dict[str, Any] | None = None,
     history_reasoning: str = "keep",
+    dataset_sample: DatasetSample | None = None,
+    template_variable_mix: TemplateVariableMix | None = None,
 ) -> dict[str, Any]:
     """Samples per prompt is deliberately not part of it: raising it later extends a run (sample k is
         sent with seed + k either way). generation.templateVariables are, when set (a line's own are in the line,
     held by the dataset pin). `turns` is, when `all`: one output holds one answer per line or whole
         regenerated conversations, never both (an output of one answer per line keeps its fingerprint).
     generation.historyReasoning is, when `drop`: it changes what a later prompt holds (an output made before the
-    field existed sent reasoning back, `keep`, and keeps its fingerprint)."""
+    field existed sent reasoning back, `keep`, and keeps its fingerprint). dataset.sample and
+    generation.templateVariableMix are, when set, under their spec names (a changed one is named so): the pin holds
+    the whole dataset, these which of its lines and which variables each line was drawn."""
     return {
         "tokenizer": tokenizer,
         "chat_template_sha256": chat_template,
@@ -150,7 +154,19 @@ def build_fingerprint(
         **({"turns": turns} if turns != "last" else {}),
         **({"template_variables": dict(sorted(template_variables.items()))} if template_variables else {}),
         **({HISTORY_REASONING_KEY: history_reasoning} if history_reasoning != "keep" else {}),
+        **({DATASET_SAMPLE_KEY: _spec_part(dataset_sample)} if dataset_sample is not None else {}),
+        **({TEMPLATE_VARIABLE_MIX_KEY: _spec_part(template_variable_mix)} if template_variable_mix is not None else {}),
     }
+
+
+DATASET_SAMPLE_KEY = "dataset.sample"
+TEMPLATE_VARIABLE_MIX_KEY = "generation.templateVariableMix"
+
+
+def _spec_part(model: Any) -> dict[str, Any]:
+    """A spec section as the manifest spells it (camelCase, unset fields left out)."""
+    part: dict[str, Any] = model.model_dump(mode="json", exclude_none=True)
+    return part
 
 
 HISTORY_REASONING_KEY = "history_reasoning"

@@ -40,13 +40,17 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, fields
 from hashlib import blake2b, sha256
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
 from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_problem
 from datagen_operator.engine.chat_tools import json_type as _json_type
 from datagen_operator.engine.chat_tools import read_tools
+
+if TYPE_CHECKING:  # the spec models load pydantic: a scan without a sample or mix needs none of it
+    from datagen_operator.api.spec import DatasetSample
+    from datagen_operator.prompts.draws import SubsetRule, VariableDraws
 
 DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]
 ReadFormat = Literal["jsonl", "json", "parquet"]
@@ -418,6 +422,8 @@ class ShardPlan:
     _rows: dict[int, dict[str, Any]]
     valid_lines_total: int = 0
     """Valid prompt lines in the whole dataset (every shard's, duplicates included): 0 means empty."""
+    draws: VariableDraws | None = None
+    """generation.templateVariableMix (prompt_from)."""
 
     def load(self, ref: PromptRef, handle: Any = None) -> Prompt:
         """The full prompt; `handle` is an open binary file of a JSONL or JSON dataset (saves reopening)."""
@@ -430,7 +436,7 @@ class ShardPlan:
             with self.path.open("rb") as file:
                 file.seek(ref.offset)
                 obj = orjson.loads(file.read(ref.length).strip())
-        return prompt_from(ref, obj)
+        return prompt_from(ref, obj, self.draws)
 
     def iter_prompts(self) -> Iterator[Prompt]:
         with self.path.open("rb") as handle:
@@ -438,28 +444,42 @@ class ShardPlan:
                 yield self.load(ref, handle)
 
 
-def prompt_from(ref: PromptRef, obj: dict[str, Any]) -> Prompt:
-    """The prompt of a valid line, from its parsed object: its messages as OpenAI messages (normalised_messages)."""
+def prompt_from(ref: PromptRef, obj: dict[str, Any], draws: VariableDraws | None = None) -> Prompt:
+    """The prompt of a valid line, from its parsed object: its messages as OpenAI messages (normalised_messages).
+    `draws`: generation.templateVariableMix: the line's drawn variables are its chat_template_kwargs, under its
+    own (a line's own value of a drawn variable wins)."""
     return Prompt(
         ref.position,
         ref.id,
         normalised_messages(obj),
         read_tools(obj.get("tools"))[0],
-        obj.get(TEMPLATE_KWARGS) or None,
+        line_variables(ref.id, obj, draws),
     )
+
+
+def line_variables(prompt_id: str, obj: dict[str, Any], draws: VariableDraws | None) -> dict[str, Any] | None:
+    """The chat_template_kwargs a line renders with: its drawn variables (prompts/draws.py), then its own."""
+    own = obj.get(TEMPLATE_KWARGS) or None
+    if draws is None:
+        return own
+    return {**draws.draw(prompt_id), **(own or {})}
 
 
 CONVERSATION_KEYS = ("messages", "conversations", "tools")
 """What a line's conversation is read from; every other top-level key but its id is one of its `source_fields`."""
 
 
-def source_fields(obj: dict[str, Any], id_field: str | None = None) -> str | None:
+def source_fields(obj: dict[str, Any], id_field: str | None = None, drawn: dict[str, Any] | None = None) -> str | None:
     """A line's fields beside its conversation (metadata, source, category, its chat_template_kwargs...) as JSON
     text, keys in the line's order, or None when it has none: what a record carries of its line so every export
     keeps the row, as SpecForge's regeneration keeps its input row. Its id (`id_field`, default `id`) is the
-    record's own; messages/conversations and tools are the prompt. A null value is kept (a Parquet column's)."""
+    record's own; messages/conversations and tools are the prompt. A null value is kept (a Parquet column's).
+    `drawn`: with generation.templateVariableMix, the chat_template_kwargs the line rendered with (line_variables:
+    its draw under its own), recorded as its chat_template_kwargs, so each record says what it was drawn."""
     skipped = (*CONVERSATION_KEYS, id_field or "id")
     fields = {key: value for key, value in obj.items() if key not in skipped}
+    if drawn is not None:
+        fields[TEMPLATE_KWARGS] = drawn
     return orjson.dumps(fields, default=str).decode() if fields else None
 
 
@@ -622,7 +642,9 @@ class ShardScan:
     """One pass over the dataset, streamed: this shard's lines in dataset order, each a valid prompt (with
     its parsed object) or a line set aside. `lines_total` and `valid_lines_total` are known once the
     iteration is exhausted. Memory: the ids' hashes only. `id_field`: spec.dataset.id_field (None: `id`).
-    `lines`: a JSONL scan hands it every line it reads, every shard's (set before iterating)."""
+    `lines`: a JSONL scan hands it every line it reads, every shard's (set before iterating). `sample`:
+    spec.dataset.sample: only the subset's lines are yielded and counted as valid (prompts/draws.py), while
+    `lines` and `lines_total` still see every line (the pin is the whole dataset's)."""
 
     def __init__(
         self,
@@ -632,6 +654,7 @@ class ShardScan:
         declared: DatasetFormat = "auto",
         *,
         id_field: str | None = None,
+        sample: DatasetSample | None = None,
     ) -> None:
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise DatasetError(f"shard index {shard_index} is outside 0..{shard_count - 1}")
@@ -644,6 +667,17 @@ class ShardScan:
         self.lines_total = 0
         self.valid_lines_total = 0
         self.lines: LineSink | None = None
+        self.sample = sample
+        self.subset: SubsetRule | None = None
+        """The sample's rule over this file, once a scan started (a count's needs a pass of its own)."""
+
+    def keeps(self) -> Callable[[str], bool] | None:
+        """Whether a line of this identity (prompt id, else line key) is in the subset; None: every line is."""
+        if self.sample is None:
+            return None
+        if self.subset is None:
+            self.subset = _subset_rule(self.sample, self.path, self.format, self.id_field)
+        return self.subset.keeps
 
     def __iter__(self) -> Iterator[tuple[PromptRef, dict[str, Any]] | MalformedLine]:
         # The reader's own generator, not one wrapped around it: a layer per line less.
@@ -652,10 +686,31 @@ class ShardScan:
         return _scan_json(self) if self.format == "json" else _scan_parquet(self)
 
 
+_counted: dict[tuple[Any, ...], SubsetRule] = {}
+"""Count rules by dataset file state and sample: one process reads a dataset to count it once."""
+
+
+def _subset_rule(sample: DatasetSample, path: Path, form: ReadFormat, id_field: str | None) -> SubsetRule:
+    """The rule of `sample` over the dataset at `path`. A fraction's needs no read; a count's, one pass over the
+    whole dataset (its valid prompts' ids), remembered while the file is unchanged."""
+    from datagen_operator.prompts.draws import count_rule, fraction_rule
+
+    if sample.fraction is not None:
+        return fraction_rule(sample)
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, form, id_field, sample.count, sample.seed)
+    rule = _counted.get(key)
+    if rule is None:
+        whole = ShardScan(path, 0, 1, form, id_field=id_field)  # duplicates come as MalformedLine: one id each
+        rule = count_rule(sample, (item[0].id for item in whole if not isinstance(item, MalformedLine)))
+        _counted[key] = rule
+    return rule
+
+
 def has_prompt(scan: ShardScan) -> bool:
     """Whether the dataset holds one valid prompt (any shard's), read with the scan's format and id field:
     stops at the first, so a usable dataset costs a line or two; one without any is read whole."""
-    whole = ShardScan(scan.path, 0, 1, scan.format, id_field=scan.id_field)
+    whole = ShardScan(scan.path, 0, 1, scan.format, id_field=scan.id_field, sample=scan.sample)
     return any(not isinstance(item, MalformedLine) for item in whole)
 
 
@@ -666,9 +721,12 @@ def plan_shard(
     declared: DatasetFormat = "auto",
     *,
     id_field: str | None = None,
+    sample: DatasetSample | None = None,
+    draws: VariableDraws | None = None,
 ) -> ShardPlan:
-    """Read the whole dataset once and keep what shard `shard_index` of `shard_count` owns."""
-    scan = ShardScan(path, shard_index, shard_count, declared, id_field=id_field)
+    """Read the whole dataset once and keep what shard `shard_index` of `shard_count` owns (of the subset, with a
+    `sample`)."""
+    scan = ShardScan(path, shard_index, shard_count, declared, id_field=id_field, sample=sample)
     prompts: list[PromptRef] = []
     malformed: list[MalformedLine] = []
     rows: dict[int, dict[str, Any]] = {}
@@ -682,7 +740,7 @@ def plan_shard(
             rows[ref.position] = obj
     return ShardPlan(
         scan.path, scan.format, shard_index, shard_count, prompts, malformed, scan.lines_total, rows,
-        valid_lines_total=scan.valid_lines_total,
+        valid_lines_total=scan.valid_lines_total, draws=draws,
     )  # fmt: skip
 
 
@@ -745,6 +803,11 @@ def check_lines(scan: ShardScan, prompts: int, malformed: list[MalformedLine]) -
     its lines set aside kept."""
     if scan.shard_count != 1:
         raise ValueError("check_lines needs a scan of the whole dataset (shard 0 of 1)")
+    if scan.subset is not None and prompts == 0 and not malformed:
+        raise EmptyDataset(
+            f"spec.dataset.path {scan.path}: spec.dataset.sample keeps no line of its {scan.lines_total} "
+            f"({scan.subset.said()}): raise spec.dataset.sample.fraction, or set a count"
+        )
     return _lines_usable(scan.path, scan.format, scan.lines_total, prompts, malformed)
 
 
@@ -794,6 +857,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
     id_field = scan.id_field
     id_key = id_field or "id"
     sink = scan.lines
+    keep = scan.keeps()
     position = -1
     valid = 0
     offset = 0
@@ -825,6 +889,8 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                 except decode_error as error:
                     if sink is not None:
                         sink.unparsed(line, stripped)
+                    if keep is not None and not keep(line_key(position)):
+                        continue
                     bad = bad_line(position, f"bad JSON: {error}", stripped)
                     if bad is not None:
                         yield bad
@@ -836,12 +902,16 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
             if prompt_id is None:
                 prompt_id, problem = validate(obj, id_field)
                 if problem is not None:
+                    if keep is not None and not keep(prompt_id or line_key(position)):
+                        continue
                     aside = set_aside(position, prompt_id, problem, line.strip())
                     if aside is not None:
                         yield aside
                     continue
                 assert prompt_id is not None
                 integer = type(obj.get(id_key)) is int
+            if keep is not None and not keep(prompt_id):
+                continue
             valid += 1
             ref = take_valid(position, prompt_id, start, length)
             if type(ref) is PromptRef:
@@ -862,13 +932,14 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
     assigner = _Assigner(scan.shard_index, scan.shard_count)
     id_field = scan.id_field
     id_key = id_field or "id"
+    keep = scan.keeps()
     position = 0
     valid = 0
     with scan.path.open("rb") as file:
         for item in iter_json_array(file, scan.path):
             if isinstance(item, ArrayBreak):
                 bad = assigner.bad_line(position, item.reason, item.excerpt)
-                if bad is not None:
+                if bad is not None and (keep is None or keep(line_key(position))):
                     yield bad
                 position += 1
                 break
@@ -877,7 +948,9 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
             problem = None
             if prompt_id is None:
                 prompt_id, problem = validate_prompt(obj, id_field)
-            if problem is not None:
+            if keep is not None and not keep(prompt_id or line_key(position)):
+                pass
+            elif problem is not None:
                 aside = assigner.set_aside(position, prompt_id, problem, data[:200])
                 if aside is not None:
                     yield aside
@@ -908,6 +981,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
         parquet = pq.ParquetFile(path)
     except Exception as error:
         raise DatasetError(f"dataset {path} is not readable Parquet: {error}") from None
+    keep = scan.keeps()
     position = 0
     valid = 0
     for batch in parquet.iter_batches(batch_size=4096):
@@ -915,7 +989,9 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
             obj = normalise_parquet_row(obj)
             raw = orjson.dumps(obj, default=str)[:200]
             prompt_id, problem = validate_prompt(obj, id_field)
-            if problem is not None:
+            if keep is not None and not keep(prompt_id or line_key(position)):
+                pass
+            elif problem is not None:
                 aside = assigner.set_aside(position, prompt_id, problem, raw)
                 if aside is not None:
                     yield aside

@@ -33,6 +33,7 @@ from datagen_operator.prompts.conversation import (
     turn_messages,
 )
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from, source_fields
+from datagen_operator.prompts.draws import variable_draws
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig
@@ -83,6 +84,8 @@ class Feeder:
         self.turns = turns
         """generation.turns all: how a conversation's later turns are rendered."""
         self.history_reasoning = config.spec.generation.history_reasoning
+        self.draws = variable_draws(config.spec.generation.template_variable_mix)
+        """generation.templateVariableMix: each line's drawn variables (prompts/draws.py)."""
         self.resumed: list[tuple[Prompt, int, Turns, int, int]] = []
         """(prompt, line hash, turns, sample, first turn to make) of conversations a crash left mid-way."""
 
@@ -124,18 +127,19 @@ class Feeder:
                 ref, obj = item
                 turns: Turns | None = None
                 if self.turns is not None:
-                    prompt = prompt_from(ref, obj)
+                    prompt = prompt_from(ref, obj, self.draws)
                     turns = plan_turns(prompt.messages)
                     if not ledger.plan_prompt(ref, max(1, len(turns)), turns.cut):
                         continue
                 else:
                     if not ledger.plan_prompt(ref):
                         continue
-                    prompt = prompt_from(ref, obj)
+                    prompt = prompt_from(ref, obj, self.draws)
                     # A line ending with the dataset's answer: the model answers its last user turn instead.
                     messages = request_messages(prompt.messages, "last", history_reasoning=self.history_reasoning)
                     prompt = dataclasses.replace(prompt, messages=messages)
-                fields = source_fields(obj, self.config.spec.dataset.id_field)
+                drawn = prompt.variables if self.draws is not None else None
+                fields = source_fields(obj, self.config.spec.dataset.id_field, drawn)
                 if fields is not None:
                     prompt = dataclasses.replace(prompt, source_fields=fields)
                 line_hash = prompt_hash(obj)

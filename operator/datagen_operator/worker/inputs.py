@@ -52,7 +52,10 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
         # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
         # it (exit 2) naming why each line was set aside.
-        plan = ShardScan(c.dataset, c.shard_index, c.shard_count, spec.dataset.format, id_field=spec.dataset.id_field)
+        plan = ShardScan(
+            c.dataset, c.shard_index, c.shard_count, spec.dataset.format, id_field=spec.dataset.id_field,
+            sample=spec.dataset.sample,
+        )  # fmt: skip
         if not await asyncio.to_thread(has_prompt, plan):
             await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format, id_field=spec.dataset.id_field)
     except (DatasetError, OSError) as error:

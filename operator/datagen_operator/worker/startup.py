@@ -99,6 +99,8 @@ def data_fingerprint(config: WorkerConfig, inputs: Inputs, servers: Servers) -> 
         turns=c.spec.generation.turns,
         template_variables=c.resolved.template_variables,
         history_reasoning=c.spec.generation.history_reasoning,
+        dataset_sample=c.spec.dataset.sample,
+        template_variable_mix=c.spec.generation.template_variable_mix,
     )
 
 

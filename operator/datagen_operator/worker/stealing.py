@@ -49,7 +49,8 @@ def claims_for(config: WorkerConfig) -> Claims | None:
 
 def shard_scan(config: WorkerConfig, shard: int) -> ShardScan:
     c = config
-    return ShardScan(c.dataset, shard, c.shard_count, c.spec.dataset.format, id_field=c.spec.dataset.id_field)
+    dataset = c.spec.dataset
+    return ShardScan(c.dataset, shard, c.shard_count, dataset.format, id_field=dataset.id_field, sample=dataset.sample)
 
 
 class ShardWork:
