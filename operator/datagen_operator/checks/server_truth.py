@@ -5,6 +5,8 @@ Pure: the shells fetch /server_info and the probe's message, this module judges 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks.evaluate import parser_advice, wrong_markers_verdict
+from datagen_operator.output.fingerprint import diff_fingerprints, server_fingerprint
 from datagen_operator.presets.sglang_names import resolved_reasoning_parser, resolved_tool_call_parser
 from datagen_operator.presets.think_markers import (
     MarkersWritten,
@@ -194,3 +197,39 @@ async def verify_running_server(
     resolved = resolved or resolve_model(spec)
     info, probe = await read_running_server(session, url, spec, resolved)
     return verify_parsers(info, probe, resolved, model_label(spec))
+
+
+def servers_differ(infos: Sequence[tuple[str, dict[str, Any]]]) -> str | None:
+    """Why servers that serve one run would make different data (their data-affecting /server_info differs: the
+    model, the parsers, a flag), or None. The workers refuse the same at their start (worker/startup.py)."""
+    first_url, first = infos[0][0], server_fingerprint(infos[0][1])
+    for url, info in infos[1:]:
+        changes = diff_fingerprints(first, server_fingerprint(info))
+        if changes:
+            return f"servers {first_url} and {url} differ: {'; '.join(changes)}; every server of a run must run alike"
+    return None
+
+
+async def verify_running_servers(
+    session: aiohttp.ClientSession, urls: Sequence[str], spec: DataGenRunSpec, resolved: ResolvedModel | None = None
+) -> tuple[StepOutcome, dict[str, Any]]:
+    """ParsersVerified over every ready server (a run's replicas, or each URL of server.external), and the first
+    one's /server_info: each one's parsers are checked, and servers that differ from each other are refused.
+    Raises when a server cannot be read (see verify_running_server)."""
+    resolved = resolved or resolve_model(spec)
+    label = model_label(spec)
+    infos: list[tuple[str, dict[str, Any]]] = []
+    first: StepOutcome | None = None
+    for url in urls:
+        info, probe = await read_running_server(session, url, spec, resolved)
+        outcome = verify_parsers(info, probe, resolved, label)
+        if not outcome.passed:
+            return (replace(outcome, message=f"{url}: {outcome.message}") if len(urls) > 1 else outcome), info
+        infos.append((url, info))
+        first = first or outcome
+    assert first is not None, "at least one ready server"
+    differ = servers_differ(infos)
+    if differ is not None:
+        check = CheckResult(name=PARSERS, passed=False, count=1, total=len(infos), verdict=differ)
+        return StepOutcome(False, Reason.MISMATCH, differ, (check,)), infos[0][1]
+    return first, infos[0][1]
