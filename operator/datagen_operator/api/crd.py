@@ -193,7 +193,8 @@ def external_server_cel_rules() -> list[dict[str, str]]:
     for name in OWNED_SERVER_FIELDS:
         alias = to_camel(name)
         default = ServerSpec.model_fields[name].get_default(call_default_factory=True)
-        if default is None:
+        if default is None or name == "affinity":
+            # affinity keeps unknown fields, so CEL cannot size it: an explicit `affinity: {}` is refused here alone.
             unchanged = f"!has(self.{alias})"
         elif isinstance(default, list | dict):
             unchanged = f"!has(self.{alias}) || size(self.{alias}) == 0"
