@@ -89,3 +89,13 @@ def test_server_ready_says_external_with_the_urls_and_never_stopped() -> None:
     assert timed_out.step is Step.HALTED and server_ready(timed_out)[1] == Reason.STARTUP_TIMEOUT
     suspended = server_ready(decided(URLS, observed_external(True, True, preflight=PASSED, suspended=True)))
     assert "the external server keeps running" in suspended[2] and "GPUs" not in suspended[2]
+
+
+def test_a_seed_the_server_would_ignore_is_named_with_the_flag() -> None:
+    from datagen_operator.checks.server_truth import seed_ignored
+
+    seeded = parse_spec(changed(unit_spec(), {"generation.sampling.sampling_seed": 7}))
+    said = seed_ignored({"enable_deterministic_inference": False}, seeded)
+    assert said is not None and "launch it with --enable-deterministic-inference" in said
+    assert seed_ignored({"enable_deterministic_inference": True}, seeded) is None
+    assert seed_ignored({"enable_deterministic_inference": False}, SERVICE) is None  # no seed asked for

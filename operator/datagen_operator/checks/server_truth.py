@@ -199,6 +199,17 @@ async def verify_running_server(
     return verify_parsers(info, probe, resolved, model_label(spec))
 
 
+def seed_ignored(info: dict[str, Any], spec: DataGenRunSpec) -> str | None:
+    """A sampling_seed the server would ignore: SGLang uses a request's seed only under
+    --enable-deterministic-inference, which the run sets on its own server and cannot set on an external one."""
+    if spec.generation.sampling.sampling_seed is None or info.get("enable_deterministic_inference", True):
+        return None
+    return (
+        "generation.sampling.sampling_seed is set but the server runs without --enable-deterministic-inference, so "
+        "SGLang ignores the seed; launch it with --enable-deterministic-inference, or remove sampling_seed"
+    )
+
+
 def servers_differ(infos: Sequence[tuple[str, dict[str, Any]]]) -> str | None:
     """Why servers that serve one run would make different data (their data-affecting /server_info differs: the
     model, the parsers, a flag), or None. The workers refuse the same at their start (worker/startup.py)."""
@@ -223,6 +234,10 @@ async def verify_running_servers(
     for url in urls:
         info, probe = await read_running_server(session, url, spec, resolved)
         outcome = verify_parsers(info, probe, resolved, label)
+        ignored = seed_ignored(info, spec)
+        if outcome.passed and ignored is not None:
+            check = CheckResult(name=PARSERS, passed=False, count=1, total=1, verdict=ignored)
+            outcome = StepOutcome(False, Reason.MISMATCH, ignored, (check,))
         if not outcome.passed:
             return (replace(outcome, message=f"{url}: {outcome.message}") if len(urls) > 1 else outcome), info
         infos.append((url, info))
