@@ -75,6 +75,9 @@ def test_a_run_on_external_servers_starts_none_and_leaves_them_running(tmp_path:
         out = tmp_path / "out"
         assert not list((out / "logs").glob("server-*")), "no server log: no server process"
         assert "server replica(s)" not in output
+        # The preflight says which flags the server's deployer must have set, before the server is read.
+        flags = "the external server must run with --reasoning-parser kimi_k2, --tool-call-parser kimi_k2"
+        assert flags in output.split("ParsersVerified", 1)[0], output
         for said in ("ServerReady=True (ExternalServerReady)", "ParsersVerified=True", "CanaryPassed=True"):
             assert said in output, output
         assert f"external server {urls[0]}, {urls[1]} answers /health_generate" in output, output

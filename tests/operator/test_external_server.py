@@ -94,6 +94,7 @@ def test_a_run_on_an_external_service_creates_no_server_and_sends_to_the_service
     assert said.get("ServerReadyExternalServerReady") == (
         f"ServerReady=True (ExternalServerReady): external server {url} answers /health_generate (not the run's: it never starts, scales or stops it)"
     ), said
+    assert runs.get(name)["status"]["server"]["external"] is True
     ready = runs.condition(name, "ServerReady")
     assert ready is not None and ready["reason"] == "Released"
     assert "the external server is no longer used and keeps running" in ready["message"]

@@ -199,6 +199,21 @@ async def verify_running_server(
     return verify_parsers(info, probe, resolved, model_label(spec))
 
 
+def external_server_flags(spec: DataGenRunSpec, resolved: ResolvedModel | None = None) -> str:
+    """What the deployer of a server.external must have launched it with, as the parser check will hold it to."""
+    resolved = resolved or resolve_model(spec)
+    flags = [
+        f"--reasoning-parser {resolved.reasoning_parser}" if resolved.reasoning_parser else "no --reasoning-parser",
+        f"--tool-call-parser {resolved.tool_call_parser}" if resolved.tool_call_parser else "no --tool-call-parser",
+    ]
+    if spec.generation.sampling.sampling_seed is not None:
+        flags.append("--enable-deterministic-inference")
+    return (
+        f"the external server must run with {', '.join(flags)} (its deployer's flags: the parser check reads them "
+        "on its /server_info next)"
+    )
+
+
 def seed_ignored(info: dict[str, Any], spec: DataGenRunSpec) -> str | None:
     """A sampling_seed the server would ignore: SGLang uses a request's seed only under
     --enable-deterministic-inference, which the run sets on its own server and cannot set on an external one."""
