@@ -99,3 +99,14 @@ def test_a_seed_the_server_would_ignore_is_named_with_the_flag() -> None:
     assert said is not None and "launch it with --enable-deterministic-inference" in said
     assert seed_ignored({"enable_deterministic_inference": True}, seeded) is None
     assert seed_ignored({"enable_deterministic_inference": False}, SERVICE) is None  # no seed asked for
+
+
+def test_servers_serving_another_model_or_with_other_data_flags_are_named() -> None:
+    from datagen_operator.checks.server_truth import servers_differ
+
+    kimi = {"version": "0.5.23", "served_model_name": "kimi-k2.5", "model_path": "/models/kimi", "dtype": "auto"}
+    assert servers_differ([("http://a", kimi), ("http://b", {**kimi, "model_path": "/mnt/kimi"})]) is None
+    other = servers_differ([("http://a", kimi), ("http://b", {**kimi, "served_model_name": "qwen3"})])
+    assert other is not None and other.startswith("servers http://a and http://b differ: model: kimi-k2.5 -> qwen3")
+    flags = servers_differ([("http://a", kimi), ("http://b", {**kimi, "dtype": "float16"})])
+    assert flags is not None and "dtype" in flags

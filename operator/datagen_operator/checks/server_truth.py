@@ -225,12 +225,21 @@ def seed_ignored(info: dict[str, Any], spec: DataGenRunSpec) -> str | None:
     )
 
 
+def _model_name(info: dict[str, Any]) -> Any:
+    """The model a server says it serves: its --served-model-name, which SGLang defaults to its --model-path."""
+    return info.get("served_model_name") or info.get("model_path")
+
+
 def servers_differ(infos: Sequence[tuple[str, dict[str, Any]]]) -> str | None:
-    """Why servers that serve one run would make different data (their data-affecting /server_info differs: the
-    model, the parsers, a flag), or None. The workers refuse the same at their start (worker/startup.py)."""
-    first_url, first = infos[0][0], server_fingerprint(infos[0][1])
+    """Why servers that serve one run would make different data, or None: another model name, or another
+    data-affecting /server_info (a flag, a format; the workers refuse the same at their start, worker/startup.py).
+    Each one's parsers are held to the run's by verify_parsers."""
+    first_url, first_info = infos[0]
+    first = server_fingerprint(first_info)
     for url, info in infos[1:]:
         changes = diff_fingerprints(first, server_fingerprint(info))
+        if _model_name(info) != _model_name(first_info):
+            changes.insert(0, f"model: {_model_name(first_info)} -> {_model_name(info)}")
         if changes:
             return f"servers {first_url} and {url} differ: {'; '.join(changes)}; every server of a run must run alike"
     return None
