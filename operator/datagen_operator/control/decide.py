@@ -329,7 +329,7 @@ class _Pass:
         # A run that got further (a server, a gate verdict or workers observed) with no preflight verdict at hand
         # is not sent back to the preflight.
         begun = observed.parsers is not None or observed.canary is not None or workers is not None
-        # An external server's URLs are probed from the first pass: they answering is no sign of progress.
+        # An external server's URLs are probed from the first pass: its answering is no sign of progress.
         begun = begun or bool(observed.server and observed.server.instances and not observed.server.external)
         counted = preflight if preflight is not None and preflight.passed else None
         count = partial(
