@@ -64,6 +64,7 @@ def mutate(id_: str, base: str, refused_at: str | None, *changes: tuple[str, Any
 KIMI, QUICK, MISCONFIGURED = "kimi-k2.5.yaml", "quickstart.yaml", "misconfigured.yaml"
 QWEN3, GPT_OSS, R1 = "presets/qwen3.yaml", "presets/gpt-oss.yaml", "presets/deepseek-r1.yaml"
 K2_INSTRUCT, K2_THINKING, GLM = "presets/kimi-k2-instruct.yaml", "presets/kimi-k2-thinking.yaml", "presets/glm-4.5.yaml"
+EXTERNAL = "external-server.yaml"
 LONGEST_NAME = "r" * max_run_name_length()
 
 MUTATIONS: list[Mutation] = [
@@ -446,6 +447,59 @@ MUTATIONS: list[Mutation] = [
         GPT_OSS,
         "spec.generation.templateVariableMix.variables.reasoning_effort[0].value",
         ("spec.generation.templateVariableMix", {"variables": {"reasoning_effort": [{"weight": 1}]}}),
+    ),
+    # server.external (an SGLang the run does not own): one of urls or service; an owned server's fields refused
+    *(
+        mutate(f"external with {field}", EXTERNAL, f"spec.server.{field}", (f"spec.server.{field}", value))
+        for field, value in (
+            ("gpus", 2),
+            ("image", "lmsysorg/sglang:v0.5.22"),
+            ("replicas", 2),
+            ("extraArgs", ["--watchdog-timeout", "600"]),
+            ("tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+            ("memFractionStatic", 0.8),
+            ("logLevel", "debug"),
+        )
+    ),
+    mutate("external with gpus at its default", EXTERNAL, None, ("spec.server.gpus", 8)),
+    mutate("external with parsers and a startup timeout", EXTERNAL, None, ("spec.server.startupTimeout", "5m")),
+    mutate(
+        "external urls",
+        EXTERNAL,
+        None,
+        ("spec.server.external", {"urls": ["http://sglang-a.ml.svc:30000", "https://sglang-b.example.com/v0"]}),
+    ),
+    mutate(
+        "external urls and service",
+        EXTERNAL,
+        "spec.server.external.urls",
+        ("spec.server.external.urls", ["http://10.0.0.7:30000"]),
+    ),
+    mutate("external with neither", EXTERNAL, "spec.server.external.urls", ("spec.server.external", {})),
+    mutate(
+        "external url with credentials",
+        EXTERNAL,
+        "spec.server.external.urls[0]",
+        ("spec.server.external", {"urls": ["http://user:secret@sglang:30000"]}),
+    ),
+    mutate(
+        "external url repeated",
+        EXTERNAL,
+        "spec.server.external.urls",
+        ("spec.server.external", {"urls": ["http://sglang:30000", "http://sglang:30000"]}),
+    ),
+    mutate("external urls empty", EXTERNAL, "spec.server.external.urls", ("spec.server.external", {"urls": []})),
+    mutate(
+        "external service port 0",
+        EXTERNAL,
+        "spec.server.external.service.port",
+        ("spec.server.external.service.port", 0),
+    ),
+    mutate(
+        "external service name uppercase",
+        EXTERNAL,
+        "spec.server.external.service.name",
+        ("spec.server.external.service.name", "SGLang"),
     ),
 ]
 

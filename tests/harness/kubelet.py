@@ -83,6 +83,9 @@ class PodRunner:
     (e.g. {"/dev-cluster": "<repo>/.dev-cluster"}); a hostPath under no prefix is used as it is."""
     token_seconds: int = 3600
     """Lifetime of the ServiceAccount tokens given to pods (a long-lived dev cluster wants more)."""
+    service_hosts: dict[str, str] = field(default_factory=dict)
+    """Cluster DNS names of Services (`name.namespace.svc`) mapped to the host that serves them here (loopback), as
+    cluster DNS and kube-proxy route them on a node: each one in a container's arguments is replaced."""
     held: set[str] = field(default_factory=set)
     """Component labels (datagen.dev/component) whose pods this kubelet leaves Pending for now, as a node busy
     pulling an image would: a test evicts or deletes them before they start, then takes the label out."""
@@ -265,7 +268,14 @@ class PodRunner:
                 local = map_path(host, self.node_paths)
                 paths[mount.mount_path] = posixpath.join(local, mount.sub_path) if mount.sub_path else local
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
-        for key in ("XDG_CACHE_HOME", "DATAGEN_TOKENIZER_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        # PYTHONPATH: the pods run the checkout under test (a worktree's), not whatever the venv installed.
+        for key in (
+            "XDG_CACHE_HOME",
+            "DATAGEN_TOKENIZER_CACHE",
+            "HF_HUB_OFFLINE",
+            "TRANSFORMERS_OFFLINE",
+            "PYTHONPATH",
+        ):
             if key in os.environ:
                 env[key] = os.environ[key]
         for var in container.env or []:
@@ -278,6 +288,8 @@ class PodRunner:
             )
         argv = [_expand(arg, env) for arg in [*(container.command or []), *(container.args or [])]]
         argv = [map_path(arg, paths) for arg in argv]
+        for service_host, served_at in self.service_hosts.items():
+            argv = [arg.replace(f"//{service_host}:", f"//{served_at}:") for arg in argv]
         if argv and argv[0] == "datagen":
             argv[0] = DATAGEN
         log_path = workdir / "container.log"

@@ -208,6 +208,8 @@ def _worlds() -> list[Observed]:
         Observed(1, preflight=SAID, server=server()),
         Observed(1, preflight=SAID, server=ServerObservation(2, READY.instances)),
         Observed(1, preflight=SAID, server=READY),
+        Observed(1, preflight=SAID, server=replace(READY, external=True)),
+        Observed(1, preflight=SAID, server=replace(server(running=True, loading_seconds=5), external=True)),
         Observed(1, preflight=SAID, server=READY, parser_probes=ProbeFailures(PARSER_PROBE_ATTEMPTS, "refused")),
         Observed(1, preflight=SAID, server=READY, parsers=FAILED),
         Observed(1, preflight=SAID, server=READY, parsers=SAID),

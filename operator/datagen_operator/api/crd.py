@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+from pydantic.alias_generators import to_camel
 
 from datagen_operator.api.extra_args import extra_arg_cel_rules, speculative_sampling_cel_rules
 from datagen_operator.api.names import (
@@ -17,7 +18,17 @@ from datagen_operator.api.names import (
     name_length_message,
 )
 from datagen_operator.api.resolve import EXPORT_NEEDS_CONVERSATIONS
-from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, NO_PARSER, PLURAL, DataGenRunSpec
+from datagen_operator.api.spec import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    NO_PARSER,
+    OWNED_SERVER_FIELDS,
+    PLURAL,
+    DataGenRunSpec,
+    ServerSpec,
+    external_server_refusal,
+)
 from datagen_operator.api.status import (
     CANARY_PASSED,
     DATA_FAITHFUL,
@@ -175,6 +186,31 @@ def _spec_rules() -> list[dict[str, str]]:
     ]
 
 
+def external_server_cel_rules() -> list[dict[str, str]]:
+    """With server.external, each field of an owned server at its default, as ServerSpec._external_owns_nothing
+    checks it (the API server fills the defaults in before CEL sees them, so `set` reads `not the default`)."""
+    rules = []
+    for name in OWNED_SERVER_FIELDS:
+        alias = to_camel(name)
+        default = ServerSpec.model_fields[name].get_default(call_default_factory=True)
+        if default is None or name == "affinity":
+            # affinity keeps unknown fields, so CEL cannot size it: an explicit `affinity: {}` is refused here alone.
+            unchanged = f"!has(self.{alias})"
+        elif isinstance(default, list | dict):
+            unchanged = f"!has(self.{alias}) || size(self.{alias}) == 0"
+        else:
+            unchanged = f"!has(self.{alias}) || self.{alias} == {json.dumps(default)}"
+        rules.append(
+            {
+                "rule": f"!has(self.external) || {unchanged}",
+                "message": external_server_refusal(alias),
+                "fieldPath": f".{alias}",
+                "reason": "FieldValueForbidden",
+            }
+        )
+    return rules
+
+
 def _spec_schema() -> dict[str, Any]:
     schema = model_schema(DataGenRunSpec)
     props = schema["properties"]
@@ -195,6 +231,7 @@ def _spec_schema() -> dict[str, Any]:
     for section in ("model", "dataset", "output"):
         props[section]["properties"]["volume"]["x-kubernetes-validations"] = [one_volume()]
     server["properties"]["extraArgs"]["items"]["x-kubernetes-validations"] = extra_arg_cel_rules()
+    server["x-kubernetes-validations"] = [*server.get("x-kubernetes-validations", []), *external_server_cel_rules()]
     env_items = server["properties"]["env"]["items"]
     env_items["x-kubernetes-validations"] = [
         {"rule": "has(self.value) != has(self.valueFrom)", "message": "set exactly one of value, valueFrom"}

@@ -100,6 +100,10 @@ class Reason(StrEnum):
     """The run needs no server any more (halted, all shards done, finished): scaled to zero, GPUs released."""
     NOT_NEEDED = "NotNeeded"
     """The output is already complete: no server was started."""
+    EXTERNAL_SERVER_READY = "ExternalServerReady"
+    """server.external: every external URL answers /health_generate (the run never starts, scales or stops it)."""
+    EXTERNAL_SERVER_UNREACHABLE = "ExternalServerUnreachable"
+    """server.external: no external URL answers /health_generate yet, inside server.startupTimeout."""
 
     # --- ParsersVerified, CanaryPassed and the other one-shot steps' verdicts ---------------------------------
     VERIFIED = "Verified"

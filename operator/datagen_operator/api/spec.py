@@ -157,6 +157,99 @@ class ModelSpec(SpecModel):
         return "spec.model.tokenizerPath" if self.tokenizer_path else "spec.model.path"
 
 
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+EXTERNAL_URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#@]*)?$"
+"""A base URL without credentials, query or fragment (the URLs are shown in the run's status and logs)."""
+
+
+class ExternalServiceRef(SpecModel):
+    """A Kubernetes Service in front of an SGLang the run does not own (an OME InferenceService, a KServe
+    LLMInferenceService, a Deployment of your own): the operator sends to http://NAME.NAMESPACE.svc:PORT."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN, description="The Service's name.")
+    port: int = Field(ge=1, le=65535, description="The Service port that serves SGLang's HTTP API.")
+    namespace: str | None = Field(
+        default=None, max_length=63, pattern=DNS_LABEL_PATTERN, description="Its namespace; default: the run's."
+    )
+
+
+class ExternalServer(SpecModel):
+    """An SGLang server the run does not own: it starts, scales and stops nothing, and holds it to the same
+    checks as its own (preflight, parser check on /server_info, canary, rolling checks, verification)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={  # the CRD's rules; _one_form checks the same for `datagen validate`
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.urls) != has(self.service)",
+                    "message": "set exactly one of urls, service",
+                    "fieldPath": ".urls",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "!has(self.urls) || self.urls.all(u, self.urls.exists_one(v, v == u))",
+                    "message": "each URL once: a repeated URL would take twice the requests",
+                    "fieldPath": ".urls",
+                    "reason": "FieldValueInvalid",
+                },
+            ]
+        }
+    )
+
+    urls: list[Annotated[str, StringConstraints(max_length=2048, pattern=EXTERNAL_URL_PATTERN)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SERVER_REPLICAS,
+        description="Base URLs of SGLang servers (http://host:30000), each probed and checked; every shard's "
+        "worker spreads its requests over the ones that answer. No credentials in them.",
+    )
+    service: ExternalServiceRef | None = Field(
+        default=None, description="A Kubernetes Service (the operator only; `datagen run` needs urls)."
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ExternalServer:
+        if (self.urls is None) == (self.service is None):
+            raise cross_field_error("urls", "set exactly one of urls, service")
+        if self.urls is not None and len(set(self.urls)) != len(self.urls):
+            raise cross_field_error("urls", "each URL once: a repeated URL would take twice the requests")
+        return self
+
+
+OWNED_SERVER_FIELDS: tuple[str, ...] = (
+    "image",
+    "gpus",
+    "nodes",
+    "tensor_parallel",
+    "attention_data_parallel",
+    "replicas",
+    "mem_fraction_static",
+    "extra_args",
+    "port",
+    "shm_size",
+    "cpu",
+    "memory",
+    "env",
+    "node_selector",
+    "tolerations",
+    "affinity",
+    "priority_class_name",
+    "runtime_class_name",
+    "log_level",
+)
+"""ServerSpec fields that configure a server the run starts: refused away from their defaults with
+server.external (the parsers stay: they say what the external server must run; startupTimeout stays: how long
+the run waits for it to answer)."""
+
+
+def external_server_refusal(field_alias: str) -> str:
+    """Why a field of an owned server is refused beside server.external: the one wording of both validators."""
+    return (
+        f"server.external is set: the run starts no server, so server.{field_alias} has nothing to configure; remove "
+        "it (set it where the external server is deployed)"
+    )
+
+
 class ServerSpec(SpecModel):
     # The CRD's rules for this object, beside the validators that check the same for `datagen validate`.
     model_config = ConfigDict(
@@ -277,6 +370,12 @@ class ServerSpec(SpecModel):
         description="RuntimeClass of the server pods (e.g. `nvidia` where the GPU runtime is not the default).",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    external: ExternalServer | None = Field(
+        default=None,
+        description="Use an SGLang server the run does not own (urls, or a Kubernetes Service): no server is "
+        "started, scaled or stopped; the fields that configure one are refused. reasoningParser and "
+        "toolCallParser say what it must run (checked on its /server_info).",
+    )
 
     @field_validator("image")
     @classmethod
@@ -295,6 +394,17 @@ class ServerSpec(SpecModel):
     @classmethod
     def _known_tool_parser(cls, value: str | None) -> str | None:
         return _known_parser(value, TOOL_CALL_PARSER_NAMES, "tool-call")
+
+    @model_validator(mode="after")
+    def _external_owns_nothing(self) -> ServerSpec:
+        # The same rules as crd.external_server_cel_rules, one per field, in OWNED_SERVER_FIELDS' order.
+        if self.external is None:
+            return self
+        for name in OWNED_SERVER_FIELDS:
+            field = type(self).model_fields[name]
+            if getattr(self, name) != field.get_default(call_default_factory=True):
+                raise cross_field_error(to_camel(name), external_server_refusal(to_camel(name)))
+        return self
 
     @model_validator(mode="after")
     def _parallelism_fits_the_gpus(self) -> ServerSpec:

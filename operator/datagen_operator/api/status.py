@@ -108,6 +108,8 @@ class ServerStatus(StatusModel):
     version: str | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    external: bool | None = None
+    """server.external: the endpoints are a server the run does not own (it never starts, scales or stops it)."""
 
 
 class Phase(StrEnum):

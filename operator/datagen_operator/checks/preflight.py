@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from datagen_operator.checks.evaluate import (
     record_checks,
 )
 from datagen_operator.checks.render_pass import DatasetLines, RenderedStore, judge_dataset
+from datagen_operator.checks.server_truth import external_server_flags
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.lease import (
@@ -79,6 +80,9 @@ def run_preflight(
     outcome = _judge(spec, tokenizer, tokenizer_dir, dataset, output)
     if holder is not None and not outcome.passed:
         release_lease(output, holder)
+    if outcome.passed and spec.server.external is not None:
+        # Said before any server is read, so the deployer knows the flags the parser check will look for.
+        outcome = replace(outcome, message=f"{outcome.message}; {external_server_flags(spec)}")
     return outcome
 
 

@@ -5,6 +5,8 @@ Pure: the shells fetch /server_info and the probe's message, this module judges 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.checks.evaluate import parser_advice, wrong_markers_verdict
+from datagen_operator.output.fingerprint import diff_fingerprints, server_fingerprint
 from datagen_operator.presets.sglang_names import resolved_reasoning_parser, resolved_tool_call_parser
 from datagen_operator.presets.think_markers import (
     MarkersWritten,
@@ -194,3 +197,78 @@ async def verify_running_server(
     resolved = resolved or resolve_model(spec)
     info, probe = await read_running_server(session, url, spec, resolved)
     return verify_parsers(info, probe, resolved, model_label(spec))
+
+
+def external_server_flags(spec: DataGenRunSpec, resolved: ResolvedModel | None = None) -> str:
+    """What the deployer of a server.external must have launched it with, as the parser check will hold it to."""
+    resolved = resolved or resolve_model(spec)
+    flags = [
+        f"--reasoning-parser {resolved.reasoning_parser}" if resolved.reasoning_parser else "no --reasoning-parser",
+        f"--tool-call-parser {resolved.tool_call_parser}" if resolved.tool_call_parser else "no --tool-call-parser",
+    ]
+    if spec.generation.sampling.sampling_seed is not None:
+        flags.append("--enable-deterministic-inference")
+    return (
+        f"the external server must run with {', '.join(flags)} (its deployer's flags: the parser check reads them "
+        "on its /server_info next)"
+    )
+
+
+def seed_ignored(info: dict[str, Any], spec: DataGenRunSpec) -> str | None:
+    """A sampling_seed the server would ignore: SGLang uses a request's seed only under
+    --enable-deterministic-inference, which the run sets on its own server and cannot set on an external one."""
+    if spec.generation.sampling.sampling_seed is None or info.get("enable_deterministic_inference", True):
+        return None
+    return (
+        "generation.sampling.sampling_seed is set but the server runs without --enable-deterministic-inference, so "
+        "SGLang ignores the seed; launch it with --enable-deterministic-inference, or remove sampling_seed"
+    )
+
+
+def _model_name(info: dict[str, Any]) -> Any:
+    """The model a server says it serves: its --served-model-name, which SGLang defaults to its --model-path."""
+    return info.get("served_model_name") or info.get("model_path")
+
+
+def servers_differ(infos: Sequence[tuple[str, dict[str, Any]]]) -> str | None:
+    """Why servers that serve one run would make different data, or None: another model name, or another
+    data-affecting /server_info (a flag, a format; the workers refuse the same at their start, worker/startup.py).
+    Each one's parsers are held to the run's by verify_parsers."""
+    first_url, first_info = infos[0]
+    first = server_fingerprint(first_info)
+    for url, info in infos[1:]:
+        changes = diff_fingerprints(first, server_fingerprint(info))
+        if _model_name(info) != _model_name(first_info):
+            changes.insert(0, f"model: {_model_name(first_info)} -> {_model_name(info)}")
+        if changes:
+            return f"servers {first_url} and {url} differ: {'; '.join(changes)}; every server of a run must run alike"
+    return None
+
+
+async def verify_running_servers(
+    session: aiohttp.ClientSession, urls: Sequence[str], spec: DataGenRunSpec, resolved: ResolvedModel | None = None
+) -> tuple[StepOutcome, dict[str, Any]]:
+    """ParsersVerified over every ready server (a run's replicas, or each URL of server.external), and the first
+    one's /server_info: each one's parsers are checked, and servers that differ from each other are refused.
+    Raises when a server cannot be read (see verify_running_server)."""
+    resolved = resolved or resolve_model(spec)
+    label = model_label(spec)
+    infos: list[tuple[str, dict[str, Any]]] = []
+    first: StepOutcome | None = None
+    for url in urls:
+        info, probe = await read_running_server(session, url, spec, resolved)
+        outcome = verify_parsers(info, probe, resolved, label)
+        ignored = seed_ignored(info, spec)
+        if outcome.passed and ignored is not None:
+            check = CheckResult(name=PARSERS, passed=False, count=1, total=1, verdict=ignored)
+            outcome = StepOutcome(False, Reason.MISMATCH, ignored, (check,))
+        if not outcome.passed:
+            return (replace(outcome, message=f"{url}: {outcome.message}") if len(urls) > 1 else outcome), info
+        infos.append((url, info))
+        first = first or outcome
+    assert first is not None, "at least one ready server"
+    differ = servers_differ(infos)
+    if differ is not None:
+        check = CheckResult(name=PARSERS, passed=False, count=1, total=len(infos), verdict=differ)
+        return StepOutcome(False, Reason.MISMATCH, differ, (check,)), infos[0][1]
+    return first, infos[0][1]

@@ -62,7 +62,7 @@ def _attention_dp_hint(spec: DataGenRunSpec) -> str | None:
     from datagen_operator.presets import get_preset
 
     server = spec.server
-    if spec.model.preset is None or not get_preset(spec.model.preset).mla:
+    if spec.model.preset is None or not get_preset(spec.model.preset).mla or server.external is not None:
         return None
     if server.attention_data_parallel is not None or server.tp_size == 1 or server.dp_size > 1:
         return None
@@ -96,6 +96,11 @@ def server_args_main(argv: list[str]) -> int:
     if args.one_line:
         print(shlex.join(argv_out))
         return 0
+    if spec.server.external is not None:
+        print(
+            "# server.external: the run starts no server. Its deployer sets the parsers shown here (the parser check "
+            "holds the server to them); the rest is how the run would launch one of its own."
+        )
     if spec.server.nodes > 1:
         print(_group_comment(spec.server.nodes, spec.server.gpus, spec.server.port))
     # One flag (with its value) per line, shell-continued, so a diff shows exactly what changed.

@@ -197,6 +197,12 @@ def _requeued(spec: DataGenRunSpec, observed: Observed, children: Children) -> l
 
 def _server(spec: DataGenRunSpec, decision: Decision, children: Children, wanted: WantedServer) -> list[Action]:
     actions: list[Action] = []
+    if spec.server.external is not None:
+        # The run owns no server. One left from before server.external was set (a data field: changed before
+        # bulk work) releases its GPUs; nothing else is created or scaled.
+        if (children.statefulset or children.group) and children.server_replicas:
+            actions.append(Serve(0, keep_template=True))
+        return actions
     grouped = spec.server.nodes > 1
     workload = children.group if grouped else children.statefulset
     if grouped and children.statefulset:

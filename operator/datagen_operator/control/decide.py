@@ -34,7 +34,7 @@ from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext,
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
-from datagen_operator.control.server import server_verdict
+from datagen_operator.control.server import EXTERNAL_NOT_OWNED, released_message, server_verdict
 
 
 class Step(StrEnum):
@@ -221,7 +221,8 @@ def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContex
         # A halt stands until the spec changes: nothing is asked for again (not even the server).
         halted = observed.halted
         return Decision(step=Step.HALTED, failed=halted.failed, checks=halted.checks, progress=halted.progress)
-    return _server_released_reads_false(_verdicts_recorded(_decide(spec, observed, context), observed))
+    external = spec.server.external is not None
+    return _server_released_reads_false(_verdicts_recorded(_decide(spec, observed, context), observed), external)
 
 
 def parsers_to_read(spec: DataGenRunSpec, observed: Observed) -> bool:
@@ -234,6 +235,8 @@ def parsers_to_read(spec: DataGenRunSpec, observed: Observed) -> bool:
         return False
     if observed.server is None or not observed.server.ready_endpoints:
         return False
+    if observed.server.external and (observed.preflight is None or not observed.preflight.passed):
+        return False  # an external server answers before the preflight: its parsers are read after it, in order
     return server_verdict(observed.server, spec.server.startup_timeout).condition.status == "True"
 
 
@@ -256,7 +259,7 @@ def _verdicts_recorded(decision: Decision, observed: Observed) -> Decision:
     return replace(decision, updates=decision.updates + missing) if missing else decision
 
 
-def _server_released_reads_false(decision: Decision) -> Decision:
+def _server_released_reads_false(decision: Decision, external: bool) -> Decision:
     """One rule for every step that releases the server (halts, the end, final verification): ServerReady
     cannot stay True over a server that is being scaled to zero, whatever the last look at it said."""
     if decision.server_wanted:
@@ -264,7 +267,7 @@ def _server_released_reads_false(decision: Decision) -> Decision:
     why = {Step.FINAL_VERIFY: "all shards done", Step.EXPORT: "run finished", Step.DONE: "run finished"}.get(
         decision.step, "run halted"
     )
-    released = _u(SERVER_READY, "False", Reason.RELEASED, f"{why}; server stopped and GPUs released")
+    released = _u(SERVER_READY, "False", Reason.RELEASED, released_message(why, external=external))
     updates = tuple(released if u.type == SERVER_READY and u.status == "True" else u for u in decision.updates)
     return replace(decision, updates=updates)
 
@@ -288,6 +291,11 @@ class _Pass:
     def started(self) -> bool:
         """Bulk work started: the workers exist."""
         return self.observed.workers is not None
+
+    @property
+    def external(self) -> bool:
+        """server.external: the run owns no server (ServerReady's words say so)."""
+        return self.spec.server.external is not None
 
     @property
     def halt_on_failure(self) -> bool:
@@ -321,7 +329,8 @@ class _Pass:
         # A run that got further (a server, a gate verdict or workers observed) with no preflight verdict at hand
         # is not sent back to the preflight.
         begun = observed.parsers is not None or observed.canary is not None or workers is not None
-        begun = begun or bool(observed.server and observed.server.instances)
+        # An external server's URLs are probed from the first pass: its answering is no sign of progress.
+        begun = begun or bool(observed.server and observed.server.instances and not observed.server.external)
         counted = preflight if preflight is not None and preflight.passed else None
         count = partial(
             progress_of,
@@ -361,7 +370,7 @@ def _finished(run: _Pass) -> Decision | None:
         Reason.VERIFIED if final.passed else Reason.CHECKS_FAILED,
         final.message,
     )
-    released = _u(SERVER_READY, "False", Reason.RELEASED, "run finished; server stopped and GPUs released")
+    released = _u(SERVER_READY, "False", Reason.RELEASED, released_message("run finished", external=run.external))
     if final.passed and spec.export is not None:
         return _export(spec, run.observed.export, progress, final.checks, (released, verdict))
     if final.passed:
@@ -376,7 +385,14 @@ def _suspended(run: _Pass) -> Decision | None:
     if not run.observed.suspended:
         return None
     suspended = (
-        _u(SERVER_READY, "False", Reason.SUSPENDED, "spec.suspend is true: server stopped, GPUs released, output kept"),
+        _u(
+            SERVER_READY,
+            "False",
+            Reason.SUSPENDED,
+            f"spec.suspend is true: output kept; the external server keeps running ({EXTERNAL_NOT_OWNED})"
+            if run.external
+            else "spec.suspend is true: server stopped, GPUs released, output kept",
+        ),
         # No count in the words: the workers drain after the transition, and its event must not disagree
         # with the condition's later message (the count moves in status.progress, the PROGRESS column).
         _u(PROGRESSING, "False", Reason.SUSPENDED, "suspended: the workers drain and keep what they wrote"),
@@ -396,7 +412,14 @@ def _preflight(run: _Pass) -> Decision | None:
                 Reason.CHECKING,
                 "checking the dataset, tokenizer and output before a server",
             ),
-            _u(SERVER_READY, "False", Reason.NOT_STARTED, "the server starts once the inputs are verified"),
+            _u(
+                SERVER_READY,
+                "False",
+                Reason.NOT_STARTED,
+                "the external server is probed once the inputs are verified"
+                if run.external
+                else "the server starts once the inputs are verified",
+            ),
             _u(PROGRESSING, "False", Reason.WAITING, "waiting for the preflight"),
             _u(SUCCEEDED, "Unknown", Reason.RUNNING, "preflight running"),
         )
@@ -430,7 +453,9 @@ def _all_shards_done(run: _Pass) -> Decision | None:
     workers = run.observed.workers
     if workers is None or workers.shards_failed or workers.shards_done < workers.shards_total:
         return None
-    run.updates.append(_u(SERVER_READY, "False", Reason.RELEASED, "all shards done; server stopped and GPUs released"))
+    run.updates.append(
+        _u(SERVER_READY, "False", Reason.RELEASED, released_message("all shards done", external=run.external))
+    )
     run.updates += [_u(c, "True" if o.passed else "False", o.reason, o.message) for c, o in _outcomes(run.observed)]
     faithful, checks = _rolling_checks(run.observed, run.context, run.updates)
     if not faithful and run.halt_on_failure:

@@ -87,6 +87,9 @@ class ServerObservation:
     kueue_unread: str | None = None
     """Why the Workloads of a server that carries Kueue's queue label could not be read (Kueue is not installed,
     the operator may not read them): the run cannot say whether Kueue holds it, and says so."""
+    external: bool = False
+    """server.external: the instances are the external URLs (named by them), probed only; `loading_seconds` is how
+    long none of them has answered."""
 
     @property
     def ready_endpoints(self) -> tuple[str, ...]:

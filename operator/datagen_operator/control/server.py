@@ -87,12 +87,62 @@ def server_verdict(observed: ServerObservation | None, startup_timeout_s: float)
     return replace(found, condition=replace(said, message=f"{said.message} ({observed.kueue_unread})"))
 
 
-def _server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
-    def verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
-        return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
+def _verdict(status: ConditionStatus, reason: str, message: str, fatal: bool = False) -> ServerVerdict:
+    return ServerVerdict(ConditionUpdate(SERVER_READY, status, reason, message), fatal)
 
+
+EXTERNAL_NOT_OWNED = "not the run's: it never starts, scales or stops it"
+
+
+def released_message(why: str, *, external: bool) -> str:
+    """ServerReady's words once the run needs no server: its own is stopped, an external one is left alone."""
+    if external:
+        return f"{why}; the external server is no longer used and keeps running ({EXTERNAL_NOT_OWNED})"
+    return f"{why}; server stopped and GPUs released"
+
+
+def _external_verdict(observed: ServerObservation, startup_timeout_s: float) -> ServerVerdict:
+    """server.external: the URLs answer /health_generate or not; there are no pods to read."""
+    instances = observed.instances
+    ready = [i.name for i in instances if i.ready]
+    silent = [i.name for i in instances if not i.ready]
+    if ready and not silent:
+        return _verdict(
+            "True",
+            Reason.EXTERNAL_SERVER_READY,
+            f"external server {', '.join(ready)} answers /health_generate ({EXTERNAL_NOT_OWNED})",
+        )
+    if ready:
+        return _verdict(
+            "True",
+            Reason.DEGRADED,
+            f"{len(ready)}/{len(instances)} external servers answer /health_generate; workers use those; "
+            f"not answering: {', '.join(silent)}",
+        )
+    waited = max((i.loading_seconds or 0.0 for i in instances), default=0.0)
+    budget = format_duration(startup_timeout_s)
+    if waited > startup_timeout_s:
+        return _verdict(
+            "False",
+            Reason.STARTUP_TIMEOUT,
+            f"no external server answered /health_generate within server.startupTimeout ({budget}): "
+            f"{', '.join(silent)}; check that it runs and that the run's pods can reach it",
+            fatal=True,
+        )
+    return _verdict(
+        "False",
+        Reason.EXTERNAL_SERVER_UNREACHABLE,
+        f"waiting for the external server to answer /health_generate: {', '.join(silent)} "
+        f"({format_duration(round(waited))} of server.startupTimeout {budget})",
+    )
+
+
+def _server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:
+    verdict = _verdict
     if observed is None:
         return verdict("False", Reason.CREATING, "creating 1 server replica(s)")
+    if observed.external:
+        return _external_verdict(observed, startup_timeout_s)
     instances = observed.instances
     wanted = observed.replicas_wanted
     ready = [i for i in instances if i.ready]

@@ -190,8 +190,24 @@ def output_dir(spec: DataGenRunSpec) -> str:
     return _inside(OUTPUT_MOUNT, spec.output.path) if spec.output.volume else spec.output.path
 
 
+def external_urls(namespace: str, spec: DataGenRunSpec) -> list[str] | None:
+    """server.external's URLs (a Service as its cluster DNS name), or None for a server the run owns."""
+    external = spec.server.external
+    if external is None:
+        return None
+    if external.urls is not None:
+        return [url.rstrip("/") for url in external.urls]
+    assert external.service is not None
+    service = external.service
+    return [f"http://{service.name}.{service.namespace or namespace}.svc:{service.port}"]
+
+
 def server_urls(run: str, namespace: str, spec: DataGenRunSpec, override: tuple[str, ...] = ()) -> list[str]:
-    """One URL per replica: its own Service's DNS name, or (tests only) the operator's override."""
+    """One URL per replica: its own Service's DNS name, or (tests only) the operator's override; server.external's
+    own URLs as written (the override stands in for the run's own server pods only)."""
+    external = external_urls(namespace, spec)
+    if external is not None:
+        return external
     replicas = spec.server.replicas
     if override:
         # {namespace} and {pod} let one loopback router stand in for every server pod (hack/dev-cluster.py).

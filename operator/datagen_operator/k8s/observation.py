@@ -29,6 +29,7 @@ from datagen_operator.control.observed import (
     KueueQueued,
     Observed,
     ProbeFailures,
+    ServerInstance,
     ServerObservation,
 )
 from datagen_operator.control.remembered import (
@@ -113,6 +114,8 @@ class Observer:
     """The run's pods (uid, terminating) when the namespace was last asked whether it is being deleted, and when."""
     kueue_unreadable: int | None = None
     """The HTTP status with which the Workload API refused (404: Kueue not installed), once warned about."""
+    unanswered_since: datetime | None = None
+    """server.external: when this operator first saw none of its URLs answer (None: one answers)."""
 
     @property
     def namespace(self) -> str:
@@ -184,7 +187,7 @@ class Observer:
         observed = replace(observed, job_workloads=await self._job_workloads(spec, workloads))
         if parsers_to_read(spec, observed):
             assert observed.server is not None
-            outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints[0])
+            outcome = await self._verify_parsers(spec, resolved, observed.server.ready_endpoints)
             observed = replace(observed, parsers=outcome, parser_probes=self.parser_probes)
         return observed
 
@@ -196,6 +199,9 @@ class Observer:
         refused_writes: Mapping[str, str],
         workloads: KueueWorkloads,
     ) -> ServerObservation:
+        if spec.server.external is not None:
+            return await self._external(urls, now)
+        self.unanswered_since = None
         sts_name = server_name(self.name)
         server_pods = self.cache.pods(Component.SERVER)
         statefulset = self.cache.named("StatefulSet", sts_name)
@@ -226,6 +232,21 @@ class Observer:
         queued, evicted = await self._kueue(local_queue, serving, server_pods, workloads)
         unread = KUEUE_UNREAD.get(self.kueue_unreadable) if self.kueue_unreadable is not None else None
         return replace(observation, queued=queued, evicted=evicted, kueue_unread=unread)
+
+    async def _external(self, urls: list[str], now: datetime) -> ServerObservation:
+        """server.external: its URLs probed, no pod read (the run has none); `loading_seconds` counts from the
+        first pass in which none answered."""
+        answers = await asyncio.gather(*(self._healthy(url) for url in urls))
+        if any(answers):
+            self.unanswered_since = None
+        elif self.unanswered_since is None:
+            self.unanswered_since = now
+        waited = (now - self.unanswered_since).total_seconds() if self.unanswered_since is not None else None
+        instances = tuple(
+            ServerInstance(url, running=True, ready=ok, loading_seconds=None if ok else waited, endpoint=url)
+            for url, ok in zip(urls, answers, strict=True)
+        )
+        return ServerObservation(len(urls), instances, external=True)
 
     async def _kueue(
         self,
@@ -373,16 +394,18 @@ class Observer:
 
         return await is_healthy(self.ctx.http, url)
 
-    async def _verify_parsers(self, spec: DataGenRunSpec, resolved: ResolvedModel, url: str) -> StepOutcome | None:
-        """The server's own word (/server_info) and a chat probe; a failed read is counted for decide()."""
-        from datagen_operator.checks.server_truth import model_label, read_running_server, verify_parsers
+    async def _verify_parsers(
+        self, spec: DataGenRunSpec, resolved: ResolvedModel, urls: tuple[str, ...]
+    ) -> StepOutcome | None:
+        """Each ready server's own word (/server_info) and a chat probe; a failed read is counted for decide()."""
+        from datagen_operator.checks.server_truth import verify_running_servers
 
         try:
-            info, probe = await read_running_server(self.ctx.http, url, spec, resolved)
+            outcome, info = await verify_running_servers(self.ctx.http, urls, spec, resolved)
         except Exception as error:  # the server is ready by its probes: decide() bounds the retries
             log.warning("%s/%s: reading the server's parsers failed: %s", self.namespace, self.name, error)
-            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
+            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{', '.join(urls)}: {error}")
             return None
         self.server_info = info
         self.parser_probes = ProbeFailures()
-        return verify_parsers(info, probe, resolved, model_label(spec))
+        return outcome

@@ -106,6 +106,7 @@ class StatusWriter:
                 version=info.get("version") or (was.version if was else None),
                 reasoning_parser=info.get("reasoning_parser") or (was.reasoning_parser if was else None),
                 tool_call_parser=info.get("tool_call_parser") or (was.tool_call_parser if was else None),
+                external=True if observed.server.external else None,
             )
         return DataGenRunStatus(
             observed_generation=generation,

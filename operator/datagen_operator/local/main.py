@@ -93,6 +93,15 @@ def main(argv: list[str]) -> int:
     except (SpecError, FileNotFoundError) as error:
         console.print(f"[red]{args.manifest}: {escape(str(error))}[/]")
         return EXIT_BAD_INPUT
+    external = run.spec.server.external
+    if external is not None and external.service is not None:
+        console.print(
+            f"[red]{args.manifest}: spec.server.external.service: a Kubernetes Service is resolved by the operator "
+            "(kubectl apply -f this manifest); `datagen run` on this machine sends to URLs: set "
+            "spec.server.external.urls instead, e.g. [http://127.0.0.1:30000] (a `kubectl port-forward` to the "
+            "Service works).[/]"
+        )
+        return EXIT_BAD_INPUT
     if run.spec.server.nodes > 1:
         console.print(
             f"[red]{args.manifest}: server.nodes is {run.spec.server.nodes}: a server over several nodes runs in "
@@ -110,6 +119,15 @@ def main(argv: list[str]) -> int:
         return EXIT_BAD_INPUT
     model_dir = Path(run.spec.model.tokenizer_dir)
     use_real = args.sglang or (not args.simulator and real_sglang_available())
+    if external is not None and (args.sglang or args.simulator or args.sim_arg):
+        flag = "--sglang" if args.sglang else "--simulator" if args.simulator else "--sim-arg"
+        console.print(
+            f"[red]{flag}: spec.server.external is set: the run starts no server (neither SGLang nor the "
+            "simulator) and sends to server.external.urls; drop the flag[/]"
+        )
+        return EXIT_BAD_INPUT
+    if external is not None:
+        use_real = False  # no server of the run's: the model directory needs only the tokenizer
     if args.sglang and not real_sglang_available():
         console.print(
             "[red]--sglang: sglang is not installed or no NVIDIA GPU is visible "
@@ -132,7 +150,12 @@ def main(argv: list[str]) -> int:
         # A simulator run needs only a tokenizer of the preset's family: build the stand-in there, once.
         console.print(f"[cyan]--standin: building the {run.spec.model.preset} stand-in tokenizer at {model_dir}[/]")
         build_preset_standin(run.spec.model.preset, model_dir)
-    if not use_real:
+    if external is not None:
+        console.print(
+            f"[cyan]server.external: the run starts no server and sends to {', '.join(external.urls or ())}; it "
+            "never stops it.[/]"
+        )
+    elif not use_real:
         console.print(
             "[bold yellow]No GPU with sglang here: using the SGLang simulator (datagen sim-server).[/] "
             "It serves SGLang 0.5.23's API with a synthetic model of the preset's format; the data is NOT model output."

@@ -124,6 +124,11 @@ class LocalRunner:
         self.run_file = OutputLayout(self.output).run_file
         self.conditions: list[Condition] = []
         self.servers: list[tuple[Child, str]] = []
+        external = self.spec.server.external
+        self.external_urls = [url.rstrip("/") for url in external.urls or ()] if external is not None else []
+        """server.external's URLs (`datagen run` takes urls only: main.py refuses a Service): never started here."""
+        self.external_ready: list[str] = []
+        self.external_unanswered_since: float | None = None
         self.server_exits: dict[int, float] = {}
         """When each server that exited was first seen down (monotonic): its restart waits out the back-off."""
         self.shards = [ShardSlot(i) for i in range(self.spec.clients.shards)]
@@ -222,7 +227,7 @@ class LocalRunner:
         return EXIT_SUCCEEDED if ok else EXIT_FAILED
 
     async def _act(self, decision: Decision) -> None:
-        if decision.server_wanted and not self.servers:
+        if decision.server_wanted and not self.servers and not self.external_urls:
             await self._start_servers()
         if not decision.workers_wanted:
             await self._stop_workers()
@@ -235,7 +240,8 @@ class LocalRunner:
                 self.canary_task = asyncio.create_task(self._run_canary())
             self.canary = await self.canary_task
         elif decision.step is Step.RUN_WORKERS:
-            await self._supervise_workers(self._ready_urls())
+            # Every external URL (the workers' pool takes one that does not answer out and brings it back).
+            await self._supervise_workers(self.external_urls or self._ready_urls())
         elif decision.step is Step.FINAL_VERIFY:
             await self._stop_servers()  # the GPUs are not needed to read files
             self.final = await asyncio.to_thread(self._final_verify)
@@ -247,7 +253,10 @@ class LocalRunner:
     # --- observation -------------------------------------------------------------------------------
 
     async def _observe(self) -> Observed:
-        server = await self._observe_server() if self.servers else None
+        if self.external_urls:
+            server = await self._observe_external() if self.preflight is not None and self.preflight.passed else None
+        else:
+            server = await self._observe_server() if self.servers else None
         return Observed(
             generation=1,
             preflight=self.preflight,
@@ -288,6 +297,25 @@ class LocalRunner:
                 await child.start()
         return ServerObservation(self.spec.server.replicas, tuple(instances))
 
+    async def _observe_external(self) -> ServerObservation:
+        """server.external: each URL probed; `loading_seconds` counts from when none answered first."""
+        from datagen_operator.engine.client.reads import is_healthy
+
+        answers = await asyncio.gather(*(is_healthy(self.session, url) for url in self.external_urls))
+        self.external_ready = [url for url, ok in zip(self.external_urls, answers, strict=True) if ok]
+        now = time.monotonic()
+        if self.external_ready:
+            self.external_unanswered_since = None
+        elif self.external_unanswered_since is None:
+            self.external_unanswered_since = now
+        since = self.external_unanswered_since
+        waited = None if since is None else now - since
+        instances = tuple(
+            ServerInstance(url, running=True, ready=ok, loading_seconds=None if ok else waited, endpoint=url)
+            for url, ok in zip(self.external_urls, answers, strict=True)
+        )
+        return ServerObservation(len(instances), instances, external=True)
+
     def _server_gave_up(self) -> bool:
         return any(not c.running and server_restart_delay_s(c.restarts) is None for c, _ in self.servers)
 
@@ -314,6 +342,8 @@ class LocalRunner:
         return counters_from_snapshots(snapshots, attempt_started_at=self.started_at)
 
     def _ready_urls(self) -> list[str]:
+        if self.external_urls:
+            return self.external_ready
         return [url for child, url in self.servers if child.running]
 
     # --- steps -------------------------------------------------------------------------------------
@@ -363,13 +393,13 @@ class LocalRunner:
 
     async def _verify_parsers(self) -> None:
         """The server's own word on its parsers; a failed read is counted, and decide() bounds the retries."""
-        from datagen_operator.checks.server_truth import verify_running_server
+        from datagen_operator.checks.server_truth import verify_running_servers
 
-        url = self._ready_urls()[0]
+        urls = self._ready_urls()
         try:
-            self.parsers = await verify_running_server(self.session, url, self.spec, self.resolved)
+            self.parsers, _ = await verify_running_servers(self.session, urls, self.spec, self.resolved)
         except Exception as error:  # any way of not answering: counted, not a verdict by itself
-            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{url}: {error}")
+            self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{', '.join(urls)}: {error}")
 
     async def _run_canary(self) -> StepOutcome:
         from datagen_operator.checks.canary import run_canary
