@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--context-length", type=int)
     sg.add_argument("--random-seed", type=int)
     sg.add_argument("--disable-radix-cache", action="store_true")
-    sg.add_argument("--page-size", type=int, help="tokens per KV page: the radix cache's granularity (default 1)")
+    # SGLang resolves 1 for the stand-in models' default attention backend (fa3 on Hopper).
+    sg.add_argument("--page-size", type=int, default=1, help="tokens per KV page: the radix cache's granularity")
     sg.add_argument("--enable-deterministic-inference", action="store_true", help="unseeded requests use seed 42")
     sg.add_argument("--nnodes", type=int, default=1)
     sg.add_argument("--node-rank", type=int, default=0)

@@ -104,7 +104,7 @@ class Simulator:
         self.shutting_down = False
         self.request_number = 0
         self.prefix_cache = (
-            None if self.args["disable_radix_cache"] else RadixCache(self.kv_capacity, self.args["page_size"] or 1)
+            None if self.args["disable_radix_cache"] else RadixCache(self.kv_capacity, self.args["page_size"])
         )
         self.metrics: SimMetrics | None = None
         if self.args["enable_metrics"]:
