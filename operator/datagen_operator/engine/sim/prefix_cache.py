@@ -34,8 +34,11 @@ class _Node:
 
 
 def _common_prefix(a: Tokens, a_start: int, b: Tokens, limit: int) -> int:
-    """How many tokens a[a_start:] and b[:limit] share, by halving slice compares (as SGLang's gallop)."""
-    low, high = 0, limit
+    """How many tokens a[a_start:] and b[:limit] share, by slice compares (C speed; as SGLang's gallop): the whole
+    run first (the common case: a walk down a stored path), then halving."""
+    if a[a_start : a_start + limit] == b[:limit]:
+        return limit
+    low, high = 0, limit - 1
     while low < high:
         middle = (low + high + 1) // 2
         if a[a_start + low : a_start + middle] == b[low:middle]:
@@ -209,7 +212,10 @@ class RadixCache:
         prompt); match the whole key (which stamps the path); unlock."""
         self.booked -= hold.booked
         tokens = array("I", prompt)
-        tokens.extend(output_ids[:-1])
+        if isinstance(output_ids, array) and output_ids.typecode == "I":
+            tokens.frombytes(memoryview(output_ids)[:-1].tobytes())  # an array's bytes: no int per token
+        else:
+            tokens.extend(output_ids[:-1])
         self.insert(tokens)
         if 0 < self._aligned(len(prompt)) < self._aligned(len(tokens)):
             self.insert(prompt)

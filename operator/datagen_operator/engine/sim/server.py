@@ -292,7 +292,10 @@ class Simulator:
             return
         for item, hold, completion in zip(items, holds, completions, strict=True):
             if hold is not None:
-                self.prefix_cache.finish(hold, item.prompt, completion.run.ids())
+                output = array("I")
+                for span in completion.run.spans:  # from the sources' bytes: no int per token
+                    output.frombytes(span.source.id_bytes[4 * span.start : 4 * span.stop])
+                self.prefix_cache.finish(hold, item.prompt, output)
 
     def _shed_when_queue_full(self) -> dict[str, Any] | None:
         """--max-queued-requests: SGLang's scheduler aborts an arriving request when its waiting queue is full
