@@ -50,8 +50,10 @@ keeps cache affinity until loads differ by 1.5x, `--balance-rel-threshold`): abo
 conversations fill a server up to LOAD_CAP and must not push that server's own conversations off it. With both at
 1.2, bench/affinity.py reached 0.93 of one shared cache's hits (turns bumped off a full server prefilled their
 history again); with this, 0.98."""
-MAX_PINNED = 1 << 20
-"""Keys remembered with the server of their last answer (the oldest forgotten first): ~100 MB at most."""
+MAX_PINNED = 1 << 16
+"""Keys remembered with the server of their last answer, the least recently answered forgotten first (~10 MB at
+most). A lane keeps its conversation to the end, so at most `clients.concurrency` are under way: those are the
+most recent, and the forgotten ones are finished (one forgotten mid-way would go by its ranking, as resumed)."""
 
 
 def rendezvous(key: Hashable, url: str) -> int:
