@@ -388,7 +388,8 @@ class Simulator:
         aborted = shed if refusal is None else {"type": "abort", "message": str(refusal), "status_code": refusal.status}
         if aborted is not None:  # a stream carries the abort as its one result chunk, with no output
             completions = [Completion(c.run.prefix(0), aborted, "") for c in completions]
-        holds = [self._admit(item) for item in parsed.items]
+        # A refused or shed request never reaches the scheduler: nothing matched, nothing inserted.
+        holds = [None if aborted is not None else self._admit(item) for item in parsed.items]
         cached = [0 if hold is None else hold.cached for hold in holds]
         try:
             if parsed.stream:
