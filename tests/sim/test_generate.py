@@ -186,7 +186,17 @@ def test_repeated_prompt_reports_cached_tokens(sim: SimServer) -> None:
     prompt = encode("cache me " * 100)
     first = one(sim, prompt, max_new_tokens=1)["meta_info"]["cached_tokens"]
     second = one(sim, prompt, max_new_tokens=1)["meta_info"]["cached_tokens"]
-    assert first == 0 and 0 < second < len(prompt)
+    assert first == 0 and second == len(prompt) - 1  # SGLang always computes the last prompt token
+
+
+def test_next_turn_reports_the_previous_prompt_and_answer_cached(sim: SimServer) -> None:
+    """SGLang inserts a finished request's prompt and output (all but the last sampled token, whose KV was never
+    computed), so the next turn of a conversation finds both."""
+    prompt = encode("the first turn of a conversation nobody else has " * 10)
+    output = one(sim, prompt, max_new_tokens=30)["output_ids"]
+    next_turn = prompt + output + encode(" and the user answers back")
+    cached = one(sim, next_turn, max_new_tokens=1)["meta_info"]["cached_tokens"]
+    assert len(output) > 1 and cached == len(prompt) + len(output) - 1
 
 
 def test_batch_answers_an_array_in_order_with_rid_suffixes(sim: SimServer) -> None:

@@ -4,6 +4,7 @@ resumes each conversation from its last recorded turn, every (id, sample, turn) 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import signal
@@ -120,6 +121,27 @@ def test_every_user_turn_is_answered_in_order_on_the_models_own_answers(tmp_path
     report = verify_output(output, _spec_model(document), tokenizer=reference_renderer().tokenizer)
     fidelity = next(check for check in report.checks if check.name == "prompt_fidelity")
     assert report.passed and fidelity.total == 36, fidelity.verdict
+
+
+def test_each_conversation_stays_on_one_of_two_servers_which_finds_its_history_cached(tmp_path: Path) -> None:
+    """Each turn goes to the server that answered the turn before (engine/client/pool.py), whose radix cache holds
+    that turn's prompt and answer: every later turn reports at least the previous prompt as `cached_tokens`."""
+    items = conversations(16, turns_of=lambda i: 3)
+    output = tmp_path / "out"
+    document = spec(write_dataset(tmp_path / "chats.jsonl", items), output, **{"generation.turns": "all"})
+    with (
+        start_sim(*SIM_FLAGS, *PACED, tokenizer_dir=standin()) as first,
+        start_sim(*SIM_FLAGS, *PACED, tokenizer_dir=standin()) as second,
+    ):
+        assert run_inprocess(document, [first.url, second.url]) == EXIT_OK
+    check_conversations(output, items)
+    conversations_by_server: Counter[str] = Counter()
+    for key, records in by_conversation(output).items():
+        assert len({record["server"] for record in records}) == 1, f"{key} moved between servers"
+        conversations_by_server[records[0]["server"]] += 1
+        for before, after in itertools.pairwise(records):
+            assert after["cached_tokens"] >= len(before["input_ids"]), f"{key} turn {after['turn']}"
+    assert sorted(conversations_by_server) == sorted([first.url, second.url])
 
 
 def _spec_model(document: dict[str, Any]) -> Any:

@@ -65,7 +65,9 @@ class Lanes:
             sending, job = job, None
             try:
                 reply = await client.generate(
-                    generate_body(sending.input_ids, sampling, sample=sending.sample, stream=client.stream)
+                    generate_body(sending.input_ids, sampling, sample=sending.sample, stream=client.stream),
+                    # A conversation's turns stay on the server whose radix cache holds their history.
+                    None if self.turns is None else (sending.id, sending.sample),
                 )
             except Rejected as rejected:
                 if volume.error is not None:

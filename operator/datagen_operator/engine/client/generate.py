@@ -7,7 +7,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,20 +70,23 @@ class GenerateClient:
         self.rng = rng or random.Random()
         self.on_retry = on_retry or (lambda kind: None)
 
-    async def generate(self, payload: bytes) -> Reply:
-        """POST the payload until it succeeds, is rejected, or runs out of attempts."""
+    async def generate(self, payload: bytes, affinity: Hashable | None = None) -> Reply:
+        """POST the payload until it succeeds, is rejected, or runs out of attempts. Requests of one `affinity`
+        key (a conversation) go where the last one was answered (`EndpointPool.pick`)."""
         attempts = 0  # tries that count against max_attempts
         tries = 0  # every request sent (what the record reports)
         outages = 0
         busy_since: float | None = None  # first of the overload refusals in a row
         refusals = 0
         while True:
-            endpoint = await self.pool.acquire()
+            endpoint = await self.pool.acquire(affinity)
             tries += 1
             started = time.monotonic()
             try:
                 output_ids, meta, raw = await self._post(endpoint, payload)
                 endpoint.served += 1
+                if affinity is not None:
+                    self.pool.pin(affinity, endpoint)
                 return Reply(output_ids, meta, endpoint.url, tries, time.monotonic() - started, raw)
             except RequestFailed as failure:
                 verdict, reason, status = failure.verdict, failure.reason, failure.status

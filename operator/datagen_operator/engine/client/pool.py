@@ -1,12 +1,15 @@
-"""Endpoints of one run's servers: which are up, probed back in while down, picked by load."""
+"""Endpoints of one run's servers: which are up, probed back in while down, picked by load, a conversation's
+turns kept on the server that holds its prefix in its radix cache."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +41,34 @@ class Endpoint:
 Verifier = Callable[[Endpoint], Awaitable[str | None]]
 """Checks an endpoint that (re)appeared; returns why it must not be used, or None."""
 
+LOAD_CAP = 1.2
+"""A conversation not yet placed goes to a server only while it has fewer in flight than this times the mean (of
+the up servers, this request counted): consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam)."""
+PINNED_LOAD_CAP = 1.5
+"""A placed conversation leaves its server (and its cached history) only at this times the mean (as SGLang's router
+keeps cache affinity until loads differ by 1.5x, `--balance-rel-threshold`): above LOAD_CAP, since new
+conversations fill a server up to LOAD_CAP and must not push that server's own conversations off it. With both at
+1.2, bench/affinity.py reached 0.93 of one shared cache's hits (turns bumped off a full server prefilled their
+history again); with this, 0.98."""
+MAX_PINNED = 1 << 16
+"""Keys remembered with the server of their last answer, the least recently answered forgotten first (~10 MB at
+most). A lane keeps its conversation to the end, so at most `clients.concurrency` are under way: those are the
+most recent, and the forgotten ones are finished (one forgotten mid-way would go by its ranking, as resumed)."""
+
+
+def rendezvous(key: Hashable, url: str) -> int:
+    """Highest-random-weight hashing: each key ranks the servers its own way, the same in every worker and
+    after a restart, and a server's leaving moves only the keys it ranked first."""
+    return int.from_bytes(hashlib.blake2b(f"{key!r}|{url}".encode(), digest_size=8).digest(), "little")
+
 
 class EndpointPool:
-    """The servers of a run. Picks the up endpoint with fewest requests in flight; pauses when none is up."""
+    """The servers of a run; pauses when none is up. An unkeyed request goes to the up endpoint with fewest in
+    flight. A keyed one (a conversation: its turn k+1's prompt starts with turn k's prompt and answer, which SGLang's
+    radix cache holds only on the server that served turn k) goes to the server of its last answer, else to the
+    first server of its rendezvous ranking, skipping those at the load cap: its turns stay where its prefix is
+    cached, a server that goes down moves its conversations once (they stay pinned where they went), and another
+    worker (stolen or resumed work) ranks the servers as this one did."""
 
     def __init__(
         self,
@@ -64,6 +92,7 @@ class EndpointPool:
         self._all_down_since: float | None = None
         self._turn = 0
         self.outages = 0
+        self._pinned: dict[Hashable, Endpoint] = {}
 
     @property
     def in_flight(self) -> int:
@@ -76,13 +105,25 @@ class EndpointPool:
     def down_for_s(self) -> float:
         return 0.0 if self._all_down_since is None else time.monotonic() - self._all_down_since
 
-    def pick(self) -> Endpoint | None:
+    def pick(self, key: Hashable | None = None) -> Endpoint | None:
         if len(self.endpoints) == 1:  # the common case, on every request
             only = self.endpoints[0]
             return only if only.up and only.disabled is None else None
         candidates = [e for e in self.endpoints if e.up and e.disabled is None]
         if not candidates:
             return None
+        if key is not None:
+            mean = (sum(e.in_flight for e in candidates) + 1) / len(candidates)
+            pinned = self._pinned.get(key)
+            if pinned is not None and pinned.up and pinned.disabled is None:
+                if pinned.in_flight < math.ceil(PINNED_LOAD_CAP * mean):
+                    return pinned
+                # Its server is full: move once, to where the room is (not down the ranking, which would
+                # push the next conversation along too), and stay there.
+                return min(candidates, key=lambda e: e.in_flight)
+            cap = math.ceil(LOAD_CAP * mean)
+            ranked = sorted(candidates, key=lambda e: rendezvous(key, e.url), reverse=True)
+            return next(e for e in ranked if e.in_flight < cap)  # the cap exceeds the mean: one is under it
         self._turn += 1
         # Fewest in flight; ties rotate so one endpoint does not take every idle slot first.
         n = len(candidates)
@@ -91,11 +132,18 @@ class EndpointPool:
             key=lambda e: e.in_flight,
         )
 
-    async def acquire(self) -> Endpoint:
+    def pin(self, key: Hashable, endpoint: Endpoint) -> None:
+        """The server that answered `key`: it holds the key's prefix now."""
+        self._pinned.pop(key, None)
+        self._pinned[key] = endpoint
+        if len(self._pinned) > MAX_PINNED:
+            del self._pinned[next(iter(self._pinned))]
+
+    async def acquire(self, key: Hashable | None = None) -> Endpoint:
         while True:
             if self.stop.is_set():
                 raise Drained()
-            endpoint = self.pick()
+            endpoint = self.pick(key)
             if endpoint is not None:
                 endpoint.in_flight += 1
                 return endpoint

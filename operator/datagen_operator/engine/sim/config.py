@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--context-length", type=int)
     sg.add_argument("--random-seed", type=int)
     sg.add_argument("--disable-radix-cache", action="store_true")
+    # SGLang resolves 1 for the stand-in models' default attention backend (fa3 on Hopper).
+    sg.add_argument("--page-size", type=int, default=1, help="tokens per KV page: the radix cache's granularity")
     sg.add_argument("--enable-deterministic-inference", action="store_true", help="unseeded requests use seed 42")
     sg.add_argument("--nnodes", type=int, default=1)
     sg.add_argument("--node-rank", type=int, default=0)
@@ -303,6 +305,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         "watchdog_timeout": args.watchdog_timeout,
         "random_seed": args.random_seed,
         "disable_radix_cache": args.disable_radix_cache,
+        "page_size": args.page_size,
         "nnodes": args.nnodes,
         "node_rank": args.node_rank,
         "dist_init_addr": args.dist_init_addr,

@@ -25,6 +25,7 @@ import socket
 import struct
 import sys
 import time
+from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
 from datagen_operator.engine.sim.model import Completion, aborted, complete, nan_guarded
 from datagen_operator.engine.sim.occupancy import Occupancy
-from datagen_operator.engine.sim.prefix_cache import PrefixCache
+from datagen_operator.engine.sim.prefix_cache import Hold, RadixCache
 from datagen_operator.engine.sim.protocol import GenerateItem, GenerateRequest, RequestError
 from datagen_operator.engine.sim.vocab import SimVocab, VocabError, load_vocab
 from datagen_operator.presets.sglang_names import (
@@ -102,7 +103,9 @@ class Simulator:
         self.health_check_timeout_s = health_check_timeout_s()
         self.shutting_down = False
         self.request_number = 0
-        self.prefix_cache = None if self.args["disable_radix_cache"] else PrefixCache()
+        self.prefix_cache = (
+            None if self.args["disable_radix_cache"] else RadixCache(self.kv_capacity, self.args["page_size"])
+        )
         self.metrics: SimMetrics | None = None
         if self.args["enable_metrics"]:
             from datagen_operator.engine.sim.metrics import SimMetrics  # prometheus_client only when asked
@@ -279,8 +282,20 @@ class Simulator:
             completion = nan_guarded(completion, item.params.stop_token_ids, self.vocab)
         return completion
 
-    def _cached_tokens(self, item: GenerateItem) -> int:
-        return self.prefix_cache.match_and_insert(item.prompt) if self.prefix_cache is not None else 0
+    def _admit(self, item: GenerateItem) -> Hold | None:
+        """The request's prefix matched (and locked) in the radix cache; `.cached` is its `cached_tokens`."""
+        return self.prefix_cache.admit(item.prompt) if self.prefix_cache is not None else None
+
+    def _release(self, items: list[GenerateItem], holds: list[Hold | None], completions: list[Completion]) -> None:
+        """Finished: each prompt and its output go into the radix cache (SGLang's `release_kv_cache`)."""
+        if self.prefix_cache is None:
+            return
+        for item, hold, completion in zip(items, holds, completions, strict=True):
+            if hold is not None:
+                output = array("I")
+                for span in completion.run.spans:  # from the sources' bytes: no int per token
+                    output.frombytes(span.source.id_bytes[4 * span.start : 4 * span.stop])
+                self.prefix_cache.finish(hold, item.prompt, output)
 
     def _shed_when_queue_full(self) -> dict[str, Any] | None:
         """--max-queued-requests: SGLang's scheduler aborts an arriving request when its waiting queue is full
@@ -373,11 +388,16 @@ class Simulator:
         aborted = shed if refusal is None else {"type": "abort", "message": str(refusal), "status_code": refusal.status}
         if aborted is not None:  # a stream carries the abort as its one result chunk, with no output
             completions = [Completion(c.run.prefix(0), aborted, "") for c in completions]
-        cached = [self._cached_tokens(item) for item in parsed.items]
-        if parsed.stream:
-            response = await self._stream_generate(request, parsed, completions, cached, plan, received)
-        else:
-            response = await self._generate_once(request, parsed, completions, cached, plan, received)
+        # A refused or shed request never reaches the scheduler: nothing matched, nothing inserted.
+        holds = [None if aborted is not None else self._admit(item) for item in parsed.items]
+        cached = [0 if hold is None else hold.cached for hold in holds]
+        try:
+            if parsed.stream:
+                response = await self._stream_generate(request, parsed, completions, cached, plan, received)
+            else:
+                response = await self._generate_once(request, parsed, completions, cached, plan, received)
+        finally:
+            self._release(parsed.items, holds, completions)
         self._crash_if_due(number)
         return response
 
@@ -556,7 +576,24 @@ class Simulator:
             ]
         )
         completions = [self._complete(item, plan) for item in items]
-        cached = self._cached_tokens(items[0])
+        hold = self._admit(items[0])
+        try:
+            return await self._chat_answer(request, parsed, prompt, items, completions, hold, number, received)
+        finally:
+            self._release(items[:1], [hold], completions[:1])
+
+    async def _chat_answer(
+        self,
+        request: web.Request,
+        parsed: chat.ChatRequest,
+        prompt: array[int],
+        items: list[GenerateItem],
+        completions: list[Completion],
+        hold: Hold | None,
+        number: int,
+        received: float,
+    ) -> web.StreamResponse:
+        cached = 0 if hold is None else hold.cached
         choices = [
             chat.chat_choice(c, parsed, self.vocab, self.args["reasoning_parser"], self.args["tool_call_parser"])
             for c in completions
