@@ -45,13 +45,14 @@ test-fast: venv chromium
 # Opt-in: SpecForge's and speculators' own loaders on `datagen export`s of four families (torch; a separate venv
 # outside the repo: torch 2.14.1 with its CUDA libraries from PyPI, which import and run on CPU; about 8.5 min and
 # 6.0 GB to install, docs/testing.md). SpecForge pins sglang, so it goes in without its dependencies; its data code
-# needs only what speculators brings.
+# needs only what speculators brings. The same torch runs SGLang's own RadixCache against the simulator's cache.
 CONSUMERS_VENV ?= $(HOME)/.cache/datagen/consumers-venv
 test-consumers: venv
 	test -x $(CONSUMERS_VENV)/bin/speculators || ($(PYTHON) -m venv $(CONSUMERS_VENV) && $(CONSUMERS_VENV)/bin/pip install --quiet 'speculators==0.9.0')
 	$(CONSUMERS_VENV)/bin/python -c 'import specforge.data.prompt_builder' 2>/dev/null || $(CONSUMERS_VENV)/bin/pip install --quiet --no-deps 'specforge==0.2.0'
 	rm -rf .consumers-check && $(PY) tests/export/consumers.py make-export .consumers-check
 	$(CONSUMERS_VENV)/bin/python tests/export/consumers.py check .consumers-check && rm -rf .consumers-check
+	CONSUMERS_VENV=$(CONSUMERS_VENV) $(PY) -m pytest -q tests/contract/test_radix_cache.py
 
 lint: venv
 	$(BIN)/ruff check .
