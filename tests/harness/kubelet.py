@@ -265,7 +265,14 @@ class PodRunner:
                 local = map_path(host, self.node_paths)
                 paths[mount.mount_path] = posixpath.join(local, mount.sub_path) if mount.sub_path else local
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
-        for key in ("XDG_CACHE_HOME", "DATAGEN_TOKENIZER_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        # PYTHONPATH: the pods run the code under test (a worktree's), as the in-process operator does.
+        for key in (
+            "XDG_CACHE_HOME",
+            "DATAGEN_TOKENIZER_CACHE",
+            "HF_HUB_OFFLINE",
+            "TRANSFORMERS_OFFLINE",
+            "PYTHONPATH",
+        ):
             if key in os.environ:
                 env[key] = os.environ[key]
         for var in container.env or []:
