@@ -1,6 +1,7 @@
 """The operator with the real Kueue controller (docs/kueue.md, "Preemption and eviction"): a low-priority run holds
 the 8 GPUs of a ClusterQueue that preempts LowerPriority and is generating when a high-priority run asks for them.
-Kueue preempts the low run's server: the run says Preempted in Kueue's words, pauses (its workers wait, no retry,
+Kueue preempts the low run's server: the run says Preempted in Kueue's words, naming the run it made room for
+(Kueue's own message names it by UIDs only), pauses (its workers wait, no retry,
 no restart, no halt), and once the high run is done and its GPUs released Kueue admits the low run again, its
 server comes back and the run completes with every record exactly once.
 
@@ -151,6 +152,8 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
         message = str(preempted["message"])
         assert f"LocalQueue {local_queue} (ClusterQueue {cluster_queue})" in message, message
         assert "Preempted to accommodate a workload" in message and "waiting for re-admission" in message, message
+        # Kueue names the preemptor by UIDs only: the run it made room for is named, as kubectl names it.
+        assert f"to make room for DataGenRun {runs.namespace}/{high}: " in message, message
         paused = watching(low, "Progressing", "False", "Preempted", timeout=30)
         assert str(paused["message"]).startswith("workers wait for the server: preempted by Kueue"), paused
         assert runs.condition(low, "Succeeded")["reason"] == "Running"  # type: ignore[index]
@@ -182,6 +185,7 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
     assert restarts[low] == 0 and workers_failed[0] == 0, f"no restart, no retry spent: {seen}"
     assert len(ids) == LOW_PROMPTS and len(set(ids)) == LOW_PROMPTS, f"every record exactly once: {seen}"
     assert events and all(e.type == "Normal" for e in events), [(e.type, e.message) for e in events]
+    assert all(f"DataGenRun {runs.namespace}/{high}" in e.message for e in events), [e.message for e in events]
     low_pod = (runs.namespace, f"{low}-server-0")
     assert router.refused[low_pod] + router.cut[low_pod] > 0, f"the preempted run's workers lost their server: {seen}"
     assert len(server_pods[high]) == 1 and reasons[high][-1] in ("Released", "Ready"), seen

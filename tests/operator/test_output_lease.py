@@ -29,8 +29,12 @@ def test_a_second_run_on_one_output_is_refused_before_any_server(
         refused = runs.wait(second, "InputsVerified", "False", "OutputInUse", timeout=90)
         assert f"is held by {runs.namespace}/{first}" in refused["message"], refused["message"]
         assert created["metadata"]["uid"] in refused["message"] and " until 20" in refused["message"]
+        # What the holder is doing, from the lease: its workers took it over from its preflight.
+        assert "its workers are generating" in refused["message"], refused["message"]
         halted = runs.wait(second, "Succeeded", "False", "PreflightFailed")
-        assert "This run does not take the output over by itself" in halted["message"], halted["message"]
+        # How this one starts again, in a command that does it: nothing retries a halted run's preflight.
+        restart = f"`kubectl delete datagenrun -n {runs.namespace} {second}`, then apply its manifest again"
+        assert "does not retry by itself" in halted["message"] and restart in halted["message"], halted["message"]
         statefulsets = runs.apps.list_namespaced_stateful_set(runs.namespace).items
         assert [s.metadata.name for s in statefulsets] == [f"{first}-server"], "no server for the second run"
 
@@ -70,3 +74,23 @@ def test_a_run_halted_at_the_parser_check_gives_its_lease_back_once(
         # Every pass over the first run (it went on being resynced all along) left its one release pod alone.
         release_pods = sum(e.count or 1 for e in runs.events(f"{halted}-release") if e.reason == "SuccessfulCreate")
         assert release_pods == 1, release_pods
+
+
+def test_a_run_refused_while_the_holder_is_past_its_preflight_only_is_told_so(
+    runs: Runs, operator: OperatorFactory, kubelet: PodRunner, data_dir: Path, standin_tokenizer: Path
+) -> None:
+    """The field case: the holder's server was still loading (its lease from its preflight), and the refusal spoke
+    of "its workers" renewing it. Now it says the preflight took it and what comes next."""
+    first, second = new_name("loading"), new_name("second")
+    output = f"out/{first}"
+    # A server URL nothing answers: the first run's server pod runs and reads as loading for as long as the test.
+    operator(["http://127.0.0.1:9"])
+    runs.create(cluster_run(first, data_dir, standin_tokenizer, output={"path": output}))
+    runs.wait(first, "ServerReady", "False", "Loading", timeout=120)
+
+    runs.create(cluster_run(second, data_dir, standin_tokenizer, output={"path": output}))
+    refused = runs.wait(second, "InputsVerified", "False", "OutputInUse", timeout=90)
+    message = refused["message"]
+    assert f"is held by {runs.namespace}/{first}" in message, message
+    assert "taken by its preflight, and held through its server's start and its canary" in message, message
+    assert "its workers are generating" not in message and "renew it every 30 s while they run" not in message

@@ -395,22 +395,37 @@ def test_spec_applied_shows_a_refusal_with_the_fix_and_clears_only_once_shown() 
 def test_a_live_change_is_acknowledged_naming_old_new_and_when_it_takes_effect() -> None:
     new = document(clients={"concurrency": 64}, checks={"maxTruncationRate": 0.2}, suspend=True)
     in_force = spec_in_force(new, document(), 1, 5, bulk_started=lambda: True)
-    assert in_force.refused == [] and len(in_force.live_changed) == 2, in_force.live_changed
-    concurrency = next(c for c in in_force.live_changed if c.startswith("spec.clients.concurrency"))
+    said_changes = [str(change) for change in in_force.live_changed]
+    assert in_force.refused == [] and len(said_changes) == 2, said_changes
+    concurrency = next(c for c in said_changes if c.startswith("spec.clients.concurrency"))
     old = document()["clients"]["concurrency"]
     assert concurrency == (
-        f"spec.clients.concurrency {old} -> 64: takes effect when new worker pods start (a resume or a retry); "
+        f"spec.clients.concurrency {old} → 64: takes effect when new worker pods start (a resume or a retry); "
         f"the running workers keep {old}"
     )
-    assert any(c.startswith("spec.checks ") and "at once" in c for c in in_force.live_changed)
+    # Named at its leaf, old → new, in words: never the section as JSON.
+    assert "spec.checks.maxTruncationRate 0.02 → 0.2: takes effect at once" in "; ".join(said_changes), said_changes
     (said,) = spec_applied([], [], in_force.live_changed)
     assert (said.status, said.reason) == ("True", "LiveFieldsApplied") and concurrency in said.message
+    assert "{" not in said.message and '"' not in said.message, said.message
+    # On a finished run the change does nothing, and says so.
+    (finished,) = spec_applied([], [], in_force.live_changed, finished=True)
+    assert "takes effect" not in finished.message and "the run has finished" in finished.message, finished.message
     # Beside a refused data change, the live fields taken are said too.
     frozen = document(clients={"concurrency": 64}, generation={"sampling": {"max_new_tokens": 7}})
     both = spec_in_force(frozen, document(), 1, 6, bulk_started=lambda: True)
     (refused,) = spec_applied(both.refused, [], both.live_changed)
     assert refused.reason == "DataFieldsFrozen" and "Taken: spec.clients.concurrency" in refused.message
     assert spec_in_force(document(suspend=True), document(), 1, 7, bulk_started=lambda: True).live_changed == []
+    assert spec_in_force(document(suspend=True), document(), 1, 7, bulk_started=lambda: True).suspend_changed
+
+
+def test_spec_values_are_said_in_words() -> None:
+    from datagen_operator.api.live_fields import words
+
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert words([toleration]) == "effect=NoSchedule key=nvidia.com/gpu operator=Exists"
+    assert (words(None), words(True), words(0.9), words({}), words([])) == ("unset", "true", "0.9", "none", "none")
 
 
 # --- the inventory the planner reads (k8s/inventory.py) --------------------------------------------

@@ -7,8 +7,8 @@ the workers have started, so an output never mixes two configurations.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 LIVE_FIELDS: tuple[tuple[str, ...], ...] = (
@@ -61,17 +61,60 @@ def _at(document: dict[str, Any], path: tuple[str, ...]) -> Any:
     return node
 
 
-def _shown(value: Any) -> str:
-    return "unset" if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+def words(value: Any) -> str:
+    """A spec value as a person reads it in a condition (never raw JSON): `0.9`, `10m`, `unset`,
+    `(gpu=a100)`, `key=nvidia.com/gpu operator=Exists`."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return " ".join(f"{key}={words(value[key])}" for key in sorted(value)) or "none"
+    if isinstance(value, list):
+        return "; ".join(words(item) for item in value) or "none"
+    return str(value)
 
 
-def live_changes(new: dict[str, Any], applied: dict[str, Any]) -> list[str]:
-    """Each live field that differs between two spec documents, old -> new, and when it takes effect."""
+@dataclass(frozen=True)
+class LiveChange:
+    """One live field that changed, at its leaf: `spec.checks.minReasoningRate 0.98 → 0.9`."""
+
+    field: str
+    before: str
+    after: str
+    when: str
+    """When it reaches a running run (WHEN_EFFECTIVE)."""
+
+    def said(self, finished: bool = False) -> str:
+        """The change and what it does: for a finished run, nothing (its final verdict stands)."""
+        when = FINISHED if finished else self.when
+        return f"{self.field} {self.before} → {self.after}: {when}"
+
+    def __str__(self) -> str:
+        return self.said()
+
+
+FINISHED = "recorded; the run has finished, so it changes nothing now (its final verdict stands)"
+
+
+def _leaves(before: Any, after: Any, path: str) -> list[tuple[str, Any, Any]]:
+    """The differing leaves of two values under `path`: dicts are walked key by key, anything else is a leaf."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for key in sorted(set(before) | set(after)):
+            out += _leaves(before.get(key), after.get(key), f"{path}.{key}")
+        return out
+    return [] if before == after else [(path, before, after)]
+
+
+def live_changes(new: dict[str, Any], applied: dict[str, Any]) -> list[LiveChange]:
+    """Each live field that differs between two spec documents, leaf by leaf, old → new, and when it takes
+    effect."""
     out = []
     for path, when in WHEN_EFFECTIVE.items():
         before, after = _at(applied, path), _at(new, path)
-        if before != after:
-            out.append(f"spec.{'.'.join(path)} {_shown(before)} -> {_shown(after)}: {when.format(old=_shown(before))}")
+        for name, old, now in _leaves(before, after, "spec." + ".".join(path)):
+            out.append(LiveChange(name, words(old), words(now), when.format(old=words(before))))
     return out
 
 

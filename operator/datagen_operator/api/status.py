@@ -84,7 +84,13 @@ class Progress(StatusModel):
     set_aside: dict[str, int] = Field(default_factory=dict)
     """cause -> prompts set aside unsent, never sent to the server (api.progress.Counts.set_aside)."""
     summary: str = ""
-    """What `kubectl get dgr` shows, e.g. '1234/88000 prompts, 5.1k tok/s' (records with samplesPerPrompt > 1)."""
+    """What `kubectl get dgr` shows, e.g. '1234/88000 prompts, 5.1k tok/s, ETA 3m20s' (records with
+    samplesPerPrompt > 1)."""
+    eta: str | None = None
+    """While the workers generate: the time left at the rate records were done since they began (control/progress
+    `eta_seconds`, the rule `datagen run` says it by), e.g. '3m20s'; unset before a record moved, and once stopped."""
+    eta_at: str | None = None
+    """When the run is estimated to be done at that rate (RFC 3339)."""
 
 
 class CheckResult(StatusModel):

@@ -45,6 +45,7 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.lease import (
     STEP_MARGIN_S,
+    STEP_PREFLIGHT,
     Holder,
     OutputInUse,
     claim_output,
@@ -71,7 +72,7 @@ def run_preflight(
     (output/lease.py), and given back when the verdict refuses: nothing will be generated then. Without one (a
     check by hand) a lease of any run is only respected."""
     try:
-        claim_output(output, holder, spec.server.startup_timeout + STEP_MARGIN_S)
+        claim_output(output, holder, spec.server.startup_timeout + STEP_MARGIN_S, STEP_PREFLIGHT)
     except OutputInUse as busy:
         return _failed(Reason.OUTPUT_IN_USE, str(busy))
     except OSError as error:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from datagen_operator.api.live_fields import changed_data_fields, live_changes, merge_live_fields
+from datagen_operator.api.live_fields import LiveChange, changed_data_fields, live_changes, merge_live_fields
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CHILDREN_ACCEPTED, SPEC_APPLIED, Condition
@@ -333,11 +333,13 @@ class SpecInForce:
     """The generation of its data-affecting part (what step Jobs are annotated with)."""
     refused: list[str]
     """Data fields changed after bulk records were written, kept at their applied values."""
-    live_changed: list[str] = field(default_factory=list)
-    """Live fields this generation changed (api/live_fields.live_changes): old -> new, and when each takes effect."""
+    live_changed: list[LiveChange] = field(default_factory=list)
+    """Live fields this generation changed (api/live_fields.live_changes): old → new, and when each takes effect."""
     changed_generation: int = 0
     """The last generation that changed more than `spec.suspend`: a halt decided at or after it stands
     (remembered_halt), so suspending and resuming a halted run neither reopens it nor reloads a model."""
+    suspend_changed: bool = False
+    """This generation turned `spec.suspend` on or off (acknowledged on a halted run: `suspend_on_halt`)."""
 
 
 def spec_in_force(
@@ -363,7 +365,10 @@ def spec_in_force(
         refused, document = changed, merge_live_fields(new, applied)
     elif changed:
         data_generation = generation
-    return SpecInForce(document, data_generation, refused, live_changes(new, applied), changed_generation)
+    suspend_changed = bool(new.get("suspend")) != bool(applied.get("suspend"))
+    return SpecInForce(
+        document, data_generation, refused, live_changes(new, applied), changed_generation, suspend_changed
+    )
 
 
 def _without_suspend(document: dict[str, Any]) -> dict[str, Any]:
@@ -371,24 +376,51 @@ def _without_suspend(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_applied(
-    refused: Sequence[str], conditions: Sequence[Condition], live_changed: Sequence[str] = ()
+    refused: Sequence[str],
+    conditions: Sequence[Condition],
+    live_changed: Sequence[LiveChange] = (),
+    *,
+    finished: bool = False,
 ) -> list[ConditionUpdate]:
     """SpecApplied: False while a data change is refused (naming the fields and the fix); True with the live
-    fields just changed and when each takes effect (LiveFieldsApplied, kept until the next change); True
-    Applied once a refused spec is written again (only when a refusal was shown)."""
+    fields just changed and when each takes effect (LiveFieldsApplied, kept until the next change; on a
+    `finished` run, that it changes nothing); True Applied once a refused spec is written again (only when a
+    refusal was shown)."""
+    changes = [change.said(finished) for change in live_changed]
     if refused:
         message = (
             f"{', '.join(refused)} changed after bulk records were written; the run keeps its applied spec so the "
             "output never mixes two configurations. Revert the change, or create a new run with a new output path."
         )
-        live = f" Taken: {'; '.join(live_changed)}." if live_changed else ""
+        live = f" Taken: {'; '.join(changes)}." if changes else ""
         return [ConditionUpdate(SPEC_APPLIED, "False", Reason.DATA_FIELDS_FROZEN, message + live)]
-    if live_changed:
-        return [ConditionUpdate(SPEC_APPLIED, "True", Reason.LIVE_FIELDS_APPLIED, "; ".join(live_changed))]
+    if changes:
+        return [ConditionUpdate(SPEC_APPLIED, "True", Reason.LIVE_FIELDS_APPLIED, "; ".join(changes))]
     shown = next((c for c in conditions if c.type == SPEC_APPLIED), None)
     if shown is not None and shown.status == "False":
         return [ConditionUpdate(SPEC_APPLIED, "True", Reason.APPLIED, "the spec in force is the one written")]
     return []
+
+
+def suspend_on_halt(suspend: bool, halt_reason: str) -> ConditionUpdate:
+    """SpecApplied when `spec.suspend` is turned on or off on a halted run: nothing runs to suspend or resume (the
+    server is at 0, the workers stopped), and the halt stands until a change beyond `spec.suspend`
+    (remembered_halt); the suspend is kept in the spec in force, so a run whose halt is lifted while it is set
+    starts suspended."""
+    if suspend:
+        reason = Reason.SUSPEND_ON_HALT
+        message = (
+            f"spec.suspend false → true on a run halted ({halt_reason}): nothing runs to suspend (no server, no "
+            "workers). The suspend is recorded: if a change beyond spec.suspend lifts the halt, the run starts "
+            "suspended"
+        )
+    else:
+        reason = Reason.RESUME_ON_HALT
+        message = (
+            f"spec.suspend true → false on a run halted ({halt_reason}): there is nothing to resume; the halt "
+            "stands until the spec changes beyond spec.suspend"
+        )
+    return ConditionUpdate(SPEC_APPLIED, "True", reason, message)
 
 
 def children_accepted(refused: Mapping[str, str], conditions: Sequence[Condition]) -> list[ConditionUpdate]:

@@ -68,6 +68,9 @@ class KueueEvicted:
     in the ClusterQueue; preemptor path: /cq; preemptee path: /cq'."""
     waiting: str = ""
     """Once requeued: why it is not admitted again, in Kueue's words (QuotaReserved=False's message)."""
+    preempted_for: str = ""
+    """Who the server made room for, by name: 'DataGenRun ns/name' (the owner of the preempting Workload that
+    Kueue's message names by UID only), else its Workload's owner or the Workload; empty when not found."""
 
     @property
     def preempted(self) -> bool:

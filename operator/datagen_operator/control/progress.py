@@ -4,9 +4,37 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 
+from datagen_operator.api.duration import format_duration
 from datagen_operator.api.progress import Counts, ShardProgress, sum_counts
+from datagen_operator.api.status import Progress
+from datagen_operator.control.conditions import rfc3339
 from datagen_operator.control.observed import ProgressCounters
+
+
+def eta_seconds(start: tuple[float, int], now: tuple[float, int], total: int) -> int | None:
+    """Seconds left at the rate records were done since `start` ((seconds, records done) when the workers began
+    to be counted generating), from `now`; None before any was done since, or once all are: the one ETA rule of
+    `datagen run`'s log and the operator's status.progress.eta."""
+    (t0, done0), (t1, done1) = start, now
+    if done1 <= done0 or t1 <= t0 or done1 >= total:
+        return None
+    return round((total - done1) * (t1 - t0) / (done1 - done0))
+
+
+def with_eta(progress: Progress, seconds: int | None, now: datetime) -> Progress:
+    """The progress with its ETA (`eta`, `etaAt`, and in the summary `kubectl get dgr` shows); as it is without one."""
+    if seconds is None:
+        return progress
+    eta = format_duration(seconds)
+    return progress.model_copy(
+        update={
+            "eta": eta,
+            "eta_at": rfc3339(now + timedelta(seconds=seconds)),
+            "summary": f"{progress.summary}, ETA {eta}",
+        }
+    )
 
 
 def stale_events(s: ShardProgress, attempt_started_at: float | None) -> Counts:

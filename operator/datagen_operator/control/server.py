@@ -74,7 +74,8 @@ def evicted_message(evicted: tuple[KueueEvicted, ...], wanted: int) -> str:
     words = first.message or first.kueue_reason
     waiting = first.waiting or "requeued"
     groups = f"{len(evicted)} of {wanted} server groups " if len(evicted) > 1 else ""
-    return f"{groups}{what} by Kueue in {where}: {words}; waiting for re-admission: {waiting}"
+    made_room = f" to make room for {first.preempted_for}" if first.preempted_for else ""
+    return f"{groups}{what} by Kueue in {where}{made_room}: {words}; waiting for re-admission: {waiting}"
 
 
 def server_verdict(observed: ServerObservation | None, startup_timeout_s: float) -> ServerVerdict:

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s.manifests import (
     KUEUE_API_VERSION,
+    KUEUE_JOB_UID_LABEL,
     LWS_API_VERSION,
     LWS_KIND,
     TEMPLATE_HASH,
@@ -174,6 +175,15 @@ class Kube:
         Raises ApiException: 404 where Kueue is not installed, 403 where the operator may not read them."""
         group, version = KUEUE_API_VERSION.split("/")
         listed = await self.custom.list_namespaced_custom_object(group, version, namespace, "workloads")
+        items: list[Mapping[str, Any]] = listed.get("items") or []
+        return items
+
+    async def kueue_workloads_of_job(self, job_uid: str) -> list[Mapping[str, Any]]:
+        """Kueue's Workloads of one job (its kueue.x-k8s.io/job-uid label), in every namespace.
+        Raises ApiException as `kueue_workloads`."""
+        group, version = KUEUE_API_VERSION.split("/")
+        selector = f"{KUEUE_JOB_UID_LABEL}={job_uid}"
+        listed = await self.custom.list_cluster_custom_object(group, version, "workloads", label_selector=selector)
         items: list[Mapping[str, Any]] = listed.get("items") or []
         return items
 

@@ -116,6 +116,8 @@ class Observer:
     """The HTTP status with which the Workload API refused (404: Kueue not installed), once warned about."""
     unanswered_since: datetime | None = None
     """server.external: when this operator first saw none of its URLs answer (None: one answers)."""
+    preemptors: dict[str, str] = field(default_factory=dict)
+    """A preempting Workload's UID -> who it is, by name (`_preempted_for`): read once."""
 
     @property
     def namespace(self) -> str:
@@ -298,12 +300,44 @@ class Observer:
             if gone is not None and gone.cluster_queue is None and gone.local_queue:
                 gone = replace(gone, cluster_queue=await cluster_queue(gone.local_queue))
             if gone is not None:
+                preemptor = o.preemptor_ids(gone.message)
+                if preemptor is not None:
+                    gone = replace(gone, preempted_for=await self._preempted_for(*preemptor, everything))
                 evicted.append(gone)
         if not queued and not evicted and any(o.kueue_gated(pod) for pod in server_pods):
             # Kueue gated the pods before its Workload was read, or admitted it and is lifting the gates now.
             words = "admitted; Kueue is lifting its gate" if workloads else "waiting for Kueue to make its Workload"
             queued.append(KueueQueued(workload="", local_queue=local_queue, message=words))
         return tuple(queued), tuple(evicted)
+
+    async def _preempted_for(self, workload_uid: str, job_uid: str, listed: list[Mapping[str, Any]]) -> str:
+        """Who a preemption made room for, by name: Kueue's message names the preempting Workload by its UID and
+        its job's. The Workload is in this namespace's list, or found by its job-uid label in any namespace (a
+        cohort spans namespaces); its owner (a run's server or Job) is read for the DataGenRun that owns it. Found
+        once per preemptor; empty while it cannot be found (it went, or may not be read)."""
+        if workload_uid in self.preemptors:
+            return self.preemptors[workload_uid]
+        found = next((w for w in listed if w["metadata"].get("uid") == workload_uid), None)
+        try:
+            if found is None and job_uid != "UNKNOWN":
+                of_job = await self.ctx.kube.kueue_workloads_of_job(job_uid)
+                found = next((w for w in of_job if w["metadata"].get("uid") == workload_uid), None)
+            if found is None:
+                return ""
+            meta = found["metadata"]
+            words = f"Workload {meta.get('namespace')}/{meta.get('name')}"
+            for ref in meta.get("ownerReferences") or []:
+                if ref.get("kind") not in ("StatefulSet", "Job", m.LWS_KIND):
+                    continue
+                owner = await self.ctx.kube.read(ref["kind"], meta.get("namespace") or self.namespace, ref["name"])
+                run = o.owner_run(owner) if owner is not None else None
+                words = f"DataGenRun {run}" if run else f"{ref['kind']} {meta.get('namespace')}/{ref['name']}"
+                break
+        except ApiException as error:
+            log.info("%s/%s: the preempting workload %s not read: %s", self.namespace, self.name, workload_uid, error)
+            return ""
+        self.preemptors[workload_uid] = words
+        return words
 
     async def _job_workloads(self, spec: DataGenRunSpec, listed: KueueWorkloads) -> dict[str, JobWorkload]:
         """The Kueue Workloads of the run's unfinished Jobs, by the planner's name of the Job, from the pass's list

@@ -14,6 +14,7 @@ from datagen_operator.api.exit_codes import EXIT_OK, EXIT_OUTPUT_VOLUME
 from datagen_operator.api.outcome import StepOutcome, cut_text
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.reasons import SHARD_CAUSES, Reason
+from datagen_operator.api.spec import API_GROUP, KIND
 from datagen_operator.control.observed import (
     KueueEvicted,
     KueueQueued,
@@ -220,6 +221,28 @@ def kueue_evicted(workload: Obj, cluster_queue: str | None = None) -> KueueEvict
         message=message,
         waiting="" if waiting == message else waiting,
     )
+
+
+_PREEMPTOR = re.compile(r"to accommodate a workload \(UID: ([^,()\s]+), JobUID: ([^,()\s]+)\)")
+"""Kueue's preemption message (pkg/scheduler/preemption `preemptionMessage`): "Preempted to accommodate a workload
+(UID: <workload uid>, JobUID: <its job's uid>) due to ...", with UNKNOWN for an id it does not have."""
+
+
+def preemptor_ids(message: str) -> tuple[str, str] | None:
+    """(the preempting Workload's UID, its job's UID) from Kueue's preemption message; None when it names none."""
+    found = _PREEMPTOR.search(message)
+    if found is None or found[1] == "UNKNOWN":
+        return None
+    return found[1], found[2]
+
+
+def owner_run(obj: Obj) -> str | None:
+    """'namespace/name' of the DataGenRun that owns `obj` (a server's StatefulSet or LeaderWorkerSet, a Job)."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(API_GROUP + "/"):
+            return f"{meta.get('namespace')}/{ref.get('name')}"
+    return None
 
 
 KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"

@@ -41,7 +41,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     },
     # a queued server (spec.queue): Kueue's Workloads owned by it, listed each pass (not watched, so the operator
     # runs where Kueue is not installed), and the LocalQueue's ClusterQueue while one is not admitted; a Job Kueue
-    # manages: its Workload listed, and patched (spec.active) to pause and resume it
+    # manages: its Workload listed, and patched (spec.active) to pause and resume it; a preempting Workload listed
+    # by its job's uid (any namespace: a cohort spans them) to name the run a preemption made room for
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
     # the worker Role grants get/patch on configmaps, which the operator holds itself (no escalate/bind)

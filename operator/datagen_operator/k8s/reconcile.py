@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,11 +25,13 @@ from datagen_operator.control.children import (
     plan,
     spec_applied,
     spec_in_force,
+    suspend_on_halt,
 )
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, decide
+from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.kueue_jobs import with_jobs_queued
 from datagen_operator.control.observed import Observed, ProbeFailures
+from datagen_operator.control.progress import eta_seconds, with_eta
 from datagen_operator.control.remembered import remembered_halt
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.context import OperatorContext, RunCache
@@ -59,6 +61,9 @@ class Reconciler:
     """The operator's worker image the run started with (status.workerImage), found once per pass."""
     namespace_going: bool = False
     """The run's namespace is being deleted (the API server refuses new content there): the run is only let go."""
+    paced_from: tuple[float, int] | None = None
+    """When this operator first saw the workers generate since they last stopped, and the records done then: the
+    rate the ETA is read from (lost with an operator restart: the next one counts from its own first look)."""
 
     def __post_init__(self) -> None:
         self.cache = RunCache(self.ctx, self.namespace, self.name)
@@ -116,12 +121,16 @@ class Reconciler:
             observed = Observed(generation=generation, halted=halted)
             decision = decide(spec, observed, context)
             await self._act(run, spec, resolved, decision, observed, urls, in_force.data_generation)
+            # Only spec.suspend moved (any other change lifts the halt): the generation is acknowledged, and the
+            # suspend answered in words, not left unanswered behind observedGeneration.
+            said = [suspend_on_halt(spec.suspend, halted.reason)] if in_force.suspend_changed else []
+            await self._report(body, old, decision, generation, now, None, said)
             return decision
         refused_writes = self.executor.refused_writes
         observed = await self.observer.observe(
             spec, resolved, generation, in_force.data_generation, old, urls, now, refused_writes
         )
-        decision = with_jobs_queued(decide(spec, observed, context), observed)
+        decision = self._with_eta(with_jobs_queued(decide(spec, observed, context), observed), now)
         if not old.conditions:
             # A new run: `kubectl get dgr` shows what it is about to do before its children are written (with
             # many runs applied at once, those writes queue behind each other's).
@@ -129,11 +138,25 @@ class Reconciler:
             old = self.writer.last(body)
         await self._act(run, spec, resolved, decision, observed, urls, in_force.data_generation)
         extra = [
-            *spec_applied(in_force.refused, old.conditions, in_force.live_changed),
+            *spec_applied(in_force.refused, old.conditions, in_force.live_changed, finished=decision.step is Step.DONE),
             *children_accepted({**self.executor.refused_writes, **self.observer.refused_pods}, old.conditions),
         ]
         await self._report(body, old, decision, generation, now, observed, extra)
         return decision
+
+    def _with_eta(self, decision: Decision, now: datetime) -> Decision:
+        """The decision with the ETA in its progress while the workers generate; a run that stops (suspended,
+        halted, waiting for its server) starts its rate over when it goes on."""
+        progress = decision.progress
+        if decision.step is not Step.RUN_WORKERS or progress is None or not progress.records_total:
+            self.paced_from = None
+            return decision
+        here = (now.timestamp(), progress.records_done)
+        if self.paced_from is None:
+            self.paced_from = here
+        return replace(
+            decision, progress=with_eta(progress, eta_seconds(self.paced_from, here, progress.records_total), now)
+        )
 
     async def _spec_in_force(
         self, run: m.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int

@@ -72,8 +72,7 @@ class StatusWriter:
         metrics.observe_status(self.namespace, self.name, new, observed.server if observed else None, queued)
         if not self._due(new, before):
             return True
-        # Merge patch: keys set to None clear what this pass no longer reports.
-        patch = {**{key: None for key in before if key not in new}, **new}
+        patch = merge_patch(before, new)
         await self.ctx.kube.patch_status(self.namespace, self.name, patch)
         self.status, self.last_write = new, asyncio.get_running_loop().time()
         for condition in status.conditions:
@@ -95,7 +94,8 @@ class StatusWriter:
         observed: Observed | None,
         facts: Facts,
     ) -> DataGenRunStatus:
-        server = None
+        # A pass that observed nothing (a halt that stands, a spec that does not parse) keeps what was said.
+        server = old.server if observed is None else None
         if observed is not None and observed.server is not None:
             info = facts.server_info or {}
             was = old.server
@@ -134,6 +134,16 @@ class StatusWriter:
         every = settings.progress_write_s if moved else max(settings.progress_write_s, settings.message_write_s)
         spacing = progress_spacing(every, len(self.ctx.wakers), settings.progress_writes_per_s)
         return progress_write_due(self.last_write, asyncio.get_running_loop().time(), spacing)
+
+
+def merge_patch(before: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch from `before` to `new`: keys set to None clear what this pass no longer reports, in
+    nested objects too (status.progress.eta once the workers stop)."""
+    patch: dict[str, Any] = {key: None for key in before if key not in new}
+    for key, value in new.items():
+        was = before.get(key)
+        patch[key] = merge_patch(was, value) if isinstance(value, dict) and isinstance(was, dict) else value
+    return patch
 
 
 def signature(status: Mapping[str, Any]) -> dict[str, Any]:

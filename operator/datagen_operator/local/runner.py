@@ -48,12 +48,12 @@ from datagen_operator.control.policy import (
     server_restart_delay_s,
     shard_exit,
 )
-from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.control.progress import counters_from_snapshots, eta_seconds
 from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
 from datagen_operator.output.layout import OutputLayout
-from datagen_operator.output.lease import STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
+from datagen_operator.output.lease import STEP_LOCAL_RUN, STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
 
 if TYPE_CHECKING:
     from datagen_operator.checks.verify import VerifyReport
@@ -159,7 +159,7 @@ class LocalRunner:
 
         try:
             # Before anything is written there: a second run on this output is refused, naming this one.
-            take_lease(self.output, self.holder, self.spec.server.startup_timeout + STEP_MARGIN_S)
+            take_lease(self.output, self.holder, self.spec.server.startup_timeout + STEP_MARGIN_S, step=STEP_LOCAL_RUN)
         except OutputInUse as busy:
             self._say(f"{Reason.OUTPUT_IN_USE}: {busy}", "red")
             return EXIT_FAILED
@@ -628,11 +628,10 @@ class LocalRunner:
 
 
 def eta_words(start: tuple[float, int], now: tuple[float, int], total: int) -> str:
-    """', ETA 3m20s' at the rate records were done since `start` ((monotonic s, records done)), or '' before any."""
-    (t0, done0), (t1, done1) = start, now
-    if done1 <= done0 or t1 <= t0 or done1 >= total:
-        return ""
-    return f", ETA {format_duration(round((total - done1) * (t1 - t0) / (done1 - done0)))}"
+    """', ETA 3m20s' at the rate records were done since `start` ((monotonic s, records done)), or '' before any
+    (control/progress `eta_seconds`: the operator's status.progress.eta is read by the same rule)."""
+    seconds = eta_seconds(start, now, total)
+    return "" if seconds is None else f", ETA {format_duration(seconds)}"
 
 
 class _NoDisplay:

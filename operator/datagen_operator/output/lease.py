@@ -21,7 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,6 +75,9 @@ class Lease:
     pid: int | None
     renewed_at: float
     expires_at: float
+    step: str | None = None
+    """Who took it last: STEP_PREFLIGHT, STEP_WORKERS or STEP_LOCAL_RUN (None: a lease written before it was
+    recorded)."""
 
     def stale(self, now: float) -> bool:
         if now >= self.expires_at:
@@ -82,19 +85,49 @@ class Lease:
         return self.host == socket.gethostname() and self.pid is not None and not _alive(self.pid)
 
 
-class OutputInUse(Exception):
-    """The output is leased to another run: who holds it, until when, and what to do."""
+STEP_PREFLIGHT = "preflight"
+STEP_WORKERS = "workers"
+STEP_LOCAL_RUN = "run"
 
-    def __init__(self, output: Path, lease: Lease, now: float) -> None:
+_DOING = {
+    STEP_PREFLIGHT: "taken by its preflight, and held through its server's start and its canary; its workers take it "
+    f"next, renew it every {LEASE_RENEW_S:.0f} s and give it back when the run's shards are all done",
+    STEP_WORKERS: f"its workers are generating: they renew it every {LEASE_RENEW_S:.0f} s and give it back when the "
+    "run's shards are all done",
+    STEP_LOCAL_RUN: f"held by that process for its whole run (its workers renew it every {LEASE_RENEW_S:.0f} s); it is "
+    "given back when it ends, and taken over at once if that process is gone",
+}
+
+
+def restart_words(refused: Holder | None) -> str:
+    """How the refused run is started again once the output is free: nothing retries it by itself."""
+    if refused is None:
+        return "Run this step again once the output is free."
+    if refused.pid is not None:
+        return "This run does not wait for the output: run `datagen run` again once it is free."
+    namespace, _, name = refused.run.rpartition("/")
+    where = f"-n {namespace} " if namespace else ""
+    return (
+        "This run is halted and does not retry by itself (its preflight's refusal stands for its spec): once the "
+        f"output is free, create it again: `kubectl delete datagenrun {where}{name}`, then apply its manifest again."
+    )
+
+
+class OutputInUse(Exception):
+    """The output is leased to another run: who holds it, what it is doing, until when, and what to do."""
+
+    def __init__(self, output: Path, lease: Lease, now: float, refused: Holder | None = None) -> None:
         self.lease = lease
         until = datetime.fromtimestamp(lease.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        doing = _DOING.get(lease.step or "") or (
+            f"renewed every {LEASE_RENEW_S:.0f} s while its workers run, and given back when the run's shards are "
+            "all done"
+        )
         super().__init__(
             f"{output} is held by {lease.run} (lease holder {lease.holder}) until {until}, "
             f"{max(0, round(lease.expires_at - now))} s from now (renewed {max(0, round(now - lease.renewed_at))} s "
-            f"ago; its workers renew it every {LEASE_RENEW_S:.0f} s while they run, and give it back when the run's "
-            "shards are all done). Two runs on one output would generate every prompt twice: set another "
-            "spec.output.path, or end that run first. This run does not take the output over by itself: start "
-            "it again once the output is free."
+            f"ago; {doing}). Two runs on one output would generate every prompt twice: set another "
+            f"spec.output.path, or end that run first. {restart_words(refused)}"
         )
 
 
@@ -111,7 +144,8 @@ def _alive(pid: int) -> bool:
 def read_lease(output: Path) -> Lease | None:
     try:
         data = orjson.loads((output / LEASE_FILE).read_bytes())
-        return Lease(**data)
+        known = {f.name for f in fields(Lease)}  # a later version's keys are not this one's to read
+        return Lease(**{key: value for key, value in data.items() if key in known})
     except FileNotFoundError:
         return None
     except (orjson.JSONDecodeError, TypeError):
@@ -127,11 +161,11 @@ def live_lease(output: Path, holder_id: str | None = None, now: float | None = N
     return OutputInUse(output, current, moment)
 
 
-def claim_output(output: Path, holder: Holder | None, duration_s: float) -> None:
+def claim_output(output: Path, holder: Holder | None, duration_s: float, step: str) -> None:
     """A step's claim on the output: a run's step takes (or renews) the lease; a step run by hand, without a
     holder, only respects one. OutputInUse when another run holds it."""
     if holder is not None:
-        take_lease(output, holder, duration_s)
+        take_lease(output, holder, duration_s, step=step)
         return
     busy = live_lease(output)
     if busy is not None:
@@ -148,15 +182,19 @@ def lease_holder(holder_id: str | None, run: DataGenRun | None) -> Holder | None
     return Holder.parse(holder_id, f"{namespace}/{run.metadata.name}" if namespace else run.metadata.name)
 
 
-def take_lease(output: Path, holder: Holder, duration_s: float, now: float | None = None) -> Lease:
-    """Take or renew the output's lease for `duration_s`; OutputInUse when another run holds it."""
+def take_lease(
+    output: Path, holder: Holder, duration_s: float, now: float | None = None, *, step: str | None = None
+) -> Lease:
+    """Take or renew the output's lease for `duration_s` as `step` (STEP_PREFLIGHT, STEP_WORKERS, STEP_LOCAL_RUN:
+    what a refusal says the holder is doing); OutputInUse, naming how `holder`'s run starts again, when another
+    run holds it."""
     output.mkdir(parents=True, exist_ok=True)
     with _locked(output):
         moment = time.time() if now is None else now
         current = read_lease(output)
         if current is not None and current.holder != holder.id and not current.stale(moment):
-            raise OutputInUse(output, current, moment)
-        lease = Lease(holder.id, holder.run, holder.host, holder.pid, moment, moment + duration_s)
+            raise OutputInUse(output, current, moment, holder)
+        lease = Lease(holder.id, holder.run, holder.host, holder.pid, moment, moment + duration_s, step)
         _write(output / LEASE_FILE, lease)
         return lease
 

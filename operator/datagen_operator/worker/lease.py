@@ -6,9 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 from datagen_operator.api.reasons import Reason
-from datagen_operator.output.lease import LEASE_RENEW_S, WORKER_LEASE_S, OutputInUse, claim_output, take_lease
+from datagen_operator.output.lease import (
+    LEASE_RENEW_S,
+    STEP_WORKERS,
+    WORKER_LEASE_S,
+    OutputInUse,
+    claim_output,
+    take_lease,
+)
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
 log = logging.getLogger("datagen.worker")
@@ -23,7 +31,7 @@ class WorkerLease:
         """Take the output's lease for the worker's run (or, run by hand without one, respect a run's lease):
         BadInput naming the holder when another run writes this output."""
         try:
-            claim_output(self.config.output, self.config.lease_holder, WORKER_LEASE_S)
+            claim_output(self.config.output, self.config.lease_holder, WORKER_LEASE_S, STEP_WORKERS)
         except OutputInUse as busy:
             raise BadInput(str(busy), Reason.OUTPUT_IN_USE) from None
         self.renewed = time.monotonic()
@@ -34,7 +42,7 @@ class WorkerLease:
         if holder is None or time.monotonic() - self.renewed < LEASE_RENEW_S:
             return None
         try:
-            await asyncio.to_thread(take_lease, self.config.output, holder, WORKER_LEASE_S)
+            await asyncio.to_thread(partial(take_lease, self.config.output, holder, WORKER_LEASE_S, step=STEP_WORKERS))
         except OutputInUse as busy:
             return str(busy)
         except OSError as error:
