@@ -519,19 +519,49 @@ def build_parser() -> argparse.ArgumentParser:
         output="the run's output directory (default: spec.output.path)",
         lease_holder="take the output's lease for this run (its UID; output/lease.py)",
     )
+    parser.add_argument(
+        "--standin",
+        action="store_true",
+        help="where the tokenizer directory (model.path) does not exist, build the preset's stand-in tokenizer "
+        "there, as `datagen run --standin` does (simulator runs only: synthetic data, not model output)",
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
+    import sys
+
+    from datagen_operator.api import SpecError, load_run
+    from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+    from datagen_operator.checks.tokenizer_source import (
+        TokenizerUnavailable,
+        load_spec_tokenizer,
+        missing_tokenizer_dir,
+    )
+
     args = build_parser().parse_args(argv)
-
-    from datagen_operator.api import load_run
-    from datagen_operator.prompts.render import load_tokenizer
-
-    run = load_run(args.run)
+    try:
+        run = load_run(args.run)
+    except (SpecError, FileNotFoundError) as error:
+        print(f"{args.run}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     spec = run.spec
     tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_dir)
-    tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolve_model(spec).trust_remote_code)
+    if not tokenizer_dir.is_dir() and args.standin:
+        refusal = missing_tokenizer_dir(spec, tokenizer_dir, standin=True)
+        if refusal is not None:
+            print(f"{args.run}: {refusal}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        from datagen_operator.tokenizer.kimi_tiktoken import build_preset_standin
+
+        assert spec.model.preset is not None
+        print(f"--standin: building the {spec.model.preset} stand-in tokenizer at {tokenizer_dir}", file=sys.stderr)
+        build_preset_standin(spec.model.preset, tokenizer_dir)
+    try:
+        tokenizer = load_spec_tokenizer(spec, tokenizer_dir, resolve_model(spec).trust_remote_code)
+    except TokenizerUnavailable as error:  # a verdict, not a crash: loading again gives the same answer
+        print(f"{args.run}: {error}", file=sys.stderr)
+        return write_verdict(_failed(Reason.PREFLIGHT_ERROR, str(error)), args.termination_log, echo=False)
     outcome = run_preflight(
         spec,
         tokenizer,
