@@ -23,6 +23,9 @@ TOO_LONG = "too_long"
 """The cause of a prompt set aside because prompt + max_new_tokens exceeds the server's context."""
 UNRENDERABLE = "unrenderable"
 """The cause of a prompt set aside because the chat template cannot render it."""
+DUPLICATE_ID = "duplicate_id"
+"""The cause of a dataset line set aside because an earlier line has its id (or, without ids, its content): the
+conversation is generated once, for the first. Counted apart from the malformed lines: nothing is wrong with it."""
 FINISHED_STATES = frozenset({"complete", "incomplete", "drained", "failed"})
 """States a worker publishes last, as it exits: it no longer produces tokens."""
 
@@ -68,9 +71,15 @@ class Counts:
         return self.set_aside.get(TOO_LONG, 0)
 
     @property
+    def duplicates(self) -> int:
+        """Dataset lines set aside as repeats of an earlier line."""
+        return self.set_aside.get(DUPLICATE_ID, 0)
+
+    @property
     def unusable(self) -> int:
-        """Prompts set aside for any cause but length: a malformed line, or a prompt the template cannot render."""
-        return sum(self.set_aside.values()) - self.too_long
+        """Prompts set aside for any cause but length or repetition: a malformed line, or a prompt the template
+        cannot render."""
+        return sum(self.set_aside.values()) - self.too_long - self.duplicates
 
     def count(self, *flags: str) -> int:
         """Records raising any of `flags` (each flag counted apart)."""

@@ -23,14 +23,18 @@ TRUNCATION = "truncation"
 TOOL_CALLS = "tool_calls"
 SERVER_ERRORS = "server_errors"
 MALFORMED = "malformed"
+DUPLICATES = "duplicates"
 SERVER_FAILURES = "server_failures"
 OUTPUT_VOLUME = "output_volume"
 RETRACTIONS = "retractions"
 
 # Thresholds of the causes spec.checks has no field for (docs/checks.md).
 MAX_MALFORMED_RATE = 0.10
-"""Dataset lines set aside (bad JSON, id, messages, tools, duplicates) or prompts the template cannot render:
-past one in ten, the file or its format is likely the wrong one."""
+"""Dataset lines set aside (bad JSON, id, messages, tools) or prompts the template cannot render: past one in
+ten, the file or its format is likely the wrong one."""
+MAX_DUPLICATE_RATE = 0.50
+"""Dataset lines that repeat an earlier line's id (or content): each is generated once, so a few are harmless
+(LLaMA-Factory's glaive demo repeats 35 of 300); past half, spec.dataset.idField likely names no per-line id."""
 MAX_TOO_LONG_RATE = 0.10
 """Prompts set aside because prompt + max_new_tokens exceeds the server's context."""
 MIN_RECORDS_TO_JUDGE = 16
@@ -126,7 +130,7 @@ def record_checks(counts: Counts, ctx: CheckContext) -> list[CheckResult]:
 
 def dataset_checks(counts: Counts) -> list[CheckResult]:
     """The checks over the dataset's lines set aside: known before any server (the preflight)."""
-    return [_malformed(counts), _too_long(counts)]
+    return [_malformed(counts), _duplicates(counts), _too_long(counts)]
 
 
 THRESHOLD_FIELDS: dict[str, str] = {
@@ -497,6 +501,21 @@ def _malformed(counts: Counts) -> CheckResult:
         f"{_frac(bad, n)} dataset lines set aside unsent (malformed or unrenderable)",
         f"{_frac(bad, n)} dataset lines are not usable prompts or cannot be rendered by the chat template",
         "check spec.dataset.path and its format (the format: docs/worker.md)",
+    )
+
+
+def _duplicates(counts: Counts) -> CheckResult:
+    n, repeated = counts.lines, counts.duplicates
+    return _rate_check(
+        DUPLICATES,
+        repeated,
+        n,
+        MAX_DUPLICATE_RATE,
+        "dataset lines",
+        f"{_frac(repeated, n)} dataset lines repeat an earlier line's id, set aside (the first one is generated)",
+        f"{_frac(repeated, n)} dataset lines repeat an earlier line's id",
+        "check that spec.dataset.idField names an id of its own on each line (without one, a line's id is its "
+        "content's hash); rejects.jsonl names each repeat",
     )
 
 

@@ -44,6 +44,7 @@ from typing import IO, Any, Literal, Protocol
 
 import orjson
 
+from datagen_operator.api.progress import DUPLICATE_ID as DUPLICATE_ID  # the checks count it apart
 from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_problem
 from datagen_operator.engine.chat_tools import json_type as _json_type
 from datagen_operator.engine.chat_tools import read_tools
@@ -55,7 +56,6 @@ ReadFormat = Literal["jsonl", "json", "parquet"]
 BAD_JSON = "bad_json"
 NOT_OBJECT = "not_object"
 BAD_ID = "bad_id"
-DUPLICATE_ID = "duplicate_id"
 BAD_MESSAGES = "bad_messages"
 INVALID_TOOLS = "invalid_tools"
 UNKNOWN_SHAPE = "unknown_shape"
