@@ -565,7 +565,8 @@ def _output_volume(counts: Counts) -> CheckResult:
 
 
 def by_turn_words(records: Mapping[int, int], flagged: Mapping[int, int]) -> str:
-    """Records by turn (1-based, as a person counts them), the flagged ones beside: '1: 23 (1 flagged), 2: 21'."""
+    """Records by turn as a person counts them (api/words.py: 1 is the stored turn 0), the flagged ones beside:
+    '1: 23 (1 flagged), 2: 21'."""
     return ", ".join(
         f"{turn + 1}: {records[turn]}" + (f" ({flagged[turn]} flagged)" if flagged.get(turn) else "")
         for turn in sorted(records)

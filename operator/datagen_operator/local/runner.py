@@ -360,7 +360,7 @@ class LocalRunner:
     def _stop_leftovers(self) -> None:
         """Children of an earlier `datagen run` of this output that was killed: stopped before this one starts
         (they would generate into the output beside its workers, a server of theirs would hold the GPUs)."""
-        from datagen_operator.api.plural import plural
+        from datagen_operator.api.words import plural
 
         stopped = stop_leftovers(self.output)
         if stopped:
