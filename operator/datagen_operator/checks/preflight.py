@@ -201,10 +201,12 @@ def _judge_rendered(
             "generate, no server needed; verifying the output",
             lines.prompts,
             complete=True,
+            recorded=existing.records,
         )
     return passed(
         f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
         lines.prompts,
+        recorded=existing.records,
     )
 
 
@@ -496,11 +498,16 @@ def free_bytes(output: Path) -> int | None:
     return free_on_volume(output)
 
 
-def _passed(message: str, prompts: int, *, turns: int | None = None, complete: bool = False) -> StepOutcome:
+def _passed(
+    message: str, prompts: int, *, turns: int | None = None, complete: bool = False, recorded: int | None = None
+) -> StepOutcome:
     """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total;
-    `turns`: for whole conversations, their planned turns (records per sample)."""
+    `turns`: for whole conversations, their planned turns (records per sample); `recorded`: the records an
+    existing output holds."""
     check = CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message)
-    return StepOutcome(True, Reason.PASSED, message, (check,), prompts=prompts, turns=turns, complete=complete)
+    return StepOutcome(
+        True, Reason.PASSED, message, (check,), prompts=prompts, turns=turns, complete=complete, recorded=recorded
+    )
 
 
 def _failed(reason: str, message: str) -> StepOutcome:

@@ -133,6 +133,7 @@ def progress_of(
     *,
     dataset_prompts: int | None = None,
     dataset_turns: int | None = None,
+    recorded: int | None = None,
     samples: int = 1,
     uncounted: str = "workers starting",
     rate: bool = True,
@@ -145,7 +146,8 @@ def progress_of(
     samples over the whole output (recorded, refused by the server, set aside), which a resumed worker reads
     from disk before it reads the dataset again: it never goes backwards. The workers' per-prompt count starts
     over on a resume, so it is shown only where no preflight counted. Whole conversations (`dataset_turns`, the
-    preflight's count of their planned turns) are counted in turns, their conversations beside them."""
+    preflight's count of their planned turns) are counted in turns, their conversations beside them. `recorded`:
+    the records the preflight found in the output, done before any worker of this attempt has counted them."""
     c = counters or ProgressCounters()
     counts = c.counts
     settled = counts.records + counts.refused + counts.records_set_aside
@@ -155,7 +157,7 @@ def progress_of(
     else:
         prompts_total, records_total = dataset_prompts, (dataset_turns or dataset_prompts) * samples
         # A prompt set aside after some of its samples were recorded counts each once: never past the total.
-        records_done = min(records_total, settled)
+        records_done = min(records_total, max(settled, recorded or 0))
         # One answer a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
         single = samples == 1 and dataset_turns is None
         prompts_done = records_done if single else min(prompts_total, c.prompts_done)
@@ -330,6 +332,7 @@ class _Pass:
             workers.shards_done if workers else 0,
             dataset_prompts=counted.prompts if counted else None,
             dataset_turns=counted.turns if counted else None,
+            recorded=counted.recorded if counted else None,
             samples=spec.generation.samples_per_prompt,
             uncounted=_uncounted(observed, begun),
         )
