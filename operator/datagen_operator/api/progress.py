@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.words import plural
+
 STATES = ("starting", "running", "paused", "draining", "compacting", "complete", "incomplete", "drained", "failed")
 """paused: every server is down; incomplete: some records ran out of attempts (rerun resumes them);
 drained: stopped by SIGTERM (resumable); failed: refused to run, the servers stayed unreachable, or the output
@@ -257,7 +259,7 @@ class ShardProgress:
         return (
             f"shard {self.shard}/{self.shard_count} {self.state}: {self.prompts_done}/{self.prompts_total} prompts, "
             f"{self.records_done}/{self.records_total} records, {self.tokens_per_s / 1000:.1f}k tok/s"
-            + (f", {set_aside} prompts set aside" if set_aside else "")
+            + (f", {plural(set_aside, 'prompt')} set aside" if set_aside else "")
         )
 
 

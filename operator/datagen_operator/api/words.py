@@ -13,6 +13,11 @@ def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural_noun or noun + 's'}"
 
 
+def agrees(count: int, singular_verb: str, plural_verb: str) -> str:
+    """The verb that agrees with `count` of a noun: agrees(1, "passes", "pass") is "passes"."""
+    return singular_verb if count == 1 else plural_verb
+
+
 def turn_label(turn: int) -> str:
     """A record's stored `turn` (from 0) as a person counts it: 'turn 1'."""
     return f"turn {turn + 1}"

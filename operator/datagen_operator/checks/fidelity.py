@@ -16,7 +16,7 @@ import orjson
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
-from datagen_operator.api.words import turn_label
+from datagen_operator.api.words import agrees, plural, turn_label
 from datagen_operator.engine.tool_calls import ParsedCall, call_names
 from datagen_operator.prompts.conversation import (
     AnswerSplit,
@@ -145,12 +145,14 @@ def conversation_fidelity(
         )
     if after_call:
         problems.append(
-            f"{len(after_call)} turns were generated after an answer that called a tool (e.g. "
+            f"{plural(len(after_call), 'turn')} {agrees(len(after_call), 'was', 'were')} generated after an answer that called a tool (e.g. "
             f"{', '.join(after_call[:3])}): no dataset tool result answers the model's own call, and the history sent "
             "instead holds an answer the model never gave"
         )
     if gaps:
-        problems.append(f"{len(gaps)} conversations have a turn recorded without the one before it (e.g. {gaps[:3]})")
+        problems.append(
+            f"{plural(len(gaps), 'conversation')} {agrees(len(gaps), 'has', 'have')} a turn recorded without the one before it (e.g. {gaps[:3]})"
+        )
     if problems:
         count = len(prompt_differ) + len(split_differ) + len(gaps) + len(after_call)
         return CheckResult(
@@ -164,7 +166,7 @@ def conversation_fidelity(
         )
     return proved(
         compared,
-        f"{compared} turns of {len(conversations)} sampled conversations re-render to the stored input_ids "
+        f"{plural(compared, 'turn')} of {plural(len(conversations), 'sampled conversation')} re-render to the stored input_ids "
         "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
     )
 

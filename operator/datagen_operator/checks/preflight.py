@@ -29,6 +29,7 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
+from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import (
     CHECK_FLAGS,
@@ -146,7 +147,9 @@ def _judge_rendered(
             "or remove those lines (the first of each cause are named above), or point spec.dataset.path at the right "
             "file",
         )
-    found = f"{lines.prompts} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
+    found = f"{plural(lines.prompts, 'prompt')} in {dataset}" + (
+        f" ({lines.set_aside} set aside)" if lines.set_aside else ""
+    )
     found += f" ({lines.said})" if lines.said else ""
     passed = partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
     pinned = read_pin(output)
@@ -187,7 +190,7 @@ def _judge_rendered(
     if existing.failed:
         return _failed(
             Reason.OUTPUT_FAILS_CHECKS,
-            f"spec.output.path {output} already holds {existing.records} records that fail the checks a resume "
+            f"spec.output.path {output} already holds {plural(existing.records, 'record')} that fail the checks a resume "
             f"would be judged by: {existing.failed}. Refused before any server started: write to a new "
             f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
             f"--exclude-flags {existing.flags} leaves the flagged records out of the training data)",
@@ -204,7 +207,7 @@ def _judge_rendered(
             recorded=existing.records,
         )
     return passed(
-        f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
+        f"{found}; {output} resumes with the same fingerprint ({plural(existing.records, 'record')} {agrees(existing.records, 'passes', 'pass')} the checks)",
         lines.prompts,
         recorded=existing.records,
     )

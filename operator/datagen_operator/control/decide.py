@@ -30,6 +30,7 @@ from datagen_operator.api.status import (
     Phase,
     Progress,
 )
+from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, by_turn_words, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters
@@ -439,7 +440,12 @@ def _all_shards_done(run: _Pass) -> Decision | None:
     if not faithful and run.halt_on_failure:
         return _checks_failed(run, checks, run.progress)
     run.updates += [
-        _u(PROGRESSING, "True", Reason.VERIFYING, f"all {workers.shards_total} shards done; final verification"),
+        _u(
+            PROGRESSING,
+            "True",
+            Reason.VERIFYING,
+            f"all {plural(workers.shards_total, 'shard')} done; final verification",
+        ),
         _u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"),
     ]
     return run.decision(Step.FINAL_VERIFY, checks=checks)
@@ -492,7 +498,7 @@ def _canary(run: _Pass) -> Decision | None:
     if canary is None:
         prompts = run.spec.checks.canary_prompts
         run.updates += [
-            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {prompts} prompts and the probes"),
+            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {plural(prompts, 'prompt')} and the probes"),
             _u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"),
             _u(PROGRESSING, "False", Reason.WAITING, "bulk generation starts after the canary passes"),
             _u(SUCCEEDED, "Unknown", Reason.RUNNING, "canary running"),
@@ -528,7 +534,7 @@ def _bulk(run: _Pass) -> Decision:
         return _checks_failed(run, checks, run.stopped_at)
     workers = run.observed.workers
     if workers is not None and workers.shards_failed:
-        message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
+        message = workers.failure_message or f"{plural(workers.shards_failed, 'shard')} failed after their retries"
         run.updates += [
             _u(PROGRESSING, "False", Reason.WORKERS_FAILED, message),
             _u(SUCCEEDED, "False", Reason.WORKERS_FAILED, f"{message}; the output is kept and a rerun resumes"),
@@ -651,7 +657,7 @@ def _rolling_checks(
                 DATA_FAITHFUL,
                 "Unknown",
                 Reason.COLLECTING,
-                f"{have} records so far; judging from {MIN_RECORDS_TO_JUDGE}",
+                f"{plural(have, 'record')} so far; judging from {MIN_RECORDS_TO_JUDGE}",
             )
         )
         faithful = True
@@ -669,7 +675,7 @@ def _rolling_checks(
                     DATA_FAITHFUL,
                     "True",
                     Reason.WITHIN_THRESHOLDS,
-                    f"{len(checks)} checks pass over {counts.records} records{turns}",
+                    f"{plural(len(checks), 'check')} {agrees(len(checks), 'passes', 'pass')} over {plural(counts.records, 'record')}{turns}",
                 )
             )
         else:

@@ -28,6 +28,7 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import PROGRESSING, SERVER_READY, SUCCEEDED, Condition
+from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.checks.verify import holds_records
@@ -346,7 +347,9 @@ class LocalRunner:
             self.servers.append((child, f"http://127.0.0.1:{port}"))
             await self._start_child(child)
         kind = "the SGLang simulator (no GPU or no sglang here)" if self.simulator else "SGLang"
-        self._say(f"started {self.spec.server.replicas} server replica(s) with {kind}; logs in {self.logs}", "cyan")
+        self._say(
+            f"started {plural(self.spec.server.replicas, 'server replica')} with {kind}; logs in {self.logs}", "cyan"
+        )
 
     async def _start_child(self, child: Child) -> None:
         """Start a server or worker and name it in the output's processes.json, for a later run to stop should
@@ -360,8 +363,6 @@ class LocalRunner:
     def _stop_leftovers(self) -> None:
         """Children of an earlier `datagen run` of this output that was killed: stopped before this one starts
         (they would generate into the output beside its workers, a server of theirs would hold the GPUs)."""
-        from datagen_operator.api.words import plural
-
         stopped = stop_leftovers(self.output)
         if stopped:
             named = ", ".join(f"{child.name} (pid {child.pid})" for child in stopped)
