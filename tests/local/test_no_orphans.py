@@ -82,6 +82,9 @@ def test_kill_9_of_datagen_run_takes_its_simulator_and_workers_with_it(tmp_path:
         _kill_groups(children)
 
 
+CRAWLING_SIM = [arg.replace("--sim-tokens-per-s=300", "--sim-tokens-per-s=40") for arg in SLOW_SIM]
+"""The leftovers' simulator: its worker is still generating when the next run starts, however loaded the machine."""
+
 LEFTOVERS = """
 import subprocess, sys, time, urllib.request
 from pathlib import Path
@@ -119,7 +122,7 @@ def test_a_later_run_stops_what_an_earlier_killed_run_left_running(tmp_path: Pat
     first.communicate(timeout=30)
 
     left_by = subprocess.run(
-        [sys.executable, "-c", LEFTOVERS, str(out), *(arg.removeprefix("--sim-arg=") for arg in SLOW_SIM)],
+        [sys.executable, "-c", LEFTOVERS, str(out), *(arg.removeprefix("--sim-arg=") for arg in CRAWLING_SIM)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -135,6 +138,7 @@ def test_a_later_run_stops_what_an_earlier_killed_run_left_running(tmp_path: Pat
             assert time.monotonic() < deadline, "the leftover worker never wrote a record"
             time.sleep(0.2)
 
+        assert _running(leftovers) == leftovers, "the leftovers are still generating when the next run starts"
         again = datagen_run(run_file, *FAST_SIM)
         said = " ".join(again.stdout.split())
         assert again.returncode == 0, said
