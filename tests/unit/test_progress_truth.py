@@ -107,6 +107,9 @@ def test_the_preflights_count_is_remembered_with_its_verdict() -> None:
     remembered = remembered_preflight(stored, 3)
     assert remembered is not None and remembered.passed and remembered.prompts == 2000
     assert remembered_preflight(stored, 4) is None, "a changed dataset is counted again"
+    # The workers' ConfigMaps new (a resumed workers Job) and not yet written: the 38 records stay counted.
+    again = decide(s, bulk(None, remembered), context(s)).progress
+    assert again is not None and again.summary.startswith("38/2000 prompts"), again.summary
     # A status without the count (progress.datasetPrompts unset): the verdict stands, the total comes from the
     # workers.
     older = remembered_preflight(DataGenRunStatus(conditions=[inputs], progress=Progress(prompts_total=256)), 3)
