@@ -179,7 +179,7 @@ def test_prompts_the_template_cannot_render_or_the_server_refuses_are_set_aside(
     with start_sim(*KIMI_FLAGS, *SHORT, "--context-length", "4096") as sim:
         outcome = canary_outcome(sim.url, spec, standin_tokenizer)
     assert outcome.passed, outcome.message
-    assert "set aside 1 prompt(s): too-long (refused by the server: HTTP 400" in outcome.message
+    assert "set aside 1 prompt: too-long (refused by the server: HTTP 400" in outcome.message
 
 
 def test_prompt_suffix_leak_fails_the_canary(standin_tokenizer: Path) -> None:

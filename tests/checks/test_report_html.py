@@ -140,7 +140,9 @@ def test_every_plot_draws_its_data_offline(regenerated: Path, tmp_path: Path) ->
     turns = sorted({r["turn"] for r in records})
     assert turns == [0, 1, 2]
     for name in ("prompt-lengths", "reasoning-lengths", "answer-lengths"):
-        assert [t.name for t in by_id[name].traces] == [f"turn {t}" for t in turns], name
+        # A person's turn 1 is the stored `turn` 0, as the text report counts them; the plot says so.
+        assert [t.name for t in by_id[name].traces] == [f"turn {t + 1}" for t in turns], name
+        assert "turns are counted from 1: turn 1 is the records' `turn` 0" in by_id[name].note
     prompt_turns = by_id["prompt-lengths"].traces
     assert [sum(t.y) for t in prompt_turns] == [sum(r["turn"] == t for r in records) for t in turns]
     assert sum(by_id["throughput"].traces[0].y) > 0

@@ -1,5 +1,6 @@
 """`datagen verify`'s final report counts each set-aside or refused item under its own check: `malformed`
-(bad lines, unrenderable prompts) and `too_long` out of the dataset's lines, server refusals (4xx) and server
+(bad lines, unrenderable prompts), `duplicates` (a line repeating an earlier one's id) and `too_long` out of the
+dataset's lines, server refusals (4xx) and server
 failures (5xx) out of the requests; none of them shows 0/0 when the output holds such items."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from datagen_operator.api.progress import Counts
-from datagen_operator.checks.evaluate import MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
+from datagen_operator.checks.evaluate import DUPLICATES, MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
 from datagen_operator.checks.verify import SetAside, _output_counts, render_report
 from tests.checks.set_aside_output import verify_produced
 
@@ -19,24 +20,29 @@ def test_the_report_counts_malformed_and_too_long_out_of_the_dataset_lines(produ
     document, dataset, output = produced
     report = verify_produced(document, dataset, output)
     checks = {c.name: c for c in report.checks}
-    # 11 dataset lines: 8 valid prompts (one too long, one unrenderable) and 3 lines set aside when read.
-    assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)
+    # 11 dataset lines: 8 valid prompts (one too long, one unrenderable) and 3 lines set aside when read, one of
+    # them a repeat of an earlier line's id: a duplicate, not a malformed line.
+    assert (checks[MALFORMED].count, checks[MALFORMED].total) == (3, 11)
+    assert (checks[DUPLICATES].count, checks[DUPLICATES].total) == (1, 11)
     assert (checks[TOO_LONG].count, checks[TOO_LONG].total) == (1, 11)
-    assert checks[MALFORMED].verdict.startswith("4/11 dataset lines are not usable prompts or cannot be rendered")
+    assert checks[DUPLICATES].verdict.startswith("1/11 dataset lines repeat an earlier line's id, set aside")
     assert checks[TOO_LONG].verdict == (
         "1/11 prompts set aside unsent as too long for the server's context (9.09%, within the 10% limit)"
     )
     # Nothing reached the server to be refused or to fail: 12 records, 0 of them refused or failed.
     assert (checks[SERVER_ERRORS].count, checks[SERVER_ERRORS].total) == (0, 12)
     assert (checks[SERVER_FAILURES].count, checks[SERVER_FAILURES].total) == (0, 12)
-    # Malformed is above its 10 % (36 %): that check alone fails, naming the dataset, not the server.
-    assert not checks[MALFORMED].passed and checks[TOO_LONG].passed  # 9 % is under too_long's 10 %
+    # 3/11 malformed (27 %) is over its 10 %, but from 11 lines the true rate may be as low as 7.6 %: not shown
+    # to be above (checks/rates.py), so it passes, saying so.
+    assert checks[MALFORMED].passed and "consistent with the 10% limit" in checks[MALFORMED].verdict
+    assert checks[TOO_LONG].passed and checks[DUPLICATES].passed
     assert checks[SERVER_ERRORS].passed and checks[SERVER_FAILURES].passed
-    assert [c.name for c in report.checks if not c.passed] == [MALFORMED]
     console = Console(file=io.StringIO(), width=400)
     render_report(report, console)
     text = console.file.getvalue()  # type: ignore[attr-defined]
-    assert "4/11" in text and "1/11" in text and "0/0" not in text.split("fidelity")[0]
+    assert "3/11" in text and "1/11" in text and "0/0" not in text.split("fidelity")[0]
+    (line,) = [row for row in text.splitlines() if DUPLICATES in row]
+    assert "1/11 dataset lines repeat an earlier line's id" in line
 
 
 def test_without_the_dataset_the_lines_are_those_the_output_names(produced) -> None:
@@ -45,7 +51,8 @@ def test_without_the_dataset_the_lines_are_those_the_output_names(produced) -> N
     report = verify_produced(document, None, output)
     checks = {c.name: c for c in report.checks}
     # 6 prompts with records, the 2 prompts set aside (named by id) and 3 dataset lines set aside.
-    assert (checks[MALFORMED].count, checks[MALFORMED].total) == (4, 11)
+    assert (checks[MALFORMED].count, checks[MALFORMED].total) == (3, 11)
+    assert (checks[DUPLICATES].count, checks[DUPLICATES].total) == (1, 11)
     assert (checks[TOO_LONG].count, checks[TOO_LONG].total) == (1, 11)
 
 

@@ -23,8 +23,8 @@ def test_set_aside_prompts_pass_completeness_and_are_listed_by_cause(produced) -
     assert report.set_aside == EXPECTED_CAUSES and report.as_json()["set_aside"] == EXPECTED_CAUSES
     # Not server errors: the server refused nothing.
     assert checks["server_errors"].passed and not checks["server_errors"].count
-    # 4/11 lines malformed is above that check's own 10 %: it alone fails (a rate of the dataset, not a rerun).
-    assert [c.name for c in report.checks if not c.passed] == ["malformed"], [c.verdict for c in report.checks]
+    # 3/11 lines malformed and 1/11 duplicate: from 11 lines neither is shown above its limit; nothing fails.
+    assert [c.name for c in report.checks if not c.passed] == [], [c.verdict for c in report.checks]
 
 
 def test_without_the_dataset_causes_come_from_the_rejects(produced) -> None:

@@ -4,8 +4,11 @@ the user asks for a stand-in (`--standin`), and a volume it cannot mount is refu
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from datagen_operator.api import load_run
@@ -159,3 +162,49 @@ def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(
     runs = {r for path in out.glob("data/*.parquet") for r in pq.read_table(path, columns=["run"])["run"].to_pylist()}
     assert runs == {f"local:{lease.host}:{first.pid}"}, "every record names the run that produced it"
     assert read_lease(out) is None, "the finished run gave its lease back"
+
+
+def datagen_preflight(run_file: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "datagen_operator.cli", "preflight", "--run", str(run_file), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_preflight_names_a_missing_or_unloadable_tokenizer_in_one_line_and_standin_builds_it(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
+    model = tmp_path / "models" / "qwen3"
+    run_file = manifest(tmp_path, standin_tokenizer, model__path=str(model), model__preset="qwen3")
+
+    missing = datagen_preflight(run_file)
+    assert "Traceback" not in missing.stderr and "huggingface.co" not in missing.stderr, missing.stderr
+    (line,) = missing.stderr.splitlines()
+    assert f"spec.model.path: {model} does not exist on this machine" in line
+    assert "spec.model.tokenizerPath" in line and "pass --standin" in line
+    assert missing.returncode == 1 and not model.exists()
+
+    model.mkdir(parents=True)
+    empty = datagen_preflight(run_file)
+    assert "Traceback" not in empty.stderr, empty.stderr
+    (line,) = empty.stderr.splitlines()
+    assert f"spec.model.path: {model} holds no tokenizer that loads" in line and "tokenizer_config.json" in line
+    model.rmdir()
+
+    built = datagen_preflight(run_file, "--standin")
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert f"--standin: building the qwen3 stand-in tokenizer at {model}" in built.stderr
+    assert orjson.loads(built.stdout)["passed"]
+    assert (model / "tokenizer_config.json").exists()
+
+
+def test_run_names_a_tokenizer_directory_that_does_not_load(tmp_path: Path, standin_tokenizer: Path) -> None:
+    model = tmp_path / "models" / "empty"
+    model.mkdir(parents=True)
+    result = datagen_run(manifest(tmp_path, standin_tokenizer, model__path=str(model)), *FAST_SIM)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert f"spec.model.path: {model} holds no tokenizer that loads" in flat(result.stdout)
+    assert not (tmp_path / "out").exists(), "nothing may be started"

@@ -44,7 +44,7 @@ def test_the_regenerate_example_completes_for_each_family(tmp_path: Path, preset
     result, said = run_example(tmp_path, "regenerate.yaml", "regenerate.jsonl", preset=preset)
     assert result.returncode == 0, said[-3000:]
     assert "60 user turns to answer in 23 conversations" in said
-    assert "1 user turns after a tool message not regenerated" in said
+    assert "1 user turn after a tool message not regenerated" in said  # one noun, one count (api/words.py)
     assert "Succeeded=True (Completed): 60/60 turns (23/23 conversations); verification passed" in said
     assert re.search(
         r"DataFaithful=True \(WithinThresholds\): \d+ checks pass over \d+ records; records by turn: 1: ", said

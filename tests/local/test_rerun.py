@@ -3,6 +3,7 @@ load for nothing), verified from its files and reported; nothing is generated tw
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import orjson
@@ -75,3 +76,29 @@ def test_the_canary_key_moves_with_the_checks_and_data_fields_not_with_live_ones
     assert key(clients__concurrency=7) == base  # how the run is carried out
     assert key(checks__minReasoningRate=0.99) != base  # what the canary is judged by
     assert key(generation__sampling__temperature=0.9) != base  # what the records hold
+
+
+def test_a_resumes_progress_starts_at_the_records_the_output_holds(tmp_path: Path, standin_tokenizer: Path) -> None:
+    """The workers' snapshots of the first attempt are gone (a worker killed before its first publish, a
+    cluster's recreated ConfigMaps): the rerun's progress counts the records on disk from its first line."""
+    import re
+    import signal
+
+    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
+    out = tmp_path / "out"
+    first = start_generating(run_file, out)
+    while not any(path.read_bytes().count(b"\n") for path in out.glob("shards/*/segment-*.jsonl")):
+        time.sleep(0.1)
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=90)
+    held = len(stored_keys(out)) or sum(path.read_bytes().count(b"\n") for path in out.glob("shards/*/segment-*.jsonl"))
+    assert held > 0
+    for snapshot in out.glob("shards/*/progress.json"):
+        snapshot.unlink()
+
+    again = datagen_run(run_file, *FAST_SIM)
+    said = flat(again.stdout)
+    assert again.returncode == 0, said
+    running = re.findall(r"Progressing=True \(Running\): (\d+)/(\d+) prompts", said)
+    assert running, said
+    assert all(int(done) >= held for done, _ in running), (held, running)

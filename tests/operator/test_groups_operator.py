@@ -34,7 +34,7 @@ def test_a_two_node_server_runs_to_succeeded_and_a_lost_worker_recreates_its_gro
         runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"nodes": 2}))
 
         ready = runs.wait(name, "ServerReady", "True", "Ready", timeout=120)
-        assert "1/1 replica(s) ready" in ready["message"]
+        assert "1/1 replica ready" in ready["message"]
         lws = lws_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").get(
             name=f"{name}-server", namespace=runs.namespace
         )

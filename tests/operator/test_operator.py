@@ -52,7 +52,7 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
         container = sts.spec.template.spec.containers[0]
         assert container.resources.limits["nvidia.com/gpu"] == "8"
         assert "--reasoning-parser" in container.command
-        assert "2/2 replica(s) ready" in ready["message"]
+        assert "2/2 replicas ready" in ready["message"]
         pods = runs.core.list_namespaced_pod(runs.namespace, label_selector="datagen.dev/component=server").items
         assert sorted(p.metadata.name for p in pods) == [f"{name}-server-0", f"{name}-server-1"]
         services = {s.metadata.name for s in runs.core.list_namespaced_service(runs.namespace).items}
@@ -160,7 +160,7 @@ def test_crash_looping_server_shows_why(
         },
     )  # fmt: skip
     condition = runs.wait(name, "ServerReady", "False", "CrashLoop", timeout=30)
-    assert "CUDA out of memory" in condition["message"] and "restarted 3 time(s)" in condition["message"]
+    assert "CUDA out of memory" in condition["message"] and "restarted 3 times" in condition["message"]
     assert runs.wait(name, "Succeeded", "Unknown", "Running")
 
 

@@ -263,7 +263,7 @@ def test_a_queue_the_operator_cannot_read_is_said_beside_the_servers_state() -> 
     for status, words in ((404, "spec.queue has no effect: Kueue is not installed"), (403, "its RBAC")):
         said = server_verdict(ServerObservation(1, (ready,), kueue_unread=KUEUE_UNREAD[status]), 3600).condition
         assert (said.status, said.reason) == ("True", "Ready")
-        assert said.message.startswith("1/1 replica(s) ready") and words in said.message, said.message
+        assert said.message.startswith("1/1 replica ready") and words in said.message, said.message
     said = server_verdict(ServerObservation(1, (GATED,), kueue_unread=KUEUE_UNREAD[403]), 3600).condition
     assert said.reason == "Unschedulable" and "whether Kueue holds the server is not known" in said.message
     assert "Kueue" not in server_verdict(ServerObservation(1, (ready,)), 3600).condition.message

@@ -30,7 +30,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "export": frozenset({"checks", "output", "prompts", "api"}),
     "worker": frozenset({"checks", "output", "prompts", "engine", "api"}),
     "k8s": frozenset({"control", "checks", "engine", "api", ROOT}),
-    "local": frozenset({"export", "control", "checks", "output", "prompts", "engine", "tokenizer", "api", "presets"}),
+    "local": frozenset({"export", "control", "checks", "output", "prompts", "engine", "tokenizer", "api"}),
     "cli": frozenset(
         {"k8s", "local", "worker", "export", "checks", "output", "engine", "tokenizer", "api", "presets", ROOT}
     ),

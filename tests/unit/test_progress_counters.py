@@ -48,4 +48,4 @@ def test_set_aside_prompts_of_every_cause_are_counted() -> None:
     ]
     counts = counters_from_snapshots(snapshots).counts
     assert counts.set_aside == {"bad_json": 3, "too_long": 2, "unrenderable": 1, "duplicate_id": 1}
-    assert (counts.too_long, counts.unusable) == (2, 5)
+    assert (counts.too_long, counts.duplicates, counts.unusable) == (2, 1, 4)  # a duplicate is not unusable

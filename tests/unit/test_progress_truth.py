@@ -107,6 +107,9 @@ def test_the_preflights_count_is_remembered_with_its_verdict() -> None:
     remembered = remembered_preflight(stored, 3)
     assert remembered is not None and remembered.passed and remembered.prompts == 2000
     assert remembered_preflight(stored, 4) is None, "a changed dataset is counted again"
+    # The workers' ConfigMaps new (a resumed workers Job) and not yet written: the 38 records stay counted.
+    again = decide(s, bulk(None, remembered), context(s)).progress
+    assert again is not None and again.summary.startswith("38/2000 prompts"), again.summary
     # A status without the count (progress.datasetPrompts unset): the verdict stands, the total comes from the
     # workers.
     older = remembered_preflight(DataGenRunStatus(conditions=[inputs], progress=Progress(prompts_total=256)), 3)
@@ -168,3 +171,23 @@ def test_server_refusals_and_set_aside_prompts_are_shown_apart() -> None:
     p = progress_of(counted, 1, 1, dataset_prompts=10, rate=False)
     assert (p.refused, p.set_aside) == (3, {"bad_json": 1, "too_long": 1})
     assert p.summary == "8/10 prompts, 3 refused, 2 set aside"
+
+
+def test_a_resume_counts_the_records_the_preflight_found_before_any_worker_has() -> None:
+    """A resumed run whose workers have not published yet (their snapshots gone with an earlier attempt, a killed
+    run's, or recreated ConfigMaps): its progress starts at the records the output holds, not 0."""
+    s = spec()
+    resumed = StepOutcome(True, "Passed", "2000 prompts; /out resumes (145 records pass the checks)", prompts=2000,
+                          recorded=145)  # fmt: skip
+    assert StepOutcome.from_storage(resumed.for_storage()).recorded == 145  # as a Job's termination message holds it
+    starting = decide(s, bulk(None, resumed), context(s)).progress
+    assert starting is not None and starting.summary.startswith("145/2000 prompts"), starting.summary
+    counting = decide(s, bulk(counters(records=150, read=300, done=150), resumed), context(s)).progress
+    assert counting is not None and counting.summary.startswith("150/2000 prompts")
+
+
+def test_a_killed_attempts_snapshot_lends_no_rate() -> None:
+    """A worker killed mid-run left its snapshot 'running' at 3k tok/s: the next attempt shows no such rate."""
+    killed = ShardProgress(shard=0, shard_count=1, state="running", tokens_per_s=3000.0, started_at=100.0)
+    assert counters_from_snapshots([killed], attempt_started_at=200.0).tokens_per_second == 0.0
+    assert counters_from_snapshots([killed], attempt_started_at=50.0).tokens_per_second == 3000.0

@@ -21,7 +21,7 @@ def test_lengths_are_binned_per_turn_over_shared_whole_token_bins() -> None:
     values = np.arange(100, 1100, dtype=np.int64)  # 1000 lengths, 100..1099 tokens
     turns = np.arange(1000, dtype=np.int64) % 3
     plot = length_plot("prompt-lengths", "Prompt length", values, turns)
-    assert [t.name for t in plot.traces] == ["turn 0", "turn 1", "turn 2"]
+    assert [t.name for t in plot.traces] == ["turn 1", "turn 2", "turn 3"]  # a person counts from 1 (api/words.py)
     assert [sum(t.y) for t in plot.traces] == [334, 333, 333]
     (width,) = {t.width for t in plot.traces}
     assert width == 25 and len(plot.traces[0].x) == MAX_BINS  # 1000 token values in 40 bins of 25

@@ -36,6 +36,9 @@ class StepOutcome:
     complete: bool = False
     """A passed preflight over an output that already holds every record the spec asks for (every shard done):
     nothing is left to generate, so the run goes to the final verification without a server."""
+    recorded: int | None = None
+    """With the prompts: the records the output already held (a resume), done from the start: the progress never
+    shows less while the workers, starting, have not counted them yet."""
 
     def for_storage(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> bytes:
         """Compact JSON of at most `limit` bytes that `from_storage` reads back to the same verdict."""
@@ -58,7 +61,7 @@ class StepOutcome:
         """Raises orjson.JSONDecodeError, KeyError or ValueError when `data` is not a verdict."""
         body = orjson.loads(data)
         checks = tuple(CheckResult.model_validate(c) for c in body.get("checks", []))
-        prompts, turns = body.get("prompts"), body.get("turns")
+        prompts, turns, recorded = body.get("prompts"), body.get("turns"), body.get("recorded")
         return cls(
             bool(body["passed"]),
             str(body["reason"]),
@@ -67,6 +70,7 @@ class StepOutcome:
             None if prompts is None else int(prompts),
             None if turns is None else int(turns),
             bool(body.get("complete", False)),
+            None if recorded is None else int(recorded),
         )
 
     def _encode(self, checks: tuple[CheckResult, ...], width: int | None, *, reason_width: int | None = None) -> bytes:
@@ -91,6 +95,8 @@ class StepOutcome:
             body["turns"] = self.turns
         if self.complete:
             body["complete"] = True
+        if self.recorded is not None:
+            body["recorded"] = self.recorded
         return orjson.dumps(body)
 
 

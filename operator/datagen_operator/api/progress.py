@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.words import plural
+
 STATES = ("starting", "running", "paused", "draining", "compacting", "complete", "incomplete", "drained", "failed")
 """paused: every server is down; incomplete: some records ran out of attempts (rerun resumes them);
 drained: stopped by SIGTERM (resumable); failed: refused to run, the servers stayed unreachable, or the output
@@ -23,6 +25,9 @@ TOO_LONG = "too_long"
 """The cause of a prompt set aside because prompt + max_new_tokens exceeds the server's context."""
 UNRENDERABLE = "unrenderable"
 """The cause of a prompt set aside because the chat template cannot render it."""
+DUPLICATE_ID = "duplicate_id"
+"""The cause of a dataset line set aside because an earlier line has its id (or, without ids, its content): the
+conversation is generated once, for the first. Counted apart from the malformed lines: nothing is wrong with it."""
 FINISHED_STATES = frozenset({"complete", "incomplete", "drained", "failed"})
 """States a worker publishes last, as it exits: it no longer produces tokens."""
 
@@ -68,9 +73,15 @@ class Counts:
         return self.set_aside.get(TOO_LONG, 0)
 
     @property
+    def duplicates(self) -> int:
+        """Dataset lines set aside as repeats of an earlier line."""
+        return self.set_aside.get(DUPLICATE_ID, 0)
+
+    @property
     def unusable(self) -> int:
-        """Prompts set aside for any cause but length: a malformed line, or a prompt the template cannot render."""
-        return sum(self.set_aside.values()) - self.too_long
+        """Prompts set aside for any cause but length or repetition: a malformed line, or a prompt the template
+        cannot render."""
+        return sum(self.set_aside.values()) - self.too_long - self.duplicates
 
     def count(self, *flags: str) -> int:
         """Records raising any of `flags` (each flag counted apart)."""
@@ -248,7 +259,7 @@ class ShardProgress:
         return (
             f"shard {self.shard}/{self.shard_count} {self.state}: {self.prompts_done}/{self.prompts_total} prompts, "
             f"{self.records_done}/{self.records_total} records, {self.tokens_per_s / 1000:.1f}k tok/s"
-            + (f", {set_aside} prompts set aside" if set_aside else "")
+            + (f", {plural(set_aside, 'prompt')} set aside" if set_aside else "")
         )
 
 

@@ -23,6 +23,7 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec, DatasetSample, HistoryReasoning, TemplateVariableMix
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
+from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
@@ -207,7 +208,7 @@ def vocabulary_families(tokenizer: Any) -> tuple[str, ...]:
 def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
     shown = ", ".join(f"{s.id} ({s.reason[:120]})" for s in set_aside[:limit])
     more = f" and {len(set_aside) - limit} more" if len(set_aside) > limit else ""
-    return f"{len(set_aside)} prompt(s): {shown}{more}"
+    return f"{plural(len(set_aside), 'prompt')}: {shown}{more}"
 
 
 def iter_canary_prompts(

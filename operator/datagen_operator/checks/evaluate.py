@@ -23,14 +23,18 @@ TRUNCATION = "truncation"
 TOOL_CALLS = "tool_calls"
 SERVER_ERRORS = "server_errors"
 MALFORMED = "malformed"
+DUPLICATES = "duplicates"
 SERVER_FAILURES = "server_failures"
 OUTPUT_VOLUME = "output_volume"
 RETRACTIONS = "retractions"
 
 # Thresholds of the causes spec.checks has no field for (docs/checks.md).
 MAX_MALFORMED_RATE = 0.10
-"""Dataset lines set aside (bad JSON, id, messages, tools, duplicates) or prompts the template cannot render:
-past one in ten, the file or its format is likely the wrong one."""
+"""Dataset lines set aside (bad JSON, id, messages, tools) or prompts the template cannot render: past one in
+ten, the file or its format is likely the wrong one."""
+MAX_DUPLICATE_RATE = 0.50
+"""Dataset lines that repeat an earlier line's id (or content): each is generated once, so a few are harmless
+(LLaMA-Factory's glaive demo repeats 35 of 300); past half, spec.dataset.idField likely names no per-line id."""
 MAX_TOO_LONG_RATE = 0.10
 """Prompts set aside because prompt + max_new_tokens exceeds the server's context."""
 MIN_RECORDS_TO_JUDGE = 16
@@ -126,7 +130,7 @@ def record_checks(counts: Counts, ctx: CheckContext) -> list[CheckResult]:
 
 def dataset_checks(counts: Counts) -> list[CheckResult]:
     """The checks over the dataset's lines set aside: known before any server (the preflight)."""
-    return [_malformed(counts), _too_long(counts)]
+    return [_malformed(counts), _duplicates(counts), _too_long(counts)]
 
 
 THRESHOLD_FIELDS: dict[str, str] = {
@@ -500,6 +504,21 @@ def _malformed(counts: Counts) -> CheckResult:
     )
 
 
+def _duplicates(counts: Counts) -> CheckResult:
+    n, repeated = counts.lines, counts.duplicates
+    return _rate_check(
+        DUPLICATES,
+        repeated,
+        n,
+        MAX_DUPLICATE_RATE,
+        "dataset lines",
+        f"{_frac(repeated, n)} dataset lines repeat an earlier line's id, set aside (the first one is generated)",
+        f"{_frac(repeated, n)} dataset lines repeat an earlier line's id",
+        "check that spec.dataset.idField names an id of its own on each line (without one, a line's id is its "
+        "content's hash); rejects.jsonl names each repeat",
+    )
+
+
 def _too_long(counts: Counts) -> CheckResult:
     n, bad = counts.lines, counts.too_long
     return _rate_check(
@@ -546,7 +565,8 @@ def _output_volume(counts: Counts) -> CheckResult:
 
 
 def by_turn_words(records: Mapping[int, int], flagged: Mapping[int, int]) -> str:
-    """Records by turn (1-based, as a person counts them), the flagged ones beside: '1: 23 (1 flagged), 2: 21'."""
+    """Records by turn as a person counts them (api/words.py: 1 is the stored turn 0), the flagged ones beside:
+    '1: 23 (1 flagged), 2: 21'."""
     return ", ".join(
         f"{turn + 1}: {records[turn]}" + (f" ({flagged[turn]} flagged)" if flagged.get(turn) else "")
         for turn in sorted(records)

@@ -16,6 +16,7 @@ import orjson
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.words import agrees, plural, turn_label
 from datagen_operator.engine.tool_calls import ParsedCall, call_names
 from datagen_operator.prompts.conversation import (
     AnswerSplit,
@@ -107,7 +108,7 @@ def conversation_fidelity(
         called: tuple[ParsedCall, ...] | None = None
         for record in records:
             turn = record.get("turn") or 0
-            where = f"{prompt_id!r}#{sample} turn {turn + 1}"
+            where = f"{prompt_id!r}#{sample} {turn_label(turn)}"
             if turn != len(answers) or turn >= len(turns):
                 gaps.append(where)  # a turn recorded without the one before it, or beyond the plan
                 break
@@ -119,7 +120,7 @@ def conversation_fidelity(
             if called is not None:
                 # The answer before this turn called a tool: the conversation ended there, so this turn's history
                 # holds an answer the model never gave (its call dropped).
-                after_call.append(f"{where} (turn {turn} called {call_names(called)})")
+                after_call.append(f"{where} ({turn_label(turn - 1)} called {call_names(called)})")
             stored = stored_split(record)
             has_tools = bool(record["has_tools"])
             recomputed = splitter.split(
@@ -144,12 +145,14 @@ def conversation_fidelity(
         )
     if after_call:
         problems.append(
-            f"{len(after_call)} turns were generated after an answer that called a tool (e.g. "
+            f"{plural(len(after_call), 'turn')} {agrees(len(after_call), 'was', 'were')} generated after an answer that called a tool (e.g. "
             f"{', '.join(after_call[:3])}): no dataset tool result answers the model's own call, and the history sent "
             "instead holds an answer the model never gave"
         )
     if gaps:
-        problems.append(f"{len(gaps)} conversations have a turn recorded without the one before it (e.g. {gaps[:3]})")
+        problems.append(
+            f"{plural(len(gaps), 'conversation')} {agrees(len(gaps), 'has', 'have')} a turn recorded without the one before it (e.g. {gaps[:3]})"
+        )
     if problems:
         count = len(prompt_differ) + len(split_differ) + len(gaps) + len(after_call)
         return CheckResult(
@@ -163,7 +166,7 @@ def conversation_fidelity(
         )
     return proved(
         compared,
-        f"{compared} turns of {len(conversations)} sampled conversations re-render to the stored input_ids "
+        f"{plural(compared, 'turn')} of {plural(len(conversations), 'sampled conversation')} re-render to the stored input_ids "
         "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
     )
 

@@ -29,6 +29,7 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
+from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import (
     CHECK_FLAGS,
@@ -153,7 +154,9 @@ def _judge_rendered(
             "or remove those lines (the first of each cause are named above), or point spec.dataset.path at the right "
             "file",
         )
-    found = f"{lines.prompts} prompts in {dataset}" + (f" ({lines.set_aside} set aside)" if lines.set_aside else "")
+    found = f"{plural(lines.prompts, 'prompt')} in {dataset}" + (
+        f" ({lines.set_aside} set aside)" if lines.set_aside else ""
+    )
     found += f" ({lines.said})" if lines.said else ""
     found += f" ({subset})" if subset else ""
     passed = partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
@@ -197,7 +200,7 @@ def _judge_rendered(
     if existing.failed:
         return _failed(
             Reason.OUTPUT_FAILS_CHECKS,
-            f"spec.output.path {output} already holds {existing.records} records that fail the checks a resume "
+            f"spec.output.path {output} already holds {plural(existing.records, 'record')} that fail the checks a resume "
             f"would be judged by: {existing.failed}. Refused before any server started: write to a new "
             f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
             f"--exclude-flags {existing.flags} leaves the flagged records out of the training data)",
@@ -211,10 +214,12 @@ def _judge_rendered(
             "generate, no server needed; verifying the output",
             lines.prompts,
             complete=True,
+            recorded=existing.records,
         )
     return passed(
-        f"{found}; {output} resumes with the same fingerprint ({existing.records} records pass the checks)",
+        f"{found}; {output} resumes with the same fingerprint ({plural(existing.records, 'record')} {agrees(existing.records, 'passes', 'pass')} the checks)",
         lines.prompts,
+        recorded=existing.records,
     )
 
 
@@ -509,11 +514,16 @@ def free_bytes(output: Path) -> int | None:
     return free_on_volume(output)
 
 
-def _passed(message: str, prompts: int, *, turns: int | None = None, complete: bool = False) -> StepOutcome:
+def _passed(
+    message: str, prompts: int, *, turns: int | None = None, complete: bool = False, recorded: int | None = None
+) -> StepOutcome:
     """`prompts`: the dataset's valid prompts (as every worker's plan counts them, summed), the run's total;
-    `turns`: for whole conversations, their planned turns (records per sample)."""
+    `turns`: for whole conversations, their planned turns (records per sample); `recorded`: the records an
+    existing output holds."""
     check = CheckResult(name=PREFLIGHT, passed=True, total=1, verdict=message)
-    return StepOutcome(True, Reason.PASSED, message, (check,), prompts=prompts, turns=turns, complete=complete)
+    return StepOutcome(
+        True, Reason.PASSED, message, (check,), prompts=prompts, turns=turns, complete=complete, recorded=recorded
+    )
 
 
 def _failed(reason: str, message: str) -> StepOutcome:
@@ -532,19 +542,49 @@ def build_parser() -> argparse.ArgumentParser:
         output="the run's output directory (default: spec.output.path)",
         lease_holder="take the output's lease for this run (its UID; output/lease.py)",
     )
+    parser.add_argument(
+        "--standin",
+        action="store_true",
+        help="where the tokenizer directory (model.path) does not exist, build the preset's stand-in tokenizer "
+        "there, as `datagen run --standin` does (simulator runs only: synthetic data, not model output)",
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
+    import sys
+
+    from datagen_operator.api import SpecError, load_run
+    from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+    from datagen_operator.checks.tokenizer_source import (
+        TokenizerUnavailable,
+        load_spec_tokenizer,
+        missing_tokenizer_dir,
+    )
+
     args = build_parser().parse_args(argv)
-
-    from datagen_operator.api import load_run
-    from datagen_operator.prompts.render import load_tokenizer
-
-    run = load_run(args.run)
+    try:
+        run = load_run(args.run)
+    except (SpecError, FileNotFoundError) as error:
+        print(f"{args.run}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     spec = run.spec
     tokenizer_dir = Path(args.tokenizer or spec.model.tokenizer_dir)
-    tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolve_model(spec).trust_remote_code)
+    if not tokenizer_dir.is_dir() and args.standin:
+        refusal = missing_tokenizer_dir(spec, tokenizer_dir, standin=True)
+        if refusal is not None:
+            print(f"{args.run}: {refusal}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        from datagen_operator.tokenizer.kimi_tiktoken import build_preset_standin
+
+        assert spec.model.preset is not None
+        print(f"--standin: building the {spec.model.preset} stand-in tokenizer at {tokenizer_dir}", file=sys.stderr)
+        build_preset_standin(spec.model.preset, tokenizer_dir)
+    try:
+        tokenizer = load_spec_tokenizer(spec, tokenizer_dir, resolve_model(spec).trust_remote_code)
+    except TokenizerUnavailable as error:  # a verdict, not a crash: loading again gives the same answer
+        print(f"{args.run}: {error}", file=sys.stderr)
+        return write_verdict(_failed(Reason.PREFLIGHT_ERROR, str(error)), args.termination_log, echo=False)
     outcome = run_preflight(
         spec,
         tokenizer,

@@ -22,6 +22,7 @@ import numpy as np
 from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks.evaluate import dataset_checks, measured
 from datagen_operator.engine.chat_content import empty_user_messages
 from datagen_operator.output.records import ContextLimit, too_long_reason
@@ -114,23 +115,23 @@ class ConversationCounts:
     def said(self) -> str:
         parts = []
         if self.conversations:
-            parts.append(f"{self.turns} user turns to answer in {self.conversations} conversations")
+            parts.append(f"{plural(self.turns, 'user turn')} to answer in {plural(self.conversations, 'conversation')}")
         if self.cut:
-            parts.append(f"{self.cut} user turns after a tool message not regenerated (docs/regenerate.md)")
+            parts.append(f"{plural(self.cut, 'user turn')} after a tool message not regenerated (docs/regenerate.md)")
         if self.may_not_fit:
             parts.append(
-                f"{self.may_not_fit} conversations may not fit all their turns (with the dataset's own answers as "
+                f"{plural(self.may_not_fit, 'conversation')} may not fit all their turns (with the dataset's own answers as "
                 f"history, e.g. {self.first_may_not_fit}): a turn that does not fit is set aside as too_long when the "
                 "workers reach it, and its conversation ends there"
             )
         if self.empty_user:
             parts.append(
-                f"{self.empty_user} lines hold an empty user message (e.g. {self.first_empty_user}): it is sent as "
+                f"{plural(self.empty_user, 'line')} {agrees(self.empty_user, 'holds', 'hold')} an empty user message (e.g. {self.first_empty_user}): it is sent as "
                 "it is, an empty user turn, and answered, as SGLang's chat endpoint answers it"
             )
         if self.trailing:
             parts.append(
-                f"{self.trailing} lines end with an assistant turn: it is dropped and the model answers the last user "
+                f"{plural(self.trailing, 'line')} {agrees(self.trailing, 'ends', 'end')} with an assistant turn: it is dropped and the model answers the last user "
                 "turn (generation.turns: all regenerates every turn)"
             )
         return "; ".join(parts)
@@ -167,7 +168,7 @@ class RenderedStore:
             return ""
         hashed = self.writer.line_hashes()
         if len(hashed) > pin.lines:
-            return f"{pin.lines} lines, then {len(hashed)}"
+            return f"{plural(pin.lines, 'line')}, then {len(hashed)}"
         differ = np.flatnonzero((hashed != 0) & (pin.line_hashes[: len(hashed)] != hashed))
         return f"line {int(differ[0]) + 1} edited" if len(differ) else ""
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import orjson
 
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.words import TURNS_COUNTED, plural, turn_label
 from datagen_operator.checks.record_checks import Expectations, finish_type
 from datagen_operator.checks.record_columns import token_lengths
 
@@ -133,13 +134,16 @@ def length_plot(plot_id: str, title: str, values: npt.NDArray[np.int64], turns: 
     width = float(edges[1] - edges[0])
     centres = ((edges[:-1] + edges[1:]) / 2).tolist()
     by_turn = sorted(set(turns.tolist()))
+    by_turns = len(by_turn) > 1 or by_turn != [0]
     traces = []
     for turn in by_turn:
         counts, _ = np.histogram(values[turns == turn], edges)
-        name = f"turn {turn}" if len(by_turn) > 1 or turn else "records"
-        traces.append(Trace(name, "bar", centres, counts.astype(float).tolist(), width))
+        traces.append(
+            Trace(turn_label(turn) if by_turns else "records", "bar", centres, counts.astype(float).tolist(), width)
+        )
     shown = f"median {int(np.median(values))}, max {int(values.max())} tokens over {_records(len(values))}"
-    return Plot(plot_id, title, "tokens", "records", tuple(traces), "; ".join(filter(None, [shown, note])))
+    counted = TURNS_COUNTED if by_turns else ""
+    return Plot(plot_id, title, "tokens", "records", tuple(traces), "; ".join(filter(None, [shown, note, counted])))
 
 
 def _integer_edges(low: int, high: int) -> npt.NDArray[np.float64]:
@@ -196,4 +200,4 @@ def throughput_plot(done_at: npt.NDArray[np.float64], outputs: npt.NDArray[np.in
 
 
 def _records(n: int) -> str:
-    return f"{n} record" if n == 1 else f"{n} records"
+    return plural(n, "record")

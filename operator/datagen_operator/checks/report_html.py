@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from datagen_operator.api.status import CheckResult
+from datagen_operator.api.words import plural
 from datagen_operator.checks.record_checks import Expectations
 from datagen_operator.checks.report_data import COLUMNS, Plot, gather, plots
 
@@ -66,7 +67,7 @@ def render_page(report: VerifyReport, shown: list[Plot]) -> str:
 <script>{get_plotlyjs()}</script>
 </head><body>
 <h1>datagen verify {html.escape(report.output)}</h1>
-<p>{report.records} records: {verdict}</p>
+<p>{plural(report.records, "record")}: {verdict}</p>
 {fingerprint}
 {_checks_table(report)}
 {sections}

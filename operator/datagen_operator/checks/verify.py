@@ -31,6 +31,7 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec, DatasetSample
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
+from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import by_turn_words, check_context, evaluate
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
@@ -93,7 +94,10 @@ class VerifyReport:
                 tuple(self.checks),
             )
         return StepOutcome(
-            True, Reason.VERIFIED, f"{len(self.checks)} checks pass over {self.records} records", tuple(self.checks)
+            True,
+            Reason.VERIFIED,
+            f"{plural(len(self.checks), 'check')} {agrees(len(self.checks), 'passes', 'pass')} over {plural(self.records, 'record')}",
+            tuple(self.checks),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -148,7 +152,10 @@ def _integrity(output: Path, manifest: dict[str, Any] | None) -> CheckResult:
     if bad:
         return CheckResult(name=INTEGRITY, passed=False, count=len(bad), total=checked, verdict="; ".join(bad))
     return CheckResult(
-        name=INTEGRITY, passed=True, total=checked, verdict=f"{checked} Parquet shard checksum(s) match the manifest"
+        name=INTEGRITY,
+        passed=True,
+        total=checked,
+        verdict=f"{plural(checked, 'Parquet shard checksum')} {agrees(checked, 'matches', 'match')} the manifest",
     )
 
 
@@ -289,7 +296,7 @@ def _completeness(
     if duplicates:
         problems.append(f"{duplicates} duplicate rows")
     if extra:
-        problems.append(f"{extra} records for ids not in the dataset, e.g. {keys.extra_examples}")
+        problems.append(f"{plural(extra, 'record')} for ids not in the dataset, e.g. {keys.extra_examples}")
     if problems:
         return CheckResult(
             name=COMPLETENESS,
@@ -808,7 +815,7 @@ def render_report(report: VerifyReport, console: Any = None) -> None:
         if not console.is_terminal:
             console = Console(width=max(console.width, 140))
     verdict = "[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
-    console.print(f"\n[bold]datagen verify[/] {report.output}: {report.records} records — {verdict}")
+    console.print(f"\n[bold]datagen verify[/] {report.output}: {plural(report.records, 'record')} — {verdict}")
     if report.fingerprint_sha256:
         console.print(f"fingerprint sha256 {report.fingerprint_sha256[:16]}…")
     table = Table(show_lines=False)

@@ -30,6 +30,7 @@ from datagen_operator.api.status import (
     Phase,
     Progress,
 )
+from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, by_turn_words, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.observed import Observed, ProgressCounters
@@ -133,6 +134,7 @@ def progress_of(
     *,
     dataset_prompts: int | None = None,
     dataset_turns: int | None = None,
+    recorded: int | None = None,
     samples: int = 1,
     uncounted: str = "workers starting",
     rate: bool = True,
@@ -145,7 +147,8 @@ def progress_of(
     samples over the whole output (recorded, refused by the server, set aside), which a resumed worker reads
     from disk before it reads the dataset again: it never goes backwards. The workers' per-prompt count starts
     over on a resume, so it is shown only where no preflight counted. Whole conversations (`dataset_turns`, the
-    preflight's count of their planned turns) are counted in turns, their conversations beside them."""
+    preflight's count of their planned turns) are counted in turns, their conversations beside them. `recorded`:
+    the records the preflight found in the output, done before any worker of this attempt has counted them."""
     c = counters or ProgressCounters()
     counts = c.counts
     settled = counts.records + counts.refused + counts.records_set_aside
@@ -155,7 +158,7 @@ def progress_of(
     else:
         prompts_total, records_total = dataset_prompts, (dataset_turns or dataset_prompts) * samples
         # A prompt set aside after some of its samples were recorded counts each once: never past the total.
-        records_done = min(records_total, settled)
+        records_done = min(records_total, max(settled, recorded or 0))
         # One answer a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
         single = samples == 1 and dataset_turns is None
         prompts_done = records_done if single else min(prompts_total, c.prompts_done)
@@ -339,6 +342,7 @@ class _Pass:
             workers.shards_done if workers else 0,
             dataset_prompts=counted.prompts if counted else None,
             dataset_turns=counted.turns if counted else None,
+            recorded=counted.recorded if counted else None,
             samples=spec.generation.samples_per_prompt,
             uncounted=_uncounted(observed, begun),
         )
@@ -461,7 +465,12 @@ def _all_shards_done(run: _Pass) -> Decision | None:
     if not faithful and run.halt_on_failure:
         return _checks_failed(run, checks, run.progress)
     run.updates += [
-        _u(PROGRESSING, "True", Reason.VERIFYING, f"all {workers.shards_total} shards done; final verification"),
+        _u(
+            PROGRESSING,
+            "True",
+            Reason.VERIFYING,
+            f"all {plural(workers.shards_total, 'shard')} done; final verification",
+        ),
         _u(SUCCEEDED, "Unknown", Reason.VERIFYING, "final verification of the output"),
     ]
     return run.decision(Step.FINAL_VERIFY, checks=checks)
@@ -514,7 +523,7 @@ def _canary(run: _Pass) -> Decision | None:
     if canary is None:
         prompts = run.spec.checks.canary_prompts
         run.updates += [
-            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {prompts} prompts and the probes"),
+            _u(CANARY_PASSED, "Unknown", Reason.RUNNING, f"sending {plural(prompts, 'prompt')} and the probes"),
             _u(DATA_FAITHFUL, "Unknown", Reason.NOT_STARTED, "no records yet"),
             _u(PROGRESSING, "False", Reason.WAITING, "bulk generation starts after the canary passes"),
             _u(SUCCEEDED, "Unknown", Reason.RUNNING, "canary running"),
@@ -550,7 +559,7 @@ def _bulk(run: _Pass) -> Decision:
         return _checks_failed(run, checks, run.stopped_at)
     workers = run.observed.workers
     if workers is not None and workers.shards_failed:
-        message = workers.failure_message or f"{workers.shards_failed} shard(s) failed after their retries"
+        message = workers.failure_message or f"{plural(workers.shards_failed, 'shard')} failed after their retries"
         run.updates += [
             _u(PROGRESSING, "False", Reason.WORKERS_FAILED, message),
             _u(SUCCEEDED, "False", Reason.WORKERS_FAILED, f"{message}; the output is kept and a rerun resumes"),
@@ -673,7 +682,7 @@ def _rolling_checks(
                 DATA_FAITHFUL,
                 "Unknown",
                 Reason.COLLECTING,
-                f"{have} records so far; judging from {MIN_RECORDS_TO_JUDGE}",
+                f"{plural(have, 'record')} so far; judging from {MIN_RECORDS_TO_JUDGE}",
             )
         )
         faithful = True
@@ -691,7 +700,7 @@ def _rolling_checks(
                     DATA_FAITHFUL,
                     "True",
                     Reason.WITHIN_THRESHOLDS,
-                    f"{len(checks)} checks pass over {counts.records} records{turns}",
+                    f"{plural(len(checks), 'check')} {agrees(len(checks), 'passes', 'pass')} over {plural(counts.records, 'record')}{turns}",
                 )
             )
         else:

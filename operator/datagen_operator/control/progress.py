@@ -41,9 +41,13 @@ def stale_events(s: ShardProgress, attempt_started_at: float | None) -> Counts:
     """What a snapshot older than this attempt (a worker of an earlier `datagen run`, a previous Job's
     ConfigMap) says happened then and not now: answers lost to the volume and requests out of attempts. Its
     records, flags and set-aside lines stay: the rolling checks judge the whole output."""
-    if attempt_started_at is None or s.started_at >= attempt_started_at:
+    if not _older(s, attempt_started_at):
         return Counts()
     return Counts(failed=s.counts.failed, unwritten=s.counts.unwritten)
+
+
+def _older(s: ShardProgress, attempt_started_at: float | None) -> bool:
+    return attempt_started_at is not None and s.started_at < attempt_started_at
 
 
 def failure_of(snapshots: list[ShardProgress]) -> tuple[str, str] | None:
@@ -84,7 +88,10 @@ def counters_from_snapshots(
     return ProgressCounters(
         prompts_total=sum(s.prompts_total for s in snapshots),
         prompts_done=sum(s.prompts_done for s in snapshots),
-        tokens_per_second=sum(s.tokens_per_s for s in snapshots if not s.finished),
+        # A snapshot of an earlier attempt that never finished (its worker was killed) measured a rate nobody has.
+        tokens_per_second=sum(
+            s.tokens_per_s for s in snapshots if not s.finished and not _older(s, attempt_started_at)
+        ),
         counts=counts,
         records_by_turn=dict(by_turn),
         flagged_by_turn=dict(flagged),

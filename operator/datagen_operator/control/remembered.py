@@ -57,11 +57,15 @@ def remembered_outcome(
 
 def remembered_preflight(status: DataGenRunStatus, data_generation: int) -> StepOutcome | None:
     """The preflight's verdict from InputsVerified, with the dataset's prompt count it gave (kept in
-    status.progress): the run's total stands once the preflight's pod is gone."""
+    status.progress): the run's total stands once the preflight's pod is gone. What the status last showed done
+    stands as `recorded`: the records stay in the output, so a resume whose workers have not counted them yet
+    (their ConfigMaps new) shows no fewer."""
     outcome = remembered_outcome(status.conditions, INPUTS_VERIFIED, data_generation, status.checks)
     if outcome is None or status.progress is None:
         return outcome
-    return replace(outcome, prompts=status.progress.dataset_prompts, turns=status.progress.dataset_turns)
+    progress = status.progress
+    recorded = progress.records_done if progress.dataset_prompts is not None else None
+    return replace(outcome, prompts=progress.dataset_prompts, turns=progress.dataset_turns, recorded=recorded)
 
 
 def remembered_final(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from datagen_operator.api.duration import format_duration
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import SERVER_READY, ConditionStatus
+from datagen_operator.api.words import plural
 from datagen_operator.control.conditions import ConditionUpdate, never_fits
 from datagen_operator.control.observed import KueueEvicted, KueueQueued, ServerInstance, ServerObservation
 
@@ -34,7 +35,7 @@ class ServerVerdict:
 
 def _crash_message(instance: ServerInstance) -> str:
     why = instance.last_exit or "no exit status yet"
-    return f"{instance.name} exited ({why}) and restarted {instance.restarts} time(s)"
+    return f"{instance.name} exited ({why}) and restarted {plural(instance.restarts, 'time')}"
 
 
 NEVER_FITS_HINT = (
@@ -161,7 +162,7 @@ def _server_verdict(observed: ServerObservation | None, startup_timeout_s: float
         # Before the pods' own state: Kueue's gate keeps them unscheduled, which is waiting, not a failure.
         return verdict("False", Reason.QUEUED, queued_message(observed.queued, wanted))
     if not instances:
-        return verdict("False", Reason.CREATING, f"creating {wanted} server replica(s)")
+        return verdict("False", Reason.CREATING, f"creating {plural(wanted, 'server replica')}")
 
     unschedulable = [i for i in instances if not i.scheduled and i.unschedulable_message]
     if unschedulable and not ready:
@@ -178,9 +179,13 @@ def _server_verdict(observed: ServerObservation | None, startup_timeout_s: float
         return verdict("False", Reason.CRASH_LOOP, _crash_message(crashing[0]))
 
     if len(ready) >= wanted:
-        return verdict("True", Reason.READY, f"{len(ready)}/{wanted} replica(s) ready; /health_generate answers")
+        return verdict(
+            "True", Reason.READY, f"{len(ready)}/{plural(wanted, 'replica')} ready; /health_generate answers"
+        )
     if ready:
-        return verdict("True", Reason.DEGRADED, f"{len(ready)}/{wanted} replica(s) ready; workers use the ready ones")
+        return verdict(
+            "True", Reason.DEGRADED, f"{len(ready)}/{plural(wanted, 'replica')} ready; workers use the ready ones"
+        )
 
     loading = [i for i in instances if i.loading_seconds is not None]
     if loading:
@@ -203,4 +208,4 @@ def _server_verdict(observed: ServerObservation | None, startup_timeout_s: float
         )
     if unschedulable:
         return verdict("False", Reason.UNSCHEDULABLE, _unschedulable_message(unschedulable[0]))
-    return verdict("False", Reason.PENDING, f"0/{wanted} replica(s) started")
+    return verdict("False", Reason.PENDING, f"0/{plural(wanted, 'replica')} started")

@@ -15,6 +15,7 @@ from datagen_operator.api.outcome import StepOutcome, cut_text
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.reasons import SHARD_CAUSES, Reason
 from datagen_operator.api.spec import API_GROUP, KIND
+from datagen_operator.api.words import plural
 from datagen_operator.control.observed import (
     KueueEvicted,
     KueueQueued,
@@ -354,7 +355,7 @@ def workers_observation(job: Obj | None, pods: Iterable[Obj], shards: int) -> Wo
         else:
             condition = _condition(job, "Failed") or {}
             texts = [f"{name} {_exit_text(t)}" for name, t in exits[-2:]]
-            parts = [condition.get("message") or f"{failed} shard(s) failed after their retries", *texts]
+            parts = [condition.get("message") or f"{plural(failed, 'shard')} failed after their retries", *texts]
             message = "; ".join(part for part in parts if part)
     return WorkersObservation(
         shards_total=shards,

@@ -11,37 +11,6 @@ from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.local import run_on_this_machine
 
 
-def build_preset_standin(preset_name: str, model_dir: Path) -> Path:
-    """The stand-in tokenizer directory of a preset, in the layout its real model directory has."""
-    from datagen_operator.presets import get_preset
-
-    if get_preset(preset_name).standin_layout == "kimi-tiktoken":
-        from datagen_operator.tokenizer.kimi_tiktoken import build_kimi_tiktoken_standin
-
-        return build_kimi_tiktoken_standin(model_dir)
-    from datagen_operator.tokenizer.standin import ensure_standin
-
-    return ensure_standin(preset_name, model_dir)
-
-
-def _missing_model(run: DataGenRun, model_dir: Path, *, standin: bool, use_real: bool) -> str | None:
-    """Why a missing model directory stops the run, or None when --standin may build a stand-in there."""
-    missing = f"{run.spec.model.tokenizer_field}: {model_dir} does not exist on this machine"
-    if use_real:
-        return f"{missing}; point it at the model directory (SGLang loads the weights from there)"
-    if not standin:
-        return (
-            f"{missing}; point it at the model directory, or pass --standin to build the preset's stand-in tokenizer "
-            "there for a simulator run (synthetic data, not model output)"
-        )
-    if run.spec.model.preset is None:
-        return (
-            f"{missing}; --standin builds a preset's stand-in and spec.model.preset is not set: set it, or build one "
-            f"with datagen standin-tokenizer --preset PRESET --out {model_dir}"
-        )
-    return None
-
-
 def _missing_dataset(run: DataGenRun) -> str | None:
     """Why the dataset stops the run before anything starts, naming the field to fix (the preflight's own
     message names only the file)."""
@@ -83,7 +52,14 @@ def main(argv: list[str]) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.checks.tokenizer_source import (
+        TokenizerUnavailable,
+        load_spec_tokenizer,
+        missing_tokenizer_dir,
+    )
     from datagen_operator.local.runner import LocalRunner, real_sglang_available
+    from datagen_operator.tokenizer.kimi_tiktoken import build_preset_standin
 
     console = Console(highlight=False)
     if not console.is_terminal:  # logs and CI: wide enough that the report's verdicts stay readable
@@ -142,7 +118,7 @@ def main(argv: list[str]) -> int:
         console.print(f"[red]{args.manifest}: {escape(missing)}[/]")
         return EXIT_BAD_INPUT
     if not model_dir.is_dir():
-        refusal = _missing_model(run, model_dir, standin=args.standin, use_real=use_real)
+        refusal = missing_tokenizer_dir(run.spec, model_dir, standin=args.standin, use_real=use_real)
         if refusal is not None:
             console.print(f"[red]{args.manifest}: {escape(refusal)}[/]")
             return EXIT_BAD_INPUT
@@ -150,6 +126,11 @@ def main(argv: list[str]) -> int:
         # A simulator run needs only a tokenizer of the preset's family: build the stand-in there, once.
         console.print(f"[cyan]--standin: building the {run.spec.model.preset} stand-in tokenizer at {model_dir}[/]")
         build_preset_standin(run.spec.model.preset, model_dir)
+    try:
+        tokenizer = load_spec_tokenizer(run.spec, model_dir, resolve_model(run.spec).trust_remote_code)
+    except TokenizerUnavailable as error:
+        console.print(f"[red]{args.manifest}: {escape(str(error))}[/]")
+        return EXIT_BAD_INPUT
     if external is not None:
         console.print(
             f"[cyan]server.external: the run starts no server and sends to {', '.join(external.urls or ())}; it "
@@ -168,4 +149,5 @@ def main(argv: list[str]) -> int:
         console=console,
         live=console.is_terminal,
     )
+    runner.tokenizer = tokenizer
     return asyncio.run(runner.execute())

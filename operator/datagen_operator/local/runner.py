@@ -28,6 +28,7 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import PROGRESSING, SERVER_READY, SUCCEEDED, Condition
+from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.checks.verify import holds_records
@@ -51,7 +52,7 @@ from datagen_operator.control.policy import (
 from datagen_operator.control.progress import counters_from_snapshots, eta_seconds
 from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
-from datagen_operator.local.processes import Child, free_port
+from datagen_operator.local.processes import Child, forget_processes, free_port, record_processes, stop_leftovers
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import STEP_LOCAL_RUN, STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
 
@@ -157,6 +158,7 @@ class LocalRunner:
     async def execute(self) -> int:
         from datagen_operator.output.volume import is_volume_error
 
+        self._stop_leftovers()
         try:
             # Before anything is written there: a second run on this output is refused, naming this one.
             take_lease(self.output, self.holder, self.spec.server.startup_timeout + STEP_MARGIN_S, step=STEP_LOCAL_RUN)
@@ -184,6 +186,7 @@ class LocalRunner:
         finally:
             await self._stop_everything()
             await self.session.close()
+            forget_processes(self.output)
             release_lease(self.output, self.holder)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -294,7 +297,7 @@ class LocalRunner:
             if delay is not None and time.monotonic() - exited_at >= delay and not self.stop.is_set():
                 del self.server_exits[index]
                 child.restarts += 1
-                await child.start()
+                await self._start_child(child)
         return ServerObservation(self.spec.server.replicas, tuple(instances))
 
     async def _observe_external(self) -> ServerObservation:
@@ -370,15 +373,34 @@ class LocalRunner:
     async def _start_servers(self) -> None:
         for index in range(self.spec.server.replicas):
             port = free_port()
-            argv = server_argv(self.spec, host="127.0.0.1", port=port, python=sys.executable, resolved=self.resolved)
-            if self.simulator:
-                # The simulator takes sglang.launch_server's own flags: only the program differs.
-                argv = [*DATAGEN, "sim-server", *argv[3:], *self.sim_args]
-            child = Child(f"server-{index}", argv, self.logs / f"server-{index}.log")
-            await child.start()
+            child = Child(f"server-{index}", self.server_argv(port), self.logs / f"server-{index}.log")
             self.servers.append((child, f"http://127.0.0.1:{port}"))
+            await self._start_child(child)
         kind = "the SGLang simulator (no GPU or no sglang here)" if self.simulator else "SGLang"
-        self._say(f"started {self.spec.server.replicas} server replica(s) with {kind}; logs in {self.logs}", "cyan")
+        self._say(
+            f"started {plural(self.spec.server.replicas, 'server replica')} with {kind}; logs in {self.logs}", "cyan"
+        )
+
+    async def _start_child(self, child: Child) -> None:
+        """Start a server or worker and name it in the output's processes.json, for a later run to stop should
+        this one be killed without stopping it."""
+        await child.start()
+        if child.process is None:
+            return
+        children = [child for child, _ in self.servers] + [s.child for s in self.shards if s.child is not None]
+        record_processes(self.output, [(c.name, c.process.pid) for c in children if c.process is not None])
+
+    def _stop_leftovers(self) -> None:
+        """Children of an earlier `datagen run` of this output that was killed: stopped before this one starts
+        (they would generate into the output beside its workers, a server of theirs would hold the GPUs)."""
+        stopped = stop_leftovers(self.output)
+        if stopped:
+            named = ", ".join(f"{child.name} (pid {child.pid})" for child in stopped)
+            self._say(
+                f"stopped {plural(len(stopped), 'process', 'processes')} left running by an earlier datagen run of "
+                f"{self.output} that was killed: {named}",
+                "yellow",
+            )
 
     def _run_preflight(self) -> StepOutcome:
         from datagen_operator.checks.preflight import run_preflight
@@ -465,7 +487,15 @@ class LocalRunner:
                 continue
             argv = self.worker_argv(slot.index, urls)
             slot.child = Child(f"worker-{slot.index}", argv, self.logs / f"worker-{slot.index}.log")
-            await slot.child.start()
+            await self._start_child(slot.child)
+
+    def server_argv(self, port: int) -> list[str]:
+        """A server replica on 127.0.0.1:`port`: SGLang, or the simulator."""
+        argv = server_argv(self.spec, host="127.0.0.1", port=port, python=sys.executable, resolved=self.resolved)
+        if self.simulator:
+            # The simulator takes sglang.launch_server's own flags: only the program differs.
+            argv = [*DATAGEN, "sim-server", *argv[3:], *self.sim_args]
+        return argv
 
     def worker_argv(self, index: int, urls: list[str]) -> list[str]:
         """Shard `index`'s `datagen worker`: on the ready servers, holding the output's lease for this run."""

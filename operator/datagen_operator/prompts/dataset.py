@@ -44,6 +44,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
+from datagen_operator.api.progress import DUPLICATE_ID as DUPLICATE_ID
+from datagen_operator.api.words import agrees, plural  # the checks count it apart
 from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_problem
 from datagen_operator.engine.chat_tools import json_type as _json_type
 from datagen_operator.engine.chat_tools import read_tools
@@ -59,7 +61,6 @@ ReadFormat = Literal["jsonl", "json", "parquet"]
 BAD_JSON = "bad_json"
 NOT_OBJECT = "not_object"
 BAD_ID = "bad_id"
-DUPLICATE_ID = "duplicate_id"
 BAD_MESSAGES = "bad_messages"
 INVALID_TOOLS = "invalid_tools"
 UNKNOWN_SHAPE = "unknown_shape"
@@ -827,7 +828,8 @@ def _usable(summary: DatasetSummary) -> DatasetSummary:
     unknown = summary.set_aside.get(UNKNOWN_SHAPE, 0)
     if 2 * unknown > summary.non_blank:
         raise UnknownDatasetShape(
-            f"spec.dataset.path {summary.path}: {unknown} of {summary.non_blank} {unit_of(summary.format)}s are of "
+            f"spec.dataset.path {summary.path}: {unknown} of {plural(summary.non_blank, unit_of(summary.format))} "
+            f"{agrees(unknown, 'is', 'are')} of "
             f"an unknown shape (e.g. {summary.examples[UNKNOWN_SHAPE]}); this is not a chat dataset this reader "
             "knows: convert it, or point spec.dataset.path at the right file"
         )
@@ -835,13 +837,13 @@ def _usable(summary: DatasetSummary) -> DatasetSummary:
 
 
 def empty_dataset_message(summary: DatasetSummary) -> str:
-    units = f"{unit_of(summary.format)}s"
+    lines = plural(summary.lines, unit_of(summary.format))
     if not summary.set_aside:
-        return f"spec.dataset.path {summary.path}: the dataset is empty ({summary.lines} {units}, no prompt)"
+        return f"spec.dataset.path {summary.path}: the dataset is empty ({lines}, no prompt)"
     causes = "; ".join(
         f"{count} {cause} (e.g. {summary.examples[cause]})" for cause, count in sorted(summary.set_aside.items())
     )
-    return f"spec.dataset.path {summary.path}: no valid prompt in {summary.lines} {units}; set aside: {causes}"
+    return f"spec.dataset.path {summary.path}: no valid prompt in {lines}; set aside: {causes}"
 
 
 def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | MalformedLine, None, None]:

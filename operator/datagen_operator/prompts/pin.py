@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from datagen_operator.api.words import plural
 from datagen_operator.prompts.dataset import (
     UTF8_BOM,
     ArrayBreak,
@@ -281,7 +282,7 @@ def pin_changes(pinned: DatasetPin, current: DatasetPin) -> str | None:
 
 
 def _lines(count: int) -> str:
-    return f"{count} line" if count == 1 else f"{count} lines"
+    return plural(count, "line")
 
 
 def _name_lines(pin: DatasetPin, positions: list[int]) -> str:

@@ -161,6 +161,16 @@ def ensure_kimi_tiktoken_standin(cache_dir: Path | None = None) -> Path:
     return standin.build_cached(root / standin_dir_name(), FILES, build_kimi_tiktoken_standin)
 
 
+def build_preset_standin(preset_name: str, model_dir: Path) -> Path:
+    """The stand-in tokenizer directory of a preset, in the layout its real model directory has (what
+    `datagen run --standin` and `datagen preflight --standin` build where model.path does not exist)."""
+    from datagen_operator.presets import get_preset
+
+    if get_preset(preset_name).standin_layout == "kimi-tiktoken":
+        return build_kimi_tiktoken_standin(model_dir)
+    return standin.ensure_standin(preset_name, model_dir)
+
+
 def standin_tokenizer_main(argv: list[str]) -> int:
     """`datagen standin-tokenizer`: `--kimi-tiktoken` builds this directory, anything else standin.py's."""
     if "--kimi-tiktoken" in argv:

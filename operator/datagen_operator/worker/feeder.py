@@ -169,12 +169,13 @@ class Feeder:
             ledger.planned = True
             p = ledger.progress
             log.info(
-                "dataset read: shard %d/%d has %d prompts (%d malformed lines set aside; %d chunk(s) taken from other "
-                "shards, %d given)",
+                "dataset read: shard %d/%d has %d prompts (%d lines set aside, %d of them duplicates; %d chunk(s) "
+                "taken from other shards, %d given)",
                 p.shard,
                 p.shard_count,
                 p.prompts_total,
                 p.malformed_lines,
+                p.counts.duplicates,
                 self.work.stolen,
                 self.work.given,
             )

@@ -14,6 +14,7 @@ from datagen_operator.api.exit_codes import (
     EXIT_OUTPUT_VOLUME,
 )
 from datagen_operator.api.reasons import Reason
+from datagen_operator.api.words import plural
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import release_lease
 from datagen_operator.output.parquet import CompactionResult, compact_shard
@@ -96,7 +97,7 @@ class Finisher:
         else:
             code = EXIT_INCOMPLETE
             p.state = "incomplete"
-            p.message = f"{p.counts.failed} records ran out of attempts; rerun resumes them"
+            p.message = f"{plural(p.counts.failed, 'record')} ran out of attempts; rerun resumes them"
         if code != EXIT_OK:
             self.failure.tell_cause(cause, p.message)
         self._record_shard()
@@ -118,7 +119,7 @@ class Finisher:
         p.failure_reason = reason = volume_reason(error)
         p.state, p.message = "failed", self.failure.volume_text(error, free)
         if unwritten:
-            p.message += f" ({unwritten} answers could not be written and are generated again)"
+            p.message += f" ({plural(unwritten, 'answer')} could not be written and are generated again)"
         self.failure.tell_cause(reason, p.message)
         p.volume_path, p.volume_free_bytes = str(self.config.output), free
         snapshot = self.publisher.snapshot()

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from datagen_operator.api.progress import Counts, ShardProgress
+from datagen_operator.api.words import turn_label
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject, turns_entry
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import EARLIER_TURN_REFUSED, NO_USER_TURN, TOOL_TURN, plan_turns
@@ -97,7 +98,7 @@ class Ledger:
         for sample in range(n) if turns > 1 else ():
             refused = self.refused_uncut(ref.id, sample, turns)
             if refused is not None:  # a crash came between the refusal and its cut: the cut is written now
-                reason = f"the server refused turn {refused + 1}"
+                reason = f"the server refused {turn_label(refused)}"
                 self._record_cut(
                     turns_entry(ref.position, ref.id, sample, refused + 1, turns, EARLIER_TURN_REFUSED, reason)
                 )

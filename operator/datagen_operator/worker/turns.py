@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.api.words import turn_label
 from datagen_operator.engine.tool_calls import call_names
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
 from datagen_operator.prompts.conversation import (
@@ -60,7 +61,7 @@ class NextTurns:
             return None
         if not finished_with_stop(finish_reason):
             kind = finish_reason.get("type") if isinstance(finish_reason, dict) else finish_reason
-            self.end(following, ANSWER_UNFINISHED, f"turn {job.turn + 1}'s answer ended with {kind!r}, not a stop")
+            self.end(following, ANSWER_UNFINISHED, f"{turn_label(job.turn)}'s answer ended with {kind!r}, not a stop")
             return None
         if calls_tool(split):
             self.end_after_call(following, split)
@@ -71,13 +72,13 @@ class NextTurns:
         """The answer before `following` called a tool: SGLang's chat endpoint hands the call to the client, and
         no dataset tool result answers it."""
         names = call_names(split.tool_calls)
-        self.end(following, ANSWER_CALLED_TOOL, f"turn {following.turn}'s answer calls a tool ({names})")
+        self.end(following, ANSWER_CALLED_TOOL, f"{turn_label(following.turn - 1)}'s answer calls a tool ({names})")
 
     def after_refusal(self, job: Job, status: int) -> None:
         """The server refused a turn for good: the conversation's later turns are not sent."""
         if job.conversation is not None and job.turn + 1 < len(job.conversation.turns):
             following = dataclasses.replace(job, turn=job.turn + 1, input_ids=[])
-            self.end(following, EARLIER_TURN_REFUSED, f"the server refused turn {job.turn + 1} (HTTP {status})")
+            self.end(following, EARLIER_TURN_REFUSED, f"the server refused {turn_label(job.turn)} (HTTP {status})")
 
     async def rendered(self, job: Job) -> Job | None:
         """`job` (turn > 0, no input_ids yet) with its prompt rendered from the answers so far, or None when it
@@ -89,12 +90,12 @@ class NextTurns:
         )
         [result] = await self.inputs.render_pool.render([(messages, conversation.tools, conversation.variables)])
         if isinstance(result, str):
-            self.end(job, UNRENDERABLE, f"turn {job.turn + 1}: {result}")
+            self.end(job, UNRENDERABLE, f"{turn_label(job.turn)}: {result}")
             return None
         input_ids = ids_from_result(result)
         too_long = too_long_reason(len(input_ids), self.max_new_tokens, self.limit)
         if too_long is not None:
-            self.end(job, TOO_LONG, f"turn {job.turn + 1}: {too_long}")
+            self.end(job, TOO_LONG, f"{turn_label(job.turn)}: {too_long}")
             return None
         return dataclasses.replace(job, input_ids=input_ids)
 
