@@ -71,6 +71,8 @@ class Lanes:
             if job is None or stop.stop_new.is_set():
                 return
             sending, job = job, None
+            if not volume.may_send():  # the volume is known full: nothing sent now could be stored
+                return
             try:
                 reply = await client.generate(
                     generate_body(sending.input_ids, sampling, sample=sending.sample, stream=client.stream)
@@ -120,8 +122,9 @@ class Lanes:
         if job.conversation is not None and self.turns is not None:
             split = self.turns.split(job, reply.output_ids, meta.get("finish_reason"))
         record = build_record(job, answer, flags, self.run_id, split)
-        writer = self.writer
-        writer.append(record, encode_record(record, reply.output_ids_json))
+        writer, line = self.writer, encode_record(record, reply.output_ids_json)
+        self.volume.largest_record = max(self.volume.largest_record, len(line))
+        writer.append(record, line)
         # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,
         # never answers held back in memory (they would be generated again on resume).
         if not self.volume.write(writer.flush):
