@@ -85,11 +85,11 @@ def thinking_mode(prompt_ids: Sequence[int], vocab: SimVocab) -> ThinkingMode:
 
 def request_seed(prompt: array[int], sampling_seed: int, sim_seed: int) -> int:
     digest = hashlib.blake2b(prompt.tobytes(), digest_size=8)
-    digest.update(struct.pack("<qq", sampling_seed, sim_seed))
+    digest.update(struct.pack("<qqq", sampling_seed, sim_seed, 0))  # the third: kept so outputs stay as they were
     return int.from_bytes(digest.digest(), "little")
 
 
-GREEDY_SEED = -1
+GREEDY_SEED = 0
 """The stand-in seed of a greedy request: argmax needs none, so every greedy request of a prompt is the same."""
 
 
