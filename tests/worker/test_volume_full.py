@@ -167,8 +167,9 @@ def test_a_shard_that_finds_the_volume_full_stops_the_other_shards_requests(
     assert 0 < len(kept) < 150
     snapshot = progress(output, 1)
     assert snapshot["state"] == "failed" and snapshot["failure_reason"] == "OutputVolumeFull"
-    # Known full by shard 0's marker, or by the free space left below its own requests' margin first.
-    assert "no new request was sent" in snapshot["message"], snapshot["message"]
+    # Known full by shard 0's marker, by the free space below its own requests' margin, or by its own failed write.
+    message = snapshot["message"]
+    assert "no new request was sent" in message or "No space left on device" in message, message
     assert leftovers(small_volume.root) == []
 
 

@@ -3,9 +3,9 @@ the shard at once (answers could not be kept) and leaves its cause for the finis
 
 Before each new request the lanes ask `may_send`: once the volume is known full no request goes out, so the
 server generates no answer that could not be stored beyond those already in flight. Known full: a write failed
-here; or the free space fell below what the requests in flight of every shard may write (`margin`, from the
-largest record so far); or another shard of this attempt found it full (its `volume_full` marker, written in
-the room its freed reserve gives: that room is for last words, not for more answers).
+here; or the free space fell below what this shard's requests in flight may write (`margin`, from the largest
+record so far); or another shard of this attempt found it full (its `volume_full` marker, written in the room
+its freed reserve gives: that room is for last words, not for more answers).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class VolumeGuard:
         self._stale_marker = _identity(marker)
         """A marker already there at start-up is an earlier attempt's: only a new one says full now."""
         self.in_flight = in_flight
-        """Requests every shard may have in flight (shards x concurrency): what the margin must hold."""
+        """Requests this shard may have in flight (clients.concurrency): what the margin must hold."""
         self.largest_record = 0
         """Bytes of the largest record written so far."""
         self.known_full: OSError | None = None
@@ -57,7 +57,7 @@ class VolumeGuard:
 
     @property
     def margin(self) -> int:
-        """Free bytes below which the volume is full: the records every shard's requests in flight may write."""
+        """Free bytes below which the volume is full: the records this shard's requests in flight may write."""
         return self.in_flight * self.largest_record
 
     def write(self, write: Callable[[*Args], object], *args: *Args) -> bool:
@@ -104,7 +104,7 @@ class VolumeGuard:
         free = free_bytes(self.output) if self.output is not None else None
         if free is not None and free < self.margin:
             return (
-                f"below the {self.margin} bytes the {self.in_flight} requests in flight of every shard may write: "
+                f"below the {self.margin} bytes its {self.in_flight} requests in flight may write: "
                 "no new request was sent"
             )
         return None
