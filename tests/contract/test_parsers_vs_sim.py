@@ -3,7 +3,8 @@ simulator's chat endpoint does, for every preset.
 
 For each preset a simulator speaks the preset's family with the preset's parsers. A prompt is sent twice:
 to `/v1/chat/completions` (the simulator's split) and, rendered with the model's template as the workers do,
-to `/generate` with the same budget and seed (the raw output ids). SGLang's detokenizer trims and decodes
+to `/generate` with the same budget and seed (the raw output ids; the simulators run with
+--enable-deterministic-inference, without which SGLang ignores the seed and samples each request anew). SGLang's detokenizer trims and decodes
 the ids as its chat endpoint has them decoded (special tokens kept when tools are declared or for gpt-oss),
 and SGLang's parsers split the text as `serving_chat` runs them (tests/contract/sglang_side.py). The run's own
 split of the ids (prompts/conversation.py `AnswerSplitter`: a regenerated answer's history and its tool calls) is
@@ -57,7 +58,8 @@ MISCONFIGS = ("never-close-think", "ignore-thinking")
 
 
 def _sim_flags(preset: Preset, misconfig: str | None) -> list[str]:
-    flags = ["--sim-family", preset.family, "--sim-tool-call-rate", "1", *SHORT]
+    # Seeds are honoured only under deterministic inference: the two requests of a prompt then agree.
+    flags = ["--sim-family", preset.family, "--sim-tool-call-rate", "1", "--enable-deterministic-inference", *SHORT]
     flags += ["--sim-misconfig", misconfig] if misconfig else []
     for flag, value in (
         ("--reasoning-parser", preset.reasoning_parser),

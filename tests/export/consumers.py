@@ -64,7 +64,8 @@ def sim_flags(family: str) -> tuple[str, ...]:
                         "deepseekv3"),
         "gpt-oss": ("--sim-family", "gpt-oss", "--reasoning-parser", "gpt-oss", "--tool-call-parser", "gpt-oss"),
     }  # fmt: skip
-    return (*parsers[family], *common, "--sim-seed", "11")
+    # With sampling_seed 0 (make_export) under deterministic inference: the same output each time, as on SGLang.
+    return (*parsers[family], *common, "--sim-seed", "11", "--enable-deterministic-inference")
 
 
 def make_export(directory: Path) -> None:
@@ -81,7 +82,8 @@ def make_export(directory: Path) -> None:
         root.mkdir(parents=True)
         model = ensure_standin(family)
         items = chats(9, lambda i: 1 + i % 3)
-        output = sim_run(root, items, sim_flags(family), model, **{"model.preset": family, "model.path": str(model)})
+        changes = {"model.preset": family, "model.path": str(model), "generation.sampling.sampling_seed": 0}
+        output = sim_run(root, items, sim_flags(family), model, **changes)
         dataset = DatasetSource(root / "chats.jsonl")
         options = {
             "speculators-turns": ExportOptions("speculators"),

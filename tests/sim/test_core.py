@@ -191,8 +191,9 @@ def test_completion_structure_and_misconfigs(vocab: SimVocab) -> None:
     params = parse_sampling_params({"max_new_tokens": 100_000})
 
     def ids(**config: object) -> list[int]:
-        model = ModelConfig(mean_answer_tokens=50, mean_reasoning_tokens=50, **config)
-        return complete(prompt, params, 0, model, vocab, 100_000).run.ids()
+        # Seeded, as under --enable-deterministic-inference: the same prompt gives the same output.
+        model = ModelConfig(mean_answer_tokens=50, mean_reasoning_tokens=50, default_sampling_seed=42, **config)
+        return complete(prompt, params, model, vocab, 100_000).run.ids()
 
     normal = ids()
     assert THINK not in normal and normal.count(THINK_END) == 1 and normal[-1] == IM_END

@@ -63,8 +63,10 @@ def generate(
     prompt = vocab.encode(render_chat(vocab.chat_template or "", messages, tools=TOOLS if tools else None, **switch))
     body = {"messages": messages, "max_tokens": 5000}
     params = parse_chat_request(body).params
-    settings = {"mean_reasoning_tokens": 30.0, "mean_answer_tokens": 20.0, "length_sigma": 0.0, **config}
-    completion = complete(prompt_array(prompt), params, 0, ModelConfig(**settings), vocab, 5000)
+    # Seeded (--enable-deterministic-inference): a test that completes the prompt again gets the same output.
+    settings = {"mean_reasoning_tokens": 30.0, "mean_answer_tokens": 20.0, "length_sigma": 0.0,
+                "default_sampling_seed": 42, **config}  # fmt: skip
+    completion = complete(prompt_array(prompt), params, ModelConfig(**settings), vocab, 5000)
     return vocab, prompt, completion.run.ids()
 
 
@@ -114,8 +116,8 @@ def test_a_prompt_that_closes_the_reasoning_gets_the_answer_only(name: str) -> N
     for misconfig in (None, "never-close-think"):
         config = ModelConfig(mean_reasoning_tokens=300, mean_answer_tokens=20, length_sigma=0, misconfig=misconfig)
         params = parse_chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).params
-        answer = complete(prompt_array(closed), params, 0, config, vocab, 5000).run
-        opened = complete(prompt_array(prompt), params, 0, config, vocab, 5000).run
+        answer = complete(prompt_array(closed), params, config, vocab, 5000).run
+        opened = complete(prompt_array(prompt), params, config, vocab, 5000).run
         assert len(answer) < 60 < 300 < len(opened)
 
 
@@ -167,9 +169,13 @@ def test_tool_calls_in_the_family_format_and_parsed_back(name: str) -> None:
     completion = complete(
         prompt_array(prompt),
         request.params,
-        0,
         ModelConfig(
-            mean_reasoning_tokens=30, mean_answer_tokens=20, length_sigma=0, tool_call_rate=1.0, kept_stop_id=kept
+            mean_reasoning_tokens=30,
+            mean_answer_tokens=20,
+            length_sigma=0,
+            tool_call_rate=1.0,
+            kept_stop_id=kept,
+            default_sampling_seed=42,
         ),
         vocab,
         5000,
@@ -194,7 +200,7 @@ def test_chat_split_of_a_plain_answer(name: str) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5000}
     request = parse_chat_request(body, vocab)
     prompt = vocab.encode(render_chat(vocab.chat_template or "", request.messages))
-    completion = complete(prompt_array(prompt), request.params, 0, ModelConfig(length_sigma=0), vocab, 5000)
+    completion = complete(prompt_array(prompt), request.params, ModelConfig(length_sigma=0), vocab, 5000)
     choice = chat_choice(completion, request, vocab, preset.reasoning_parser, preset.tool_call_parser)
     assert choice.content and choice.finish_reason == "stop" and not choice.tool_calls
     assert (choice.reasoning is not None) is (preset.reasoning_parser is not None)

@@ -121,3 +121,4 @@ def test_deterministic_inference_seeds_unseeded_requests_with_42(sim_factory: Ca
 
     assert output() == output(sampling_seed=42)
     assert output() != output(sampling_seed=7)
+    assert output(sampling_seed=7) == output(sampling_seed=7), "a seed gives one output per prompt"

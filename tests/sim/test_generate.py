@@ -59,13 +59,17 @@ def test_no_tool_section_without_declared_tools(sim: SimServer) -> None:
         assert TOOL_SECTION_BEGIN not in one(sim, chat_prompt(question))["output_ids"]
 
 
-def test_output_is_deterministic_per_prompt_and_seed(sim: SimServer) -> None:
+def test_each_sampled_request_is_drawn_anew_and_greedy_ones_alike(sim: SimServer) -> None:
+    """SGLang 0.5.23 without --enable-deterministic-inference: `torch.multinomial` draws every sampled request
+    anew and the sampling batch drops sampling_seed (sampling_batch_info.py); greedy is the argmax."""
     prompt = chat_prompt("determinism")
-    first, again = one(sim, prompt), one(sim, prompt)
-    assert first["output_ids"] == again["output_ids"] and first["text"] == again["text"]
-    seeded = [one(sim, prompt, sampling_seed=seed)["output_ids"] for seed in (1, 2)]
-    assert seeded[0] != seeded[1]
-    assert one(sim, prompt, sampling_seed=1)["output_ids"] == seeded[0]
+    drawn = [one(sim, prompt)["output_ids"] for _ in range(4)]
+    assert len({tuple(ids) for ids in drawn}) == 4, "samples of one prompt differ"
+    seeded = [one(sim, prompt, sampling_seed=1)["output_ids"] for _ in range(2)]
+    assert seeded[0] != seeded[1], "the seed is ignored without --enable-deterministic-inference"
+    for greedy in ({"temperature": 0}, {"temperature": 0.7, "top_k": 1}):
+        first, again = one(sim, prompt, **greedy), one(sim, prompt, **greedy)
+        assert first["output_ids"] == again["output_ids"] and first["text"] == again["text"]
 
 
 def test_answer_lengths_follow_the_configured_mean(sim: SimServer) -> None:
@@ -95,8 +99,9 @@ def test_skip_special_tokens_false_keeps_special_tokens_but_trims_the_matched_st
 
 def test_text_prompt_is_tokenized(sim: SimServer) -> None:
     text = "<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|><think>"
-    by_text = generate(sim.url, {"text": text, "sampling_params": {"max_new_tokens": 4096}})
-    assert by_text["output_ids"] == one(sim, encode(text))["output_ids"]
+    # Greedy: the two requests of one prompt are answered alike.
+    by_text = generate(sim.url, {"text": text, "sampling_params": {"max_new_tokens": 4096, "temperature": 0}})
+    assert by_text["output_ids"] == one(sim, encode(text), temperature=0)["output_ids"]
     assert by_text["meta_info"]["prompt_tokens"] == len(encode(text))
 
 
@@ -118,14 +123,16 @@ def test_length_finish(sim: SimServer) -> None:
 def test_stop_exactly_at_max_new_tokens_is_a_stop_as_sglang_checks_stops_first(sim: SimServer) -> None:
     """`Req.update_finish_state` checks stop strings, then stop tokens, then the length (contract:
     tests/contract/test_sim_finish.py)."""
-    natural = one(sim, chat_prompt("exact"))["output_ids"]
-    cut = one(sim, chat_prompt("exact"), max_new_tokens=len(natural))
+    natural = one(sim, chat_prompt("exact"), temperature=0)["output_ids"]  # greedy: each request alike
+    cut = one(sim, chat_prompt("exact"), max_new_tokens=len(natural), temperature=0)
     assert cut["output_ids"] == natural
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": natural[-1]}
-    shorter = one(sim, chat_prompt("exact"), max_new_tokens=len(natural) - 1)
+    shorter = one(sim, chat_prompt("exact"), max_new_tokens=len(natural) - 1, temperature=0)
     assert shorter["meta_info"]["finish_reason"] == {"type": "length", "length": len(natural) - 1}
     word = natural[len(natural) // 2]
-    at_cap = one(sim, chat_prompt("exact"), max_new_tokens=natural.index(word) + 1, stop_token_ids=[word])
+    at_cap = one(
+        sim, chat_prompt("exact"), max_new_tokens=natural.index(word) + 1, stop_token_ids=[word], temperature=0
+    )
     assert at_cap["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
 
 
@@ -138,9 +145,9 @@ def test_stop_token_ids(sim: SimServer) -> None:
 
 
 def test_stop_string(sim: SimServer) -> None:
-    full = one(sim, chat_prompt("stop string"))
+    full = one(sim, chat_prompt("stop string"), temperature=0)  # greedy: each request alike
     word = full["text"].split()[3]
-    result = one(sim, chat_prompt("stop string"), stop=[word])
+    result = one(sim, chat_prompt("stop string"), stop=[word], temperature=0)
     assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
     assert result["text"] == full["text"][: full["text"].index(word)]
     assert full["output_ids"][: len(result["output_ids"])] == result["output_ids"]
@@ -201,8 +208,8 @@ def test_next_turn_reports_the_previous_prompt_and_answer_cached(sim: SimServer)
 
 def test_batch_answers_an_array_in_order_with_rid_suffixes(sim: SimServer) -> None:
     prompts = [chat_prompt(f"batch {index}") for index in range(3)]
-    singles = [one(sim, prompt, max_new_tokens=50)["output_ids"] for prompt in prompts]
-    body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 50}, "rid": "job"}
+    singles = [one(sim, prompt, max_new_tokens=50, temperature=0)["output_ids"] for prompt in prompts]  # greedy
+    body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 50, "temperature": 0}, "rid": "job"}
     results = generate(sim.url, body)
     assert isinstance(results, list) and len(results) == 3
     assert [result["output_ids"] for result in results] == singles

@@ -118,7 +118,7 @@ def test_crash_after_requests_exits_after_answering_and_restarts_on_the_same_por
     sim_factory: Callable[..., SimServer],
 ) -> None:
     server = sim_factory("--sim-crash-after-requests", "2", *("--sim-mean-answer-tokens", "30"))
-    body = {"input_ids": chat_prompt(), "sampling_params": {"max_new_tokens": 64}}
+    body = {"input_ids": chat_prompt(), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}  # greedy
     first = generate(server.url, body)
     second = generate(server.url, body)
     assert second["output_ids"] == first["output_ids"], "the second request is answered in full"

@@ -11,7 +11,8 @@ from tests.sim.conftest import SHORT
 from tests.sim.http import generate, post
 from tests.sim.prompts import IM_END, chat_prompt
 
-BODY = {"input_ids": chat_prompt("retract me"), "sampling_params": {"max_new_tokens": 4096}}
+# Greedy: a retracted answer is compared with a plain one of the same prompt.
+BODY = {"input_ids": chat_prompt("retract me"), "sampling_params": {"max_new_tokens": 4096, "temperature": 0}}
 
 
 def test_a_retracted_request_says_so_in_its_meta_info(sim_factory: Callable[..., SimServer]) -> None:

@@ -1,4 +1,5 @@
-"""Streaming /generate: SSE chunks, cumulative by default, deltas with --incremental-streaming-output."""
+"""Streaming /generate: SSE chunks, cumulative by default, deltas with --incremental-streaming-output. Streamed
+and plain answers of one prompt are compared greedy (temperature 0): SGLang samples each request anew."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def stream(sim: SimServer, body: dict) -> list:
 
 
 def test_default_stream_is_cumulative_and_ends_like_the_plain_response(sim: SimServer) -> None:
-    body = {"input_ids": chat_prompt("stream"), "sampling_params": {"max_new_tokens": 4096}}
+    body = {"input_ids": chat_prompt("stream"), "sampling_params": {"max_new_tokens": 4096, "temperature": 0}}
     plain = generate(sim.url, body)
     events = stream(sim, body)
     assert len(events) == len(plain["output_ids"]), "one event per token (stream_interval 1)"
@@ -42,7 +43,7 @@ def test_default_stream_is_cumulative_and_ends_like_the_plain_response(sim: SimS
 
 
 def test_incremental_stream_sends_disjoint_deltas(incremental_sim: SimServer) -> None:
-    body = {"input_ids": chat_prompt("deltas"), "sampling_params": {"max_new_tokens": 4096}}
+    body = {"input_ids": chat_prompt("deltas"), "sampling_params": {"max_new_tokens": 4096, "temperature": 0}}
     plain = generate(incremental_sim.url, body)
     events = stream(incremental_sim, body)
     assert [token for event in events for token in event["output_ids"]] == plain["output_ids"]
@@ -57,15 +58,18 @@ def test_stream_interval_groups_tokens(incremental_sim: SimServer) -> None:
 
 
 def test_streamed_text_with_a_trimmed_stop_string_matches_the_plain_text(incremental_sim: SimServer) -> None:
-    base = {"input_ids": chat_prompt("trim"), "sampling_params": {"max_new_tokens": 4096}}
+    base = {"input_ids": chat_prompt("trim"), "sampling_params": {"max_new_tokens": 4096, "temperature": 0}}
     word = generate(incremental_sim.url, base)["text"].split()[5]
-    body = {**base, "sampling_params": {"max_new_tokens": 4096, "stop": word}}
+    body = {**base, "sampling_params": {"max_new_tokens": 4096, "temperature": 0, "stop": word}}
     plain = generate(incremental_sim.url, body)
     assert "".join(event["text"] for event in stream(incremental_sim, body)) == plain["text"]
 
 
 def test_batch_stream_tags_events_with_their_index(sim: SimServer) -> None:
-    body = {"input_ids": [chat_prompt("x"), chat_prompt("y")], "sampling_params": {"max_new_tokens": 3}}
+    body = {
+        "input_ids": [chat_prompt("x"), chat_prompt("y")],
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+    }
     plain = generate(sim.url, body)
     events = stream(sim, body)
     for index in (0, 1):

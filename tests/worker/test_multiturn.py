@@ -172,9 +172,15 @@ def test_a_conversation_ends_at_its_first_tool_message_and_at_an_unfinished_answ
     document = spec(
         write_dataset(tmp_path / "chats.jsonl", items),
         output,
-        **{"generation.turns": "all", "generation.sampling": {"max_new_tokens": 40, "temperature": 0.6}},
+        **{
+            "generation.turns": "all",
+            "generation.sampling": {"max_new_tokens": 40, "temperature": 0.6, "sampling_seed": 0},
+        },
     )
-    with start_sim(*SIM_FLAGS, "--sim-seed", "11", tokenizer_dir=standin()) as server:
+    # Seeded under deterministic inference, as SGLang reproduces answers: the same cut answers each time.
+    with start_sim(
+        *SIM_FLAGS, "--sim-seed", "11", "--enable-deterministic-inference", tokenizer_dir=standin()
+    ) as server:
         assert run_inprocess(document, [server.url]) == EXIT_OK
     records = list(iter_records(output))
     assert {r["turn"] for r in records if r["id"] == "tools"} == {0}  # one turn before the tool message

@@ -66,6 +66,12 @@ class Counts:
     unwritten: int = 0
     """Answers received that the output volume could not take (full, read-only, I/O errors); a rerun makes them
     again."""
+    sampled_prompts: int = 0
+    """Prompts whose samples (two or more, of the first turn) were compared, where samples should differ
+    (checks.samples): counted where the samples come back together (a worker counts this run's, verify every
+    prompt's), never in the store's segment summaries."""
+    identical_samples: int = 0
+    """... and those of them whose samples all came back identical."""
 
     @property
     def too_long(self) -> int:

@@ -524,6 +524,27 @@ class DatasetSpec(SpecModel):
     )
 
 
+GREEDY_TEMPERATURE = 1e-6
+"""SGLang 0.5.23's `_SAMPLING_EPS`: a temperature below it is greedy (top_k 1)."""
+
+
+def is_greedy(temperature: float | None, top_k: int | None) -> bool:
+    """Whether SGLang 0.5.23 samples greedily (`SamplingParams.normalize`: a temperature below its epsilon becomes
+    top_k 1; `is_all_greedy`: top_k <= 1 is the argmax): every sample of a prompt is then the same answer. An
+    unset temperature is SGLang's default 1.0 (/generate never takes the model's generation_config)."""
+    return (temperature is not None and temperature < GREEDY_TEMPERATURE) or top_k == 1
+
+
+def greedy_samples_problem(samples: int) -> str:
+    """The spec's side of the identical-samples rule (checks.evaluate IDENTICAL_SAMPLES): known from the spec
+    alone, so refused before any server starts."""
+    return (
+        f"samplesPerPrompt {samples} with greedy sampling (temperature 0 or top_k 1): SGLang answers every sample "
+        "of a prompt alike; set generation.sampling.temperature above 0 (and top_k other than 1), or "
+        "samplesPerPrompt: 1"
+    )
+
+
 class SamplingParams(BaseModel):
     """SGLang /generate sampling_params, spelled as SGLang spells them (max_new_tokens, not max_tokens)."""
 
@@ -585,10 +606,15 @@ class SamplingParams(BaseModel):
             names.append("min_new_tokens")
         return tuple(names)
 
+    @property
+    def greedy(self) -> bool:
+        """SGLang takes the argmax: every request of a prompt gets the same answer (`is_greedy`)."""
+        return is_greedy(self.temperature, self.top_k)
+
     @model_validator(mode="after")
     def _sglang_cross_field_bounds(self) -> SamplingParams:
         # SGLang turns temperature 0 into greedy sampling (top_k 1) before checking top_k.
-        greedy = self.temperature is not None and self.temperature < 1e-6
+        greedy = self.temperature is not None and self.temperature < GREEDY_TEMPERATURE
         if self.top_k == 0 and not greedy:
             raise cross_field_error("top_k", "top_k must be -1 (the whole vocabulary) or at least 1; SGLang refuses 0")
         if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
@@ -629,6 +655,22 @@ HistoryReasoning = Literal["keep", "drop"]
 
 
 class GenerationSpec(SpecModel):
+    # The CRD's rule, beside _samples_can_differ that checks the same for `datagen validate`.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.samplesPerPrompt) || self.samplesPerPrompt <= 1 || !("
+                    "(has(self.sampling.temperature) && self.sampling.temperature < 1e-6) || "
+                    "(has(self.sampling.top_k) && self.sampling.top_k == 1))",
+                    "message": greedy_samples_problem(2).replace("samplesPerPrompt 2", "samplesPerPrompt > 1"),
+                    "fieldPath": ".samplesPerPrompt",
+                    "reason": "FieldValueInvalid",
+                }
+            ]
+        }
+    )
+
     thinking: bool | None = Field(
         default=None, description="Render prompts with thinking on. Default: the preset's default."
     )
@@ -667,6 +709,12 @@ class GenerationSpec(SpecModel):
         description="Stream responses (incremental deltas; the server gets --incremental-streaming-output).",
     )
 
+    @model_validator(mode="after")
+    def _samples_can_differ(self) -> GenerationSpec:
+        if self.samples_per_prompt > 1 and self.sampling.greedy:
+            raise cross_field_error("samplesPerPrompt", greedy_samples_problem(self.samples_per_prompt))
+        return self
+
 
 class ClientsSpec(SpecModel):
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS, description="Worker shards (Indexed Job completions).")
@@ -700,6 +748,14 @@ class ChecksSpec(SpecModel):
     )
     min_reasoning_rate: float = Field(default=0.98, ge=0, le=1)
     max_truncation_rate: float = Field(default=0.02, ge=0, le=1)
+    max_identical_sample_rate: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="With samplesPerPrompt > 1 and temperature > 0: prompts whose samples all came back identical "
+        "(first turns), out of the prompts with two or more. SGLang samples each request anew, so a high rate is a "
+        "seeding mistake (a fixed sampling_seed under deterministic inference) or a greedy server.",
+    )
     max_retraction_rate: float = Field(
         default=0.01,
         ge=0,

@@ -26,6 +26,7 @@ from datagen_operator.api.step_program import add_shared_arguments, write_verdic
 from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
+from datagen_operator.checks.samples import SampleComparison, compared_samples
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpectation, judge_template
 from datagen_operator.engine.model_configs import model_config_dir
@@ -141,13 +142,15 @@ def judge_canary(
     capped: bool,
     first: tuple[CheckResult, ...] = (),
     set_aside: tuple[SetAside, ...] = (),
+    samples: Counts | None = None,
 ) -> StepOutcome:
     """Every raw-token check must pass on every canary record (no thresholds: the canary is small).
 
     `first` holds verdicts on causes upstream of the outputs (the template, the model's thinking): they come
     first in the message, so the true cause is read first. Truncation is forgiven when the canary capped
     max_new_tokens below the run's, but at least one output must reach the think end in a thinking run, or
-    the canary proves nothing.
+    the canary proves nothing. `samples`: the prompts whose second sample was compared with the first
+    (checks.samples), judged by the run's own threshold.
     """
     if not records:
         why = f"; set aside: {_describe_set_aside(set_aside)}" if set_aside else " (empty dataset?)"
@@ -155,6 +158,8 @@ def judge_canary(
     counts = Counts()
     for record in records:
         counts.add(len(record.input_ids), len(record.output_ids), 0, record.flags, record.has_tools)
+    if samples is not None:
+        counts.merge(samples)
     strict = ctx.thresholds.model_copy(
         update={
             "min_reasoning_rate": 1.0,
@@ -306,6 +311,7 @@ async def run_canary(
     )  # fmt: skip
     set_aside: list[SetAside] = []
     records: list[CanaryRecord] = []
+    samples: Counts | None = None
 
     session = make_session(wanted, len(servers))
     try:
@@ -314,9 +320,11 @@ async def run_canary(
             pool, policy=RetryPolicy(max_attempts=3), request_timeout_s=spec.clients.request_timeout, stream=False
         )
 
-        async def one(prompt: dict[str, Any], input_ids: list[int], params: dict[str, Any]) -> CanaryRecord | None:
+        async def one(
+            prompt: dict[str, Any], input_ids: list[int], params: dict[str, Any], sample: int = 0
+        ) -> CanaryRecord | None:
             try:
-                reply = await client.generate(generate_body(input_ids, params))
+                reply = await client.generate(generate_body(input_ids, params, sample=sample))
             except Rejected as refusal:
                 set_aside.append(SetAside(prompt["id"], f"refused by the server: HTTP {refusal.status} {refusal}"))
                 return None
@@ -370,6 +378,11 @@ async def run_canary(
             )
         elif seen is None and any(rc.NO_THINK_END in r.flags for r in records):
             first.append(opened_but_never_closed(ctx, model_label(spec)))
+        if compared_samples(spec):
+            seconds = await asyncio.gather(
+                *(one(p, ids, capped_params if capped else full_params, sample=1) for p, ids in sent)
+            )
+            samples = second_samples(records, list(seconds))
         if spec.generation.turns == "all":
             history = await history_probe(sent, records, renderer, resolved, one, full_params, history_reasoning)
             first.append(history)
@@ -378,7 +391,18 @@ async def run_canary(
         await session.close()
     if record_file is not None:
         await asyncio.to_thread(_write_records, record_file, records, set_aside)
-    return judge_canary(records, ctx, capped=capped, first=tuple(first), set_aside=tuple(set_aside))
+    return judge_canary(records, ctx, capped=capped, first=tuple(first), set_aside=tuple(set_aside), samples=samples)
+
+
+def second_samples(records: list[CanaryRecord], again: list[CanaryRecord | None]) -> Counts:
+    """Each prompt's first sample beside its second (sent as the workers send sample 1): the identical-samples
+    check's counts (checks.samples), for the prompts the server answered twice."""
+    comparison = SampleComparison(2)
+    for first, second in zip(records, again, strict=True):
+        if second is not None:
+            comparison.add(first.id, orjson.dumps(first.output_ids))
+            comparison.add(second.id, orjson.dumps(second.output_ids))
+    return comparison.counts()
 
 
 HISTORY = "conversation_history"

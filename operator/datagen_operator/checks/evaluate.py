@@ -27,6 +27,7 @@ DUPLICATES = "duplicates"
 SERVER_FAILURES = "server_failures"
 OUTPUT_VOLUME = "output_volume"
 RETRACTIONS = "retractions"
+IDENTICAL_SAMPLES = "identical_samples"
 
 # Thresholds of the causes spec.checks has no field for (docs/checks.md).
 MAX_MALFORMED_RATE = 0.10
@@ -125,6 +126,7 @@ def record_checks(counts: Counts, ctx: CheckContext) -> list[CheckResult]:
         _truncation(counts, ctx),
         _tool_calls(counts, ctx),
         _retractions(counts, ctx),
+        _identical_samples(counts, ctx),
     ]
 
 
@@ -140,6 +142,7 @@ THRESHOLD_FIELDS: dict[str, str] = {
     TOOL_CALLS: "spec.checks.maxErrorRate",
     SERVER_ERRORS: "spec.checks.maxErrorRate",
     RETRACTIONS: "spec.checks.maxRetractionRate",
+    IDENTICAL_SAMPLES: "spec.checks.maxIdenticalSampleRate",
 }
 """The spec field that sets each check's threshold (the others are fixed: docs/checks.md)."""
 
@@ -472,6 +475,35 @@ def _retractions(counts: Counts, ctx: CheckContext) -> CheckResult:
         "penalties and min_new_tokens started again from zero, so they were not sampled as asked",
         "give the server more KV memory (server.memFractionStatic, more GPUs in server.tensorParallel) or send "
         "fewer requests at once (clients.concurrency); datagen export --exclude-flags retracted leaves them out",
+    )
+
+
+IDENTICAL_SAMPLES_FIX = (
+    "SGLang samples each request anew, so the samples shared one seed or the server samples greedily. One seed: "
+    "a server started with --enable-deterministic-inference (or --rl-on-policy-target) gives every request "
+    "without a sampling_seed seed 42; set generation.sampling.sampling_seed (sample k is sent seed + k) or "
+    "start the server without the flag. Greedy: the server forces temperature 0 or top_k 1 (its "
+    "--preferred-sampling-params); set generation.sampling.temperature above 0"
+)
+
+
+def _identical_samples(counts: Counts, ctx: CheckContext) -> CheckResult:
+    # Counted only where samples should differ (checks.samples: samplesPerPrompt > 1, temperature > 0).
+    n, alike = counts.sampled_prompts, counts.identical_samples
+    if n == 0:
+        return CheckResult(
+            name=IDENTICAL_SAMPLES, passed=True, total=0, verdict="no prompt with two samples to compare"
+        )
+    counted = f"{_frac(alike, n)} prompts got identical samples"
+    return _rate_check(
+        IDENTICAL_SAMPLES,
+        alike,
+        n,
+        ctx.thresholds.max_identical_sample_rate,
+        "prompts with two or more samples",
+        counted if alike else f"the samples of {_frac(n, n)} prompts differ",
+        counted,
+        IDENTICAL_SAMPLES_FIX,
     )
 
 

@@ -41,6 +41,7 @@ from datagen_operator.checks.evaluate import (
     record_checks,
 )
 from datagen_operator.checks.render_pass import DatasetLines, RenderedStore, judge_dataset
+from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import external_server_flags
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
@@ -196,7 +197,9 @@ def _judge_rendered(
             f"{output} was generated with a different fingerprint; changed: {'; '.join(changes)}. Resume with the "
             "same tokenizer, template and generation settings, or write to a new spec.output.path",
         )
-    existing = judge_existing_records(output, expect, check_context(resolved, spec.checks, expect.think_end_id))
+    existing = judge_existing_records(
+        output, expect, check_context(resolved, spec.checks, expect.think_end_id), compared_samples(spec)
+    )
     if existing.failed:
         return _failed(
             Reason.OUTPUT_FAILS_CHECKS,
@@ -298,13 +301,15 @@ class ExistingRecords:
         return ",".join(sorted({flag for c in self.checks if not c.passed for flag in CHECK_FLAGS.get(c.name, ())}))
 
 
-def judge_existing_records(output: Path, expect: rc.Expectations, ctx: CheckContext) -> ExistingRecords:
+def judge_existing_records(
+    output: Path, expect: rc.Expectations, ctx: CheckContext, compared: int = 0
+) -> ExistingRecords:
     """The records an output already holds, flagged by the same rules and judged by the same thresholds as
-    the rolling checks will judge the whole output: a resume over records that already fail is refused here,
-    not after the GPU time."""
+    the rolling checks will judge the whole output (their prompts' samples compared when `compared` is 2 or
+    more): a resume over records that already fail is refused here, not after the GPU time."""
     from datagen_operator.checks.verify import stored_record_counts
 
-    counts = stored_record_counts(output, expect)
+    counts = stored_record_counts(output, expect, compared)
     if counts.records < MIN_RECORDS_TO_JUDGE:
         return ExistingRecords(counts.records, [])
     return ExistingRecords(counts.records, record_checks(counts, ctx))

@@ -36,6 +36,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import by_turn_words, check_context, evaluate
 from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
 from datagen_operator.checks.record_columns import COLUMNS, batch_flags
+from datagen_operator.checks.samples import SampleComparison, compared_samples, samples_compared
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.fingerprint import fingerprint_history_reasoning
 from datagen_operator.output.layout import Key, OutputLayout
@@ -397,6 +398,7 @@ def verify_output(
     # records wanted are the subset's lines only, each judged by its own draw.
     sample = spec.dataset.sample if spec else None
     draws = variable_draws(spec.generation.template_variable_mix if spec else None)
+    compared = compared_samples(spec) if spec else samples_compared(fingerprint.get("sampling") or {}, samples)
 
     from datagen_operator.prompts.dataset import ShardScan
 
@@ -416,6 +418,7 @@ def verify_output(
         tokenizer,
         fidelity_size=thresholds.fidelity_sample if fidelity else 0,
         name_prompts=dataset_path is None,
+        compared_samples=compared,
     )
     counts, reservoir, duplicates = read.counts, read.fidelity_sample, read.duplicates
     keys = KeyCheck(seen=read.keys)
@@ -507,15 +510,42 @@ def verify_output(
     )
 
 
-def stored_record_counts(output: Path, expect: rc.Expectations) -> Counts:
+def stored_record_counts(output: Path, expect: rc.Expectations, compared_samples: int = 0) -> Counts:
     """The flags of every record the output holds (Parquet and segments, exactly once), checked in columns as
-    verify checks them: what the preflight judges an output by before a resume."""
+    verify checks them, and its prompts' samples compared when `compared_samples` (checks.samples) is 2 or
+    more: what the preflight judges an output by before a resume."""
     from datagen_operator.output.readers import RecordBatches
 
     counts = Counts()
-    for batch in RecordBatches(output, (*COLUMNS, "cached_tokens")):
+    comparison = SampleComparison(compared_samples) if compared_samples > 1 else None
+    for batch in RecordBatches(output, (*COLUMNS, "cached_tokens", "turn")):
         counts.merge(_batch_counts(batch, batch_flags(batch, expect).counts()))
-    return counts
+        if comparison is not None:
+            _compare_samples(batch, comparison)
+    return counts + _compared(comparison)
+
+
+def _compare_samples(batch: Any, comparison: SampleComparison) -> None:
+    """Each first-turn record's output ids, as bytes, to `comparison` (no Python list per record)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    outputs = batch.column("output_ids")
+    ends = np.cumsum(pc.list_value_length(outputs).fill_null(0).to_numpy(zero_copy_only=False))
+    flat = pc.list_flatten(outputs).to_numpy(zero_copy_only=False)
+    turns = batch.column("turn").fill_null(0).to_numpy(zero_copy_only=False)
+    start = 0
+    for prompt_id, end, turn in zip(batch.column("id").to_pylist(), ends.tolist(), turns.tolist(), strict=True):
+        if turn == 0:
+            comparison.add(prompt_id, flat[start:end].tobytes())
+        start = end
+
+
+def _compared(comparison: SampleComparison | None) -> Counts:
+    if comparison is None:
+        return Counts()
+    comparison.close()
+    return comparison.counts()
 
 
 def _batch_counts(batch: Any, flags: Counter[str]) -> Counts:
@@ -619,11 +649,14 @@ def _read_records(
     *,
     fidelity_size: int,
     name_prompts: bool,
+    compared_samples: int = 0,
 ) -> _RecordsPass:
-    """One pass over the records (RecordBatches), checked in columns (record_columns)."""
+    """One pass over the records (RecordBatches), checked in columns (record_columns); the samples of each
+    prompt compared when `compared_samples` is 2 or more (checks.samples)."""
     import numpy as np
 
     counts = Counts()
+    comparison = SampleComparison(compared_samples) if compared_samples > 1 else None
     record_keys = array("q")
     prompts: set[int] = set()
     examples: dict[str, list[Example]] = defaultdict(list)
@@ -646,6 +679,9 @@ def _read_records(
                     text = excerpt(tokenizer, r["input_ids"], r["output_ids"], expect.think_end_id)
                     examples[flag].append(Example(r["id"], r["sample"], flag, text))
         fidelity_sample.offer(batch)
+        if comparison is not None:
+            _compare_samples(batch, comparison)
+    counts = counts + _compared(comparison)
     keys = sorted_unique(np.frombuffer(record_keys, dtype=np.int64))
     # A shard's own repeats are dropped by the reader (counted there); what repeats across shards is counted here.
     duplicates = batches.duplicates + len(record_keys) - len(keys)

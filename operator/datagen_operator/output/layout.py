@@ -123,6 +123,11 @@ class OutputLayout:
     def rejects(self, index: int) -> Path:
         return self.shard_dir(index) / "rejects.jsonl"
 
+    @property
+    def volume_full(self) -> Path:
+        """Left by a shard that found the volume full: the other shards send no new request (worker.volume_guard)."""
+        return self.shards_dir / ".volume-full"
+
     def reserve(self, index: int) -> Path:
         """Space a running shard holds for its last words on a full volume (RESERVE_BYTES)."""
         return self.shard_dir(index) / ".reserve"

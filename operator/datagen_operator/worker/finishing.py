@@ -62,6 +62,8 @@ class Finisher:
             self.volume.write(writer.close)  # in this thread: a volume failure sets the worker's asyncio events
         if self.volume.error is not None:
             return await self._finish_volume_failed(self.volume.error)
+        if self.volume.known_full is not None:  # no request went out after: those in flight are written
+            return await self._finish_volume_failed(self.volume.known_full)
         # A drained worker does not start compacting (it could outlast the grace period); the next run does.
         complete = ledger.planned and not ledger.remaining and stop.fatal is None and not stop.drained
         changed = await asyncio.to_thread(dataset_change, c) if complete else None
@@ -114,6 +116,8 @@ class Finisher:
         writer.abort()
         free = free_bytes(self.config.output)  # what the volume had left, before the reserve is given back
         writer.release_reserve()
+        if volume_reason(error) == Reason.OUTPUT_VOLUME_FULL:
+            self.volume.tell_peers()  # in the room the reserve gave back, before they fill it with answers
         ledger.count_from_disk()
         p.counts.unwritten = unwritten
         p.failure_reason = reason = volume_reason(error)

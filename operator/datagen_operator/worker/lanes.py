@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+
+import orjson
 
 from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_SERVER_UNREACHABLE
 from datagen_operator.api.reasons import Reason
 from datagen_operator.checks.record_checks import inspect_record
+from datagen_operator.checks.samples import SampleComparison, compared_samples
 from datagen_operator.engine.client.generate import GenerateClient, Reply
 from datagen_operator.engine.client.policy import Drained, EndpointsRejected, GaveUp, Rejected, ServerUnreachable
 from datagen_operator.engine.requests import generate_body
+from datagen_operator.engine.wire import WireIds
 from datagen_operator.output.records import Answer, Job, build_record, encode_record, server_reject
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import AnswerSplit
@@ -43,6 +48,9 @@ class Lanes:
     ) -> None:
         self.inputs = inputs
         self.turns = turns
+        compared = compared_samples(config.spec)
+        self.samples = SampleComparison(compared) if compared else None
+        """This run's samples of each prompt, compared as they come back (the identical-samples check)."""
         self.client = client
         self.jobs = jobs
         self.writer = writer
@@ -63,6 +71,8 @@ class Lanes:
             if job is None or stop.stop_new.is_set():
                 return
             sending, job = job, None
+            if not volume.may_send():  # the volume is known full: nothing sent now could be stored
+                return
             try:
                 reply = await client.generate(
                     generate_body(sending.input_ids, sampling, sample=sending.sample, stream=client.stream),
@@ -114,8 +124,9 @@ class Lanes:
         if job.conversation is not None and self.turns is not None:
             split = self.turns.split(job, reply.output_ids, meta.get("finish_reason"))
         record = build_record(job, answer, flags, self.run_id, split)
-        writer = self.writer
-        writer.append(record, encode_record(record, reply.output_ids_json))
+        writer, line = self.writer, encode_record(record, reply.output_ids_json)
+        self.volume.largest_record = max(self.volume.largest_record, len(line))
+        writer.append(record, line)
         # Written through at once (one write(), no fsync): a kill then loses only the requests in flight,
         # never answers held back in memory (they would be generated again on resume).
         if not self.volume.write(writer.flush):
@@ -127,8 +138,19 @@ class Lanes:
             p.records_by_turn[turn] = p.records_by_turn.get(turn, 0) + 1
             if flags:
                 p.flagged_by_turn[turn] = p.flagged_by_turn.get(turn, 0) + 1
+        if self.samples is not None and job.turn == 0:
+            self._compare(self.samples, job.id, reply.output_ids)
         self.ledger.finish_sample(job.id)
         return split
+
+    def _compare(self, samples: SampleComparison, prompt_id: str, output_ids: Sequence[int]) -> None:
+        # Compact JSON either way: the server's own bytes, or the same form from a list.
+        raw = output_ids.raw if isinstance(output_ids, WireIds) else orjson.dumps(list(output_ids))
+        alike = samples.add(prompt_id, raw)
+        if alike is not None:
+            counts = self.ledger.progress.counts
+            counts.sampled_prompts += 1
+            counts.identical_samples += alike
 
     def _rejected(self, job: Job, rejected: Rejected) -> None:
         entry = server_reject(job, rejected.status or 0, rejected.reason, rejected.server, rejected.attempts)

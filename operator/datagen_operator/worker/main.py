@@ -144,7 +144,7 @@ class Worker:
         claim_shard(self.layout, c, data_fingerprint(c, inputs, servers), tracker.progress)
 
         writer, report = await open_shard(self.layout, c)
-        volume = VolumeGuard(stop)
+        volume = VolumeGuard(stop, c.output, self.layout.volume_full, c.spec.clients.concurrency)
         ledger = start_ledger(c, writer, volume, tracker, report.records)
         client = GenerateClient(
             pool,

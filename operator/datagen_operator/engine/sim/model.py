@@ -14,8 +14,9 @@ answer with no closer (harmony: no `<|end|>` and no final-channel header after t
 never reasons, whatever the prompt asks (harmony: no analysis channel); `kimi-tags` writes the old Kimi
 format's `◁think▷`/`◁/think▷` as text instead of the family's reasoning markers.
 
-Outputs are deterministic per (prompt ids, sampling_seed, sample index, sim seed); temperature is
-ignored. Text comes from fixed corpora sliced at random sentence starts, so there is no per-token Python
+Which output a request gets follows SGLang 0.5.23's sampler (`request_rng`): greedy requests the same one each
+time; under --enable-deterministic-inference one per (prompt ids, sampling_seed or 42, sim seed); otherwise a
+fresh draw per request, whatever its sampling_seed. Temperature changes nothing else. Text comes from fixed corpora sliced at random sentence starts, so there is no per-token Python
 work on the hot path: lists are sliced and joined in C.
 """
 
@@ -26,6 +27,7 @@ import enum
 import hashlib
 import math
 import random
+import secrets
 import struct
 from array import array
 from bisect import bisect_left
@@ -81,10 +83,29 @@ def thinking_mode(prompt_ids: Sequence[int], vocab: SimVocab) -> ThinkingMode:
     return ThinkingMode.UNPROMPTED
 
 
-def request_seed(prompt: array[int], sampling_seed: int | None, sim_seed: int, sample_index: int) -> int:
+def request_seed(prompt: array[int], sampling_seed: int, sim_seed: int) -> int:
     digest = hashlib.blake2b(prompt.tobytes(), digest_size=8)
-    digest.update(struct.pack("<qqq", sampling_seed or 0, sim_seed, sample_index))
+    digest.update(struct.pack("<qqq", sampling_seed, sim_seed, 0))  # the third: kept so outputs stay as they were
     return int.from_bytes(digest.digest(), "little")
+
+
+GREEDY_SEED = 0
+"""The stand-in seed of a greedy request: argmax needs none, so every greedy request of a prompt is the same."""
+
+
+def request_rng(prompt: array[int], params: SamplingParams, config: ModelConfig) -> random.Random:
+    """What decides a request's output, as in SGLang 0.5.23: a greedy request (temperature ~0 or top_k 1) is the
+    argmax, the same each time; `SamplingBatchInfo.from_schedule_batch` passes sampling seeds to the sampler only
+    under --enable-deterministic-inference (an unseeded request then gets 42), and `multinomial_with_seed` makes
+    each token a function of seed and position; otherwise `torch.multinomial` draws anew for every request, so
+    the samples of one prompt differ, sampling_seed or not. Samples of a parallel request (`n`) are requests of
+    their own: alike under a seed, drawn apart without one."""
+    if params.greedy:
+        return random.Random(request_seed(prompt, GREEDY_SEED, config.seed))
+    if config.default_sampling_seed is not None:
+        seed = params.sampling_seed if params.sampling_seed is not None else config.default_sampling_seed
+        return random.Random(request_seed(prompt, seed, config.seed))
+    return random.Random(secrets.randbits(64))
 
 
 def _holds(prompt: array[int], needle: array[int]) -> bool:
@@ -274,14 +295,12 @@ def finish_output(
 def complete(
     prompt: array[int],
     params: SamplingParams,
-    sample_index: int,
     config: ModelConfig,
     vocab: SimVocab,
     max_new_tokens: int,
 ) -> Completion:
     """The model's completion of `prompt` (already validated), cut at `max_new_tokens` (already clamped)."""
-    seed = params.sampling_seed if params.sampling_seed is not None else config.default_sampling_seed
-    rng = random.Random(request_seed(prompt, seed, config.seed, sample_index))
+    rng = request_rng(prompt, params, config)
     mode = thinking_mode(prompt, vocab)
     tools = declared_tools(prompt, vocab)
     if config.answer_tokens_per_prompt_token > 0:

@@ -62,6 +62,8 @@ class SamplingParams:
     n: int = 1
     sampling_seed: int | None = None
     temperature: float = 1.0
+    greedy: bool = False
+    """Temperature below SGLang's epsilon, or top_k 1: SGLang takes the argmax (`is_all_greedy`)."""
     stream_interval: int | None = None
     """None: the server's default interval."""
 
@@ -223,6 +225,7 @@ def parse_sampling_params(raw: object) -> SamplingParams:
     stream_interval = raw.get("stream_interval")
     if stream_interval is not None and stream_interval < 1:
         stream_interval = None
+    temperature = float(_value(raw, "temperature", 1.0))
     return SamplingParams(
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens,
@@ -233,6 +236,7 @@ def parse_sampling_params(raw: object) -> SamplingParams:
         no_stop_trim=_value(raw, "no_stop_trim", False),
         n=_value(raw, "n", 1),
         sampling_seed=raw.get("sampling_seed"),
-        temperature=float(_value(raw, "temperature", 1.0)),
+        temperature=temperature,
+        greedy=temperature < _SAMPLING_EPS or _value(raw, "top_k", -1) == 1,
         stream_interval=stream_interval,
     )

@@ -273,9 +273,7 @@ class Simulator:
 
     # -- generation ------------------------------------------------------------------------------
     def _complete(self, item: GenerateItem, plan: FaultPlan) -> Completion:
-        completion = complete(
-            item.prompt, item.params, item.sample_index, self.settings.model, self.vocab, item.max_new_tokens
-        )
+        completion = complete(item.prompt, item.params, self.settings.model, self.vocab, item.max_new_tokens)
         if plan.abort:
             completion = aborted(completion, "Simulated abort (--sim-fault-abort-rate)", 500)
         elif plan.nan:
