@@ -178,7 +178,8 @@ def labels_values(ids: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
 
 def completion_counts(tokens: TokenColumns) -> np.ndarray:
     """Occurrences of each id among the supervised (completion) tokens: the drafter's vocabulary counts."""
-    return np.bincount(tokens.supervised_values())
+    # numpy casts int32 to intp inside bincount more slowly than astype does (20-45 % of the call, numpy 2.4).
+    return np.bincount(tokens.supervised_values().astype(np.intp))
 
 
 # --- per-format rows --------------------------------------------------------------------------------

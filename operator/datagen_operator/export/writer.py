@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +26,8 @@ from datagen_operator.output.layout import fsync_dir, sha256_file
 
 DEFAULT_PART_BYTES = 512 * 1024 * 1024
 PART_GLOB = "part-*"
+WRITE_BATCH_VALUES = 64 * 1024
+"""Values the Parquet encoder takes between page-size checks (ParquetParts)."""
 
 
 @dataclass
@@ -154,18 +156,28 @@ class ParquetParts(_RollingParts):
         self.schema = schema
 
     def _open(self, path: Path) -> None:
-        self._path_open = path
+        # Hashed as Arrow writes it (as JsonlParts does): no second read of the part, and the last part's
+        # digest is not a serial pass after the writer thread is done.
+        self._sink = _HashingFile(path.open("wb"))
         # Dictionaries and min/max statistics on token lists cost CPU and help no reader: only on short strings/keys.
+        # The encoder checks the page size every `write_batch_size` values: Arrow's 1,024 made that check and
+        # its per-batch level bookkeeping a sixth of the writer thread's CPU on token lists, which bounds the
+        # export. Pages may overrun `data_page_size` (1 MB) by one batch (256 KB of int32); the values are the same.
         self._writer = pq.ParquetWriter(
-            path,
+            self._sink,
             self.schema,
             compression="zstd",
             use_dictionary=["id", "finish_reason", "flags.list.element"],
             write_statistics=["id", "sample"],
+            write_batch_size=WRITE_BATCH_VALUES,
         )
 
     def _close(self) -> None:
         self._writer.close()
+        self._sink.close()
+
+    def _digest(self, path: Path) -> str:
+        return self._sink.hexdigest()
 
     def write_table(self, table: pa.Table, tokens: int) -> None:
         """One row group per call: the file on disk grows with each, which is what the size bound reads."""
@@ -176,4 +188,45 @@ class ParquetParts(_RollingParts):
         if self._current is None:
             self._start()
         self._writer.write_table(table)
-        self._account(table.num_rows, tokens, self._path_open.stat().st_size)
+        self._account(table.num_rows, tokens, self._sink.written)
+
+
+class _HashingFile:
+    """The file a ParquetWriter writes to, counting the bytes and hashing them (sha256) on a thread of its own:
+    hashlib releases the GIL, so the digest costs the encoder's thread (which bounds the export) nothing."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.written = 0
+        self._hash = hashlib.sha256()
+        self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="export-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            self._hash.update(chunk)
+
+    def write(self, data: bytes) -> int:
+        self._chunks.put(bytes(data))  # Arrow hands a bytes copy already; bytes() of bytes is the same object
+        self.written += len(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.written
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self.file.closed
+
+    def close(self) -> None:
+        self.file.close()
+
+    def hexdigest(self) -> str:
+        """The digest of every byte written; call once, after close."""
+        self._chunks.put(None)
+        self._thread.join()
+        return self._hash.hexdigest()
