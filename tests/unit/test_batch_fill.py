@@ -8,7 +8,7 @@ from typing import Any
 from datagen_operator.api import parse_spec
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.checks.batch_fill import BATCH_FULL, judge_batch_fill, suggested_concurrency
-from datagen_operator.checks.canary import CanaryRecord, with_batch_fill
+from datagen_operator.checks.canary import CanaryRecord, with_batch_fill, without_stale_batch_fill
 from datagen_operator.engine.limits import BatchLimits, batch_limits, max_running_requests_per_rank
 from tests.manifests import local_spec
 
@@ -87,3 +87,9 @@ def test_a_passed_canary_carries_the_warning_and_its_check(tmp_path: Any, standi
     assert back.checks[0].verdict == outcome.checks[0].verdict, "recorded in the canary's verdict"
     failed = StepOutcome(False, "Failed", "x")
     assert with_batch_fill(failed, spec, [BatchLimits(64, 1_000_000)], records) == failed
+
+    # Remembered for a resume: the warning holds for 16 in flight; after clients.concurrency 71 it goes.
+    assert without_stale_batch_fill(outcome, spec) == outcome
+    followed = spec.model_copy(update={"clients": spec.clients.model_copy(update={"concurrency": 71})})
+    fresh = without_stale_batch_fill(back, followed)
+    assert fresh.message == "2/2 canary outputs pass (token counts, termination)" and fresh.checks == ()

@@ -24,7 +24,7 @@ from datagen_operator.api.spec import DataGenRunSpec, DatasetSample, HistoryReas
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.batch_fill import judge_batch_fill, underfilled
+from datagen_operator.checks.batch_fill import BATCH_FULL, judge_batch_fill, underfilled
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpectation, judge_template
@@ -202,6 +202,16 @@ def with_batch_fill(
     if not underfilled(check):
         return replace(outcome, checks=(*outcome.checks, check))
     return replace(outcome, message=f"{outcome.message}; warning: {check.verdict}", checks=(*outcome.checks, check))
+
+
+def without_stale_batch_fill(outcome: StepOutcome, spec: DataGenRunSpec) -> StepOutcome:
+    """A remembered verdict's batch_full check holds for the requests in flight it was judged at: once
+    clients.shards x clients.concurrency changed (a resume after following its advice), it and its warning go."""
+    check = next((c for c in outcome.checks if c.name == BATCH_FULL), None)
+    if check is None or check.count == spec.clients.shards * spec.clients.concurrency:
+        return outcome
+    message = outcome.message.removesuffix(f"; warning: {check.verdict}")
+    return replace(outcome, message=message, checks=tuple(c for c in outcome.checks if c is not check))
 
 
 def markers_seen(records: list[CanaryRecord], expect: rc.Expectations, families: tuple[str, ...]) -> MarkersSeen | None:
