@@ -466,3 +466,20 @@ def kept_stop_ids(
         if DetokenizerManager.trim_matched_stop(detokenizer, [1, stop_id], {"type": "stop", "matched": stop_id}, False)
         == [1, stop_id]
     ]
+
+
+def resolve_max_num_reqs(token_capacity: int, context_len: int, requested: int | None, attn_dp_size: int) -> int:
+    """A DP rank's running-request limit (`KVCacheConfigurator.resolve_max_num_reqs`, as `configure` calls it
+    once the pool is sized) for a launch with `--max-running-requests requested`, a dense model (no mamba state)."""
+    from sglang.srt.mem_cache import kv_cache_configurator as module
+
+    configurator = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(context_len=context_len), attn_dp_size=attn_dp_size, mambaish_config=None
+    )
+    schedule = types.SimpleNamespace(max_running_requests=requested)
+    real = module.get_schedule
+    module.get_schedule = lambda: schedule
+    try:
+        return int(module.KVCacheConfigurator.resolve_max_num_reqs(configurator, token_capacity))
+    finally:
+        module.get_schedule = real

@@ -46,7 +46,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "gpu": (
         "--sim-speed",
         "gpu",
-        "--sim-batch-capacity",
+        "--max-running-requests",
         "1",
         "--sim-tokens-per-s",
         "100",

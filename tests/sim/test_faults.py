@@ -104,7 +104,10 @@ def test_ignore_thinking_misconfig_never_reasons(fleet: dict[str, SimServer]) ->
 
 
 def test_gpu_speed_queues_requests_beyond_the_batch_capacity(fleet: dict[str, SimServer]) -> None:
-    server = fleet["gpu"]  # batch capacity 1, 100 tokens/s per request
+    server = fleet["gpu"]  # --max-running-requests 1, 100 tokens/s per request
+    info = get(server.url, "/server_info").json()
+    assert info["max_running_requests"] == 1
+    assert [s["effective_max_running_requests_per_dp"] for s in info["internal_states"]] == [1]
     body = {"input_ids": chat_prompt(thinking=False), "sampling_params": {"max_new_tokens": 30}}
 
     def gauge(name: str) -> float:

@@ -72,6 +72,31 @@ def test_server_info_shows_sglang_flags_as_given(fleet: dict[str, SimServer]) ->
     assert get(server.url, "/metrics").status == 404, "no --enable-metrics"
 
 
+def test_server_info_reports_each_ranks_running_limit_as_sglang_resolves_it(
+    sims_factory: Callable[..., list[SimServer]],
+) -> None:
+    # KVCacheConfigurator.resolve_max_num_reqs: --max-running-requests split over attention-DP ranks, never more
+    # than half a rank's token pool; unset, 512 per context the pool holds, clamped to 2048..4096.
+    two_ranks, small_pool, unset = sims_factory(
+        ("--dp-size", "2", "--max-running-requests", "64", "--sim-kv-capacity", "100000"),
+        ("--max-running-requests", "64", "--sim-kv-capacity", "100"),
+        ("--sim-kv-capacity", "20480", "--context-length", "4096"),
+    )
+
+    def limits(server: SimServer) -> tuple[object, list[int], list[int]]:
+        info = get(server.url, "/server_info").json()
+        states = info["internal_states"]
+        return (
+            info["max_running_requests"],
+            [s["effective_max_running_requests_per_dp"] for s in states],
+            [s["memory_usage"]["token_capacity"] for s in states],
+        )
+
+    assert limits(two_ranks) == (64, [64, 64], [100000, 100000]), "each DP rank its own scheduler"
+    assert limits(small_pool) == (64, [50], [100]), "half the token pool"
+    assert limits(unset) == (None, [2560], [20480]), "512 for each of the pool's 5 contexts"
+
+
 def test_model_info(sim: SimServer, standin_tokenizer: object) -> None:
     info = get(sim.url, "/model_info").json()
     assert info["model_path"] == str(standin_tokenizer) and info["is_generation"] is True

@@ -25,10 +25,12 @@ from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.batch_fill import BATCH_FULL, judge_batch_fill, underfilled
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
 from datagen_operator.checks.samples import SampleComparison, compared_samples
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpectation, judge_template
+from datagen_operator.engine.limits import BatchLimits, batch_limits
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.presets.think_markers import MarkersWritten
@@ -189,6 +191,33 @@ def judge_canary(
     what = "reasoning closed, " if ctx.thinking and ctx.think_end_id is not None else ""  # only ids can tell
     message = f"{n}/{n} canary outputs pass ({what}token counts, termination){aside}"
     return StepOutcome(True, Reason.PASSED, message, tuple(checks))
+
+
+def with_batch_fill(
+    outcome: StepOutcome, spec: DataGenRunSpec, servers: list[BatchLimits | None], records: list[CanaryRecord]
+) -> StepOutcome:
+    """A passed canary also says whether shards x clients.concurrency can keep the servers' batches full, sizing
+    requests as the canary's were: a warning in its message (CanaryPassed's, `datagen run`'s line) and the
+    batch_full check in its verdict; the canary still passes (the data is as faithful, only the GPUs idle)."""
+    if not outcome.passed or not records:
+        return outcome
+    tokens = sum(len(r.input_ids) + len(r.output_ids) for r in records) / len(records)
+    check = judge_batch_fill(spec.clients.shards, spec.clients.concurrency, servers, tokens)
+    if check is None:
+        return outcome
+    if not underfilled(check):
+        return replace(outcome, checks=(*outcome.checks, check))
+    return replace(outcome, message=f"{outcome.message}; warning: {check.verdict}", checks=(*outcome.checks, check))
+
+
+def without_stale_batch_fill(outcome: StepOutcome, spec: DataGenRunSpec) -> StepOutcome:
+    """A remembered verdict's batch_full check holds for the requests in flight it was judged at: once
+    clients.shards x clients.concurrency changed (a resume after following its advice), it and its warning go."""
+    check = next((c for c in outcome.checks if c.name == BATCH_FULL), None)
+    if check is None or check.count == spec.clients.shards * spec.clients.concurrency:
+        return outcome
+    message = outcome.message.removesuffix(f"; warning: {check.verdict}")
+    return replace(outcome, message=message, checks=tuple(c for c in outcome.checks if c is not check))
 
 
 def markers_seen(records: list[CanaryRecord], expect: rc.Expectations, families: tuple[str, ...]) -> MarkersSeen | None:
@@ -386,12 +415,14 @@ async def run_canary(
         if spec.generation.turns == "all":
             history = await history_probe(sent, records, renderer, resolved, one, full_params, history_reasoning)
             first.append(history)
+        limits = [batch_limits(info) for info in await asyncio.gather(*(_server_info(session, u) for u in servers))]
         await pool.close()
     finally:
         await session.close()
     if record_file is not None:
         await asyncio.to_thread(_write_records, record_file, records, set_aside)
-    return judge_canary(records, ctx, capped=capped, first=tuple(first), set_aside=tuple(set_aside), samples=samples)
+    outcome = judge_canary(records, ctx, capped=capped, first=tuple(first), set_aside=tuple(set_aside), samples=samples)
+    return with_batch_fill(outcome, spec, limits, records)
 
 
 def second_samples(records: list[CanaryRecord], again: list[CanaryRecord | None]) -> Counts:
@@ -403,6 +434,17 @@ def second_samples(records: list[CanaryRecord], again: list[CanaryRecord | None]
             comparison.add(first.id, orjson.dumps(first.output_ids))
             comparison.add(second.id, orjson.dumps(second.output_ids))
     return comparison.counts()
+
+
+async def _server_info(session: Any, url: str) -> dict[str, Any]:
+    """A server's /server_info for its batch limits; {} when it does not answer (nothing is judged of it)."""
+    from datagen_operator.engine.client.reads import fetch_server_info
+
+    try:
+        info: dict[str, Any] = await fetch_server_info(session, url)
+    except Exception:  # the parser check judged reachability already: a miss here only leaves the limits unknown
+        return {}
+    return info
 
 
 HISTORY = "conversation_history"

@@ -424,13 +424,13 @@ class LocalRunner:
             self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{', '.join(urls)}: {error}")
 
     async def _run_canary(self) -> StepOutcome:
-        from datagen_operator.checks.canary import run_canary
+        from datagen_operator.checks.canary import run_canary, without_stale_batch_fill
 
         key = self._canary_key()
         remembered = remembered_canary(self.output, key)
         if remembered is not None:
             self._say("canary: passed before on this output with the same fingerprint; not rerun", "cyan")
-            return remembered
+            return without_stale_batch_fill(remembered, self.spec)
         try:
             outcome = await run_canary(
                 self.spec,

@@ -73,7 +73,6 @@ class SpeedConfig:
     mode: SpeedMode = "wire"
     tokens_per_s: float = 60.0
     ttft_s: float = 0.2
-    batch_capacity: int = 256
     load_seconds: float = 0.0
     expected_in_flight: int = 0
     """/generate requests the clients should keep in flight (sglang_sim:underfilled_seconds; 0: not measured)."""
@@ -124,6 +123,13 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="datagen sim-server",
@@ -138,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
     sg.add_argument("--enable-dp-attention", action="store_true", help="deprecated: --dp-size N is --attn-dp-size N")
     sg.add_argument("--mem-fraction-static", type=float)
+    sg.add_argument(
+        "--max-running-requests",
+        "--sim-batch-capacity",  # the simulator's older name for it
+        dest="max_running_requests",
+        type=_positive_int,
+        help="gpu speed: requests running at once, as SGLang resolves it per DP rank (default: its estimate from the "
+        "token pool); more wait",
+    )
     sg.add_argument("--max-queued-requests", type=int, help="gpu speed: a request beyond this many waiting is shed")
     sg.add_argument("--trust-remote-code", action="store_true")
     sg.add_argument("--reasoning-parser", choices=["auto", *REASONING_PARSER_NAMES])
@@ -176,7 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-speed", choices=get_args(SpeedMode), default="wire", help="wire: no sleeps")
     sim.add_argument("--sim-tokens-per-s", type=_positive_float, default=60.0, help="per request (gpu speed)")
     sim.add_argument("--sim-ttft-s", type=_non_negative_float, default=0.2, help="time to first token (gpu)")
-    sim.add_argument("--sim-batch-capacity", type=int, default=256, help="running requests; more queue (gpu)")
     sim.add_argument("--sim-load-seconds", type=_non_negative_float, default=0.0, help="/health 503 this long")
     sim.add_argument(
         "--sim-mean-answer-tokens", type=_positive_float, default=400.0, help="mean answer length (lognormal)"
@@ -295,6 +308,7 @@ def parse_settings(argv: list[str]) -> SimSettings:
         # Deprecated; reported for clients that still read it: whether attention DP runs (`resolved_dict`).
         "enable_dp_attention": attn_dp_size > 1,
         "mem_fraction_static": args.mem_fraction_static,
+        "max_running_requests": args.max_running_requests,
         "max_queued_requests": args.max_queued_requests,
         "reasoning_parser": _resolve_parser(args.reasoning_parser),
         "tool_call_parser": _resolve_parser(args.tool_call_parser),
@@ -363,7 +377,6 @@ def parse_settings(argv: list[str]) -> SimSettings:
             mode=args.sim_speed,
             tokens_per_s=args.sim_tokens_per_s,
             ttft_s=args.sim_ttft_s,
-            batch_capacity=max(1, args.sim_batch_capacity),
             load_seconds=args.sim_load_seconds,
             expected_in_flight=args.sim_expected_in_flight,
         ),

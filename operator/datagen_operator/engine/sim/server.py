@@ -1,7 +1,7 @@
 """`datagen sim-server`: the imperative shell around the simulator's pure core (aiohttp on one event loop).
 
 Speed: `--sim-speed wire` answers as fast as it can (benchmarks); `gpu` paces each request at
-`--sim-tokens-per-s` after `--sim-ttft-s`, with at most `--sim-batch-capacity` requests generating and
+`--sim-tokens-per-s` after `--sim-ttft-s`, with at most `--max-running-requests` requests generating (as SGLang resolves it per DP rank) and
 the rest queued (`sglang:num_queue_reqs`). Lifecycle, as SGLang: for the first half of `--sim-load-seconds`
 the weights load and the port refuses connections (it is bound, so the port file names it); for the second
 half the server warms up and `/health`, `/health_generate` and generation answer 503 with an empty body,
@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from datagen_operator.engine.health import HEALTH_POLL_S, health_check_timeout_s
-from datagen_operator.engine.limits import memory_cap, reserved_tokens
+from datagen_operator.engine.limits import max_running_requests_per_rank, memory_cap, reserved_tokens
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
@@ -117,7 +117,8 @@ class Simulator:
             if self.metrics is not None:
                 self.metrics.occupancy = self.occupancy
         self.gpu = settings.speed.mode == "gpu"
-        self.slots = asyncio.Semaphore(settings.speed.batch_capacity)
+        self.slots = asyncio.Semaphore(sum(self.max_running_requests))
+        """The running batch: requests beyond every rank's max_running_requests wait (gpu speed)."""
         self.waiting = 0
         """Requests waiting for a batch slot: SGLang's waiting queue."""
         self.reserved_tokens = reserved_tokens(self.args)
@@ -177,6 +178,16 @@ class Simulator:
             return [int(args["sim_kv_capacity"])] * (args["dp_size"] * args["attn_dp_size"])
         return protocol.dp_rank_capacities(self.context_length, self._server_key, args["dp_size"], args["attn_dp_size"])
 
+    @property
+    def max_running_requests(self) -> list[int]:
+        """Each DP rank's running-request limit, as SGLang's pool configuration resolves it from the launch's
+        --max-running-requests and the rank's token pool."""
+        requested, attn_dp = self.args.get("max_running_requests"), int(self.args["attn_dp_size"])
+        return [
+            max_running_requests_per_rank(capacity, self.context_length, requested, attn_dp)
+            for capacity in self.rank_capacities
+        ]
+
     def _memory_capped(self, items: list[GenerateItem]) -> list[GenerateItem]:
         """Each item's max_new_tokens also capped to what the KV pool holds beside its prompt, after the context's
         cap (`Scheduler.init_req_max_new_tokens`; engine.limits.memory_cap). Binds only with --sim-kv-capacity:
@@ -210,8 +221,12 @@ class Simulator:
             "max_req_input_len": self.max_req_input_len,
             # One per DP rank (`get_internal_state` fans out to every rank).
             "internal_states": [
-                {"last_gen_throughput": 0.0, "memory_usage": {"token_capacity": capacity}}
-                for capacity in self.rank_capacities
+                {
+                    "effective_max_running_requests_per_dp": running,
+                    "last_gen_throughput": 0.0,
+                    "memory_usage": {"token_capacity": capacity},
+                }
+                for capacity, running in zip(self.rank_capacities, self.max_running_requests, strict=True)
             ],
         }
         return _json(info)
