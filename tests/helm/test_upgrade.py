@@ -39,8 +39,8 @@ def server_schema(crd: dict[str, Any]) -> dict[str, Any]:
 
 def crd_in_group(group: str, *, previous: bool) -> dict[str, Any]:
     """The generated CRD under a group of this test's own (the session's cluster serves the real one to other
-    tests). `previous`: as an older release shipped it, without server.runtimeClassName and with a lower
-    gpus limit: a field added and a value changed, what a real upgrade brings."""
+    tests). `previous`: as an older release shipped it, without server.runtimeClassName and server.external and
+    with a lower gpus limit: fields added and a value changed, what a real upgrade brings."""
     crd = yaml.safe_load(CURRENT_CRD.read_text())
     crd["metadata"]["name"] = f"{crd['spec']['names']['plural']}.{group}"
     crd["spec"]["group"] = group
@@ -48,6 +48,13 @@ def crd_in_group(group: str, *, previous: bool) -> dict[str, Any]:
         server = server_schema(crd)
         del server["runtimeClassName"]
         server["gpus"]["maximum"] = 32
+        # Nor server.external (a later field), whose rules name the server's other fields, runtimeClassName too.
+        del server["external"]
+        (version,) = crd["spec"]["versions"]
+        server_object = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["server"]
+        server_object["x-kubernetes-validations"] = [
+            rule for rule in server_object.get("x-kubernetes-validations", []) if "external" not in rule["rule"]
+        ]
     return crd
 
 

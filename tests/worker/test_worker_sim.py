@@ -226,7 +226,8 @@ def test_server_400_goes_to_rejects_with_its_reason_and_is_not_retried(tmp_path:
     items = prompts(10, tools_every=0)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
     output = tmp_path / "out"
-    document = spec(dataset, output, **{"generation.sampling.max_new_tokens": 64})
+    # Greedy: the simulator samples each request anew (as SGLang does), and a sampled answer may pass 64 tokens.
+    document = spec(dataset, output, **{"generation.sampling.max_new_tokens": 64, "generation.sampling.temperature": 0})
     server = sims["refuse_400"]
     assert run_inprocess(document, [server.url]) == EXIT_OK
     rejects = list(iter_rejects(output))

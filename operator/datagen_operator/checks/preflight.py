@@ -560,7 +560,7 @@ def main(argv: list[str]) -> int:
     import sys
 
     from datagen_operator.api import SpecError, load_run
-    from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
+    from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_STEP_CRASHED
     from datagen_operator.checks.tokenizer_source import (
         TokenizerUnavailable,
         load_spec_tokenizer,
@@ -587,9 +587,11 @@ def main(argv: list[str]) -> int:
         build_preset_standin(spec.model.preset, tokenizer_dir)
     try:
         tokenizer = load_spec_tokenizer(spec, tokenizer_dir, resolve_model(spec).trust_remote_code)
-    except TokenizerUnavailable as error:  # a verdict, not a crash: loading again gives the same answer
+    except TokenizerUnavailable as error:
+        # No verdict: a model volume may still be filling (its loader Job copying), so the step's Job runs the
+        # preflight again, as after any crash; the one line, not transformers' traceback, is what a person reads.
         print(f"{args.run}: {error}", file=sys.stderr)
-        return write_verdict(_failed(Reason.PREFLIGHT_ERROR, str(error)), args.termination_log, echo=False)
+        return EXIT_STEP_CRASHED
     outcome = run_preflight(
         spec,
         tokenizer,

@@ -102,8 +102,10 @@ class Worker:
         except OSError as error:
             if not is_volume_error(error):
                 raise
-            # Failed before generation (the manifest, the reserve): nothing was generated.
-            message, reason = self.failure.volume_text(error), volume_reason(error)
+            # Failed before generation (the manifest, the reserve): nothing was generated. The shard is named as
+            # control.progress.failure_of names it, so the condition reads alike whichever of the two is seen first.
+            message = f"{self.failure.volume_text(error)} (shard {self.config.shard_index} stopped)"
+            reason = volume_reason(error)
             return self.failure.fail(EXIT_OUTPUT_VOLUME, message, reason)
 
     async def _run(self) -> int:
