@@ -74,7 +74,7 @@ def auto_concurrency(
     """The number that fills the servers' batches (`suggested_concurrency`, the rule the warning names); the
     default where no server said its limits (nothing to size it by)."""
     slots = server_slots(servers, tokens_per_request)
-    of = f" of {shards} shards" if shards > 1 else ""
+    of = f" x {shards} shards" if shards > 1 else ""
     if slots is None:
         return AutoConcurrency(
             DEFAULT_CONCURRENCY,
