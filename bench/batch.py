@@ -1,5 +1,5 @@
-"""Benchmark: throughput against clients.concurrency on a simulator with SGLang's scheduling limits, and the
-concurrency the canary suggests (checks/batch_fill.py) against the best fixed one.
+"""Benchmark: throughput against clients.concurrency on a simulator with SGLang's scheduling limits, and
+`clients.concurrency: auto` (the canary's choice, checks/batch_fill.py) against the best fixed one.
 
     .venv/bin/python bench/batch.py [--max-running-requests 64] [--concurrency 8,16,32,64,128,256] [--waves 8]
                                     [--rounds 3] [--quick]
@@ -7,11 +7,13 @@ concurrency the canary suggests (checks/batch_fill.py) against the best fixed on
 Starts the SGLang simulator on loopback at GPU pace (`--sim-speed gpu`: each request decodes at `--tokens-per-s`)
 with `--max-running-requests` (as SGLang resolves it: more requests wait in its queue), fixed answer lengths.
 For each concurrency, one `datagen worker` over the same prompts, `--waves` full batches of the server's; its throughput is its
-own log's generation phase (output tokens / seconds). The suggested concurrency, from the simulator's
-/server_info as the canary reads it (engine/limits.batch_limits, checks/batch_fill.suggested_concurrency), runs
-beside them. `--rounds` passes, each in the other order; the figures are each setting's median. Last line:
+own log's generation phase (output tokens / seconds). The auto choice, from the simulator's /server_info as the
+canary reads and resolves it (engine/limits.batch_limits, checks/batch_fill.auto_concurrency: the number its
+warning suggests), runs beside them as an auto run's worker does (spec `auto`, the number as `--concurrency`; the
+worker must say it sends at it). `--rounds` passes, each in the other order; the figures are each setting's
+median. Last line:
 
-    suggested=<n> suggested_vs_best=<ratio> (goal >= 0.95) best=<concurrency> c8_vs_best=<ratio> ... load=<1 min>
+    auto=<n> auto_vs_best=<ratio> (goal >= 0.95) best=<concurrency> c8_vs_best=<ratio> ... load=<1 min>
 """
 
 from __future__ import annotations
@@ -68,39 +70,48 @@ def prompts(path: Path, count: int) -> Path:
     return path
 
 
-def run_worker(dataset: Path, tokenizer_dir: Path, output: Path, concurrency: int, max_new: int, url: str) -> float:
-    """One `datagen worker` process over `dataset`: its generation phase's output tokens per second."""
+def run_worker(
+    dataset: Path, tokenizer_dir: Path, output: Path, concurrency: int, max_new: int, url: str, *, auto: bool = False
+) -> float:
+    """One `datagen worker` process over `dataset`: its generation phase's output tokens per second. `auto`: the
+    spec says `clients.concurrency: auto` and the worker gets the canary's number as the shells pass it
+    (`--concurrency`), and must say it sends at it."""
     document = {
         "model": {"preset": "kimi-k2.5", "path": str(tokenizer_dir)},
         "dataset": {"path": str(dataset)},
         "generation": {"sampling": {"max_new_tokens": max_new, "temperature": 0.6}},
-        "clients": {"shards": 1, "concurrency": concurrency},
+        "clients": {"shards": 1, "concurrency": "auto" if auto else concurrency},
         "output": {"path": str(output)},
     }
     argv = [
         PYTHON, "-m", "datagen_operator.cli", "worker", "--spec-json", json.dumps(document), "--output",
         str(output), "--server", url, "--log-format", "json", "--no-compact",
+        *(["--concurrency", str(concurrency)] if auto else []),
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"worker exited {done.returncode}: {done.stderr[-2000:]}")
-    for line in done.stderr.splitlines():
-        if line.startswith("{") and "generation_s" in line:
-            entry = json.loads(line)
+    entries = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    sent_at = {entry["concurrency"] for entry in entries if "concurrency" in entry}
+    if sent_at != {concurrency}:
+        raise SystemExit(f"the worker said it sends at {sorted(sent_at)}, not {concurrency}")
+    for entry in entries:
+        if "generation_s" in entry:
             return int(entry["output_tokens_this_run"]) / float(entry["generation_s"])
     raise SystemExit("the worker logged no generation phase")
 
 
-def suggested(url: str, shards: int = 1) -> int:
-    """What the canary would tell this run to set: the server's batch slots from /server_info, with headroom."""
-    from datagen_operator.checks.batch_fill import batch_slots, suggested_concurrency
+def auto_choice(url: str, shards: int = 1) -> int:
+    """`clients.concurrency: auto` as the canary resolves it (checks/batch_fill.auto_concurrency, the rule of its
+    warning's suggestion) from the simulator's /server_info."""
+    from datagen_operator.checks.batch_fill import auto_concurrency
     from datagen_operator.engine.limits import batch_limits
 
     with urllib.request.urlopen(url + "/server_info", timeout=30) as reply:
         limits = batch_limits(orjson.loads(reply.read()))
     if limits is None:
         raise SystemExit("the simulator's /server_info has no effective_max_running_requests_per_dp")
-    return suggested_concurrency(batch_slots(limits, None), shards)
+    return auto_concurrency(shards, [limits]).concurrency
 
 
 def main() -> None:
@@ -130,7 +141,7 @@ def main() -> None:
     try:
         sim, url = start_sim(workdir, args.max_running_requests, args.answer_tokens, args.tokens_per_s)
         try:
-            auto = suggested(url)
+            auto = auto_choice(url)
             settings = sorted({*fixed, auto})
             # The same prompts for every setting: `waves` full batches of the server's.
             count = args.waves * args.max_running_requests
@@ -138,9 +149,17 @@ def main() -> None:
             for round_index in range(args.rounds):
                 for concurrency in settings if round_index % 2 == 0 else settings[::-1]:
                     output = workdir / f"out-{concurrency}-{round_index}"
-                    rate = run_worker(dataset, tokenizer_dir, output, concurrency, args.answer_tokens * 2, url)
+                    rate = run_worker(
+                        dataset,
+                        tokenizer_dir,
+                        output,
+                        concurrency,
+                        args.answer_tokens * 2,
+                        url,
+                        auto=concurrency == auto,
+                    )
                     runs.setdefault(concurrency, []).append(rate)
-                    mark = " (suggested)" if concurrency == auto else ""
+                    mark = " (auto)" if concurrency == auto else ""
                     print(f"round {round_index + 1} concurrency {concurrency}{mark}: {count} prompts, {rate:,.0f} tok/s",
                           flush=True)  # fmt: skip
                     shutil.rmtree(output, ignore_errors=True)
@@ -155,7 +174,7 @@ def main() -> None:
     best = max(fixed, key=lambda c: throughput[c])
     ratios = " ".join(f"c{c}_vs_best={throughput[c] / throughput[best]:.3f}" for c in fixed if c != best)
     print(
-        f"suggested={auto} suggested_vs_best={throughput[auto] / throughput[best]:.3f} (goal >= 0.95) best={best} "
+        f"auto={auto} auto_vs_best={throughput[auto] / throughput[best]:.3f} (goal >= 0.95) best={best} "
         f"{ratios} load={os.getloadavg()[0]:.1f}"
     )
 

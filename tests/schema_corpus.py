@@ -163,6 +163,10 @@ MUTATIONS: list[Mutation] = [
         ("spec.generation.sampling.temperature", 0.6),
     ),
     mutate("concurrency 5000", QUICK, "spec.clients.concurrency", ("spec.clients.concurrency", 5000)),
+    mutate("concurrency 0", QUICK, "spec.clients.concurrency", ("spec.clients.concurrency", 0)),
+    mutate("concurrency auto2", QUICK, "spec.clients.concurrency", ("spec.clients.concurrency", "auto2")),
+    mutate("concurrency '64' (a string)", QUICK, "spec.clients.concurrency", ("spec.clients.concurrency", "64")),
+    mutate("concurrency auto", QUICK, None, ("spec.clients.concurrency", "auto")),
     mutate("shards 10001", KIMI, "spec.clients.shards", ("spec.clients.shards", 10001)),
     mutate("top_p 0", R1, "spec.generation.sampling.top_p", ("spec.generation.sampling.top_p", 0)),
     mutate(

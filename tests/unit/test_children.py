@@ -5,6 +5,7 @@ pass applies, creates, scales, suspends or deletes, given the decision and what 
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from datagen_operator.api import parse_spec
@@ -27,6 +28,7 @@ from datagen_operator.control.children import (
     spec_applied,
     spec_in_force,
 )
+from datagen_operator.control.conditions import ConditionUpdate
 from datagen_operator.control.decide import Decision, Step
 from datagen_operator.control.observed import HaltedBefore, Observed, ServerInstance, ServerObservation
 from datagen_operator.k8s import manifests as m
@@ -462,3 +464,41 @@ def test_the_inventory_reads_jobs_pods_and_the_server_from_the_cache_objects() -
     assert children.statefulset and not children.group and children.group_workers_left
     assert (children.server_replicas, children.server_holds_a_node) == (2, True)
     assert children.server_restart_hash == sts["metadata"]["annotations"][m.RESTART_HASH]
+
+
+def test_an_auto_runs_workers_job_sends_at_the_canarys_number_remembered_once_its_pod_is_gone() -> None:
+    from datagen_operator.api.status import CANARY_PASSED, Condition
+    from datagen_operator.control.remembered import remembered_canary
+    from datagen_operator.k8s.registry import BuildInputs, build
+    from datagen_operator.k8s.status_writer import Facts, StatusWriter
+
+    auto = SPEC.model_copy(update={"clients": SPEC.clients.model_copy(update={"concurrency": "auto"})})
+    said = "5/5 canary outputs pass; clients.concurrency auto: 36 per shard x 3 shards for 2 servers of 48 slots"
+    from_job = StepOutcome(True, "Passed", said, concurrency=36)  # its termination message, read once
+    # The status keeps the number beside CanaryPassed; a later pass reads it back from there.
+    writer = StatusWriter(ctx=None, namespace="ml", name="kimi")  # type: ignore[arg-type]  # _status reads no context
+    status = writer._status(
+        DataGenRunStatus(),
+        Decision(step=Step.RUN_WORKERS, workers_wanted=True),
+        1,
+        datetime.now(UTC),
+        [ConditionUpdate(CANARY_PASSED, "True", "Passed", said)],
+        Observed(generation=1, canary=from_job),
+        Facts(None, None, None),
+    )
+    assert status.concurrency == 36
+    remembered = remembered_canary(status, 1)
+    assert remembered is not None and remembered.concurrency == 36
+    assert remembered_canary(status.model_copy(update={"conditions": [
+        Condition(type=CANARY_PASSED, status="True", reason="Passed", last_transition_time="t", observed_generation=1)
+    ]}), 2) is None, "a later data generation runs its own canary"  # fmt: skip
+
+    observed = Observed(generation=1, canary=remembered)
+    (create,) = steps(planned(Step.RUN_WORKERS, spec=auto, server=True, workers=True, observed=observed))
+    assert create == Create(Child.WORKERS, tuple(URLS), concurrency=36)
+    job = build(Child.WORKERS, BuildInputs(m.RunRef("kimi", "ml", "u-1"), auto, "img:1", 1, URLS, concurrency=36))
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--concurrency") + 1] == "36"
+    # A spec that sets a number (a live change after the canary): the Job's workers send at the spec's.
+    fixed = build(Child.WORKERS, BuildInputs(m.RunRef("kimi", "ml", "u-1"), SPEC, "img:1", 1, URLS, concurrency=36))
+    assert "--concurrency" not in fixed["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -118,6 +118,9 @@ class WorkerCommand(Command):
     """The run (its UID) that holds the output's lease (output/lease.py)."""
     no_steal: bool = False
     """Do not take other shards' chunks (worker/stealing.py); stealing is on by default."""
+    concurrency: int | None = None
+    """clients.concurrency auto: the requests in flight per shard its canary resolved (ignored when the spec
+    sets a number, so a live change to one applies to the next pods)."""
 
 
 @dataclass(frozen=True, kw_only=True)

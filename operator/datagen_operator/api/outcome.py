@@ -39,6 +39,9 @@ class StepOutcome:
     recorded: int | None = None
     """With the prompts: the records the output already held (a resume), done from the start: the progress never
     shows less while the workers, starting, have not counted them yet."""
+    concurrency: int | None = None
+    """A passed canary of a `clients.concurrency: auto` run: the requests in flight per shard it sized from the
+    servers' batch limits (checks/batch_fill.auto_concurrency). The workers send at it, a resume too."""
 
     def for_storage(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> bytes:
         """Compact JSON of at most `limit` bytes that `from_storage` reads back to the same verdict."""
@@ -62,6 +65,7 @@ class StepOutcome:
         body = orjson.loads(data)
         checks = tuple(CheckResult.model_validate(c) for c in body.get("checks", []))
         prompts, turns, recorded = body.get("prompts"), body.get("turns"), body.get("recorded")
+        concurrency = body.get("concurrency")
         return cls(
             bool(body["passed"]),
             str(body["reason"]),
@@ -71,6 +75,7 @@ class StepOutcome:
             None if turns is None else int(turns),
             bool(body.get("complete", False)),
             None if recorded is None else int(recorded),
+            None if concurrency is None else int(concurrency),
         )
 
     def _encode(self, checks: tuple[CheckResult, ...], width: int | None, *, reason_width: int | None = None) -> bytes:
@@ -97,6 +102,8 @@ class StepOutcome:
             body["complete"] = True
         if self.recorded is not None:
             body["recorded"] = self.recorded
+        if self.concurrency is not None:
+            body["concurrency"] = self.concurrency
         return orjson.dumps(body)
 
 

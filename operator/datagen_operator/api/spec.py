@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from datagen_operator.api.duration import Duration
@@ -716,9 +725,49 @@ class GenerationSpec(SpecModel):
         return self
 
 
+AUTO_CONCURRENCY: Literal["auto"] = "auto"
+"""clients.concurrency sized by the canary from the servers' batch limits (checks/batch_fill.py)."""
+DEFAULT_CONCURRENCY = 64
+MAX_CONCURRENCY = 4096
+CONCURRENCY_PROBLEM = (
+    f"an integer 1..{MAX_CONCURRENCY} (requests in flight per shard) or `{AUTO_CONCURRENCY}` (as many as fill the "
+    "servers' batches, from their /server_info; docs/worker.md)"
+)
+
+
+def _concurrency(value: Any) -> int | Literal["auto"]:
+    """Strict, as the CRD's int-or-string rule is: the string "64" is neither form."""
+    if value == AUTO_CONCURRENCY:
+        return AUTO_CONCURRENCY
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CONCURRENCY:
+        return value
+    raise ValueError(f"{value!r} is not {CONCURRENCY_PROBLEM}")
+
+
+Concurrency = Annotated[
+    int | Literal["auto"],
+    PlainValidator(_concurrency),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [  # _concurrency says the same for `datagen validate`
+                {
+                    "rule": f"type(self) == int ? self >= 1 && self <= {MAX_CONCURRENCY} : self == '{AUTO_CONCURRENCY}'",
+                    "message": f"must be {CONCURRENCY_PROBLEM}",
+                }
+            ],
+        }
+    ),
+]
+
+
 class ClientsSpec(SpecModel):
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS, description="Worker shards (Indexed Job completions).")
-    concurrency: int = Field(default=64, ge=1, le=4096, description="In-flight requests per shard.")
+    concurrency: Concurrency = Field(
+        default=DEFAULT_CONCURRENCY,
+        description="In-flight requests per shard, or `auto`: the canary sizes it to fill the servers' batches "
+        "(their max_running_requests and token pool, from /server_info) and the workers send at that number.",
+    )
     image: str | None = Field(default=None, description="Worker image; default from the operator's configuration.")
     request_timeout: Duration = Field(
         default="1h", validate_default=True, description="Per-request timeout (long answers take minutes)."
@@ -732,6 +781,13 @@ class ClientsSpec(SpecModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Tolerations of the preflight, canary, worker and verify pods."
     )
+
+    def per_shard(self, resolved: int | None) -> int:
+        """The requests in flight per shard the workers send at: the spec's number; with auto the one the canary
+        resolved (`resolved`), else the default (a spec changed to auto after its canary ran)."""
+        if isinstance(self.concurrency, int):
+            return self.concurrency
+        return resolved if resolved is not None else DEFAULT_CONCURRENCY
 
 
 class OutputSpec(SpecModel):

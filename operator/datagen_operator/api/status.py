@@ -157,3 +157,7 @@ class DataGenRunStatus(StatusModel):
     """The operator's worker image when the run started (Helm `workerImage`, DATAGEN_WORKER_IMAGE): the run's
     preflight, canary, worker, verify and export pods keep it through an operator upgrade, so one output is
     never made by two images. spec.clients.image, where set, is used instead."""
+    concurrency: int | None = None
+    """clients.concurrency auto: the requests in flight per shard the canary resolved from the servers' batch
+    limits (its verdict's `concurrency`), kept here so that a workers' Job made again (a resume, new server URLs)
+    sends at the same number once the canary's pod is gone."""

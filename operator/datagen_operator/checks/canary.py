@@ -20,12 +20,24 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import DataGenRunSpec, DatasetSample, HistoryReasoning, TemplateVariableMix
+from datagen_operator.api.spec import (
+    AUTO_CONCURRENCY,
+    DataGenRunSpec,
+    DatasetSample,
+    HistoryReasoning,
+    TemplateVariableMix,
+)
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.batch_fill import BATCH_FULL, judge_batch_fill, underfilled
+from datagen_operator.checks.batch_fill import (
+    BATCH_FULL,
+    auto_concurrency,
+    judge_batch_fill,
+    suggested_concurrency,
+    underfilled,
+)
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, check_context, evaluate
 from datagen_operator.checks.samples import SampleComparison, compared_samples
 from datagen_operator.checks.server_truth import model_label
@@ -198,11 +210,17 @@ def with_batch_fill(
 ) -> StepOutcome:
     """A passed canary also says whether shards x clients.concurrency can keep the servers' batches full, sizing
     requests as the canary's were: a warning in its message (CanaryPassed's, `datagen run`'s line) and the
-    batch_full check in its verdict; the canary still passes (the data is as faithful, only the GPUs idle)."""
+    batch_full check in its verdict; the canary still passes (the data is as faithful, only the GPUs idle).
+    With `clients.concurrency: auto` it sizes the number itself, by the same rule, and records it in its verdict
+    (`concurrency`) and its message: the workers send at it."""
     if not outcome.passed or not records:
         return outcome
     tokens = sum(len(r.input_ids) + len(r.output_ids) for r in records) / len(records)
-    check = judge_batch_fill(spec.clients.shards, spec.clients.concurrency, servers, tokens)
+    shards = spec.clients.shards
+    if spec.clients.concurrency == AUTO_CONCURRENCY:
+        auto = auto_concurrency(shards, servers, tokens)
+        outcome = replace(outcome, message=f"{outcome.message}; {auto.said}", concurrency=auto.concurrency)
+    check = judge_batch_fill(shards, spec.clients.per_shard(outcome.concurrency), servers, tokens)
     if check is None:
         return outcome
     if not underfilled(check):
@@ -211,10 +229,17 @@ def with_batch_fill(
 
 
 def without_stale_batch_fill(outcome: StepOutcome, spec: DataGenRunSpec) -> StepOutcome:
-    """A remembered verdict's batch_full check holds for the requests in flight it was judged at: once
-    clients.shards x clients.concurrency changed (a resume after following its advice), it and its warning go."""
+    """A remembered verdict for a resume. Its batch_full check holds for the requests in flight it was judged at:
+    once clients.shards x clients.concurrency changed (a resume after following its advice), it and its warning
+    go. With `clients.concurrency: auto` the verdict's own number stands (the same servers, the same batches);
+    a verdict judged at a fixed number before the spec said auto gets one from its check's batch slots."""
     check = next((c for c in outcome.checks if c.name == BATCH_FULL), None)
-    if check is None or check.count == spec.clients.shards * spec.clients.concurrency:
+    shards = spec.clients.shards
+    if spec.clients.concurrency != AUTO_CONCURRENCY:
+        outcome = replace(outcome, concurrency=None)
+    elif outcome.concurrency is None and check is not None:
+        outcome = replace(outcome, concurrency=suggested_concurrency(check.total, shards))
+    if check is None or check.count == shards * spec.clients.per_shard(outcome.concurrency):
         return outcome
     message = outcome.message.removesuffix(f"; warning: {check.verdict}")
     return replace(outcome, message=message, checks=tuple(c for c in outcome.checks if c is not check))

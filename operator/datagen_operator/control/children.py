@@ -113,6 +113,8 @@ class Create:
     """The server URLs its pods send to (canary, workers)."""
     taken_before: float | None = None
     """The release Job: the halt's time; a lease renewed after it (a later attempt's) is kept."""
+    concurrency: int | None = None
+    """The workers' Job with clients.concurrency auto: the requests in flight per shard the canary resolved."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,8 @@ def _steps(
 
     workers = jobs.get(Child.WORKERS)
     if workers is None and decision.workers_wanted:
-        actions.append(Create(Child.WORKERS, tuple(urls)))
+        resolved = observed.canary.concurrency if observed.canary is not None else None
+        actions.append(Create(Child.WORKERS, tuple(urls), concurrency=resolved))
     elif workers is not None and not workers.finished:
         if workers.server_urls != ",".join(urls):
             # The server list changed (replicas): workers drain, a new Job resumes every shard.

@@ -68,6 +68,13 @@ def remembered_preflight(status: DataGenRunStatus, data_generation: int) -> Step
     return replace(outcome, prompts=progress.dataset_prompts, turns=progress.dataset_turns, recorded=recorded)
 
 
+def remembered_canary(status: DataGenRunStatus, data_generation: int) -> StepOutcome | None:
+    """The canary's verdict from CanaryPassed, with the number it resolved for clients.concurrency auto (kept in
+    status.concurrency): a workers' Job made again sends at the same number."""
+    outcome = remembered_outcome(status.conditions, CANARY_PASSED, data_generation, status.checks)
+    return replace(outcome, concurrency=status.concurrency) if outcome is not None else None
+
+
 def remembered_final(
     conditions: Sequence[Condition], data_generation: int, checks: Sequence[CheckResult]
 ) -> StepOutcome | None:

@@ -105,8 +105,9 @@ class Executor:
             match action:
                 case Apply(child, index):
                     await self.apply(build(child, replace(inputs, index=index)))
-                case Create(child, urls, taken_before):
-                    await self.create(build(child, replace(inputs, urls=urls, taken_before=taken_before)))
+                case Create(child, urls, taken_before, concurrency):
+                    built = replace(inputs, urls=urls, taken_before=taken_before, concurrency=concurrency)
+                    await self.create(build(child, built))
                 case Delete(child, index, why):
                     kind, name = REGISTRY[child].kind, child_name(child, self.name, index)
                     if why:

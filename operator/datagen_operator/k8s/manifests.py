@@ -43,7 +43,15 @@ from datagen_operator.api.names import (
     workers_job_name,
 )
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.api.spec import API_GROUP, API_GROUP_VERSION, KIND, DataGenRunSpec, EnvVar, VolumeSource
+from datagen_operator.api.spec import (
+    API_GROUP,
+    API_GROUP_VERSION,
+    AUTO_CONCURRENCY,
+    KIND,
+    DataGenRunSpec,
+    EnvVar,
+    VolumeSource,
+)
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
 from datagen_operator.engine.health import (
     HEALTH_ANSWER_TIMEOUT_S,
@@ -850,8 +858,12 @@ def canary_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], d
     return _step_job(run, spec, image, Component.CANARY, command, annotations)
 
 
-def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], *, suspend: bool) -> Manifest:
-    """An Indexed Job, one index per shard. Outages and drains do not burn retries; bad input fails the index."""
+def workers_job(
+    run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], *, suspend: bool, concurrency: int | None = None
+) -> Manifest:
+    """An Indexed Job, one index per shard. Outages and drains do not burn retries; bad input fails the index.
+    `concurrency`: clients.concurrency auto's number, the canary's (the Job is never re-applied, so a resume
+    whose Job is gone gets it again from the remembered canary verdict)."""
     run_volume, run_mount = _run_file_volume(run.name)
     model_volumes, model_mounts = _model_volume(spec)
     data_volumes, data_mounts = _data_volumes(spec, dataset=True, output=True, output_writable=True)
@@ -867,6 +879,7 @@ def workers_job(run: RunRef, spec: DataGenRunSpec, image: str, urls: list[str], 
         log_format="json",
         termination_log=TERMINATION_LOG,
         lease_holder=run.uid,
+        concurrency=concurrency if spec.clients.concurrency == AUTO_CONCURRENCY else None,
     )
     container = _datagen_container(Component.WORKER, image, command, [run_mount, *model_mounts, *data_mounts], spec)
     container["env"].append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})

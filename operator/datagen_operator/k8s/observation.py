@@ -20,7 +20,7 @@ from datagen_operator.api.names import Component, server_name, spec_configmap_na
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.api.status import CANARY_PASSED, EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
+from datagen_operator.api.status import EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
 from datagen_operator.control.children import Child, made_for
 from datagen_operator.control.decide import parsers_to_read
 from datagen_operator.control.observed import (
@@ -33,6 +33,7 @@ from datagen_operator.control.observed import (
     ServerObservation,
 )
 from datagen_operator.control.remembered import (
+    remembered_canary,
     remembered_final,
     remembered_outcome,
     remembered_preflight,
@@ -404,7 +405,7 @@ class Observer:
             server=server,
             parsers=remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
             parser_probes=self.parser_probes,
-            canary=remembered_outcome(old.conditions, CANARY_PASSED, data_generation, checks)
+            canary=remembered_canary(old, data_generation)
             or outcome(current(Child.CANARY), Component.CANARY, "canary"),
             # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
             workers=o.workers_observation(workers_job, self.cache.pods(Component.WORKER), spec.clients.shards)

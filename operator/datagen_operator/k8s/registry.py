@@ -35,6 +35,8 @@ class BuildInputs:
     """The shard's or the server replica's index, for the children there is one of each."""
     taken_before: float | None = None
     """The release Job: the halt's time."""
+    concurrency: int | None = None
+    """The workers' Job: clients.concurrency auto's number, as the canary resolved it."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ REGISTRY: dict[Child, Entry] = {
         "Job",
         _single(workers_job_name),
         Component.WORKER,
-        lambda b: m.workers_job(b.run, b.spec, b.image, list(b.urls), suspend=False),
+        lambda b: m.workers_job(b.run, b.spec, b.image, list(b.urls), suspend=False, concurrency=b.concurrency),
     ),
     Child.VERIFY: _step(Component.VERIFY, lambda b: m.verify_job(b.run, b.spec, b.image)),
     Child.EXPORT: _step(Component.EXPORT, lambda b: m.export_job(b.run, b.spec, b.image)),

@@ -120,6 +120,8 @@ class StatusWriter:
             started_at=old.started_at or rfc3339(now),
             completed_at=(old.completed_at or rfc3339(now)) if decision.finished else None,
             worker_image=facts.worker_image or old.worker_image,
+            # The canary's verdict of this data generation (remembered from here once its pod is gone).
+            concurrency=old.concurrency if observed is None else _resolved_concurrency(observed),
         )
 
     def _due(self, new: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
@@ -134,6 +136,10 @@ class StatusWriter:
         every = settings.progress_write_s if moved else max(settings.progress_write_s, settings.message_write_s)
         spacing = progress_spacing(every, len(self.ctx.wakers), settings.progress_writes_per_s)
         return progress_write_due(self.last_write, asyncio.get_running_loop().time(), spacing)
+
+
+def _resolved_concurrency(observed: Observed) -> int | None:
+    return observed.canary.concurrency if observed.canary is not None else None
 
 
 def merge_patch(before: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -506,6 +506,7 @@ class LocalRunner:
             shard_count=len(self.shards),
             servers=tuple(urls),
             lease_holder=self.holder.id,
+            concurrency=self.canary.concurrency if self.canary is not None else None,
         )
         return [*DATAGEN, *command.argv()]
 

@@ -14,7 +14,7 @@ import orjson
 from datagen_operator.api.exit_codes import WORKER_DRAIN_S, exit_codes_help
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.api.spec import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DataGenRunSpec
 from datagen_operator.output.lease import Holder, lease_holder
 
 
@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not take other shards' unclaimed chunks once this shard's own are sent (claims are kept either way)",
     )
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="with clients.concurrency auto: the requests in flight per shard the canary resolved (ignored when "
+        "the spec sets a number; without it, auto sends at the default 64)",
+    )
+    parser.add_argument(
         "--render-processes",
         type=int,
         default=None,
@@ -98,6 +105,8 @@ class WorkerConfig:
     compact: bool = True
     steal: bool = True
     """Take other shards' unclaimed chunks once this shard's own are sent (worker/stealing.py)."""
+    concurrency: int = DEFAULT_CONCURRENCY
+    """Requests in flight (lanes): spec.clients.concurrency, or with auto the canary's number (--concurrency)."""
     render_processes: int = 1
     flush_interval_s: float = 0.2
     sync_interval_s: float = 2.0
@@ -153,6 +162,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         if not url.startswith(("http://", "https://")):
             raise BadInput(f"--server {url!r} is not an http(s) URL")
     configmap = args.progress_configmap.replace("{index}", str(index)) if args.progress_configmap else None
+    if args.concurrency is not None and not 1 <= args.concurrency <= MAX_CONCURRENCY:
+        raise BadInput(f"--concurrency {args.concurrency} is outside 1..{MAX_CONCURRENCY}")
     return WorkerConfig(
         spec=spec,
         resolved=resolved,
@@ -172,6 +183,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Worke
         backoff_cap_s=args.backoff_cap,
         compact=not args.no_compact,
         steal=not args.no_steal,
+        concurrency=spec.clients.per_shard(args.concurrency),
         render_processes=default_render_processes() if args.render_processes is None else max(0, args.render_processes),
         termination_log=Path(args.termination_log) if args.termination_log else None,
         lease_holder=lease_holder(args.lease_holder, run),

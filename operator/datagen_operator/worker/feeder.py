@@ -112,7 +112,7 @@ class Feeder:
                 await self._queue_rendered(*ahead.popleft())
             # A conversation is several requests in a row: fewer of them wait.
             conversations = self.turns is not None
-            await self.jobs.wait_low(self.config.spec.clients.concurrency // (4 if conversations else 2))
+            await self.jobs.wait_low(self.config.concurrency // (4 if conversations else 2))
 
         self.work.before_claim = send_what_is_read
         try:

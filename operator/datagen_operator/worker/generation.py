@@ -64,7 +64,7 @@ class Generation:
         gc.set_threshold(50_000, 50, 100)
         cpu_before = time.process_time()
         started, tokens_before, records_before = time.perf_counter(), p.counts.output_tokens, p.records_done
-        lanes = [asyncio.create_task(self.lanes.lane()) for _ in range(c.spec.clients.concurrency)]
+        lanes = [asyncio.create_task(self.lanes.lane()) for _ in range(c.concurrency)]
         background = [
             asyncio.create_task(self.feeder.feed()),
             asyncio.create_task(self._flush_loop()),

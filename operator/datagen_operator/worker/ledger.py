@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from datagen_operator.api.progress import Counts, ShardProgress
+from datagen_operator.api.spec import AUTO_CONCURRENCY
 from datagen_operator.api.words import turn_label
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject, turns_entry
 from datagen_operator.output.writer import ShardWriter
@@ -43,12 +44,17 @@ def start_ledger(
     counts.refused = len(writer.rejected)
     counts.records_set_aside = set_aside_on_disk(writer, c.spec.generation.samples_per_prompt)
     tracker.restart(p)
+    auto = (
+        " (clients.concurrency auto, as the canary sized it)" if c.spec.clients.concurrency == AUTO_CONCURRENCY else ""
+    )
     log.info(
-        "shard %d/%d: %d records already recorded; reading the dataset as requests go out",
+        "shard %d/%d: %d records already recorded; reading the dataset as requests go out, %d at once%s",
         c.shard_index,
         c.shard_count,
         p.records_done,
-        extra={"fields": {"recovered_records": recovered}},
+        c.concurrency,
+        auto,
+        extra={"fields": {"recovered_records": recovered, "concurrency": c.concurrency}},
     )
     return Ledger(config, writer, volume, p)
 

@@ -117,7 +117,7 @@ class Worker:
         inputs = await load_inputs(c)
         if pin is None:  # the plan's read pins the dataset, dated as this worker renders
             pin_while_read(c, inputs.plan, inputs.render_pool.variables.get(RENDERED_ON) or today())
-        session = make_session(c.spec.clients.concurrency, len(c.servers))
+        session = make_session(c.concurrency, len(c.servers))
         try:
             return await self._with_session(session, inputs, lease, pin.line_hashes if pin is not None else None)
         finally:
@@ -130,7 +130,7 @@ class Worker:
         c, tracker = self.config, self.tracker
         check = ServerCheck(session)
         pool = EndpointPool(c.servers, session, unreachable_after_s=c.server_timeout_s, verify=check, stop=None)
-        jobs = JobQueue(c.spec.clients.concurrency)
+        jobs = JobQueue(c.concurrency)
         stop = Stop(pool, jobs, tracker, c.drain_timeout_s)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -146,7 +146,7 @@ class Worker:
         claim_shard(self.layout, c, data_fingerprint(c, inputs, servers), tracker.progress)
 
         writer, report = await open_shard(self.layout, c)
-        volume = VolumeGuard(stop, c.output, self.layout.volume_full, c.spec.clients.concurrency)
+        volume = VolumeGuard(stop, c.output, self.layout.volume_full, c.concurrency)
         ledger = start_ledger(c, writer, volume, tracker, report.records)
         client = GenerateClient(
             pool,
