@@ -39,7 +39,6 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from typing import Any
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.harness: the simulators are started as the tests start them
 PYTHON = sys.executable
 LEAST_LOADED = (
     "import runpy, sys\n"
@@ -59,36 +59,15 @@ LEAST_LOADED = (
 """The worker with the pick before affinity: every request to the up server with fewest in flight."""
 
 
-def start_sims(workdir: Path, count: int, capacity: int, answer_tokens: int, tokens_per_s: float) -> list[Any]:
-    sims = []
-    for index in range(count):
-        port_file = workdir / f"sim-{index}-{time.monotonic_ns()}.port"
-        cmd = [
-            PYTHON, "-m", "datagen_operator.cli", "sim-server", "--port", "0", "--sim-port-file", str(port_file),
-            "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-metrics",
-            "--sim-speed", "gpu", "--sim-tokens-per-s", str(tokens_per_s), "--sim-ttft-s", "0.02",
-            "--sim-batch-capacity", "1024", "--sim-kv-capacity", str(capacity),
-            "--sim-mean-reasoning-tokens", str(answer_tokens // 2),
-            "--sim-mean-answer-tokens", str(answer_tokens - answer_tokens // 2),
-            "--sim-length-sigma", "0", "--log-level", "warning",
-        ]  # fmt: skip
-        sims.append((subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port_file))
-    urls = []
-    deadline = time.monotonic() + 120
-    for proc, port_file in sims:
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"simulator did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
-            time.sleep(0.1)
-        urls.append(f"http://127.0.0.1:{int(port_file.read_text().strip())}")
-    return [proc for proc, _ in sims], urls
-
-
-def stop_sims(procs: list[Any]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(15)
+def sim_flags(capacity: int, answer_tokens: int, tokens_per_s: float) -> list[str]:
+    return [
+        "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-metrics",
+        "--sim-speed", "gpu", "--sim-tokens-per-s", str(tokens_per_s), "--sim-ttft-s", "0.02",
+        "--sim-batch-capacity", "1024", "--sim-kv-capacity", str(capacity),
+        "--sim-mean-reasoning-tokens", str(answer_tokens // 2),
+        "--sim-mean-answer-tokens", str(answer_tokens - answer_tokens // 2),
+        "--sim-length-sigma", "0", "--log-level", "warning",
+    ]  # fmt: skip
 
 
 def metric(text: str, name: str) -> float:
@@ -149,12 +128,13 @@ def run_worker(dataset: Path, turns: str, output: Path, urls: list[str], args: A
 
 def measure(workdir: Path, name: str, servers: int, capacity: int, dataset: Path, turns: str, args: Any,
             before: bool = False) -> dict[str, Any]:  # fmt: skip
-    procs, urls = start_sims(workdir, servers, capacity, args.answer_tokens, args.tokens_per_s)
-    try:
+    from tests.harness.sim import start_sims
+
+    flags = sim_flags(capacity, args.answer_tokens, args.tokens_per_s)
+    with start_sims([flags] * servers, timeout_s=120) as sims:
+        urls = [sim.url for sim in sims]
         seconds, tokens = run_worker(dataset, turns, workdir / f"out-{name}", urls, args, before)
         figures = [served(url) for url in urls]
-    finally:
-        stop_sims(procs)
     prompt = sum(f[0] for f in figures)
     cached = sum(f[1] for f in figures)
     work = [f[2] for f in figures]

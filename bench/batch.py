@@ -32,34 +32,24 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.harness: the simulators are started as the tests start them
 PYTHON = sys.executable
 
 
-def start_sim(workdir: Path, max_running: int, answer_tokens: int, tokens_per_s: float) -> tuple[Any, str]:
-    port_file = workdir / "sim.port"
+def sim_flags(max_running: int, answer_tokens: int, tokens_per_s: float) -> list[str]:
     half = answer_tokens // 2
-    cmd = [
-        PYTHON, "-m", "datagen_operator.cli", "sim-server", "--port", "0", "--sim-port-file", str(port_file),
+    return [
         "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-speed", "gpu",
         "--sim-tokens-per-s", str(tokens_per_s), "--sim-ttft-s", "0.05", "--max-running-requests", str(max_running),
         "--sim-mean-reasoning-tokens", str(half), "--sim-mean-answer-tokens", str(answer_tokens - half),
         "--sim-length-sigma", "0", "--log-level", "warning",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not (port_file.exists() and port_file.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"simulator did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
-        time.sleep(0.1)
-    return proc, f"http://127.0.0.1:{int(port_file.read_text().strip())}"
 
 
 def prompts(path: Path, count: int) -> Path:
@@ -134,13 +124,15 @@ def main() -> None:
     fixed = [int(c) for c in args.concurrency.split(",")]
 
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
+    from tests.harness.sim import start_sim
 
     tokenizer_dir = ensure_standin_tokenizer()
     workdir = Path(tempfile.mkdtemp(prefix="datagen-bench-batch-"))
     runs: dict[int, list[float]] = {}
     try:
-        sim, url = start_sim(workdir, args.max_running_requests, args.answer_tokens, args.tokens_per_s)
-        try:
+        flags = sim_flags(args.max_running_requests, args.answer_tokens, args.tokens_per_s)
+        with start_sim(*flags, timeout_s=120) as sim:
+            url = sim.url
             auto = auto_choice(url)
             settings = sorted({*fixed, auto})
             # The same prompts for every setting: `waves` full batches of the server's.
@@ -163,9 +155,6 @@ def main() -> None:
                     print(f"round {round_index + 1} concurrency {concurrency}{mark}: {count} prompts, {rate:,.0f} tok/s",
                           flush=True)  # fmt: skip
                     shutil.rmtree(output, ignore_errors=True)
-        finally:
-            sim.terminate()
-            sim.wait(15)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     throughput = {concurrency: statistics.median(rates) for concurrency, rates in runs.items()}
