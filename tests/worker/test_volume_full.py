@@ -185,5 +185,7 @@ def test_a_volume_without_room_for_the_reserve_fails_before_any_request(tmp_path
         assert code == EXIT_OUTPUT_VOLUME, log.read_text()[-3000:]
         assert generated_answers(server.url) == 0
     assert "OutputVolumeFull: " in log.read_text()
+    # Named as the operator names a shard's failure from its ConfigMap: the condition reads alike either way.
+    assert "(shard 0 stopped)" in log.read_text()
     assert leftovers(small_volume.root) == []
     assert not os.path.exists(OutputLayout(output).reserve(0))
