@@ -333,13 +333,14 @@ def sim_run(root: Path, items: list[dict[str, Any]], flags: tuple[str, ...], mod
 @pytest.fixture(scope="module")
 def kimi_plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Kimi stand-in, thinking off: an earlier answer is rendered into history as generated. max_new_tokens 18
-    against ~16-token answers: some are cut, which ends their conversation."""
+    against ~16-token answers: some are cut, which ends their conversation. Deterministic inference: the
+    simulator, as SGLang, samples each request anew without it, and the tests count whole conversations."""
     items = chats(16, lambda i: 1 + i % 4)
     changes = {
         "generation.thinking": False,
         "generation.sampling": {"max_new_tokens": 18, "temperature": 0.6},
     }
-    return sim_run(tmp_path_factory.mktemp("kimi"), items, (*SIM_FLAGS, "--sim-seed", "5"), standin(), **changes)
+    return sim_run(tmp_path_factory.mktemp("kimi"), items, (*SIM_FLAGS, "--sim-seed", "5", "--enable-deterministic-inference"), standin(), **changes)
 
 
 @cache
@@ -354,6 +355,7 @@ def qwen3_thinking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flags = (
         "--sim-family", "qwen3", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25",
         "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16", "--sim-length-sigma", "0.3",
+        "--enable-deterministic-inference",  # the tests count whole conversations: one output, each time
     )  # fmt: skip
     return sim_run(
         tmp_path_factory.mktemp("qwen3"), items, flags, qwen3_dir(),
@@ -568,6 +570,7 @@ def test_sim_conversations_carry_each_lines_chat_template_kwargs(tmp_path: Path)
     flags = (
         "--sim-family", "qwen3", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25",
         "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16", "--sim-length-sigma", "0.3",
+        "--enable-deterministic-inference",  # the tests count whole conversations: one output, each time
     )  # fmt: skip
     (tmp_path / "run").mkdir()
     output = sim_run(
