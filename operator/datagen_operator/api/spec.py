@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -18,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from datagen_operator.api.duration import Duration
 from datagen_operator.api.errors import cross_field_error
+from datagen_operator.api.flags import ALL_FLAGS, unknown_flags_problem
 from datagen_operator.api.names import MAX_SERVER_REPLICAS, MAX_SHARDS, run_name_problem
 from datagen_operator.presets.sglang_names import (
     DEFAULT_SGLANG_IMAGE,
@@ -827,6 +829,17 @@ class ChecksSpec(SpecModel):
     )
 
 
+def _record_flag(value: str) -> str:
+    problem = unknown_flags_problem([value])
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+RecordFlag = Annotated[str, AfterValidator(_record_flag), WithJsonSchema({"type": "string", "enum": list(ALL_FLAGS)})]
+"""One of the record flags (api/flags.py): the CRD holds them as an enum, `datagen validate` names the wrong one."""
+
+
 class ExportSpec(SpecModel):
     formats: list[Literal["speculators", "trl", "text", "conversations"]] = Field(
         min_length=1,
@@ -851,7 +864,7 @@ class ExportSpec(SpecModel):
         description="Folder inside the run's output directory; each format goes to PATH/<format>.",
     )
     max_length: int | None = Field(default=None, ge=1, description="Rows longer than this are left out.")
-    exclude_flags: list[Annotated[str, StringConstraints(max_length=64, pattern=r"^[a-z_]+$")]] = Field(
+    exclude_flags: list[RecordFlag] = Field(
         default_factory=list, max_length=32, description="Record flags to leave out, e.g. truncated."
     )
 

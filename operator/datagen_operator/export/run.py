@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from datagen_operator.api.commands import ExportCommand
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.api.flags import effective_flags, unknown_flags_problem
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.export import FORMATS
 from datagen_operator.export.conversations import (
@@ -42,10 +43,8 @@ from datagen_operator.export.formats import (
     OVER_LENGTH_POLICIES,
     Selection,
     completion_counts,
-    effective_flags,
     exclusion_reason,
     exclusions,
-    finish_type,
     finish_types,
     id_buffers,
     is_over_length,
@@ -437,7 +436,7 @@ def _index_conversations(
         tally.records_read += records.num_rows
         prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
         turns = records.column("turn").fill_null(0).to_pylist()
-        finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
+        finishes = finish_types(records.column("finish_reason"))
         flags = records.column("flags").to_pylist()
         tokens = token_columns(records.column("input_ids"), records.column("output_ids")) if digests else None
         generated = list_lengths(records.column("output_ids"))
@@ -526,7 +525,7 @@ def _conversation_rows(
         records = batch.records.take(pa.array(rows, type=pa.int64()))
         prompt_ids, samples = records.column("id").to_pylist(), records.column("sample").to_pylist()
         turns = records.column("turn").fill_null(0).to_pylist()
-        finishes = [finish_type(value) for value in records.column("finish_reason").to_pylist()]
+        finishes = finish_types(records.column("finish_reason"))
         prompt_tokens, completion_tokens = (
             records.column("prompt_tokens").to_pylist(),
             records.column("completion_tokens").to_pylist(),
@@ -972,18 +971,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def excluded_flags(text: str) -> tuple[frozenset[str], str | None]:
+    """--exclude-flags (comma-separated) as flag names, and why not when one is no record flag (both commands)."""
+    names = frozenset(flag.strip() for flag in text.split(",") if flag.strip())
+    problem = unknown_flags_problem(names)
+    return names, f"--exclude-flags: {problem}" if problem is not None else None
+
+
 def main_formats(args: argparse.Namespace) -> int:
     """--formats: the export Job of a run with spec.export; its verdict in the termination message."""
     from datagen_operator.api.outcome import StepOutcome
     from datagen_operator.api.reasons import Reason
 
     formats = [name.strip() for name in args.formats.split(",") if name.strip()]
-    exclude = frozenset(flag.strip() for flag in args.exclude_flags.split(",") if flag.strip())
+    exclude, flags_problem = excluded_flags(args.exclude_flags)
     output = Path(args.output)
     if not formats or set(formats) - set(FORMATS):
         outcome = StepOutcome(
             False, Reason.EXPORT_FAILED, f"--formats {args.formats!r}: each one of {', '.join(FORMATS)}"
         )
+    elif flags_problem is not None:
+        outcome = StepOutcome(False, Reason.EXPORT_FAILED, flags_problem)
     elif not output.is_dir():
         outcome = StepOutcome(False, Reason.EXPORT_FAILED, f"{output}: not a directory")
     else:
@@ -1037,15 +1045,13 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.formats is not None:
         return main_formats(args)
-    from datagen_operator.checks.record_checks import ALL_FLAGS
-
     output, out_dir = Path(args.output), Path(args.out)
-    exclude = frozenset(flag.strip() for flag in args.exclude_flags.split(",") if flag.strip())
+    exclude, flags_problem = excluded_flags(args.exclude_flags)
     problems = []
     if not output.is_dir():
         problems.append(f"{output}: not a directory")
-    if unknown := sorted(exclude - set(ALL_FLAGS)):
-        problems.append(f"--exclude-flags: unknown {', '.join(unknown)}; known: {', '.join(ALL_FLAGS)}")
+    if flags_problem is not None:
+        problems.append(flags_problem)
     if args.max_length is not None and args.max_length < 1:
         problems.append("--max-length must be positive")
     if out_dir.resolve() == output.resolve():
