@@ -13,9 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.export.exporter import export_output
 from datagen_operator.export.formats import IGNORE_INDEX, Selection
 from datagen_operator.export.manifest import read_export_manifest
-from datagen_operator.export.run import ExportOptions, TextCodec, export_output, main
+from datagen_operator.export.options import ExportOptions, TextCodec
+from datagen_operator.export.run import main
 from datagen_operator.output.layout import OutputLayout, sha256_file
 from datagen_operator.output.readers import iter_records
 from tests.export.store_output import FINGERPRINT, STOP, build_output, make_record, random_records

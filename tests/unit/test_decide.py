@@ -269,7 +269,7 @@ def test_a_run_with_a_verdict_reads_server_ready_false_even_if_the_server_still_
 
 
 def with_export(s: DataGenRunSpec) -> DataGenRunSpec:
-    from datagen_operator.api.spec import ExportSpec
+    from datagen_operator.api.export_spec import ExportSpec
 
     return s.model_copy(update={"export": ExportSpec(formats=["speculators", "trl"])})
 

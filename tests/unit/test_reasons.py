@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from datagen_operator.api.export_spec import ExportSpec
 from datagen_operator.api.flags import NO_THINK_END
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
-from datagen_operator.api.spec import ExportSpec
 from datagen_operator.api.status import Condition
 from datagen_operator.control import conditions, remembered
 from datagen_operator.control.decide import decide

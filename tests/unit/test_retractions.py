@@ -8,9 +8,10 @@ import pytest
 
 from datagen_operator.api import parse_run
 from datagen_operator.api.flags import RETRACTED
+from datagen_operator.api.generation_spec import SamplingParams
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.api.spec import ChecksSpec, SamplingParams
+from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import RETRACTIONS, CheckContext, evaluate
 from datagen_operator.engine.sim.config import FaultConfig

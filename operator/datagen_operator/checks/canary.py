@@ -17,17 +17,12 @@ import orjson
 
 from datagen_operator.api.commands import CanaryCommand
 from datagen_operator.api.flags import NO_THINK_END, ends_truncated, finish_type
+from datagen_operator.api.generation_spec import DatasetSample, HistoryReasoning, TemplateVariableMix
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import (
-    AUTO_CONCURRENCY,
-    DataGenRunSpec,
-    DatasetSample,
-    HistoryReasoning,
-    TemplateVariableMix,
-)
+from datagen_operator.api.spec import AUTO_CONCURRENCY, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.api.words import plural
