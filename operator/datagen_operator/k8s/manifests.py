@@ -45,7 +45,13 @@ from datagen_operator.api.names import (
     workers_job_name,
 )
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.api.spec import API_GROUP, API_GROUP_VERSION, AUTO_CONCURRENCY, KIND, DataGenRunSpec
+from datagen_operator.api.spec import (
+    API_GROUP,
+    API_GROUP_VERSION,
+    AUTO_CONCURRENCY,
+    KIND,
+    DataGenRunSpec,
+)
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
 from datagen_operator.engine.health import (
     HEALTH_ANSWER_TIMEOUT_S,
