@@ -111,7 +111,8 @@ def write_synthetic_output(root: Path, total_tokens: int, shards: int) -> int:
 
 CHILD = """
 import os, sys, time
-from datagen_operator.export.run import ExportOptions, export_output
+from datagen_operator.export.exporter import export_output
+from datagen_operator.export.options import ExportOptions
 started, cpu = time.perf_counter(), os.times()
 manifest = export_output(sys.argv[1], sys.argv[2], ExportOptions(sys.argv[3]))
 seconds, cpu_end = time.perf_counter() - started, os.times()

@@ -396,6 +396,18 @@ MUTATIONS: list[Mutation] = [
         "spec.export.path",
         ("spec.export", {"formats": ["trl"], "path": "../x"}),
     ),
+    mutate(
+        "export flags known",
+        KIMI,
+        None,
+        ("spec.export", {"formats": ["trl"], "excludeFlags": ["truncated", "truncated_by_memory", "aborted"]}),
+    ),
+    mutate(
+        "export flag misspelled",
+        KIMI,
+        "spec.export.excludeFlags[1]",
+        ("spec.export", {"formats": ["trl"], "excludeFlags": ["truncated", "truncted"]}),
+    ),
     # Kueue: a LocalQueue and a WorkloadPriorityClass, names that fit in a label value (docs/kueue.md)
     mutate(
         "queue with a priority",

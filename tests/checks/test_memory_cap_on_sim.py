@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 
 from datagen_operator.api import load_run
-from datagen_operator.checks import record_checks as rc
+from datagen_operator.api.flags import TRUNCATED, TRUNCATED_BY_MEMORY
 from datagen_operator.checks.evaluate import TRUNCATION
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import iter_records
@@ -89,7 +89,7 @@ def test_answers_cut_by_the_kv_pool_are_named_as_memory(tmp_path: Path) -> None:
     assert len(stored) == SHORT_PROMPTS, rejects.read_text() if rejects.exists() else worker.stdout[-2000:]
     for record in stored:
         assert len(record["output_ids"]) == 600 - len(record["input_ids"]) - 2 < 4096
-        assert {rc.TRUNCATED, rc.TRUNCATED_BY_MEMORY} <= set(record["flags"]), record["flags"]
+        assert {TRUNCATED, TRUNCATED_BY_MEMORY} <= set(record["flags"]), record["flags"]
     spec = load_run(run_file).spec
     tokenizer = load_tokenizer(spec.model.path, trust_remote_code=False)
     report = verify_output(tmp_path / "out", spec, tokenizer=tokenizer, dataset=_dataset(tmp_path))

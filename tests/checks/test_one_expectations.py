@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from datagen_operator.api import load_run
+from datagen_operator.api.flags import NAN_REPLACED
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
@@ -146,8 +147,8 @@ def test_canary_worker_rolling_and_verify_flag_the_same_records(tmp_path: Path, 
         rolling_termination.passed,
         rolling_termination.count,
     )
-    nan = worker_counts[rc.NAN_REPLACED]
-    canary_nan = sum(rc.NAN_REPLACED in r["flags"] for r in canary_records)
+    nan = worker_counts[NAN_REPLACED]
+    canary_nan = sum(NAN_REPLACED in r["flags"] for r in canary_records)
     if nan_rate == "0":
         assert nan == canary_nan == 0
         assert canary.passed, canary.message

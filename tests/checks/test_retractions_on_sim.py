@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api import load_run
+from datagen_operator.api.flags import RETRACTED
 from datagen_operator.api.progress import ShardProgress
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import RETRACTIONS
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import iter_records
@@ -38,9 +38,9 @@ def test_retracted_records_are_flagged_where_the_penalties_restart(tmp_path: Pat
     assert worker.returncode == 0, worker.stdout + worker.stderr
     stored = list(iter_records(tmp_path / "out"))
     assert len(stored) == 24 and all(r["num_retractions"] == 1 for r in stored)
-    flagged = sum(rc.RETRACTED in r["flags"] for r in stored)
+    flagged = sum(RETRACTED in r["flags"] for r in stored)
     progress = ShardProgress.from_storage((tmp_path / "out" / "shards" / "00000" / "progress.json").read_bytes())
-    assert progress.counts.flags.get(rc.RETRACTED, 0) == flagged
+    assert progress.counts.flags.get(RETRACTED, 0) == flagged
     spec = load_run(run_file).spec
     report = verify_output(
         tmp_path / "out", spec, tokenizer=load_tokenizer(spec.model.path, trust_remote_code=False), dataset=PROMPTS

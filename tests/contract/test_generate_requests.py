@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from datagen_operator.api.spec import SamplingParams as SpecSampling
+from datagen_operator.api.generation_spec import SamplingParams as SpecSampling
 from datagen_operator.engine.client.reads import chat_probe_body
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.engine.sim.protocol import RequestError, parse_generate_request

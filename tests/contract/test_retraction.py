@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.api.spec import SamplingParams
+from datagen_operator.api.generation_spec import SamplingParams
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 

@@ -90,6 +90,7 @@ def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
     writes a stop id over it and reports `matched: "NaN happened"`. The simulator's fault gives the same ids and
     finish_reason, and the record checks flag that record (`nan_replaced`), its stop id notwithstanding."""
     from datagen_operator.api import parse_spec
+    from datagen_operator.api.flags import NAN_REPLACED
     from datagen_operator.api.resolve import resolve_model
     from datagen_operator.checks import record_checks as rc
     from datagen_operator.engine.sim.model import nan_guarded
@@ -118,7 +119,7 @@ def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
     tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
     expect = rc.expectations_for(resolve_model(spec), tokenizer, standin_tokenizer)
     flags = rc.inspect_record([1, 2, 3], expected["output_ids"], expected["finish_reason"], keep + 1, False, expect)
-    assert rc.NAN_REPLACED in flags
+    assert NAN_REPLACED in flags
 
 
 @pytest.mark.parametrize(

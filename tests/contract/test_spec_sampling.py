@@ -11,7 +11,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from datagen_operator.api.spec import SamplingParams as SpecSampling
+from datagen_operator.api.generation_spec import SamplingParams as SpecSampling
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 from tests.contract.sglang_side import VOCAB_SIZE

@@ -71,7 +71,8 @@ def sim_flags(family: str) -> tuple[str, ...]:
 def make_export(directory: Path) -> None:
     import orjson
 
-    from datagen_operator.export.run import DatasetSource, ExportOptions, codec_from_tokenizer, export_output
+    from datagen_operator.export.exporter import export_output
+    from datagen_operator.export.options import DatasetSource, ExportOptions, codec_from_tokenizer
     from datagen_operator.output.readers import iter_records
     from datagen_operator.prompts.render import load_tokenizer
     from datagen_operator.tokenizer.standin import ensure_standin

@@ -26,9 +26,10 @@ from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.cli import main as datagen
 from datagen_operator.export.conversations import TurnShape, conversation_row, conversation_verdict, tokens_digest
+from datagen_operator.export.exporter import export_output
 from datagen_operator.export.formats import IGNORE_INDEX, Selection
 from datagen_operator.export.manifest import read_export_manifest
-from datagen_operator.export.run import DatasetSource, ExportOptions, export_output
+from datagen_operator.export.options import DatasetSource, ExportOptions
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
 from datagen_operator.output.parquet import compact_shard

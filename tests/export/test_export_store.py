@@ -13,9 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
+from datagen_operator.export.exporter import export_output
 from datagen_operator.export.formats import IGNORE_INDEX, Selection
 from datagen_operator.export.manifest import read_export_manifest
-from datagen_operator.export.run import ExportOptions, TextCodec, export_output, main
+from datagen_operator.export.options import ExportOptions, TextCodec
+from datagen_operator.export.run import main
 from datagen_operator.output.layout import OutputLayout, sha256_file
 from datagen_operator.output.readers import iter_records
 from tests.export.store_output import FINGERPRINT, STOP, build_output, make_record, random_records
@@ -259,6 +261,24 @@ def test_cli_refuses_bad_input(run_output: Path, tmp_path: Path, capsys: pytest.
     no_tokenizer = main([str(run_output), "--format", "text", "--out", str(tmp_path / "t")])  # nor run.yaml
     assert no_tokenizer == EXIT_BAD_INPUT
     assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_both_command_lines_refuse_a_misspelled_flag(
+    run_output: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--format and --formats (the export Job) read --exclude-flags one way: a typo is refused, never ignored."""
+    from datagen_operator.api.outcome import StepOutcome
+
+    out, log = tmp_path / "export", tmp_path / "termination-log"
+    typo = ["--exclude-flags", "truncated,truncted", "--allow-unverified"]
+    assert main([str(run_output), "--format", "trl", "--out", str(out), *typo]) == EXIT_BAD_INPUT
+    assert "--exclude-flags: unknown truncted; known: token_count_mismatch," in capsys.readouterr().err
+    args = [str(run_output), "--formats", "trl", "--out", str(out), "--termination-log", str(log)]
+    assert main([*args, "--exclude-flags", "truncated,truncted"]) == EXIT_FAILED_VERDICT
+    outcome = StepOutcome.from_storage(log.read_text())
+    assert not outcome.passed and outcome.reason == "ExportFailed"
+    assert "--exclude-flags: unknown truncted; known: token_count_mismatch," in outcome.message
+    assert not out.exists()
 
 
 def test_cli_formats_writes_the_export_jobs_verdict(run_output: Path, tmp_path: Path) -> None:

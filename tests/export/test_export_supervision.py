@@ -305,7 +305,8 @@ def test_a_lines_other_fields_are_every_key_but_its_conversation_and_id() -> Non
 
 def test_a_text_row_that_reencodes_to_other_ids_is_not_counted_supervised(qwen3_run: Path, tmp_path: Path) -> None:
     """A codec that loses the last id of every text of odd length: those rows' completions are `roundtrip_failed`."""
-    from datagen_operator.export.run import ExportOptions, TextCodec, export_output
+    from datagen_operator.export.exporter import export_output
+    from datagen_operator.export.options import ExportOptions, TextCodec
 
     def encode(text: str) -> list[int]:
         ids = [int(piece) for piece in text.replace("<", " ").replace(">", " ").split()]

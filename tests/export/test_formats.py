@@ -9,13 +9,12 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from datagen_operator.api.flags import effective_flags, stored_finish_type
 from datagen_operator.export.formats import (
     IGNORE_INDEX,
     Selection,
     completion_counts,
-    effective_flags,
     exclusion_reason,
-    finish_type,
     joined_ids,
     labels_values,
     loss_mask_values,
@@ -78,7 +77,7 @@ def test_completion_counts_cover_only_supervised_tokens() -> None:
 
 
 def test_length_rows_count_as_truncated_even_without_the_stored_flag() -> None:
-    assert finish_type('{"type": "length", "length": 3}') == "length"
+    assert stored_finish_type('{"type": "length", "length": 3}') == "length"
     assert "truncated" in effective_flags([], "length")
     assert "truncated" not in effective_flags([], "stop")
     selection = Selection(exclude_flags=frozenset({"truncated"}))

@@ -128,6 +128,16 @@ def test_openai_max_tokens_is_explained() -> None:
     assert "max_new_tokens" in message
 
 
+def test_a_misspelled_export_flag_is_refused_naming_the_field_the_value_and_the_flags() -> None:
+    """A typo in spec.export.excludeFlags would exclude nothing (bug 3): refused as the CRD's enum refuses it."""
+    document = with_changes("spec.export", {"formats": ["trl"], "excludeFlags": ["truncated", "truncted"]})
+    errors = errors_of(document)
+    assert set(errors) == {"spec.export.excludeFlags[1]"}
+    message = errors["spec.export.excludeFlags[1]"]
+    assert "truncted" in message
+    assert all(name in message for name in ("token_count_mismatch", "truncated", "retracted", "truncated_by_memory"))
+
+
 def test_unpinned_image_is_refused() -> None:
     for image in ("lmsysorg/sglang:latest", "lmsysorg/sglang"):
         message = errors_of(with_changes("spec.server.image", image))["spec.server.image"]

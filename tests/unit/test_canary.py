@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from datagen_operator.api import parse_spec
+from datagen_operator.api.flags import NO_THINK_END, PROMPT_CLOSES_THINK, TOKEN_COUNT_MISMATCH, TRUNCATED
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec
@@ -30,24 +31,22 @@ def record(flags, output=(1, 163607, 2, 163586), tools=False) -> CanaryRecord:
 
 
 def test_canary_passes_clean_records_and_forgives_capped_truncation() -> None:
-    outcome = judge_canary([record(()), record((rc.TRUNCATED,), output=(1, 2))], CTX, capped=True)
+    outcome = judge_canary([record(()), record((TRUNCATED,), output=(1, 2))], CTX, capped=True)
     assert outcome.passed, outcome.message
 
 
 def test_canary_fails_on_any_raw_token_problem() -> None:
-    outcome = judge_canary([record(()), record((rc.TOKEN_COUNT_MISMATCH,))], CTX, capped=True)
+    outcome = judge_canary([record(()), record((TOKEN_COUNT_MISMATCH,))], CTX, capped=True)
     assert not outcome.passed and "completion_tokens" in outcome.message
 
 
 def test_canary_that_never_sees_a_think_end_is_inconclusive() -> None:
-    outcome = judge_canary([record((rc.TRUNCATED,), output=(1, 2, 3))] * 3, CTX, capped=True)
+    outcome = judge_canary([record((TRUNCATED,), output=(1, 2, 3))] * 3, CTX, capped=True)
     assert not outcome.passed and "raise generation.sampling.max_new_tokens" in outcome.message
 
 
 def test_canary_verdict_survives_the_termination_message() -> None:
-    outcome = judge_canary(
-        [record((rc.NO_THINK_END, rc.PROMPT_CLOSES_THINK), output=(5, 163586))] * 8, CTX, capped=False
-    )
+    outcome = judge_canary([record((NO_THINK_END, PROMPT_CLOSES_THINK), output=(5, 163586))] * 8, CTX, capped=False)
     data = outcome.for_storage()
     assert len(data) <= 4096
     back = StepOutcome.from_storage(data)

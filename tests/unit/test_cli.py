@@ -41,6 +41,11 @@ def test_the_regenerate_example_is_valid_and_asks_for_whole_conversations() -> N
         ("spec.server.reasoningParser", "kimi", "spec.server.reasoningParser"),
         ("spec.model.preset", "mystery-model", "spec.model.preset"),
         ("spec.clients.shards", 0, "spec.clients.shards"),
+        (
+            "spec.export",
+            {"formats": ["trl"], "excludeFlags": ["truncted"]},
+            "spec.export.excludeFlags[0]: unknown truncted",
+        ),
     ],
 )
 def test_validate_refuses_naming_the_field(tmp_path: Path, path: str, value: object, field: str) -> None:

@@ -22,7 +22,7 @@ from datagen_operator.api.commands import (
     WorkerCommand,
     flag_of,
 )
-from datagen_operator.api.spec import ExportSpec
+from datagen_operator.api.export_spec import ExportSpec
 from datagen_operator.checks import canary, preflight, verify
 from datagen_operator.cli import COMMANDS
 from datagen_operator.export import run as export

@@ -7,12 +7,12 @@ from collections import Counter
 
 import orjson
 
+from datagen_operator.api.flags import ABORTED, TRUNCATED
 from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts, ShardProgress, sum_counts
-from datagen_operator.checks import record_checks as rc
 
-A = Counts(records=3, prompt_tokens=30, output_tokens=300, flags=Counter({rc.TRUNCATED: 1}), lines=5,
+A = Counts(records=3, prompt_tokens=30, output_tokens=300, flags=Counter({TRUNCATED: 1}), lines=5,
            set_aside={"bad_json": 1, TOO_LONG: 1}, records_set_aside=2, refused=1)  # fmt: skip
-B = Counts(records=2, tool_records=1, flags=Counter({rc.TRUNCATED: 1, rc.ABORTED: 1}), lines=3,
+B = Counts(records=2, tool_records=1, flags=Counter({TRUNCATED: 1, ABORTED: 1}), lines=3,
            set_aside={TOO_LONG: 2}, failed=1, unwritten=1)  # fmt: skip
 
 
@@ -20,7 +20,7 @@ def test_the_sum_adds_every_count_and_each_cause_apart() -> None:
     total = sum_counts([A, B])
     assert total == A + B
     assert (total.records, total.tool_records, total.prompt_tokens, total.output_tokens) == (5, 1, 30, 300)
-    assert total.flags == {rc.TRUNCATED: 2, rc.ABORTED: 1} and total.lines == 8
+    assert total.flags == {TRUNCATED: 2, ABORTED: 1} and total.lines == 8
     assert total.set_aside == {"bad_json": 1, TOO_LONG: 3} and (total.too_long, total.unusable) == (3, 1)
     assert (total.records_set_aside, total.refused, total.failed, total.unwritten) == (2, 1, 1, 1)
     # Server refusals and prompts set aside are never the same count.
@@ -44,9 +44,7 @@ def test_the_storage_round_trip_keeps_every_count() -> None:
     total = A + B
     assert Counts.from_storage(orjson.loads(orjson.dumps(total.for_storage()))) == total
     # A segment summary written before the newer counts read them as 0.
-    assert Counts.from_storage({"records": 2, "flags": {rc.TRUNCATED: 1}}) == Counts(
-        2, flags=Counter({rc.TRUNCATED: 1})
-    )
+    assert Counts.from_storage({"records": 2, "flags": {TRUNCATED: 1}}) == Counts(2, flags=Counter({TRUNCATED: 1}))
 
 
 def test_a_shard_stores_its_counts_flat_under_the_names_it_always_had() -> None:
@@ -68,10 +66,10 @@ def test_an_older_workers_snapshot_reads_into_the_same_counts() -> None:
     set aside in three numbers."""
     old = {"shard": 1, "shard_count": 2, "state": "running", "prompts_total": 10, "prompts_malformed": 2,
            "prompts_rejected": 1, "prompts_too_long": 3, "records_done": 7, "records_rejected": 4,
-           "records_set_aside": 5, "records_failed": 1, "records_unwritten": 2, "flags": {rc.TRUNCATED: 2},
+           "records_set_aside": 5, "records_failed": 1, "records_unwritten": 2, "flags": {TRUNCATED: 2},
            "output_tokens": 70, "baseline": {"records": 1}}  # fmt: skip
     counts = ShardProgress.from_storage(orjson.dumps(old)).counts
-    assert counts == Counts(records=7, output_tokens=70, flags=Counter({rc.TRUNCATED: 2}), lines=12,
+    assert counts == Counts(records=7, output_tokens=70, flags=Counter({TRUNCATED: 2}), lines=12,
                             set_aside={"malformed": 2, UNRENDERABLE: 1, TOO_LONG: 3}, records_set_aside=5,
                             refused=4, failed=1, unwritten=2)  # fmt: skip
     with_causes = {**old, "set_aside": {"bad_json": 2, UNRENDERABLE: 1, TOO_LONG: 3}}

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from datagen_operator.api.flags import NO_THINK_END
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.control.conditions import apply_updates, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
@@ -100,7 +100,7 @@ def test_rolling_checks_flip_data_faithful_and_halt() -> None:
     d = decide(s, running(Counts(records=50)), context(s))
     assert conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
     assert d.progress is not None and d.progress.summary == "50/100 prompts, 5.1k tok/s"
-    d = decide(s, running(Counts(records=50, flags={rc.NO_THINK_END: 10})), context(s))
+    d = decide(s, running(Counts(records=50, flags={NO_THINK_END: 10})), context(s))
     assert conditions(d)["DataFaithful"] == ("False", "ThresholdCrossed")
     assert d.step is Step.HALTED and not d.workers_wanted
 
@@ -240,7 +240,7 @@ WRONG = StepOutcome(False, "Failed", "no </think>")
 HALTS = {
     "ParsersMismatch": Observed(1, preflight=PASS, server=READY, parsers=WRONG),
     "CanaryFailed": Observed(1, preflight=PASS, server=READY, parsers=PASS, canary=WRONG),
-    "ChecksFailed": running(Counts(records=50, flags={rc.NO_THINK_END: 10})),
+    "ChecksFailed": running(Counts(records=50, flags={NO_THINK_END: 10})),
     "WorkersFailed": replace(running(Counts(records=5)), workers=WorkersObservation(8, shards_failed=1)),
     "ServerFailed": Observed(
         1, preflight=PASS, server=ServerObservation(1, (ServerInstance("srv-0", running=True, loading_seconds=1e6),))
@@ -269,7 +269,7 @@ def test_a_run_with_a_verdict_reads_server_ready_false_even_if_the_server_still_
 
 
 def with_export(s: DataGenRunSpec) -> DataGenRunSpec:
-    from datagen_operator.api.spec import ExportSpec
+    from datagen_operator.api.export_spec import ExportSpec
 
     return s.model_copy(update={"export": ExportSpec(formats=["speculators", "trl"])})
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from datagen_operator.api.flags import (
+    ABORTED,
+    NO_THINK_END,
+    NO_THINK_START,
+    PROMPT_CLOSES_THINK,
+    PROMPT_SUFFIX_LEAK,
+    TOKEN_COUNT_MISMATCH,
+    TRUNCATED,
+    UNBALANCED_TOOL_CALLS,
+    UNEXPECTED_REASONING,
+)
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.spec import ChecksSpec
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, MarkersSeen, evaluate
 from datagen_operator.presets.think_markers import MarkersWritten, ThinkMarkers
 
@@ -25,7 +35,7 @@ def test_clean_tally_passes_everything() -> None:
 
 
 def test_thinking_off_render_verdict_names_the_fix() -> None:
-    counts = Counts(records=8, flags={rc.NO_THINK_END: 8, rc.PROMPT_CLOSES_THINK: 8})
+    counts = Counts(records=8, flags={NO_THINK_END: 8, PROMPT_CLOSES_THINK: 8})
     reasoning = by_name(evaluate(counts, CTX))["reasoning_captured"]
     assert not reasoning.passed
     assert reasoning.verdict.startswith("no `</think>` (163607) in 8/8 outputs")
@@ -35,23 +45,21 @@ def test_thinking_off_render_verdict_names_the_fix() -> None:
 
 def test_reasoning_rate_threshold() -> None:
     # 98% minimum over 100 records: 95/100 may be a 98% model's noise (checks.rates); 94/100 is clearly below it.
-    ok = by_name(evaluate(Counts(records=100, flags={rc.NO_THINK_END: 5}), CTX))["reasoning_captured"]
-    bad = by_name(evaluate(Counts(records=100, flags={rc.NO_THINK_END: 6}), CTX))["reasoning_captured"]
+    ok = by_name(evaluate(Counts(records=100, flags={NO_THINK_END: 5}), CTX))["reasoning_captured"]
+    bad = by_name(evaluate(Counts(records=100, flags={NO_THINK_END: 6}), CTX))["reasoning_captured"]
     assert ok.passed and not bad.passed and bad.rate == 0.94
     assert "consistent with the 98% minimum" in ok.verdict and "below the 98% minimum" in bad.verdict
 
 
 def test_prompt_suffix_leak_verdict() -> None:
-    counts = Counts(records=10, flags={rc.TOKEN_COUNT_MISMATCH: 10, rc.PROMPT_SUFFIX_LEAK: 10})
+    counts = Counts(records=10, flags={TOKEN_COUNT_MISMATCH: 10, PROMPT_SUFFIX_LEAK: 10})
     result = by_name(evaluate(counts, CTX))["token_counts"]
     assert not result.passed and "prompt-suffix" in result.verdict and "10896" in result.verdict
 
 
 def test_truncation_and_errors_and_tools() -> None:
     results = by_name(
-        evaluate(
-            Counts(records=100, tool_records=4, refused=5, flags={rc.TRUNCATED: 6, rc.UNBALANCED_TOOL_CALLS: 1}), CTX
-        )
+        evaluate(Counts(records=100, tool_records=4, refused=5, flags={TRUNCATED: 6, UNBALANCED_TOOL_CALLS: 1}), CTX)
     )
     assert not results["truncation"].passed and "max_new_tokens" in results["truncation"].verdict
     assert not results["server_errors"].passed and "rejects.jsonl" in results["server_errors"].verdict
@@ -59,10 +67,10 @@ def test_truncation_and_errors_and_tools() -> None:
 
 
 def test_tally_arithmetic() -> None:
-    a = Counts(records=3, flags={rc.TRUNCATED: 1})
-    b = Counts(records=2, refused=1, flags={rc.TRUNCATED: 1, rc.ABORTED: 1})
-    assert (a + b).records == 5 and (a + b).flags == {rc.TRUNCATED: 2, rc.ABORTED: 1}
-    assert ((a + b) - a) == Counts(records=2, refused=1, flags={rc.TRUNCATED: 1, rc.ABORTED: 1})
+    a = Counts(records=3, flags={TRUNCATED: 1})
+    b = Counts(records=2, refused=1, flags={TRUNCATED: 1, ABORTED: 1})
+    assert (a + b).records == 5 and (a + b).flags == {TRUNCATED: 2, ABORTED: 1}
+    assert ((a + b) - a) == Counts(records=2, refused=1, flags={TRUNCATED: 1, ABORTED: 1})
 
 
 # -- another family's think markers in the outputs ---------------------------------------------------------------
@@ -72,7 +80,7 @@ QWEN3 = CheckContext(True, "qwen3", "<think>", "</think>", 151668, ChecksSpec())
 
 def test_other_markers_are_named_instead_of_does_not_think() -> None:
     seen = MarkersSeen(MarkersWritten(OLD_KIMI, opener_written=True), outputs=7, families=("qwen3",))
-    counts = Counts(records=7, flags={rc.NO_THINK_START: 7})
+    counts = Counts(records=7, flags={NO_THINK_START: 7})
     reasoning = by_name(evaluate(counts, replace(QWEN3, markers_seen=seen)))["reasoning_captured"]
     assert not reasoning.passed and reasoning.count == 7
     assert reasoning.verdict.startswith(
@@ -85,7 +93,7 @@ def test_other_markers_are_named_instead_of_does_not_think() -> None:
 
 def test_a_closer_alone_is_named_when_the_template_opened_the_reasoning() -> None:
     seen = MarkersSeen(MarkersWritten(OLD_KIMI, opener_written=False), outputs=7, families=("kimi-k2",))
-    counts = Counts(records=7, flags={rc.NO_THINK_END: 7})
+    counts = Counts(records=7, flags={NO_THINK_END: 7})
     reasoning = by_name(evaluate(counts, replace(CTX, markers_seen=seen)))["reasoning_captured"]
     assert reasoning.verdict.startswith("7/7 outputs write `◁/think▷`, not kimi-k2.5's `<think>`…`</think>` (163607)")
 
@@ -94,7 +102,7 @@ def test_markers_of_a_preset_name_that_preset() -> None:
     """A gpt-oss run whose model writes `<think>` itself, on a Qwen3 vocabulary: the Qwen3 hybrid is the model."""
     gpt_oss = CheckContext(True, "gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", 200007, ChecksSpec())
     seen = MarkersSeen(MarkersWritten(THINK, True), outputs=3, families=("qwen3", "qwen3-thinking-2507"))
-    counts = Counts(records=3, flags={rc.NO_THINK_START: 3})
+    counts = Counts(records=3, flags={NO_THINK_START: 3})
     verdict = by_name(evaluate(counts, replace(gpt_oss, markers_seen=seen)))["reasoning_captured"].verdict
     assert "not gpt-oss's `<|channel|>analysis<|message|>`…`<|end|>` (200007)" in verdict
     assert "they are preset qwen3's (reasoning parser qwen3): point model.path at a gpt-oss model, or set " in verdict
@@ -104,7 +112,7 @@ def test_markers_of_a_preset_name_that_preset() -> None:
 def test_candidates_are_named_when_the_vocabulary_does_not_tell() -> None:
     gpt_oss = CheckContext(True, "gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", 200007, ChecksSpec())
     seen = MarkersSeen(MarkersWritten(THINK, True), outputs=3, families=())
-    verdict = by_name(evaluate(Counts(records=3, flags={rc.NO_THINK_START: 3}), replace(gpt_oss, markers_seen=seen)))
+    verdict = by_name(evaluate(Counts(records=3, flags={NO_THINK_START: 3}), replace(gpt_oss, markers_seen=seen)))
     assert "presets kimi-k2-thinking, qwen3, glm-4.5 write them" in verdict["reasoning_captured"].verdict
 
 
@@ -146,10 +154,10 @@ def test_each_record_is_judged_by_its_lines_own_thinking() -> None:
     """A thinking run where lines that turn thinking off (chat_template_kwargs) reasoned anyway: their records
     are flagged unexpected_reasoning (judged off, Expectations.for_line), and that fails reasoning_captured;
     likewise a thinking-off run whose thinking-on lines did not reason."""
-    on_run = by_name(evaluate(Counts(records=100, flags={rc.UNEXPECTED_REASONING: 10}), CTX))["reasoning_captured"]
+    on_run = by_name(evaluate(Counts(records=100, flags={UNEXPECTED_REASONING: 10}), CTX))["reasoning_captured"]
     assert not on_run.passed and on_run.count == 10
     assert "10/100 outputs of lines that turn thinking off themselves" in on_run.verdict
     off_ctx = replace(CTX, thinking=False)
-    off_run = by_name(evaluate(Counts(records=100, flags={rc.NO_THINK_END: 3}), off_ctx))["reasoning_captured"]
+    off_run = by_name(evaluate(Counts(records=100, flags={NO_THINK_END: 3}), off_ctx))["reasoning_captured"]
     assert not off_run.passed and off_run.count == 3
     assert "3/100 outputs of lines that turn thinking on themselves" in off_run.verdict

@@ -10,7 +10,7 @@ import pytest
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK, MEANINGS
-from datagen_operator.api.spec import ExportSpec
+from datagen_operator.api.export_spec import ExportSpec
 from datagen_operator.checks import verify
 from datagen_operator.control.policy import ShardExit, shard_exit
 from datagen_operator.export import run as export

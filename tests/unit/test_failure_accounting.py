@@ -8,8 +8,8 @@ from dataclasses import replace
 import orjson
 import pytest
 
+from datagen_operator.api.flags import NO_THINK_END
 from datagen_operator.api.progress import Counts, ShardProgress
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import (
     MALFORMED,
     OUTPUT_VOLUME,
@@ -71,27 +71,27 @@ def test_the_rolling_checks_judge_the_whole_output_across_a_resume() -> None:
     """Records resumed from count with the new ones (the preflight judged them first, by the same checks): a
     resumed output whose flagged records stay over a threshold is not passed on this attempt's records alone."""
     s = spec()
-    first = shard(records_done=50, flags={rc.NO_THINK_END: 10}, set_aside={"bad_json": 9})
+    first = shard(records_done=50, flags={NO_THINK_END: 10}, set_aside={"bad_json": 9})
     d = decide(s, replace(running(Counts()), progress=counters_from_snapshots([first])), context(s))
     assert conditions(d)["Succeeded"] == ("False", "ChecksFailed")
 
     # 20 new clean records: 10/70 still lack the closer, above 2%.
-    resumed = shard(records_done=70, flags={rc.NO_THINK_END: 10}, set_aside={"bad_json": 9})
+    resumed = shard(records_done=70, flags={NO_THINK_END: 10}, set_aside={"bad_json": 9})
     counters = counters_from_snapshots([resumed])
     assert counters.counts.records == 70 and counters.counts.unusable == 9  # each line set aside counted once
     d = decide(s, replace(running(Counts()), progress=counters), context(s))
     assert conditions(d)["DataFaithful"][0] == "False"
 
     # A whole output within thresholds passes.
-    clean = shard(records_done=500, prompts_total=500, flags={rc.NO_THINK_END: 5}, set_aside={"bad_json": 9})
+    clean = shard(records_done=500, prompts_total=500, flags={NO_THINK_END: 5}, set_aside={"bad_json": 9})
     d = decide(s, replace(running(Counts()), progress=counters_from_snapshots([clean])), context(s))
     assert d.step is Step.RUN_WORKERS and conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
 
 
 def test_snapshots_older_than_the_attempt_keep_their_records_not_their_losses() -> None:
-    stale = shard(records_done=50, flags={rc.NO_THINK_END: 10}, started_at=10.0, records_unwritten=3)
+    stale = shard(records_done=50, flags={NO_THINK_END: 10}, started_at=10.0, records_unwritten=3)
     counters = counters_from_snapshots([stale], attempt_started_at=20.0)
-    assert counters.counts.records == 50 and counters.counts.count(rc.NO_THINK_END) == 10
+    assert counters.counts.records == 50 and counters.counts.count(NO_THINK_END) == 10
     assert counters.counts.unwritten == 0  # lost by that attempt; this one generates them again
     assert counters_from_snapshots([stale], attempt_started_at=5.0).counts.unwritten == 3
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.output.fingerprint import build_fingerprint, fingerprint_history_reasoning, prelaunch_changes
 from datagen_operator.presets import presets
 from datagen_operator.prompts.conversation import AnswerSplit, plan_turns, request_messages

@@ -147,7 +147,7 @@ def test_canary_and_verify_jobs_report_through_termination_messages() -> None:
 
 
 def with_export(spec: Any, **export: Any) -> Any:
-    from datagen_operator.api.spec import ExportSpec
+    from datagen_operator.api.export_spec import ExportSpec
 
     return spec.model_copy(update={"export": ExportSpec.model_validate({"formats": ["speculators"], **export})})
 

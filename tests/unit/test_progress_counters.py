@@ -7,8 +7,8 @@ from collections import Counter
 import orjson
 import pytest
 
+from datagen_operator.api.flags import TRUNCATED
 from datagen_operator.api.progress import STATES, Counts, ShardProgress
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.control.progress import counters_from_snapshots
 
 
@@ -21,16 +21,16 @@ def test_counters_from_worker_snapshots() -> None:
     running = ShardProgress(0, 2, "running", prompts_total=10, prompts_done=4, counts=Counts(refused=1, lines=10))
     running.tokens_per_s = 100.0
     for has_tools in (True, True, False, False):
-        running.counts.add(10, 100, 0, (rc.TRUNCATED,) if has_tools else (), has_tools)  # as the worker counts
+        running.counts.add(10, 100, 0, (TRUNCATED,) if has_tools else (), has_tools)  # as the worker counts
     snapshots = [
         ShardProgress.from_storage(running.for_storage()),
         snapshot("complete", prompts_total=5, prompts_done=5, records_done=5, output_tokens=500, tokens_per_s=999.0,
-                 flags={rc.TRUNCATED: 1}),
+                 flags={TRUNCATED: 1}),
     ]  # fmt: skip
     counters = counters_from_snapshots(snapshots)
     assert (counters.prompts_total, counters.prompts_done, counters.counts.output_tokens) == (15, 9, 900)
     assert counters.tokens_per_second == 100.0  # finished shards no longer produce
-    expected = Counts(9, 2, prompt_tokens=40, output_tokens=900, flags=Counter({rc.TRUNCATED: 3}), lines=15, refused=1)
+    expected = Counts(9, 2, prompt_tokens=40, output_tokens=900, flags=Counter({TRUNCATED: 3}), lines=15, refused=1)
     assert counters.counts == expected
 
 

@@ -147,11 +147,11 @@ def test_the_columns_show_the_phase_and_a_refused_change_by_default() -> None:
 def test_a_run_that_stops_shows_no_rate() -> None:
     from dataclasses import replace
 
-    from datagen_operator.checks import record_checks as rc
+    from datagen_operator.api.flags import TRUNCATED
 
     s = spec()
     truncated = ProgressCounters(prompts_total=256, prompts_done=50, tokens_per_second=5100,
-                                 counts=Counts(records=50, flags={rc.TRUNCATED: 50}))  # fmt: skip
+                                 counts=Counts(records=50, flags={TRUNCATED: 50}))  # fmt: skip
     halted = decide(s, bulk(truncated), context(s))
     assert halted.step is Step.HALTED and halted.progress is not None
     assert halted.progress.summary == "50/2000 prompts", "the workers are being paused: no rate is theirs now"

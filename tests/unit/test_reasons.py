@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from datagen_operator.api.export_spec import ExportSpec
+from datagen_operator.api.flags import NO_THINK_END
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import OUTPUT_VOLUME_REASONS, Reason
-from datagen_operator.api.spec import ExportSpec
 from datagen_operator.api.status import Condition
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.control import conditions, remembered
 from datagen_operator.control.decide import decide
 from datagen_operator.control.observed import (
@@ -216,7 +216,7 @@ def _worlds() -> list[Observed]:
         Observed(1, preflight=SAID, server=READY, parsers=SAID, canary=FAILED),
         running_said(Counts(records=5), preflight=SAID),
         running_said(Counts(records=100)),
-        running_said(Counts(records=50, flags={rc.NO_THINK_END: 10})),
+        running_said(Counts(records=50, flags={NO_THINK_END: 10})),
         running_said(Counts(records=5), workers=WorkersObservation(8, shards_failed=1)),
         running_said(Counts(records=5), workers=volume),
         running_said(Counts(records=5), server=None, workers=WorkersObservation(8, 2)),

@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from datagen_operator.api.flags import (
+    ABORTED,
+    BAD_TERMINATION,
+    EMPTY_REASONING,
+    NO_THINK_END,
+    NO_THINK_START,
+    PROMPT_CLOSES_THINK,
+    PROMPT_SUFFIX_LEAK,
+    TOKEN_COUNT_MISMATCH,
+    TRUNCATED,
+    UNBALANCED_TOOL_CALLS,
+    UNEXPECTED_REASONING,
+    finish_type,
+)
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.record_checks import Expectations, inspect_record
 
@@ -36,55 +50,55 @@ def test_opener_in_output_is_fine_when_the_template_does_not_prefill() -> None:
 
 
 def test_missing_think_end() -> None:
-    assert flags([1, 2, 3, IM_END]) == {rc.NO_THINK_END}
+    assert flags([1, 2, 3, IM_END]) == {NO_THINK_END}
 
 
 def test_truncated_inside_reasoning_is_truncation_only() -> None:
-    assert flags([1, 2, 3], finish={"type": "length", "length": 3}) == {rc.TRUNCATED}
+    assert flags([1, 2, 3], finish={"type": "length", "length": 3}) == {TRUNCATED}
 
 
 def test_empty_reasoning() -> None:
-    assert flags([END_THINK, 4, IM_END]) == {rc.EMPTY_REASONING}
+    assert flags([END_THINK, 4, IM_END]) == {EMPTY_REASONING}
 
 
 def test_no_opener_anywhere() -> None:
-    assert flags([1, END_THINK, 4, IM_END], prompt=PROMPT_THINKING[:-1]) == {rc.NO_THINK_START}
+    assert flags([1, END_THINK, 4, IM_END], prompt=PROMPT_THINKING[:-1]) == {NO_THINK_START}
 
 
 def test_prompt_rendered_with_thinking_off_in_a_thinking_run() -> None:
-    assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING) == {rc.PROMPT_CLOSES_THINK, rc.NO_THINK_START}
+    assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING) == {PROMPT_CLOSES_THINK, NO_THINK_START}
 
 
 def test_non_thinking_run() -> None:
     no_think = Expectations(**{**KIMI.__dict__, "thinking": False})
     assert flags([4, 5, IM_END], prompt=PROMPT_NOT_THINKING, expect=no_think) == frozenset()
-    assert flags([1, END_THINK, 5, IM_END], prompt=PROMPT_NOT_THINKING, expect=no_think) == {rc.UNEXPECTED_REASONING}
+    assert flags([1, END_THINK, 5, IM_END], prompt=PROMPT_NOT_THINKING, expect=no_think) == {UNEXPECTED_REASONING}
 
 
 def test_token_count_mismatch_and_prompt_suffix_leak() -> None:
     leaked = [163601, THINK, 1, 2, END_THINK, 4, IM_END]  # the prompt's last two tokens leaked in front
-    assert flags(leaked, completion=len(leaked) - 2) == {rc.TOKEN_COUNT_MISMATCH, rc.PROMPT_SUFFIX_LEAK}
-    assert flags([1, END_THINK, 4, IM_END], completion=7) == {rc.TOKEN_COUNT_MISMATCH}
+    assert flags(leaked, completion=len(leaked) - 2) == {TOKEN_COUNT_MISMATCH, PROMPT_SUFFIX_LEAK}
+    assert flags([1, END_THINK, 4, IM_END], completion=7) == {TOKEN_COUNT_MISMATCH}
 
 
 def test_stop_without_stop_token_last() -> None:
-    assert flags([1, END_THINK, 4, 5]) == {rc.BAD_TERMINATION}
+    assert flags([1, END_THINK, 4, 5]) == {BAD_TERMINATION}
 
 
 def test_abort() -> None:
-    assert rc.ABORTED in flags([1], finish={"type": "abort", "message": "x", "status_code": 500})
+    assert ABORTED in flags([1], finish={"type": "abort", "message": "x", "status_code": 500})
 
 
 def test_unbalanced_tool_calls_only_counted_when_tools_were_offered() -> None:
     output = [1, END_THINK, SECTION_BEGIN, 9, IM_END]
-    assert flags(output, tools=True) == {rc.UNBALANCED_TOOL_CALLS}
+    assert flags(output, tools=True) == {UNBALANCED_TOOL_CALLS}
     assert flags(output, tools=False) == frozenset()
     assert flags([1, END_THINK, SECTION_BEGIN, 9, SECTION_END, IM_END], tools=True) == frozenset()
 
 
 def test_finish_reason_as_json_string_shape() -> None:
-    assert rc.finish_type({"type": "length", "length": 5}) == "length"
-    assert rc.finish_type(None) is None
+    assert finish_type({"type": "length", "length": 5}) == "length"
+    assert finish_type(None) is None
 
 
 # Qwen3-2507 thinking: the template ends the prompt with `<think>` and a newline token.
@@ -124,8 +138,8 @@ def test_harmony_reasoning_in_the_analysis_channel() -> None:
     faithful = [CHANNEL, ANALYSIS, MESSAGE, 5, 6, END, START, ASSISTANT, CHANNEL, FINAL, MESSAGE, 7, RETURN]
     assert flags(faithful, prompt=HARMONY_PROMPT, expect=HARMONY) == frozenset()
     no_analysis = [CHANNEL, FINAL, MESSAGE, 7, RETURN]
-    assert flags(no_analysis, prompt=HARMONY_PROMPT, expect=HARMONY) == {rc.NO_THINK_START}
+    assert flags(no_analysis, prompt=HARMONY_PROMPT, expect=HARMONY) == {NO_THINK_START}
     never_ended = [CHANNEL, ANALYSIS, MESSAGE, 5, 6, 7, RETURN]
-    assert flags(never_ended, prompt=HARMONY_PROMPT, expect=HARMONY) == {rc.NO_THINK_END}
+    assert flags(never_ended, prompt=HARMONY_PROMPT, expect=HARMONY) == {NO_THINK_END}
     empty = [CHANNEL, ANALYSIS, MESSAGE, END, START, ASSISTANT, CHANNEL, FINAL, MESSAGE, 7, RETURN]
-    assert flags(empty, prompt=HARMONY_PROMPT, expect=HARMONY) == {rc.EMPTY_REASONING}
+    assert flags(empty, prompt=HARMONY_PROMPT, expect=HARMONY) == {EMPTY_REASONING}

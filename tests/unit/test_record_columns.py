@@ -9,6 +9,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from datagen_operator.api.flags import ALL_FLAGS, RETRACTED, TRUNCATED, TRUNCATED_BY_MEMORY, UNEXPECTED_REASONING
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks import record_columns
 from datagen_operator.checks.record_checks import Expectations, inspect_record
@@ -142,20 +143,20 @@ def test_batch_flags_equal_inspect_record(name: str, monkeypatch: pytest.MonkeyP
     want = _one_by_one(records[1000:3000], expect)
     assert got == want
     counted = flags.counts()
-    for flag in rc.ALL_FLAGS:
+    for flag in ALL_FLAGS:
         raised = [i for i, f in enumerate(want) if flag in f]
         assert counted[flag] == len(raised)
         assert flags.rows_with(flag).tolist() == raised
     # The generator reaches the rules' branches (otherwise equality proves little).
     if name == "kimi":
         seen = set().union(*want)
-        assert seen >= set(rc.ALL_FLAGS) - {rc.UNEXPECTED_REASONING, rc.RETRACTED, rc.TRUNCATED_BY_MEMORY}
-        assert rc.RETRACTED not in seen  # retractions are harmless without penalties or min_new_tokens
-        assert rc.TRUNCATED_BY_MEMORY not in seen  # what the requests asked for is not known here
+        assert seen >= set(ALL_FLAGS) - {UNEXPECTED_REASONING, RETRACTED, TRUNCATED_BY_MEMORY}
+        assert RETRACTED not in seen  # retractions are harmless without penalties or min_new_tokens
+        assert TRUNCATED_BY_MEMORY not in seen  # what the requests asked for is not known here
     if name == "kimi-capped":
-        cut = [f for f in want if rc.TRUNCATED in f]
-        assert any(rc.TRUNCATED_BY_MEMORY in f for f in cut) and not all(rc.TRUNCATED_BY_MEMORY in f for f in cut)
+        cut = [f for f in want if TRUNCATED in f]
+        assert any(TRUNCATED_BY_MEMORY in f for f in cut) and not all(TRUNCATED_BY_MEMORY in f for f in cut)
     if name == "kimi-penalized":
-        assert any(rc.RETRACTED in f for f in want) and not all(rc.RETRACTED in f for f in want)
+        assert any(RETRACTED in f for f in want) and not all(RETRACTED in f for f in want)
     if name == "kimi-not-thinking":
-        assert any(rc.UNEXPECTED_REASONING in f for f in want)
+        assert any(UNEXPECTED_REASONING in f for f in want)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from datagen_operator.api import parse_spec
-from datagen_operator.api.spec import ExportSpec
+from datagen_operator.api.export_spec import ExportSpec
 from datagen_operator.control.children import Child
 from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.executor import SERVER_WORKLOADS

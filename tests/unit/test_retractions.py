@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from datagen_operator.api import parse_run
+from datagen_operator.api.flags import RETRACTED
+from datagen_operator.api.generation_spec import SamplingParams
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.api.spec import ChecksSpec, SamplingParams
+from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import RETRACTIONS, CheckContext, evaluate
 from datagen_operator.engine.sim.config import FaultConfig
@@ -46,7 +48,7 @@ def test_what_a_retraction_restarts(sampling: dict, restarted: tuple[str, ...]) 
 def test_a_retracted_record_is_flagged_only_where_the_sampling_restarts() -> None:
     ids = [1, 2, IM_END]
     finish = {"type": "stop", "matched": IM_END}
-    assert rc.inspect_record([5], ids, finish, 3, False, PENALIZED, 1) == {rc.RETRACTED}
+    assert rc.inspect_record([5], ids, finish, 3, False, PENALIZED, 1) == {RETRACTED}
     assert rc.inspect_record([5], ids, finish, 3, False, PENALIZED, 0) == frozenset()
     assert rc.inspect_record([5], ids, finish, 3, False, PENALIZED, None) == frozenset()  # an older server
     assert rc.inspect_record([5], ids, finish, 3, False, PLAIN, 2) == frozenset()
@@ -56,12 +58,12 @@ CTX = CheckContext(False, None, None, None, None, ChecksSpec())
 
 
 def test_the_retractions_check_names_memory_and_concurrency() -> None:
-    (failed,) = [c for c in evaluate(Counts(records=250, flags={rc.RETRACTED: 9}), CTX) if c.name == RETRACTIONS]
+    (failed,) = [c for c in evaluate(Counts(records=250, flags={RETRACTED: 9}), CTX) if c.name == RETRACTIONS]
     assert not failed.passed and failed.threshold == 0.01
     assert failed.verdict.startswith("9/250 outputs were retracted by SGLang (its KV memory ran short)")
     assert "server.memFractionStatic" in failed.verdict and "clients.concurrency" in failed.verdict
     assert "--exclude-flags retracted" in failed.verdict
-    (noise,) = [c for c in evaluate(Counts(records=25, flags={rc.RETRACTED: 1}), CTX) if c.name == RETRACTIONS]
+    (noise,) = [c for c in evaluate(Counts(records=25, flags={RETRACTED: 1}), CTX) if c.name == RETRACTIONS]
     assert noise.passed  # checks.rates: 1 of 25 is no evidence against 1 %
     (none,) = [c for c in evaluate(Counts(records=25), CTX) if c.name == RETRACTIONS]
     assert none.passed and none.count == 0

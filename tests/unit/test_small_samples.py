@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from datagen_operator.api.flags import NO_THINK_END, TOKEN_COUNT_MISMATCH, TRUNCATED
 from datagen_operator.api.progress import Counts
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary import CanaryRecord, judge_canary
 from datagen_operator.checks.evaluate import REASONING_CAPTURED, TRUNCATION, evaluate, measured
 from datagen_operator.control.decide import Step, decide
@@ -17,9 +17,7 @@ CTX = context(spec())
 
 
 def truncation(records: int, truncated: int):
-    return next(
-        c for c in evaluate(Counts(records=records, flags={rc.TRUNCATED: truncated}), CTX) if c.name == TRUNCATION
-    )
+    return next(c for c in evaluate(Counts(records=records, flags={TRUNCATED: truncated}), CTX) if c.name == TRUNCATION)
 
 
 @pytest.mark.parametrize(
@@ -28,7 +26,7 @@ def truncation(records: int, truncated: int):
 )
 def test_the_rolling_checks_halt_only_on_clear_evidence(records: int, truncated: int, passed: bool) -> None:
     s = spec()
-    d = decide(s, running(Counts(records=records, flags={rc.TRUNCATED: truncated})), context(s))
+    d = decide(s, running(Counts(records=records, flags={TRUNCATED: truncated})), context(s))
     if passed:
         assert d.step is Step.RUN_WORKERS and conditions(d)["DataFaithful"] == ("True", "WithinThresholds")
     else:
@@ -64,7 +62,7 @@ def test_at_25000_records_the_verdict_is_the_plain_rate_within_a_fraction_of_a_p
 @pytest.mark.parametrize("records", [16, 25, 250, 25_000])
 def test_every_output_without_reasoning_halts_at_once(records: int) -> None:
     s = spec()
-    d = decide(s, running(Counts(records=records, flags={rc.NO_THINK_END: records})), context(s))
+    d = decide(s, running(Counts(records=records, flags={NO_THINK_END: records})), context(s))
     assert d.step is Step.HALTED
     check = next(c for c in d.checks if c.name == REASONING_CAPTURED)
     assert f"none of the {records} outputs, against a 98% minimum" in check.verdict
@@ -77,10 +75,10 @@ def record(flags: tuple[str, ...] = ()) -> CanaryRecord:
 
 def test_the_canary_judges_truncation_by_the_same_rule() -> None:
     # 11 canary records (3 probes, 8 prompts) at the run's own max_new_tokens: one cut answer is no evidence.
-    one = judge_canary([record((rc.TRUNCATED,)), *[record() for _ in range(10)]], CTX, capped=False)
+    one = judge_canary([record((TRUNCATED,)), *[record() for _ in range(10)]], CTX, capped=False)
     assert one.passed, one.message
-    three = judge_canary([record((rc.TRUNCATED,)) for _ in range(3)] + [record() for _ in range(8)], CTX, False)
+    three = judge_canary([record((TRUNCATED,)) for _ in range(3)] + [record() for _ in range(8)], CTX, False)
     assert not three.passed and "3/11 outputs hit max_new_tokens" in three.message
     # Its strict checks stay strict: a limit of 0 fails on any one record.
-    mismatch = judge_canary([record((rc.TOKEN_COUNT_MISMATCH,)), *[record() for _ in range(10)]], CTX, False)
+    mismatch = judge_canary([record((TOKEN_COUNT_MISMATCH,)), *[record() for _ in range(10)]], CTX, False)
     assert not mismatch.passed and "any one fails" in mismatch.message

@@ -39,7 +39,7 @@ SAMPLE = {"count": COUNT, "seed": 3}
 
 def _ids(path: Path, shards: int, sample: dict[str, Any] | None) -> set[str]:
     """The prompt ids every shard's scan yields, together (the subset's lines as the workers read them)."""
-    from datagen_operator.api.spec import DatasetSample
+    from datagen_operator.api.generation_spec import DatasetSample
 
     drawn = DatasetSample.model_validate(sample) if sample is not None else None
     return {
@@ -108,7 +108,7 @@ def test_a_subset_run_records_its_lines_only_resumes_after_kill_9_and_verifies_a
 
 
 def _set_aside(path: Path) -> int:
-    from datagen_operator.api.spec import DatasetSample
+    from datagen_operator.api.generation_spec import DatasetSample
 
     drawn = DatasetSample.model_validate(SAMPLE)
     return sum(isinstance(item, MalformedLine) for item in ShardScan(path, 0, 1, sample=drawn))

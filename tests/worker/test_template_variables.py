@@ -13,8 +13,9 @@ import pytest
 from datagen_operator.api import parse_spec
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.api.flags import UNEXPECTED_REASONING
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.checks.record_checks import UNEXPECTED_REASONING, expectations_for
+from datagen_operator.checks.record_checks import expectations_for
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import RecordBatches, iter_records
 from datagen_operator.prompts.dataset import INVALID_TEMPLATE_KWARGS, plan_shard

@@ -18,17 +18,8 @@ from datagen_operator.api.names import (
     name_length_message,
 )
 from datagen_operator.api.resolve import EXPORT_NEEDS_CONVERSATIONS
-from datagen_operator.api.spec import (
-    API_GROUP,
-    API_VERSION,
-    KIND,
-    NO_PARSER,
-    OWNED_SERVER_FIELDS,
-    PLURAL,
-    DataGenRunSpec,
-    ServerSpec,
-    external_server_refusal,
-)
+from datagen_operator.api.server_spec import NO_PARSER, OWNED_SERVER_FIELDS, ServerSpec, external_server_refusal
+from datagen_operator.api.spec import API_GROUP, API_VERSION, KIND, PLURAL, DataGenRunSpec
 from datagen_operator.api.status import (
     CANARY_PASSED,
     DATA_FAITHFUL,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from datagen_operator.api.errors import FieldError, SpecError
-from datagen_operator.api.spec import DataGenRun, VolumeSource
+from datagen_operator.api.kube_types import VolumeSource
+from datagen_operator.api.spec import DataGenRun
 
 
 def _kind(volume: VolumeSource) -> str:

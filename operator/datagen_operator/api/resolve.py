@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datagen_operator.api.errors import FieldError, SpecError
-from datagen_operator.api.spec import NO_PARSER, DataGenRunSpec
+from datagen_operator.api.server_spec import NO_PARSER
+from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.presets import Preset, get_preset, preset_names, presets
 from datagen_operator.presets.sglang_names import (
     REASONING_PARSER_TAGS,

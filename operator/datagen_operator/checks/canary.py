@@ -16,17 +16,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from datagen_operator.api.commands import CanaryCommand
+from datagen_operator.api.flags import NO_THINK_END, ends_truncated, finish_type
+from datagen_operator.api.generation_spec import DatasetSample, HistoryReasoning, TemplateVariableMix
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import (
-    AUTO_CONCURRENCY,
-    DataGenRunSpec,
-    DatasetSample,
-    HistoryReasoning,
-    TemplateVariableMix,
-)
+from datagen_operator.api.spec import AUTO_CONCURRENCY, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, write_verdict
 from datagen_operator.api.words import plural
@@ -430,7 +426,7 @@ async def run_canary(
                     model_label(spec),
                 )
             )
-        elif seen is None and any(rc.NO_THINK_END in r.flags for r in records):
+        elif seen is None and any(NO_THINK_END in r.flags for r in records):
             first.append(opened_but_never_closed(ctx, model_label(spec)))
         if compared_samples(spec):
             seconds = await asyncio.gather(
@@ -565,7 +561,7 @@ async def history_probe(
 
 
 def _cut(record: CanaryRecord) -> bool:
-    return rc.finish_type(record.finish_reason) == "length"
+    return ends_truncated(finish_type(record.finish_reason))
 
 
 def _inconclusive(records: list[CanaryRecord], ctx: CheckContext) -> bool:
@@ -577,7 +573,7 @@ def _inconclusive(records: list[CanaryRecord], ctx: CheckContext) -> bool:
 
 def _never_closed(records: list[CanaryRecord], expect: rc.Expectations) -> bool:
     """Outputs lack the closer while the prompt prefilled the opener: the one case raw tags cannot explain."""
-    return any(rc.NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect) for r in records)
+    return any(NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect) for r in records)
 
 
 async def _thinking_control(
@@ -585,7 +581,7 @@ async def _thinking_control(
 ) -> ThinkingControl:
     """Send up to `limit` never-closed prompts again with the think block closed by hand, and compare each
     output's length with its own prompt's."""
-    open_records = [r for r in records if rc.NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect)]
+    open_records = [r for r in records if NO_THINK_END in r.flags and rc.prompt_opens_think(r.input_ids, expect)]
     open_records = open_records[:limit]
     assert expect.think_end_id is not None
     closed = await asyncio.gather(

@@ -8,11 +8,26 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from datagen_operator.api.flags import (
+    ABORTED,
+    BAD_TERMINATION,
+    EMPTY_REASONING,
+    NAN_REPLACED,
+    NO_THINK_END,
+    NO_THINK_START,
+    PROMPT_CLOSES_THINK,
+    PROMPT_SUFFIX_LEAK,
+    RETRACTED,
+    TOKEN_COUNT_MISMATCH,
+    TRUNCATED,
+    TRUNCATED_BY_MEMORY,
+    UNBALANCED_TOOL_CALLS,
+    UNEXPECTED_REASONING,
+)
 from datagen_operator.api.progress import TOO_LONG, Counts
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.api.status import CheckResult
-from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.rates import CONFIDENCE, judge_min_rate, judge_rate, pct
 from datagen_operator.presets.think_markers import MarkersWritten, ParserFix, ThinkMarkers, fix_for
 
@@ -147,12 +162,12 @@ THRESHOLD_FIELDS: dict[str, str] = {
 """The spec field that sets each check's threshold (the others are fixed: docs/checks.md)."""
 
 CHECK_FLAGS: dict[str, tuple[str, ...]] = {
-    REASONING_CAPTURED: (rc.NO_THINK_END, rc.EMPTY_REASONING, rc.NO_THINK_START, rc.UNEXPECTED_REASONING),
-    TOKEN_COUNTS: (rc.TOKEN_COUNT_MISMATCH, rc.PROMPT_SUFFIX_LEAK),
-    TERMINATION: (rc.BAD_TERMINATION, rc.ABORTED, rc.NAN_REPLACED),
-    TRUNCATION: (rc.TRUNCATED,),
-    TOOL_CALLS: (rc.UNBALANCED_TOOL_CALLS,),
-    RETRACTIONS: (rc.RETRACTED,),
+    REASONING_CAPTURED: (NO_THINK_END, EMPTY_REASONING, NO_THINK_START, UNEXPECTED_REASONING),
+    TOKEN_COUNTS: (TOKEN_COUNT_MISMATCH, PROMPT_SUFFIX_LEAK),
+    TERMINATION: (BAD_TERMINATION, ABORTED, NAN_REPLACED),
+    TRUNCATION: (TRUNCATED,),
+    TOOL_CALLS: (UNBALANCED_TOOL_CALLS,),
+    RETRACTIONS: (RETRACTED,),
 }
 """The record flags each record check counts."""
 
@@ -252,12 +267,12 @@ def _reasoning(counts: Counts, ctx: CheckContext) -> CheckResult:
         return CheckResult(name=REASONING_CAPTURED, passed=True, total=n, verdict="model has no reasoning tokens")
     if not ctx.thinking:
         return _reasoning_off(counts, ctx)
-    missing_end = counts.count(rc.NO_THINK_END)
-    empty = counts.count(rc.EMPTY_REASONING)
-    no_start = counts.count(rc.NO_THINK_START)
-    closed_prompts = counts.count(rc.PROMPT_CLOSES_THINK)
+    missing_end = counts.count(NO_THINK_END)
+    empty = counts.count(EMPTY_REASONING)
+    no_start = counts.count(NO_THINK_START)
+    closed_prompts = counts.count(PROMPT_CLOSES_THINK)
     # Records of lines that turn thinking off themselves are flagged as off records are (Expectations.for_line).
-    unexpected = counts.count(rc.UNEXPECTED_REASONING)
+    unexpected = counts.count(UNEXPECTED_REASONING)
     bad = missing_end + empty + no_start + unexpected
     judged = judge_min_rate(n - bad, n, ctx.thresholds.min_reasoning_rate)
     passed = judged.passed
@@ -305,9 +320,9 @@ def _reasoning(counts: Counts, ctx: CheckContext) -> CheckResult:
 def _reasoning_off(counts: Counts, ctx: CheckContext) -> CheckResult:
     """Thinking off: no output may hold think markers, the run's or another family's."""
     n, seen = counts.records, ctx.markers_seen
-    own = counts.count(rc.UNEXPECTED_REASONING)
+    own = counts.count(UNEXPECTED_REASONING)
     # Records of lines that turn thinking on themselves are flagged as on records are (Expectations.for_line).
-    unreasoned = counts.count(rc.NO_THINK_END) + counts.count(rc.EMPTY_REASONING) + counts.count(rc.NO_THINK_START)
+    unreasoned = counts.count(NO_THINK_END) + counts.count(EMPTY_REASONING) + counts.count(NO_THINK_START)
     # The same output may hold both: the larger count is the least number of outputs at fault.
     bad = max(own, seen.outputs if seen else 0) + unreasoned
     causes: list[str] = []
@@ -332,7 +347,7 @@ def _reasoning_off(counts: Counts, ctx: CheckContext) -> CheckResult:
 
 
 def _token_counts(counts: Counts, ctx: CheckContext) -> CheckResult:
-    n, bad, leaks = counts.records, counts.count(rc.TOKEN_COUNT_MISMATCH), counts.count(rc.PROMPT_SUFFIX_LEAK)
+    n, bad, leaks = counts.records, counts.count(TOKEN_COUNT_MISMATCH), counts.count(PROMPT_SUFFIX_LEAK)
     if leaks:
         failed = (
             f"output_ids start with prompt-suffix tokens in {_frac(leaks, n)} records (the upstream SGLang bug of "
@@ -358,9 +373,9 @@ def _token_counts(counts: Counts, ctx: CheckContext) -> CheckResult:
 
 def _termination(counts: Counts) -> CheckResult:
     n = counts.records
-    bad = counts.count(rc.BAD_TERMINATION)
-    aborted = counts.count(rc.ABORTED)
-    nan = counts.count(rc.NAN_REPLACED)
+    bad = counts.count(BAD_TERMINATION)
+    aborted = counts.count(ABORTED)
+    nan = counts.count(NAN_REPLACED)
     count = bad + aborted + nan
     if count == 0:
         verdict = "every finished output ends with a stop token"
@@ -427,8 +442,8 @@ MEMORY_FIX = (
 
 
 def _truncation(counts: Counts, ctx: CheckContext) -> CheckResult:
-    n, truncated, limit = counts.records, counts.count(rc.TRUNCATED), ctx.thresholds.max_truncation_rate
-    by_memory = counts.count(rc.TRUNCATED_BY_MEMORY)
+    n, truncated, limit = counts.records, counts.count(TRUNCATED), ctx.thresholds.max_truncation_rate
+    by_memory = counts.count(TRUNCATED_BY_MEMORY)
     counted = f"{_frac(truncated, n)} outputs hit max_new_tokens"
     fix = "raise generation.sampling.max_new_tokens"
     if by_memory:
@@ -444,7 +459,7 @@ def _truncation(counts: Counts, ctx: CheckContext) -> CheckResult:
 def _tool_calls(counts: Counts, ctx: CheckContext) -> CheckResult:
     # Workers' counters do not carry how many records offered tools: then all records are the
     # denominator (a lower rate, never a false alarm); verify and the canary count them exactly.
-    n, bad = counts.tool_records or counts.records, counts.count(rc.UNBALANCED_TOOL_CALLS)
+    n, bad = counts.tool_records or counts.records, counts.count(UNBALANCED_TOOL_CALLS)
     return _rate_check(
         TOOL_CALLS,
         bad,
@@ -461,7 +476,7 @@ def _tool_calls(counts: Counts, ctx: CheckContext) -> CheckResult:
 
 def _retractions(counts: Counts, ctx: CheckContext) -> CheckResult:
     # Flagged only where the run's sampling keeps state over the output (record_checks.RETRACTED).
-    n, bad = counts.records, counts.count(rc.RETRACTED)
+    n, bad = counts.records, counts.count(RETRACTED)
     return _rate_check(
         RETRACTIONS,
         bad,

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
+from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.words import agrees, plural, turn_label
 from datagen_operator.engine.tool_calls import ParsedCall, call_names

@@ -13,53 +13,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from datagen_operator.api.flags import (
+    ABORTED,
+    BAD_TERMINATION,
+    EMPTY_REASONING,
+    NAN_REPLACED,
+    NO_THINK_END,
+    NO_THINK_START,
+    PROMPT_CLOSES_THINK,
+    PROMPT_SUFFIX_LEAK,
+    RETRACTED,
+    TOKEN_COUNT_MISMATCH,
+    TRUNCATED,
+    TRUNCATED_BY_MEMORY,
+    UNBALANCED_TOOL_CALLS,
+    UNEXPECTED_REASONING,
+    ends_truncated,
+    finish_type,
+)
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.presets.sglang_names import SGLANG_ADDITIONAL_STOP_TEXTS
 from datagen_operator.presets.think_markers import MarkersWritten, ThinkMarkers, known_markers
-
-# Flag names: stable strings, counted by workers and read by the rolling checks.
-TOKEN_COUNT_MISMATCH = "token_count_mismatch"
-PROMPT_SUFFIX_LEAK = "prompt_suffix_leak"
-NO_THINK_START = "no_think_start"
-NO_THINK_END = "no_think_end"
-EMPTY_REASONING = "empty_reasoning"
-UNEXPECTED_REASONING = "unexpected_reasoning"
-TRUNCATED = "truncated"
-BAD_TERMINATION = "bad_termination"
-UNBALANCED_TOOL_CALLS = "unbalanced_tool_calls"
-ABORTED = "aborted"
-NAN_REPLACED = "nan_replaced"
-RETRACTED = "retracted"
-TRUNCATED_BY_MEMORY = "truncated_by_memory"
-"""Beside `truncated`: the answer ended `length` with fewer tokens than the request's max_new_tokens. SGLang's
-scheduler caps a request's new tokens to what its KV pool holds beside the prompt (`max_new_tokens_for_memory`,
-in pages); the worker sends no prompt too long for the context, so the pool is the cap."""
-"""SGLang retracted the request (meta_info.num_retractions > 0) while the sampling held state over the output
-(penalties, min_new_tokens): that state started again from zero, so the record was not sampled as asked."""
-"""A `stop` whose `finish_reason.matched` is not a token id: SGLang sampled an id outside the vocabulary (NaN or
-inf logits), wrote a stop id in its place and reported `matched: "NaN happened"` (`Req._check_vocab_boundary_finish`).
-The last id is a stop id, so only `matched` tells; the record's tail is not what the model sampled."""
-PROMPT_CLOSES_THINK = "prompt_closes_think"
-"""A thinking run whose rendered prompt ends with an empty think block: the template was rendered with
-thinking off (the seeds' case), so the model is told not to reason."""
-
-ALL_FLAGS: tuple[str, ...] = (
-    TOKEN_COUNT_MISMATCH,
-    PROMPT_SUFFIX_LEAK,
-    NO_THINK_START,
-    NO_THINK_END,
-    EMPTY_REASONING,
-    UNEXPECTED_REASONING,
-    TRUNCATED,
-    BAD_TERMINATION,
-    UNBALANCED_TOOL_CALLS,
-    ABORTED,
-    NAN_REPLACED,
-    PROMPT_CLOSES_THINK,
-    RETRACTED,
-    TRUNCATED_BY_MEMORY,
-)
 
 
 class TokenLookup(Protocol):
@@ -245,16 +220,6 @@ def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def finish_type(finish_reason: Any) -> str | None:
-    """'stop', 'length', 'abort' from SGLang's finish_reason dict (or a JSON-decoded copy)."""
-    if isinstance(finish_reason, dict):
-        value = finish_reason.get("type")
-        return value if isinstance(value, str) else None
-    if isinstance(finish_reason, str):
-        return finish_reason
-    return None
-
-
 def _leaks_prompt_suffix(input_ids: Sequence[int], output_ids: Sequence[int], extra: int, window: int) -> bool:
     """The upstream bug (sglang 10896, 17240): output_ids start with the prompt's last tokens."""
     if extra <= 0 or not input_ids:
@@ -379,7 +344,7 @@ def flags_of(facts: RecordFacts, expect: Expectations) -> frozenset[str]:
         flags.add(TOKEN_COUNT_MISMATCH)
         if facts.suffix_leak:
             flags.add(PROMPT_SUFFIX_LEAK)
-    if kind == "length":
+    if ends_truncated(kind):
         flags.add(TRUNCATED)
         if facts.cut_short:
             flags.add(TRUNCATED_BY_MEMORY)

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import orjson
 
+from datagen_operator.api.flags import finish_type
 from datagen_operator.checks.record_checks import (
     EMPTY,
     NO_THINK_END_FOUND,
     WRITTEN,
     Expectations,
     RecordFacts,
-    finish_type,
     flags_of,
     prompt_closes_think,
     prompt_opens_think,

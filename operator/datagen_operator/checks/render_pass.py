@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.api.progress import TOO_LONG, UNRENDERABLE, Counts
-from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks.evaluate import dataset_checks, measured

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
+from datagen_operator.api.flags import stored_finish_type
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.words import TURNS_COUNTED, plural, turn_label
-from datagen_operator.checks.record_checks import Expectations, finish_type
+from datagen_operator.checks.record_checks import Expectations
 from datagen_operator.checks.record_columns import token_lengths
 
 COLUMNS = ("input_ids", "output_ids", "finish_reason", "turn", "done_at")
@@ -91,7 +91,7 @@ class Columns:
         # The stored JSON strings are few distinct values: count them, then decode each once.
         for entry in pc.value_counts(batch.column("finish_reason")).to_pylist():
             text = entry["values"]
-            kind = finish_type(orjson.loads(text)) if text else None
+            kind = stored_finish_type(text)
             self.finish[kind or "none"] += entry["counts"]
 
 

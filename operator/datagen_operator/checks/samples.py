@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from datagen_operator.api.generation_spec import is_greedy
 from datagen_operator.api.progress import Counts
-from datagen_operator.api.spec import DataGenRunSpec, is_greedy
+from datagen_operator.api.spec import DataGenRunSpec
 
 
 def samples_compared(sampling: Mapping[str, Any], samples: int) -> int:

@@ -23,12 +23,13 @@ import orjson
 
 from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT
+from datagen_operator.api.generation_spec import DatasetSample
 from datagen_operator.api.mounts import POD_MOUNTS
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec, DatasetSample
+from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.api.words import agrees, plural

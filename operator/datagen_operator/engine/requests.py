@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from datagen_operator.api.spec import SamplingParams
+from datagen_operator.api.generation_spec import SamplingParams
 
 
 def run_sampling(spec_sampling: SamplingParams, stop_token_ids: Iterable[int]) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class TurnShape:
     prompt_length: int
     completion_length: int
     digest: bytes | None  # of input_ids + output_ids; None where no token row is built (the text format)
-    flags: frozenset[str]  # export.formats.effective_flags: `truncated` also when it ended on `length`
+    flags: frozenset[str]  # api.flags.effective_flags: `truncated` also when it ended on `length`
     settled: bool  # its shard is complete: every planned turn of the shard was recorded or cut
     unfinished: bool  # read from a segment of a shard not compacted yet
 

@@ -20,8 +20,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datagen_operator.api.flags import effective_flags, ends_truncated, stored_finish_type
+
 IGNORE_INDEX = -100  # what HF/TRL losses skip in `labels`
-TRUNCATED = "truncated"  # the store's flag for finish_reason "length": no stop token at the end
 OVER_LENGTH_POLICIES = ("drop", "keep-flagged")
 
 
@@ -33,19 +34,6 @@ class Selection:
     exclude_flags: frozenset[str] = frozenset()
     max_length: int | None = None
     over_length: str = "drop"  # OVER_LENGTH_POLICIES; never "cut": cutting the end removes the stop token
-
-
-def finish_type(finish_reason_json: str | None) -> str | None:
-    """SGLang's finish_reason type ("stop", "length", "abort") from the stored JSON."""
-    if not finish_reason_json:
-        return None
-    value = orjson.loads(finish_reason_json)
-    return value.get("type") if isinstance(value, dict) else None
-
-
-def effective_flags(flags: Sequence[str], finish: str | None) -> frozenset[str]:
-    """The stored flags, plus `truncated` whenever the row ended on `length` (it has no stop token)."""
-    return frozenset(flags) | ({TRUNCATED} if finish == "length" else frozenset())
 
 
 def exclusion_reason(flags: frozenset[str], length: int, selection: Selection) -> str | None:
@@ -63,12 +51,12 @@ def is_over_length(length: int, selection: Selection) -> bool:
 
 
 def finish_types(column: pa.Array) -> list[str | None]:
-    """`finish_type` of each row, parsed once per distinct value (a batch repeats a handful)."""
+    """`stored_finish_type` of each row, parsed once per distinct value (a batch repeats a handful)."""
     parsed: dict[str | None, str | None] = {}
     out = []
     for value in column.to_pylist():
         if value not in parsed:
-            parsed[value] = finish_type(value)
+            parsed[value] = stored_finish_type(value)
         out.append(parsed[value])
     return out
 
@@ -81,7 +69,7 @@ def exclusions(
     if not selection.exclude_flags and selection.max_length is None:
         return {}
     suspects = list_lengths(flags) > 0
-    suspects |= np.fromiter((finish == "length" for finish in finishes), dtype=bool, count=len(finishes))
+    suspects |= np.fromiter((ends_truncated(finish) for finish in finishes), dtype=bool, count=len(finishes))
     if selection.max_length is not None:
         suspects |= lengths > selection.max_length
     rows = np.flatnonzero(suspects).tolist()

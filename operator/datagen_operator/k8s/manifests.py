@@ -26,7 +26,9 @@ from datagen_operator.api.commands import (
     WorkerCommand,
 )
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, WORKER_GRACE_S
+from datagen_operator.api.export_spec import whole_conversations_asked
 from datagen_operator.api.extra_args import extra_arg_value
+from datagen_operator.api.kube_types import EnvVar, VolumeSource
 from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.names import (
     Component,
@@ -49,8 +51,6 @@ from datagen_operator.api.spec import (
     AUTO_CONCURRENCY,
     KIND,
     DataGenRunSpec,
-    EnvVar,
-    VolumeSource,
 )
 from datagen_operator.control.policy import FREE_EXITS, PERMANENT_EXITS, SHARD_RETRIES
 from datagen_operator.engine.health import (
@@ -930,7 +930,7 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
     """`datagen export --formats` of the verified output into spec.export.path."""
     assert spec.export is not None
     # Whole conversations are read against the dataset's planned turns: the dataset only then.
-    whole = spec.export.rows == "conversations" or "conversations" in spec.export.formats
+    whole = whole_conversations_asked(spec.export.rows, spec.export.formats)
     command = ExportCommand(
         output=output_dir(spec),
         formats=tuple(spec.export.formats),

@@ -535,8 +535,9 @@ class LocalRunner:
 
     def _export(self) -> StepOutcome:
         """spec.export in process: each format to OUTPUT/<export.path>/<format>."""
+        from datagen_operator.export.exporter import export_run
         from datagen_operator.export.formats import Selection
-        from datagen_operator.export.run import DatasetSource, codec_from_tokenizer, export_run
+        from datagen_operator.export.options import DatasetSource, codec_from_tokenizer
         from datagen_operator.prompts.draws import variable_draws
 
         spec = self.spec

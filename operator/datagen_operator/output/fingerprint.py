@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 if TYPE_CHECKING:  # the spec models load pydantic; the fingerprint is read by light tools too
-    from datagen_operator.api.spec import DatasetSample, HistoryReasoning, TemplateVariableMix
+    from datagen_operator.api.generation_spec import DatasetSample, HistoryReasoning, TemplateVariableMix
 
 # Files that decide how text becomes ids (never weights: a model dir holds hundreds of GB of them).
 TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.engine.chat_content import message_text
 from datagen_operator.engine.reasoning import DETECTORS, HARMONY_PARSER, force_reasoning, split_reasoning
 from datagen_operator.engine.tool_calls import TOOL_CALL_PARSERS, ParsedCall, read_tool_calls, stop_kept

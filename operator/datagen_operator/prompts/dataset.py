@@ -51,7 +51,7 @@ from datagen_operator.engine.chat_tools import json_type as _json_type
 from datagen_operator.engine.chat_tools import read_tools
 
 if TYPE_CHECKING:  # the spec models load pydantic: a scan without a sample or mix needs none of it
-    from datagen_operator.api.spec import DatasetSample
+    from datagen_operator.api.generation_spec import DatasetSample
     from datagen_operator.prompts.draws import SubsetRule, VariableDraws
 
 DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]

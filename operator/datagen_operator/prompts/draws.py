@@ -27,7 +27,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the spec models load pydantic; a scan without a sample needs none of this
-    from datagen_operator.api.spec import DatasetSample, TemplateVariableMix
+    from datagen_operator.api.generation_spec import DatasetSample, TemplateVariableMix
 
 FULL = 1 << 64
 SAMPLE = "sample"

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from datagen_operator.api.spec import HistoryReasoning
+from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.api.words import turn_label
 from datagen_operator.engine.tool_calls import call_names
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
