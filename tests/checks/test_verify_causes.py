@@ -12,7 +12,7 @@ from rich.console import Console
 
 from datagen_operator.api.progress import Counts
 from datagen_operator.checks.evaluate import DUPLICATES, MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
-from datagen_operator.checks.verify import SetAside, _output_counts, render_report
+from datagen_operator.steps.verify import SetAside, _output_counts, render_report
 from tests.checks.set_aside_output import verify_produced
 
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from datagen_operator.api.mounts import POD_MOUNTS
-from datagen_operator.checks import verify
 from datagen_operator.cli import main as datagen
+from datagen_operator.steps import verify
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
 
 

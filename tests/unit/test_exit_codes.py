@@ -11,10 +11,10 @@ import pytest
 from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK, MEANINGS
 from datagen_operator.api.spec import ExportSpec
-from datagen_operator.checks import verify
 from datagen_operator.control.policy import ShardExit, shard_exit
 from datagen_operator.export import run as export
 from datagen_operator.k8s import manifests as m
+from datagen_operator.steps import verify
 from tests.manifests import unit_spec
 
 RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
@@ -71,9 +71,9 @@ def test_the_step_programs_exit_with_the_named_codes(tmp_path: Path) -> None:
 
 
 STEP_MODULES = {
-    "preflight": "datagen_operator.checks.preflight",
-    "canary": "datagen_operator.checks.canary",
-    "verify": "datagen_operator.checks.verify",
+    "preflight": "datagen_operator.steps.preflight",
+    "canary": "datagen_operator.steps.canary",
+    "verify": "datagen_operator.steps.verify",
     "export": "datagen_operator.export.run",
     "release-lease": "datagen_operator.output.lease",
 }

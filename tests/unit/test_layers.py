@@ -14,8 +14,8 @@ PACKAGE = Path(datagen_operator.__file__).parent
 ROOT = "datagen_operator"
 """The package itself (its `__version__`), named as a layer of its own in ALLOWED."""
 LAYERS = (
-    "presets", "api", "tokenizer", "engine", "prompts", "output", "checks", "control", "export", "worker",
-    "k8s", "local", "cli",
+    "presets", "api", "tokenizer", "engine", "prompts", "output", "checks", "steps", "control", "export",
+    "worker", "k8s", "local", "cli",
 )  # fmt: skip
 """Lowest first: every allowed arrow points to a layer before its own (the package root is below them all)."""
 ALLOWED: dict[str, frozenset[str]] = {
@@ -25,14 +25,15 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engine": frozenset({"tokenizer", "api", "presets"}),
     "prompts": frozenset({"engine", "tokenizer", "api"}),
     "output": frozenset({"prompts", "engine", "api"}),
-    "checks": frozenset({"output", "prompts", "engine", "tokenizer", "api", "presets"}),
+    "checks": frozenset({"output", "prompts", "engine", "api", "presets"}),
+    "steps": frozenset({"checks", "output", "prompts", "engine", "tokenizer", "api", "presets"}),
     "control": frozenset({"checks", "output", "api"}),
-    "export": frozenset({"checks", "output", "prompts", "api"}),
+    "export": frozenset({"steps", "checks", "output", "prompts", "api"}),
     "worker": frozenset({"checks", "output", "prompts", "engine", "api"}),
     "k8s": frozenset({"control", "checks", "engine", "api", ROOT}),
-    "local": frozenset({"export", "control", "checks", "output", "prompts", "engine", "tokenizer", "api"}),
+    "local": frozenset({"export", "control", "steps", "checks", "output", "prompts", "engine", "tokenizer", "api"}),
     "cli": frozenset(
-        {"k8s", "local", "worker", "export", "checks", "output", "engine", "tokenizer", "api", "presets", ROOT}
+        {"k8s", "local", "worker", "export", "steps", "output", "engine", "tokenizer", "api", "presets", ROOT}
     ),
 }
 """Which other layers each layer may import (its own always). As tight as the imports are: an arrow no module

@@ -92,7 +92,7 @@ def test_render_helper_processes_load_the_remote_code(kimi_dir: Path) -> None:
 
 
 def test_worker_and_verify_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir: Path) -> None:
-    from datagen_operator.checks import verify
+    from datagen_operator.steps import verify
 
     items = prompts(24)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)

@@ -1095,7 +1095,7 @@ def main(argv: list[str]) -> int:
             print(f"note: {note}")
         render_report(report)
     if args.html:
-        from datagen_operator.checks.report_html import write_html_report
+        from datagen_operator.steps.report_html import write_html_report
 
         print(f"HTML report: {args.html} ({write_html_report(Path(args.html), report)} bytes)", file=sys.stderr)
     return write_verdict(report.outcome(), args.termination_log, echo=False)
