@@ -30,7 +30,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "control": frozenset({"checks", "output", "api"}),
     "export": frozenset({"steps", "checks", "output", "prompts", "api"}),
     "worker": frozenset({"checks", "output", "prompts", "engine", "api"}),
-    "k8s": frozenset({"control", "checks", "engine", "api", ROOT}),
+    "k8s": frozenset({"control", "steps", "checks", "engine", "api", ROOT}),
     "local": frozenset({"export", "control", "steps", "checks", "output", "prompts", "engine", "tokenizer", "api"}),
     "cli": frozenset(
         {"k8s", "local", "worker", "export", "steps", "output", "engine", "tokenizer", "api", "presets", ROOT}

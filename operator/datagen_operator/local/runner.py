@@ -415,7 +415,7 @@ class LocalRunner:
 
     async def _verify_parsers(self) -> None:
         """The server's own word on its parsers; a failed read is counted, and decide() bounds the retries."""
-        from datagen_operator.checks.server_truth import verify_running_servers
+        from datagen_operator.steps.parser_check import verify_running_servers
 
         urls = self._ready_urls()
         try:
