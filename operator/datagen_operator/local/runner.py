@@ -54,7 +54,7 @@ from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, forget_processes, free_port, record_processes, stop_leftovers
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import STEP_LOCAL_RUN, STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
-from datagen_operator.steps.verify import holds_records
+from datagen_operator.steps.verify_program import holds_records
 
 if TYPE_CHECKING:
     from datagen_operator.steps.verify import VerifyReport
@@ -216,7 +216,7 @@ class LocalRunner:
         return self._finish()
 
     def _finish(self) -> int:
-        from datagen_operator.steps.verify import render_report
+        from datagen_operator.steps.verify_terminal import render_report
 
         if self.final_report is not None:
             render_report(self.final_report, self.console)

@@ -307,7 +307,7 @@ def judge_existing_records(
     """The records an output already holds, flagged by the same rules and judged by the same thresholds as
     the rolling checks will judge the whole output (their prompts' samples compared when `compared` is 2 or
     more): a resume over records that already fail is refused here, not after the GPU time."""
-    from datagen_operator.steps.verify import stored_record_counts
+    from datagen_operator.steps.verify_reads import stored_record_counts
 
     counts = stored_record_counts(output, expect, compared)
     if counts.records < MIN_RECORDS_TO_JUDGE:
