@@ -112,7 +112,7 @@ def test_worker_and_verify_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir
 
 
 def test_canary_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir: Path) -> None:
-    from datagen_operator.checks import canary
+    from datagen_operator.steps import canary
 
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(16))
     document = spec(dataset, tmp_path / "out", **{"model.tokenizerPath": str(kimi_dir)})
