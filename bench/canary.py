@@ -31,12 +31,12 @@ import yaml
 
 from datagen_operator.api import load_run
 from datagen_operator.api.spec import API_GROUP_VERSION
-from datagen_operator.checks.canary import run_canary
-from datagen_operator.checks.server_truth import verify_running_server
 from datagen_operator.engine.client.reads import is_healthy
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, free_port
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.canary import run_canary
+from datagen_operator.steps.parser_check import verify_running_server
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

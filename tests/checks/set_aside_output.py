@@ -9,8 +9,8 @@ import orjson
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_OK
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.verify import verify_output
 from tests.harness.sim import start_sim
 from tests.worker.simrun import SIM_FLAGS, progress, prompts, run_inprocess, spec, standin, write_dataset
 

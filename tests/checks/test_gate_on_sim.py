@@ -14,9 +14,9 @@ import pytest
 from datagen_operator.api import parse_spec
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.checks.canary import run_canary
-from datagen_operator.checks.server_truth import verify_running_server
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.canary import run_canary
+from datagen_operator.steps.parser_check import verify_running_server
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec
 

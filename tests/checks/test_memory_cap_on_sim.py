@@ -15,9 +15,9 @@ from aiohttp import web
 from datagen_operator.api import load_run
 from datagen_operator.api.flags import TRUNCATED, TRUNCATED_BY_MEMORY
 from datagen_operator.checks.evaluate import TRUNCATION
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.verify import verify_output
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_run, write_run

@@ -21,13 +21,13 @@ from datagen_operator.api.flags import NAN_REPLACED
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.canary import run_canary
 from datagen_operator.checks.evaluate import TERMINATION, check_context, evaluate
-from datagen_operator.checks.preflight import judge_existing_records
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.canary import run_canary
+from datagen_operator.steps.preflight import judge_existing_records
+from datagen_operator.steps.verify import verify_output
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import DELETE, local_run, write_run

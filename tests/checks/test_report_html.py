@@ -18,9 +18,9 @@ import yaml
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.report_data import COLUMNS, Plot, gather, plots, throughput_plot
-from datagen_operator.checks.verify import verify_here
 from datagen_operator.cli import main as datagen
 from datagen_operator.output.readers import RecordBatches, iter_records
+from datagen_operator.steps.verify_program import verify_here
 from tests.harness.sim import start_sim
 from tests.worker.simrun import SIM_FLAGS, run_inprocess, spec, write_dataset
 

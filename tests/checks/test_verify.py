@@ -15,10 +15,10 @@ from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import check_context
-from datagen_operator.checks.preflight import judge_existing_records
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import sha256_file
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.preflight import judge_existing_records
+from datagen_operator.steps.verify import verify_output
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_run, write_run

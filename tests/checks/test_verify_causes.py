@@ -11,8 +11,9 @@ from typing import Any
 from rich.console import Console
 
 from datagen_operator.api.progress import Counts
+from datagen_operator.checks.completeness import SetAside, output_counts
 from datagen_operator.checks.evaluate import DUPLICATES, MALFORMED, SERVER_ERRORS, SERVER_FAILURES, TOO_LONG
-from datagen_operator.checks.verify import SetAside, _output_counts, render_report
+from datagen_operator.steps.verify_terminal import render_report
 from tests.checks.set_aside_output import verify_produced
 
 
@@ -66,8 +67,8 @@ def test_server_entries_split_into_refusals_and_failures() -> None:
     server = {(e["id"], e["sample"]): e for e in entries}
     aside = SetAside({"f": "too_long"}, {"too_long": 1, "bad_json": 2})
     written = Counts(records=3, tool_records=1)
-    counts = _output_counts(written, server, 6, aside)
+    counts = output_counts(written, server, 6, aside)
     assert (counts.refused, counts.failed) == (3, 1)  # 4xx (and a status-less refusal) vs 5xx
     assert (counts.unusable, counts.too_long) == (2, 1)
     assert counts.lines == 6 + 2  # prompts a..f named by the output, plus 2 dataset lines set aside
-    assert _output_counts(written, server, 10, aside).lines == 10 + 2  # a dataset of 10 valid prompts
+    assert output_counts(written, server, 10, aside).lines == 10 + 2  # a dataset of 10 valid prompts

@@ -3,7 +3,7 @@ long): completeness passes, the report lists each cause with its count, nothing 
 
 from __future__ import annotations
 
-from datagen_operator.checks.verify import COMPLETENESS, account_set_aside
+from datagen_operator.checks.completeness import COMPLETENESS, account_set_aside
 from tests.checks.set_aside_output import verify_produced
 
 EXPECTED_CAUSES = {"bad_json": 1, "duplicate_id": 1, "invalid_tools": 1, "too_long": 1, "unrenderable": 1}

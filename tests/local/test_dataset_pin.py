@@ -9,10 +9,11 @@ from pathlib import Path
 import orjson
 
 from datagen_operator.api import load_run
-from datagen_operator.checks.preflight import run_preflight
-from datagen_operator.checks.verify import DATASET_PIN, verify_output
 from datagen_operator.prompts.pin import pin_changes, pin_dataset, read_pin
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.preflight import run_preflight
+from datagen_operator.steps.verify import verify_output
+from datagen_operator.steps.verify_reads import DATASET_PIN
 from tests.harness.sim import start_sim
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
 from tests.programs import one_shard_worker, run_program

@@ -10,8 +10,8 @@ import orjson
 
 from datagen_operator.api import load_run
 from datagen_operator.api.commands import VerifyCommand
-from datagen_operator.checks.preflight import run_preflight
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.preflight import run_preflight
 from tests.harness.sim import start_sim
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
 from tests.programs import one_shard_worker, run_program

@@ -10,9 +10,9 @@ import orjson
 
 from datagen_operator.api import load_run
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.checks.preflight import run_preflight
 from datagen_operator.output.rendered import LINE_DTYPE, LINES_FILE, rendered_dir
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.preflight import run_preflight
 from tests.local.runs import PROMPTS, manifest
 
 

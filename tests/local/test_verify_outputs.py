@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from datagen_operator.api.mounts import POD_MOUNTS
-from datagen_operator.checks import verify
 from datagen_operator.cli import main as datagen
+from datagen_operator.steps import verify_paths
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
 
 
@@ -147,4 +147,4 @@ def test_export_of_a_verified_output_goes_ahead(finished: Path, tmp_path: Path) 
 def test_the_pod_mounts_verify_knows_are_the_operators() -> None:
     from datagen_operator.k8s.manifests import DATASET_MOUNT, OUTPUT_MOUNT
 
-    assert verify.POD_MOUNTS == POD_MOUNTS == (DATASET_MOUNT, OUTPUT_MOUNT)
+    assert verify_paths.POD_MOUNTS == POD_MOUNTS == (DATASET_MOUNT, OUTPUT_MOUNT)

@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from datagen_operator.api import parse_run
-from datagen_operator.checks.preflight import estimate_for, run_preflight, stored_bytes
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.preflight import estimate_for, run_preflight, stored_bytes
 from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 from tests.worker.simrun import prompts, standin, write_dataset
 from tests.worker.volume import Volume

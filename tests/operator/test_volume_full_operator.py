@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from datagen_operator.api import parse_spec
-from datagen_operator.checks.preflight import estimate_for
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.preflight import estimate_for
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run

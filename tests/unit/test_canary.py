@@ -1,4 +1,4 @@
-"""checks.canary: the verdict over a few real prompts' raw token ids, before any bulk record."""
+"""steps.canary: the verdict over a few real prompts' raw token ids, before any bulk record."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.canary import CanaryRecord, judge_canary, markers_seen, vocabulary_families
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.presets import get_preset, preset_names
 from datagen_operator.presets.think_markers import ThinkMarkers, known_markers, preset_markers
 from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.steps.canary import CanaryRecord, judge_canary, markers_seen, vocabulary_families
 from datagen_operator.tokenizer.standin import ensure_standin
 from tests.manifests import local_spec
 
@@ -54,7 +54,7 @@ def test_canary_verdict_survives_the_termination_message() -> None:
 
 
 def test_thinking_control_reads_the_median_length_ratio() -> None:
-    from datagen_operator.checks.canary import ThinkingControl, judge_thinking_control
+    from datagen_operator.steps.canary import ThinkingControl, judge_thinking_control
 
     answers_only = ThinkingControl((0.8, 1.1, 1.3, 9.0))  # one unusually long answer decides nothing
     assert "ignores thinking" in judge_thinking_control(answers_only, CTX, "kimi-k2.5").verdict
@@ -131,8 +131,8 @@ def test_own_markers_are_not_other_markers() -> None:
 def judged_lines(changes: dict[str, Any], preset: str, lines: list[dict[str, Any]]) -> Any:
     """The canary's template verdict over a probe and `lines` ({"id", "kwargs"}), rendered as the canary renders
     them (the line's kwargs over the run's variables) on the preset's stand-in tokenizer."""
-    from datagen_operator.checks.canary import PROBES, rendered_prompt
     from datagen_operator.checks.template_check import judge_template
+    from datagen_operator.steps.canary import PROBES, rendered_prompt
 
     model_dir = ensure_standin(preset)
     spec = parse_spec(local_spec(model_dir, REPO / "examples" / "prompts" / "quickstart.jsonl", Path("/x"), **changes))
@@ -145,7 +145,7 @@ def judged_lines(changes: dict[str, Any], preset: str, lines: list[dict[str, Any
         for number, line in enumerate(lines, start=1)
     ]
     judged = [rendered_prompt(p, renderer.render(p["messages"], None, p.get("variables")), resolved) for p in prompts]
-    from datagen_operator.checks.canary import _template_expectation
+    from datagen_operator.steps.canary import _template_expectation
 
     return judge_template(judged, expect, _template_expectation(resolved, spec))
 
@@ -238,7 +238,7 @@ def test_the_canarys_second_turn_sends_history_as_the_workers_do(history_reasoni
     import asyncio
     from types import SimpleNamespace
 
-    from datagen_operator.checks.canary import FOLLOW_UP, history_probe
+    from datagen_operator.steps.canary import FOLLOW_UP, history_probe
 
     prompt = {"id": "a", "messages": [{"role": "user", "content": "q"}], "tools": None, "variables": None}
     record = CanaryRecord("a", [7], [1, 2, 3, 4, 100], {"type": "stop", "matched": 100}, 5, False, frozenset())

@@ -23,11 +23,11 @@ from datagen_operator.api.commands import (
     flag_of,
 )
 from datagen_operator.api.export_spec import ExportSpec
-from datagen_operator.checks import canary, preflight, verify
 from datagen_operator.cli import COMMANDS
 from datagen_operator.export import run as export
 from datagen_operator.k8s import manifests as m
 from datagen_operator.output import lease
+from datagen_operator.steps import canary, preflight, verify_program
 from datagen_operator.worker import config as worker
 from tests.manifests import local_run, unit_spec
 
@@ -35,7 +35,7 @@ PARSERS: dict[type[Command], Callable[[], argparse.ArgumentParser]] = {
     PreflightCommand: preflight.build_parser,
     CanaryCommand: canary.build_parser,
     WorkerCommand: worker.build_parser,
-    VerifyCommand: verify.build_parser,
+    VerifyCommand: verify_program.build_parser,
     ExportCommand: export.build_parser,
     ReleaseLeaseCommand: lease.build_parser,
 }

@@ -11,10 +11,10 @@ import pytest
 from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK, MEANINGS
 from datagen_operator.api.export_spec import ExportSpec
-from datagen_operator.checks import verify
 from datagen_operator.control.policy import ShardExit, shard_exit
 from datagen_operator.export import run as export
 from datagen_operator.k8s import manifests as m
+from datagen_operator.steps import verify_program
 from tests.manifests import unit_spec
 
 RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
@@ -61,19 +61,19 @@ def test_a_failed_verdict_is_no_worker_code_so_a_worker_exiting_1_crashed_and_is
 
 
 def test_the_step_programs_exit_with_the_named_codes(tmp_path: Path) -> None:
-    assert verify.main([str(tmp_path / "missing")]) == EXIT_BAD_INPUT
+    assert verify_program.main([str(tmp_path / "missing")]) == EXIT_BAD_INPUT
     (tmp_path / "run.yaml").write_text("metadata: {name: halted}\n")
     terminated = tmp_path / "termination-log"
-    assert verify.main([str(tmp_path), "--termination-log", str(terminated)]) == EXIT_FAILED_VERDICT
+    assert verify_program.main([str(tmp_path), "--termination-log", str(terminated)]) == EXIT_FAILED_VERDICT
     assert orjson.loads(terminated.read_bytes())["passed"] is False  # the verdict is written
     out = tmp_path / "export"
     assert export.main([str(tmp_path), "--formats", "nope", "--out", str(out)]) == EXIT_FAILED_VERDICT
 
 
 STEP_MODULES = {
-    "preflight": "datagen_operator.checks.preflight",
-    "canary": "datagen_operator.checks.canary",
-    "verify": "datagen_operator.checks.verify",
+    "preflight": "datagen_operator.steps.preflight",
+    "canary": "datagen_operator.steps.canary",
+    "verify": "datagen_operator.steps.verify_program",
     "export": "datagen_operator.export.run",
     "release-lease": "datagen_operator.output.lease",
 }

@@ -1,10 +1,12 @@
 """The package's import picture: each layer imports only the layers ALLOWED names for it (docs/architecture.md), every
-allowed arrow points down the layers, and no modules import each other in a circle. Read from the source with
-`ast` (imports inside functions count too), plus the modules the cli loads by name (`cli.COMMANDS`)."""
+allowed arrow points down the layers, and no modules import each other in a circle; inside, the pure layers
+(PURE_LAYERS) import nothing that does I/O (IO_IMPORTS). Read from the source with `ast` (imports inside functions
+count too), plus the modules the cli loads by name (`cli.COMMANDS`)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import datagen_operator
@@ -14,8 +16,8 @@ PACKAGE = Path(datagen_operator.__file__).parent
 ROOT = "datagen_operator"
 """The package itself (its `__version__`), named as a layer of its own in ALLOWED."""
 LAYERS = (
-    "presets", "api", "tokenizer", "engine", "prompts", "output", "checks", "control", "export", "worker",
-    "k8s", "local", "cli",
+    "presets", "api", "tokenizer", "engine", "prompts", "output", "checks", "steps", "control", "export",
+    "worker", "k8s", "local", "cli",
 )  # fmt: skip
 """Lowest first: every allowed arrow points to a layer before its own (the package root is below them all)."""
 ALLOWED: dict[str, frozenset[str]] = {
@@ -25,19 +27,83 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engine": frozenset({"tokenizer", "api", "presets"}),
     "prompts": frozenset({"engine", "tokenizer", "api"}),
     "output": frozenset({"prompts", "engine", "api"}),
-    "checks": frozenset({"output", "prompts", "engine", "tokenizer", "api", "presets"}),
+    "checks": frozenset({"output", "prompts", "engine", "api", "presets"}),
+    "steps": frozenset({"checks", "output", "prompts", "engine", "tokenizer", "api", "presets"}),
     "control": frozenset({"checks", "output", "api"}),
-    "export": frozenset({"checks", "output", "prompts", "api"}),
+    "export": frozenset({"steps", "output", "prompts", "api"}),
     "worker": frozenset({"checks", "output", "prompts", "engine", "api"}),
-    "k8s": frozenset({"control", "checks", "engine", "api", ROOT}),
-    "local": frozenset({"export", "control", "checks", "output", "prompts", "engine", "tokenizer", "api"}),
+    "k8s": frozenset({"control", "steps", "checks", "engine", "api", ROOT}),
+    "local": frozenset({"export", "control", "steps", "checks", "output", "prompts", "engine", "tokenizer", "api"}),
     "cli": frozenset(
-        {"k8s", "local", "worker", "export", "checks", "output", "engine", "tokenizer", "api", "presets", ROOT}
+        {"k8s", "local", "worker", "export", "steps", "output", "engine", "tokenizer", "api", "presets", ROOT}
     ),
 }
 """Which other layers each layer may import (its own always). As tight as the imports are: an arrow no module
 uses is not allowed (test_every_allowed_arrow_is_used), so a new one is a decision written here and in
 docs/architecture.md."""
+
+
+PURE_LAYERS = ("checks",)
+"""The functional core: rules over values the step programs read for them. The inner rule: a module of these layers
+imports nothing in IO_IMPORTS (the step programs that read, call and print are steps/, the shells above)."""
+IO_IMPORTS: dict[str, str] = {
+    "argparse": "parses a command line",
+    "asyncio": "runs I/O concurrently",
+    "concurrent": "runs workers",
+    "glob": "lists files",
+    "http": "speaks HTTP",
+    "io": "reads and writes streams",
+    "multiprocessing": "runs processes",
+    "os": "touches the file system and the environment",
+    "pathlib": "touches the file system",
+    "shutil": "copies and removes files",
+    "signal": "handles process signals",
+    "socket": "opens sockets",
+    "subprocess": "runs programs",
+    "sys": "writes to the terminal and exits",
+    "tempfile": "makes files",
+    "urllib": "speaks HTTP",
+    "aiohttp": "speaks HTTP",
+    "httpx": "speaks HTTP",
+    "requests": "speaks HTTP",
+    "kopf": "talks to Kubernetes",
+    "kubernetes": "talks to Kubernetes",
+    "kubernetes_asyncio": "talks to Kubernetes",
+    "plotly": "draws pages",
+    "pyarrow.parquet": "reads and writes Parquet files",
+    "pyarrow.dataset": "reads files",
+    "pyarrow.fs": "reads files",
+    "rich": "writes to the terminal",
+    "transformers": "loads tokenizers from disk",
+    f"{ROOT}.steps": "is the step programs' layer",
+    f"{ROOT}.api.step_program": "parses a step's command line and writes its verdict file",
+    f"{ROOT}.engine.client": "speaks HTTP to SGLang",
+    f"{ROOT}.engine.health": "probes servers",
+    f"{ROOT}.engine.sim": "is a server",
+    f"{ROOT}.engine.model_configs": "reads a model's config files",
+    f"{ROOT}.output.lease": "takes and releases the output's lease",
+    f"{ROOT}.output.manifest": "reads and writes manifest.json",
+    f"{ROOT}.output.readers": "reads the stored records",
+    f"{ROOT}.output.rendered": "reads and writes the rendered store",
+    f"{ROOT}.output.segments": "reads and writes record segments",
+    f"{ROOT}.output.steal": "claims chunks in files",
+    f"{ROOT}.output.volume": "measures the volume",
+    f"{ROOT}.output.writer": "writes records",
+    f"{ROOT}.prompts.dataset": "reads the dataset",
+    f"{ROOT}.prompts.pin": "reads and writes the dataset pin",
+    f"{ROOT}.prompts.render": "loads tokenizers and runs render processes",
+    f"{ROOT}.tokenizer.standin": "writes tokenizer files",
+}
+"""What does I/O, by module (a name covers its submodules: `os` covers `os.path`), and what it does; modules of the
+package whose job is I/O included. Pure helpers of the standard library and numpy/pyarrow compute are not here."""
+KNOWN_IO: dict[tuple[str, str], str] = {
+    (f"{ROOT}.checks.fidelity", f"{ROOT}.output.readers"): "conversation_fidelity reads the sampled conversations",
+    (f"{ROOT}.checks.fidelity", "pathlib"): "conversation_fidelity is handed the output directory",
+    (f"{ROOT}.checks.record_checks", f"{ROOT}.engine.model_configs"): "expectations_for reads the model's eos ids",
+    (f"{ROOT}.checks.record_checks", "pathlib"): "expectations_for is handed the model directory",
+}
+"""(module, IO_IMPORTS entry) -> why it still does I/O: reads to move out to the step programs (their callers pass
+the records, the eos ids), not a licence for new ones (test_each_known_io_exception_is_still_there)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -50,20 +116,26 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, source: str, modules: dict[str, Path], *, is_package: bool = False) -> set[str]:
-    """The package's modules `name` imports (a `from package import module` names the module)."""
+def _imported(name: str, source: str, *, is_package: bool = False) -> Iterator[tuple[str, str | None]]:
+    """Each name `source` imports, absolute: `import a.b` gives ("a.b", None), `from a import b` ("a.b", "a")."""
     package = name if is_package else name.rpartition(".")[0]
-    found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            yield from ((alias.name, None) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            for alias in node.names:
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            yield from ((f"{base}.{alias.name}", base) for alias in node.names)
+
+
+def _imports(name: str, source: str, modules: dict[str, Path], *, is_package: bool = False) -> set[str]:
+    """The package's modules `name` imports (a `from package import module` names the module)."""
+    found = {
+        target if target in modules or base is None else base
+        for target, base in _imported(name, source, is_package=is_package)
+    }
     return {target for target in found if target in modules and target != name}
 
 
@@ -178,3 +250,71 @@ def test_a_downward_import_the_table_does_not_name_is_refused() -> None:
         "datagen_operator.worker.main imports datagen_operator.control.decide: worker may import api, checks, "
         "engine, output, prompts (ALLOWED['worker'])"
     ]
+
+
+def _names(name: str, path: Path) -> set[str]:
+    return {
+        target for target, _ in _imported(name, path.read_text(encoding="utf-8"), is_package=path.name == "__init__.py")
+    }
+
+
+def _io_entry(imported: str) -> str | None:
+    """The IO_IMPORTS entry that covers `imported`, or None."""
+    parts = imported.split(".")
+    return next((entry for entry in IO_IMPORTS if parts[: entry.count(".") + 1] == entry.split(".")), None)
+
+
+def io_imports(names: dict[str, set[str]]) -> list[str]:
+    """Each I/O import (IO_IMPORTS) of a module of the pure layers that KNOWN_IO does not list, with the rule."""
+    out = []
+    for module, imported in sorted(names.items()):
+        if layer(module) not in PURE_LAYERS:
+            continue
+        for name in sorted(imported):
+            entry = _io_entry(name)
+            if entry is not None and (module, entry) not in KNOWN_IO:
+                out.append(
+                    f"{module} imports {name}: {entry} {IO_IMPORTS[entry]}, and {layer(module)} is pure (PURE_LAYERS): "
+                    "read or call in steps/ (or the shells) and pass the result in"
+                )
+    return out
+
+
+def test_the_pure_layers_import_nothing_that_does_io() -> None:
+    wrong = io_imports({name: _names(name, path) for name, path in _modules().items()})
+    assert not wrong, "I/O inside the pure layers:\n" + "\n".join(wrong)
+
+
+def test_each_known_io_exception_is_still_there() -> None:
+    """An exception whose import is gone goes too: the list only shrinks."""
+    modules = _modules()
+    stale = [
+        f"{module} -> {entry}"
+        for module, entry in KNOWN_IO
+        if not any(_io_entry(name) == entry for name in _names(module, modules[module]))
+    ]
+    assert not stale, f"KNOWN_IO entries whose import is gone (remove them): {stale}"
+
+
+def test_the_inner_rule_sees_io_however_it_is_written() -> None:
+    readers = f"{ROOT}.output.readers"
+    for source, name, entry in (
+        ("import subprocess", "subprocess", "subprocess"),
+        ("from os import path", "os.path", "os"),
+        ("def lazy():\n    import aiohttp", "aiohttp", "aiohttp"),
+        ("import pyarrow.parquet as pq", "pyarrow.parquet", "pyarrow.parquet"),
+        ("from ..output.readers import RecordBatches", f"{readers}.RecordBatches", readers),
+        (f"from {ROOT}.output import readers", readers, readers),
+        (f"from {ROOT}.steps.verify import verify_output", f"{ROOT}.steps.verify.verify_output", f"{ROOT}.steps"),
+    ):
+        imported = {target for target, _ in _imported(f"{ROOT}.checks.rates", source)}
+        assert io_imports({f"{ROOT}.checks.rates": imported}) == [
+            f"{ROOT}.checks.rates imports {name}: {entry} {IO_IMPORTS[entry]}, and checks is pure (PURE_LAYERS): "
+            "read or call in steps/ (or the shells) and pass the result in"
+        ], source
+
+
+def test_the_inner_rule_lets_pure_code_and_the_shells_be() -> None:
+    pure = "import math\nimport pyarrow.compute as pc\nfrom collections.abc import Sequence\nfrom os_like import x"
+    assert io_imports({f"{ROOT}.checks.rates": {t for t, _ in _imported(f"{ROOT}.checks.rates", pure)}}) == []
+    assert io_imports({f"{ROOT}.steps.verify": {"argparse", "sys"}, f"{ROOT}.local.runner": {"subprocess"}}) == []

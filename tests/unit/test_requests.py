@@ -59,7 +59,7 @@ def test_only_engine_requests_writes_a_generate_body() -> None:
 
 def test_the_worker_and_the_canary_send_the_one_builders_body() -> None:
     sources = _sources()
-    for module in ("worker/lanes.py", "checks/canary.py"):
+    for module in ("worker/lanes.py", "steps/canary.py"):
         calls = [
             node
             for node in ast.walk(sources[module])

@@ -24,14 +24,14 @@ from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, EXIT_OK
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import SHARED_ARGUMENTS, add_shared_arguments, write_verdict
-from datagen_operator.checks import canary, preflight, verify
 from datagen_operator.export import run as export
 from datagen_operator.output import lease
+from datagen_operator.steps import canary, preflight, verify_program
 
 STEP_PARSERS: dict[type[Command], Callable[[], argparse.ArgumentParser]] = {
     PreflightCommand: preflight.build_parser,
     CanaryCommand: canary.build_parser,
-    VerifyCommand: verify.build_parser,
+    VerifyCommand: verify_program.build_parser,
     ExportCommand: export.build_parser,
     ReleaseLeaseCommand: lease.build_parser,
 }

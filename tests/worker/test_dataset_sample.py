@@ -13,10 +13,10 @@ import pytest
 from datagen_operator.api import parse_spec
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_OK
-from datagen_operator.checks.preflight import run_preflight
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+from datagen_operator.steps.preflight import run_preflight
+from datagen_operator.steps.verify import verify_output
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -162,7 +162,7 @@ def test_a_canary_refusal_that_halts_the_run_gives_the_lease_back(tmp_path: Path
     """Halted before any bulk record, the run writes nothing more: the preflight's lease (its startup budget
     plus 30 minutes) goes at once. A refusal the run only warns of keeps it: the workers come next."""
     from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
-    from datagen_operator.checks import canary
+    from datagen_operator.steps import canary
     from tests.harness.sim import start_sim
     from tests.worker.simrun import SIM_FLAGS, prompts, spec, standin, write_dataset
 

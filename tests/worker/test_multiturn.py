@@ -19,13 +19,13 @@ import pytest
 
 from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.api.spec import API_GROUP_VERSION
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.engine.tool_calls import GPT_OSS_CALL_ID
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records, iter_rejects, stored_split
 from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
 from datagen_operator.prompts.dataset import Prompt
 from datagen_operator.prompts.render import load_tokenizer
+from datagen_operator.steps.verify import verify_output
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec
 from tests.worker.simrun import (

@@ -16,11 +16,11 @@ import pytest
 
 from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.api.spec import API_GROUP_VERSION
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
 from datagen_operator.output.steal import CHUNK_LINES, Claims, chunks_for
 from datagen_operator.prompts.dataset import shard_of_id
+from datagen_operator.steps.verify import verify_output
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -16,10 +16,10 @@ from datagen_operator.api import parse_spec
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_OK
 from datagen_operator.api.resolve import resolve_model
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
+from datagen_operator.steps.verify import verify_output
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec

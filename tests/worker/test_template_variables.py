@@ -16,10 +16,10 @@ from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.api.flags import UNEXPECTED_REASONING
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.record_checks import expectations_for
-from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import RecordBatches, iter_records
 from datagen_operator.prompts.dataset import INVALID_TEMPLATE_KWARGS, plan_shard
 from datagen_operator.prompts.render import Renderer, line_thinking, load_tokenizer, template_variables
+from datagen_operator.steps.verify import verify_output
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec
@@ -140,7 +140,7 @@ def test_thinking_off_on_every_third_line_passes_the_canary_the_run_and_verify(t
     think blocks and unreasoned answers are what they asked for, not a template rendering thinking off."""
     import asyncio
 
-    from datagen_operator.checks.canary import run_canary
+    from datagen_operator.steps.canary import run_canary
 
     output = tmp_path / "out"
     document = _spec(write_dataset(tmp_path / "lines.jsonl", _every_third_off()), output, **{"checks.canaryPrompts": 8})

@@ -92,7 +92,7 @@ def test_render_helper_processes_load_the_remote_code(kimi_dir: Path) -> None:
 
 
 def test_worker_and_verify_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir: Path) -> None:
-    from datagen_operator.checks import verify
+    from datagen_operator.steps import verify_program
 
     items = prompts(24)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
@@ -108,11 +108,11 @@ def test_worker_and_verify_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir
         yaml.safe_dump({"apiVersion": API_GROUP_VERSION, "kind": "DataGenRun", "metadata": {"name": "k"}})
         + yaml.safe_dump({"spec": document})
     )
-    assert verify.main([str(output), "--run", str(run_file)]) == 0
+    assert verify_program.main([str(output), "--run", str(run_file)]) == 0
 
 
 def test_canary_on_the_tiktoken_standin(tmp_path: Path, sim, kimi_dir: Path) -> None:
-    from datagen_operator.checks import canary
+    from datagen_operator.steps import canary
 
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(16))
     document = spec(dataset, tmp_path / "out", **{"model.tokenizerPath": str(kimi_dir)})

@@ -4,7 +4,7 @@ release-lease`.
 One frozen dataclass per program with the arguments the shells pass: the operator (k8s/manifests.py, a Job's
 container command) and `datagen run` (local/runner.py, a worker child process) build a program's argv only
 through these. Each field is one argument of the program's own parser (`build_parser()` in
-checks/preflight.py, checks/canary.py, worker/config.py, checks/verify.py, export/run.py, output/lease.py), spelled
+steps/preflight.py, steps/canary.py, worker/config.py, steps/verify_program.py, export/run.py, output/lease.py), spelled
 `--field-name` unless its metadata says otherwise; tests/unit/test_commands.py parses every command back with
 that parser and gets the same values, and holds each field's default to the parser's.
 

@@ -1,5 +1,5 @@
 """Where the operator's pods mount a run's volumes: k8s/manifests.py mounts them there, and `datagen verify`
-(checks/verify.py) strips them from a cluster output's paths, which mean nothing on another machine."""
+(steps/verify_paths.py) strips them from a cluster output's paths, which mean nothing on another machine."""
 
 from __future__ import annotations
 

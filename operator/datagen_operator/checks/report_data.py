@@ -1,7 +1,7 @@
 """The data of each plot in `datagen verify --html`: what a person looks at before training on an output.
 
 Pure: the stored columns (Arrow batches; the writer reads them in one pass of its own after verify's) and verify's
-result in, plots out, each a few traces of numbers. `checks/report_html.py` draws them; a plot with nothing to draw keeps its note saying why.
+result in, plots out, each a few traces of numbers. `steps/report_html.py` draws them; a plot with nothing to draw keeps its note saying why.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "the real K2.5 layout)",
     ),
     "worker": ("datagen_operator.worker.main", "main", "generate one shard (what worker pods run)"),
-    "preflight": ("datagen_operator.checks.preflight", "main", "check dataset, tokenizer and output before a server"),
-    "canary": ("datagen_operator.checks.canary", "main", "run the canary against running servers"),
-    "verify": ("datagen_operator.checks.verify", "main", "check an output directory for faithfulness"),
+    "preflight": ("datagen_operator.steps.preflight", "main", "check dataset, tokenizer and output before a server"),
+    "canary": ("datagen_operator.steps.canary", "main", "run the canary against running servers"),
+    "verify": ("datagen_operator.steps.verify_program", "main", "check an output directory for faithfulness"),
     "run": ("datagen_operator.local.main", "main", "run a DataGenRun on this machine"),
     "export": ("datagen_operator.export.run", "main", "write a run's exact tokens in a trainer's format"),
     "release-lease": (

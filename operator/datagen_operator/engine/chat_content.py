@@ -22,7 +22,7 @@ part without a string `text` (LLaMA-Factory's own `{"type": "text", "value"}`), 
 user message without content are refused by SGLang's request model: set aside as `bad_messages`. The renderers
 (prompts/render.py `Renderer`, prompts/lean_render.py `LeanRenderer`) hand the template `template_messages`,
 held to SGLang's own functions by tests/contract/test_content_parts.py. Empty user messages are counted by the
-preflight (checks/render_pass.py).
+preflight (steps/render_pass.py).
 """
 
 from __future__ import annotations

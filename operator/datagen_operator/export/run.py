@@ -61,7 +61,7 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
 def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tuple[DatasetSource | None, str]:
     """The run's dataset: --dataset, else spec.dataset.path from OUTPUT/run.yaml (found on the output's volume for a
     cluster run, as `datagen verify` finds it); read with the run's dataset format and id field. None and why not."""
-    from datagen_operator.checks.verify import load_run_spec, on_this_machine
+    from datagen_operator.steps.verify_paths import load_run_spec, on_this_machine
 
     spec = load_run_spec(output, run_file)
     form: DatasetFormat = spec.dataset.format if spec is not None else "auto"
@@ -207,7 +207,7 @@ def unverified_refusal(output: Path, args: argparse.Namespace) -> tuple[str, int
     (a halted run's, or not a run's at all) has nothing to export. Otherwise the output is verified first, as
     `datagen verify` would here (prompts re-rendered where the tokenizer and dataset are found): training on
     data that failed a check is what this project exists to prevent, so that takes --allow-unverified."""
-    from datagen_operator.checks.verify import nothing_to_verify, verify_as_asked
+    from datagen_operator.steps.verify_program import nothing_to_verify, verify_as_asked
 
     empty = nothing_to_verify(output)
     if empty is not None:

@@ -433,7 +433,7 @@ class Observer:
         self, spec: DataGenRunSpec, resolved: ResolvedModel, urls: tuple[str, ...]
     ) -> StepOutcome | None:
         """Each ready server's own word (/server_info) and a chat probe; a failed read is counted for decide()."""
-        from datagen_operator.checks.server_truth import verify_running_servers
+        from datagen_operator.steps.parser_check import verify_running_servers
 
         try:
             outcome, info = await verify_running_servers(self.ctx.http, urls, spec, resolved)

@@ -53,12 +53,12 @@ def main(argv: list[str]) -> int:
     from rich.markup import escape
 
     from datagen_operator.api.resolve import resolve_model
-    from datagen_operator.checks.tokenizer_source import (
+    from datagen_operator.local.runner import LocalRunner, real_sglang_available
+    from datagen_operator.steps.tokenizer_source import (
         TokenizerUnavailable,
         load_spec_tokenizer,
         missing_tokenizer_dir,
     )
-    from datagen_operator.local.runner import LocalRunner, real_sglang_available
     from datagen_operator.tokenizer.kimi_tiktoken import build_preset_standin
 
     console = Console(highlight=False)

@@ -31,7 +31,6 @@ from datagen_operator.api.status import PROGRESSING, SERVER_READY, SUCCEEDED, Co
 from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
-from datagen_operator.checks.verify import holds_records
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
 from datagen_operator.control.decide import Decision, Step, decide
 from datagen_operator.control.observed import (
@@ -55,9 +54,10 @@ from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, forget_processes, free_port, record_processes, stop_leftovers
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import STEP_LOCAL_RUN, STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
+from datagen_operator.steps.verify_program import holds_records
 
 if TYPE_CHECKING:
-    from datagen_operator.checks.verify import VerifyReport
+    from datagen_operator.steps.verify import VerifyReport
 
 POLL_S = 0.5
 PROGRESS_REPORT_S = 5.0
@@ -216,7 +216,7 @@ class LocalRunner:
         return self._finish()
 
     def _finish(self) -> int:
-        from datagen_operator.checks.verify import render_report
+        from datagen_operator.steps.verify_terminal import render_report
 
         if self.final_report is not None:
             render_report(self.final_report, self.console)
@@ -403,7 +403,7 @@ class LocalRunner:
             )
 
     def _run_preflight(self) -> StepOutcome:
-        from datagen_operator.checks.preflight import run_preflight
+        from datagen_operator.steps.preflight import run_preflight
 
         tokenizer_dir = Path(self.spec.model.tokenizer_dir)
         try:
@@ -415,7 +415,7 @@ class LocalRunner:
 
     async def _verify_parsers(self) -> None:
         """The server's own word on its parsers; a failed read is counted, and decide() bounds the retries."""
-        from datagen_operator.checks.server_truth import verify_running_servers
+        from datagen_operator.steps.parser_check import verify_running_servers
 
         urls = self._ready_urls()
         try:
@@ -424,7 +424,7 @@ class LocalRunner:
             self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{', '.join(urls)}: {error}")
 
     async def _run_canary(self) -> StepOutcome:
-        from datagen_operator.checks.canary import run_canary, without_stale_batch_fill
+        from datagen_operator.steps.canary import run_canary, without_stale_batch_fill
 
         key = self._canary_key()
         remembered = remembered_canary(self.output, key)
@@ -526,7 +526,7 @@ class LocalRunner:
         )
 
     def _final_verify(self) -> StepOutcome:
-        from datagen_operator.checks.verify import verify_output
+        from datagen_operator.steps.verify import verify_output
 
         self.final_report = verify_output(
             self.output, self.spec, tokenizer=self._tokenizer(), dataset=Path(self.spec.dataset.path)

@@ -40,7 +40,6 @@ from datagen_operator.checks.evaluate import (
     measured,
     record_checks,
 )
-from datagen_operator.checks.render_pass import DatasetLines, RenderedStore, judge_dataset
 from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import external_server_flags
 from datagen_operator.engine.model_configs import model_config_dir
@@ -56,6 +55,7 @@ from datagen_operator.output.lease import (
 )
 from datagen_operator.output.records import ContextLimit, model_context_limit
 from datagen_operator.output.volume import is_volume_error
+from datagen_operator.steps.render_pass import DatasetLines, RenderedStore, judge_dataset
 
 PREFLIGHT = "preflight"
 
@@ -242,7 +242,7 @@ def render_dataset(
     spec: DataGenRunSpec, scan: Any, renderer: Any, variables: dict[str, Any], tokenizer_dir: Path,
     trust_remote_code: bool, limit: ContextLimit, store: RenderedStore, processes: int | None = None,
 ) -> DatasetLines:  # fmt: skip
-    """The pass over the dataset (checks/render_pass.py) with the workers' render helpers, one per core the pod
+    """The pass over the dataset (steps/render_pass.py) with the workers' render helpers, one per core the pod
     may use (`processes`: that many instead), started at once; `variables` as the renderer was made with."""
     import asyncio
 
@@ -307,7 +307,7 @@ def judge_existing_records(
     """The records an output already holds, flagged by the same rules and judged by the same thresholds as
     the rolling checks will judge the whole output (their prompts' samples compared when `compared` is 2 or
     more): a resume over records that already fail is refused here, not after the GPU time."""
-    from datagen_operator.checks.verify import stored_record_counts
+    from datagen_operator.steps.verify_reads import stored_record_counts
 
     counts = stored_record_counts(output, expect, compared)
     if counts.records < MIN_RECORDS_TO_JUDGE:
@@ -561,7 +561,7 @@ def main(argv: list[str]) -> int:
 
     from datagen_operator.api import SpecError, load_run
     from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_STEP_CRASHED
-    from datagen_operator.checks.tokenizer_source import (
+    from datagen_operator.steps.tokenizer_source import (
         TokenizerUnavailable,
         load_spec_tokenizer,
         missing_tokenizer_dir,

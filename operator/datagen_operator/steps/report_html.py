@@ -17,7 +17,7 @@ from datagen_operator.checks.report_data import COLUMNS, Plot, gather, plots
 
 
 class VerifyReport(Protocol):
-    """What the page shows of checks/verify.py's VerifyReport (which imports this module)."""
+    """What the page shows of steps/verify.py's VerifyReport (which imports this module)."""
 
     output: str
     checks: list[CheckResult]
