@@ -43,6 +43,7 @@ from datagen_operator.checks.evaluate import (
 from datagen_operator.checks.render_pass import DatasetLines, RenderedStore, judge_dataset
 from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import external_server_flags
+from datagen_operator.engine.limits import ContextLimit, model_context_limit
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.lease import (
@@ -54,7 +55,6 @@ from datagen_operator.output.lease import (
     lease_holder,
     release_lease,
 )
-from datagen_operator.output.records import ContextLimit, model_context_limit
 from datagen_operator.output.volume import is_volume_error
 
 PREFLIGHT = "preflight"

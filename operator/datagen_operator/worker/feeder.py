@@ -13,16 +13,9 @@ from typing import TYPE_CHECKING
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.reasons import Reason
+from datagen_operator.engine.limits import ContextLimit, too_long_reason
 from datagen_operator.output.readers import stored_answers
-from datagen_operator.output.records import (
-    UNRENDERABLE,
-    ContextLimit,
-    Conversation,
-    Job,
-    malformed_reject,
-    too_long_reason,
-    too_long_reject,
-)
+from datagen_operator.output.records import UNRENDERABLE, Conversation, Job, malformed_reject, too_long_reject
 from datagen_operator.output.volume import is_volume_error
 from datagen_operator.prompts.conversation import (
     NO_USER_TURN,

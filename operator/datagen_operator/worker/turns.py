@@ -10,8 +10,9 @@ from typing import Any
 
 from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.words import turn_label
+from datagen_operator.engine.limits import ContextLimit, too_long_reason
 from datagen_operator.engine.tool_calls import call_names
-from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
+from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, Job, turns_reject
 from datagen_operator.prompts.conversation import (
     ANSWER_CALLED_TOOL,
     ANSWER_UNFINISHED,
