@@ -380,7 +380,8 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
     import pyarrow.parquet as pq
 
     from datagen_operator.output.parquet import PARQUET_WRITE_OPTIONS, ColumnBatch
-    from datagen_operator.output.records import Answer, Job, build_record, encode_record
+    from datagen_operator.output.records import Answer, build_record, encode_record
+    from datagen_operator.prompts.job import Job
 
     segment = 0
     batch = ColumnBatch()

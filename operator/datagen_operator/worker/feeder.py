@@ -15,7 +15,7 @@ from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.reasons import Reason
 from datagen_operator.engine.limits import ContextLimit, too_long_reason
 from datagen_operator.output.readers import stored_answers
-from datagen_operator.output.records import UNRENDERABLE, Conversation, Job, malformed_reject, too_long_reject
+from datagen_operator.output.records import UNRENDERABLE, malformed_reject, too_long_reject
 from datagen_operator.output.volume import is_volume_error
 from datagen_operator.prompts.conversation import (
     NO_USER_TURN,
@@ -27,6 +27,7 @@ from datagen_operator.prompts.conversation import (
 )
 from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from, source_fields
 from datagen_operator.prompts.draws import variable_draws
+from datagen_operator.prompts.job import Conversation, Job
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig

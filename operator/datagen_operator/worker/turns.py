@@ -12,7 +12,7 @@ from datagen_operator.api.spec import HistoryReasoning
 from datagen_operator.api.words import turn_label
 from datagen_operator.engine.limits import ContextLimit, too_long_reason
 from datagen_operator.engine.tool_calls import call_names
-from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, Job, turns_reject
+from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, turns_reject
 from datagen_operator.prompts.conversation import (
     ANSWER_CALLED_TOOL,
     ANSWER_UNFINISHED,
@@ -23,6 +23,7 @@ from datagen_operator.prompts.conversation import (
     finished_with_stop,
     turn_messages,
 )
+from datagen_operator.prompts.job import Job
 from datagen_operator.prompts.render import ids_from_result
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.ledger import Ledger
