@@ -48,7 +48,8 @@ from datagen_operator.output.parquet import (
     ColumnBatch,
     parquet_schema,
 )
-from datagen_operator.output.records import Answer, Job, build_record
+from datagen_operator.output.records import Answer, build_record
+from datagen_operator.prompts.job import Job
 
 STOP = 163586
 RUN_UID = "5f1c2b9e-7a41-4d2e-9c3b-1e8f0a6d4c27"

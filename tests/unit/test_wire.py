@@ -12,7 +12,8 @@ import pytest
 from datagen_operator.checks.record_checks import Expectations, inspect_record
 from datagen_operator.engine.client.generate import parse_generate_body
 from datagen_operator.engine.wire import WireIds, compact_int_array, cut_array, join, split_answer
-from datagen_operator.output.records import Answer, Job, build_record, encode_record
+from datagen_operator.output.records import Answer, build_record, encode_record
+from datagen_operator.prompts.job import Job
 from tests.streams import read_chunks
 
 THINK, END, IM_END, SECTION_BEGIN, SECTION_END = 163606, 163607, 163586, 163595, 163596

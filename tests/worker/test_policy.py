@@ -30,7 +30,7 @@ from datagen_operator.output.fingerprint import (
     tokenizer_files,
     tokenizer_fingerprint,
 )
-from datagen_operator.output.records import Job
+from datagen_operator.prompts.job import Job
 from datagen_operator.prompts.render import template_variables
 from tests.manifests import bare_spec
 from tests.streams import read_chunks

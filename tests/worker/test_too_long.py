@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.exit_codes import EXIT_OK
+from datagen_operator.engine.limits import ContextLimit, context_limit, too_long_reason
 from datagen_operator.output.manifest import read_manifest
 from datagen_operator.output.readers import iter_rejects
-from datagen_operator.output.records import ContextLimit, context_limit, too_long_reason
 from tests.harness.sim import start_sim
 from tests.worker.proxy import CountingProxy
 from tests.worker.simrun import SIM_FLAGS, check_records, progress, prompts, run_inprocess, spec, standin, write_dataset

@@ -42,6 +42,7 @@ from datagen_operator.checks.evaluate import (
 )
 from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import external_server_flags
+from datagen_operator.engine.limits import ContextLimit, model_context_limit
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.lease import (
@@ -53,7 +54,6 @@ from datagen_operator.output.lease import (
     lease_holder,
     release_lease,
 )
-from datagen_operator.output.records import ContextLimit, model_context_limit
 from datagen_operator.output.volume import is_volume_error
 from datagen_operator.steps.render_pass import DatasetLines, RenderedStore, judge_dataset
 
@@ -380,7 +380,8 @@ def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float
     import pyarrow.parquet as pq
 
     from datagen_operator.output.parquet import PARQUET_WRITE_OPTIONS, ColumnBatch
-    from datagen_operator.output.records import Answer, Job, build_record, encode_record
+    from datagen_operator.output.records import Answer, build_record, encode_record
+    from datagen_operator.prompts.job import Job
 
     segment = 0
     batch = ColumnBatch()

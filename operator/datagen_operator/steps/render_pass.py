@@ -25,7 +25,7 @@ from datagen_operator.api.status import CheckResult
 from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks.evaluate import dataset_checks, measured
 from datagen_operator.engine.chat_content import empty_user_messages
-from datagen_operator.output.records import ContextLimit, too_long_reason
+from datagen_operator.engine.limits import ContextLimit, too_long_reason
 from datagen_operator.output.rendered import RenderedWriter
 from datagen_operator.output.volume import is_volume_error
 from datagen_operator.prompts.conversation import (

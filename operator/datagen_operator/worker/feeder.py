@@ -1,7 +1,8 @@
 """The feeder: the dataset read as requests go out, prompts rendered a few batches ahead and queued as jobs,
 prompts that are never sent set aside, a line edited since the pin refused. With generation.turns all it queues
 each conversation's first turn still to make; a conversation a crash left mid-way resumes from its last
-recorded turn once the plan is read (its earlier answers read back from the store)."""
+recorded turn once the plan is read (its earlier answers read back from the store). Every request is prepared
+by the turn maker (worker/turn_maker.py)."""
 
 from __future__ import annotations
 
@@ -9,39 +10,24 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.reasons import Reason
 from datagen_operator.output.readers import stored_answers
-from datagen_operator.output.records import (
-    UNRENDERABLE,
-    ContextLimit,
-    Conversation,
-    Job,
-    malformed_reject,
-    too_long_reason,
-    too_long_reject,
-)
+from datagen_operator.output.records import TOO_LONG, malformed_reject, too_long_reject
 from datagen_operator.output.volume import is_volume_error
-from datagen_operator.prompts.conversation import (
-    NO_USER_TURN,
-    Turns,
-    calls_tool,
-    plan_turns,
-    request_messages,
-    turn_messages,
-)
-from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from, source_fields
+from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, plan_turns
+from datagen_operator.prompts.dataset import MalformedLine, Prompt, PromptRef, prompt_from, source_fields
 from datagen_operator.prompts.draws import variable_draws
 from datagen_operator.prompts.pin import changed_message, prompt_hash
-from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.stealing import ShardWork, claims_for
 from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.turn_maker import TurnMaker, Unsendable
 from datagen_operator.worker.turns import NextTurns
 
 if TYPE_CHECKING:
@@ -51,8 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("datagen.worker")
 
 Batch = list[tuple[Prompt, int, Turns | None]]
-"""Prompts to render (their first request's messages), each with its dataset line's hash (what the record
+"""Prompts to render (their first request, `TurnMaker.first`), each with its dataset line's hash (what the record
 keeps) and, with turns all, its conversation's turns."""
+Rendering = tuple[Batch, "asyncio.Future[list[list[int] | Unsendable]]"]
+"""A batch and its prompts' ids (or why each is never sent) as they are rendered."""
 
 
 class Feeder:
@@ -65,7 +53,7 @@ class Feeder:
         ledger: Ledger,
         jobs: JobQueue,
         stop: Stop,
-        limit: ContextLimit,
+        maker: TurnMaker,
         pinned: npt.NDArray[np.uint64] | None,
         turns: NextTurns | None = None,
     ) -> None:
@@ -78,12 +66,12 @@ class Feeder:
         self.ledger = ledger
         self.jobs = jobs
         self.stop = stop
-        self.limit = limit
+        self.maker = maker
+        """How every request is prepared: its messages, render, length check and Job (worker/turn_maker.py)."""
         self.pinned = pinned
         """The dataset pin's line hashes (prompts/pin.py), read at start; each prompt is held to it."""
         self.turns = turns
-        """generation.turns all: how a conversation's later turns are rendered."""
-        self.history_reasoning = config.spec.generation.history_reasoning
+        """generation.turns all: how a conversation's later turns are sent or end."""
         self.draws = variable_draws(config.spec.generation.template_variable_mix)
         """generation.templateVariableMix: each line's drawn variables (prompts/draws.py)."""
         self.resumed: list[tuple[Prompt, int, Turns, int, int]] = []
@@ -96,8 +84,8 @@ class Feeder:
         requests leave roughly in dataset order. The queue is bounded: rendering runs only as far ahead
         of the requests as the lanes can use.
         """
-        ledger, pinned = self.ledger, self.pinned
-        ahead: deque[tuple[Batch, asyncio.Future[list[RenderResult]]]] = deque()
+        ledger = self.ledger
+        ahead: deque[Rendering] = deque()
         max_ahead = max(2, 2 * self.inputs.render_pool.processes + 1)
         batch: Batch = []
 
@@ -106,7 +94,7 @@ class Feeder:
             this worker holds claimed but unsent stays small (worker/stealing.py)."""
             nonlocal batch
             if batch:
-                ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+                ahead.append(self._rendering(batch))
                 batch = []
             while ahead:
                 await self._queue_rendered(*ahead.popleft())
@@ -125,60 +113,30 @@ class Feeder:
                     ledger.plan_line(item)
                     continue
                 ref, obj = item
-                turns: Turns | None = None
-                if self.turns is not None:
-                    prompt = prompt_from(ref, obj, self.draws)
-                    turns = plan_turns(prompt.messages)
-                    if not ledger.plan_prompt(ref, max(1, len(turns)), turns.cut):
-                        continue
-                else:
-                    if not ledger.plan_prompt(ref):
-                        continue
-                    prompt = prompt_from(ref, obj, self.draws)
-                    # A line ending with the dataset's answer: the model answers its last user turn instead.
-                    messages = request_messages(prompt.messages, "last", history_reasoning=self.history_reasoning)
-                    prompt = dataclasses.replace(prompt, messages=messages)
-                drawn = prompt.variables if self.draws is not None else None
-                fields = source_fields(obj, self.config.spec.dataset.id_field, drawn)
-                if fields is not None:
-                    prompt = dataclasses.replace(prompt, source_fields=fields)
+                to_do = self._to_do(ref, obj)
+                if to_do is None:
+                    continue
+                prompt, turns = to_do
                 line_hash = prompt_hash(obj)
-                if pinned is not None and (ref.position >= len(pinned) or int(pinned[ref.position]) != line_hash):
-                    # Edited since the pin (maybe while this run reads it): nothing from it may be sent.
-                    message = changed_message(self.config.dataset, f"line {ref.position + 1} (id {ref.id!r}) edited")
-                    self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.DATASET_CHANGED)
+                if self._edited(ref, line_hash):
                     return
                 if turns is not None and not len(turns):
                     reason = "no user message to answer (generation.turns: all answers each user turn)"
                     ledger.set_aside(prompt.id, malformed_reject(prompt.position, reason, "", prompt.id, NO_USER_TURN))
                     continue
-                if turns is not None:
-                    first = turn_messages(turns, 0, (), history_reasoning=self.history_reasoning)
-                    prompt = dataclasses.replace(prompt, messages=first)
                 batch.append((prompt, line_hash, turns))
                 if len(batch) >= self.RENDER_BATCH:
-                    ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+                    ahead.append(self._rendering(batch))
                     batch = []
                     while len(ahead) >= max_ahead:
                         await self._queue_rendered(*ahead.popleft())
             if batch:
-                ahead.append((batch, asyncio.ensure_future(self._render(batch))))
+                ahead.append(self._rendering(batch))
             while ahead:
                 await self._queue_rendered(*ahead.popleft())
             await self._queue_resumed()
             ledger.planned = True
-            p = ledger.progress
-            log.info(
-                "dataset read: shard %d/%d has %d prompts (%d lines set aside, %d of them duplicates; %d chunk(s) "
-                "taken from other shards, %d given)",
-                p.shard,
-                p.shard_count,
-                p.prompts_total,
-                p.malformed_lines,
-                p.counts.duplicates,
-                self.work.stolen,
-                self.work.given,
-            )
+            self._log_read()
             await self.jobs.end()
         except OSError as error:
             if not is_volume_error(error):
@@ -194,58 +152,54 @@ class Feeder:
             for _, future in ahead:
                 future.cancel()
 
-    async def _render(self, prompts: Batch) -> list[RenderResult]:
-        """The batch's ids: the preflight's where it rendered the line as it is now, the rest rendered here."""
-        stored = self.inputs.rendered
-        found: list[RenderResult | None] = [
-            stored.ids(prompt.position, line_hash) if stored else None for prompt, line_hash, _ in prompts
-        ]
-        missing = [i for i, ids in enumerate(found) if ids is None]
-        if missing:
-            items: list[RenderItem] = [
-                (prompts[i][0].messages, prompts[i][0].tools, prompts[i][0].variables) for i in missing
-            ]
-            for i, result in zip(missing, await self.inputs.render_pool.render(items), strict=True):
-                found[i] = result
-        return [result if result is not None else "not rendered" for result in found]
+    def _to_do(self, ref: PromptRef, obj: dict[str, Any]) -> tuple[Prompt, Turns | None] | None:
+        """The line's prompt and, with turns all, its conversation's turns, counted in the plan; None when
+        nothing of it is left to make."""
+        ledger = self.ledger
+        turns: Turns | None = None
+        if self.turns is not None:
+            prompt = prompt_from(ref, obj, self.draws)
+            turns = plan_turns(prompt.messages)
+            if not ledger.plan_prompt(ref, max(1, len(turns)), turns.cut):
+                return None
+        else:
+            if not ledger.plan_prompt(ref):
+                return None
+            prompt = prompt_from(ref, obj, self.draws)
+        drawn = prompt.variables if self.draws is not None else None
+        fields = source_fields(obj, self.config.spec.dataset.id_field, drawn)
+        if fields is not None:
+            prompt = dataclasses.replace(prompt, source_fields=fields)
+        return prompt, turns
 
-    async def _queue_rendered(self, prompts: Batch, future: asyncio.Future[list[RenderResult]]) -> None:
-        results = await future
-        ledger, samples = self.ledger, self.ledger.samples
-        max_new_tokens = int(self.inputs.sampling["max_new_tokens"])
-        for (prompt, line_hash, turns), result in zip(prompts, results, strict=True):
-            if isinstance(result, str):
-                ledger.set_aside(prompt.id, malformed_reject(prompt.position, result, "", prompt.id, UNRENDERABLE))
+    def _edited(self, ref: PromptRef, line_hash: int) -> bool:
+        """Whether the line was edited since the pin (maybe while this run reads it): nothing from it may be sent,
+        and the shard stops (fatal)."""
+        pinned = self.pinned
+        if pinned is None or (ref.position < len(pinned) and int(pinned[ref.position]) == line_hash):
+            return False
+        message = changed_message(self.config.dataset, f"line {ref.position + 1} (id {ref.id!r}) edited")
+        self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.DATASET_CHANGED)
+        return True
+
+    def _rendering(self, batch: Batch) -> Rendering:
+        requests = [self.maker.first(prompt, line_hash) for prompt, line_hash, _ in batch]
+        return batch, asyncio.ensure_future(self.maker.render(requests))
+
+    async def _queue_rendered(self, batch: Batch, future: asyncio.Future[list[list[int] | Unsendable]]) -> None:
+        ledger = self.ledger
+        for (prompt, line_hash, turns), ids in zip(batch, await future, strict=True):
+            if isinstance(ids, Unsendable):
+                ledger.set_aside(prompt.id, _set_aside_entry(prompt, ids))
                 continue
-            input_ids = ids_from_result(result)
-            # Checked here, before sending: SGLang would answer 400 (or cut the answer) for every sample.
-            too_long = too_long_reason(len(input_ids), max_new_tokens, self.limit)
-            if too_long is not None:
-                ledger.set_aside(prompt.id, too_long_reject(prompt.position, prompt.id, too_long))
-                continue
-            has_tools = bool(prompt.tools)
-            thinking = line_thinking(self.config.resolved, prompt.variables) if prompt.variables else None
-            for sample in range(samples):
-                if turns is None:
-                    if ledger.turns_to_send(prompt.id, sample):
-                        job = Job(
-                            prompt.position, prompt.id, sample, input_ids, has_tools, line_hash,
-                            thinking=thinking, source_fields=prompt.source_fields,
-                        )  # fmt: skip
-                        await self.jobs.put(job)
-                    continue
-                to_send = ledger.turns_to_send(prompt.id, sample, len(turns))
+            for sample in range(ledger.samples):
+                to_send = ledger.turns_to_send(prompt.id, sample, len(turns) if turns is not None else 1)
                 if not to_send:
                     continue
-                if to_send.start > 0:
+                if turns is not None and to_send.start > 0:
                     self.resumed.append((prompt, line_hash, turns, sample, to_send.start))
                     continue
-                conversation = Conversation(turns, prompt.tools, [], prompt.variables)
-                job = Job(
-                    prompt.position, prompt.id, sample, input_ids, has_tools, line_hash, 0, conversation, thinking,
-                    prompt.source_fields,
-                )  # fmt: skip
-                await self.jobs.put(job)
+                await self.jobs.put(self.maker.job(prompt, line_hash, sample, ids, turns))
 
     async def _queue_resumed(self) -> None:
         """The conversations a crash left mid-way, each from its first turn not recorded, its earlier answers as
@@ -261,17 +215,29 @@ class Feeder:
                 message = f"conversation {prompt.id!r} sample {sample}: its recorded turns lost their answers"
                 self.stop.set_fatal(EXIT_BAD_INPUT, message, Reason.OUTPUT_DAMAGED)
                 return
-            conversation = Conversation(turns, prompt.tools, [earlier[turn] for turn in range(start)], prompt.variables)
-            thinking = line_thinking(self.config.resolved, prompt.variables) if prompt.variables else None
-            job = Job(
-                prompt.position, prompt.id, sample, [], bool(prompt.tools), line_hash, start, conversation, thinking,
-                prompt.source_fields,
-            )  # fmt: skip
-            if start and calls_tool(earlier[start - 1]):
-                # A crash between the call's record and its cut: the conversation ended at the call.
-                self.turns.end_after_call(job, earlier[start - 1])
-                continue
-            ready = await self.turns.rendered(job)
+            job = self.maker.job(prompt, line_hash, sample, [], turns, [earlier[turn] for turn in range(start)])
+            ready = await self.turns.resumed(job)
             if ready is not None:
                 await self.jobs.put(ready)
         self.resumed.clear()
+
+    def _log_read(self) -> None:
+        p = self.ledger.progress
+        log.info(
+            "dataset read: shard %d/%d has %d prompts (%d lines set aside, %d of them duplicates; %d chunk(s) "
+            "taken from other shards, %d given)",
+            p.shard,
+            p.shard_count,
+            p.prompts_total,
+            p.malformed_lines,
+            p.counts.duplicates,
+            self.work.stolen,
+            self.work.given,
+        )
+
+
+def _set_aside_entry(prompt: Prompt, why: Unsendable) -> dict[str, Any]:
+    """The rejects.jsonl entry of a line whose first request is never sent: too long, or not renderable."""
+    if why.cause == TOO_LONG:
+        return too_long_reject(prompt.position, prompt.id, why.reason)
+    return malformed_reject(prompt.position, why.reason, "", prompt.id, why.cause)

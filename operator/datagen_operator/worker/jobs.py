@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from datagen_operator.output.records import Job
+from datagen_operator.prompts.job import Job
 
 
 class JobQueue:

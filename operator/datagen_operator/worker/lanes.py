@@ -19,9 +19,10 @@ from datagen_operator.engine.client.generate import GenerateClient, Reply
 from datagen_operator.engine.client.policy import Drained, EndpointsRejected, GaveUp, Rejected, ServerUnreachable
 from datagen_operator.engine.requests import generate_body
 from datagen_operator.engine.wire import WireIds
-from datagen_operator.output.records import Answer, Job, build_record, encode_record, server_reject
+from datagen_operator.output.records import Answer, build_record, encode_record, server_reject
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import AnswerSplit
+from datagen_operator.prompts.job import Job
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.jobs import JobQueue

@@ -57,6 +57,7 @@ from datagen_operator.worker.servers import ServerCheck, Stopped
 from datagen_operator.worker.shard_files import pin_while_read
 from datagen_operator.worker.startup import check_dataset, claim_shard, data_fingerprint, meet_servers, open_shard
 from datagen_operator.worker.stop import Stop
+from datagen_operator.worker.turn_maker import TurnMaker
 from datagen_operator.worker.turns import NextTurns
 from datagen_operator.worker.volume_guard import VolumeGuard
 
@@ -164,11 +165,8 @@ class Worker:
                 Display(),
             )
             publisher = Publisher(tracker, pool, sinks, lease, stop, volume, c.progress_interval_s)
-            turns = (
-                NextTurns(inputs, ledger, servers.limit, inputs.splitter, c.spec.generation.history_reasoning)
-                if inputs.splitter
-                else None
-            )
+            maker = TurnMaker(c, inputs, servers.limit)
+            turns = NextTurns(maker, ledger, inputs.splitter) if inputs.splitter else None
             generation = Generation(
                 c,
                 pool,
@@ -177,7 +175,7 @@ class Worker:
                 stop,
                 volume,
                 publisher,
-                Feeder(c, inputs, ledger, jobs, stop, servers.limit, pinned, turns),
+                Feeder(c, inputs, ledger, jobs, stop, maker, pinned, turns),
                 Lanes(c, inputs, client, jobs, writer, ledger, stop, volume, turns),
                 Finisher(c, self.layout, writer, ledger, stop, volume, publisher, self.failure),
             )

@@ -14,6 +14,7 @@ import aiohttp
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.reasons import Reason
 from datagen_operator.engine.client.pool import EndpointPool
+from datagen_operator.engine.limits import ContextLimit, context_limit
 from datagen_operator.output.fingerprint import (
     build_fingerprint,
     chat_template_sha256,
@@ -23,7 +24,6 @@ from datagen_operator.output.fingerprint import (
     tokenizer_fingerprint,
 )
 from datagen_operator.output.layout import OutputLayout
-from datagen_operator.output.records import ContextLimit, context_limit
 from datagen_operator.output.writer import RecoveryReport, ShardWriter, remove_stale_temporaries
 from datagen_operator.prompts.dataset import DatasetError
 from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig

@@ -1,6 +1,7 @@
 """A conversation's next turn (generation.turns all): after an answer is recorded, the lane that holds the
-conversation renders its next prompt from the model's own answers and sends it, or ends the conversation by
-the rules of prompts/conversation.py, each end recorded with its cause (records.turns_reject)."""
+conversation has its next prompt prepared from the model's own answers (worker/turn_maker.py) and sends it, or
+ends the conversation by the rules of prompts/conversation.py, each end recorded with its cause
+(records.turns_reject). A conversation a crash left mid-way goes on the same way."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.api.words import turn_label
 from datagen_operator.engine.tool_calls import call_names
-from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, ContextLimit, Job, too_long_reason, turns_reject
+from datagen_operator.output.records import turns_reject
 from datagen_operator.prompts.conversation import (
     ANSWER_CALLED_TOOL,
     ANSWER_UNFINISHED,
@@ -20,28 +20,18 @@ from datagen_operator.prompts.conversation import (
     AnswerSplitter,
     calls_tool,
     finished_with_stop,
-    turn_messages,
 )
-from datagen_operator.prompts.render import ids_from_result
-from datagen_operator.worker.inputs import Inputs
+from datagen_operator.prompts.job import Job
 from datagen_operator.worker.ledger import Ledger
+from datagen_operator.worker.turn_maker import TurnMaker, Unsendable
 
 
 class NextTurns:
-    def __init__(
-        self,
-        inputs: Inputs,
-        ledger: Ledger,
-        limit: ContextLimit,
-        splitter: AnswerSplitter,
-        history_reasoning: HistoryReasoning,
-    ) -> None:
-        self.inputs = inputs
-        self.history_reasoning = history_reasoning
+    def __init__(self, maker: TurnMaker, ledger: Ledger, splitter: AnswerSplitter) -> None:
+        self.maker = maker
+        """How the next turn is prepared: its messages, render and length check (worker/turn_maker.py)."""
         self.ledger = ledger
-        self.limit = limit
         self.splitter = splitter
-        self.max_new_tokens = int(inputs.sampling["max_new_tokens"])
 
     def split(self, job: Job, output_ids: Sequence[int], finish_reason: Any) -> AnswerSplit:
         conversation = job.conversation
@@ -80,24 +70,26 @@ class NextTurns:
             following = dataclasses.replace(job, turn=job.turn + 1, input_ids=[])
             self.end(following, EARLIER_TURN_REFUSED, f"the server refused {turn_label(job.turn)} (HTTP {status})")
 
+    async def resumed(self, job: Job) -> Job | None:
+        """A conversation a crash left mid-way at its first turn not recorded (`job.turn`, after the answers the
+        store holds), ready to send, or None (it ends here, recorded)."""
+        conversation = job.conversation
+        assert conversation is not None
+        last = conversation.answers[job.turn - 1] if job.turn else None
+        if last is not None and calls_tool(last):
+            # A crash between the call's record and its cut: the conversation ended at the call.
+            self.end_after_call(job, last)
+            return None
+        return await self.rendered(job)
+
     async def rendered(self, job: Job) -> Job | None:
         """`job` (turn > 0, no input_ids yet) with its prompt rendered from the answers so far, or None when it
         cannot be sent (the rest of the conversation ended, recorded)."""
-        conversation = job.conversation
-        assert conversation is not None
-        messages = turn_messages(
-            conversation.turns, job.turn, conversation.answers, history_reasoning=self.history_reasoning
-        )
-        [result] = await self.inputs.render_pool.render([(messages, conversation.tools, conversation.variables)])
-        if isinstance(result, str):
-            self.end(job, UNRENDERABLE, f"{turn_label(job.turn)}: {result}")
+        ready = await self.maker.rendered(job)
+        if isinstance(ready, Unsendable):
+            self.end(job, ready.cause, f"{turn_label(job.turn)}: {ready.reason}")
             return None
-        input_ids = ids_from_result(result)
-        too_long = too_long_reason(len(input_ids), self.max_new_tokens, self.limit)
-        if too_long is not None:
-            self.end(job, TOO_LONG, f"{turn_label(job.turn)}: {too_long}")
-            return None
-        return dataclasses.replace(job, input_ids=input_ids)
+        return ready
 
     def end(self, job: Job, cause: str, reason: str) -> None:
         """The conversation's sample ends before `job.turn`: its turns from there on are recorded as not sent."""
