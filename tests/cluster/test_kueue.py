@@ -163,7 +163,7 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
     """k8s/manifests.py's StatefulSet for a run with spec.queue, as the operator would create it (less the
     owner): Kueue's webhooks accept it, one Workload holds both replicas, admitted or not as one."""
     from datagen_operator.api import parse_run
-    from datagen_operator.k8s import manifests as m
+    from datagen_operator.k8s import object_meta, server_manifests
     from tests.manifests import example_run
 
     cluster_queue, local_queue = gpu_queue
@@ -171,7 +171,7 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
     document["spec"]["server"]["tolerations"] = [GPU_TOLERATION]
     document["spec"]["queue"] = {"name": local_queue}
     spec = parse_run(document).spec
-    body = m.server_statefulset(m.RunRef("kimi", kueue_namespace, "no-owner"), spec, 2)
+    body = server_manifests.server_statefulset(object_meta.RunRef("kimi", kueue_namespace, "no-owner"), spec, 2)
     del body["metadata"]["ownerReferences"]  # no DataGenRun here: the garbage collector would take it
     kueue_controller.resource("apps/v1", "StatefulSet").create(namespace=kueue_namespace, body=body)
     workloads = kueue_controller.resource(KUEUE_API_VERSION, "Workload")
@@ -193,7 +193,7 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
 
     def both_released() -> list[dict[str, Any]] | None:
         # Released to the scheduler (Kueue's gate lifted); not placed: the example's model claim is not here.
-        found = pods.get(namespace=kueue_namespace, label_selector=f"{m.RUN_LABEL}=kimi").to_dict()["items"]
+        found = pods.get(namespace=kueue_namespace, label_selector=f"{object_meta.RUN_LABEL}=kimi").to_dict()["items"]
         return found if len(found) == 2 and not any(p["spec"].get("schedulingGates") for p in found) else None
 
     for pod in wait_until(both_released, timeout=60, describe="both server pods released by Kueue"):

@@ -340,7 +340,13 @@ def kimi_plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "generation.thinking": False,
         "generation.sampling": {"max_new_tokens": 18, "temperature": 0.6},
     }
-    return sim_run(tmp_path_factory.mktemp("kimi"), items, (*SIM_FLAGS, "--sim-seed", "5", "--enable-deterministic-inference"), standin(), **changes)
+    return sim_run(
+        tmp_path_factory.mktemp("kimi"),
+        items,
+        (*SIM_FLAGS, "--sim-seed", "5", "--enable-deterministic-inference"),
+        standin(),
+        **changes,
+    )
 
 
 @cache

@@ -240,17 +240,17 @@ def test_a_pod_behind_kueues_gate_before_its_workload_is_read_is_queued() -> Non
 
 def test_a_server_is_read_in_the_queue_its_label_names_from_spec_queue_or_kueues_default_local_queue() -> None:
     from datagen_operator.api import parse_spec
-    from datagen_operator.k8s import manifests as m
+    from datagen_operator.k8s import object_meta, server_manifests
     from tests.manifests import unit_spec
 
     # spec.queue's label, or the one Kueue's webhook put on from the namespace's LocalQueue `default` (no
     # spec.queue): either way Kueue holds the server, so the operator reads its Workloads and says Queued.
-    run = m.RunRef(name="kimi", namespace="ml", uid="u-1")
-    queued = m.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
+    run = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
+    queued = server_manifests.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
     assert kueue_local_queue(queued) == "team-a"
-    defaulted = m.server_workload(run, parse_spec(unit_spec()), 1)
+    defaulted = server_manifests.server_workload(run, parse_spec(unit_spec()), 1)
     assert kueue_local_queue(defaulted) is None  # not Kueue's unless it says so
-    defaulted["metadata"]["labels"][m.KUEUE_QUEUE_LABEL] = "default"
+    defaulted["metadata"]["labels"][object_meta.KUEUE_QUEUE_LABEL] = "default"
     assert kueue_local_queue(defaulted) == "default"
 
 
