@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.k8s.observe import kueue_queued
+from datagen_operator.k8s.object_facts import kueue_queued
 from tests.cluster.test_lws import leaderworkerset
 from tests.harness.controlplane import GPU_RESOURCE, GPU_TOLERATION, Cluster
 from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
@@ -120,7 +120,7 @@ def test_two_8_gpu_statefulsets_share_an_8_gpu_quota_one_at_a_time(
     assert "8 more needed" in reserved["message"]
     second = workload_of("second")
     assert second is not None and (condition(second, "Admitted") or {}).get("status") != "True"
-    # The operator's reading of these very objects (k8s/observe.py), Queued in Kueue's words.
+    # The operator's reading of these very objects (k8s/object_facts.py), Queued in Kueue's words.
     queued = kueue_queued(second, cluster_queue)
     assert queued is not None
     assert (queued.local_queue, queued.cluster_queue, queued.kueue_reason) == (local_queue, cluster_queue, "Pending")

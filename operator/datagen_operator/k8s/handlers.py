@@ -3,7 +3,7 @@
 One daemon per DataGenRun runs passes; watches on the run's children and pods (k8s/registry.py WATCHED) keep
 in-memory indexes, from which a pass reads them, and wake the run's daemon early. What a pass reads besides
 (the server's answers, the LeaderWorkerSet, FailedCreate events, the spec ConfigMap when the cache lacks it)
-is k8s/observation.py's.
+is k8s/observer.py's.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from datagen_operator.api.names import Component, server_name
 from datagen_operator.control.children import Children, JobState
+from datagen_operator.k8s import object_facts as o
 from datagen_operator.k8s import object_meta
-from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.observe import Obj, annotation
+from datagen_operator.k8s.object_facts import Obj, annotation
 from datagen_operator.k8s.registry import JOBS, REGISTRY
 
 

@@ -1,4 +1,4 @@
-"""One pass over one run: observe (k8s/observation.py), decide once (control/decide.py), plan
+"""One pass over one run: observe (k8s/observer.py), decide once (control/decide.py), plan
 (control/children.py), carry the plan out (k8s/executor.py), report (k8s/status_writer.py). The kopf daemon of
 each run calls `Reconciler.run_pass` in a loop."""
 
@@ -38,8 +38,8 @@ from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.executor import Executor, stop_children
 from datagen_operator.k8s.inventory import inventory
 from datagen_operator.k8s.kube import namespace_terminating
-from datagen_operator.k8s.observation import Observer
-from datagen_operator.k8s.observe import annotation
+from datagen_operator.k8s.object_facts import annotation
+from datagen_operator.k8s.observer import Observer
 from datagen_operator.k8s.registry import BuildInputs
 from datagen_operator.k8s.status_writer import Facts, StatusWriter
 

@@ -1,5 +1,5 @@
-"""API objects -> control.observed dataclasses. Pure: the shell lists the objects and probes the server,
-these functions only read dicts."""
+"""API objects -> control.observed facts (the pure half of observing; k8s/observer.py does the reading). Pure: the
+shell lists the objects and probes the server, these functions only read dicts."""
 
 from __future__ import annotations
 

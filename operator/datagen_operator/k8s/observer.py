@@ -1,8 +1,8 @@
-"""Everything a pass reads, as observed facts (control/observed.py `Observed`): the watch cache's children, the
-server's own answers (health, and its parsers while they are to be verified), the LeaderWorkerSet, the
-controllers' FailedCreate events, the spec-in-force ConfigMap and whether the namespace is being deleted.
-Verdicts the status already records stand for their data generation (control/remembered.py): the pod that
-said one may be gone."""
+"""Everything a pass reads, as observed facts (control/observed.py `Observed`): the I/O half of observing, whose
+pure mapping of the objects is k8s/object_facts.py. The watch cache's children, the server's own answers
+(health, and its parsers while they are to be verified), the LeaderWorkerSet, the controllers' FailedCreate
+events, the spec-in-force ConfigMap and whether the namespace is being deleted. Verdicts the status already
+records stand for their data generation (control/remembered.py): the pod that said one may be gone."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ from datagen_operator.control.remembered import (
     remembered_workers,
 )
 from datagen_operator.k8s import groups, job_manifests, object_meta
-from datagen_operator.k8s import observe as o
+from datagen_operator.k8s import object_facts as o
 from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.kube import Kube
-from datagen_operator.k8s.observe import annotation
+from datagen_operator.k8s.object_facts import annotation
 from datagen_operator.k8s.registry import JOBS, child_name
 
 log = logging.getLogger("datagen.operator")
