@@ -29,7 +29,7 @@ from datagen_operator.control.children import (
     spec_in_force,
 )
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import HaltedBefore, Observed, ServerInstance, ServerObservation
 from datagen_operator.k8s import object_meta, run_manifests, server_hashes, server_manifests
 from datagen_operator.k8s.inventory import inventory

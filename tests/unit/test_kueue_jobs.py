@@ -19,7 +19,8 @@ from datagen_operator.control.children import (
     WantedServer,
     plan,
 )
-from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.kueue_jobs import NO_QUEUE_FIX, with_jobs_queued
 from datagen_operator.control.observed import JobWorkload, KueueQueued, Observed
 from tests.manifests import unit_spec

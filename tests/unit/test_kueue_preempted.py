@@ -14,7 +14,8 @@ from typing import Any
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.status import Condition
 from datagen_operator.control.conditions import transition_events
-from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import (
     KueueEvicted,
     KueueQueued,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s.object_facts import kueue_gated, kueue_local_queue, kueue_queued

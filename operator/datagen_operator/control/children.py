@@ -17,7 +17,7 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CHILDREN_ACCEPTED, SPEC_APPLIED, Condition
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import Observed
 
 

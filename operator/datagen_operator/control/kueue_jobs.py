@@ -13,7 +13,7 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import PROGRESSING
 from datagen_operator.control.children import Child
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import KueueQueued, Observed
 from datagen_operator.control.server import queued_message
 

@@ -28,7 +28,8 @@ from datagen_operator.control.children import (
     suspend_on_halt,
 )
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.kueue_jobs import with_jobs_queued
 from datagen_operator.control.observed import Observed, ProbeFailures
 from datagen_operator.control.progress import eta_seconds, with_eta

@@ -33,7 +33,8 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.checks.verify import holds_records
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
-from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import (
     Observed,
     ProbeFailures,
