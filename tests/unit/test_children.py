@@ -1,4 +1,4 @@
-"""The operator's child rules (control/children.py), one test per rule, without a cluster: which children a
+"""The operator's child rules (k8s/children.py), one test per rule, without a cluster: which children a
 pass applies, creates, scales, suspends or deletes, given the decision and what exists. The operator tests
 (tests/operator/) run the same rules against a real API server; these name each rule and its edge."""
 
@@ -12,7 +12,11 @@ from datagen_operator.api import parse_spec
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
-from datagen_operator.control.children import (
+from datagen_operator.control.conditions import ConditionUpdate
+from datagen_operator.control.decision import Decision, Step
+from datagen_operator.control.observed import HaltedBefore, Observed, ServerInstance, ServerObservation
+from datagen_operator.k8s import object_meta, run_manifests, server_hashes, server_manifests
+from datagen_operator.k8s.children import (
     Action,
     Apply,
     Child,
@@ -28,10 +32,6 @@ from datagen_operator.control.children import (
     spec_applied,
     spec_in_force,
 )
-from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decision import Decision, Step
-from datagen_operator.control.observed import HaltedBefore, Observed, ServerInstance, ServerObservation
-from datagen_operator.k8s import object_meta, run_manifests, server_hashes, server_manifests
 from datagen_operator.k8s.inventory import inventory
 from tests.manifests import unit_spec
 

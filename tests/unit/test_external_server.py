@@ -11,11 +11,11 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import SERVER_READY
 from datagen_operator.checks.evaluate import check_context
-from datagen_operator.control.children import Apply, Child, Children, Serve, WantedServer, plan
 from datagen_operator.control.decide import decide, parsers_to_read
 from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import Observed, ServerInstance, ServerObservation
 from datagen_operator.k8s import server_manifests
+from datagen_operator.k8s.children import Apply, Child, Children, Serve, WantedServer, plan
 from tests.manifests import changed, unit_spec
 
 PASSED = StepOutcome(True, "Passed", "ok", prompts=10)

@@ -38,6 +38,8 @@ CONVERTED = [
         for path in (PACKAGE / layer).glob("*.py")
     ),
     PACKAGE / "k8s" / "object_facts.py",
+    PACKAGE / "k8s" / "children.py",
+    PACKAGE / "k8s" / "kueue_jobs.py",
     PACKAGE / "output" / "volume.py",
 ]
 """Modules whose reasons are written as members."""

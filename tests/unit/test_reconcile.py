@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.status import DataGenRunStatus
-from datagen_operator.control.children import children_accepted
 from datagen_operator.control.observed import ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import object_facts as o
 from datagen_operator.k8s import object_meta, server_hashes, server_manifests
+from datagen_operator.k8s.children import children_accepted
 from datagen_operator.k8s.status_writer import signature
 from tests.manifests import unit_spec
 

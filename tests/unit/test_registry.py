@@ -7,8 +7,8 @@ import pytest
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.spec import ExportSpec
-from datagen_operator.control.children import Child
 from datagen_operator.k8s import object_meta, server_manifests
+from datagen_operator.k8s.children import Child
 from datagen_operator.k8s.executor import SERVER_WORKLOADS
 from datagen_operator.k8s.registry import JOBS, REGISTRY, WATCHED, BuildInputs, build, child_name
 from tests.manifests import unit_spec

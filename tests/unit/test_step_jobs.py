@@ -11,8 +11,8 @@ from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
 from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.spec import ExportSpec
-from datagen_operator.control.children import Child
 from datagen_operator.k8s import job_manifests, object_meta, pod_parts, pod_paths
+from datagen_operator.k8s.children import Child
 from datagen_operator.k8s.registry import REGISTRY, BuildInputs, build, child_name
 from tests.manifests import unit_spec
 

@@ -92,7 +92,7 @@ def remembered_final(
 
 def remembered_halt(status: DataGenRunStatus, changed_generation: int) -> HaltedBefore | None:
     """A halt decided at or after the spec's last change (status.halted, Succeeded=False;
-    `changed_generation`: control.children.SpecInForce's, which suspend and resume do not move): it stands until
+    `changed_generation`: k8s.children.SpecInForce's, which suspend and resume do not move): it stands until
     the spec changes, so a pass over a halted run never asks for the server again, suspended, resumed or after
     an operator restart."""
     succeeded = next((c for c in status.conditions if c.type == SUCCEEDED), None)

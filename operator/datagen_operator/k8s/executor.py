@@ -1,4 +1,4 @@
-"""The executor of the planner's actions (control/children.py `plan`): it builds the manifest each action
+"""The executor of the planner's actions (k8s/children.py `plan`): it builds the manifest each action
 names (k8s/registry.py) and sends it, in the plan's order; it decides nothing. A write the API server refuses
 (invalid, quota, admission, RBAC) is kept in its words for ChildrenAccepted and the pass goes on. Also the
 finalizer's work (`stop_children`), which stops the same children by the same names."""
@@ -13,7 +13,8 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.names import server_name, workers_job_name
-from datagen_operator.control.children import (
+from datagen_operator.k8s import object_meta
+from datagen_operator.k8s.children import (
     Action,
     ActivateWorkload,
     Apply,
@@ -23,7 +24,6 @@ from datagen_operator.control.children import (
     Serve,
     SuspendWorkers,
 )
-from datagen_operator.k8s import object_meta
 from datagen_operator.k8s.context import RunCache
 from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refusal
 from datagen_operator.k8s.registry import JOBS, REGISTRY, BuildInputs, build, child_name

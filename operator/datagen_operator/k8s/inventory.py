@@ -1,4 +1,4 @@
-"""The run's children as the planner sees them (control/children.py `Children`), read from the watch cache's
+"""The run's children as the planner sees them (k8s/children.py `Children`), read from the watch cache's
 objects: which exist, for which data generation, finished or not, whether their pods are gone."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from datagen_operator.api.names import Component, server_name
-from datagen_operator.control.children import Children, JobState
 from datagen_operator.k8s import object_facts as o
 from datagen_operator.k8s import object_meta
+from datagen_operator.k8s.children import Children, JobState
 from datagen_operator.k8s.object_facts import Obj, annotation
 from datagen_operator.k8s.registry import JOBS, REGISTRY
 

@@ -342,7 +342,7 @@ def export_job(run: RunRef, spec: DataGenRunSpec, image: str) -> Manifest:
 
 
 def release_job(run: RunRef, spec: DataGenRunSpec, image: str, taken_before: float | None) -> Manifest:
-    """`datagen release-lease` on the output: a halted run's lease given back (control/children.py plans it
+    """`datagen release-lease` on the output: a halted run's lease given back (k8s/children.py plans it
     once per halt)."""
     command = ReleaseLeaseCommand(output=output_dir(spec), lease_holder=run.uid, taken_before=taken_before)
     return _step_job(run, spec, image, Component.RELEASE, command)

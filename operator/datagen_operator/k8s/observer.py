@@ -21,7 +21,6 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
-from datagen_operator.control.children import Child, made_for
 from datagen_operator.control.decide import parsers_to_read
 from datagen_operator.control.observed import (
     JobWorkload,
@@ -41,6 +40,7 @@ from datagen_operator.control.remembered import (
 )
 from datagen_operator.k8s import groups, job_manifests, object_meta
 from datagen_operator.k8s import object_facts as o
+from datagen_operator.k8s.children import Child, made_for
 from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.kube import Kube
 from datagen_operator.k8s.object_facts import annotation

@@ -1,5 +1,5 @@
 """One pass over one run: observe (k8s/observer.py), decide once (control/decide.py), plan
-(control/children.py), carry the plan out (k8s/executor.py), report (k8s/status_writer.py). The kopf daemon of
+(k8s/children.py), carry the plan out (k8s/executor.py), report (k8s/status_writer.py). The kopf daemon of
 each run calls `Reconciler.run_pass` in a loop."""
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.checks.evaluate import check_context
-from datagen_operator.control.children import (
+from datagen_operator.control.conditions import ConditionUpdate
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
+from datagen_operator.control.observed import Observed, ProbeFailures
+from datagen_operator.control.progress import eta_seconds, with_eta
+from datagen_operator.control.remembered import remembered_halt
+from datagen_operator.k8s import object_meta, run_manifests, server_hashes, server_manifests
+from datagen_operator.k8s.children import (
     SpecInForce,
     WantedServer,
     children_accepted,
@@ -27,18 +34,11 @@ from datagen_operator.control.children import (
     spec_in_force,
     suspend_on_halt,
 )
-from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import decide
-from datagen_operator.control.decision import Decision, Step
-from datagen_operator.control.kueue_jobs import with_jobs_queued
-from datagen_operator.control.observed import Observed, ProbeFailures
-from datagen_operator.control.progress import eta_seconds, with_eta
-from datagen_operator.control.remembered import remembered_halt
-from datagen_operator.k8s import object_meta, run_manifests, server_hashes, server_manifests
 from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.executor import Executor, stop_children
 from datagen_operator.k8s.inventory import inventory
 from datagen_operator.k8s.kube import namespace_terminating
+from datagen_operator.k8s.kueue_jobs import with_jobs_queued
 from datagen_operator.k8s.object_facts import annotation
 from datagen_operator.k8s.observer import Observer
 from datagen_operator.k8s.registry import BuildInputs
@@ -163,7 +163,7 @@ class Reconciler:
         self, run: object_meta.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
     ) -> tuple[DataGenRunSpec, ResolvedModel, SpecInForce]:
         """The spec in force (and its model), the generation of its data-affecting part, refused data changes
-        (control/children.py `spec_in_force`), written to the run's spec ConfigMap."""
+        (k8s/children.py `spec_in_force`), written to the run's spec ConfigMap."""
         applied = await self.observer.applied_spec()
         in_force = spec_in_force(
             run_manifests.spec_document(spec),

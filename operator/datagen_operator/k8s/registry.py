@@ -1,5 +1,5 @@
 """Every child of a run, once: its kind, its name, its component label, how it is built, and the kinds the
-operator watches. The planner names children (control/children.py `Child`); the inventory, the executor, the
+operator watches. The planner names children (k8s/children.py `Child`); the inventory, the executor, the
 finalizer and the handlers' indexes read what those names are here."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from datagen_operator.api.names import (
     workers_job_name,
 )
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.control.children import Child
 from datagen_operator.k8s import job_manifests, object_meta, run_manifests, server_manifests
+from datagen_operator.k8s.children import Child
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Entry:
     component: Component
     """Its component label; a Job's pods carry it too."""
     build: Callable[[BuildInputs], object_meta.Manifest] | None = None
-    """None: not built from here. The server workload is served (control/children.py `Serve`): its template
+    """None: not built from here. The server workload is served (k8s/children.py `Serve`): its template
     comes from the resolved model and the pass keeps a running one."""
 
 

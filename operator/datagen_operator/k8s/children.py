@@ -2,7 +2,7 @@
 
 `plan` reads the decision (control/decide.py) and a summary of the children that exist (`Children`, built by
 k8s/inventory.py from the watch cache) and returns actions in the order they are to be sent. The shell
-(k8s/reconcile.py) builds the manifest each action names (k8s/manifests.py) and sends it; it decides nothing.
+(k8s/reconcile.py) builds the manifest each action names (k8s/registry.py's builders) and sends it; it decides nothing.
 lws's planner/executor split is the model: the rules are unit-tested here without a cluster."""
 
 from __future__ import annotations
