@@ -283,11 +283,15 @@ def test_the_canary_goes_to_the_ready_servers_or_else_every_url() -> None:
     assert steps(planned(Step.RUN_CANARY, server=True)) == [], "no server observed: no canary"
 
 
-def test_suspending_deletes_an_unfinished_canary_and_keeps_a_finished_one() -> None:
+def test_suspending_deletes_an_unfinished_canary_and_keeps_a_finished_one_only_once_workers_started_on_it() -> None:
     running = Children(jobs={Child.CANARY: CURRENT})
     assert steps(planned(Step.SUSPENDED, running)) == [Delete(Child.CANARY)]
-    finished = Children(jobs={Child.CANARY: JobState(data_generation="1", finished=True)})
-    assert steps(planned(Step.SUSPENDED, finished)) == []
+    finished = JobState(data_generation="1", finished=True)
+    assert Delete(Child.CANARY) not in steps(
+        planned(Step.SUSPENDED, Children(jobs={Child.CANARY: finished, Child.WORKERS: CURRENT}))
+    )
+    # Bug 5: before any worker, the resume asks the canary again (test_canary_reuse.py): a new Job, not this one.
+    assert steps(planned(Step.SUSPENDED, Children(jobs={Child.CANARY: finished}))) == [Delete(Child.CANARY)]
 
 
 def test_the_workers_job_is_created_with_every_server_url() -> None:

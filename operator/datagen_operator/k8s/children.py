@@ -282,7 +282,10 @@ def _steps(
 
     canary = jobs.get(Child.CANARY)
     stale = canary is not None and not made_for(canary.data_generation, data_generation)
-    if canary is not None and (stale or (decision.step == Step.SUSPENDED and not canary.finished)):
+    # Suspended: an unfinished canary goes, and a finished one too while no worker started on its verdict (on
+    # resume the canary is asked again: control/remembered.py `canary_in_force`).
+    unused = canary is not None and (not canary.finished or Child.WORKERS not in jobs)
+    if stale or (decision.step == Step.SUSPENDED and unused):
         actions.append(Delete(Child.CANARY))
     elif decision.canary_wanted and canary is None and observed.server:
         actions.append(Create(Child.CANARY, tuple(observed.server.ready_endpoints) or tuple(urls)))

@@ -20,7 +20,7 @@ from datagen_operator.api.names import Component, server_name, spec_configmap_na
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.api.status import EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
+from datagen_operator.api.status import EXPORTED, PARSERS_VERIFIED, DataGenRunStatus, Phase
 from datagen_operator.control.decide import parsers_to_read
 from datagen_operator.control.observed import (
     JobWorkload,
@@ -32,6 +32,7 @@ from datagen_operator.control.observed import (
     ServerObservation,
 )
 from datagen_operator.control.remembered import (
+    canary_in_force,
     remembered_canary,
     remembered_final,
     remembered_outcome,
@@ -404,6 +405,9 @@ class Observer:
 
         workers_job = job(Child.WORKERS)
         configmaps = self.cache.children("ConfigMap")
+        # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
+        workers = o.workers_observation(workers_job, self.cache.pods(Component.WORKER), spec.clients.shards)
+        workers = workers or remembered_workers(old.progress, spec.clients.shards)
         return Observed(
             generation=generation,
             suspended=spec.suspend,
@@ -412,11 +416,12 @@ class Observer:
             server=server,
             parsers=remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
             parser_probes=self.parser_probes,
-            canary=remembered_canary(old, data_generation)
-            or outcome(current(Child.CANARY), Component.CANARY, "canary"),
-            # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
-            workers=o.workers_observation(workers_job, self.cache.pods(Component.WORKER), spec.clients.shards)
-            or remembered_workers(old.progress, spec.clients.shards),
+            canary=canary_in_force(
+                remembered_canary(old, data_generation),
+                outcome(current(Child.CANARY), Component.CANARY, "canary"),
+                resumed_before_workers=old.phase == Phase.SUSPENDED and not spec.suspend and workers is None,
+            ),
+            workers=workers,
             progress=o.progress_counters(configmaps, workers_job),
             final=remembered_final(old.conditions, data_generation, checks)
             or outcome(job(Child.VERIFY), Component.VERIFY, "verification"),
