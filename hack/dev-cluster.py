@@ -53,7 +53,7 @@ import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from datagen_operator.engine.launch import LAUNCH_MODULE  # noqa: E402
-from datagen_operator.k8s.manifests import COMPONENT_LABEL  # noqa: E402
+from datagen_operator.k8s.object_meta import COMPONENT_LABEL  # noqa: E402
 from tests.harness.controlplane import (  # noqa: E402
     GPU_RESOURCE,
     KWOK_NODE_ANNOTATION,

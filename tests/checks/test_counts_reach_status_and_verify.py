@@ -3,8 +3,7 @@ reach status.progress (summed by control) and verify's report unchanged, apart f
 
 from __future__ import annotations
 
-from datagen_operator.control.decide import progress_of
-from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.control.progress import counters_from_snapshots, progress_of
 from datagen_operator.output.readers import read_progress
 from tests.checks.set_aside_output import SAMPLES, verify_produced
 from tests.checks.test_verify_set_aside import EXPECTED_CAUSES

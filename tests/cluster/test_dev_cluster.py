@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.k8s.manifests import server_urls
+from datagen_operator.k8s.server_manifests import server_urls
 from tests.harness.kubeconfig import read_cluster_endpoint
 from tests.harness.testbin import REPO_ROOT, ensure_testbin
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.k8s.observe import kueue_queued
+from datagen_operator.k8s.object_facts import kueue_queued
 from tests.cluster.test_lws import leaderworkerset
 from tests.harness.controlplane import GPU_RESOURCE, GPU_TOLERATION, Cluster
 from tests.harness.kueue import KUEUE_API_VERSION, gpu_cluster_queue
@@ -120,7 +120,7 @@ def test_two_8_gpu_statefulsets_share_an_8_gpu_quota_one_at_a_time(
     assert "8 more needed" in reserved["message"]
     second = workload_of("second")
     assert second is not None and (condition(second, "Admitted") or {}).get("status") != "True"
-    # The operator's reading of these very objects (k8s/observe.py), Queued in Kueue's words.
+    # The operator's reading of these very objects (k8s/object_facts.py), Queued in Kueue's words.
     queued = kueue_queued(second, cluster_queue)
     assert queued is not None
     assert (queued.local_queue, queued.cluster_queue, queued.kueue_reason) == (local_queue, cluster_queue, "Pending")
@@ -160,10 +160,10 @@ def test_kueue_leaves_an_unlabelled_namespace_alone(kueue_controller: Cluster, n
 def test_the_operators_queued_server_is_one_workload_admitted_whole(
     kueue_controller: Cluster, kueue_namespace: str, gpu_queue: tuple[str, str]
 ) -> None:
-    """k8s/manifests.py's StatefulSet for a run with spec.queue, as the operator would create it (less the
+    """k8s/server_manifests.py's StatefulSet for a run with spec.queue, as the operator would create it (less the
     owner): Kueue's webhooks accept it, one Workload holds both replicas, admitted or not as one."""
     from datagen_operator.api import parse_run
-    from datagen_operator.k8s import manifests as m
+    from datagen_operator.k8s import object_meta, server_manifests
     from tests.manifests import example_run
 
     cluster_queue, local_queue = gpu_queue
@@ -171,7 +171,7 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
     document["spec"]["server"]["tolerations"] = [GPU_TOLERATION]
     document["spec"]["queue"] = {"name": local_queue}
     spec = parse_run(document).spec
-    body = m.server_statefulset(m.RunRef("kimi", kueue_namespace, "no-owner"), spec, 2)
+    body = server_manifests.server_statefulset(object_meta.RunRef("kimi", kueue_namespace, "no-owner"), spec, 2)
     del body["metadata"]["ownerReferences"]  # no DataGenRun here: the garbage collector would take it
     kueue_controller.resource("apps/v1", "StatefulSet").create(namespace=kueue_namespace, body=body)
     workloads = kueue_controller.resource(KUEUE_API_VERSION, "Workload")
@@ -193,7 +193,7 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
 
     def both_released() -> list[dict[str, Any]] | None:
         # Released to the scheduler (Kueue's gate lifted); not placed: the example's model claim is not here.
-        found = pods.get(namespace=kueue_namespace, label_selector=f"{m.RUN_LABEL}=kimi").to_dict()["items"]
+        found = pods.get(namespace=kueue_namespace, label_selector=f"{object_meta.RUN_LABEL}=kimi").to_dict()["items"]
         return found if len(found) == 2 and not any(p["spec"].get("schedulingGates") for p in found) else None
 
     for pod in wait_until(both_released, timeout=60, describe="both server pods released by Kueue"):
@@ -210,7 +210,7 @@ def test_a_leaderworkerset_group_is_admitted_whole_or_not_at_all(
     cluster_queue, local_queue = gpu_queue
     body = leaderworkerset("sglang", size=2, gpus=8)
     body["metadata"]["labels"] = {QUEUE_LABEL: local_queue}
-    # A leader template of its own, as the operator's group has (k8s/manifests.py): Kueue's pod sets follow it.
+    # A leader template of its own, as the operator's group has (k8s/server_manifests.py): Kueue's pod sets follow it.
     group = body["spec"]["leaderWorkerTemplate"]
     group["leaderTemplate"] = copy.deepcopy(group["workerTemplate"])
     kueue_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").create(namespace=kueue_namespace, body=body)

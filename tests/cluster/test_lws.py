@@ -106,16 +106,16 @@ def test_leaderworkerset_webhook_refuses_an_invalid_set(lws_controller: Cluster,
 
 
 def test_the_operators_group_manifest_is_what_the_real_controller_runs(lws_controller: Cluster, namespace: str) -> None:
-    """k8s/manifests.py's LeaderWorkerSet, as the operator would create it (less the owner): admitted by
+    """k8s/server_manifests.py's LeaderWorkerSet, as the operator would create it (less the owner): admitted by
     LWS's webhooks and schema, its leader and worker made as built, the command fed from LWS's env."""
     from datagen_operator.api import parse_run
-    from datagen_operator.k8s import manifests as m
+    from datagen_operator.k8s import object_meta, server_manifests
     from tests.manifests import example_run
 
     document = example_run(changes={"spec.server.nodes": 2, "spec.server.tensorParallel": 16})
     document["spec"]["server"]["tolerations"] = [GPU_TOLERATION]
     spec = parse_run(document).spec
-    body = m.server_leaderworkerset(m.RunRef("kimi", namespace, "no-owner"), spec, 1)
+    body = server_manifests.server_leaderworkerset(object_meta.RunRef("kimi", namespace, "no-owner"), spec, 1)
     del body["metadata"]["ownerReferences"]  # no DataGenRun here: the garbage collector would take it
     lws_controller.resource(LWS_API_VERSION, "LeaderWorkerSet").create(namespace=namespace, body=body)
     pods = lws_controller.resource("v1", "Pod")
@@ -131,7 +131,7 @@ def test_the_operators_group_manifest_is_what_the_real_controller_runs(lws_contr
         assert env_of(pod)["LWS_WORKER_INDEX"] == rank
         assert env_of(pod)["LWS_LEADER_ADDRESS"] == f"kimi-server-0.kimi-server.{namespace}"
         assert container["command"][container["command"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
-        assert pod["metadata"]["labels"][m.RUN_LABEL] == "kimi"
+        assert pod["metadata"]["labels"][object_meta.RUN_LABEL] == "kimi"
     assert leader["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health_generate"
     assert "readinessProbe" not in worker["spec"]["containers"][0]
     # LWS's own headless Service (not-ready addresses published), the subdomain of both pods.

@@ -8,7 +8,7 @@ import ast
 
 from datagen_operator.api import parse_spec
 from datagen_operator.engine import health
-from datagen_operator.k8s import manifests
+from datagen_operator.k8s import object_meta, server_manifests
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
 from tests.contract.wheel import unpacked_sglang
@@ -59,7 +59,7 @@ def test_the_watchdog_default_is_sglangs(sglang: SGLang) -> None:
     raised = sglang.call(sglang_side.parsed_fields, [*argv, "--watchdog-t", "900"], ["watchdog_timeout"])
     # server.extraArgs read as SGLang's parser reads them (abbreviation included) sets the liveness budget.
     spec = parse_spec(bare_spec(**{"model.preset": "kimi-k2.5", "server.extraArgs": ["--watchdog-t", "900"]}))
-    template = manifests.server_statefulset(manifests.RunRef("r", "ns", "uid"), spec, 1)["spec"]["template"]
+    template = server_manifests.server_statefulset(object_meta.RunRef("r", "ns", "uid"), spec, 1)["spec"]["template"]
     probe = template["spec"]["containers"][0]["livenessProbe"]
     assert (
         probe["periodSeconds"] * probe["failureThreshold"] > raised["watchdog_timeout"] + health.HEALTH_CHECK_TIMEOUT_S

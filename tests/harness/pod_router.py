@@ -1,6 +1,6 @@
 """A loopback router that answers for the server pods only while they could: one simulator behind it, reached as
 `<router>/<namespace>/<pod>/<path>` (the operator's DATAGEN_TEST_SERVER_URLS template `{namespace}/{pod}`,
-k8s/manifests.py `server_urls`), forwarded only while that pod is Ready (kwok's word for the fake kubelet) and not
+k8s/server_manifests.py `server_urls`), forwarded only while that pod is Ready (kwok's word for the fake kubelet) and not
 being deleted. A pod Kueue preempts is deleted and made anew behind its admission gate: from then on its URL
 answers a bare 503 (an outage, as a Service without endpoints) and its requests in flight are cut, as a vanished
 pod's connections are, until the pod is Ready again. Without it every run's URL reaches the simulator whatever

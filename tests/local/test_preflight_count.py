@@ -1,5 +1,5 @@
 """The preflight's verdict carries the dataset's count of valid prompts: the run's progress total before any
-worker has read the dataset (control/decide.progress_of). Lines set aside are not prompts."""
+worker has read the dataset (control/progress.progress_of). Lines set aside are not prompts."""
 
 from __future__ import annotations
 

@@ -145,6 +145,6 @@ def test_export_of_a_verified_output_goes_ahead(finished: Path, tmp_path: Path) 
 
 
 def test_the_pod_mounts_verify_knows_are_the_operators() -> None:
-    from datagen_operator.k8s.manifests import DATASET_MOUNT, OUTPUT_MOUNT
+    from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 
     assert verify_paths.POD_MOUNTS == POD_MOUNTS == (DATASET_MOUNT, OUTPUT_MOUNT)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from datagen_operator.k8s.manifests import SERVER_URLS
+from datagen_operator.k8s.object_meta import SERVER_URLS
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import health_status, start_sim
 from tests.manifests import DELETE, cluster_run

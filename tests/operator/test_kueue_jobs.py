@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import object_meta
 from datagen_operator.k8s.kube import Kube
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
@@ -102,7 +102,7 @@ def test_a_run_whose_queue_has_no_cpu_quota_for_its_jobs_says_queued_until_it_ha
             message
         )
         job = runs.job(f"{name}-preflight")
-        assert job is not None and job.spec.suspend and job.metadata.labels[m.KUEUE_QUEUE_LABEL] == lq
+        assert job is not None and job.spec.suspend and job.metadata.labels[object_meta.KUEUE_QUEUE_LABEL] == lq
         assert not kubelet.running(runs.namespace, f"{name}-preflight-"), "a held Job runs no pod"
         # The quota comes: the run goes on by itself.
         flavors = [{"name": f"gpu-{cq.removeprefix('cq-')}", "resources": AMPLE}]
@@ -112,8 +112,10 @@ def test_a_run_whose_queue_has_no_cpu_quota_for_its_jobs_says_queued_until_it_ha
             content_type="application/merge-patch+json",
         )
         wait_condition(runs, kueue_controller, name, "Succeeded", "True", "Completed", 240)
-    every_job = runs.batch.list_namespaced_job(runs.namespace, label_selector=f"{m.RUN_LABEL}={name}").items
-    assert {j.metadata.labels.get(m.KUEUE_QUEUE_LABEL) for j in every_job} == {lq}, "every Job in the run's queue"
+    every_job = runs.batch.list_namespaced_job(runs.namespace, label_selector=f"{object_meta.RUN_LABEL}={name}").items
+    assert {j.metadata.labels.get(object_meta.KUEUE_QUEUE_LABEL) for j in every_job} == {lq}, (
+        "every Job in the run's queue"
+    )
 
 
 def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_no_record_is_lost(
@@ -138,7 +140,7 @@ def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_n
         if job is None:
             return
         for w in workloads(kueue_controller, runs.namespace):
-            if (w["metadata"].get("labels") or {}).get(m.KUEUE_JOB_UID_LABEL) == job.metadata.uid:
+            if (w["metadata"].get("labels") or {}).get(object_meta.KUEUE_JOB_UID_LABEL) == job.metadata.uid:
                 now = w["spec"].get("active", True) is not False
                 if not active or active[-1] != now:
                     active.append(now)
@@ -162,7 +164,9 @@ def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_n
         runs.create(cluster_run(name, data_dir, standin_tokenizer, clients=CLIENTS))  # no spec.queue
         watching("8 records", lambda: records() >= 8, 180)
         job = runs.job(workers)
-        assert job is not None and job.metadata.labels.get(m.KUEUE_QUEUE_LABEL) == "default", "Kueue's default"
+        assert job is not None and job.metadata.labels.get(object_meta.KUEUE_QUEUE_LABEL) == "default", (
+            "Kueue's default"
+        )
         runs.patch_spec(name, {"suspend": True})
         watching(
             "the workers paused by Kueue",
@@ -214,7 +218,7 @@ def test_where_kueue_manages_every_job_and_no_local_queue_takes_them_the_run_nam
             runs.patch_spec(name, {"queue": {"name": lq}})
             wait_condition(runs, kueue_controller, name, "Succeeded", "True", "Completed", 240)
             took = time.monotonic() - started
-    every_job = runs.batch.list_namespaced_job(runs.namespace, label_selector=f"{m.RUN_LABEL}={name}").items
-    assert {j.metadata.labels.get(m.KUEUE_QUEUE_LABEL) for j in every_job} == {lq}
+    every_job = runs.batch.list_namespaced_job(runs.namespace, label_selector=f"{object_meta.RUN_LABEL}={name}").items
+    assert {j.metadata.labels.get(object_meta.KUEUE_QUEUE_LABEL) for j in every_job} == {lq}
     with (runs.cluster.logs_dir / "kueue-jobs.log").open("a") as log:
         log.write(f"{name}: completed {took:.0f} s after spec.queue was set\n")

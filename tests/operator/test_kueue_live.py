@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.names import Component, server_name
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import object_meta
 from tests.harness.controlplane import GPU_PRODUCT, Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import gpu_cluster_queue
@@ -57,10 +57,10 @@ def test_a_queued_run_takes_new_placement_and_a_new_queue_by_a_new_server_and_co
         )
         for item in sts.items:
             statefulsets[item.metadata.uid] = {
-                "queue": (item.metadata.labels or {}).get(m.KUEUE_QUEUE_LABEL),
+                "queue": (item.metadata.labels or {}).get(object_meta.KUEUE_QUEUE_LABEL),
                 "nodeSelector": item.spec.template.spec.node_selector,
             }
-        selector = f"{m.COMPONENT_LABEL}={Component.SERVER},{m.RUN_LABEL}={name}"
+        selector = f"{object_meta.COMPONENT_LABEL}={Component.SERVER},{object_meta.RUN_LABEL}={name}"
         for pod in runs.core.list_namespaced_pod(runs.namespace, label_selector=selector).items:
             if pod.spec.node_name:
                 bound_pods.add(pod.metadata.uid)
@@ -112,5 +112,5 @@ def test_a_queued_run_takes_new_placement_and_a_new_queue_by_a_new_server_and_co
     assert len(bound_pods) == 1, "only the server in the queue with room ever held a node"
     # About the server only: Kueue's pod webhook may refuse a step Job's first pod while its cache lacks the
     # Job just made ("Job.batch ... not found"); the Job controller retries, and that is no write of ours.
-    server_refusals = [r for r in refusals if "StatefulSet/" in r or f"{m.LWS_KIND}/" in r]
+    server_refusals = [r for r in refusals if "StatefulSet/" in r or f"{object_meta.LWS_KIND}/" in r]
     assert server_refusals == [], "the API server (Kueue's webhook) never refused a write of the server"

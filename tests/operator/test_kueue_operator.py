@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.names import Component
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import object_meta
 from tests.harness.controlplane import GPU_RESOURCE, Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import gpu_cluster_queue, kueue_state
@@ -46,9 +46,9 @@ def test_two_queued_runs_share_8_gpus_of_quota_one_after_the_other(
 
     def look() -> None:
         """Every server pod (by uid) each run ever had, and the run's ServerReady reasons in order."""
-        selector = f"{m.COMPONENT_LABEL}={Component.SERVER}"
+        selector = f"{object_meta.COMPONENT_LABEL}={Component.SERVER}"
         for pod in runs.core.list_namespaced_pod(runs.namespace, label_selector=selector).items:
-            run = pod.metadata.labels.get(m.RUN_LABEL)
+            run = pod.metadata.labels.get(object_meta.RUN_LABEL)
             if run in server_pods:
                 server_pods[run].add(pod.metadata.uid)
         for run in created:
@@ -69,7 +69,7 @@ def test_two_queued_runs_share_8_gpus_of_quota_one_after_the_other(
         try:
             found: dict[str, object] = runs.wait_for(f"{run} {type_}={status} {reason}", reached, timeout=timeout)
         except AssertionError as error:
-            state = kueue_state(kueue_controller, runs.namespace, f"{m.COMPONENT_LABEL}={Component.SERVER}")
+            state = kueue_state(kueue_controller, runs.namespace, f"{object_meta.COMPONENT_LABEL}={Component.SERVER}")
             raise AssertionError(f"{error}\n{runs.describe()}\n{state}") from None
         return found
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from datagen_operator.api.names import Component
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import object_meta
 from datagen_operator.output.readers import iter_records
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
@@ -28,7 +28,7 @@ from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, SLOW, OperatorFactory, Runs, many_prompts, new_name
 
-SERVER_SELECTOR = f"{m.COMPONENT_LABEL}={Component.SERVER}"
+SERVER_SELECTOR = f"{object_meta.COMPONENT_LABEL}={Component.SERVER}"
 LOW_PROMPTS = 200
 HIGH_PROMPTS = 16
 
@@ -80,7 +80,7 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
 
     def look() -> None:
         for pod in runs.core.list_namespaced_pod(runs.namespace, label_selector=SERVER_SELECTOR).items:
-            run = pod.metadata.labels.get(m.RUN_LABEL)
+            run = pod.metadata.labels.get(object_meta.RUN_LABEL)
             if run in server_pods:
                 server_pods[run].add(pod.metadata.uid)
                 for status in pod.status.container_statuses or []:

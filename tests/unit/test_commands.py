@@ -25,7 +25,7 @@ from datagen_operator.api.commands import (
 from datagen_operator.api.export_spec import ExportSpec
 from datagen_operator.cli import COMMANDS
 from datagen_operator.export import run as export
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import job_manifests, object_meta
 from datagen_operator.output import lease
 from datagen_operator.steps import canary, preflight, verify_program
 from datagen_operator.worker import config as worker
@@ -97,7 +97,7 @@ def test_each_command_reads_back_the_same_through_its_programs_own_parser(comman
     assert parsed(type(command), argv[1:]) == command
 
 
-RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+RUN = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
 SPEC = parse_spec(unit_spec(model={"tokenizerPath": "/models/kimi/tok"}))
 EXPORTING = SPEC.model_copy(
     update={"export": ExportSpec.model_validate({"formats": ["speculators", "trl"], "maxLength": 4096,
@@ -106,40 +106,40 @@ EXPORTING = SPEC.model_copy(
 URLS = ["http://a", "http://b"]
 
 
-def job_command(job: m.Manifest) -> list[str]:
+def job_command(job: object_meta.Manifest) -> list[str]:
     (container,) = job["spec"]["template"]["spec"]["containers"]
     return list(container["command"])
 
 
 OPERATOR_COMMANDS = {
     "preflight": (
-        job_command(m.preflight_job(RUN, SPEC, "img:1", 1)),
+        job_command(job_manifests.preflight_job(RUN, SPEC, "img:1", 1)),
         ["datagen", "preflight", "--run", "/etc/datagen/run.yaml", "--tokenizer", "/models/kimi/tok",
          "--dataset", "/mnt/datagen/dataset/prompts/b1.jsonl", "--output", "/mnt/datagen/output/eagle3/b1",
          "--termination-log", "/dev/termination-log", "--lease-holder", "u-1"],
     ),
     "canary": (
-        job_command(m.canary_job(RUN, SPEC, "img:1", URLS, 1)),
+        job_command(job_manifests.canary_job(RUN, SPEC, "img:1", URLS, 1)),
         ["datagen", "canary", "--run", "/etc/datagen/run.yaml", "--tokenizer", "/models/kimi/tok",
          "--dataset", "/mnt/datagen/dataset/prompts/b1.jsonl", "--server", "http://a", "--server", "http://b",
          "--records", "/mnt/datagen/output/eagle3/b1/canary.jsonl", "--termination-log", "/dev/termination-log",
          "--output", "/mnt/datagen/output/eagle3/b1", "--lease-holder", "u-1"],
     ),
     "worker": (
-        job_command(m.workers_job(RUN, SPEC, "img:1", URLS, suspend=False)),
+        job_command(job_manifests.workers_job(RUN, SPEC, "img:1", URLS, suspend=False)),
         ["datagen", "worker", "--run", "/etc/datagen/run.yaml", "--output", "/mnt/datagen/output/eagle3/b1",
          "--dataset", "/mnt/datagen/dataset/prompts/b1.jsonl", "--tokenizer", "/models/kimi/tok",
          "--server", "http://a", "--server", "http://b", "--progress-configmap", "kimi-shard-$(JOB_COMPLETION_INDEX)",
          "--log-format", "json", "--termination-log", "/dev/termination-log", "--lease-holder", "u-1"],
     ),
     "verify": (
-        job_command(m.verify_job(RUN, SPEC, "img:1")),
+        job_command(job_manifests.verify_job(RUN, SPEC, "img:1")),
         ["datagen", "verify", "/mnt/datagen/output/eagle3/b1", "--run", "/etc/datagen/run.yaml",
          "--tokenizer", "/models/kimi/tok", "--dataset", "/mnt/datagen/dataset/prompts/b1.jsonl", "--json",
          "--termination-log", "/dev/termination-log"],
     ),
     "export": (
-        job_command(m.export_job(RUN, EXPORTING, "img:1")),
+        job_command(job_manifests.export_job(RUN, EXPORTING, "img:1")),
         ["datagen", "export", "/mnt/datagen/output/eagle3/b1", "--formats", "speculators,trl",
          "--out", "/mnt/datagen/output/eagle3/b1/export", "--run", "/etc/datagen/run.yaml",
          "--tokenizer", "/models/kimi/tok", "--termination-log", "/dev/termination-log", "--max-length", "4096",

@@ -13,7 +13,8 @@ from datagen_operator.api.progress import Counts
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.control.conditions import apply_updates, transition_events
-from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import (
     HaltedBefore,
     Observed,
@@ -191,7 +192,7 @@ def test_a_run_begun_without_a_preflight_verdict_is_not_sent_back() -> None:
 
 
 def test_progress_of_a_finished_run_shows_no_rate() -> None:
-    from datagen_operator.control.decide import progress_of
+    from datagen_operator.control.progress import progress_of
 
     running = ProgressCounters(prompts_total=10, prompts_done=4, tokens_per_second=1500.0)
     assert progress_of(running, 2, 0).summary == "4/10 prompts, 1.5k tok/s"

@@ -13,24 +13,24 @@ from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT,
 from datagen_operator.api.export_spec import ExportSpec
 from datagen_operator.control.policy import ShardExit, shard_exit
 from datagen_operator.export import run as export
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import job_manifests, object_meta
 from datagen_operator.steps import verify_program
 from tests.manifests import unit_spec
 
-RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+RUN = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
 SPEC = parse_spec(unit_spec()).model_copy(update={"export": ExportSpec.model_validate({"formats": ["trl"]})})
 
 STEP_JOBS = {
-    "preflight": m.preflight_job(RUN, SPEC, "img:1", 1),
-    "canary": m.canary_job(RUN, SPEC, "img:1", ["http://a"], 1),
-    "verify": m.verify_job(RUN, SPEC, "img:1"),
-    "export": m.export_job(RUN, SPEC, "img:1"),
-    "release-lease": m.release_job(RUN, SPEC, "img:1", None),
+    "preflight": job_manifests.preflight_job(RUN, SPEC, "img:1", 1),
+    "canary": job_manifests.canary_job(RUN, SPEC, "img:1", ["http://a"], 1),
+    "verify": job_manifests.verify_job(RUN, SPEC, "img:1"),
+    "export": job_manifests.export_job(RUN, SPEC, "img:1"),
+    "release-lease": job_manifests.release_job(RUN, SPEC, "img:1", None),
 }
-"""By program: each step Job with the one failure policy (k8s/manifests.py's STEP_JOBS)."""
+"""By program: each step Job with the one failure policy (k8s/job_manifests.py's step Jobs)."""
 
 
-def container_name(job: m.Manifest) -> str:
+def container_name(job: object_meta.Manifest) -> str:
     (container,) = job["spec"]["template"]["spec"]["containers"]
     return str(container["name"])
 

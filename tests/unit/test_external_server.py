@@ -11,10 +11,11 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.status import SERVER_READY
 from datagen_operator.checks.evaluate import check_context
-from datagen_operator.control.children import Apply, Child, Children, Serve, WantedServer, plan
-from datagen_operator.control.decide import Decision, Step, decide, parsers_to_read
+from datagen_operator.control.decide import decide, parsers_to_read
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import Observed, ServerInstance, ServerObservation
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import server_manifests
+from datagen_operator.k8s.children import Apply, Child, Children, Serve, WantedServer, plan
 from tests.manifests import changed, unit_spec
 
 PASSED = StepOutcome(True, "Passed", "ok", prompts=10)
@@ -47,10 +48,10 @@ def server_ready(decision: Decision) -> tuple[str, str, str]:
 
 
 def test_the_urls_are_the_services_dns_name_or_the_urls_as_written_never_the_test_override() -> None:
-    assert m.server_urls("run", "ml", SERVICE, ("http://127.0.0.1:9",)) == ["http://sglang.ml.svc:8080"]
+    assert server_manifests.server_urls("run", "ml", SERVICE, ("http://127.0.0.1:9",)) == ["http://sglang.ml.svc:8080"]
     other = external_spec({"service": {"name": "sglang", "port": 8080, "namespace": "serving"}})
-    assert m.server_urls("run", "ml", other) == ["http://sglang.serving.svc:8080"]
-    assert m.server_urls("run", "ml", URLS) == ["http://a.example:30000", "http://b.example:30000"]
+    assert server_manifests.server_urls("run", "ml", other) == ["http://sglang.serving.svc:8080"]
+    assert server_manifests.server_urls("run", "ml", URLS) == ["http://a.example:30000", "http://b.example:30000"]
 
 
 def test_the_plan_makes_no_server_and_stops_one_left_from_an_owned_spec() -> None:

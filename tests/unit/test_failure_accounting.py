@@ -18,7 +18,8 @@ from datagen_operator.checks.evaluate import (
     TOO_LONG,
     evaluate,
 )
-from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots
 from tests.unit.decide_world import conditions, context, running, spec

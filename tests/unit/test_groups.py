@@ -13,7 +13,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from datagen_operator.api import parse_spec
 from datagen_operator.control.observed import ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import object_meta, server_manifests
 from datagen_operator.k8s.context import RunCache
 from datagen_operator.k8s.executor import LWS_MISSING, Executor
 from datagen_operator.k8s.groups import group_observation
@@ -147,10 +147,10 @@ def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:
 
 
 def test_a_group_restarts_for_its_templates_not_for_live_placement() -> None:
-    run = m.RunRef("kimi", "ml", "u")
+    run = object_meta.RunRef("kimi", "ml", "u")
     spec = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
-    base = restart_hash(m.server_workload(run, spec, 1))
+    base = restart_hash(server_manifests.server_workload(run, spec, 1))
     moved = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "nodeSelector": {"pool": "b"}}))
-    assert restart_hash(m.server_workload(run, moved, 1)) == base
+    assert restart_hash(server_manifests.server_workload(run, moved, 1)) == base
     longer = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "shmSize": "128Gi"}))
-    assert restart_hash(m.server_workload(run, longer, 1)) != base
+    assert restart_hash(server_manifests.server_workload(run, longer, 1)) != base

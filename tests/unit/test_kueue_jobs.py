@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.control.children import (
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
+from datagen_operator.control.observed import JobWorkload, KueueQueued, Observed
+from datagen_operator.k8s.children import (
     Action,
     ActivateWorkload,
     Child,
@@ -19,9 +22,7 @@ from datagen_operator.control.children import (
     WantedServer,
     plan,
 )
-from datagen_operator.control.decide import Decision, Step, decide
-from datagen_operator.control.kueue_jobs import NO_QUEUE_FIX, with_jobs_queued
-from datagen_operator.control.observed import JobWorkload, KueueQueued, Observed
+from datagen_operator.k8s.kueue_jobs import NO_QUEUE_FIX, with_jobs_queued
 from tests.manifests import unit_spec
 from tests.unit.decide_world import conditions, context, spec
 

@@ -14,7 +14,8 @@ from typing import Any
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.status import Condition
 from datagen_operator.control.conditions import transition_events
-from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import (
     KueueEvicted,
     KueueQueued,
@@ -25,7 +26,7 @@ from datagen_operator.control.observed import (
 )
 from datagen_operator.control.server import server_verdict
 from datagen_operator.k8s import metrics
-from datagen_operator.k8s.observe import kueue_evicted, kueue_queued
+from datagen_operator.k8s.object_facts import kueue_evicted, kueue_queued
 from tests.unit.decide_world import PASS, conditions, context, running, spec
 
 NAME = "statefulset-low-server-1a2b3"
@@ -205,7 +206,7 @@ def test_the_operator_reads_queued_and_evicted_from_one_list_of_the_workloads() 
     from types import SimpleNamespace
 
     from datagen_operator.k8s.context import RunCache
-    from datagen_operator.k8s.observation import KueueWorkloads, Observer
+    from datagen_operator.k8s.observer import KueueWorkloads, Observer
     from tests.unit.test_kueue_queued import FakeKueue
 
     kube = FakeKueue([WAITING], {"team-a": "gpus"})

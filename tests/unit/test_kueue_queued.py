@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from datagen_operator.control.decide import Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import KueueQueued, Observed, ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s.observe import kueue_gated, kueue_local_queue, kueue_queued
+from datagen_operator.k8s.object_facts import kueue_gated, kueue_local_queue, kueue_queued
 from tests.unit.decide_world import conditions, context, spec
 
 SHORT = (
@@ -154,7 +155,7 @@ def test_a_pod_whose_gate_was_just_lifted_is_pending_not_unschedulable() -> None
     """Kueue lifts the gate on admission; until the scheduler looks, PodScheduled still says SchedulingGated."""
     from datetime import UTC, datetime
 
-    from datagen_operator.k8s.observe import server_instance
+    from datagen_operator.k8s.object_facts import server_instance
 
     condition = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "blocked"}
     pod: dict[str, Any] = {"metadata": {"name": "kimi-server-0"}, "spec": {}, "status": {"conditions": [condition]}}
@@ -187,7 +188,7 @@ def queued_of(kube: FakeKueue, pods: list[dict[str, Any]] | None = None) -> tupl
     from types import SimpleNamespace
 
     from datagen_operator.k8s.context import RunCache
-    from datagen_operator.k8s.observation import KueueWorkloads, Observer
+    from datagen_operator.k8s.observer import KueueWorkloads, Observer
 
     observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="kimi"))  # type: ignore[arg-type]
     listed = KueueWorkloads(kube, "ml")  # type: ignore[arg-type]
@@ -197,7 +198,7 @@ def queued_of(kube: FakeKueue, pods: list[dict[str, Any]] | None = None) -> tupl
 def test_the_namespaces_workloads_are_listed_once_a_pass_and_the_server_keeps_its_own() -> None:
     import asyncio
 
-    from datagen_operator.k8s.observation import KueueWorkloads
+    from datagen_operator.k8s.observer import KueueWorkloads
 
     pending = workload([{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": SHORT}])
     other = {**pending, "metadata": {**pending["metadata"], "name": "other", "ownerReferences": [{"uid": "x"}]}}
@@ -240,24 +241,24 @@ def test_a_pod_behind_kueues_gate_before_its_workload_is_read_is_queued() -> Non
 
 def test_a_server_is_read_in_the_queue_its_label_names_from_spec_queue_or_kueues_default_local_queue() -> None:
     from datagen_operator.api import parse_spec
-    from datagen_operator.k8s import manifests as m
+    from datagen_operator.k8s import object_meta, server_manifests
     from tests.manifests import unit_spec
 
     # spec.queue's label, or the one Kueue's webhook put on from the namespace's LocalQueue `default` (no
     # spec.queue): either way Kueue holds the server, so the operator reads its Workloads and says Queued.
-    run = m.RunRef(name="kimi", namespace="ml", uid="u-1")
-    queued = m.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
+    run = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
+    queued = server_manifests.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
     assert kueue_local_queue(queued) == "team-a"
-    defaulted = m.server_workload(run, parse_spec(unit_spec()), 1)
+    defaulted = server_manifests.server_workload(run, parse_spec(unit_spec()), 1)
     assert kueue_local_queue(defaulted) is None  # not Kueue's unless it says so
-    defaulted["metadata"]["labels"][m.KUEUE_QUEUE_LABEL] = "default"
+    defaulted["metadata"]["labels"][object_meta.KUEUE_QUEUE_LABEL] = "default"
     assert kueue_local_queue(defaulted) == "default"
 
 
 def test_a_queue_the_operator_cannot_read_is_said_beside_the_servers_state() -> None:
     # spec.queue where Kueue is not installed: the label queues nothing and the server takes its GPUs straight
     # from the scheduler; the run says so in ServerReady, whatever the server's state, rather than in a log alone.
-    from datagen_operator.k8s.observation import KUEUE_UNREAD
+    from datagen_operator.k8s.observer import KUEUE_UNREAD
 
     ready = ServerInstance("kimi-server-0", running=True, ready=True, endpoint="http://x")
     for status, words in ((404, "spec.queue has no effect: Kueue is not installed"), (403, "its RBAC")):

@@ -231,15 +231,15 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 def test_the_check_sees_a_forbidden_import_however_it_is_written() -> None:
     modules = _modules()
     for source in (
-        "from datagen_operator.k8s import manifests",
-        "from ..k8s.manifests import RunRef",
-        "import datagen_operator.k8s.manifests",
-        "def lazy():\n    from datagen_operator.k8s.manifests import RunRef",
+        "from datagen_operator.k8s import object_meta",
+        "from ..k8s.object_meta import RunRef",
+        "import datagen_operator.k8s.object_meta",
+        "def lazy():\n    from datagen_operator.k8s.object_meta import RunRef",
     ):
         found = _imports("datagen_operator.api.spec", source, modules)
-        assert found == {"datagen_operator.k8s.manifests"}, source
+        assert found == {"datagen_operator.k8s.object_meta"}, source
         assert forbidden({"datagen_operator.api.spec": found}) == [
-            "datagen_operator.api.spec imports datagen_operator.k8s.manifests: api may import presets (ALLOWED['api'])"
+            "datagen_operator.api.spec imports datagen_operator.k8s.object_meta: api may import presets (ALLOWED['api'])"
         ]
 
 

@@ -1,4 +1,4 @@
-"""k8s.observe: API objects mapped to what decide() reads (pure)."""
+"""k8s.object_facts: API objects mapped to what decide() reads (pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.k8s import observe as o
+from datagen_operator.k8s import object_facts as o
 
 NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
 

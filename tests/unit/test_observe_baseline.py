@@ -1,4 +1,4 @@
-"""k8s/observe.py after a resume: every shard ConfigMap's records are judged, a previous attempt's (older than the
+"""k8s/object_facts.py after a resume: every shard ConfigMap's records are judged, a previous attempt's (older than the
 workers Job's status.startTime) without its losses; and a worker's exit 7 names the volume failure when its
 ConfigMap does not."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.k8s import observe as o
+from datagen_operator.k8s import object_facts as o
 
 JOB_START = "2026-11-30T09:00:00Z"
 START_S = o.parse_time(JOB_START).timestamp()  # type: ignore[union-attr]

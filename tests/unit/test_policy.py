@@ -26,7 +26,7 @@ from datagen_operator.control.policy import (
     server_restart_delay_s,
     shard_exit,
 )
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import job_manifests, object_meta
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kimi-k2.5.yaml"
 
@@ -53,7 +53,8 @@ def test_a_crashing_shard_runs_one_plus_its_retries_then_fails() -> None:
 
 def test_the_workers_job_reads_the_same_policy() -> None:
     spec = parse_run(yaml.safe_load(EXAMPLE.read_text())).spec
-    job = m.workers_job(m.RunRef("kimi", "ml", "u"), spec, "img:1", ["http://a"], suspend=False)["spec"]
+    run = object_meta.RunRef("kimi", "ml", "u")
+    job = job_manifests.workers_job(run, spec, "img:1", ["http://a"], suspend=False)["spec"]
     assert job["backoffLimitPerIndex"] == SHARD_RETRIES
     rules = {r["action"]: r["onExitCodes"]["values"] for r in job["podFailurePolicy"]["rules"] if "onExitCodes" in r}
     assert set(rules["Ignore"]) == set(FREE_EXITS)
@@ -65,7 +66,7 @@ def test_the_local_runner_has_no_retry_rule_of_its_own() -> None:
 
     for name in ("MAX_SHARD_RETRIES", "PERMANENT_WORKER_EXITS", "FREE_WORKER_EXITS", "MAX_SERVER_RESTARTS"):
         assert not hasattr(runner, name)
-    assert not hasattr(m, "WORKER_BACKOFF_LIMIT_PER_INDEX")
+    assert not hasattr(job_manifests, "WORKER_BACKOFF_LIMIT_PER_INDEX")
 
 
 def test_a_stopped_worker_drains_and_syncs_before_it_is_killed() -> None:
@@ -75,7 +76,7 @@ def test_a_stopped_worker_drains_and_syncs_before_it_is_killed() -> None:
     assert WORKER_GRACE_S > WORKER_DRAIN_S
     assert build_parser().get_default("drain_timeout") == WorkerConfig.drain_timeout_s == WORKER_DRAIN_S
     spec = parse_run(yaml.safe_load(EXAMPLE.read_text())).spec
-    job = m.workers_job(m.RunRef("kimi", "ml", "u"), spec, "img:1", ["http://a"], suspend=False)
+    job = job_manifests.workers_job(object_meta.RunRef("kimi", "ml", "u"), spec, "img:1", ["http://a"], suspend=False)
     assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == WORKER_GRACE_S
     assert runner.WORKER_GRACE_S == WORKER_GRACE_S
 

@@ -9,9 +9,10 @@ from datagen_operator.api.crd import crd_manifest
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts, ShardProgress
 from datagen_operator.api.status import Condition, DataGenRunStatus, Progress
-from datagen_operator.control.decide import Step, decide, progress_of
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import Observed, ProgressCounters, ServerObservation, WorkersObservation
-from datagen_operator.control.progress import counters_from_snapshots
+from datagen_operator.control.progress import counters_from_snapshots, progress_of
 from datagen_operator.control.remembered import remembered_preflight
 from tests.manifests import with_changes
 from tests.unit.decide_world import PASS, READY, context, spec

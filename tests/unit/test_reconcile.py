@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.status import DataGenRunStatus
-from datagen_operator.control.children import children_accepted
 from datagen_operator.control.observed import ServerInstance, ServerObservation
 from datagen_operator.control.server import server_verdict
-from datagen_operator.k8s import manifests as m
-from datagen_operator.k8s import observe as o
+from datagen_operator.k8s import object_facts as o
+from datagen_operator.k8s import object_meta, server_hashes, server_manifests
+from datagen_operator.k8s.children import children_accepted
 from datagen_operator.k8s.status_writer import signature
 from tests.manifests import unit_spec
 
 REFUSED = 'create Pod x-server-0 in StatefulSet x-server failed error: pods "x-server-0" is forbidden: exceeded quota'
 
-RUN = m.RunRef(name="kimi", namespace="ml", uid="u-1")
+RUN = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
 SPEC = parse_spec(unit_spec())
 
 
@@ -77,20 +77,20 @@ def test_only_flips_make_a_status_write_urgent() -> None:
     assert signature(status(0.99)) != signature(status(0.99, reason="Paused")), "a condition changes"
 
 
-def restart_hash(workload: m.Manifest) -> str:
-    return m.with_hashes(workload)["metadata"]["annotations"][m.RESTART_HASH]
+def restart_hash(workload: object_meta.Manifest) -> str:
+    return server_hashes.with_hashes(workload)["metadata"]["annotations"][object_meta.RESTART_HASH]
 
 
 def test_live_fields_change_the_template_but_not_the_restart_hash() -> None:
-    running = m.server_statefulset(RUN, SPEC, 1)
+    running = server_manifests.server_statefulset(RUN, SPEC, 1)
     server = SPEC.server.model_copy(update={"node_selector": {"pool": "h200"}, "priority_class_name": "batch"})
-    placed = m.server_statefulset(RUN, SPEC.model_copy(update={"server": server}), 1)
+    placed = server_manifests.server_statefulset(RUN, SPEC.model_copy(update={"server": server}), 1)
     assert placed["spec"]["template"] != running["spec"]["template"]
     assert restart_hash(placed) == restart_hash(running)
     image = SPEC.server.model_copy(update={"image": "lmsysorg/sglang:v0.5.24"})
-    assert restart_hash(m.server_statefulset(RUN, SPEC.model_copy(update={"server": image}), 1)) != restart_hash(
-        running
-    )
+    assert restart_hash(
+        server_manifests.server_statefulset(RUN, SPEC.model_copy(update={"server": image}), 1)
+    ) != restart_hash(running)
 
 
 def test_only_a_server_pod_on_a_node_holds_its_template() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from datagen_operator.api.status import DataGenRunStatus
-from datagen_operator.k8s.manifests import started_worker_image
+from datagen_operator.k8s.job_manifests import started_worker_image
 
 OLD, NEW, OWN = "ghcr.io/datagen-operator/datagen:0.4.0", "ghcr.io/datagen-operator/datagen:0.5.0", "me/datagen:1"
 

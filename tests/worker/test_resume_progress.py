@@ -17,7 +17,7 @@ from tests.worker.simrun import SIM_FLAGS, progress, prompts, run_inprocess, spe
 
 
 def settled(snapshot: dict[str, Any]) -> int:
-    """Samples with nothing left to do, as the operator sums them (control/decide.progress_of)."""
+    """Samples with nothing left to do, as the operator sums them (control/progress.progress_of)."""
     return int(snapshot["records_done"] + snapshot["records_rejected"] + snapshot["records_set_aside"])
 
 

@@ -1,7 +1,7 @@
 """The command lines of the programs the shells start: `datagen preflight|canary|worker|verify|export|
 release-lease`.
 
-One frozen dataclass per program with the arguments the shells pass: the operator (k8s/manifests.py, a Job's
+One frozen dataclass per program with the arguments the shells pass: the operator (k8s/job_manifests.py, a Job's
 container command) and `datagen run` (local/runner.py, a worker child process) build a program's argv only
 through these. Each field is one argument of the program's own parser (`build_parser()` in
 steps/preflight.py, steps/canary.py, worker/config.py, steps/verify_program.py, export/run.py, output/lease.py), spelled
@@ -172,5 +172,5 @@ STEP_COMMANDS: tuple[type[Command], ...] = (
     ExportCommand,
     ReleaseLeaseCommand,
 )
-"""The one-shot steps, each a Job with one failure policy (k8s/manifests.py): its exit says whether it wrote a
+"""The one-shot steps, each a Job with one failure policy (k8s/job_manifests.py): its exit says whether it wrote a
 verdict that did not pass, or crashed (api/exit_codes.py). release-lease writes none: it only ever crashes."""

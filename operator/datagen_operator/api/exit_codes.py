@@ -29,7 +29,7 @@ never killed mid-write."""
 
 EXIT_FAILED_VERDICT = 1
 """A step program's verdict is written (stdout, --termination-log) and it is not a pass: a refusal or a failed
-check. Running the step again gives the same verdict, so its Job fails at once, no retry (k8s/manifests.py).
+check. Running the step again gives the same verdict, so its Job fails at once, no retry (k8s/job_manifests.py).
 A step exits EXIT_OK with a passing verdict, EXIT_BAD_INPUT when there is nothing it can judge. No worker code:
 from the worker, 1 is Python's uncaught exception, a crash, which is retried."""
 EXIT_STEP_CRASHED = 70

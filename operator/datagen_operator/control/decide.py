@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from functools import partial
 
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.reasons import KUEUE_TOOK_BACK, KUEUE_WAITING, Reason
@@ -27,192 +25,20 @@ from datagen_operator.api.status import (
     SUCCEEDED,
     CheckResult,
     ConditionStatus,
-    Phase,
     Progress,
 )
 from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks.evaluate import MIN_RECORDS_TO_JUDGE, CheckContext, by_turn_words, evaluate
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.observed import Observed, ProgressCounters
+from datagen_operator.control.decision import Decision, Step
+from datagen_operator.control.observed import Observed
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
+from datagen_operator.control.progress import run_progress
 from datagen_operator.control.server import EXTERNAL_NOT_OWNED, released_message, server_verdict
-
-
-class Step(StrEnum):
-    INVALID = "Invalid"
-    SUSPENDED = "Suspended"
-    PREFLIGHT = "Preflight"
-    WAIT_FOR_SERVER = "WaitForServer"
-    VERIFY_PARSERS = "VerifyParsers"
-    RUN_CANARY = "RunCanary"
-    RUN_WORKERS = "RunWorkers"
-    FINAL_VERIFY = "FinalVerify"
-    EXPORT = "Export"
-    HALTED = "Halted"
-    DONE = "Done"
-
-
-_PHASE_OF_STEP = {
-    Step.INVALID: Phase.INVALID,
-    Step.SUSPENDED: Phase.SUSPENDED,
-    Step.PREFLIGHT: Phase.PREFLIGHT,
-    Step.VERIFY_PARSERS: Phase.VERIFYING,
-    Step.RUN_CANARY: Phase.CANARY,
-    Step.RUN_WORKERS: Phase.RUNNING,
-    Step.FINAL_VERIFY: Phase.VERIFYING,
-    Step.EXPORT: Phase.EXPORTING,
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Decision:
-    step: Step
-    failed: bool = False
-    """A halt or an end because something broke (a server that never loaded, failed shards, a failed
-    verification or export), not a gate that refused the run: the phase reads Failed, not Halted or
-    Succeeded."""
-    server_wanted: bool = False
-    """Keep the server (and its GPUs); False releases them."""
-    workers_wanted: bool = False
-    """Workers should be running now (False: not started yet, paused, or finished)."""
-    updates: tuple[ConditionUpdate, ...] = ()
-    checks: tuple[CheckResult, ...] = ()
-    progress: Progress | None = None
-
-    @property
-    def phase(self) -> Phase:
-        match self.step:
-            case Step.WAIT_FOR_SERVER:
-                if self.server_queued:
-                    return Phase.QUEUED
-                # Workers that started keep running while the server is away.
-                return Phase.RUNNING if self.workers_wanted else Phase.STARTING
-            case Step.HALTED:
-                return Phase.FAILED if self.failed else Phase.HALTED
-            case Step.DONE:
-                return Phase.FAILED if self.failed else Phase.SUCCEEDED
-        return _PHASE_OF_STEP[self.step]
-
-    @property
-    def server_queued(self) -> bool:
-        """Kueue holds the server (ServerReady's reason says so): the run waits for quota, not for a failure."""
-        return any(u.type == SERVER_READY and u.reason in KUEUE_WAITING for u in self.updates)
-
-    @property
-    def halted(self) -> bool:
-        """Stopped for this generation of the spec, whatever the cause (status.halted: read back by
-        control/remembered.py, so the halt stands until the spec changes)."""
-        return self.step is Step.HALTED
-
-    @property
-    def canary_wanted(self) -> bool:
-        """The canary starts once the parsers are verified, never alongside: a run halted on its parsers
-        sends no canary prompt (CanaryPassed reads NotRun)."""
-        return self.step is Step.RUN_CANARY
-
-    @property
-    def finished(self) -> bool:
-        """Nothing more happens for this spec: the shells stop passing (local) or only report (operator)."""
-        return self.step in (Step.DONE, Step.HALTED, Step.INVALID)
 
 
 def _u(type_: str, status: ConditionStatus, reason: str, message: str = "") -> ConditionUpdate:
     return ConditionUpdate(type_, status, reason, message)
-
-
-def human_rate(tokens_per_second: float) -> str:
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if tokens_per_second >= scale:
-            return f"{tokens_per_second / scale:.1f}{unit}"
-    return f"{tokens_per_second:.0f}"
-
-
-def progress_of(
-    counters: ProgressCounters | None,
-    shards_total: int,
-    shards_done: int,
-    *,
-    dataset_prompts: int | None = None,
-    dataset_turns: int | None = None,
-    recorded: int | None = None,
-    samples: int = 1,
-    uncounted: str = "workers starting",
-    rate: bool = True,
-) -> Progress:
-    """The run's progress over its whole output; `uncounted` is the summary while no total is known, `rate`
-    False for a run that stops now (halted, suspended): the last rate is no longer anyone's.
-
-    The total is the preflight's count of the dataset (`dataset_prompts`) from the start: the workers' sum
-    grows as they read the dataset, so it stands in only where no preflight counted. Done is counted in
-    samples over the whole output (recorded, refused by the server, set aside), which a resumed worker reads
-    from disk before it reads the dataset again: it never goes backwards. The workers' per-prompt count starts
-    over on a resume, so it is shown only where no preflight counted. Whole conversations (`dataset_turns`, the
-    preflight's count of their planned turns) are counted in turns, their conversations beside them. `recorded`:
-    the records the preflight found in the output, done before any worker of this attempt has counted them."""
-    c = counters or ProgressCounters()
-    counts = c.counts
-    settled = counts.records + counts.refused + counts.records_set_aside
-    if dataset_prompts is None:
-        prompts_total, prompts_done = c.prompts_total, c.prompts_done
-        records_total, records_done = prompts_total * samples, settled
-    else:
-        prompts_total, records_total = dataset_prompts, (dataset_turns or dataset_prompts) * samples
-        # A prompt set aside after some of its samples were recorded counts each once: never past the total.
-        records_done = min(records_total, max(settled, recorded or 0))
-        # One answer a prompt: a prompt is done when its sample is. More: the workers' count, for the status only.
-        single = samples == 1 and dataset_turns is None
-        prompts_done = records_done if single else min(prompts_total, c.prompts_done)
-    progress = Progress(
-        prompts_total=prompts_total,
-        prompts_done=prompts_done,
-        records_total=records_total,
-        records_done=records_done,
-        records=counts.records,
-        dataset_prompts=dataset_prompts,
-        dataset_turns=dataset_turns,
-        completion_tokens=counts.output_tokens,
-        tokens_per_second=round(c.tokens_per_second, 1),
-        shards_total=shards_total,
-        shards_done=shards_done,
-        refused=counts.refused,
-        set_aside=dict(counts.set_aside),
-    )
-    rate_shown = c.tokens_per_second if rate else None
-    return progress.model_copy(update={"summary": _summary(progress, samples, counters, rate_shown, uncounted)})
-
-
-def _summary(p: Progress, samples: int, counters: ProgressCounters | None, rate: float | None, uncounted: str) -> str:
-    """What `kubectl get dgr` shows: '1234/88000 prompts, 5.1k tok/s, 3 refused, 2 set aside'; `rate` None for
-    a run that stops now."""
-    conversations = p.dataset_turns is not None
-    if conversations and p.records_total:
-        done, total, unit = p.records_done, p.records_total, "turns" if samples == 1 else "records"
-    elif p.dataset_prompts is None or samples == 1:
-        done, total, unit = p.prompts_done, p.prompts_total, "prompts"
-    else:
-        done, total, unit = p.records_done, p.records_total, "records"
-    summary = f"{done}/{total} {unit}"
-    if conversations and total:
-        summary += f" ({p.prompts_done}/{p.prompts_total} conversations)"
-    producing = counters is not None and done < total
-    if rate is not None and (producing or rate):  # a finished run (or one not generating yet) has none
-        summary += f", {human_rate(rate)} tok/s"
-    if not total:
-        summary = uncounted
-    set_aside = sum(p.set_aside.values())
-    return summary + (f", {p.refused} refused" if p.refused else "") + (f", {set_aside} set aside" if set_aside else "")
-
-
-def _uncounted(observed: Observed, begun: bool) -> str:
-    """The Progress column before any total is known: what the run is doing instead, never a step it is not at."""
-    preflight = observed.preflight
-    if observed.workers is not None:
-        return "workers starting"
-    if preflight is None:
-        return "waiting for the workers' count" if begun else "preflight running"
-    if not preflight.passed:
-        return "halted at the preflight"
-    return "waiting for the workers' count"  # a passed preflight whose count is not at hand
 
 
 def decide(spec: DataGenRunSpec | None, observed: Observed, context: CheckContext | None) -> Decision:
@@ -328,27 +154,13 @@ class _Pass:
 
     @classmethod
     def of(cls, spec: DataGenRunSpec, observed: Observed, context: CheckContext) -> _Pass:
-        workers, preflight = observed.workers, observed.preflight
+        workers = observed.workers
         # A run that got further (a server, a gate verdict or workers observed) with no preflight verdict at hand
         # is not sent back to the preflight.
         begun = observed.parsers is not None or observed.canary is not None or workers is not None
         # An external server's URLs are probed from the first pass: its answering is no sign of progress.
         begun = begun or bool(observed.server and observed.server.instances and not observed.server.external)
-        counted = preflight if preflight is not None and preflight.passed else None
-        count = partial(
-            progress_of,
-            observed.progress,
-            spec.clients.shards,
-            workers.shards_done if workers else 0,
-            dataset_prompts=counted.prompts if counted else None,
-            dataset_turns=counted.turns if counted else None,
-            recorded=counted.recorded if counted else None,
-            samples=spec.generation.samples_per_prompt,
-            uncounted=_uncounted(observed, begun),
-        )
-        progress, stopped_at = count(), count(rate=False)
-        if counted is not None and counted.complete:
-            progress = stopped_at = _complete(progress)
+        progress, stopped_at = run_progress(spec, observed, begun)
         return cls(spec, observed, context, progress, stopped_at, begun)
 
 
@@ -636,24 +448,6 @@ def _outcomes(observed: Observed) -> list[tuple[str, StepOutcome]]:
     """The remembered parser and canary verdicts, to keep reporting once the server is gone."""
     pairs = ((PARSERS_VERIFIED, observed.parsers), (CANARY_PASSED, observed.canary))
     return [(condition, outcome) for condition, outcome in pairs if outcome is not None]
-
-
-def _complete(progress: Progress) -> Progress:
-    """A run over a complete output: every sample is done (what the preflight read from its manifest), whether
-    or not this run's own workers ever counted them (they never ran)."""
-    samples = progress.records_total // progress.prompts_total if progress.prompts_total else 1
-    done, total, unit = (
-        (progress.prompts_total, progress.prompts_total, "prompts")
-        if samples == 1
-        else (progress.records_total, progress.records_total, "records")
-    )
-    return progress.model_copy(
-        update={
-            "prompts_done": progress.prompts_total,
-            "records_done": progress.records_total,
-            "summary": f"{done}/{total} {unit}",
-        }
-    )
 
 
 def _checks_failed(run: _Pass, checks: tuple[CheckResult, ...], progress: Progress) -> Decision:

@@ -178,7 +178,7 @@ class Observed:
     """spec.export's verdict (its counts in the message); None while not run."""
     job_workloads: Mapping[str, JobWorkload] = field(default_factory=dict)
     """The Kueue Workloads of the run's unfinished Jobs that Kueue manages, by the planner's name of the Job
-    (control/children.py `Child`): read only where a Job of the run is queued or held (docs/kueue.md)."""
+    (k8s/children.py `Child`): read only where a Job of the run is queued or held (docs/kueue.md)."""
 
 
 @dataclass(frozen=True)

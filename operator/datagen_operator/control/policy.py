@@ -1,4 +1,4 @@
-"""Retry policies, defined once: the Job builder (k8s/manifests.py) and the local runner both read them.
+"""Retry policies, defined once: the Job builder (k8s/job_manifests.py) and the local runner both read them.
 
 A shard's worker exit is one of: done, retried for free (the server was away or the worker was told to stop),
 retried against a bound (a crash), or failed for good (a retry cannot help until a person changes something).

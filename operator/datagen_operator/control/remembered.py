@@ -75,6 +75,16 @@ def remembered_canary(status: DataGenRunStatus, data_generation: int) -> StepOut
     return replace(outcome, concurrency=status.concurrency) if outcome is not None else None
 
 
+def canary_in_force(
+    remembered: StepOutcome | None, from_job: StepOutcome | None, *, resumed_before_workers: bool
+) -> StepOutcome | None:
+    """The canary verdict a pass goes by: the status's (its pod may be gone), else its Job's. A run resumed before
+    any worker started goes by its Job alone, which its suspension deleted: the canary is asked again, and the
+    canary program reuses a pass kept in the output only for the same spec, tokenizer files and chat template
+    (api/canary_reuse.py), the rule `datagen run` follows, since the operator reads no files."""
+    return from_job if resumed_before_workers else (remembered or from_job)
+
+
 def remembered_final(
     conditions: Sequence[Condition], data_generation: int, checks: Sequence[CheckResult]
 ) -> StepOutcome | None:
@@ -92,7 +102,7 @@ def remembered_final(
 
 def remembered_halt(status: DataGenRunStatus, changed_generation: int) -> HaltedBefore | None:
     """A halt decided at or after the spec's last change (status.halted, Succeeded=False;
-    `changed_generation`: control.children.SpecInForce's, which suspend and resume do not move): it stands until
+    `changed_generation`: k8s.children.SpecInForce's, which suspend and resume do not move): it stands until
     the spec changes, so a pass over a halted run never asks for the server again, suspended, resumed or after
     an operator restart."""
     succeeded = next((c for c in status.conditions if c.type == SUCCEEDED), None)

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from datagen_operator.k8s.kube import Kube
-from datagen_operator.k8s.manifests import COMPONENT_LABEL
+from datagen_operator.k8s.object_meta import COMPONENT_LABEL
 from datagen_operator.k8s.settings import Settings
 
 Lookup = Callable[[str, str, str], list[Mapping[str, Any]]]

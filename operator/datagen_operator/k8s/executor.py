@@ -1,4 +1,4 @@
-"""The executor of the planner's actions (control/children.py `plan`): it builds the manifest each action
+"""The executor of the planner's actions (k8s/children.py `plan`): it builds the manifest each action
 names (k8s/registry.py) and sends it, in the plan's order; it decides nothing. A write the API server refuses
 (invalid, quota, admission, RBAC) is kept in its words for ChildrenAccepted and the pass goes on. Also the
 finalizer's work (`stop_children`), which stops the same children by the same names."""
@@ -13,7 +13,8 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.names import server_name, workers_job_name
-from datagen_operator.control.children import (
+from datagen_operator.k8s import object_meta
+from datagen_operator.k8s.children import (
     Action,
     ActivateWorkload,
     Apply,
@@ -23,7 +24,6 @@ from datagen_operator.control.children import (
     Serve,
     SuspendWorkers,
 )
-from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.context import RunCache
 from datagen_operator.k8s.kube import Kube, drifted, namespace_terminating, refusal
 from datagen_operator.k8s.registry import JOBS, REGISTRY, BuildInputs, build, child_name
@@ -62,7 +62,7 @@ class Executor:
             if namespace_terminating(error):
                 raise  # not a refusal of this child: the namespace goes (run_pass lets the run go)
             words = refusal(error)
-            if kind == m.LWS_KIND and error.status == 404:
+            if kind == object_meta.LWS_KIND and error.status == 404:
                 words = LWS_MISSING
             if words is None:
                 raise
@@ -73,17 +73,19 @@ class Executor:
         self.refused_writes.pop(key, None)
         return True
 
-    async def create(self, manifest: m.Manifest) -> bool:
+    async def create(self, manifest: object_meta.Manifest) -> bool:
         return await self.write(manifest["kind"], manifest["metadata"]["name"], lambda: self.kube.create(manifest))
 
-    async def apply(self, manifest: m.Manifest) -> None:
+    async def apply(self, manifest: object_meta.Manifest) -> None:
         """A watched child the operator owns whole (Services, the workers' RBAC, shard ConfigMaps): applied
         server-side when it is missing or a field the operator sets was changed by hand; else nothing is sent."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         if drifted(manifest, self.cache.named(kind, name)):
             await self.write(kind, name, lambda: self.kube.apply(manifest))
 
-    async def record_spec(self, manifest: m.Manifest, existing: Mapping[str, Any] | None, changed: bool) -> None:
+    async def record_spec(
+        self, manifest: object_meta.Manifest, existing: Mapping[str, Any] | None, changed: bool
+    ) -> None:
         """The spec-in-force ConfigMap, created or patched when the spec in force moved."""
         if existing is None:
             await self.kube.create(manifest)
@@ -96,7 +98,7 @@ class Executor:
         self,
         actions: Sequence[Action],
         inputs: BuildInputs,
-        server: m.Manifest,
+        server: object_meta.Manifest,
         workload: Mapping[str, Any] | None,
     ) -> None:
         """Sends the plan's actions in order. `server` is the workload the spec asks for, `workload` the running
@@ -158,6 +160,8 @@ async def stop_children(kube: Kube, namespace: str, name: str) -> str | None:
             if kind == "Job":
                 return f"waiting for Job {child_of_run} and its pods to stop"
             return (
-                "waiting for the server groups to stop" if kind == m.LWS_KIND else "waiting for the server pods to stop"
+                "waiting for the server groups to stop"
+                if kind == object_meta.LWS_KIND
+                else "waiting for the server pods to stop"
             )
     return None

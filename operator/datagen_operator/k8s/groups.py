@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from datagen_operator.control.observed import ServerInstance, ServerObservation
-from datagen_operator.k8s.observe import Obj, replica_index, server_instance
+from datagen_operator.k8s.object_facts import Obj, replica_index, server_instance
 
 
 def worker_rank(pod_name: str, leader: str) -> int | None:

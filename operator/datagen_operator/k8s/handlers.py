@@ -3,7 +3,7 @@
 One daemon per DataGenRun runs passes; watches on the run's children and pods (k8s/registry.py WATCHED) keep
 in-memory indexes, from which a pass reads them, and wake the run's daemon early. What a pass reads besides
 (the server's answers, the LeaderWorkerSet, FailedCreate events, the spec ConfigMap when the cache lacks it)
-is k8s/observation.py's.
+is k8s/observer.py's.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import kopf
 
 import datagen_operator.k8s.storage  # noqa: F401  (registers the claims' access-mode check)
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
-from datagen_operator.k8s import manifests as m
-from datagen_operator.k8s import metrics
+from datagen_operator.k8s import metrics, object_meta
 from datagen_operator.k8s.callbacks import namespaced
 from datagen_operator.k8s.context import OperatorContext
 from datagen_operator.k8s.executor import stop_children
@@ -31,7 +30,7 @@ from datagen_operator.k8s.registry import WATCHED
 from datagen_operator.k8s.release import FINALIZER
 from datagen_operator.k8s.settings import Settings
 
-MANAGED = {"app.kubernetes.io/managed-by": m.MANAGED_BY}
+MANAGED = {"app.kubernetes.io/managed-by": object_meta.MANAGED_BY}
 REPORTING_COMPONENT = "datagen-operator"
 """The events' source and reportingComponent."""
 STOP_WAIT_S = 300.0
@@ -96,7 +95,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 def _run_key(namespace: str | None, labels: kopf.Labels) -> tuple[str, str]:
-    return namespaced(namespace), labels.get(m.RUN_LABEL, "")
+    return namespaced(namespace), labels.get(object_meta.RUN_LABEL, "")
 
 
 def index_by_run(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:

@@ -1,4 +1,4 @@
-"""The run's children as the planner sees them (control/children.py `Children`), read from the watch cache's
+"""The run's children as the planner sees them (k8s/children.py `Children`), read from the watch cache's
 objects: which exist, for which data generation, finished or not, whether their pods are gone."""
 
 from __future__ import annotations
@@ -6,22 +6,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from datagen_operator.api.names import Component, server_name
-from datagen_operator.control.children import Children, JobState
-from datagen_operator.k8s import manifests as m
-from datagen_operator.k8s import observe as o
-from datagen_operator.k8s.observe import Obj, annotation
+from datagen_operator.k8s import object_facts as o
+from datagen_operator.k8s import object_meta
+from datagen_operator.k8s.children import Children, JobState
+from datagen_operator.k8s.object_facts import Obj, annotation
 from datagen_operator.k8s.registry import JOBS, REGISTRY
 
 
 def job_state(job: Obj, pods: Sequence[Obj]) -> JobState:
     return JobState(
-        data_generation=annotation(job, m.DATA_GENERATION),
+        data_generation=annotation(job, object_meta.DATA_GENERATION),
         finished=o.job_finished(job) is not None,
         failed=o.job_finished(job) == "Failed",
         pods_gone=o.job_lost(job, pods),
         suspended=bool((job.get("spec") or {}).get("suspend")),
-        server_urls=annotation(job, m.SERVER_URLS),
-        queue_name=(job["metadata"].get("labels") or {}).get(m.KUEUE_QUEUE_LABEL),
+        server_urls=annotation(job, object_meta.SERVER_URLS),
+        queue_name=(job["metadata"].get("labels") or {}).get(object_meta.KUEUE_QUEUE_LABEL),
     )
 
 
@@ -38,7 +38,7 @@ def inventory(
     by_name = {job["metadata"]["name"]: job for job in jobs}
 
     def component(label: Component) -> list[Obj]:
-        return [p for p in pods if (p["metadata"].get("labels") or {}).get(m.COMPONENT_LABEL) == label]
+        return [p for p in pods if (p["metadata"].get("labels") or {}).get(object_meta.COMPONENT_LABEL) == label]
 
     states = {
         child: job_state(by_name[name], component(REGISTRY[child].component))
@@ -54,7 +54,7 @@ def inventory(
         group_workers_left=any(o.is_group_worker(p, server_name(run)) for p in server_pods),
         server_replicas=int(((workload or {}).get("spec") or {}).get("replicas") or 0),
         server_holds_a_node=o.holds_a_node(server_pods),
-        server_restart_hash=annotation(workload, m.RESTART_HASH),
-        server_admission_hash=annotation(workload, m.ADMISSION_HASH),
+        server_restart_hash=annotation(workload, object_meta.RESTART_HASH),
+        server_admission_hash=annotation(workload, object_meta.ADMISSION_HASH),
         server_kueue_managed=workload is not None and o.kueue_local_queue(workload) is not None,
     )

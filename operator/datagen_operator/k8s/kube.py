@@ -13,7 +13,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
-from datagen_operator.k8s.manifests import (
+from datagen_operator.k8s.object_facts import annotation
+from datagen_operator.k8s.object_meta import (
     KUEUE_API_VERSION,
     KUEUE_JOB_UID_LABEL,
     LWS_API_VERSION,
@@ -21,7 +22,6 @@ from datagen_operator.k8s.manifests import (
     TEMPLATE_HASH,
     Manifest,
 )
-from datagen_operator.k8s.observe import annotation
 
 FIELD_MANAGER = "datagen-operator"
 """Who owns the fields the operator applies (metadata.managedFields)."""

@@ -1,5 +1,5 @@
-"""One pass over one run: observe (k8s/observation.py), decide once (control/decide.py), plan
-(control/children.py), carry the plan out (k8s/executor.py), report (k8s/status_writer.py). The kopf daemon of
+"""One pass over one run: observe (k8s/observer.py), decide once (control/decide.py), plan
+(k8s/children.py), carry the plan out (k8s/executor.py), report (k8s/status_writer.py). The kopf daemon of
 each run calls `Reconciler.run_pass` in a loop."""
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import DataGenRunStatus
 from datagen_operator.checks.evaluate import check_context
-from datagen_operator.control.children import (
+from datagen_operator.control.conditions import ConditionUpdate
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
+from datagen_operator.control.observed import Observed, ProbeFailures
+from datagen_operator.control.progress import eta_seconds, with_eta
+from datagen_operator.control.remembered import remembered_halt
+from datagen_operator.k8s import object_meta, run_manifests, server_hashes, server_manifests
+from datagen_operator.k8s.children import (
     SpecInForce,
     WantedServer,
     children_accepted,
@@ -27,19 +34,13 @@ from datagen_operator.control.children import (
     spec_in_force,
     suspend_on_halt,
 )
-from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step, decide
-from datagen_operator.control.kueue_jobs import with_jobs_queued
-from datagen_operator.control.observed import Observed, ProbeFailures
-from datagen_operator.control.progress import eta_seconds, with_eta
-from datagen_operator.control.remembered import remembered_halt
-from datagen_operator.k8s import manifests as m
 from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.executor import Executor, stop_children
 from datagen_operator.k8s.inventory import inventory
 from datagen_operator.k8s.kube import namespace_terminating
-from datagen_operator.k8s.observation import Observer
-from datagen_operator.k8s.observe import annotation
+from datagen_operator.k8s.kueue_jobs import with_jobs_queued
+from datagen_operator.k8s.object_facts import annotation
+from datagen_operator.k8s.observer import Observer
 from datagen_operator.k8s.registry import BuildInputs
 from datagen_operator.k8s.status_writer import Facts, StatusWriter
 
@@ -99,7 +100,7 @@ class Reconciler:
     async def _pass(self, body: Mapping[str, Any]) -> Decision | None:
         meta = body["metadata"]
         generation = int(meta.get("generation") or 1)
-        run = m.RunRef(self.name, self.namespace, meta["uid"])
+        run = object_meta.RunRef(self.name, self.namespace, meta["uid"])
         old = self.writer.last(body)
         now = datetime.now(UTC)
         try:
@@ -112,7 +113,7 @@ class Reconciler:
 
         spec, resolved, in_force = await self._spec_in_force(run, spec, resolved, generation)
         self.worker_image = self.observer.worker_image(old.worker_image, spec)
-        urls = m.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
+        urls = server_manifests.server_urls(self.name, self.namespace, spec, self.ctx.settings.test_server_urls)
         context = check_context(resolved, spec.checks)  # no tokenizer here: the preset's think-end id
         halted = remembered_halt(old, in_force.changed_generation)
         if halted is not None:
@@ -159,13 +160,13 @@ class Reconciler:
         )
 
     async def _spec_in_force(
-        self, run: m.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
+        self, run: object_meta.RunRef, spec: DataGenRunSpec, resolved: ResolvedModel, generation: int
     ) -> tuple[DataGenRunSpec, ResolvedModel, SpecInForce]:
         """The spec in force (and its model), the generation of its data-affecting part, refused data changes
-        (control/children.py `spec_in_force`), written to the run's spec ConfigMap."""
+        (k8s/children.py `spec_in_force`), written to the run's spec ConfigMap."""
         applied = await self.observer.applied_spec()
         in_force = spec_in_force(
-            m.spec_document(spec),
+            run_manifests.spec_document(spec),
             applied.document,
             applied.data_generation,
             generation,
@@ -174,13 +175,15 @@ class Reconciler:
         )
         if in_force.refused:
             spec, resolved = parse_spec_resolved(in_force.document)
-        manifest = m.spec_configmap(run, spec, in_force.data_generation, in_force.changed_generation)
-        await self.executor.record_spec(manifest, applied.configmap, m.spec_document(spec) != applied.document)
+        manifest = run_manifests.spec_configmap(run, spec, in_force.data_generation, in_force.changed_generation)
+        await self.executor.record_spec(
+            manifest, applied.configmap, run_manifests.spec_document(spec) != applied.document
+        )
         return spec, resolved, in_force
 
     async def _act(
         self,
-        run: m.RunRef,
+        run: object_meta.RunRef,
         spec: DataGenRunSpec,
         resolved: ResolvedModel,
         decision: Decision,
@@ -192,7 +195,7 @@ class Reconciler:
         grouped = spec.server.nodes > 1
         statefulset = self.cache.named("StatefulSet", server_name(self.name))
         group = self.observer.group_set
-        server = m.with_hashes(m.server_workload(run, spec, spec.server.replicas, resolved))
+        server = server_hashes.with_hashes(server_manifests.server_workload(run, spec, spec.server.replicas, resolved))
         jobs, pods = self.cache.children("Job"), self.cache.children("Pod")
         children = inventory(self.name, jobs, pods, statefulset, group, grouped=grouped)
         actions = plan(
@@ -203,8 +206,8 @@ class Reconciler:
             data_generation,
             urls=urls,
             server=WantedServer(
-                restart_hash=annotation(server, m.RESTART_HASH) or "",
-                admission_hash=annotation(server, m.ADMISSION_HASH) or "",
+                restart_hash=annotation(server, object_meta.RESTART_HASH) or "",
+                admission_hash=annotation(server, object_meta.ADMISSION_HASH) or "",
             ),
         )
         image = spec.clients.image or self.worker_image or self.ctx.settings.worker_image

@@ -17,7 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from datagen_operator.api.spec import API_GROUP_VERSION, KIND
 from datagen_operator.api.status import DataGenRunStatus, ServerStatus
 from datagen_operator.control.conditions import ConditionUpdate, Event, apply_updates, rfc3339, transition_events
-from datagen_operator.control.decide import Decision
+from datagen_operator.control.decision import Decision
 from datagen_operator.control.observed import Observed
 from datagen_operator.control.throttle import progress_spacing, progress_write_due
 from datagen_operator.k8s import metrics

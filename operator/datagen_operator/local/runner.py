@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib.util
-import os
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import orjson
 import yaml
 
 from datagen_operator.api import DataGenRun
@@ -32,7 +29,8 @@ from datagen_operator.api.words import plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.control.conditions import Event, apply_updates, transition_events
-from datagen_operator.control.decide import Decision, Step, decide
+from datagen_operator.control.decide import decide
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import (
     Observed,
     ProbeFailures,
@@ -52,6 +50,7 @@ from datagen_operator.control.progress import counters_from_snapshots, eta_secon
 from datagen_operator.control.server import loading_line_due
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.local.processes import Child, forget_processes, free_port, record_processes, stop_leftovers
+from datagen_operator.output.canary_verdict import canary_basis_here, remember_canary, remembered_canary
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import STEP_LOCAL_RUN, STEP_MARGIN_S, Holder, OutputInUse, release_lease, take_lease
 from datagen_operator.steps.verify_program import holds_records
@@ -86,27 +85,6 @@ class ShardSlot:
     failed: str | None = None
     failure_reason: str | None = None
     retries: int = 0
-
-
-CANARY_VERDICT = "canary.verdict.json"
-"""A passed canary's verdict, beside its records, with the key it holds for (LocalRunner._canary_key)."""
-
-
-def remembered_canary(output: Path, key: str) -> StepOutcome | None:
-    try:
-        data = orjson.loads((output / CANARY_VERDICT).read_bytes())
-        outcome = StepOutcome.from_storage(orjson.dumps(data["outcome"]))
-    except (FileNotFoundError, orjson.JSONDecodeError, KeyError, ValueError):
-        return None
-    if data.get("key") != key or not outcome.passed:
-        return None
-    return replace(outcome, message=f"passed before with the same fingerprint (not rerun): {outcome.message}")
-
-
-def remember_canary(output: Path, key: str, outcome: StepOutcome) -> None:
-    staging = output / f".{CANARY_VERDICT}.tmp"
-    staging.write_bytes(orjson.dumps({"key": key, "outcome": orjson.loads(outcome.for_storage())}))
-    os.replace(staging, output / CANARY_VERDICT)
 
 
 @dataclass
@@ -446,20 +424,8 @@ class LocalRunner:
         return outcome
 
     def _canary_key(self) -> str:
-        """What a canary verdict holds for: the spec's data fields and its checks, the tokenizer's files and the
-        chat template. A resume with all of them unchanged needs no second canary."""
-        from datagen_operator.api.live_fields import LIVE_FIELDS, without_fields
-        from datagen_operator.output.fingerprint import chat_template_sha256, tokenizer_fingerprint
-
-        document = self.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-        judged = without_fields(document, [path for path in LIVE_FIELDS if path != ("checks",)])
-        tokenizer_dir = Path(self.spec.model.tokenizer_dir)
-        key = {
-            "spec": judged,
-            "tokenizer": tokenizer_fingerprint(tokenizer_dir)["sha256"],
-            "chat_template": chat_template_sha256(getattr(self._tokenizer(), "chat_template", None)),
-        }
-        return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        """What a canary verdict holds for (api/canary_reuse.py): the same rule as the operator's canary Job."""
+        return canary_basis_here(self.spec, Path(self.spec.model.tokenizer_dir), self._tokenizer())
 
     async def _supervise_workers(self, urls: list[str]) -> None:
         for slot in self.shards:

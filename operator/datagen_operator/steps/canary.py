@@ -632,11 +632,17 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
 
     from datagen_operator.api import load_run
+    from datagen_operator.output.canary_verdict import canary_basis_here, remember_canary, remembered_canary
     from datagen_operator.prompts.render import load_tokenizer
 
     spec = load_run(args.run).spec
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(args.tokenizer or spec.model.tokenizer_dir, trust_remote_code=resolved.trust_remote_code)
+    # One rule with `datagen run` (api/canary_reuse.py): a pass kept in the output for the same basis stands.
+    output = Path(args.output) if args.output else None
+    basis = canary_basis_here(spec, Path(args.tokenizer or spec.model.tokenizer_dir), tokenizer)
+    if output is not None and (remembered := remembered_canary(output, basis)) is not None:
+        return write_verdict(without_stale_batch_fill(remembered, spec), args.termination_log)
     outcome = asyncio.run(
         run_canary(
             spec,
@@ -646,6 +652,8 @@ def main(argv: list[str]) -> int:
             Path(args.records) if args.records else None,
         )
     )
+    if output is not None and outcome.passed:
+        remember_canary(output, basis, outcome)
     code = write_verdict(outcome, args.termination_log)
     if not outcome.passed and spec.checks.on_failure == "Halt" and args.lease_holder and args.output:
         # The run halts here, before any bulk record: nothing more is written to its output, so another run

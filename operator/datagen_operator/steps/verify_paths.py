@@ -1,4 +1,4 @@
-"""Where a cluster output's spec paths land on this machine, the reverse of the pods' view (k8s/manifests.py): the
+"""Where a cluster output's spec paths land on this machine, the reverse of the pods' view (k8s/pod_paths.py): the
 run's spec as `datagen verify` and export's gate read it (load_run_spec), and its dataset found on the output's
 volume (on_this_machine).
 """

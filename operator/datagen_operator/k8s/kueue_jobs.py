@@ -3,7 +3,7 @@
 A Job Kueue manages is created suspended by Kueue's webhook and unsuspended on admission, so Kueue owns its
 `spec.suspend`: a Job Kueue holds is waiting, not broken (no pod, so no retry is spent and no step has a
 timeout to run out), and the run says where it waits and why (`with_jobs_queued`). Pausing and resuming such a
-Job goes through its Workload's `spec.active` (control/children.py `ActivateWorkload`), never its suspend."""
+Job goes through its Workload's `spec.active` (k8s/children.py `ActivateWorkload`), never its suspend."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from dataclasses import replace
 
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.status import PROGRESSING
-from datagen_operator.control.children import Child
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import KueueQueued, Observed
 from datagen_operator.control.server import queued_message
+from datagen_operator.k8s.children import Child
 
 JOB_OF_STEP: dict[Step, tuple[Child, str]] = {
     Step.PREFLIGHT: (Child.PREFLIGHT, "preflight"),

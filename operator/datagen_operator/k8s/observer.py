@@ -1,8 +1,8 @@
-"""Everything a pass reads, as observed facts (control/observed.py `Observed`): the watch cache's children, the
-server's own answers (health, and its parsers while they are to be verified), the LeaderWorkerSet, the
-controllers' FailedCreate events, the spec-in-force ConfigMap and whether the namespace is being deleted.
-Verdicts the status already records stand for their data generation (control/remembered.py): the pod that
-said one may be gone."""
+"""Everything a pass reads, as observed facts (control/observed.py `Observed`): the I/O half of observing, whose
+pure mapping of the objects is k8s/object_facts.py. The watch cache's children, the server's own answers
+(health, and its parsers while they are to be verified), the LeaderWorkerSet, the controllers' FailedCreate
+events, the spec-in-force ConfigMap and whether the namespace is being deleted. Verdicts the status already
+records stand for their data generation (control/remembered.py): the pod that said one may be gone."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from datagen_operator.api.names import Component, server_name, spec_configmap_na
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DataGenRunSpec
-from datagen_operator.api.status import EXPORTED, PARSERS_VERIFIED, DataGenRunStatus
-from datagen_operator.control.children import Child, made_for
+from datagen_operator.api.status import EXPORTED, PARSERS_VERIFIED, DataGenRunStatus, Phase
 from datagen_operator.control.decide import parsers_to_read
 from datagen_operator.control.observed import (
     JobWorkload,
@@ -33,18 +32,19 @@ from datagen_operator.control.observed import (
     ServerObservation,
 )
 from datagen_operator.control.remembered import (
+    canary_in_force,
     remembered_canary,
     remembered_final,
     remembered_outcome,
     remembered_preflight,
     remembered_workers,
 )
-from datagen_operator.k8s import groups
-from datagen_operator.k8s import manifests as m
-from datagen_operator.k8s import observe as o
+from datagen_operator.k8s import groups, job_manifests, object_meta
+from datagen_operator.k8s import object_facts as o
+from datagen_operator.k8s.children import Child, made_for
 from datagen_operator.k8s.context import OperatorContext, RunCache
 from datagen_operator.k8s.kube import Kube
-from datagen_operator.k8s.observe import annotation
+from datagen_operator.k8s.object_facts import annotation
 from datagen_operator.k8s.registry import JOBS, child_name
 
 log = logging.getLogger("datagen.operator")
@@ -148,7 +148,10 @@ class Observer:
         if cm is None:
             return AppliedSpec(None)
         document = (yaml.safe_load((cm.get("data") or {}).get("run.yaml") or "{}") or {}).get("spec") or {}
-        recorded, changed = annotation(cm, m.DATA_GENERATION), annotation(cm, m.SPEC_CHANGED_GENERATION)
+        recorded, changed = (
+            annotation(cm, object_meta.DATA_GENERATION),
+            annotation(cm, object_meta.SPEC_CHANGED_GENERATION),
+        )
         return AppliedSpec(
             cm, document, int(recorded) if recorded is not None else None, int(changed) if changed is not None else None
         )
@@ -161,7 +164,7 @@ class Observer:
         return bool(o.shard_snapshots(self.cache.children("ConfigMap")))
 
     def worker_image(self, recorded: str | None, spec: DataGenRunSpec) -> str:
-        return m.started_worker_image(
+        return job_manifests.started_worker_image(
             recorded, self.cache.children("Job"), spec.clients.image, self.ctx.settings.worker_image
         )
 
@@ -210,14 +213,14 @@ class Observer:
         statefulset = self.cache.named("StatefulSet", sts_name)
         grouped = spec.server.nodes > 1
         if grouped:
-            self.group_set = await self.ctx.kube.read(m.LWS_KIND, self.namespace, sts_name)
+            self.group_set = await self.ctx.kube.read(object_meta.LWS_KIND, self.namespace, sts_name)
         # A group's leader is <run>-server-<i>, as a single-node server pod is: the same probes, the same URLs.
         serving = self.group_set if grouped else statefulset
         probe = o.pods_to_probe(server_pods, sts_name, spec.server.replicas) if serving is not None else []
         answers = await asyncio.gather(*(self._healthy(urls[index]) for _, index in probe))
         health = {pod: ok for (pod, _), ok in zip(probe, answers, strict=True)}
         if grouped:
-            refused = refused_writes.get(f"{m.LWS_KIND}/{sts_name}")
+            refused = refused_writes.get(f"{object_meta.LWS_KIND}/{sts_name}")
             leaders = {"metadata": {"name": sts_name}} if self.group_set is not None else None
             observation = groups.group_observation(
                 server_pods, leaders, spec.server.replicas, spec.server.nodes, urls, health, now, refused
@@ -272,7 +275,7 @@ class Observer:
                     self.namespace,
                     self.name,
                     local_queue,
-                    m.KUEUE_API_VERSION,
+                    object_meta.KUEUE_API_VERSION,
                     KUEUE_UNREAD[listed.unreadable],
                 )
                 self.kueue_unreadable = listed.unreadable
@@ -328,7 +331,7 @@ class Observer:
             meta = found["metadata"]
             words = f"Workload {meta.get('namespace')}/{meta.get('name')}"
             for ref in meta.get("ownerReferences") or []:
-                if ref.get("kind") not in ("StatefulSet", "Job", m.LWS_KIND):
+                if ref.get("kind") not in ("StatefulSet", "Job", object_meta.LWS_KIND):
                     continue
                 owner = await self.ctx.kube.read(ref["kind"], meta.get("namespace") or self.namespace, ref["name"])
                 run = o.owner_run(owner) if owner is not None else None
@@ -351,7 +354,8 @@ class Observer:
             if o.job_finished(job) is None and job["metadata"].get("uid")
         }
         if spec.queue is None and not any(
-            m.KUEUE_QUEUE_LABEL in (job["metadata"].get("labels") or {}) or (job.get("spec") or {}).get("suspend")
+            object_meta.KUEUE_QUEUE_LABEL in (job["metadata"].get("labels") or {})
+            or (job.get("spec") or {}).get("suspend")
             for job in jobs.values()
         ):
             return {}
@@ -363,7 +367,7 @@ class Observer:
         children = {child_name(child, self.name): child for child in JOBS}
         found: dict[str, JobWorkload] = {}
         for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
-            job = jobs.get((workload["metadata"].get("labels") or {}).get(m.KUEUE_JOB_UID_LABEL) or "")
+            job = jobs.get((workload["metadata"].get("labels") or {}).get(object_meta.KUEUE_JOB_UID_LABEL) or "")
             child = children.get(job["metadata"]["name"]) if job is not None else None
             if child is None or (workload["metadata"].get("deletionTimestamp")):
                 continue
@@ -390,13 +394,20 @@ class Observer:
 
         def current(child: Child) -> Mapping[str, Any] | None:
             made = job(child)
-            return made if made is not None and made_for(annotation(made, m.DATA_GENERATION), data_generation) else None
+            return (
+                made
+                if made is not None and made_for(annotation(made, object_meta.DATA_GENERATION), data_generation)
+                else None
+            )
 
         def outcome(made: Mapping[str, Any] | None, component: Component, what: str) -> StepOutcome | None:
             return o.job_outcome(made, self.cache.pods(component), component, what)
 
         workers_job = job(Child.WORKERS)
         configmaps = self.cache.children("ConfigMap")
+        # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
+        workers = o.workers_observation(workers_job, self.cache.pods(Component.WORKER), spec.clients.shards)
+        workers = workers or remembered_workers(old.progress, spec.clients.shards)
         return Observed(
             generation=generation,
             suspended=spec.suspend,
@@ -405,11 +416,12 @@ class Observer:
             server=server,
             parsers=remembered_outcome(old.conditions, PARSERS_VERIFIED, data_generation, checks),
             parser_probes=self.parser_probes,
-            canary=remembered_canary(old, data_generation)
-            or outcome(current(Child.CANARY), Component.CANARY, "canary"),
-            # A finished workers' Job deleted before the final verdict: its count stands (the status kept it).
-            workers=o.workers_observation(workers_job, self.cache.pods(Component.WORKER), spec.clients.shards)
-            or remembered_workers(old.progress, spec.clients.shards),
+            canary=canary_in_force(
+                remembered_canary(old, data_generation),
+                outcome(current(Child.CANARY), Component.CANARY, "canary"),
+                resumed_before_workers=old.phase == Phase.SUSPENDED and not spec.suspend and workers is None,
+            ),
+            workers=workers,
             progress=o.progress_counters(configmaps, workers_job),
             final=remembered_final(old.conditions, data_generation, checks)
             or outcome(job(Child.VERIFY), Component.VERIFY, "verification"),

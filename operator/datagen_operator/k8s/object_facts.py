@@ -1,5 +1,5 @@
-"""API objects -> control.observed dataclasses. Pure: the shell lists the objects and probes the server,
-these functions only read dicts."""
+"""API objects -> control.observed facts (the pure half of observing; k8s/observer.py does the reading). Pure: the
+shell lists the objects and probes the server, these functions only read dicts."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from datagen_operator.control.observed import (
     WorkersObservation,
 )
 from datagen_operator.control.progress import counters_from_snapshots
-from datagen_operator.k8s import manifests as m
+from datagen_operator.k8s import object_meta
 
 Obj = Mapping[str, Any]
 
@@ -189,7 +189,7 @@ def kueue_queued(workload: Obj, cluster_queue: str | None = None) -> KueueQueued
 def kueue_local_queue(workload: Obj) -> str | None:
     """The LocalQueue Kueue admits the server by: its queue label, from spec.queue or put on by Kueue's webhook
     from the namespace's `default` LocalQueue; None for a server Kueue does not manage."""
-    return ((workload.get("metadata") or {}).get("labels") or {}).get(m.KUEUE_QUEUE_LABEL) or None
+    return ((workload.get("metadata") or {}).get("labels") or {}).get(object_meta.KUEUE_QUEUE_LABEL) or None
 
 
 def kueue_evicted(workload: Obj, cluster_queue: str | None = None) -> KueueEvicted | None:

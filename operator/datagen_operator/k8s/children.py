@@ -2,7 +2,7 @@
 
 `plan` reads the decision (control/decide.py) and a summary of the children that exist (`Children`, built by
 k8s/inventory.py from the watch cache) and returns actions in the order they are to be sent. The shell
-(k8s/reconcile.py) builds the manifest each action names (k8s/manifests.py) and sends it; it decides nothing.
+(k8s/reconcile.py) builds the manifest each action names (k8s/registry.py's builders) and sends it; it decides nothing.
 lws's planner/executor split is the model: the rules are unit-tested here without a cluster."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CHILDREN_ACCEPTED, SPEC_APPLIED, Condition
 from datagen_operator.control.conditions import ConditionUpdate
-from datagen_operator.control.decide import Decision, Step
+from datagen_operator.control.decision import Decision, Step
 from datagen_operator.control.observed import Observed
 
 
@@ -90,7 +90,7 @@ class Children:
 
 @dataclass(frozen=True)
 class WantedServer:
-    """The hashes of the server workload the spec asks for now (k8s/manifests.with_hashes)."""
+    """The hashes of the server workload the spec asks for now (k8s/server_hashes.with_hashes)."""
 
     restart_hash: str
     admission_hash: str
@@ -282,7 +282,10 @@ def _steps(
 
     canary = jobs.get(Child.CANARY)
     stale = canary is not None and not made_for(canary.data_generation, data_generation)
-    if canary is not None and (stale or (decision.step == Step.SUSPENDED and not canary.finished)):
+    # Suspended: an unfinished canary goes, and a finished one too while no worker started on its verdict (on
+    # resume the canary is asked again: control/remembered.py `canary_in_force`).
+    unused = canary is not None and (not canary.finished or Child.WORKERS not in jobs)
+    if stale or (decision.step == Step.SUSPENDED and unused):
         actions.append(Delete(Child.CANARY))
     elif decision.canary_wanted and canary is None and observed.server:
         actions.append(Create(Child.CANARY, tuple(observed.server.ready_endpoints) or tuple(urls)))
