@@ -30,7 +30,6 @@ router, the control plane) and leaves no process behind; a second Ctrl-C does no
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -49,8 +48,6 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # the harness lives in tests/harness
 
-import aiohttp  # noqa: E402
-from aiohttp import web  # noqa: E402
 
 from datagen_operator.engine.launch import LAUNCH_MODULE  # noqa: E402
 from datagen_operator.k8s.object_meta import COMPONENT_LABEL  # noqa: E402
@@ -62,6 +59,7 @@ from tests.harness.controlplane import (  # noqa: E402
 )
 from tests.harness.kubelet import PodRunner, host_path_mounts, map_path  # noqa: E402
 from tests.harness.kueue import KUEUE_API_VERSION, KUEUE_NAMESPACE_LABEL  # noqa: E402
+from tests.harness.pod_router import PodRouter  # noqa: E402
 from tests.harness.processes import ControlPlaneError, wait_until  # noqa: E402
 from tests.harness.sim import HOST, SimServer, SimStartError  # noqa: E402
 from tests.harness.testbin import ensure_testbin  # noqa: E402
@@ -82,10 +80,6 @@ LOCAL_QUEUE = "gpus"  # not `default`: Kueue would put that one on every Statefu
 PRIORITY_CLASSES = {"datagen-low": 100, "datagen-high": 1000}
 # CPU and memory are covered (a run's pods request them) but never what is short: the GPUs are.
 AMPLE = {"cpu": "1000", "memory": "100Ti"}
-# Hop-by-hop and framing headers: aiohttp sets its own on each side of the router.
-UNFORWARDED_HEADERS = frozenset(
-    {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
-)
 
 
 def say(message: str) -> None:
@@ -152,34 +146,33 @@ class ServerPodSimulators:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
-    _loop: asyncio.AbstractEventLoop | None = None
-    _router_stop: asyncio.Event | None = None
-    _socket: socket.socket = field(default_factory=free_socket)
+    _router: PodRouter | None = None
 
     @property
     def router_url(self) -> str:
-        return f"http://{HOST}:{self._socket.getsockname()[1]}"
+        assert self._router is not None, "started"
+        return self._router.url
 
     @property
     def endpoint_template(self) -> str:
         """The operator's DATAGEN_TEST_SERVER_URLS: it fills in each replica's namespace and pod."""
-        return self.router_url + "/{namespace}/{pod}"
+        assert self._router is not None, "started"
+        return self._router.endpoint_template
 
     def start(self) -> ServerPodSimulators:
-        router_ready = threading.Event()
-        for target, name in ((self._serve, "router"), (self._watch, "server-pod-watch")):
-            args = (router_ready,) if target == self._serve else ()
-            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        if not router_ready.wait(30):
-            raise ControlPlaneError("the simulator router did not start")
+        try:
+            self._router = PodRouter(self._upstream).__enter__()
+        except RuntimeError as error:
+            raise ControlPlaneError(str(error)) from error
+        thread = threading.Thread(target=self._watch, name="server-pod-watch", daemon=True)
+        thread.start()
+        self._threads.append(thread)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._loop is not None and self._router_stop is not None:
-            self._loop.call_soon_threadsafe(self._router_stop.set)
+        if self._router is not None:
+            self._router.__exit__(None, None, None)
         for thread in self._threads:
             thread.join(timeout=15)
         with self._lock:
@@ -190,7 +183,11 @@ class ServerPodSimulators:
             simulator.server.terminate()
         for simulator in simulators:
             simulator.server.stop()
-        self._socket.close()
+
+    def _upstream(self, namespace: str, pod: str) -> str | None:
+        """The pod's simulator once it answers /health; None before, and once the pod went."""
+        with self._lock:
+            return self._routes.get((namespace, pod))
 
     # --- server pods -> simulators ------------------------------------------------------------------
 
@@ -251,58 +248,6 @@ class ServerPodSimulators:
                 del self._routes[key]
         simulator.server.stop()
         say(f"server pod {simulator.namespace}/{simulator.pod} gone: its simulator stopped")
-
-    # --- the router ---------------------------------------------------------------------------------
-
-    def _serve(self, ready: threading.Event) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(self._router(ready))
-        self._loop.close()
-
-    async def _router(self, ready: threading.Event) -> None:
-        self._router_stop = asyncio.Event()
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)  # streams last as long as generation
-        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app["session"] = session
-            app.router.add_route("*", "/{namespace}/{pod}/{path:.*}", self._forward)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.SockSite(runner, self._socket).start()
-            ready.set()
-            await self._router_stop.wait()
-            await runner.cleanup()
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        namespace, pod = request.match_info["namespace"], request.match_info["pod"]
-        with self._lock:
-            target = self._routes.get((namespace, pod))
-        if target is None:
-            return web.Response(status=503, text=f"server pod {namespace}/{pod} has no simulator answering (yet)\n")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in UNFORWARDED_HEADERS}
-        session: aiohttp.ClientSession = request.app["session"]
-        response: web.StreamResponse | None = None
-        try:
-            async with session.request(
-                request.method,
-                f"{target}/{request.match_info['path']}",
-                params=request.query,
-                data=await request.read(),
-                headers=headers,
-            ) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for name, value in upstream.headers.items():
-                    if name.lower() not in UNFORWARDED_HEADERS:
-                        response.headers[name] = value
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
-        except (TimeoutError, aiohttp.ClientConnectionError):
-            if response is not None and response.prepared:
-                raise  # mid-stream: the client sees the connection drop, as from a vanished pod
-            return web.Response(status=503, text=f"server pod {namespace}/{pod}: its simulator stopped\n")
 
 
 # --- Kueue ------------------------------------------------------------------------------------------

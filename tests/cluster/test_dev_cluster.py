@@ -29,6 +29,7 @@ import yaml
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.k8s.server_manifests import server_urls
 from tests.harness.kubeconfig import read_cluster_endpoint
+from tests.harness.processes import wait_until
 from tests.harness.testbin import REPO_ROOT, ensure_testbin
 
 EXAMPLES = REPO_ROOT / "examples" / "dev-cluster"
@@ -143,14 +144,9 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
         return log_path.read_text(errors="replace")
 
     def wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            assert process.poll() is None, f"make dev-cluster exited {process.returncode}:\n{output()}"
-            time.sleep(1)
-        raise AssertionError(f"timed out waiting for {what}:\n{output()[-6000:]}")
+        return wait_until(
+            check, timeout=timeout, describe=what, watched=[process], interval=1, details=lambda: output()[-6000:]
+        )
 
     try:
         wait("the dev cluster to be up", lambda: "Ctrl-C stops everything" in output(), 300)

@@ -6,7 +6,8 @@ answers a bare 503 (an outage, as a Service without endpoints) and its requests 
 pod's connections are, until the pod is Ready again. Without it every run's URL reaches the simulator whatever
 happens to its pods, and a preempted run's workers would go on generating.
 
-As hack/dev-cluster.py's router, without a simulator per pod: the tests share one."""
+The router (`PodRouter`) asks an `upstream` function which URL answers for a pod now; the tests' (`ServingPods.to`)
+sends every serving pod to one shared simulator, hack/dev-cluster.py's to the simulator it started for that pod."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import asyncio
 import socket
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,14 +45,56 @@ def serving(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+Upstream = Callable[[str, str], str | None]
+"""The URL answering for (namespace, pod) now; None while that pod would not answer."""
+
+
 @dataclass
-class PodRouter:
-    """`cluster`: the test control plane (its `resource`); `target`: the simulator's URL; `selector`: the server
-    pods' label selector. Use as a context manager; `endpoint_template` is the operator's server URL template."""
+class ServingPods:
+    """The server pods that serve now (`serving`), polled every `poll_s` from `cluster` (the test control plane,
+    its `resource`) by `selector`. Use as a context manager."""
 
     cluster: Any
-    target: str
     selector: str
+    poll_s: float = 0.2
+    live: frozenset[tuple[str, str]] = frozenset()
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def to(self, target: str) -> Upstream:
+        """Every serving pod answered by `target`."""
+        return lambda namespace, pod: target if (namespace, pod) in self.live else None
+
+    def __enter__(self) -> ServingPods:
+        self._poll()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def _poll(self) -> None:
+        listed = [p.to_dict() for p in self.cluster.resource("v1", "Pod").get(label_selector=self.selector).items]
+        self.live = frozenset((p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed if serving(p))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self._poll()
+            except Exception:  # the API server may be stopping; the next poll retries
+                continue
+
+
+@dataclass
+class PodRouter:
+    """`<url>/<namespace>/<pod>/<path>` forwarded to `upstream(namespace, pod)`; a bare 503 while it is None, and a
+    request in flight cut once its pod's upstream changes (the pod went). Use as a context manager;
+    `endpoint_template` is the operator's server URL template (DATAGEN_TEST_SERVER_URLS)."""
+
+    upstream: Upstream
     poll_s: float = 0.2
     forwarded: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Requests forwarded, by (namespace, pod)."""
@@ -58,10 +102,8 @@ class PodRouter:
     """Requests answered 503 because the pod was not serving, by (namespace, pod)."""
     cut: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Requests in flight cut because their pod stopped serving, by (namespace, pod)."""
-    _live: frozenset[tuple[str, str]] = frozenset()
     _socket: socket.socket = field(default_factory=_free_socket)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _thread: threading.Thread | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _router_stop: asyncio.Event | None = None
 
@@ -75,41 +117,18 @@ class PodRouter:
 
     def __enter__(self) -> PodRouter:
         ready = threading.Event()
-        self._watch_once()
-        for target, args in ((self._serve, (ready,)), (self._watch, ())):
-            thread = threading.Thread(target=target, args=args, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._thread = threading.Thread(target=self._serve, args=(ready,), name="pod-router", daemon=True)
+        self._thread.start()
         if not ready.wait(30):
             raise RuntimeError("the pod router did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
         if self._loop is not None and self._router_stop is not None:
             self._loop.call_soon_threadsafe(self._router_stop.set)
-        for thread in self._threads:
-            thread.join(timeout=15)
+        if self._thread is not None:
+            self._thread.join(timeout=15)
         self._socket.close()
-
-    def live(self, namespace: str, pod: str) -> bool:
-        return (namespace, pod) in self._live
-
-    # --- which pods serve -------------------------------------------------------------------------
-
-    def _watch_once(self) -> None:
-        pods = self.cluster.resource("v1", "Pod").get(label_selector=self.selector).items
-        listed = [p.to_dict() for p in pods]
-        self._live = frozenset((p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed if serving(p))
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                self._watch_once()
-            except Exception:  # the API server may be stopping; the next poll retries
-                continue
-
-    # --- the router -------------------------------------------------------------------------------
 
     def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.new_event_loop()
@@ -118,7 +137,7 @@ class PodRouter:
 
     async def _router(self, ready: threading.Event) -> None:
         self._router_stop = asyncio.Event()
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)  # streams last as long as generation
         async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app[SESSION] = session
@@ -132,14 +151,15 @@ class PodRouter:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         key = (request.match_info["namespace"], request.match_info["pod"])
-        if key not in self._live:
+        target = self.upstream(*key)
+        if target is None:
             self.refused[key] += 1
             return web.Response(status=503, text=f"server pod {key[0]}/{key[1]} is not serving\n")
         self.forwarded[key] += 1
-        proxy = asyncio.ensure_future(self._proxy(request))
+        proxy = asyncio.ensure_future(self._proxy(request, target))
         while not proxy.done():
             await asyncio.wait({proxy}, timeout=self.poll_s)
-            if not proxy.done() and key not in self._live:
+            if not proxy.done() and self.upstream(*key) != target:
                 # The pod went (deleted, no longer Ready): its connections drop, mid-answer or before it.
                 self.cut[key] += 1
                 proxy.cancel()
@@ -148,18 +168,25 @@ class PodRouter:
                 return web.Response(status=503)
         return proxy.result()
 
-    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+    async def _proxy(self, request: web.Request, target: str) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in UNFORWARDED_HEADERS}
         session = request.app[SESSION]
-        url = f"{self.target}/{request.match_info['path']}"
-        body = await request.read()
-        async with session.request(request.method, url, params=request.query, data=body, headers=headers) as upstream:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for name, value in upstream.headers.items():
-                if name.lower() not in UNFORWARDED_HEADERS:
-                    response.headers[name] = value
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
+        url = f"{target}/{request.match_info['path']}"
+        response: web.StreamResponse | None = None
+        try:
+            async with session.request(
+                request.method, url, params=request.query, data=await request.read(), headers=headers
+            ) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for name, value in upstream.headers.items():
+                    if name.lower() not in UNFORWARDED_HEADERS:
+                        response.headers[name] = value
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (TimeoutError, aiohttp.ClientConnectionError):
+            if response is not None and response.prepared:
+                raise  # mid-stream: the client sees the connection drop, as from a vanished pod
+            return web.Response(status=503, text=f"{target}: no answer (its server stopped)\n")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -121,10 +121,15 @@ def wait_until(
     *,
     timeout: float,
     describe: str,
-    watched: Iterable[ManagedProcess] = (),
+    watched: Iterable[ManagedProcess | subprocess.Popen[Any]] = (),
     interval: float = 0.2,
+    details: Callable[[], str] = lambda: "",
+    failure: type[Exception] = ControlPlaneError,
 ) -> T:
-    """Polls until `condition` returns something truthy; fails early if a watched process died."""
+    """The one wait of the tests and the harness: polls until `condition` returns something truthy and returns
+    it; fails early if a watched process exited, and on timeout, each time naming `describe`, the last exception
+    `condition` raised and `details()` (a log tail, the objects seen), as a `failure`. An exception from `condition` is retried (a
+    server not answering yet), except an AssertionError: a test's invariant broken while waiting fails at once."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while True:
@@ -132,14 +137,22 @@ def wait_until(
             value = condition()
             if value:
                 return value
+        except AssertionError:
+            raise
         except Exception as error:  # the last one explains a timeout
             last_error = error
         for process in watched:
-            if not process.alive():
-                raise ControlPlaneError(
+            if isinstance(process, ManagedProcess) and not process.alive():
+                raise failure(
                     f"{process.name} exited with {process.popen.returncode} while waiting for {describe}; "
                     f"log {process.log_path}:\n{process.log_tail()}"
                 )
+            if isinstance(process, subprocess.Popen) and process.poll() is not None:
+                raise failure(
+                    f"pid {process.pid} ({process.args!r:.200}) exited with {process.returncode} while waiting for "
+                    f"{describe}\n{details()}"
+                )
         if time.monotonic() > deadline:
-            raise ControlPlaneError(f"timed out after {timeout:.0f} s waiting for {describe}: {last_error}")
+            last = f": {last_error}" if last_error else ""
+            raise failure(f"timed out after {timeout:.0f} s waiting for {describe}{last}\n{details()}")
         time.sleep(interval)

@@ -39,6 +39,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.harness.processes import wait_until
+
 HOST = "127.0.0.1"
 
 
@@ -105,25 +107,24 @@ class SimServer:
         return self
 
     def wait_listening(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self._port_file.is_file():
-            if not self.running:
-                raise SimStartError(f"sim-server exited with {self.returncode} before listening:\n{self.log_text()}")
-            if time.monotonic() > deadline:
-                raise SimStartError(f"sim-server did not listen within {timeout_s} s:\n{self.log_text()}")
-            time.sleep(0.02)
+        wait_until(
+            self._port_file.is_file, timeout=timeout_s, describe="sim-server listening", watched=self._watched(),
+            interval=0.02, details=self.log_text, failure=SimStartError,
+        )  # fmt: skip
         self.port = int(self._port_file.read_text().strip())
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait for the port, then for /health 200."""
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
         self.wait_listening(timeout_s)
-        while health_status(self.url) != 200:
-            if not self.running:
-                raise SimStartError(f"sim-server exited with {self.returncode}:\n{self.log_text()}")
-            if time.monotonic() > deadline:
-                raise SimStartError(f"sim-server /health not 200 within {timeout_s} s:\n{self.log_text()}")
-            time.sleep(0.05)
+        wait_until(
+            lambda: health_status(self.url) == 200, timeout=timeout_s - (time.monotonic() - started),
+            describe="sim-server /health 200", watched=self._watched(), interval=0.05, details=self.log_text,
+            failure=SimStartError,
+        )  # fmt: skip
+
+    def _watched(self) -> list[subprocess.Popen[bytes]]:
+        return [self._process] if self._process is not None else []
 
     def terminate(self) -> None:
         """Send SIGTERM to the process group without waiting (see `stop`)."""

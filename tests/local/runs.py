@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import psutil
 import pyarrow.parquet as pq
 
+from tests.harness.processes import wait_until
 from tests.manifests import DELETE, REPO, local_run, write_run
 
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
@@ -36,8 +40,9 @@ def datagen_run(run_file: Path, *extra: str, timeout: float = 240) -> subprocess
     )
 
 
-SLOW_SIM = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=300", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
-"""A simulator slow enough that a run is still generating when the test acts on it."""
+SLOW_SIM = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=40", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
+"""A simulator slow enough that a run is still generating when the test acts on it, however loaded the machine (tens
+of seconds for the quickstart's 24 prompts): a test interrupts such a run, or holds it (`held`) while it acts."""
 
 
 def start_generating(
@@ -50,11 +55,26 @@ def start_generating(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not list(output.glob("shards/*/*.jsonl")):
-        time.sleep(0.2)
-    assert list(output.glob("shards/*/*.jsonl")), "the run's workers never started"
+    wait_until(
+        lambda: list(output.glob("shards/*/*.jsonl")), timeout=timeout, describe="the run's workers writing",
+        watched=[process],
+    )  # fmt: skip
     return process
+
+
+@contextlib.contextmanager
+def held(process: subprocess.Popen[str]) -> Iterator[None]:
+    """`process` and every process under it (server, workers) stopped by SIGSTOP until the block ends: a run held
+    in progress, not raced. Its lease does not expire meanwhile (WORKER_LEASE_S is minutes) and its holder is alive."""
+    tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    for member in tree:
+        member.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for member in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.send_signal(signal.SIGCONT)
 
 
 def dataset_ids() -> list[str]:

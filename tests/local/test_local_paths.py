@@ -15,7 +15,15 @@ from datagen_operator.api import load_run
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.exit_codes import EXIT_STEP_CRASHED
 from datagen_operator.api.local import run_on_this_machine
-from tests.local.runs import FAST_SIM, PROMPTS, SLOW_SIM, datagen_run, manifest, start_generating, stored_keys
+from tests.local.runs import (
+    FAST_SIM,
+    PROMPTS,
+    datagen_run,
+    held,
+    manifest,
+    start_generating,
+    stored_keys,
+)
 
 
 def flat(text: str) -> str:
@@ -137,17 +145,16 @@ def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(
     from datagen_operator.output.lease import read_lease
 
     out = tmp_path / "out"
-    # Slower than SLOW_SIM (about 4 s for the whole run there): the first run must still hold the output while a
-    # second `datagen run` starts its Python on a loaded machine (about 20 s here).
-    slower = [*SLOW_SIM, "--sim-arg=--sim-tokens-per-s=50"]
-    first = start_generating(manifest(tmp_path, standin_tokenizer, output=out, clients__concurrency=2), out, sim=slower)
+    first = start_generating(manifest(tmp_path, standin_tokenizer, output=out, clients__concurrency=2), out)
     lease = read_lease(out)
     assert lease is not None and lease.pid == first.pid
     run_yaml = (out / "run.yaml").read_bytes()
 
     second_dir = tmp_path / "second"
     second_dir.mkdir()
-    second = datagen_run(manifest(second_dir, standin_tokenizer, output=out), *FAST_SIM)
+    with held(first):  # the first run still generating however long the second takes to start
+        second = datagen_run(manifest(second_dir, standin_tokenizer, output=out), *FAST_SIM)
+        assert list(out.glob("shards/*/*.jsonl")) and not list(out.glob("data/*.parquet")), "the first is mid-run"
     assert second.returncode == 1, second.stdout + second.stderr
     said = flat(second.stdout)
     assert f"OutputInUse: {out} is held by datagen run t (pid {first.pid} on {lease.host})" in said, said

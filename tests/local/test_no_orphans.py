@@ -9,9 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from tests.harness.processes import wait_until
 from tests.local.runs import FAST_SIM, SLOW_SIM, datagen_run, dataset_ids, manifest, start_generating, stored_keys
 
 
@@ -57,13 +57,6 @@ def _kill_groups(processes: list[tuple[int, str, str]]) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-def _wait_gone(processes: list[tuple[int, str, str]], seconds: float) -> list[tuple[int, str, str]]:
-    deadline = time.monotonic() + seconds
-    while _running(processes) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return _running(processes)
-
-
 def test_kill_9_of_datagen_run_takes_its_simulator_and_workers_with_it(tmp_path: Path, standin_tokenizer: Path) -> None:
     run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
     run = start_generating(run_file, tmp_path / "out")
@@ -75,15 +68,14 @@ def test_kill_9_of_datagen_run_takes_its_simulator_and_workers_with_it(tmp_path:
 
         run.kill()
         run.communicate(timeout=30)
-        left = _wait_gone(children, 5.0)
-        assert not left, f"still running 5 s after kill -9 of datagen run: {left}"
+        wait_until(
+            lambda: not _running(children), timeout=5, describe="every child gone after kill -9 of datagen run",
+            interval=0.1, details=lambda: f"still running: {_running(children)}",
+        )  # fmt: skip
     finally:
         run.kill()
         _kill_groups(children)
 
-
-CRAWLING_SIM = [arg.replace("--sim-tokens-per-s=300", "--sim-tokens-per-s=40") for arg in SLOW_SIM]
-"""The leftovers' simulator: its worker is still generating when the next run starts, however loaded the machine."""
 
 LEFTOVERS = """
 import subprocess, sys, time, urllib.request
@@ -122,7 +114,7 @@ def test_a_later_run_stops_what_an_earlier_killed_run_left_running(tmp_path: Pat
     first.communicate(timeout=30)
 
     left_by = subprocess.run(
-        [sys.executable, "-c", LEFTOVERS, str(out), *(arg.removeprefix("--sim-arg=") for arg in CRAWLING_SIM)],
+        [sys.executable, "-c", LEFTOVERS, str(out), *(arg.removeprefix("--sim-arg=") for arg in SLOW_SIM)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -133,10 +125,10 @@ def test_a_later_run_stops_what_an_earlier_killed_run_left_running(tmp_path: Pat
         assert len(leftovers) == 2, f"the leftovers did not start: {left_by.stdout}{left_by.stderr}"
         segments = list(out.glob("shards/00000/segment-*.jsonl"))
         lines = sum(path.read_bytes().count(b"\n") for path in segments)
-        deadline = time.monotonic() + 60
-        while sum(p.read_bytes().count(b"\n") for p in out.glob("shards/00000/segment-*.jsonl")) <= lines:
-            assert time.monotonic() < deadline, "the leftover worker never wrote a record"
-            time.sleep(0.2)
+        wait_until(
+            lambda: sum(p.read_bytes().count(b"\n") for p in out.glob("shards/00000/segment-*.jsonl")) > lines,
+            timeout=60, describe="a record from the leftover worker",
+        )  # fmt: skip
 
         assert _running(leftovers) == leftovers, "the leftovers are still generating when the next run starts"
         again = datagen_run(run_file, *FAST_SIM)

@@ -3,11 +3,11 @@ load for nothing), verified from its files and reported; nothing is generated tw
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import orjson
 
+from tests.harness.processes import wait_until
 from tests.local.runs import FAST_SIM, datagen_run, manifest, start_generating, stored_keys
 
 
@@ -87,8 +87,10 @@ def test_a_resumes_progress_starts_at_the_records_the_output_holds(tmp_path: Pat
     run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
     out = tmp_path / "out"
     first = start_generating(run_file, out)
-    while not any(path.read_bytes().count(b"\n") for path in out.glob("shards/*/segment-*.jsonl")):
-        time.sleep(0.1)
+    wait_until(
+        lambda: any(path.read_bytes().count(b"\n") for path in out.glob("shards/*/segment-*.jsonl")), timeout=60,
+        describe="a record", watched=[first], interval=0.1,
+    )  # fmt: skip
     first.send_signal(signal.SIGINT)
     first.communicate(timeout=90)
     held = len(stored_keys(out)) or sum(path.read_bytes().count(b"\n") for path in out.glob("shards/*/segment-*.jsonl"))

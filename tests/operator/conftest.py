@@ -8,7 +8,6 @@ import json
 import secrets
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from datagen_operator.api.spec import API_GROUP, API_VERSION, PLURAL
 from datagen_operator.k8s.rbac import CLUSTER_RULES
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
+from tests.harness.processes import wait_until
 
 T = TypeVar("T")
 GROUP, VERSION = API_GROUP, API_VERSION
@@ -95,17 +95,36 @@ class Runs:
     def wait(
         self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 90.0
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            last = self.condition(name, type_)
-            if last and last["status"] == status and (reason is None or last["reason"] == reason):
-                return last
-            time.sleep(0.3)
-        conditions = (self.get(name).get("status") or {}).get("conditions")
-        raise AssertionError(
-            f"{type_}={status} ({reason}) not reached in {timeout}s; last {last}; all {conditions}\n{self.describe()}"
-        )
+        return self.watching(name, type_, status, reason, timeout=timeout)
+
+    def watching(
+        self,
+        name: str,
+        type_: str,
+        status: str,
+        reason: str | None = None,
+        *,
+        timeout: float = 90.0,
+        words: str = "",
+        look: Callable[[], object] = lambda: None,
+        details: Callable[[], str] = lambda: "",
+    ) -> dict[str, Any]:
+        """The run's condition `type_` once it has `status`, `reason` (any if None) and `words` in its message;
+        `look()` is called on every poll (a test recording what it sees on the way), `details()` explains a
+        timeout beside the run's conditions and the namespace's pods and Jobs."""
+
+        def reached() -> dict[str, Any] | None:
+            look()
+            found = self.condition(name, type_)
+            wanted = found and found["status"] == status and (reason is None or found["reason"] == reason)
+            return found if wanted and words in found["message"] else None
+
+        def explain() -> str:
+            conditions = (self.get(name).get("status") or {}).get("conditions")
+            return f"conditions {conditions}\n{details()}\n{self.describe()}"
+
+        what = f"{name} {type_}={status} ({reason}) {words!r}"
+        return wait_until(reached, timeout=timeout, describe=what, interval=0.3, details=explain)
 
     def describe(self) -> str:
         """Pods and Jobs of the namespace, for failure messages."""
@@ -117,14 +136,13 @@ class Runs:
             lines.append(f"job {job.metadata.name} suspend={job.spec.suspend} status={job.status.to_dict()}")
         return "\n".join(lines)
 
-    def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}")
+    def wait_for(
+        self, what: str, check: Callable[[], Any], timeout: float = 60.0, details: Callable[[], str] = lambda: ""
+    ) -> Any:
+        def explain() -> str:
+            return f"{details()}\n{self.describe()}"
+
+        return wait_until(check, timeout=timeout, describe=what, interval=0.3, details=explain)
 
     def passes(self, name: str) -> float:
         """Passes the in-process operator finished over the run (its metric `datagen_run_passes_total`)."""
@@ -138,12 +156,13 @@ class Runs:
         call (a pass under way now is not one of them): what a test waits on before it says that something did
         NOT happen, instead of a fixed sleep. Every look's result, in order (at least one)."""
         wanted = self.passes(name) + count + 1
-        deadline = time.monotonic() + timeout
         seen = [look()]
-        while self.passes(name) < wanted:
-            assert time.monotonic() < deadline, f"{count} passes over {name} not made in {timeout} s"
-            time.sleep(0.3)
+
+        def made() -> bool:
             seen.append(look())
+            return self.passes(name) >= wanted
+
+        wait_until(made, timeout=timeout, describe=f"{count} passes over {name}", interval=0.3)
         return seen
 
     def wait_passes(self, name: str, count: int = 3, timeout: float = 60.0) -> None:

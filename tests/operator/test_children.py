@@ -3,7 +3,6 @@ or edited by hand is put back by the running operator, counted in its applies; a
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 from kubernetes import client
 
 from datagen_operator.k8s.kube import FIELD_MANAGER, Kube
+from tests.harness.processes import wait_until
 from tests.manifests import cluster_run
 from tests.operator.conftest import OperatorFactory, Runs, new_name
 
@@ -41,13 +41,13 @@ def named(items: list[Any], name: str) -> Any:
 
 def settle(runs: Runs, name: str, applies: list[tuple[str, str]], quiet_passes: int = 3) -> None:
     """Wait until the operator made `quiet_passes` passes over the run in a row that sent no apply."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def quiet() -> bool:
         seen = len(applies)
         runs.wait_passes(name, quiet_passes)
-        if len(applies) == seen:
-            return
-        assert time.monotonic() < deadline, f"still applying after 60 s: {applies[seen:]}"
+        return len(applies) == seen
+
+    wait_until(quiet, timeout=60, describe="passes sending no apply", interval=0, details=lambda: f"{applies[-5:]}")
 
 
 def test_a_deleted_or_edited_child_comes_back_without_a_restart(

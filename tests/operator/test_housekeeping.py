@@ -32,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
-from tests.harness.processes import free_port
+from tests.harness.processes import free_port, wait_until
 from tests.harness.sim import SimServer
 from tests.manifests import cluster_run
 from tests.operator.conftest import (
@@ -93,10 +93,10 @@ def run_namespace(control_plane: Cluster) -> Iterator[str]:
     core = client.CoreV1Api(control_plane.api_client())
     name = f"t-runs-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": name, "labels": {"datagen.dev/test": "true"}}})
-    deadline = time.monotonic() + 30
-    while not core.list_namespaced_service_account(name, field_selector="metadata.name=default").items:
-        assert time.monotonic() < deadline, f"ServiceAccount default in {name}"
-        time.sleep(0.2)
+    wait_until(
+        lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
+        timeout=30, describe=f"ServiceAccount default in {name}",
+    )  # fmt: skip
     yield name
     with contextlib.suppress(ApiException):
         core.delete_namespace(name)

@@ -56,15 +56,7 @@ def test_a_two_node_server_is_queued_whole_and_admitted_whole(
             reasons.append(ready["reason"])
 
     def watching(type_: str, status: str, reason: str, timeout: float, words: str = "") -> dict[str, object]:
-        def reached() -> dict[str, object] | None:
-            look()
-            found = runs.condition(name, type_)
-            if not found or found["status"] != status or found["reason"] != reason:
-                return None
-            return found if words in found["message"] else None
-
-        found: dict[str, object] = runs.wait_for(f"{name} {type_}={status} {reason} {words}", reached, timeout=timeout)
-        return found
+        return runs.watching(name, type_, status, reason, timeout=timeout, words=words, look=look)
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])

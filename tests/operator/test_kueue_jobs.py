@@ -66,17 +66,9 @@ def kueue_state(cluster: Cluster, runs: Runs) -> str:
 def wait_condition(
     runs: Runs, cluster: Cluster, run: str, type_: str, status: str, reason: str, timeout: float, words: str = ""
 ) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        found = runs.condition(run, type_)
-        if not found or (found["status"], found["reason"]) != (status, reason) or words not in found["message"]:
-            return None
-        return found
-
-    try:
-        found: dict[str, Any] = runs.wait_for(f"{run} {type_}={status} {reason} {words!r}", reached, timeout)
-    except AssertionError as error:
-        raise AssertionError(f"{error}; {type_}: {runs.condition(run, type_)}\n{kueue_state(cluster, runs)}") from None
-    return found
+    return runs.watching(
+        run, type_, status, reason, timeout=timeout, words=words, details=lambda: kueue_state(cluster, runs)
+    )
 
 
 def test_a_run_whose_queue_has_no_cpu_quota_for_its_jobs_says_queued_until_it_has(
@@ -150,10 +142,7 @@ def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_n
             look()
             return check()
 
-        try:
-            runs.wait_for(what, seen, timeout)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{kueue_state(kueue_controller, runs)}") from None
+        runs.wait_for(what, seen, timeout, details=lambda: kueue_state(kueue_controller, runs))
 
     records = lambda: ((runs.get(name).get("status") or {}).get("progress") or {}).get("records", 0)  # noqa: E731
     with (

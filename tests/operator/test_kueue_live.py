@@ -68,20 +68,11 @@ def test_a_queued_run_takes_new_placement_and_a_new_queue_by_a_new_server_and_co
         if accepted and accepted["status"] == "False" and accepted["message"] not in refusals:
             refusals.append(accepted["message"])
 
-    def reached(type_: str, status: str, reason: str, words: str = "") -> object:
-        look()
-        found = runs.condition(name, type_)
-        ok = found and found["status"] == status and found["reason"] == reason and words in found["message"]
-        return found if ok else None
-
     def wait(type_: str, status: str, reason: str, words: str = "", timeout: float = 120) -> None:
-        what = f"{name} {type_}={status} {reason} {words!r}"
-        try:
-            runs.wait_for(what, lambda: reached(type_, status, reason, words), timeout=timeout)
-        except AssertionError as error:
-            raise AssertionError(
-                f"{error}; refusals {refusals}; statefulsets {statefulsets}\n{runs.describe()}"
-            ) from None
+        def seen() -> str:
+            return f"refusals {refusals}; statefulsets {statefulsets}"
+
+        runs.watching(name, type_, status, reason, timeout=timeout, words=words, look=look, details=seen)
 
     def made_anew(count: int) -> None:
         runs.wait_for(f"{count} server StatefulSets made", lambda: look() or len(statefulsets) >= count, timeout=120)

@@ -59,19 +59,10 @@ def test_two_queued_runs_share_8_gpus_of_quota_one_after_the_other(
                     messages.append(f"{ready['reason']}: {ready['message']}")
 
     def watching(run: str, type_: str, status: str, reason: str, timeout: float, words: str = "") -> dict[str, object]:
-        def reached() -> dict[str, object] | None:
-            look()
-            found = runs.condition(run, type_)
-            if not found or found["status"] != status or found["reason"] != reason:
-                return None
-            return found if words in found["message"] else None
+        def state() -> str:
+            return kueue_state(kueue_controller, runs.namespace, f"{object_meta.COMPONENT_LABEL}={Component.SERVER}")
 
-        try:
-            found: dict[str, object] = runs.wait_for(f"{run} {type_}={status} {reason}", reached, timeout=timeout)
-        except AssertionError as error:
-            state = kueue_state(kueue_controller, runs.namespace, f"{object_meta.COMPONENT_LABEL}={Component.SERVER}")
-            raise AssertionError(f"{error}\n{runs.describe()}\n{state}") from None
-        return found
+        return runs.watching(run, type_, status, reason, timeout=timeout, words=words, look=look, details=state)
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])

@@ -23,7 +23,7 @@ from tests.harness.controlplane import Cluster
 from tests.harness.kubelet import PodRunner
 from tests.harness.kueue import gpu_cluster_queue, kueue_state, workload_priority_classes
 from tests.harness.kueue_quota import COVERED, run_quota
-from tests.harness.pod_router import PodRouter
+from tests.harness.pod_router import PodRouter, ServingPods
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, SLOW, OperatorFactory, Runs, many_prompts, new_name
@@ -99,28 +99,19 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
             workers_failed[0] = max(workers_failed[0], workers.status.failed or 0)
 
     def watching(run: str, type_: str, status: str, reason: str, timeout: float, words: str = "") -> dict[str, object]:
-        def reached() -> dict[str, object] | None:
-            look()
-            found = runs.condition(run, type_)
-            if not found or found["status"] != status or found["reason"] != reason:
-                return None
-            return found if words in found["message"] else None
+        def seen() -> str:
+            state = kueue_state(kueue_controller, runs.namespace, SERVER_SELECTOR)
+            return f"reasons {reasons}\nprogressing {progressing}\nmessages {messages}\n{state}"
 
-        try:
-            found: dict[str, object] = runs.wait_for(f"{run} {type_}={status} {reason}", reached, timeout=timeout)
-        except AssertionError as error:
-            raise AssertionError(
-                f"{error}\nreasons {reasons}\nprogressing {progressing}\nmessages {messages}\n{runs.describe()}\n"
-                f"{kueue_state(kueue_controller, runs.namespace, SERVER_SELECTOR)}"
-            ) from None
-        return found
+        return runs.watching(run, type_, status, reason, timeout=timeout, words=words, look=look, details=seen)
 
     def records(run: str) -> int:
         return int(((runs.get(run).get("status") or {}).get("progress") or {}).get("records") or 0)
 
     with (
         start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim,
-        PodRouter(kueue_controller, sim.url, SERVER_SELECTOR) as router,
+        ServingPods(kueue_controller, SERVER_SELECTOR) as pods,
+        PodRouter(pods.to(sim.url)) as router,
     ):
         operator([router.endpoint_template])
         queue = {"name": local_queue}

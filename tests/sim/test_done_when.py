@@ -8,11 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.harness.processes import wait_until
 from tests.harness.sim import health_status
 from tests.sim.http import get, post
 from tests.sim.prompts import IM_END, THINK_END, chat_prompt
@@ -41,11 +41,10 @@ def test_done_when(standin_tokenizer: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while health_status(url) != 200:
-            assert process.poll() is None, (tmp_path / "sim.log").read_text()
-            assert time.monotonic() < deadline, "no /health 200 within 60 s"
-            time.sleep(0.05)
+        wait_until(
+            lambda: health_status(url) == 200, timeout=60, describe="/health 200", watched=[process], interval=0.05,
+            details=(tmp_path / "sim.log").read_text,
+        )  # fmt: skip
 
         health = get(url, "/health")
         assert (health.status, health.body) == (200, b"")

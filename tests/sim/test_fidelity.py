@@ -8,9 +8,9 @@ errors and aborts in SGLang's shapes. (Request validation is held to SGLang's ow
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 
+from tests.harness.processes import wait_until
 from tests.harness.sim import SimServer, health_status
 from tests.sim.conftest import SHORT
 from tests.sim.http import get, post
@@ -76,8 +76,9 @@ def _refused(port: int) -> bool:
 def test_connection_refused_while_loading_then_503_while_warming_up(sim_factory: Callable[..., SimServer]) -> None:
     server = sim_factory("--sim-load-seconds", "6", *SHORT, wait_ready=False)
     assert _refused(server.port), "the port must not accept connections while weights load"
-    while health_status(server.url, timeout_s=1) is None:
-        time.sleep(0.05)
+    wait_until(
+        lambda: health_status(server.url, timeout_s=1) is not None, timeout=60, describe="an answer", interval=0.05
+    )
     for path in ("/health", "/health_generate"):
         reply = get(server.url, path)
         assert (reply.status, reply.body) == (503, b"")

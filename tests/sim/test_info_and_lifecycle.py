@@ -14,6 +14,7 @@ import pytest
 
 from datagen_operator.engine.health import HEALTH_CHECK_TIMEOUT_ENV, HEALTH_POLL_S
 from datagen_operator.presets.sglang_names import PINNED_SGLANG_VERSION
+from tests.harness.processes import wait_until
 from tests.harness.sim import SimServer, SimStartError, health_status
 from tests.sim.http import generate, get, post
 from tests.sim.prompts import chat_prompt
@@ -123,8 +124,9 @@ def test_metrics_use_sglang_names(sim: SimServer) -> None:
 def test_loading_answers_503_with_an_empty_body(sim_factory: Callable[..., SimServer]) -> None:
     # The port refuses connections for the first half of the load (tests/sim/test_fidelity.py), then warms up.
     server = sim_factory("--sim-load-seconds", "8", wait_ready=False)
-    while health_status(server.url, timeout_s=1) is None:
-        time.sleep(0.05)
+    wait_until(
+        lambda: health_status(server.url, timeout_s=1) is not None, timeout=60, describe="an answer", interval=0.05
+    )
     reply = get(server.url, "/health_generate")
     assert (reply.status, reply.body) == (503, b"")
     assert get(server.url, "/health").status == 503

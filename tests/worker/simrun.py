@@ -15,6 +15,7 @@ import orjson
 
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
+from tests.harness.processes import wait_until
 from tests.kimi_reference import TOOLS
 from tests.manifests import local_spec
 
@@ -144,22 +145,21 @@ def kill_9_after_records(document: dict[str, Any], server: str, log: Path, at_le
     """Spawns the worker (no compaction, rendering inline), kills it with SIGKILL once its segments hold
     `at_least` records, and returns how many they held then (fails the test if it finished or wrote none first)."""
     import signal
-    import time
 
     output = Path(document["output"]["path"])
     worker = spawn(document, [server], "--no-compact", "--render-processes", "0", log=log)
-    deadline = time.monotonic() + 90
+
+    def written() -> int:
+        return sum(raw_segment_keys(output).values()) if OutputLayout(output).shard_dir(0).is_dir() else 0
+
     try:
-        while time.monotonic() < deadline:
-            written = sum(raw_segment_keys(output).values()) if OutputLayout(output).shard_dir(0).is_dir() else 0
-            if written >= at_least:
-                worker.send_signal(signal.SIGKILL)
-                worker.wait(10)
-                return written
-            if worker.poll() is not None:
-                raise AssertionError(f"worker exited {worker.returncode} before the kill:\n{log.read_text()[-3000:]}")
-            time.sleep(0.01)
-        raise AssertionError(f"worker wrote {at_least} records nowhere within 90 s:\n{log.read_text()[-3000:]}")
+        wait_until(
+            lambda: written() >= at_least, timeout=90, describe=f"{at_least} records before the kill",
+            watched=[worker], interval=0.01, details=lambda: log.read_text()[-3000:],
+        )  # fmt: skip
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        return written()
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -18,6 +18,7 @@ from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.prompts.pin import read_pin
 from datagen_operator.worker.dataset_watch import WATCH_INTERVAL_S
+from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim
 from tests.worker.simrun import SIM_FLAGS, progress, prompts, raw_segment_keys, spawn, spec, standin, write_dataset
 
@@ -76,10 +77,11 @@ def test_a_dataset_changed_while_generating_stops_the_worker_within_seconds(
     log = tmp_path / "worker.log"
     with start_sim(*SIM_FLAGS, *PACED, tokenizer_dir=standin()) as server:
         worker = spawn(document, [server.url], "--render-processes", "0", "--no-compact", log=log)
-        deadline = time.monotonic() + 60
-        while _written(output) < 2 * CONCURRENCY or read_pin(output) is None:
-            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        wait_until(
+            lambda: _written(output) >= 2 * CONCURRENCY and read_pin(output) is not None, timeout=60,
+            describe="records and the dataset's pin", watched=[worker], interval=0.05,
+            details=lambda: log.read_text()[-3000:],
+        )  # fmt: skip
         named = change(dataset)
         changed_at, kept_then = time.monotonic(), _written(output)
         code = worker.wait(timeout=60)

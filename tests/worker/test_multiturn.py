@@ -26,6 +26,7 @@ from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, p
 from datagen_operator.prompts.dataset import Prompt
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.steps.verify import verify_output
+from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim
 from tests.manifests import local_spec
 from tests.worker.simrun import (
@@ -243,11 +244,10 @@ def test_kill_9_mid_conversation_resumes_each_from_its_last_recorded_turn(tmp_pa
             before = sum(raw_turn_keys(output).values()) if OutputLayout(output).shard_dir(0).is_dir() else 0
             worker = spawn(document, [server.url], "--render-processes", "0", "--no-compact", log=log)
             try:
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and worker.poll() is None:
-                    if OutputLayout(output).shard_dir(0).is_dir() and sum(raw_turn_keys(output).values()) > before:
-                        break
-                    time.sleep(0.01)
+                wait_until(
+                    lambda: OutputLayout(output).shard_dir(0).is_dir() and sum(raw_turn_keys(output).values()) > before,  # noqa: B023
+                    timeout=60, describe="a new turn", watched=[worker], interval=0.01,
+                )  # fmt: skip
                 time.sleep(rng.uniform(0.1, 0.6))
                 assert worker.poll() is None, "the run finished before it was killed"
                 worker.send_signal(signal.SIGKILL)

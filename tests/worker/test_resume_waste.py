@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim
 from tests.worker.simrun import SIM_FLAGS, prompts, raw_segment_keys, spawn, spec, standin, write_dataset
 
@@ -44,11 +44,10 @@ def test_a_kill_at_wire_speed_loses_no_more_than_the_requests_in_flight(tmp_path
     with start_sim(*SIM_FLAGS, "--sim-speed", "wire", "--enable-metrics", tokenizer_dir=standin()) as server:
         worker = spawn(document, [server.url], "--render-processes", "0", "--no-compact", log=log)
         try:
-            deadline = time.monotonic() + 120
-            while _finished(server.url) < 300:
-                assert worker.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the worker generated too little"
-                time.sleep(0.02)
+            wait_until(
+                lambda: _finished(server.url) >= 300, timeout=120, describe="300 answers before the signal",
+                watched=[worker], interval=0.02, details=lambda: log.read_text()[-3000:],
+            )  # fmt: skip
             worker.send_signal(sig)
             worker.wait(60)
         finally:
@@ -56,10 +55,10 @@ def test_a_kill_at_wire_speed_loses_no_more_than_the_requests_in_flight(tmp_path
                 worker.kill()
                 worker.wait(10)
         # Answers the server was still producing for the dead worker finish there: counted once none is left.
-        deadline = time.monotonic() + 30
-        while _busy(server.url):
-            assert time.monotonic() < deadline, "the server still runs the dead worker's requests after 30 s"
-            time.sleep(0.05)
+        wait_until(
+            lambda: not _busy(server.url), timeout=30, describe="the server done with the dead worker's requests",
+            interval=0.05,
+        )  # fmt: skip
         finished, kept = _finished(server.url), len(raw_segment_keys(output))
     assert finished < len(items), "the run finished before the kill"
     wasted = finished - kept

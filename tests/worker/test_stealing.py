@@ -6,7 +6,6 @@ progress sums to the dataset's, and `datagen verify` passes."""
 from __future__ import annotations
 
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from datagen_operator.output.readers import iter_records
 from datagen_operator.output.steal import CHUNK_LINES, Claims, chunks_for
 from datagen_operator.prompts.dataset import shard_of_id
 from datagen_operator.steps.verify import verify_output
+from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,
@@ -135,14 +135,10 @@ def test_a_chunk_claimed_but_never_sent_is_finished_by_its_claimant(tmp_path: Pa
 
 
 def _wait(condition: Any, worker: Any, log: Path, what: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if worker.poll() is not None:
-            pytest.fail(f"worker exited {worker.returncode} before {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.01)
-    pytest.fail(f"no {what} within {timeout_s} s:\n{log.read_text()[-3000:]}")
+    wait_until(
+        condition, timeout=timeout_s, describe=what, watched=[worker], interval=0.01,
+        details=lambda: log.read_text()[-3000:],
+    )  # fmt: skip
 
 
 def _segment_ids(output: Path, shard: int) -> set[str]:

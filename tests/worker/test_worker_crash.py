@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import orjson
-import pytest
 
 from datagen_operator.api.exit_codes import EXIT_DRAINED, EXIT_OK
 from datagen_operator.output.layout import OutputLayout, keys_path
+from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,
@@ -49,14 +49,10 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_for_new_segment(layout: OutputLayout, before: int, worker: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if layout.shard_dir(0).is_dir() and len(layout.segments(0)) > before:
-            return
-        if worker.poll() is not None:
-            pytest.fail(f"worker exited {worker.returncode} before writing:\n{log.read_text()[-3000:]}")
-        time.sleep(0.005)
-    pytest.fail(f"worker wrote nothing within 90 s:\n{log.read_text()[-3000:]}")
+    wait_until(
+        lambda: layout.shard_dir(0).is_dir() and len(layout.segments(0)) > before, timeout=90,
+        describe="the worker's next segment", watched=[worker], interval=0.005, details=lambda: log.read_text()[-3000:],
+    )  # fmt: skip
 
 
 def test_kill_9_at_ten_random_points_then_resume_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -87,10 +83,10 @@ def test_kill_9_at_ten_random_points_then_resume_loses_and_duplicates_nothing(tm
                 if worker.poll() is None:
                     worker.kill()
                     worker.wait(10)
-            deadline = time.monotonic() + 10
-            while any(_alive(pid) for pid in helpers) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not [pid for pid in helpers if _alive(pid)], "render helpers outlived the killed worker"
+            wait_until(
+                lambda pids=helpers: not [pid for pid in pids if _alive(pid)], timeout=10,
+                describe="the render helpers gone with the killed worker", interval=0.05,
+            )  # fmt: skip
 
         interrupted = len(raw_segment_keys(output))
         assert 0 < interrupted < 600, f"seed {seed}: {interrupted} records before the final run"

@@ -27,6 +27,7 @@ from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import read_manifest
 from datagen_operator.output.readers import iter_records, iter_rejects, read_progress
 from datagen_operator.prompts.pin import pin_dataset
+from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim, start_sims
 from tests.worker.simrun import (
     SIM_FLAGS,
@@ -294,9 +295,11 @@ def test_requests_spread_over_endpoints_and_continue_when_one_goes_away(tmp_path
 
         def stop_second_mid_run() -> None:
             layout = OutputLayout(one_left)
-            deadline = time.monotonic() + 60
-            while not (layout.shard_dir(0).is_dir() and layout.segments(0)) and time.monotonic() < deadline:
-                time.sleep(0.002)  # the first records are on disk: the run is under way
+            # the first records are on disk: the run is under way
+            wait_until(
+                lambda: layout.shard_dir(0).is_dir() and layout.segments(0), timeout=60,
+                describe="the first records", interval=0.002,
+            )  # fmt: skip
             second.stop()
 
         stopper = threading.Thread(target=stop_second_mid_run)
