@@ -210,8 +210,7 @@ def _judge_rendered(
         )
     if pinned is None:
         write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
-    planned = lines.turns if spec.generation.turns == "all" else lines.prompts
-    if output_complete(manifest, planned * spec.generation.samples_per_prompt):
+    if output_complete(manifest, planned_records(spec, lines)):
         return passed(
             f"{found}; {output} already holds every record ({existing.records} pass the checks): nothing to "
             "generate, no server needed; verifying the output",
@@ -270,9 +269,20 @@ def output_complete(manifest: dict[str, Any], wanted: int) -> bool:
     """Every shard finished and every sample the spec asks for has its record (or was refused or set aside for
     good): what the shards' manifest entries count, written as each shard completes, so never more than there is."""
     counts = manifest.get("counts") or {}
-    done = sum(int(counts.get(key) or 0) for key in ("records", "rejected", "set_aside_records"))
     shards = int(manifest.get("shard_count") or 0)
-    return shards > 0 and int(counts.get("shards_complete") or 0) >= shards and done >= wanted
+    return shards > 0 and int(counts.get("shards_complete") or 0) >= shards and records_done(manifest) >= wanted
+
+
+def planned_records(spec: DataGenRunSpec, lines: DatasetLines) -> int:
+    """Every record the run writes, as the workers' plan counts them: a sample of each planned turn (one per
+    prompt with turns last), set-aside prompts too."""
+    return lines.turns * spec.generation.samples_per_prompt
+
+
+def records_done(manifest: dict[str, Any] | None) -> int:
+    """The records an output's manifest counts as written for good: made, refused, or set aside."""
+    counts = (manifest or {}).get("counts") or {}
+    return sum(int(counts.get(key) or 0) for key in ("records", "rejected", "set_aside_records"))
 
 
 # --- what is known before a server: an existing output's records ---------------------------------
@@ -336,7 +346,7 @@ class OutputEstimate:
     """What the rest of the run writes, per record, measured on this dataset's tokens."""
 
     records: int
-    """Records still to write (the dataset's prompts x samples, less what the output already holds)."""
+    """Records still to write (planned_records, less what the output already holds: records_done)."""
     shards: int
     min_tokens: int
     """Output tokens of the shortest answer (1, or min_new_tokens)."""
@@ -414,13 +424,8 @@ def estimate_output(spec: DataGenRunSpec, lines: DatasetLines, manifest: dict[st
     parquet_per_token = (long[1] - short[1]) / MEASURE_TOKENS
     # The records are sized at the mean prompt length, not the chosen prompt's.
     offset = mean_prompt - len(prompt_ids)
-    done = 0
-    if manifest is not None:
-        counts = manifest.get("counts") or {}
-        done = int(counts.get("records", 0)) + int(counts.get("rejected", 0))
-    samples = spec.generation.samples_per_prompt
     return OutputEstimate(
-        records=max(0, lines.prompts * samples - done),
+        records=max(0, planned_records(spec, lines) - records_done(manifest)),
         shards=spec.clients.shards,
         min_tokens=min_tokens,
         max_tokens=max(min_tokens, sampling.max_new_tokens),
