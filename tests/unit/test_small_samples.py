@@ -8,7 +8,7 @@ import pytest
 
 from datagen_operator.api.progress import Counts
 from datagen_operator.checks import record_checks as rc
-from datagen_operator.checks.canary import CanaryRecord, judge_canary
+from datagen_operator.checks.canary_verdict import CanaryRecord, judge_canary
 from datagen_operator.checks.evaluate import REASONING_CAPTURED, TRUNCATION, evaluate, measured
 from datagen_operator.control.decide import Step, decide
 from tests.unit.decide_world import conditions, context, running, spec
