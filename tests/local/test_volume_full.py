@@ -58,6 +58,47 @@ def test_preflight_refuses_a_volume_too_small_for_the_least_output_and_warns_bel
     assert outcome.passed and "warning" not in outcome.message
 
 
+def conversations(count: int, turns: int) -> list[dict[str, object]]:
+    """`count` conversations of `turns` user turns, each answered by the dataset but the last; the first user
+    turn is the same whatever `turns` is, so every conversation's first request renders alike."""
+    lines: list[dict[str, object]] = []
+    for i in range(count):
+        messages = []
+        for turn in range(turns):
+            messages.append({"role": "user", "content": f"Question {i}, part {turn}?"})
+            if turn < turns - 1:
+                messages.append({"role": "assistant", "content": f"Answer {i}, part {turn}."})
+        lines.append({"id": f"c{i:04d}", "messages": messages})
+    return lines
+
+
+def test_the_room_estimate_counts_every_turn_of_whole_conversations_and_refuses_a_volume_too_small(
+    tmp_path: Path, small_volume: Volume
+) -> None:
+    """Bug 1 (issue 48): with generation.turns all the run writes a record per planned turn, as the plan counts
+    them: a five-turn dataset needs about five times the room of a one-turn one, and a volume that holds the
+    one-turn run's least but not the five-turn run's is refused."""
+    estimates = {}
+    for turns in (1, 5):
+        folder = tmp_path / f"turns-{turns}"
+        folder.mkdir()
+        dataset = write_dataset(folder / "prompts.jsonl", conversations(300, turns))
+        output = small_volume.root / f"out-{turns}"
+        path = manifest(folder, standin(), dataset=dataset, output=output, generation__turns="all", clients__shards=1)
+        estimates[turns], _ = preflight(path)
+    one, five = estimates[1], estimates[5]
+    assert (one.records, five.records) == (300, 5 * 300)
+    assert 4.5 < five.upper / one.upper <= 5.0
+
+    stored = stored_bytes(small_volume.root / "out-5")
+    free = five.lower - 32 * 1024 - stored
+    assert free > one.lower + 64 * 1024  # room for the one-turn run's least: only the turns refuse it
+    small_volume.leave_free(free)
+    _, outcome = preflight(path)
+    assert not outcome.passed and outcome.reason == "OutputVolumeTooSmall", outcome.message
+    assert "1500 records x" in outcome.message
+
+
 def test_a_volume_that_fills_mid_run_names_itself_then_the_same_command_resumes(
     tmp_path: Path, small_volume: Volume
 ) -> None:

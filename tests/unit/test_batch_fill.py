@@ -16,8 +16,8 @@ from datagen_operator.checks.batch_fill import (
     judge_batch_fill,
     suggested_concurrency,
 )
+from datagen_operator.checks.canary_judgment import CanaryRecord, with_batch_fill, without_stale_batch_fill
 from datagen_operator.engine.limits import BatchLimits, batch_limits, max_running_requests_per_rank
-from datagen_operator.steps.canary import CanaryRecord, with_batch_fill, without_stale_batch_fill
 from tests.manifests import local_spec
 
 

@@ -15,11 +15,11 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
+from datagen_operator.checks.canary_judgment import CanaryRecord, judge_canary, markers_seen, vocabulary_families
 from datagen_operator.checks.evaluate import CheckContext, check_context
 from datagen_operator.presets import get_preset, preset_names
 from datagen_operator.presets.think_markers import ThinkMarkers, known_markers, preset_markers
 from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
-from datagen_operator.steps.canary import CanaryRecord, judge_canary, markers_seen, vocabulary_families
 from datagen_operator.tokenizer.standin import ensure_standin
 from tests.manifests import local_spec
 
@@ -54,7 +54,7 @@ def test_canary_verdict_survives_the_termination_message() -> None:
 
 
 def test_thinking_control_reads_the_median_length_ratio() -> None:
-    from datagen_operator.steps.canary import ThinkingControl, judge_thinking_control
+    from datagen_operator.checks.canary_judgment import ThinkingControl, judge_thinking_control
 
     answers_only = ThinkingControl((0.8, 1.1, 1.3, 9.0))  # one unusually long answer decides nothing
     assert "ignores thinking" in judge_thinking_control(answers_only, CTX, "kimi-k2.5").verdict
@@ -258,3 +258,64 @@ def test_the_canarys_second_turn_sends_history_as_the_workers_do(history_reasoni
     if history_reasoning == "drop":
         del answer["reasoning_content"]
     assert renderer.rendered == [[prompt["messages"][0], answer, {"role": "user", "content": FOLLOW_UP}]]
+
+
+def test_the_canary_reads_the_dataset_only_as_far_as_the_prompts_it_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug 2 (issue 48): the canary's prompts are drawn as needed, not a plan of the whole dataset first."""
+    import itertools
+    import json
+
+    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.steps.canary import PROBES, iter_canary_prompts
+
+    dataset = tmp_path / "prompts.jsonl"
+    lines = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(1000)]
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    read = 0
+    scan = ShardScan.__iter__
+
+    def counted(self: ShardScan) -> Any:
+        nonlocal read
+        for item in scan(self):
+            read += 1
+            yield item
+
+    monkeypatch.setattr(ShardScan, "__iter__", counted)
+    drawn = iter_canary_prompts(dataset, "jsonl", history_reasoning="keep")
+    taken = list(itertools.islice(drawn, len(PROBES) + 4))
+    assert [p["id"] for p in taken[len(PROBES) :]] == ["p0", "p1", "p2", "p3"]
+    assert read == 4
+
+
+def test_the_canarys_endpoint_pool_is_closed_when_the_canary_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug 4 (issue 48): the pool (its health probes) is closed whatever ends the canary, not only a verdict."""
+    import asyncio
+
+    from datagen_operator.engine.client.pool import EndpointPool
+    from datagen_operator.steps.canary import run_canary
+
+    closed = 0
+    close = EndpointPool.close
+
+    async def counted(self: EndpointPool) -> None:
+        nonlocal closed
+        closed += 1
+        await close(self)
+
+    def broken(*_: Any, **__: Any) -> list[int]:
+        raise RuntimeError("the template raised")
+
+    monkeypatch.setattr(EndpointPool, "close", counted)
+    monkeypatch.setattr(Renderer, "render", broken)
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text('{"id": "a", "messages": [{"role": "user", "content": "q"}]}\n')
+    standin = ensure_standin("kimi-k2.5")
+    spec = parse_spec(local_spec(standin, dataset, tmp_path / "out"))
+    tokenizer = load_tokenizer(standin, trust_remote_code=False)
+    with pytest.raises(RuntimeError, match="the template raised"):
+        asyncio.run(run_canary(spec, tokenizer, dataset, ["http://127.0.0.1:9"]))
+    assert closed == 1

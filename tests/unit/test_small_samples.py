@@ -8,10 +8,10 @@ import pytest
 
 from datagen_operator.api.flags import NO_THINK_END, TOKEN_COUNT_MISMATCH, TRUNCATED
 from datagen_operator.api.progress import Counts
+from datagen_operator.checks.canary_judgment import CanaryRecord, judge_canary
 from datagen_operator.checks.evaluate import REASONING_CAPTURED, TRUNCATION, evaluate, measured
 from datagen_operator.control.decide import decide
 from datagen_operator.control.decision import Step
-from datagen_operator.steps.canary import CanaryRecord, judge_canary
 from tests.unit.decide_world import conditions, context, running, spec
 
 CTX = context(spec())

@@ -8,6 +8,7 @@ split that drifted from the ids, fails here with the turn named."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,86 +90,105 @@ def conversation_fidelity(
     if cannot is not None:
         return cannot
     assert resolved is not None and variables is not None
-    from datagen_operator.output.readers import stored_split
-
     splitter = AnswerSplitter(
         renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, variables, resolved.tool_call_parser
     )
     wanted = {(record["id"], record["sample"]) for record in sampled if record["id"] in prompts}
     conversations = _conversation_records(output, wanted)
-    prompt_differ: list[str] = []
-    split_differ: list[str] = []
-    gaps: list[str] = []
-    after_call: list[str] = []
-    compared = 0
+    compared = _TurnsCompared(renderer, splitter, history_reasoning)
     for (prompt_id, sample), records in sorted(conversations.items()):
-        prompt = prompts[prompt_id]
+        compared.conversation(f"{prompt_id!r}#{sample}", prompts[prompt_id], records)
+    return compared.verdict(len(conversations))
+
+
+@dataclass
+class _TurnsCompared:
+    """Each sampled conversation's turns rebuilt from the run's own recorded answers, and what differed (each
+    turn named)."""
+
+    renderer: Any
+    splitter: AnswerSplitter
+    history_reasoning: HistoryReasoning
+    compared: int = 0
+    prompt_differ: list[str] = field(default_factory=list)
+    split_differ: list[str] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)
+    after_call: list[str] = field(default_factory=list)
+
+    def conversation(self, named: str, prompt: Any, records: list[dict[str, Any]]) -> None:
+        """One conversation's records in turn order against its prompt's planned turns."""
+        from datagen_operator.output.readers import stored_split
+
         turns = plan_turns(prompt.messages)
         answers: list[AnswerSplit] = []
         called: tuple[ParsedCall, ...] | None = None
         for record in records:
             turn = record.get("turn") or 0
-            where = f"{prompt_id!r}#{sample} {turn_label(turn)}"
+            where = f"{named} {turn_label(turn)}"
             if turn != len(answers) or turn >= len(turns):
-                gaps.append(where)  # a turn recorded without the one before it, or beyond the plan
+                self.gaps.append(where)  # a turn recorded without the one before it, or beyond the plan
                 break
-            compared += 1
-            sent = turn_messages(turns, turn, answers, history_reasoning=history_reasoning)
-            fresh = renderer.render(sent, prompt.tools, prompt.variables)
+            self.compared += 1
+            sent = turn_messages(turns, turn, answers, history_reasoning=self.history_reasoning)
+            fresh = self.renderer.render(sent, prompt.tools, prompt.variables)
             if list(record["input_ids"]) != fresh:
-                prompt_differ.append(where)
+                self.prompt_differ.append(where)
             if called is not None:
                 # The answer before this turn called a tool: the conversation ended there, so this turn's history
                 # holds an answer the model never gave (its call dropped).
-                after_call.append(f"{where} ({turn_label(turn - 1)} called {call_names(called)})")
+                self.after_call.append(f"{where} ({turn_label(turn - 1)} called {call_names(called)})")
             stored = stored_split(record)
             has_tools = bool(record["has_tools"])
-            recomputed = splitter.split(
+            recomputed = self.splitter.split(
                 record["output_ids"], record["finish_reason"], has_tools, prompt.variables, prompt.tools or ()
             )
             if record["answer_content"] is None or stored != recomputed:
-                split_differ.append(where)
+                self.split_differ.append(where)
             answers.append(stored)
             called = recomputed.tool_calls if calls_tool(recomputed) else None
-    problems = []
-    if prompt_differ:
-        problems.append(
-            f"{len(prompt_differ)}/{compared} turns' stored input_ids differ from their prompt rebuilt from the run's "
-            f"own earlier answers (e.g. {', '.join(prompt_differ[:3])}): the tokenizer or chat template changed since "
-            "generation, or the template renders history differently from what was sent"
+
+    def verdict(self, conversations: int) -> CheckResult:
+        compared, prompt_differ, split_differ = self.compared, self.prompt_differ, self.split_differ
+        after_call, gaps = self.after_call, self.gaps
+        problems = []
+        if prompt_differ:
+            problems.append(
+                f"{len(prompt_differ)}/{compared} turns' stored input_ids differ from their prompt rebuilt from the run's "
+                f"own earlier answers (e.g. {', '.join(prompt_differ[:3])}): the tokenizer or chat template changed since "
+                "generation, or the template renders history differently from what was sent"
+            )
+        if split_differ:
+            problems.append(
+                f"{len(split_differ)}/{compared} recorded answer splits differ from the split of their output_ids "
+                f"(e.g. {', '.join(split_differ[:3])}): the history sent with the next turn is not what SGLang's chat "
+                "endpoint would have given a client"
+            )
+        if after_call:
+            problems.append(
+                f"{plural(len(after_call), 'turn')} {agrees(len(after_call), 'was', 'were')} generated after an answer that called a tool (e.g. "
+                f"{', '.join(after_call[:3])}): no dataset tool result answers the model's own call, and the history sent "
+                "instead holds an answer the model never gave"
+            )
+        if gaps:
+            problems.append(
+                f"{plural(len(gaps), 'conversation')} {agrees(len(gaps), 'has', 'have')} a turn recorded without the one before it (e.g. {gaps[:3]})"
+            )
+        if problems:
+            count = len(prompt_differ) + len(split_differ) + len(gaps) + len(after_call)
+            return CheckResult(
+                name=PROMPT_FIDELITY,
+                passed=False,
+                rate=count / max(compared, 1),
+                threshold=0.0,
+                count=count,
+                total=compared,
+                verdict="; ".join(problems),
+            )
+        return proved(
+            compared,
+            f"{plural(compared, 'turn')} of {plural(conversations, 'sampled conversation')} re-render to the stored input_ids "
+            "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
         )
-    if split_differ:
-        problems.append(
-            f"{len(split_differ)}/{compared} recorded answer splits differ from the split of their output_ids "
-            f"(e.g. {', '.join(split_differ[:3])}): the history sent with the next turn is not what SGLang's chat "
-            "endpoint would have given a client"
-        )
-    if after_call:
-        problems.append(
-            f"{plural(len(after_call), 'turn')} {agrees(len(after_call), 'was', 'were')} generated after an answer that called a tool (e.g. "
-            f"{', '.join(after_call[:3])}): no dataset tool result answers the model's own call, and the history sent "
-            "instead holds an answer the model never gave"
-        )
-    if gaps:
-        problems.append(
-            f"{plural(len(gaps), 'conversation')} {agrees(len(gaps), 'has', 'have')} a turn recorded without the one before it (e.g. {gaps[:3]})"
-        )
-    if problems:
-        count = len(prompt_differ) + len(split_differ) + len(gaps) + len(after_call)
-        return CheckResult(
-            name=PROMPT_FIDELITY,
-            passed=False,
-            rate=count / max(compared, 1),
-            threshold=0.0,
-            count=count,
-            total=compared,
-            verdict="; ".join(problems),
-        )
-    return proved(
-        compared,
-        f"{plural(compared, 'turn')} of {plural(len(conversations), 'sampled conversation')} re-render to the stored input_ids "
-        "from the run's own recorded answers, each answer split as SGLang's chat endpoint splits its output_ids",
-    )
 
 
 def line_fidelity(

@@ -14,7 +14,7 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.api.status import CheckResult
-from datagen_operator.checks.evaluate import parser_advice, wrong_markers_verdict
+from datagen_operator.checks.marker_advice import parser_advice, wrong_markers_verdict
 from datagen_operator.output.fingerprint import diff_fingerprints, server_fingerprint
 from datagen_operator.presets.sglang_names import resolved_reasoning_parser, resolved_tool_call_parser
 from datagen_operator.presets.think_markers import (

@@ -402,7 +402,8 @@ class LocalRunner:
             self.parser_probes = ProbeFailures(self.parser_probes.count + 1, f"{', '.join(urls)}: {error}")
 
     async def _run_canary(self) -> StepOutcome:
-        from datagen_operator.steps.canary import run_canary, without_stale_batch_fill
+        from datagen_operator.checks.canary_judgment import without_stale_batch_fill
+        from datagen_operator.steps.canary import run_canary
 
         key = self._canary_key()
         remembered = remembered_canary(self.output, key)

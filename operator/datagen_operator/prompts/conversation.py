@@ -68,6 +68,12 @@ class Turns:
     def __len__(self) -> int:
         return len(self.inputs)
 
+    @property
+    def records(self) -> int:
+        """The records each sample of its line counts in the run's plan: one per planned turn, and one for a line
+        with none (set aside: no user turn to answer)."""
+        return max(1, len(self.inputs))
+
 
 def _has_user(messages: Sequence[Message]) -> bool:
     return any(message.get("role") == "user" for message in messages)

@@ -15,8 +15,6 @@ One implementation for the operator (a Job, verdict in the termination message) 
 from __future__ import annotations
 
 import argparse
-import io
-import random
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -55,6 +53,13 @@ from datagen_operator.output.lease import (
     release_lease,
 )
 from datagen_operator.output.volume import is_volume_error
+from datagen_operator.steps.output_room import (
+    OutputEstimate,
+    estimate_output,
+    planned_records,
+    records_done,
+    room_verdict,
+)
 from datagen_operator.steps.render_pass import DatasetLines, RenderedStore, judge_dataset
 
 PREFLIGHT = "preflight"
@@ -138,16 +143,9 @@ def _judge_rendered(
 ) -> StepOutcome:  # fmt: skip
     """The verdicts after the pass over the dataset: its lines, the pin, the room, an existing output. `subset`:
     what dataset.sample keeps, said."""
-    from datagen_operator.output.fingerprint import (
-        build_fingerprint,
-        chat_template_sha256,
-        prelaunch_changes,
-        tokenizer_fingerprint,
-    )
     from datagen_operator.output.manifest import read_manifest
     from datagen_operator.prompts.pin import changed_message, pin_changes, read_pin, write_pin
 
-    resolved = resolve_model(spec)
     if lines.failed:
         return _failed(
             Reason.DATASET_UNUSABLE,
@@ -160,7 +158,6 @@ def _judge_rendered(
     )
     found += f" ({lines.said})" if lines.said else ""
     found += f" ({subset})" if subset else ""
-    passed = partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
     pinned = read_pin(output)
     changed = pin_changes(pinned, pin) if pinned is not None else None
     if changed is not None:
@@ -176,7 +173,71 @@ def _judge_rendered(
     if manifest is None:
         if pinned is None:  # an unchanged pin stays as it is: its render date with it
             write_pin(output, pin)
-        return passed(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", lines.prompts)
+        return _lines_passed(spec, lines)(f"{found} (pinned: sha256 {pin.sha256[:12]}); {output} is new", lines.prompts)
+    outcome = _judge_existing(spec, expect, renderer, lines, manifest, output, tokenizer_dir, found)
+    if outcome.passed and pinned is None:
+        write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
+    return outcome
+
+
+def _lines_passed(spec: DataGenRunSpec, lines: DatasetLines) -> partial[StepOutcome]:
+    """_passed with the dataset's records per sample where whole conversations are planned."""
+    return partial(_passed, turns=lines.turns if spec.generation.turns == "all" else None)
+
+
+def _judge_existing(
+    spec: DataGenRunSpec, expect: rc.Expectations, renderer: Any, lines: DatasetLines, manifest: dict[str, Any],
+    output: Path, tokenizer_dir: Path, found: str,
+) -> StepOutcome:  # fmt: skip
+    """An output that already exists: made with the same fingerprint, its records passing the checks a resume is
+    judged by; complete (nothing to generate) or resumed."""
+    changes = _fingerprint_changes(spec, expect, renderer, manifest, tokenizer_dir)
+    if changes:
+        return _failed(
+            Reason.FINGERPRINT_MISMATCH,
+            f"{output} was generated with a different fingerprint; changed: {'; '.join(changes)}. Resume with the "
+            "same tokenizer, template and generation settings, or write to a new spec.output.path",
+        )
+    resolved = resolve_model(spec)
+    existing = judge_existing_records(
+        output, expect, check_context(resolved, spec.checks, expect.think_end_id), compared_samples(spec)
+    )
+    if existing.failed:
+        return _failed(
+            Reason.OUTPUT_FAILS_CHECKS,
+            f"spec.output.path {output} already holds {plural(existing.records, 'record')} that fail the checks a resume "
+            f"would be judged by: {existing.failed}. Refused before any server started: write to a new "
+            f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
+            f"--exclude-flags {existing.flags} leaves the flagged records out of the training data)",
+        )
+    passed = _lines_passed(spec, lines)
+    if output_complete(manifest, planned_records(spec, lines)):
+        return passed(
+            f"{found}; {output} already holds every record ({existing.records} pass the checks): nothing to "
+            "generate, no server needed; verifying the output",
+            lines.prompts,
+            complete=True,
+            recorded=existing.records,
+        )
+    return passed(
+        f"{found}; {output} resumes with the same fingerprint ({plural(existing.records, 'record')} {agrees(existing.records, 'passes', 'pass')} the checks)",
+        lines.prompts,
+        recorded=existing.records,
+    )
+
+
+def _fingerprint_changes(
+    spec: DataGenRunSpec, expect: rc.Expectations, renderer: Any, manifest: dict[str, Any], tokenizer_dir: Path
+) -> list[str]:
+    """What differs between an existing output's fingerprint and this spec's, of what is known before a server."""
+    from datagen_operator.output.fingerprint import (
+        build_fingerprint,
+        chat_template_sha256,
+        prelaunch_changes,
+        tokenizer_fingerprint,
+    )
+
+    resolved = resolve_model(spec)
     current = build_fingerprint(
         tokenizer=tokenizer_fingerprint(tokenizer_dir),
         chat_template=chat_template_sha256(renderer.chat_template),
@@ -190,40 +251,8 @@ def _judge_rendered(
         dataset_sample=spec.dataset.sample,
         template_variable_mix=spec.generation.template_variable_mix,
     )
-    changes = prelaunch_changes(manifest.get("fingerprint", {}), current)
-    if changes:
-        return _failed(
-            Reason.FINGERPRINT_MISMATCH,
-            f"{output} was generated with a different fingerprint; changed: {'; '.join(changes)}. Resume with the "
-            "same tokenizer, template and generation settings, or write to a new spec.output.path",
-        )
-    existing = judge_existing_records(
-        output, expect, check_context(resolved, spec.checks, expect.think_end_id), compared_samples(spec)
-    )
-    if existing.failed:
-        return _failed(
-            Reason.OUTPUT_FAILS_CHECKS,
-            f"spec.output.path {output} already holds {plural(existing.records, 'record')} that fail the checks a resume "
-            f"would be judged by: {existing.failed}. Refused before any server started: write to a new "
-            f"spec.output.path, or, if these records are acceptable, raise {existing.fields} (datagen export "
-            f"--exclude-flags {existing.flags} leaves the flagged records out of the training data)",
-        )
-    if pinned is None:
-        write_pin(output, pin)  # an output started before datasets were pinned: pinned from now on
-    planned = lines.turns if spec.generation.turns == "all" else lines.prompts
-    if output_complete(manifest, planned * spec.generation.samples_per_prompt):
-        return passed(
-            f"{found}; {output} already holds every record ({existing.records} pass the checks): nothing to "
-            "generate, no server needed; verifying the output",
-            lines.prompts,
-            complete=True,
-            recorded=existing.records,
-        )
-    return passed(
-        f"{found}; {output} resumes with the same fingerprint ({plural(existing.records, 'record')} {agrees(existing.records, 'passes', 'pass')} the checks)",
-        lines.prompts,
-        recorded=existing.records,
-    )
+    changes: list[str] = prelaunch_changes(manifest.get("fingerprint", {}), current)
+    return changes
 
 
 EAGER_HELPERS_BYTES = 4 << 20
@@ -270,9 +299,8 @@ def output_complete(manifest: dict[str, Any], wanted: int) -> bool:
     """Every shard finished and every sample the spec asks for has its record (or was refused or set aside for
     good): what the shards' manifest entries count, written as each shard completes, so never more than there is."""
     counts = manifest.get("counts") or {}
-    done = sum(int(counts.get(key) or 0) for key in ("records", "rejected", "set_aside_records"))
     shards = int(manifest.get("shard_count") or 0)
-    return shards > 0 and int(counts.get("shards_complete") or 0) >= shards and done >= wanted
+    return shards > 0 and int(counts.get("shards_complete") or 0) >= shards and records_done(manifest) >= wanted
 
 
 # --- what is known before a server: an existing output's records ---------------------------------
@@ -325,121 +353,7 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-# --- the output volume -----------------------------------------------------------------------------
-
-MEASURE_TOKENS = 512
-"""Output length of the long synthetic records (bytes per output token is the slope between 1 and this)."""
-
-
-@dataclass(frozen=True)
-class OutputEstimate:
-    """What the rest of the run writes, per record, measured on this dataset's tokens."""
-
-    records: int
-    """Records still to write (the dataset's prompts x samples, less what the output already holds)."""
-    shards: int
-    min_tokens: int
-    """Output tokens of the shortest answer (1, or min_new_tokens)."""
-    max_tokens: int
-    segment_min: float
-    """Segment bytes of a record of mean prompt length and min_tokens."""
-    segment_per_token: float
-    """Segment bytes of each further output token."""
-    parquet_min: float
-    parquet_per_token: float
-    mean_prompt_tokens: float
-    files: int = 0
-    """The run's small files written after this check (manifest, dataset pin), a block each at least."""
-
-    @property
-    def bytes_per_output_token(self) -> float:
-        return self.segment_per_token
-
-    def _peak(self, tokens: int) -> int:
-        """The most on disk at once: every segment plus the shards' reserves at the end of generation, or
-        every segment plus the Parquet while compacting (the reserve is freed for it)."""
-        from datagen_operator.output.writer import RESERVE_BYTES
-
-        extra = tokens - self.min_tokens
-        segments = self.records * (self.segment_min + extra * self.segment_per_token)
-        parquet = self.records * (self.parquet_min + extra * self.parquet_per_token)
-        return int(segments + max(self.shards * RESERVE_BYTES, parquet)) + self.files
-
-    @property
-    def lower(self) -> int:
-        return self._peak(self.min_tokens)
-
-    @property
-    def upper(self) -> int:
-        return self._peak(self.max_tokens)
-
-
-def _record_bytes(input_ids: list[int], outputs: list[list[int]]) -> tuple[float, float]:
-    """Mean (segment line bytes, Parquet row bytes) of records as the worker stores them, one per output
-    (a batch: one Parquet row alone would be all file overhead, and equal rows would compress to nothing)."""
-    import pyarrow.parquet as pq
-
-    from datagen_operator.output.parquet import PARQUET_WRITE_OPTIONS, ColumnBatch
-    from datagen_operator.output.records import Answer, build_record, encode_record
-    from datagen_operator.prompts.job import Job
-
-    segment = 0
-    batch = ColumnBatch()
-    for index, output_ids in enumerate(outputs):
-        meta = {"finish_reason": {"type": "stop", "matched": output_ids[-1]}, "prompt_tokens": len(input_ids),
-                "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
-        job = Job(index, f"prompt-{index:09d}", 0, input_ids, False, 2**63 + index)
-        answer = Answer(output_ids, meta, "http://10.0.0.1:30000", 1, 12.3456)
-        record = build_record(job, answer, frozenset(), "5f1c2b9e-7a41-4d2e-9c3b-1e8f0a6d4c27")  # a run UID
-        segment += len(encode_record(record))
-        batch.add(record)
-    buffer = io.BytesIO()
-    pq.write_table(batch.table(), buffer, **PARQUET_WRITE_OPTIONS)
-    return segment / len(outputs), len(buffer.getvalue()) / len(outputs)
-
-
-def estimate_output(spec: DataGenRunSpec, lines: DatasetLines, manifest: dict[str, Any] | None) -> OutputEstimate:
-    """Synthetic records made of the dataset's own rendered prompts (a sample of the pass's, output ids drawn from
-    the same mix), measured with the worker's encoder and the Parquet writer, sized at the mean prompt length."""
-    rendered = [ids for ids in lines.sample if ids] or [[0]]
-    pool = [token for ids in rendered for token in ids]
-    mean_prompt = lines.mean_prompt_tokens or sum(map(len, rendered)) / len(rendered)
-    prompt_ids = min(rendered, key=lambda ids: abs(len(ids) - mean_prompt))
-    sampling = spec.generation.sampling
-    min_tokens = max(1, sampling.min_new_tokens or 1)
-    rng = random.Random(0)
-    rows = 32
-    short = _record_bytes(prompt_ids, [rng.choices(pool, k=min_tokens) for _ in range(rows)])
-    long = _record_bytes(prompt_ids, [rng.choices(pool, k=min_tokens + MEASURE_TOKENS) for _ in range(rows)])
-    segment_per_token = (long[0] - short[0]) / MEASURE_TOKENS
-    parquet_per_token = (long[1] - short[1]) / MEASURE_TOKENS
-    # The records are sized at the mean prompt length, not the chosen prompt's.
-    offset = mean_prompt - len(prompt_ids)
-    done = 0
-    if manifest is not None:
-        counts = manifest.get("counts") or {}
-        done = int(counts.get("records", 0)) + int(counts.get("rejected", 0))
-    samples = spec.generation.samples_per_prompt
-    return OutputEstimate(
-        records=max(0, lines.prompts * samples - done),
-        shards=spec.clients.shards,
-        min_tokens=min_tokens,
-        max_tokens=max(min_tokens, sampling.max_new_tokens),
-        segment_min=max(1.0, short[0] + offset * segment_per_token),
-        segment_per_token=segment_per_token,
-        parquet_min=max(1.0, short[1] + offset * parquet_per_token),
-        parquet_per_token=parquet_per_token,
-        mean_prompt_tokens=mean_prompt,
-        files=_files_bytes(lines.lines_total) + rendered_bytes(lines),
-    )
-
-
-def rendered_bytes(lines: DatasetLines) -> int:
-    """What the rendered store takes on the output volume (output/rendered.py): part of the output, so part of
-    its room."""
-    from datagen_operator.output.rendered import LINE_DTYPE
-
-    return 4 * lines.rendered_tokens + LINE_DTYPE.itemsize * lines.lines_total + FILE_BLOCK
+# --- the output volume (the estimate and its verdict: steps/output_room.py) -----------------------
 
 
 def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> OutputEstimate:
@@ -457,53 +371,6 @@ def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> O
         spec, scan, renderer, variables, tokenizer_dir, False, ContextLimit(None, None), RenderedStore(None), 0
     )
     return estimate_output(spec, lines, read_manifest(Path(spec.output.path)))
-
-
-FILE_BLOCK = 4096
-"""The smallest a file takes on common filesystems (ext4, xfs)."""
-
-
-def _files_bytes(dataset_lines: int) -> int:
-    """manifest.json and dataset.pin.json, a block each; the pin's line hashes (8 bytes a line, prompts/pin.py) in
-    whole blocks. (run.yaml and the lease are written before the free space is measured.)"""
-    return 2 * FILE_BLOCK + -(-8 * dataset_lines // FILE_BLOCK) * FILE_BLOCK
-
-
-@dataclass(frozen=True)
-class RoomVerdict:
-    passed: bool
-    message: str
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} bytes"
-
-
-def room_verdict(estimate: OutputEstimate, output: Path, free: int | None) -> RoomVerdict:
-    """Refuse when even the least the rest of the run writes cannot fit; warn when the most cannot."""
-    if free is None or estimate.records == 0:
-        return RoomVerdict(True, "")
-    e = estimate
-    basis = (
-        f"{e.records} records x ({e.mean_prompt_tokens:.0f} prompt + {e.min_tokens}..{e.max_tokens} output tokens), at "
-        f"{e.segment_per_token:.1f} bytes per token in segments, {e.parquet_per_token:.1f} in Parquet"
-    )
-    if free < e.lower:
-        return RoomVerdict(
-            False,
-            f"{output} has {_size(free)} free; the output needs at least {_size(e.lower)} and up to {_size(e.upper)} "
-            f"({basis}). Free space or grow the volume, or write to a larger spec.output.path",
-        )
-    if free < e.upper:
-        return RoomVerdict(
-            True,
-            f"warning: {output} has {_size(free)} free; the output needs {_size(e.lower)} to {_size(e.upper)} "
-            f"({basis}): it may fill up (the run then stops and resumes once the volume grows)",
-        )
-    return RoomVerdict(True, f"{output} has {_size(free)} free for at most {_size(e.upper)} of output")
 
 
 def stored_bytes(output: Path) -> int:

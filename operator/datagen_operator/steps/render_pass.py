@@ -67,7 +67,8 @@ class DatasetLines:
     rendered_tokens: int = 0
     """The tokens of every prompt rendered (what the rendered store holds)."""
     turns: int = 0
-    """The answers the dataset plans per sample: generation.turns all, its conversations' planned turns."""
+    """The records each sample writes, as the workers' plan counts them (worker/ledger.py): one a valid prompt, or
+    with generation.turns all its conversation's planned turns (`Turns.records`), set-aside prompts too."""
     said: str = ""
     """What the preflight says of whole conversations (turns planned, cut, that may not fit), or ''."""
 
@@ -219,6 +220,9 @@ class _Pass:
     unrenderable_count: int = 0
     too_long_count: int = 0
     conversations: ConversationCounts = field(default_factory=ConversationCounts)
+    prompts: int = 0
+    planned: int = 0
+    """Records per sample the run's plan counts (DatasetLines.turns)."""
     rendered: int = 0
     rendered_tokens: int = 0
     sample: list[list[int]] = field(default_factory=list)
@@ -275,16 +279,78 @@ async def judge_dataset(
     (`too_long`), out of the dataset's lines. The workers judge too_long again against the running server's
     own limit (its KV pool may be smaller). Rendered prompts go to `store` in dataset order."""
     run = _Pass(turns_mode, max_new_tokens, limit, store)
+    batches = _Batches(run, pool)
     malformed: list[MalformedLine] = []
-    prompts = 0
-    ahead: deque[tuple[list[_Entry], asyncio.Future[list[RenderResult]]]] = deque()
-    max_ahead = 2 * max(1, pool.processes) + 1
     entries: list[_Entry] = []
     items: list[RenderItem] = []
+    for index, item in enumerate(scan):
+        if index % 1024 == 1023:
+            await asyncio.sleep(0)  # let finished batches be taken meanwhile
+        if isinstance(item, MalformedLine):
+            malformed.append(item)
+            continue
+        entries.append(_entry(run, *item, items, history_reasoning, draws))
+        if len(entries) >= BATCH:
+            await batches.send(entries, items)
+            entries, items = [], []
+    if entries:
+        await batches.send(entries, items)
+    await batches.drain(0)
+    return _judged_lines(run, malformed, scan.lines_total)
 
-    async def drain(until: int) -> None:
-        while len(ahead) > until:
-            batch, future = ahead.popleft()
+
+def _entry(
+    run: _Pass, ref: PromptRef, obj: dict[str, Any], items: list[RenderItem], history_reasoning: HistoryReasoning,
+    draws: VariableDraws | None,
+) -> _Entry:  # fmt: skip
+    """A valid line counted in the plan, its requests to render added to `items`: its first (every turns mode)
+    and, for a conversation of two turns or more, its last on the dataset's own answers."""
+    run.prompts += 1
+    prompt = prompt_from(ref, obj, draws)
+    entry = _Entry(ref, prompt_hash(obj))
+    if empty_user_messages(prompt.messages):
+        run.conversations.empty_user += 1
+        run.conversations.first_empty_user = run.conversations.first_empty_user or (
+            f"line {ref.position + 1} (id {ref.id!r})"
+        )
+    if run.turns_mode != "all":
+        run.planned += 1
+        entry.trailing = last_turn(prompt.messages)[1] > 0
+        messages = request_messages(prompt.messages, run.turns_mode, history_reasoning=history_reasoning)
+        items.append((messages, prompt.tools, prompt.variables))
+        return entry
+    turns = plan_turns(prompt.messages)
+    run.planned += turns.records  # the plan's count: set-aside conversations too (worker/ledger.py)
+    if not len(turns):
+        entry.unrenderable = "no user message to answer"
+    else:
+        entry.turns = turns
+        first = turn_messages(turns, 0, (), history_reasoning=history_reasoning)
+        items.append((first, prompt.tools, prompt.variables))
+    if len(turns) >= 2:
+        stand_ins = dataset_answers(prompt.messages, turns)
+        history = turn_messages(turns, len(turns) - 1, stand_ins, history_reasoning=history_reasoning)
+        items.append((history, prompt.tools, prompt.variables))
+        entry.with_last_turn = True
+    return entry
+
+
+class _Batches:
+    """The batches sent to the render helpers, a few in flight, taken in dataset order."""
+
+    def __init__(self, run: _Pass, pool: RenderPool) -> None:
+        self.run, self.pool = run, pool
+        self.ahead: deque[tuple[list[_Entry], asyncio.Future[list[RenderResult]]]] = deque()
+        self.max_ahead = 2 * max(1, pool.processes) + 1
+
+    async def send(self, entries: list[_Entry], items: list[RenderItem]) -> None:
+        self.ahead.append((entries, asyncio.ensure_future(self.pool.render(items))))
+        await self.drain(self.max_ahead - 1)
+
+    async def drain(self, until: int) -> None:
+        run = self.run
+        while len(self.ahead) > until:
+            batch, future = self.ahead.popleft()
             results = iter(await future)
             for entry in batch:
                 if entry.unrenderable is not None:
@@ -297,52 +363,12 @@ async def judge_dataset(
                         where = f"line {entry.ref.position + 1} (id {entry.ref.id!r})"
                         run.conversations.last_turn_rendered(where, last, run.too_long_reason)
 
-    for index, item in enumerate(scan):
-        if index % 1024 == 1023:
-            await asyncio.sleep(0)  # let finished batches be taken meanwhile
-        if isinstance(item, MalformedLine):
-            malformed.append(item)
-            continue
-        ref, obj = item
-        prompts += 1
-        line_hash = prompt_hash(obj)
-        prompt = prompt_from(ref, obj, draws)
-        entry = _Entry(ref, line_hash)
-        if empty_user_messages(prompt.messages):
-            run.conversations.empty_user += 1
-            run.conversations.first_empty_user = run.conversations.first_empty_user or (
-                f"line {ref.position + 1} (id {ref.id!r})"
-            )
-        if turns_mode == "all":
-            turns = plan_turns(prompt.messages)
-            if not len(turns):
-                entry.unrenderable = "no user message to answer"
-            else:
-                entry.turns = turns
-                first = turn_messages(turns, 0, (), history_reasoning=history_reasoning)
-                items.append((first, prompt.tools, prompt.variables))
-            if len(turns) >= 2:
-                last = len(turns) - 1
-                stand_ins = dataset_answers(prompt.messages, turns)
-                history = turn_messages(turns, last, stand_ins, history_reasoning=history_reasoning)
-                items.append((history, prompt.tools, prompt.variables))
-                entry.with_last_turn = True
-        else:
-            entry.trailing = last_turn(prompt.messages)[1] > 0
-            messages = request_messages(prompt.messages, turns_mode, history_reasoning=history_reasoning)
-            items.append((messages, prompt.tools, prompt.variables))
-        entries.append(entry)
-        if len(entries) >= BATCH:
-            ahead.append((entries, asyncio.ensure_future(pool.render(items))))
-            entries, items = [], []
-            await drain(max_ahead - 1)
-    if entries:
-        ahead.append((entries, asyncio.ensure_future(pool.render(items))))
-    await drain(0)
+
+def _judged_lines(run: _Pass, malformed: list[MalformedLine], lines_total: int) -> DatasetLines:
     causes = Counter(line.cause for line in malformed) + Counter(
         {UNRENDERABLE: run.unrenderable_count, TOO_LONG: run.too_long_count}
     )
-    counts = Counts(lines=prompts + len(malformed), set_aside=dict(causes))
+    counts = Counts(lines=run.prompts + len(malformed), set_aside=dict(causes))
     bad = [f"line {line.position + 1}: {line.reason}" for line in malformed[:2]]
     firsts = [*bad, *run.unrenderable, *run.too_long]
     examples = "e.g. " + "; ".join(firsts) if firsts else ""
@@ -350,12 +376,12 @@ async def judge_dataset(
         counts,
         dataset_checks(counts),
         examples,
-        prompts,
-        scan.lines_total,
+        run.prompts,
+        lines_total,
         malformed,
         run.sample,
         run.rendered_tokens / run.rendered if run.rendered else 0.0,
         run.rendered_tokens,
-        run.conversations.turns,
+        run.planned,
         run.conversations.said(),
     )

@@ -207,4 +207,4 @@ class Ledger:
         if self.config.spec.generation.turns != "all":
             return 1, 0
         turns = plan_turns(prompt_from(ref, obj).messages)
-        return max(1, len(turns)), turns.cut  # a line without a user turn: one record per sample, set aside
+        return turns.records, turns.cut
