@@ -21,10 +21,13 @@ from datagen_operator.prompts.dataset import (
     INVALID_TOOLS,
     DatasetError,
     EmptyDataset,
+    ShardScan,
     check_dataset,
     dataset_summary,
     plan_shard,
+    source_fields,
 )
+from datagen_operator.prompts.pin import pin_dataset, prompt_hash
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 from tests.worker.proxy import CountingProxy
 from tests.worker.simrun import check_records, progress, prompts, run_inprocess, spec, write_dataset
@@ -159,6 +162,21 @@ def test_a_parquet_integer_id_column_is_read_as_strings(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": [3, 1, 2], "messages": [[{"role": "user", "content": "q"}]] * 3}), path)
     plan = plan_shard(path, 0, 1)
     assert [ref.id for ref in plan.prompts] == ["3", "1", "2"] and plan.malformed == []
+
+
+def test_a_parquet_id_column_that_is_not_the_id_field_keeps_its_integers(tmp_path: Path) -> None:
+    # Under another idField, `id` is a column like any other: the row the records carry (source_fields) and the
+    # pin hashes keeps its integers, as the same line in JSONL does.
+    rows = [{"uuid": f"u{n}", "id": n, "messages": [{"role": "user", "content": f"q{n}"}]} for n in (5, 6)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    items = list(ShardScan(path, 0, 1, id_field="uuid"))
+    assert [(ref.id, obj["id"]) for ref, obj in items] == [("u5", 5), ("u6", 6)]
+    assert source_fields(items[0][1], "uuid") == '{"id":5}'
+    jsonl = _jsonl(tmp_path / "d.jsonl", list(rows))
+    pinned = pin_dataset(path, id_field="uuid").line_hashes.tolist()
+    assert pinned == pin_dataset(jsonl, id_field="uuid").line_hashes.tolist()
+    assert pinned == [prompt_hash(obj) for _, obj in items]  # as the feeder hashes each row it sends
 
 
 # --- empty dataset --------------------------------------------------------------------------------

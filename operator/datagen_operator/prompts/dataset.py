@@ -988,7 +988,7 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
     valid = 0
     for batch in parquet.iter_batches(batch_size=4096):
         for obj in batch.to_pylist():
-            obj = normalise_parquet_row(obj)
+            obj = normalise_parquet_row(obj, id_field)
             raw = orjson.dumps(obj, default=str)[:200]
             prompt_id, problem = validate_prompt(obj, id_field)
             if keep is not None and not keep(prompt_id or line_key(position)):
@@ -1010,13 +1010,16 @@ def _scan_parquet(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]]
     scan.valid_lines_total = valid
 
 
-def normalise_parquet_row(obj: dict[str, Any]) -> dict[str, Any]:
+def normalise_parquet_row(obj: dict[str, Any], id_field: str | None = None) -> dict[str, Any]:
     """Parquet has no free-form JSON: messages (or conversations) or tools may be stored as JSON strings,
     structs add nulls. `conversations` is touched only where `messages` is null, the one it is read from, so
-    every row an older reader accepted keeps its pin hash."""
-    raw_id = obj.get("id")
-    if isinstance(raw_id, int) and not isinstance(raw_id, bool):
-        obj["id"] = str(raw_id)  # an integer column: one type for every row, so no collision (module doc)
+    every row an older reader accepted keeps its pin hash. An integer `id` column is read as its decimal strings
+    only where `id` is the id field (`id_field` None or "id"), as it always was; under another id field it is a
+    column like any other and keeps its integers, as the same line in JSONL does."""
+    if (id_field or "id") == "id":
+        raw_id = obj.get("id")
+        if isinstance(raw_id, int) and not isinstance(raw_id, bool):
+            obj["id"] = str(raw_id)  # an integer column: one type for every row, so no collision (module doc)
     keys = ["messages", "tools"] if obj.get("messages") is not None else ["messages", "conversations", "tools"]
     for key in keys:
         value = obj.get(key)

@@ -76,7 +76,8 @@ class DatasetPin:
 
 
 def pin_dataset(path: Path, declared: DatasetFormat = "auto", *, id_field: str | None = None) -> DatasetPin:
-    """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). `id_field` only names lines."""
+    """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). `id_field` names lines, and says
+    whether a Parquet `id` column is the id (normalise_parquet_row)."""
     form = detect_format(path, declared)
     if form == "jsonl":
         pins = LinePins(path, today(), id_field)
@@ -104,7 +105,7 @@ def pin_dataset(path: Path, declared: DatasetFormat = "auto", *, id_field: str |
 
         for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
             for row in batch.to_pylist():
-                digests += _prompt_digest(normalise_parquet_row(row))
+                digests += _prompt_digest(normalise_parquet_row(row, id_field))
     return DatasetPin(
         str(path), form, len(digests) // 8, path.stat().st_size, whole.hexdigest(), _hashes(digests), today(), id_field
     )
