@@ -30,7 +30,8 @@ from pathlib import Path
 
 import orjson
 
-from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+from datagen_operator.prompts.lines import MalformedLine
+from datagen_operator.prompts.scan import ShardScan
 
 QUESTIONS = 1000
 

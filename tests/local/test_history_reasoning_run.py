@@ -15,7 +15,7 @@ import yaml
 from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.conversation import AnswerSplit, plan_turns, turn_messages
-from datagen_operator.prompts.dataset import plan_shard
+from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from tests.local.runs import FAST_SIM, datagen_run
 from tests.manifests import EXAMPLES

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_format
-from datagen_operator.prompts.dataset import BAD_MESSAGES, plan_shard
+from datagen_operator.prompts.line_shape import BAD_MESSAGES
+from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 

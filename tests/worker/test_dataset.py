@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datagen_operator.prompts.dataset import DatasetError, plan_shard, shard_of_id
+from datagen_operator.prompts.dataset_ref import DatasetError
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.shards import shard_of_id
 
 
 def _write_jsonl(path: Path, lines: list[bytes | dict]) -> Path:
@@ -51,7 +53,7 @@ def test_hash_is_not_pythons_salted_hash() -> None:
     import subprocess
     import sys
 
-    code = "from datagen_operator.prompts.dataset import shard_of_id; print(shard_of_id('abc', 1000))"
+    code = "from datagen_operator.prompts.shards import shard_of_id; print(shard_of_id('abc', 1000))"
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": seed}, check=True

@@ -14,20 +14,13 @@ import pytest
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.output.readers import iter_rejects
-from datagen_operator.prompts.dataset import (
-    BAD_ID,
-    BAD_JSON,
-    DUPLICATE_ID,
-    INVALID_TOOLS,
-    DatasetError,
-    EmptyDataset,
-    ShardScan,
-    check_dataset,
-    dataset_summary,
-    plan_shard,
-    source_fields,
-)
+from datagen_operator.prompts.dataset_ref import DatasetError
+from datagen_operator.prompts.line_shape import BAD_ID, BAD_JSON, DUPLICATE_ID, INVALID_TOOLS
+from datagen_operator.prompts.lines import source_fields
 from datagen_operator.prompts.pin import pin_dataset, prompt_hash
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.scan import ShardScan
+from datagen_operator.prompts.summary import EmptyDataset, check_dataset, dataset_summary
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 from tests.worker.proxy import CountingProxy
 from tests.worker.simrun import check_records, progress, prompts, run_inprocess, spec, write_dataset

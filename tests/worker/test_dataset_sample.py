@@ -16,7 +16,8 @@ from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_OK
 from datagen_operator.checks.preflight import run_preflight
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import iter_records
-from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+from datagen_operator.prompts.lines import MalformedLine
+from datagen_operator.prompts.scan import ShardScan
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

@@ -14,20 +14,14 @@ import orjson
 import pytest
 
 from datagen_operator.engine.chat_tools import read_tools
-from datagen_operator.prompts.dataset import (
-    DUPLICATE_ID,
-    UTF8_BOM,
-    MalformedLine,
-    Problem,
-    PromptRef,
-    ShardScan,
-    dataset_summary,
-    plain_prompt_id,
-    plan_shard,
-    shard_of_id,
-    validate_prompt,
-)
+from datagen_operator.prompts.dataset_ref import UTF8_BOM
+from datagen_operator.prompts.line_shape import DUPLICATE_ID, Problem, plain_prompt_id, validate_prompt
+from datagen_operator.prompts.lines import MalformedLine, PromptRef
 from datagen_operator.prompts.pin import DatasetPin, LinePins, pin_dataset
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.scan import ShardScan
+from datagen_operator.prompts.shards import shard_of_id
+from datagen_operator.prompts.summary import dataset_summary
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 
 IDS: list[Any] = ["p1", "", " ", 1, 0, True, 1.5, None, ["p1"], {"id": "p1"}]

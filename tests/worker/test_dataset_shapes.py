@@ -15,8 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datagen_operator.prompts import dataset
-from datagen_operator.prompts.dataset import (
+from datagen_operator.prompts import json_array, line_shape
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetError, detect_format
+from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
+from datagen_operator.prompts.line_shape import (
     BAD_ID,
     BAD_JSON,
     BAD_MESSAGES,
@@ -25,23 +27,13 @@ from datagen_operator.prompts.dataset import (
     INVALID_TOOLS,
     NOT_OBJECT,
     UNKNOWN_SHAPE,
-    UTF8_BOM,
-    ArrayBreak,
-    DatasetError,
-    MalformedLine,
-    PromptRef,
-    ShardScan,
-    UnknownDatasetShape,
-    check_dataset,
-    check_plan,
-    dataset_summary,
-    detect_format,
-    has_prompt,
-    iter_json_array,
-    plan_shard,
     validate_prompt,
 )
+from datagen_operator.prompts.lines import MalformedLine, PromptRef
 from datagen_operator.prompts.pin import pin_changes, pin_dataset, prompt_hash
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.scan import ShardScan, has_prompt
+from datagen_operator.prompts.summary import UnknownDatasetShape, check_dataset, check_plan, dataset_summary
 
 EXPECTED = "expected system/developer/user/assistant/tool (OpenAI {role, content}) or ShareGPT {from: human|gpt|system|tool, value}"
 
@@ -120,8 +112,8 @@ def test_every_sharegpt_role_maps_to_its_openai_role(tmp_path: Path, speaker: st
 
 
 def test_the_role_maps_are_exactly_the_documented_ones() -> None:
-    assert dict(dataset.SHAREGPT_ROLES) == SHAREGPT_MAP
-    assert sorted(dataset.OPENAI_ROLES) == ["assistant", "developer", "system", "tool", "user"]
+    assert dict(line_shape.SHAREGPT_ROLES) == SHAREGPT_MAP
+    assert sorted(line_shape.OPENAI_ROLES) == ["assistant", "developer", "system", "tool", "user"]
     assert UNKNOWN_SHAPE == "unknown_shape" and UNKNOWN_SHAPE in CAUSES
 
 
@@ -307,7 +299,7 @@ def test_a_refused_line_names_every_problem_it_has(tmp_path: Path) -> None:
     # A good id and bad tools: the tools' cause, the id kept.
     assert validate_prompt({**obj, "id": "p", "messages": obj["messages"][:2]}) == (
         "p",
-        dataset.Problem(INVALID_TOOLS, 'tools[0].type must be "function", got "retrieval"'),
+        line_shape.Problem(INVALID_TOOLS, 'tools[0].type must be "function", got "retrieval"'),
     )
 
 
@@ -357,7 +349,7 @@ def test_a_json_array_is_read_element_by_element_across_reads(
     body = orjson.dumps(elements, option=orjson.OPT_INDENT_2 if indent else 0)
     path = tmp_path / "d.json"
     path.write_bytes(b"  \n" + body + b"\n")
-    monkeypatch.setattr(dataset, "JSON_CHUNK_SIZE", chunk_size)
+    monkeypatch.setattr(json_array, "JSON_CHUNK_SIZE", chunk_size)
     assert detect_format(path, "auto") == "json"
     scan = ShardScan(path, 0, 1)
     items = list(scan)
@@ -407,7 +399,7 @@ def test_the_span_finder_agrees_with_orjson_for_any_read_size() -> None:
 def test_a_truncated_array_keeps_the_elements_before_the_break(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_size: int
 ) -> None:
-    monkeypatch.setattr(dataset, "JSON_CHUNK_SIZE", chunk_size)
+    monkeypatch.setattr(json_array, "JSON_CHUNK_SIZE", chunk_size)
     elements = _tricky_elements(5)
     body = orjson.dumps(elements)
     cut = body.rindex(b'{"id":"e4"') + 20  # inside the fifth element

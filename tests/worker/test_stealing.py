@@ -20,7 +20,7 @@ from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
 from datagen_operator.output.steal import CHUNK_LINES, Claims, chunks_for
-from datagen_operator.prompts.dataset import shard_of_id
+from datagen_operator.prompts.shards import shard_of_id
 from tests.harness.sim import start_sim
 from tests.worker.simrun import (
     SIM_FLAGS,

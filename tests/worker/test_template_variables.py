@@ -17,7 +17,8 @@ from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.record_checks import UNEXPECTED_REASONING, expectations_for
 from datagen_operator.checks.verify import verify_output
 from datagen_operator.output.readers import RecordBatches, iter_records
-from datagen_operator.prompts.dataset import INVALID_TEMPLATE_KWARGS, plan_shard
+from datagen_operator.prompts.line_shape import INVALID_TEMPLATE_KWARGS
+from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, line_thinking, load_tokenizer, template_variables
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 from tests.harness.sim import start_sim

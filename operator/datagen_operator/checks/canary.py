@@ -49,7 +49,7 @@ from datagen_operator.presets.think_markers import MarkersWritten
 from datagen_operator.tokenizer.families import FAMILIES
 
 if TYPE_CHECKING:  # the reader itself is imported where it is used (the canary's start-up stays light)
-    from datagen_operator.prompts.dataset import DatasetFormat
+    from datagen_operator.prompts.dataset_ref import DatasetFormat
 
 MODEL_THINKING = "model_thinking"
 
@@ -284,8 +284,9 @@ def iter_canary_prompts(
     workers send its first request (prompts/conversation.py `request_messages`): of dataset.sample's subset, with
     generation.templateVariableMix's draws, as the workers read them."""
     from datagen_operator.prompts.conversation import plan_turns, request_messages
-    from datagen_operator.prompts.dataset import line_number, plan_shard
     from datagen_operator.prompts.draws import variable_draws
+    from datagen_operator.prompts.lines import line_number
+    from datagen_operator.prompts.plan import plan_shard
 
     yield from (dict(p) for p in PROBES)
     plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field, sample=sample, draws=variable_draws(mix))

@@ -91,9 +91,11 @@ def run_preflight(
 
 def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
     from datagen_operator.output.rendered import render_identity
-    from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_lines
+    from datagen_operator.prompts.dataset_ref import DatasetError
     from datagen_operator.prompts.pin import LinePins, changed_message, pin_dataset, render_date
     from datagen_operator.prompts.render import Renderer, template_variables
+    from datagen_operator.prompts.scan import ShardScan
+    from datagen_operator.prompts.summary import check_lines
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, model_config_dir(spec.model.path, tokenizer_dir))
@@ -444,8 +446,8 @@ def rendered_bytes(lines: DatasetLines) -> int:
 def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> OutputEstimate:
     """The preflight's estimate of what `spec`'s output will take, on its own (rendered inline, nothing stored)."""
     from datagen_operator.output.manifest import read_manifest
-    from datagen_operator.prompts.dataset import ShardScan
     from datagen_operator.prompts.render import Renderer, template_variables
+    from datagen_operator.prompts.scan import ShardScan
 
     variables = template_variables(resolve_model(spec))
     renderer = Renderer(tokenizer, variables)

@@ -400,7 +400,7 @@ def verify_output(
     draws = variable_draws(spec.generation.template_variable_mix if spec else None)
     compared = compared_samples(spec) if spec else samples_compared(fingerprint.get("sampling") or {}, samples)
 
-    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.prompts.scan import ShardScan
 
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
     if dataset_path is not None and not dataset_path.exists():
@@ -627,7 +627,7 @@ class PinCheck:
 
         if self.pinned is None:
             return
-        # A record names its line 1-based (prompts.dataset.line_number); the pin is indexed from 0.
+        # A record names its line 1-based (prompts.lines.line_number); the pin is indexed from 0.
         lines = batch.column("line").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) - 1
         hashes = batch.column("prompt_hash").fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint64)
         inside = (lines >= 0) & (lines < len(self.pinned))
@@ -742,7 +742,7 @@ def _read_dataset(
     import numpy as np
 
     from datagen_operator.prompts.conversation import planned_turns
-    from datagen_operator.prompts.dataset import MalformedLine, line_number, prompt_from
+    from datagen_operator.prompts.lines import MalformedLine, line_number, prompt_from
 
     ids: list[str] = []
     turns: list[int] = []
@@ -816,7 +816,8 @@ def _name_examples(
 
     from datagen_operator.output.readers import RecordBatches
     from datagen_operator.prompts.conversation import planned_turns
-    from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
+    from datagen_operator.prompts.lines import MalformedLine, prompt_from
+    from datagen_operator.prompts.scan import ShardScan
 
     missing, extra = set(keys.missing().tolist()), set(keys.extra().tolist())
     if missing and dataset is not None:

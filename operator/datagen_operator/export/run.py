@@ -82,7 +82,8 @@ from datagen_operator.prompts.draws import VariableDraws, variable_draws
 if TYPE_CHECKING:
     from datagen_operator.api.outcome import StepOutcome
     from datagen_operator.prompts.conversation import AnswerSplit
-    from datagen_operator.prompts.dataset import DatasetFormat, Prompt
+    from datagen_operator.prompts.dataset_ref import DatasetFormat
+    from datagen_operator.prompts.lines import Prompt
 
 DATA_DIR = "data"
 """Parts go in OUT/data/, alone: consumers that load every *.json/*.jsonl of a directory (speculators'
@@ -109,7 +110,8 @@ class DatasetSource:
 
     def prompts(self, wanted: set[str]) -> Iterator[Prompt]:
         """The valid prompts whose id is in `wanted`, in dataset order (one streamed pass)."""
-        from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
+        from datagen_operator.prompts.lines import MalformedLine, prompt_from
+        from datagen_operator.prompts.scan import ShardScan
 
         for item in ShardScan(self.path, 0, 1, self.format, id_field=self.id_field):
             if isinstance(item, MalformedLine):

@@ -10,13 +10,13 @@ from typing import Any
 import orjson
 
 # Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
-# prompts.dataset.CAUSES), defined with the counter that counts them.
+# prompts.line_shape.CAUSES), defined with the counter that counts them.
 from datagen_operator.api.progress import TOO_LONG as TOO_LONG
 from datagen_operator.api.progress import UNRENDERABLE as UNRENDERABLE
 from datagen_operator.engine.limits import memory_cap, reserved_tokens
 from datagen_operator.output.layout import Key
 from datagen_operator.prompts.conversation import AnswerSplit, Turns
-from datagen_operator.prompts.dataset import line_key, line_number
+from datagen_operator.prompts.lines import line_key, line_number
 
 
 @dataclass(slots=True)
@@ -47,7 +47,7 @@ class Job:
     thinking: bool | None = None
     """The line's own thinking switch (its chat_template_kwargs), when it sets one: its record is judged by it."""
     source_fields: str | None = None
-    """The line's other fields, JSON text (prompts.dataset.source_fields): every turn's record carries them."""
+    """The line's other fields, JSON text (prompts.lines.source_fields): every turn's record carries them."""
 
     @property
     def key(self) -> Key:

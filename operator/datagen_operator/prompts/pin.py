@@ -32,16 +32,10 @@ import numpy as np
 import orjson
 
 from datagen_operator.api.words import plural
-from datagen_operator.prompts.dataset import (
-    UTF8_BOM,
-    ArrayBreak,
-    DatasetFormat,
-    detect_format,
-    iter_json_array,
-    normalise_parquet_row,
-    unit_of,
-    validate_prompt,
-)
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetFormat, detect_format, unit_of
+from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
+from datagen_operator.prompts.line_shape import validate_prompt
+from datagen_operator.prompts.scan import normalise_parquet_row
 
 PIN_FILE = "dataset.pin.json"
 LINES_FILE = "dataset.lines.u64"

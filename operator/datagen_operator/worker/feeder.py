@@ -32,8 +32,8 @@ from datagen_operator.prompts.conversation import (
     request_messages,
     turn_messages,
 )
-from datagen_operator.prompts.dataset import MalformedLine, Prompt, prompt_from, source_fields
 from datagen_operator.prompts.draws import variable_draws
+from datagen_operator.prompts.lines import MalformedLine, Prompt, prompt_from, source_fields
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig

@@ -15,10 +15,12 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.rendered import RenderedPrompts, open_rendered, render_identity
 from datagen_operator.prompts.conversation import AnswerSplitter
-from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
+from datagen_operator.prompts.dataset_ref import DatasetError
 from datagen_operator.prompts.lean_render import RenderError
 from datagen_operator.prompts.pin import read_pin, render_date
 from datagen_operator.prompts.render import Renderer, RenderPool, load_tokenizer, template_variables
+from datagen_operator.prompts.scan import ShardScan, has_prompt
+from datagen_operator.prompts.summary import check_dataset
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
 log = logging.getLogger("datagen.worker")

@@ -16,8 +16,8 @@ from datagen_operator.output.parquet import CompactionResult
 from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
 
 if TYPE_CHECKING:
-    from datagen_operator.prompts.dataset import ShardScan
     from datagen_operator.prompts.pin import DatasetPin
+    from datagen_operator.prompts.scan import ShardScan
 
 
 def claim_output(layout: OutputLayout, c: WorkerConfig, fingerprint: dict[str, Any]) -> None:
@@ -136,7 +136,7 @@ def start_pin(config: WorkerConfig) -> DatasetPin | None:
     """At start: the output's pin, the dataset held to it (BadInput naming what changed). Without a pin (a worker
     run without the preflight) a JSONL dataset is pinned by the plan's read (`pin_while_read`): None; any other
     format is pinned here, before the first request."""
-    from datagen_operator.prompts.dataset import detect_format
+    from datagen_operator.prompts.dataset_ref import detect_format
     from datagen_operator.prompts.pin import pin_dataset, read_pin, write_pin
 
     d = config.spec.dataset
