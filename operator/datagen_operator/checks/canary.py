@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -23,7 +23,6 @@ from datagen_operator.api.resolve import ResolvedModel, resolve_model
 from datagen_operator.api.spec import (
     AUTO_CONCURRENCY,
     DataGenRunSpec,
-    DatasetSample,
     HistoryReasoning,
     TemplateVariableMix,
 )
@@ -46,10 +45,8 @@ from datagen_operator.engine.limits import BatchLimits, batch_limits
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.presets.think_markers import MarkersWritten
+from datagen_operator.prompts.dataset_ref import DatasetRef  # the reader itself is imported where it is used
 from datagen_operator.tokenizer.families import FAMILIES
-
-if TYPE_CHECKING:  # the reader itself is imported where it is used (the canary's start-up stays light)
-    from datagen_operator.prompts.dataset_ref import DatasetFormat
 
 MODEL_THINKING = "model_thinking"
 
@@ -271,13 +268,10 @@ def _describe_set_aside(set_aside: tuple[SetAside, ...], limit: int = 3) -> str:
 
 
 def iter_canary_prompts(
-    dataset: Path,
-    dataset_format: DatasetFormat,
+    dataset: DatasetRef,
     turns: str = "last",
-    id_field: str | None = None,
     *,
     history_reasoning: HistoryReasoning,
-    sample: DatasetSample | None = None,
     mix: TemplateVariableMix | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
@@ -289,7 +283,7 @@ def iter_canary_prompts(
     from datagen_operator.prompts.plan import plan_shard
 
     yield from (dict(p) for p in PROBES)
-    plan = plan_shard(dataset, 0, 1, dataset_format, id_field=id_field, sample=sample, draws=variable_draws(mix))
+    plan = plan_shard(dataset, 0, 1, draws=variable_draws(mix))
     for prompt in plan.iter_prompts():
         if turns == "all" and not len(plan_turns(prompt.messages)):
             continue  # no user turn: the workers set it aside
@@ -361,8 +355,8 @@ async def run_canary(
     capped_params = {**full_params, "max_new_tokens": cap}
     history_reasoning = spec.generation.history_reasoning
     prompts = iter_canary_prompts(
-        dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field, history_reasoning=history_reasoning,
-        sample=spec.dataset.sample, mix=spec.generation.template_variable_mix,
+        DatasetRef.of(spec.dataset, dataset), spec.generation.turns, history_reasoning=history_reasoning,
+        mix=spec.generation.template_variable_mix,
     )  # fmt: skip
     set_aside: list[SetAside] = []
     records: list[CanaryRecord] = []

@@ -91,7 +91,7 @@ def run_preflight(
 
 def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
     from datagen_operator.output.rendered import render_identity
-    from datagen_operator.prompts.dataset_ref import DatasetError
+    from datagen_operator.prompts.dataset_ref import DatasetError, DatasetRef
     from datagen_operator.prompts.pin import LinePins, changed_message, pin_dataset, render_date
     from datagen_operator.prompts.render import Renderer, template_variables
     from datagen_operator.prompts.scan import ShardScan
@@ -106,9 +106,9 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     limit = model_context_limit(_read_config(model_dir), spec.server.extra_args)
     store = RenderedStore.begin(output)
     try:
-        scan = ShardScan(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field, sample=spec.dataset.sample)
+        scan = ShardScan(DatasetRef.of(spec.dataset, dataset), 0, 1)
         # A JSONL dataset is pinned by the very read that renders it; other formats by a read of their own.
-        pins = LinePins(dataset, rendered_on, spec.dataset.id_field) if scan.format == "jsonl" else None
+        pins = LinePins(scan.dataset, rendered_on) if scan.format == "jsonl" else None
         scan.lines = pins
         lines = render_dataset(spec, scan, renderer, variables, tokenizer_dir, resolved.trust_remote_code, limit, store)
         check_lines(scan, lines.prompts, lines.malformed)  # raises EmptyDataset or UnknownDatasetShape, naming why
@@ -117,7 +117,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
         named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
         return _failed(Reason.DATASET_UNUSABLE, named)
-    pin = pins.pin() if pins is not None else pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field)
+    pin = pins.pin() if pins is not None else pin_dataset(scan.dataset)
     subset = scan.subset.said() if scan.subset is not None else ""
     outcome = _judge_rendered(spec, expect, renderer, lines, pin, dataset, output, tokenizer_dir, subset)
     changed = store.disagrees_with(pin)
@@ -446,14 +446,13 @@ def rendered_bytes(lines: DatasetLines) -> int:
 def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> OutputEstimate:
     """The preflight's estimate of what `spec`'s output will take, on its own (rendered inline, nothing stored)."""
     from datagen_operator.output.manifest import read_manifest
+    from datagen_operator.prompts.dataset_ref import DatasetRef
     from datagen_operator.prompts.render import Renderer, template_variables
     from datagen_operator.prompts.scan import ShardScan
 
     variables = template_variables(resolve_model(spec))
     renderer = Renderer(tokenizer, variables)
-    scan = ShardScan(
-        spec.dataset.path, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field, sample=spec.dataset.sample
-    )
+    scan = ShardScan(DatasetRef.of(spec.dataset), 0, 1)
     lines = render_dataset(
         spec, scan, renderer, variables, tokenizer_dir, False, ContextLimit(None, None), RenderedStore(None), 0
     )

@@ -28,7 +28,7 @@ from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
-from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec, DatasetSample
+from datagen_operator.api.spec import ChecksSpec, DataGenRunSpec
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.api.words import agrees, plural
@@ -41,6 +41,7 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.fingerprint import fingerprint_history_reasoning
 from datagen_operator.output.layout import Key, OutputLayout
 from datagen_operator.output.records import TURNS_KIND
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import VariableDraws, variable_draws
 
 COMPLETENESS = "completeness"
@@ -324,9 +325,7 @@ def _completeness(
     )
 
 
-def _dataset_pin(
-    pin: Any, records: PinCheck, dataset: Path | None, declared: Any, id_field: str | None = None
-) -> CheckResult:
+def _dataset_pin(pin: Any, records: PinCheck, dataset: DatasetRef | None) -> CheckResult:
     """The output came from one dataset (prompts/pin.py): every record's prompt hash equals the pinned hash of its
     line, and the dataset file (when given) is still the pinned one (its sha256; every line named when it is not)."""
     from datagen_operator.prompts.pin import changed_message, dataset_changes
@@ -341,9 +340,9 @@ def _dataset_pin(
             "them into a new spec.output.path"
         )
     if dataset is not None:
-        changes = dataset_changes(dataset, declared, pin, id_field=id_field)
+        changes = dataset_changes(dataset, pin)
         if changes is not None:
-            problems.append(changed_message(dataset, changes))
+            problems.append(changed_message(dataset.path, changes))
     if problems:
         return CheckResult(
             name=DATASET_PIN, passed=False, count=max(1, records.differ), total=records.checked,
@@ -394,17 +393,16 @@ def verify_output(
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
     turns_mode = spec.generation.turns if spec else str(fingerprint.get("turns", "last"))
     thresholds = spec.checks if spec else ChecksSpec()
-    # The subset and the variables drawn are the spec's (OUTPUT/run.yaml's, for `datagen verify OUTPUT`): the
-    # records wanted are the subset's lines only, each judged by its own draw.
-    sample = spec.dataset.sample if spec else None
+    # The subset (the dataset reference's sample) and the variables drawn are the spec's (OUTPUT/run.yaml's, for
+    # `datagen verify OUTPUT`): the records wanted are the subset's lines only, each judged by its own draw.
     draws = variable_draws(spec.generation.template_variable_mix if spec else None)
     compared = compared_samples(spec) if spec else samples_compared(fingerprint.get("sampling") or {}, samples)
 
     from datagen_operator.prompts.scan import ShardScan
 
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
-    if dataset_path is not None and not dataset_path.exists():
-        dataset_path = None
+    exists = dataset_path is not None and dataset_path.exists()
+    source = DatasetRef.of(spec.dataset if spec else None, dataset_path) if exists else None
     # One streamed pass over the records and one over the dataset; what is kept per record is its key's
     # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
     from datagen_operator.prompts.pin import read_pin
@@ -417,7 +415,7 @@ def verify_output(
         expect,
         tokenizer,
         fidelity_size=thresholds.fidelity_sample if fidelity else 0,
-        name_prompts=dataset_path is None,
+        name_prompts=source is None,
         compared_samples=compared,
     )
     counts, reservoir, duplicates = read.counts, read.fidelity_sample, read.duplicates
@@ -436,18 +434,11 @@ def verify_output(
     dataset_count: int | None = None
     planned: dict[str, int] = {}
     """id -> answers planned, for the prompts set aside unsent."""
-    if dataset_path is not None:
+    if source is not None:
         # Only lines with a rejects.jsonl entry can be set aside; every other valid prompt is just counted.
         reject_lines = {entry.get("line") for entry in all_rejects if str(entry.get("key", "")).startswith("line:")}
         scanned = _read_dataset(
-            ShardScan(
-                dataset_path,
-                0,
-                1,
-                spec.dataset.format if spec else "auto",
-                id_field=spec.dataset.id_field if spec else None,
-                sample=sample,
-            ),
+            ShardScan(source, 0, 1),
             samples,
             reject_lines,
             {r["id"] for r in reservoir},
@@ -466,16 +457,7 @@ def verify_output(
         ]
     )  # fmt: skip
     if keys.wanted is not None:
-        _name_examples(
-            keys,
-            output,
-            dataset_path,
-            spec.dataset.format if spec else "auto",
-            samples,
-            turns_mode,
-            spec.dataset.id_field if spec else None,
-            sample,
-        )
+        _name_examples(keys, output, source, samples, turns_mode)
     if dataset_count is None:
         named = read.prompts | {hash(key[0]) for key in server} | {hash(i) for i in set_aside.prompts}
         prompts_named = len(named)
@@ -489,11 +471,7 @@ def verify_output(
         ended = {(r["id"], r.get("sample", 0)) for r in all_rejects if r.get("kind") == TURNS_KIND}
         conversations = (dataset_count if dataset_count is not None else prompts_named) * samples
         checks.append(conversations_check(read.by_turn, turns_cut_causes(all_rejects), conversations, len(ended)))
-    checks.append(
-        _dataset_pin(
-            pin, pins, dataset_path, spec.dataset.format if spec else "auto", spec.dataset.id_field if spec else None
-        )
-    )
+    checks.append(_dataset_pin(pin, pins, source))
     if fidelity:
         rendered_on = pin.rendered_on if pin is not None else None
         variables = template_variables(resolved, rendered_on) if resolved is not None else None
@@ -802,14 +780,7 @@ def _output_counts(
 
 
 def _name_examples(
-    keys: KeyCheck,
-    output: Path,
-    dataset: Path | None,
-    fmt: Any,
-    samples: int,
-    turns_mode: str = "last",
-    id_field: str | None = None,
-    sample: DatasetSample | None = None,
+    keys: KeyCheck, output: Path, dataset: DatasetRef | None, samples: int, turns_mode: str = "last"
 ) -> None:
     """The first few missing and extra keys by name: a second pass, only when there are any."""
     import heapq
@@ -823,7 +794,7 @@ def _name_examples(
     if missing and dataset is not None:
         found = (
             (item[0].id, s, t)
-            for item in ShardScan(dataset, 0, 1, fmt, id_field=id_field, sample=sample)
+            for item in ShardScan(dataset, 0, 1)
             if not isinstance(item, MalformedLine)
             for s in range(samples)
             for t in range(planned_turns(prompt_from(*item).messages, turns_mode))

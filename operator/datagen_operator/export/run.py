@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,12 +77,12 @@ from datagen_operator.export.reader import (
 from datagen_operator.export.vocab_freq import JSON_NAME, NPY_NAME, TokenFrequency
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB, JsonlParts, ParquetParts
 from datagen_operator.output.layout import OutputLayout
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import VariableDraws, variable_draws
 
 if TYPE_CHECKING:
     from datagen_operator.api.outcome import StepOutcome
     from datagen_operator.prompts.conversation import AnswerSplit
-    from datagen_operator.prompts.dataset_ref import DatasetFormat
     from datagen_operator.prompts.lines import Prompt
 
 DATA_DIR = "data"
@@ -102,9 +102,7 @@ they complete, reading the dataset once per such round."""
 class DatasetSource:
     """The run's dataset: what the planned turns and the conversations format's messages are read from."""
 
-    path: Path
-    format: DatasetFormat = "auto"
-    id_field: str | None = None
+    ref: DatasetRef
     draws: VariableDraws | None = None
     """generation.templateVariableMix: each line's drawn variables are in its prompt's (prompt_from)."""
 
@@ -113,7 +111,7 @@ class DatasetSource:
         from datagen_operator.prompts.lines import MalformedLine, prompt_from
         from datagen_operator.prompts.scan import ShardScan
 
-        for item in ShardScan(self.path, 0, 1, self.format, id_field=self.id_field):
+        for item in ShardScan(replace(self.ref, sample=None), 0, 1):  # `wanted` holds the subset
             if isinstance(item, MalformedLine):
                 continue
             ref, obj = item
@@ -144,7 +142,7 @@ class ExportOptions:
             "last_turn_only_applies": self.export_format == "text",
             "part_bytes": self.part_bytes,
             "rows": "conversations" if self.export_format == "conversations" else self.rows,
-            "dataset": str(self.dataset.path) if self.dataset is not None and whole else None,
+            "dataset": str(self.dataset.ref.path) if self.dataset is not None and whole else None,
         }
         if self.rows == "conversations":
             out["rerendered_spans"] = self.rerendered_spans
@@ -879,20 +877,18 @@ def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tu
     from datagen_operator.checks.verify import load_run_spec, on_this_machine
 
     spec = load_run_spec(output, run_file)
-    form: DatasetFormat = spec.dataset.format if spec is not None else "auto"
-    id_field = spec.dataset.id_field if spec is not None else None
     draws = variable_draws(spec.generation.template_variable_mix) if spec is not None else None
     if dataset:
         path = Path(dataset)
         if not path.is_file():
             return None, f"--dataset {dataset}: not a file"
-        return DatasetSource(path, form, id_field, draws), ""
+        return DatasetSource(DatasetRef.of(spec.dataset if spec is not None else None, path), draws), ""
     if spec is None:
         return None, f"no {run_file or OutputLayout(output).run_file} to find the dataset from: pass --dataset FILE"
     found, notes = on_this_machine(spec, output)
     if found is None:
         return None, "; ".join(notes) or "the run's dataset is not found here: pass --dataset FILE"
-    return DatasetSource(found, form, id_field, draws), ""
+    return DatasetSource(DatasetRef.of(spec.dataset, found), draws), ""
 
 
 def build_parser() -> argparse.ArgumentParser:

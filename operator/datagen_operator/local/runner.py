@@ -537,6 +537,7 @@ class LocalRunner:
         """spec.export in process: each format to OUTPUT/<export.path>/<format>."""
         from datagen_operator.export.formats import Selection
         from datagen_operator.export.run import DatasetSource, codec_from_tokenizer, export_run
+        from datagen_operator.prompts.dataset_ref import DatasetRef
         from datagen_operator.prompts.draws import variable_draws
 
         spec = self.spec
@@ -551,12 +552,7 @@ class LocalRunner:
             lambda: codec_from_tokenizer(self._tokenizer()),
             rows=export.rows,
             rerendered_spans=export.rerendered_spans,
-            dataset=DatasetSource(
-                Path(spec.dataset.path),
-                spec.dataset.format,
-                spec.dataset.id_field,
-                variable_draws(spec.generation.template_variable_mix),
-            ),
+            dataset=DatasetSource(DatasetRef.of(spec.dataset), variable_draws(spec.generation.template_variable_mix)),
         )
 
     async def _stop_workers(self) -> None:

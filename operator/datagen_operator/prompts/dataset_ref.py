@@ -1,12 +1,17 @@
-"""Which dataset file a reader reads and as what: its format (declared, or detected from the file), and the
-errors of a dataset that cannot be read at all."""
+"""Which dataset file a reader reads and as what: the run's dataset as every reader takes it (DatasetRef: path,
+format, id field, sample), the format a file is read as (declared, or detected from the file), and the error of a
+dataset that cannot be read at all."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 import orjson
+
+if TYPE_CHECKING:  # the spec models load pydantic: a reader given a bare path needs none of it
+    from datagen_operator.api.spec import DatasetSample, DatasetSpec
 
 DatasetFormat = Literal["auto", "jsonl", "json", "parquet"]
 ReadFormat = Literal["jsonl", "json", "parquet"]
@@ -19,6 +24,31 @@ JSON_WS = b" \t\r\n"
 
 class DatasetError(Exception):
     """The dataset as a whole cannot be read (missing file, unknown format)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRef:
+    """A dataset as every reader takes it (the scan, a shard's plan, the summary, the pin): the file on this
+    machine and how the run reads it. `of` builds it from spec.dataset, so no reader spells the spec's fields."""
+
+    path: Path
+    format: DatasetFormat = "auto"
+    """spec.dataset.format: declared, or `auto` (detect_format)."""
+    id_field: str | None = None
+    """spec.dataset.idField: the field holding each line's id (None: `id`)."""
+    sample: DatasetSample | None = None
+    """spec.dataset.sample: the subset a run generates for (None: every line)."""
+
+    @classmethod
+    def of(cls, dataset: DatasetSpec | None, path: Path | str | None = None) -> DatasetRef:
+        """spec.dataset, read at `path` (where the file is on this machine: the pod's mount, a local path, a
+        --dataset override), else at spec.dataset.path. Without a spec (`datagen verify OUTPUT` of an output
+        with no run.yaml), the file at `path` as a bare dataset: format detected, ids in `id`, every line."""
+        if dataset is None:
+            if path is None:
+                raise ValueError("a dataset without a spec needs its path")
+            return cls(Path(path))
+        return cls(Path(dataset.path if path is None else path), dataset.format, dataset.id_field, dataset.sample)
 
 
 def unit_of(form: str) -> str:

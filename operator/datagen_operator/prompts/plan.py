@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from datagen_operator.prompts.dataset_ref import DatasetFormat, ReadFormat
+from datagen_operator.prompts.dataset_ref import DatasetRef, ReadFormat
 from datagen_operator.prompts.lines import MalformedLine, Prompt, PromptRef, prompt_from
 from datagen_operator.prompts.scan import ShardScan
 
 if TYPE_CHECKING:
-    from datagen_operator.api.spec import DatasetSample
     from datagen_operator.prompts.draws import VariableDraws
 
 
@@ -56,18 +55,11 @@ class ShardPlan:
 
 
 def plan_shard(
-    path: str | Path,
-    shard_index: int,
-    shard_count: int,
-    declared: DatasetFormat = "auto",
-    *,
-    id_field: str | None = None,
-    sample: DatasetSample | None = None,
-    draws: VariableDraws | None = None,
+    dataset: DatasetRef, shard_index: int, shard_count: int, *, draws: VariableDraws | None = None
 ) -> ShardPlan:
     """Read the whole dataset once and keep what shard `shard_index` of `shard_count` owns (of the subset, with a
-    `sample`)."""
-    scan = ShardScan(path, shard_index, shard_count, declared, id_field=id_field, sample=sample)
+    sample)."""
+    scan = ShardScan(dataset, shard_index, shard_count)
     prompts: list[PromptRef] = []
     malformed: list[MalformedLine] = []
     rows: dict[int, dict[str, Any]] = {}

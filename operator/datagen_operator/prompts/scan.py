@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Generator, Iterator
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from datagen_operator.prompts.dataset_ref import (
-    UTF8_BOM,
-    UTF16_BOMS,
-    DatasetError,
-    DatasetFormat,
-    ReadFormat,
-    detect_format,
-)
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, UTF16_BOMS, DatasetError, DatasetRef, detect_format
 from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
 from datagen_operator.prompts.line_shape import plain_prompt_id, validate_prompt
 from datagen_operator.prompts.lines import MalformedLine, PromptRef, line_key
@@ -48,33 +41,25 @@ class LineSink(Protocol):
 class ShardScan:
     """One pass over the dataset, streamed: this shard's lines in dataset order, each a valid prompt (with
     its parsed object) or a line set aside. `lines_total` and `valid_lines_total` are known once the
-    iteration is exhausted. Memory: the ids' hashes only. `id_field`: spec.dataset.id_field (None: `id`).
-    `lines`: a JSONL scan hands it every line it reads, every shard's (set before iterating). `sample`:
-    spec.dataset.sample: only the subset's lines are yielded and counted as valid (prompts/draws.py), while
+    iteration is exhausted. Memory: the ids' hashes only. The dataset's id field (None: `id`) says where ids
+    live. `lines`: a JSONL scan hands it every line it reads, every shard's (set before iterating). With the
+    dataset's sample, only the subset's lines are yielded and counted as valid (prompts/draws.py), while
     `lines` and `lines_total` still see every line (the pin is the whole dataset's)."""
 
-    def __init__(
-        self,
-        path: str | Path,
-        shard_index: int,
-        shard_count: int,
-        declared: DatasetFormat = "auto",
-        *,
-        id_field: str | None = None,
-        sample: DatasetSample | None = None,
-    ) -> None:
+    def __init__(self, dataset: DatasetRef, shard_index: int, shard_count: int) -> None:
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise DatasetError(f"shard index {shard_index} is outside 0..{shard_count - 1}")
-        self.path = Path(path)
+        self.dataset = dataset
+        self.path = dataset.path
         if not self.path.is_file():
             raise DatasetError(f"dataset {self.path} does not exist or is not a file")
-        self.format = detect_format(self.path, declared)
+        self.format = detect_format(self.path, dataset.format)
         self.shard_index, self.shard_count = shard_index, shard_count
-        self.id_field = id_field
+        self.id_field = dataset.id_field
         self.lines_total = 0
         self.valid_lines_total = 0
         self.lines: LineSink | None = None
-        self.sample = sample
+        self.sample = dataset.sample
         self.subset: SubsetRule | None = None
         """The sample's rule over this file, once a scan started (a count's needs a pass of its own)."""
 
@@ -83,7 +68,7 @@ class ShardScan:
         if self.sample is None:
             return None
         if self.subset is None:
-            self.subset = _subset_rule(self.sample, self.path, self.format, self.id_field)
+            self.subset = _subset_rule(self.sample, replace(self.dataset, format=self.format))
         return self.subset.keeps
 
     def __iter__(self) -> Iterator[tuple[PromptRef, dict[str, Any]] | MalformedLine]:
@@ -97,18 +82,26 @@ _counted: dict[tuple[Any, ...], SubsetRule] = {}
 """Count rules by dataset file state and sample: one process reads a dataset to count it once."""
 
 
-def _subset_rule(sample: DatasetSample, path: Path, form: ReadFormat, id_field: str | None) -> SubsetRule:
-    """The rule of `sample` over the dataset at `path`. A fraction's needs no read; a count's, one pass over the
-    whole dataset (its valid prompts' ids), remembered while the file is unchanged."""
+def _subset_rule(sample: DatasetSample, dataset: DatasetRef) -> SubsetRule:
+    """The rule of `sample` over `dataset` (its format detected). A fraction's needs no read; a count's, one pass
+    over the whole dataset (its valid prompts' ids), remembered while the file is unchanged."""
     from datagen_operator.prompts.draws import count_rule, fraction_rule
 
     if sample.fraction is not None:
         return fraction_rule(sample)
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns, form, id_field, sample.count, sample.seed)
+    stat = dataset.path.stat()
+    key = (
+        str(dataset.path),
+        stat.st_size,
+        stat.st_mtime_ns,
+        dataset.format,
+        dataset.id_field,
+        sample.count,
+        sample.seed,
+    )
     rule = _counted.get(key)
     if rule is None:
-        whole = ShardScan(path, 0, 1, form, id_field=id_field)  # duplicates come as MalformedLine: one id each
+        whole = ShardScan(replace(dataset, sample=None), 0, 1)  # duplicates come as MalformedLine: one id each
         rule = count_rule(sample, (item[0].id for item in whole if not isinstance(item, MalformedLine)))
         _counted[key] = rule
     return rule
@@ -117,7 +110,7 @@ def _subset_rule(sample: DatasetSample, path: Path, form: ReadFormat, id_field: 
 def has_prompt(scan: ShardScan) -> bool:
     """Whether the dataset holds one valid prompt (any shard's), read with the scan's format and id field:
     stops at the first, so a usable dataset costs a line or two; one without any is read whole."""
-    whole = ShardScan(scan.path, 0, 1, scan.format, id_field=scan.id_field, sample=scan.sample)
+    whole = ShardScan(replace(scan.dataset, format=scan.format), 0, 1)
     return any(not isinstance(item, MalformedLine) for item in whole)
 
 

@@ -4,11 +4,11 @@ dataset)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from datagen_operator.api.words import agrees, plural
-from datagen_operator.prompts.dataset_ref import DatasetError, DatasetFormat, unit_of
+from datagen_operator.prompts.dataset_ref import DatasetError, DatasetRef, unit_of
 from datagen_operator.prompts.line_shape import UNKNOWN_SHAPE
 from datagen_operator.prompts.lines import MalformedLine
 from datagen_operator.prompts.plan import ShardPlan
@@ -43,12 +43,10 @@ class DatasetSummary:
         return self.prompts + sum(self.set_aside.values())
 
 
-def dataset_summary(
-    path: str | Path, declared: DatasetFormat = "auto", *, id_field: str | None = None
-) -> DatasetSummary:
+def dataset_summary(dataset: DatasetRef) -> DatasetSummary:
     """Count the valid prompts and the lines set aside, by cause (reads the whole dataset once, streamed:
-    only the counts are kept)."""
-    scan = ShardScan(path, 0, 1, declared, id_field=id_field)
+    only the counts are kept; every line, whatever the dataset's sample)."""
+    scan = ShardScan(replace(dataset, sample=None), 0, 1)
     unit = unit_of(scan.format)
     prompts = 0
     set_aside: dict[str, int] = {}
@@ -62,12 +60,12 @@ def dataset_summary(
     return DatasetSummary(str(scan.path), scan.format, scan.lines_total, prompts, set_aside, examples)
 
 
-def check_dataset(path: str | Path, declared: DatasetFormat = "auto", *, id_field: str | None = None) -> DatasetSummary:
+def check_dataset(dataset: DatasetRef) -> DatasetSummary:
     """The summary of a usable dataset; EmptyDataset (naming spec.dataset.path) when it has no valid prompt,
     UnknownDatasetShape when more than half its non-blank lines are of an unknown shape (a dataset of another
     kind, whose few lines that happen to parse as chats would be a run over the wrong data), DatasetError when
     it cannot be read. For the runners to call before a server is launched."""
-    return _usable(dataset_summary(path, declared, id_field=id_field))
+    return _usable(dataset_summary(dataset))
 
 
 def check_plan(plan: ShardPlan) -> DatasetSummary:

@@ -54,12 +54,9 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
         # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
         # it (exit 2) naming why each line was set aside.
-        plan = ShardScan(
-            c.dataset, c.shard_index, c.shard_count, spec.dataset.format, id_field=spec.dataset.id_field,
-            sample=spec.dataset.sample,
-        )  # fmt: skip
+        plan = ShardScan(c.dataset_ref, c.shard_index, c.shard_count)
         if not await asyncio.to_thread(has_prompt, plan):
-            await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format, id_field=spec.dataset.id_field)
+            await asyncio.to_thread(check_dataset, plan.dataset)
     except (DatasetError, OSError) as error:
         raise BadInput(f"dataset: {error}", Reason.DATASET_UNUSABLE) from None
     variables = template_variables(c.resolved, render_date(c.output))  # the pin is written by now

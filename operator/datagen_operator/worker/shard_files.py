@@ -114,10 +114,7 @@ def dataset_change(config: WorkerConfig) -> str | None:
 
     pinned = read_pin(config.output)
     if pinned is None:
-        write_pin(
-            config.output,
-            pin_dataset(config.dataset, config.spec.dataset.format, id_field=config.spec.dataset.id_field),
-        )
+        write_pin(config.output, pin_dataset(config.dataset_ref))
         return None
     return pinned_change(config, pinned)
 
@@ -127,8 +124,7 @@ def pinned_change(config: WorkerConfig, pinned: DatasetPin) -> str | None:
     while nothing did)."""
     from datagen_operator.prompts.pin import changed_message, dataset_changes
 
-    d = config.spec.dataset
-    changes = dataset_changes(config.dataset, d.format, pinned, id_field=d.id_field)
+    changes = dataset_changes(config.dataset_ref, pinned)
     return changed_message(config.dataset, changes) if changes else None
 
 
@@ -139,16 +135,16 @@ def start_pin(config: WorkerConfig) -> DatasetPin | None:
     from datagen_operator.prompts.dataset_ref import detect_format
     from datagen_operator.prompts.pin import pin_dataset, read_pin, write_pin
 
-    d = config.spec.dataset
     pinned = read_pin(config.output)
     if pinned is not None:
         changed = pinned_change(config, pinned)
         if changed is not None:
             raise BadInput(changed, Reason.DATASET_CHANGED)
         return pinned
-    if detect_format(config.dataset, d.format) == "jsonl":
+    dataset = config.dataset_ref
+    if detect_format(dataset.path, dataset.format) == "jsonl":
         return None
-    pin = pin_dataset(config.dataset, d.format, id_field=d.id_field)
+    pin = pin_dataset(dataset)
     write_pin(config.output, pin)
     return pin
 
@@ -168,4 +164,4 @@ def pin_while_read(config: WorkerConfig, plan: ShardScan, rendered_on: str) -> N
         if changes is not None:
             raise BadInput(changed_message(config.dataset, changes), Reason.DATASET_CHANGED)
 
-    plan.lines = LinePins(config.dataset, rendered_on, config.spec.dataset.id_field, pinned)
+    plan.lines = LinePins(plan.dataset, rendered_on, pinned)

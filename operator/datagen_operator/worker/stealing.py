@@ -49,9 +49,7 @@ def claims_for(config: WorkerConfig) -> Claims | None:
 
 
 def shard_scan(config: WorkerConfig, shard: int) -> ShardScan:
-    c = config
-    dataset = c.spec.dataset
-    return ShardScan(c.dataset, shard, c.shard_count, dataset.format, id_field=dataset.id_field, sample=dataset.sample)
+    return ShardScan(config.dataset_ref, shard, config.shard_count)
 
 
 class ShardWork:
