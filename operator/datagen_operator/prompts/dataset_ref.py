@@ -50,6 +50,10 @@ class DatasetRef:
             return cls(Path(path))
         return cls(Path(dataset.path if path is None else path), dataset.format, dataset.id_field, dataset.sample)
 
+    def read_format(self) -> ReadFormat:
+        """The format the file is read as: the declared one, else detected from the file (reads its head)."""
+        return detect_format(self.path, self.format)
+
 
 def unit_of(form: str) -> str:
     """What a position counts in a dataset of this format, for a person: a JSON array's elements are not lines."""

@@ -32,7 +32,7 @@ import numpy as np
 import orjson
 
 from datagen_operator.api.words import plural
-from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetRef, detect_format, unit_of
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetRef, unit_of
 from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
 from datagen_operator.prompts.line_shape import validate_prompt
 from datagen_operator.prompts.scan import normalise_parquet_row
@@ -73,7 +73,7 @@ def pin_dataset(dataset: DatasetRef) -> DatasetPin:
     """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). Its id field names lines, and says
     whether a Parquet `id` column is the id (normalise_parquet_row)."""
     path, id_field = dataset.path, dataset.id_field
-    form = detect_format(path, dataset.format)
+    form = dataset.read_format()
     if form == "jsonl":
         pins = LinePins(dataset, today())
         with path.open("rb") as file:
@@ -237,7 +237,7 @@ def holds_pin(dataset: DatasetRef, pinned: DatasetPin) -> bool:
     """Whether the file is still the pinned one: its format, size and sha256 (one streamed read, no line parsed)."""
     path = dataset.path
     return (
-        detect_format(path, dataset.format) == pinned.format
+        dataset.read_format() == pinned.format
         and path.stat().st_size == pinned.bytes
         and sha256_file(path) == pinned.sha256
     )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from datagen_operator.prompts.dataset_ref import UTF8_BOM, UTF16_BOMS, DatasetError, DatasetRef, detect_format
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, UTF16_BOMS, DatasetError, DatasetRef
 from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
 from datagen_operator.prompts.line_shape import plain_prompt_id, validate_prompt
 from datagen_operator.prompts.lines import MalformedLine, PromptRef, line_key
@@ -53,7 +53,7 @@ class ShardScan:
         self.path = dataset.path
         if not self.path.is_file():
             raise DatasetError(f"dataset {self.path} does not exist or is not a file")
-        self.format = detect_format(self.path, dataset.format)
+        self.format = dataset.read_format()
         self.shard_index, self.shard_count = shard_index, shard_count
         self.id_field = dataset.id_field
         self.lines_total = 0
@@ -287,7 +287,7 @@ def normalise_parquet_row(obj: dict[str, Any], id_field: str | None = None) -> d
     if (id_field or "id") == "id":
         raw_id = obj.get("id")
         if isinstance(raw_id, int) and not isinstance(raw_id, bool):
-            obj["id"] = str(raw_id)  # an integer column: one type for every row, so no collision (module doc)
+            obj["id"] = str(raw_id)  # an integer column: one type for every row (prompts/line_shape.py)
     keys = ["messages", "tools"] if obj.get("messages") is not None else ["messages", "conversations", "tools"]
     for key in keys:
         value = obj.get(key)

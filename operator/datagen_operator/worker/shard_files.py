@@ -132,7 +132,6 @@ def start_pin(config: WorkerConfig) -> DatasetPin | None:
     """At start: the output's pin, the dataset held to it (BadInput naming what changed). Without a pin (a worker
     run without the preflight) a JSONL dataset is pinned by the plan's read (`pin_while_read`): None; any other
     format is pinned here, before the first request."""
-    from datagen_operator.prompts.dataset_ref import detect_format
     from datagen_operator.prompts.pin import pin_dataset, read_pin, write_pin
 
     pinned = read_pin(config.output)
@@ -142,7 +141,7 @@ def start_pin(config: WorkerConfig) -> DatasetPin | None:
             raise BadInput(changed, Reason.DATASET_CHANGED)
         return pinned
     dataset = config.dataset_ref
-    if detect_format(dataset.path, dataset.format) == "jsonl":
+    if dataset.read_format() == "jsonl":
         return None
     pin = pin_dataset(dataset)
     write_pin(config.output, pin)
