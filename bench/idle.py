@@ -62,7 +62,7 @@ def load() -> str:
 
 def write_dataset(path: Path, args: argparse.Namespace) -> tuple[int, int]:
     """(long prompts, short prompts): ids owned by the first `slow_shards` shards get long questions."""
-    from datagen_operator.prompts.dataset import shard_of_id
+    from datagen_operator.prompts.shards import shard_of_id
 
     long_count = 0
     with path.open("wb") as file:

@@ -6,7 +6,7 @@ The dataset is bench/scale.py's (short chat prompts, 1,000 distinct questions, e
 Measured in this one run as CPU seconds of this process (`time.process_time`: the machine is shared, and
 wall time there measures the neighbours; alone, the two are the same), best of `--repeat` each, the two
 alternating:
-- scan_s: iterating `ShardScan(path, 0, 1)` to the end (what the worker's shard plan, `datagen verify`
+- scan_s: iterating `ShardScan(DatasetRef(path), 0, 1)` to the end (what the worker's shard plan, `datagen verify`
   and the dataset summary pay), every line validated, checked for duplicates and turned into a PromptRef;
 - orjson_s: reading the same file and `orjson.loads` of every line, nothing else (the floor).
 Also printed: the scan as shard 0 of 4 (ids hashed to their shard). Last line, scaled to 1M lines:
@@ -30,7 +30,9 @@ from pathlib import Path
 
 import orjson
 
-from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+from datagen_operator.prompts.dataset_ref import DatasetRef
+from datagen_operator.prompts.lines import MalformedLine
+from datagen_operator.prompts.scan import ShardScan
 
 QUESTIONS = 1000
 
@@ -62,7 +64,7 @@ def time_orjson(path: Path) -> float:
 def time_scan(path: Path, shard_index: int, shard_count: int) -> tuple[float, int]:
     start = time.process_time()
     kept = 0
-    for item in ShardScan(path, shard_index, shard_count):
+    for item in ShardScan(DatasetRef(path), shard_index, shard_count):
         kept += not isinstance(item, MalformedLine)
     return time.process_time() - start, kept
 

@@ -74,6 +74,7 @@ def make_export(directory: Path) -> None:
     from datagen_operator.export.exporter import export_output
     from datagen_operator.export.options import DatasetSource, ExportOptions, codec_from_tokenizer
     from datagen_operator.output.readers import iter_records
+    from datagen_operator.prompts.dataset_ref import DatasetRef
     from datagen_operator.prompts.render import load_tokenizer
     from datagen_operator.tokenizer.standin import ensure_standin
     from tests.export.test_export_conversations import chats, sim_run
@@ -85,7 +86,7 @@ def make_export(directory: Path) -> None:
         items = chats(9, lambda i: 1 + i % 3)
         changes = {"model.preset": family, "model.path": str(model), "generation.sampling.sampling_seed": 0}
         output = sim_run(root, items, sim_flags(family), model, **changes)
-        dataset = DatasetSource(root / "chats.jsonl")
+        dataset = DatasetSource(DatasetRef(root / "chats.jsonl"))
         options = {
             "speculators-turns": ExportOptions("speculators"),
             "trl-turns": ExportOptions("trl"),

@@ -35,6 +35,7 @@ from datagen_operator.output.manifest import MANIFEST_FORMAT, update_manifest
 from datagen_operator.output.parquet import compact_shard
 from datagen_operator.output.readers import iter_records, iter_rejects
 from datagen_operator.prompts.conversation import plan_turns
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.tokenizer.standin import ensure_standin
 from tests.export.store_output import STOP, make_record, write_shard
 from tests.harness.sim import start_sim
@@ -148,7 +149,7 @@ def store_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def store_dataset(output: Path) -> DatasetSource:
-    return DatasetSource(output.parent / "chats.jsonl")
+    return DatasetSource(DatasetRef(output.parent / "chats.jsonl"))
 
 
 def test_per_turn_rows_keep_every_turn_once_with_its_turn(store_output: Path, tmp_path: Path) -> None:
@@ -436,7 +437,7 @@ def test_sim_a_conversation_missing_a_turn_is_left_out_and_counted(kimi_plain: P
     cut = {(e["id"], e["sample"]) for e in iter_rejects(kimi_plain) if e.get("kind") == "turns"}
     assert cut, "max_new_tokens 18 cuts some answers before a conversation's last turn"
     plans = planned(kimi_plain)
-    for dataset in (DatasetSource(kimi_plain.parent / "chats.jsonl"), None):
+    for dataset in (DatasetSource(DatasetRef(kimi_plain.parent / "chats.jsonl")), None):
         manifest, rows = export(kimi_plain, tmp_path / str(dataset is None), "speculators", rows="conversations",
                                 dataset=dataset)  # fmt: skip
         assert not cut & {(row["id"], row["sample"]) for row in rows}
@@ -452,7 +453,9 @@ def test_sim_a_conversation_missing_a_turn_is_left_out_and_counted(kimi_plain: P
         if item["id"] == grown_id:
             item["messages"].append(user("one more?"))
     grown = write_dataset(tmp_path / "grown.jsonl", items)
-    manifest, rows = export(kimi_plain, tmp_path / "grown", "trl", rows="conversations", dataset=DatasetSource(grown))
+    manifest, rows = export(
+        kimi_plain, tmp_path / "grown", "trl", rows="conversations", dataset=DatasetSource(DatasetRef(grown))
+    )
     assert grown_id not in {row["id"] for row in rows}
     assert manifest["left_out"]["turns_missing"] == 1 and manifest["left_out_examples"]["turns_missing"] == [
         f"{grown_id}#0"

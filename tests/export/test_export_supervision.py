@@ -289,7 +289,7 @@ def test_the_export_jobs_verdict_gives_each_formats_ratio(qwen3_run: Path, tmp_p
 
 
 def test_a_lines_other_fields_are_every_key_but_its_conversation_and_id() -> None:
-    from datagen_operator.prompts.dataset import source_fields
+    from datagen_operator.prompts.lines import source_fields
 
     line = {
         "uuid": "u1", "id": 7, "conversations": [{"from": "human", "value": "hi"}], "messages": None,

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 
 from datagen_operator.api import load_run
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.pin import pin_changes, pin_dataset, read_pin
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.steps.preflight import run_preflight
@@ -38,16 +39,16 @@ def _edit(path: Path, lines: list[bytes], at: int, appended: int = 0) -> str:
 
 def test_changes_are_named_by_line_and_id(tmp_path: Path) -> None:
     dataset, lines = _copy(tmp_path / "d.jsonl")
-    pinned = pin_dataset(dataset)
-    assert pin_changes(pinned, pin_dataset(dataset)) is None
+    pinned = pin_dataset(DatasetRef(dataset))
+    assert pin_changes(pinned, pin_dataset(DatasetRef(dataset))) is None
     edited_id = _edit(dataset, lines, 2, appended=3)
-    changes = pin_changes(pinned, pin_dataset(dataset))
+    changes = pin_changes(pinned, pin_dataset(DatasetRef(dataset)))
     assert changes is not None
     assert f"1 line edited (line 3 (id {edited_id!r}))" in changes
     assert "3 lines appended (line " in changes and "'new-0'" in changes
     dataset.write_bytes(b"\n".join(lines[:-2]) + b"\n")
     assert f"2 lines removed from the end (line {len(lines) - 1}, line {len(lines)})" in (
-        pin_changes(pinned, pin_dataset(dataset)) or ""
+        pin_changes(pinned, pin_dataset(DatasetRef(dataset))) or ""
     )
 
 
@@ -135,7 +136,7 @@ def test_prompts_render_on_the_outputs_pinned_date(tmp_path: Path) -> None:
     model = ensure_standin("gpt-oss", tmp_path / "models" / "gpt-oss")
     dataset, _ = _copy(tmp_path / "d.jsonl")
     out = tmp_path / "out"
-    write_pin(out, dataclasses.replace(pin_dataset(dataset), rendered_on="2020-01-02"))
+    write_pin(out, dataclasses.replace(pin_dataset(DatasetRef(dataset)), rendered_on="2020-01-02"))
     run_file = manifest(tmp_path, model, dataset=dataset, output=out, model__preset="gpt-oss", clients__shards=1)
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr  # verify re-rendered every sampled prompt alike

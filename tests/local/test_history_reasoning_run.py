@@ -15,7 +15,8 @@ import yaml
 from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.conversation import AnswerSplit, plan_turns, turn_messages
-from datagen_operator.prompts.dataset import plan_shard
+from datagen_operator.prompts.dataset_ref import DatasetRef
+from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from tests.local.runs import FAST_SIM, datagen_run
 from tests.manifests import EXAMPLES
@@ -46,7 +47,7 @@ def test_drop_sends_no_earlier_reasoning_verify_proves_it_and_a_resume_with_keep
     by_conversation: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for record in iter_records(output):
         by_conversation.setdefault((record["id"], record["sample"]), {})[record["turn"]] = record
-    plan = plan_shard(dataset, 0, 1)
+    plan = plan_shard(DatasetRef(dataset), 0, 1)
     messages = {ref.id: plan.load(ref).messages for ref in plan.prompts}
     renderer = Renderer(load_tokenizer(tmp_path / "model", trust_remote_code=True), {})
     later_turns = differ = 0

@@ -267,7 +267,8 @@ def test_the_canary_reads_the_dataset_only_as_far_as_the_prompts_it_draws(
     import itertools
     import json
 
-    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.prompts.dataset_ref import DatasetRef
+    from datagen_operator.prompts.scan import ShardScan
     from datagen_operator.steps.canary import PROBES, iter_canary_prompts
 
     dataset = tmp_path / "prompts.jsonl"
@@ -283,7 +284,7 @@ def test_the_canary_reads_the_dataset_only_as_far_as_the_prompts_it_draws(
             yield item
 
     monkeypatch.setattr(ShardScan, "__iter__", counted)
-    drawn = iter_canary_prompts(dataset, "jsonl", history_reasoning="keep")
+    drawn = iter_canary_prompts(DatasetRef(dataset, "jsonl"), history_reasoning="keep")
     taken = list(itertools.islice(drawn, len(PROBES) + 4))
     assert [p["id"] for p in taken[len(PROBES) :]] == ["p0", "p1", "p2", "p3"]
     assert read == 4

@@ -13,7 +13,9 @@ import orjson
 import pytest
 
 from datagen_operator.engine.chat_content import NON_TEXT_CONTENT, content_format
-from datagen_operator.prompts.dataset import BAD_MESSAGES, plan_shard
+from datagen_operator.prompts.dataset_ref import DatasetRef
+from datagen_operator.prompts.line_shape import BAD_MESSAGES
+from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 
@@ -42,7 +44,7 @@ def test_text_parts_in_every_role_are_read_and_other_parts_set_aside_naming_them
         {"id": "llama-factory", "messages": [{"role": "user", "content": [{"type": "text", "value": "Hi"}]}]},
         {"id": "no-content", "messages": [{"role": "user"}]},
     ]  # fmt: skip
-    plan = plan_shard(_jsonl(tmp_path / "d.jsonl", lines), 0, 1)
+    plan = plan_shard(DatasetRef(_jsonl(tmp_path / "d.jsonl", lines)), 0, 1)
     assert [ref.id for ref in plan.prompts] == ["parts"]
     aside = {line.id: (line.cause, line.reason) for line in plan.malformed}
     assert aside["image"][0] == aside["audio"][0] == NON_TEXT_CONTENT

@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datagen_operator.prompts.dataset import DatasetError, plan_shard, shard_of_id
+from datagen_operator.prompts.dataset_ref import DatasetError, DatasetRef
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.shards import shard_of_id
 
 
 def _write_jsonl(path: Path, lines: list[bytes | dict]) -> Path:
@@ -23,7 +25,7 @@ def _prompt(i: int | str, **extra: object) -> dict:
 
 def test_every_valid_prompt_lands_in_exactly_one_shard_in_dataset_order(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "d.jsonl", [_prompt(i) for i in range(200)])
-    plans = [plan_shard(path, i, 4) for i in range(4)]
+    plans = [plan_shard(DatasetRef(path), i, 4) for i in range(4)]
     ids = [ref.id for plan in plans for ref in plan.prompts]
     assert sorted(ids) == sorted(f"p{i}" for i in range(200))
     for plan in plans:
@@ -38,9 +40,9 @@ def test_assignment_is_stable_across_calls_and_independent_of_other_lines(tmp_pa
     a = _write_jsonl(tmp_path / "a.jsonl", [_prompt(i) for i in range(50)])
     b = _write_jsonl(tmp_path / "b.jsonl", [_prompt(i) for i in reversed(range(50))] + [_prompt(99)])
     for shard in range(3):
-        first = {ref.id for ref in plan_shard(a, shard, 3).prompts}
-        again = {ref.id for ref in plan_shard(a, shard, 3).prompts}
-        other = {ref.id for ref in plan_shard(b, shard, 3).prompts} - {"p99"}
+        first = {ref.id for ref in plan_shard(DatasetRef(a), shard, 3).prompts}
+        again = {ref.id for ref in plan_shard(DatasetRef(a), shard, 3).prompts}
+        other = {ref.id for ref in plan_shard(DatasetRef(b), shard, 3).prompts} - {"p99"}
         assert first == again == other
     # Pinned values: a change to the hash would silently reshuffle resumed runs.
     assert [shard_of_id(f"p{i}", 8) for i in range(8)] == [4, 1, 4, 7, 2, 2, 5, 7]
@@ -51,7 +53,7 @@ def test_hash_is_not_pythons_salted_hash() -> None:
     import subprocess
     import sys
 
-    code = "from datagen_operator.prompts.dataset import shard_of_id; print(shard_of_id('abc', 1000))"
+    code = "from datagen_operator.prompts.shards import shard_of_id; print(shard_of_id('abc', 1000))"
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": seed}, check=True
@@ -77,7 +79,7 @@ def test_malformed_lines_are_set_aside_once_across_shards(tmp_path: Path) -> Non
         {"id": "42", "messages": [{"role": "user", "content": "the same id as a string: a collision, named"}]},
     ]
     path = _write_jsonl(tmp_path / "d.jsonl", lines)
-    plans = [plan_shard(path, i, 3) for i in range(3)]
+    plans = [plan_shard(DatasetRef(path), i, 3) for i in range(3)]
     malformed = sorted((m.position, m.reason) for plan in plans for m in plan.malformed)
     assert [position for position, _ in malformed] == [1, 2, 3, 5, 6, 7, 9, 11]
     reasons = dict(malformed)
@@ -98,7 +100,7 @@ def test_malformed_lines_are_set_aside_once_across_shards(tmp_path: Path) -> Non
 def test_prompts_load_back_with_tools(tmp_path: Path) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     path = _write_jsonl(tmp_path / "d.jsonl", [_prompt(0, tools=tools), _prompt(1)])
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     loaded = list(plan.iter_prompts())
     assert [p.id for p in loaded] == ["p0", "p1"]
     assert loaded[0].tools == tools and loaded[1].tools is None
@@ -119,7 +121,7 @@ def test_parquet_dataset_with_struct_messages_and_json_tools(tmp_path: Path) -> 
     )
     path = tmp_path / "d.parquet"
     pq.write_table(table, path)
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert plan.format == "parquet"
     prompts = list(plan.iter_prompts())
     assert [p.id for p in prompts] == ["a", "b"]
@@ -129,7 +131,7 @@ def test_parquet_dataset_with_struct_messages_and_json_tools(tmp_path: Path) -> 
 
 def test_bad_dataset_and_bad_shard_index_are_errors(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="does not exist"):
-        plan_shard(tmp_path / "missing.jsonl", 0, 1)
+        plan_shard(DatasetRef(tmp_path / "missing.jsonl"), 0, 1)
     path = _write_jsonl(tmp_path / "d.jsonl", [_prompt(0)])
     with pytest.raises(DatasetError, match="outside"):
-        plan_shard(path, 2, 2)
+        plan_shard(DatasetRef(path), 2, 2)

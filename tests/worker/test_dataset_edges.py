@@ -14,17 +14,13 @@ import pytest
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from datagen_operator.api.progress import ShardProgress
 from datagen_operator.output.readers import iter_rejects
-from datagen_operator.prompts.dataset import (
-    BAD_ID,
-    BAD_JSON,
-    DUPLICATE_ID,
-    INVALID_TOOLS,
-    DatasetError,
-    EmptyDataset,
-    check_dataset,
-    dataset_summary,
-    plan_shard,
-)
+from datagen_operator.prompts.dataset_ref import DatasetError, DatasetRef
+from datagen_operator.prompts.line_shape import BAD_ID, BAD_JSON, DUPLICATE_ID, INVALID_TOOLS
+from datagen_operator.prompts.lines import source_fields
+from datagen_operator.prompts.pin import pin_dataset, prompt_hash
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.scan import ShardScan
+from datagen_operator.prompts.summary import EmptyDataset, check_dataset, dataset_summary
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 from tests.worker.proxy import CountingProxy
 from tests.worker.simrun import check_records, progress, prompts, run_inprocess, spec, write_dataset
@@ -48,7 +44,7 @@ def _jsonl(path: Path, lines: list[dict[str, Any] | bytes], prefix: bytes = b"")
 @pytest.mark.parametrize("shards", [1, 3])
 def test_a_utf8_bom_keeps_the_first_prompt(tmp_path: Path, shards: int) -> None:
     path = _jsonl(tmp_path / "d.jsonl", [_prompt(f"p{i}") for i in range(5)], prefix=BOM)
-    plans = [plan_shard(path, index, shards) for index in range(shards)]
+    plans = [plan_shard(DatasetRef(path), index, shards) for index in range(shards)]
     assert sorted(ref.id for plan in plans for ref in plan.prompts) == [f"p{i}" for i in range(5)]
     assert [m for plan in plans for m in plan.malformed] == []
     first = next(prompt for plan in plans for prompt in plan.iter_prompts() if prompt.id == "p0")
@@ -59,7 +55,7 @@ def test_a_utf16_file_is_refused_by_name(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_bytes(orjson.dumps(_prompt("p0")).decode().encode("utf-16"))
     with pytest.raises(DatasetError, match="UTF-16"):
-        plan_shard(path, 0, 1)
+        plan_shard(DatasetRef(path), 0, 1)
 
 
 # --- tools ----------------------------------------------------------------------------------------
@@ -68,7 +64,7 @@ def test_a_utf16_file_is_refused_by_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("tools", "reason"), INVALID_TOOLS_CASES)
 def test_an_invalid_tool_schema_is_set_aside_with_its_reason(tmp_path: Path, tools: Any, reason: str) -> None:
     path = _jsonl(tmp_path / "d.jsonl", [_prompt("ok"), _prompt("bad", tools=tools)])
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert [ref.id for ref in plan.prompts] == ["ok"]
     [line] = plan.malformed
     assert (line.position, line.id, line.cause) == (1, "bad", INVALID_TOOLS)
@@ -78,7 +74,7 @@ def test_an_invalid_tool_schema_is_set_aside_with_its_reason(tmp_path: Path, too
 @pytest.mark.parametrize("tools", VALID_TOOLS_CASES)
 def test_a_tool_schema_sglang_accepts_is_kept(tmp_path: Path, tools: Any) -> None:
     path = _jsonl(tmp_path / "d.jsonl", [_prompt("ok", tools=tools)])
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert [ref.id for ref in plan.prompts] == ["ok"] and plan.malformed == []
     [prompt] = plan.iter_prompts()
     if isinstance(tools, list) and all("function" in tool and "type" in tool for tool in tools):
@@ -110,7 +106,7 @@ def test_the_fields_tool_shapes_are_read_as_sglang_and_specforge_read_them(tmp_p
         _prompt("none", tools="[]"),
     ]
     path = _jsonl(tmp_path / "d.jsonl", lines)
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert plan.malformed == []
     glaive, reason, none = plan.iter_prompts()
     assert glaive.tools == [{"type": "function", "function": GLAIVE_TOOLS[0]}]
@@ -134,7 +130,7 @@ def test_integer_ids_are_their_decimal_strings_and_a_collision_with_a_string_id_
     array = tmp_path / "d.json"
     array.write_bytes(orjson.dumps(lines))
     for path in (_jsonl(tmp_path / "d.jsonl", lines), array):
-        plans = [plan_shard(path, index, 2) for index in range(2)]
+        plans = [plan_shard(DatasetRef(path), index, 2) for index in range(2)]
         kept = sorted((ref.position, ref.id) for plan in plans for ref in plan.prompts)
         assert kept == [(0, "1"), (2, "2"), (5, "3")]
         refused = sorted((m.position, m.cause, m.reason) for plan in plans for m in plan.malformed)
@@ -157,8 +153,23 @@ def test_a_parquet_integer_id_column_is_read_as_strings(tmp_path: Path) -> None:
     # One type per column: integer ids there cannot collide with string ids.
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"id": [3, 1, 2], "messages": [[{"role": "user", "content": "q"}]] * 3}), path)
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert [ref.id for ref in plan.prompts] == ["3", "1", "2"] and plan.malformed == []
+
+
+def test_a_parquet_id_column_that_is_not_the_id_field_keeps_its_integers(tmp_path: Path) -> None:
+    # Under another idField, `id` is a column like any other: the row the records carry (source_fields) and the
+    # pin hashes keeps its integers, as the same line in JSONL does.
+    rows = [{"uuid": f"u{n}", "id": n, "messages": [{"role": "user", "content": f"q{n}"}]} for n in (5, 6)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    items = list(ShardScan(DatasetRef(path, id_field="uuid"), 0, 1))
+    assert [(ref.id, obj["id"]) for ref, obj in items] == [("u5", 5), ("u6", 6)]
+    assert source_fields(items[0][1], "uuid") == '{"id":5}'
+    jsonl = _jsonl(tmp_path / "d.jsonl", list(rows))
+    pinned = pin_dataset(DatasetRef(path, id_field="uuid")).line_hashes.tolist()
+    assert pinned == pin_dataset(DatasetRef(jsonl, id_field="uuid")).line_hashes.tolist()
+    assert pinned == [prompt_hash(obj) for _, obj in items]  # as the feeder hashes each row it sends
 
 
 # --- empty dataset --------------------------------------------------------------------------------
@@ -168,19 +179,19 @@ def test_an_empty_dataset_is_refused_naming_spec_dataset_path(tmp_path: Path) ->
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(BOM + b"\n\n")
     with pytest.raises(EmptyDataset, match=rf"^spec.dataset.path {empty}: the dataset is empty \(2 lines"):
-        check_dataset(empty)
+        check_dataset(DatasetRef(empty))
 
     useless = _jsonl(tmp_path / "bad.jsonl", [_prompt(1.5), _prompt(False), b"{oops"])
     with pytest.raises(EmptyDataset) as raised:
-        check_dataset(useless)
+        check_dataset(DatasetRef(useless))
     message = str(raised.value)
     assert message.startswith(f"spec.dataset.path {useless}: no valid prompt in 3 lines; set aside: ")
     assert "2 bad_id (e.g. line 1: id must be a JSON string or an integer, got number 1.5" in message
     assert "1 bad_json (e.g. line 3: bad JSON" in message
 
-    summary = check_dataset(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(0.5), b"[]"]))
+    summary = check_dataset(DatasetRef(_jsonl(tmp_path / "ok.jsonl", [_prompt("a"), _prompt(0.5), b"[]"])))
     assert (summary.lines, summary.prompts, summary.set_aside) == (3, 1, {BAD_ID: 1, "not_object": 1})
-    assert dataset_summary(useless).set_aside == {BAD_ID: 2, BAD_JSON: 1}
+    assert dataset_summary(DatasetRef(useless)).set_aside == {BAD_ID: 2, BAD_JSON: 1}
 
 
 def test_the_worker_refuses_an_empty_dataset_before_any_server(

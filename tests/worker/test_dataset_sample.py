@@ -14,7 +14,9 @@ from datagen_operator.api import parse_spec
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.exit_codes import EXIT_FINGERPRINT_MISMATCH, EXIT_OK
 from datagen_operator.output.readers import iter_records
-from datagen_operator.prompts.dataset import MalformedLine, ShardScan
+from datagen_operator.prompts.dataset_ref import DatasetRef
+from datagen_operator.prompts.lines import MalformedLine
+from datagen_operator.prompts.scan import ShardScan
 from datagen_operator.steps.preflight import run_preflight
 from datagen_operator.steps.verify import verify_output
 from tests.harness.sim import start_sim
@@ -45,7 +47,7 @@ def _ids(path: Path, shards: int, sample: dict[str, Any] | None) -> set[str]:
     return {
         item[0].id
         for shard in range(shards)
-        for item in ShardScan(path, shard, shards, sample=drawn)
+        for item in ShardScan(DatasetRef(path, sample=drawn), shard, shards)
         if not isinstance(item, MalformedLine)
     }
 
@@ -111,7 +113,7 @@ def _set_aside(path: Path) -> int:
     from datagen_operator.api.generation_spec import DatasetSample
 
     drawn = DatasetSample.model_validate(SAMPLE)
-    return sum(isinstance(item, MalformedLine) for item in ShardScan(path, 0, 1, sample=drawn))
+    return sum(isinstance(item, MalformedLine) for item in ShardScan(DatasetRef(path, sample=drawn), 0, 1))
 
 
 def test_the_preflight_counts_the_subset_and_refuses_another_sample_on_the_output(tmp_path: Path) -> None:

@@ -14,20 +14,14 @@ import orjson
 import pytest
 
 from datagen_operator.engine.chat_tools import read_tools
-from datagen_operator.prompts.dataset import (
-    DUPLICATE_ID,
-    UTF8_BOM,
-    MalformedLine,
-    Problem,
-    PromptRef,
-    ShardScan,
-    dataset_summary,
-    plain_prompt_id,
-    plan_shard,
-    shard_of_id,
-    validate_prompt,
-)
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetRef
+from datagen_operator.prompts.line_shape import DUPLICATE_ID, Problem, plain_prompt_id, validate_prompt
+from datagen_operator.prompts.lines import MalformedLine, PromptRef
 from datagen_operator.prompts.pin import DatasetPin, LinePins, pin_dataset
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.scan import ShardScan
+from datagen_operator.prompts.shards import shard_of_id
+from datagen_operator.prompts.summary import dataset_summary
 from tests.worker.dataset_corpus import INVALID_TOOLS_CASES, VALID_TOOLS_CASES
 
 IDS: list[Any] = ["p1", "", " ", 1, 0, True, 1.5, None, ["p1"], {"id": "p1"}]
@@ -152,7 +146,7 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
     path = _dataset(tmp_path / "d.jsonl", bom, final_newline)
     for shard_count in (1, 3):
         for shard_index in range(shard_count):
-            scan = ShardScan(path, shard_index, shard_count)
+            scan = ShardScan(DatasetRef(path), shard_index, shard_count)
             items = list(scan)
             expected, lines, valid = _reference(path, shard_index, shard_count)
             assert items == expected
@@ -161,16 +155,16 @@ def test_the_scan_gives_what_the_rules_give_line_by_line(tmp_path: Path, bom: bo
     # The summary (counts only, streamed) says what the whole-dataset reading says.
     expected, lines, _ = _reference(path, 0, 1)
     aside = [item for item in expected if isinstance(item, MalformedLine)]
-    summary = dataset_summary(path)
+    summary = dataset_summary(DatasetRef(path))
     assert (summary.lines, summary.prompts) == (lines, len(expected) - len(aside))
     assert summary.set_aside == Counter(item.cause for item in aside)
     assert summary.examples == {item.cause: f"line {item.position + 1}: {item.reason}" for item in reversed(aside)}
     # The offsets and lengths read each prompt back (the form-feed padded one included).
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     loaded = list(plan.iter_prompts())
     assert [prompt.id for prompt in loaded] == [ref.id for ref in plan.prompts]
     assert "formfeed" in {prompt.id for prompt in loaded}
-    objs = [item[1] for item in ShardScan(path, 0, 1) if not isinstance(item, MalformedLine)]
+    objs = [item[1] for item in ShardScan(DatasetRef(path), 0, 1) if not isinstance(item, MalformedLine)]
     assert [(prompt.messages, prompt.tools) for prompt in loaded] == [
         (obj["messages"], read_tools(obj.get("tools"))[0]) for obj in objs
     ]
@@ -181,12 +175,12 @@ def test_the_pin_a_scan_makes_as_it_reads_is_pin_datasets(tmp_path: Path, bom: b
     """A worker without a pin pins the dataset by its plan's read (every line, every shard's): the same sha256
     and line hashes as reading the file for its pin, whichever shard reads it."""
     path = _dataset(tmp_path / "d.jsonl", bom, final_newline)
-    expected = pin_dataset(path)
+    expected = pin_dataset(DatasetRef(path))
     for shard_count in (1, 3):
         for shard_index in range(shard_count):
             made: list[DatasetPin] = []
-            scan = ShardScan(path, shard_index, shard_count)
-            scan.lines = LinePins(path, "2020-01-02", None, made.append)
+            scan = ShardScan(DatasetRef(path), shard_index, shard_count)
+            scan.lines = LinePins(DatasetRef(path), "2020-01-02", made.append)
             items = list(scan)
             assert items == _reference(path, shard_index, shard_count)[0]  # the scan itself unchanged
             (pin,) = made
@@ -194,8 +188,8 @@ def test_the_pin_a_scan_makes_as_it_reads_is_pin_datasets(tmp_path: Path, bom: b
             assert pin.line_hashes.tolist() == expected.line_hashes.tolist()
     # A read that stops early (a drained worker) hands over no pin.
     made = []
-    scan = ShardScan(path, 0, 1)
-    scan.lines = LinePins(path, "2020-01-02", None, made.append)
+    scan = ShardScan(DatasetRef(path), 0, 1)
+    scan.lines = LinePins(DatasetRef(path), "2020-01-02", made.append)
     next(iter(scan))
     assert not made
 
@@ -215,6 +209,6 @@ def test_the_pin_a_scan_makes_as_it_reads_is_pin_datasets(tmp_path: Path, bom: b
 def test_line_counts_at_the_edges_match_the_rules(tmp_path: Path, body: bytes, lines: int) -> None:
     path = tmp_path / "d.jsonl"
     path.write_bytes(body)
-    scan = ShardScan(path, 0, 1)
+    scan = ShardScan(DatasetRef(path), 0, 1)
     assert list(scan) == _reference(path, 0, 1)[0]
     assert scan.lines_total == _reference(path, 0, 1)[1] == lines

@@ -15,8 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datagen_operator.prompts import dataset
-from datagen_operator.prompts.dataset import (
+from datagen_operator.prompts import json_array, line_shape
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetError, DatasetRef, detect_format
+from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
+from datagen_operator.prompts.line_shape import (
     BAD_ID,
     BAD_JSON,
     BAD_MESSAGES,
@@ -25,23 +27,13 @@ from datagen_operator.prompts.dataset import (
     INVALID_TOOLS,
     NOT_OBJECT,
     UNKNOWN_SHAPE,
-    UTF8_BOM,
-    ArrayBreak,
-    DatasetError,
-    MalformedLine,
-    PromptRef,
-    ShardScan,
-    UnknownDatasetShape,
-    check_dataset,
-    check_plan,
-    dataset_summary,
-    detect_format,
-    has_prompt,
-    iter_json_array,
-    plan_shard,
     validate_prompt,
 )
+from datagen_operator.prompts.lines import MalformedLine, PromptRef
 from datagen_operator.prompts.pin import pin_changes, pin_dataset, prompt_hash
+from datagen_operator.prompts.plan import plan_shard
+from datagen_operator.prompts.scan import ShardScan, has_prompt
+from datagen_operator.prompts.summary import UnknownDatasetShape, check_dataset, check_plan, dataset_summary
 
 EXPECTED = "expected system/developer/user/assistant/tool (OpenAI {role, content}) or ShareGPT {from: human|gpt|system|tool, value}"
 
@@ -52,7 +44,7 @@ def _jsonl(path: Path, lines: list[Any]) -> Path:
 
 
 def _scan(path: Path, **kwargs: Any) -> tuple[list[tuple[PromptRef, dict[str, Any]]], list[MalformedLine]]:
-    items = list(ShardScan(path, 0, 1, **kwargs))
+    items = list(ShardScan(DatasetRef(path, **kwargs), 0, 1))
     return [i for i in items if not isinstance(i, MalformedLine)], [i for i in items if isinstance(i, MalformedLine)]
 
 
@@ -82,7 +74,7 @@ def test_sharegpt_conversations_reach_every_caller_as_openai_messages(tmp_path: 
             {"id": "e", "messages": None, "conversations": [{"from": "human", "value": "q"}]},
         ],
     )
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert plan.malformed == []
     loaded = {prompt.id: prompt.messages for prompt in plan.iter_prompts()}
     assert loaded["a"] == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]  # `weight` dropped
@@ -115,13 +107,13 @@ SHAREGPT_MAP = {
 def test_every_sharegpt_role_maps_to_its_openai_role(tmp_path: Path, speaker: str, role: str) -> None:
     value = '{"name": "f", "arguments": {}}' if speaker == "function_call" else f"text of {speaker}"
     path = _jsonl(tmp_path / "d.jsonl", [{"id": "p", "conversations": [{"from": speaker, "value": value}]}])
-    (prompt,) = plan_shard(path, 0, 1).iter_prompts()
+    (prompt,) = plan_shard(DatasetRef(path), 0, 1).iter_prompts()
     assert prompt.messages == [{"role": role, "content": value}]  # a function_call's value kept as content
 
 
 def test_the_role_maps_are_exactly_the_documented_ones() -> None:
-    assert dict(dataset.SHAREGPT_ROLES) == SHAREGPT_MAP
-    assert sorted(dataset.OPENAI_ROLES) == ["assistant", "developer", "system", "tool", "user"]
+    assert dict(line_shape.SHAREGPT_ROLES) == SHAREGPT_MAP
+    assert sorted(line_shape.OPENAI_ROLES) == ["assistant", "developer", "system", "tool", "user"]
     assert UNKNOWN_SHAPE == "unknown_shape" and UNKNOWN_SHAPE in CAUSES
 
 
@@ -190,8 +182,8 @@ def test_a_line_without_an_id_gets_one_derived_from_its_content(tmp_path: Path) 
     assert len(set(expected)) == len(expected)  # tools are
     # Reordering the file moves no id and no prompt to another shard.
     for shard in range(3):
-        a = {(ref.id, ref.position) for ref in plan_shard(forward, shard, 3).prompts}
-        b = {(ref.id, len(lines) - 1 - ref.position) for ref in plan_shard(backward, shard, 3).prompts}
+        a = {(ref.id, ref.position) for ref in plan_shard(DatasetRef(forward), shard, 3).prompts}
+        b = {(ref.id, len(lines) - 1 - ref.position) for ref in plan_shard(DatasetRef(backward), shard, 3).prompts}
         assert a == b
 
 
@@ -231,16 +223,16 @@ def test_an_id_field_names_where_ids_live(tmp_path: Path) -> None:
     assert [ref.id for ref, _ in prompts] == ["u1", "7", _derived([{"role": "user", "content": "no uuid"}])]
     assert [(item.position, item.cause, item.reason) for item in aside] == [(2, BAD_ID, "empty uuid")]
     # Every entry point reads the same field.
-    plan = plan_shard(path, 0, 1, id_field="uuid")
+    plan = plan_shard(DatasetRef(path, id_field="uuid"), 0, 1)
     assert [ref.id for ref in plan.prompts] == [ref.id for ref, _ in prompts]
-    assert dataset_summary(path, id_field="uuid").prompts == 3
-    assert check_dataset(path, id_field="uuid").set_aside == {BAD_ID: 1}
+    assert dataset_summary(DatasetRef(path, id_field="uuid")).prompts == 3
+    assert check_dataset(DatasetRef(path, id_field="uuid")).set_aside == {BAD_ID: 1}
     # Without it, `id` is the field: the integer 5 is "5", the uuid lines get derived ids (two equal ones).
-    default = dataset_summary(path)
+    default = dataset_summary(DatasetRef(path))
     assert default.set_aside == {DUPLICATE_ID: 1} and default.prompts == 3
     only_bad = _jsonl(tmp_path / "bad.jsonl", [{"uuid": 1.5, "messages": message}])
-    assert not has_prompt(ShardScan(only_bad, 0, 1, id_field="uuid"))
-    assert has_prompt(ShardScan(only_bad, 0, 1))  # a derived id under the default field
+    assert not has_prompt(ShardScan(DatasetRef(only_bad, id_field="uuid"), 0, 1))
+    assert has_prompt(ShardScan(DatasetRef(only_bad), 0, 1))  # a derived id under the default field
 
 
 def test_an_id_field_holds_in_json_arrays_and_names_changed_lines(tmp_path: Path) -> None:
@@ -251,11 +243,11 @@ def test_an_id_field_holds_in_json_arrays_and_names_changed_lines(tmp_path: Path
     assert [ref.id for ref, _ in prompts] == ["u1"] and (aside.position, aside.cause) == (1, BAD_ID)
     # The pin names an edited line by the id field's value, or by its derived id without one.
     lines = _jsonl(tmp_path / "d.jsonl", [{"uuid": "u1", "id": "x", "messages": message}, {"messages": message}])
-    pin = pin_dataset(lines, id_field="uuid")
+    pin = pin_dataset(DatasetRef(lines, id_field="uuid"))
     edited = [{"uuid": "u1-new", "id": "x", "messages": message}, {"messages": [{"role": "user", "content": "z"}]}]
     _jsonl(lines, edited)
     derived = _derived([{"role": "user", "content": "z"}])
-    assert pin_changes(pin, pin_dataset(lines, id_field="uuid")) == (
+    assert pin_changes(pin, pin_dataset(DatasetRef(lines, id_field="uuid"))) == (
         f"2 lines edited (line 1 (id 'u1-new'), line 2 (id {derived!r}))"
     )
 
@@ -266,17 +258,17 @@ def test_an_unchanged_dataset_is_held_to_its_pin_without_reading_its_lines(tmp_p
 
     message = [{"role": "user", "content": "q"}]
     path = _jsonl(tmp_path / "d.jsonl", [{"id": "a", "messages": message}, {"id": "b", "messages": message}])
-    pinned = pin_dataset(path)
+    pinned = pin_dataset(DatasetRef(path))
     with monkeypatch.context() as patched:
         patched.setattr(pins, "pin_dataset", lambda *_, **__: pytest.fail("an unchanged file's lines were read"))
-        assert pins.dataset_changes(path, "auto", pinned) is None
+        assert pins.dataset_changes(DatasetRef(path), pinned) is None
     _jsonl(path, [{"id": "a", "messages": message}, {"id": "b2", "messages": message}])
-    assert pins.dataset_changes(path, "auto", pinned) == "1 line edited (line 2 (id 'b2'))"
+    assert pins.dataset_changes(DatasetRef(path), pinned) == "1 line edited (line 2 (id 'b2'))"
     path.write_bytes(path.read_bytes().replace(b"b2", b"b"))  # the same bytes again
-    assert pins.dataset_changes(path, "auto", pinned) is None
+    assert pins.dataset_changes(DatasetRef(path), pinned) is None
     # Same size, same lines, one byte changed where the parsed line is the same: still named (by the bytes).
     path.write_bytes(path.read_bytes().replace(b'{"id"', b'{ "id"', 1)[:-1])
-    assert "the bytes differ" in (pins.dataset_changes(path, "auto", pinned) or "")
+    assert "the bytes differ" in (pins.dataset_changes(DatasetRef(path), pinned) or "")
 
 
 # --- every problem named; numbers from 1 ----------------------------------------------------------------------
@@ -307,7 +299,7 @@ def test_a_refused_line_names_every_problem_it_has(tmp_path: Path) -> None:
     # A good id and bad tools: the tools' cause, the id kept.
     assert validate_prompt({**obj, "id": "p", "messages": obj["messages"][:2]}) == (
         "p",
-        dataset.Problem(INVALID_TOOLS, 'tools[0].type must be "function", got "retrieval"'),
+        line_shape.Problem(INVALID_TOOLS, 'tools[0].type must be "function", got "retrieval"'),
     )
 
 
@@ -324,7 +316,7 @@ def test_numbers_in_reasons_count_from_one(tmp_path: Path) -> None:
         tmp_path / "d.jsonl",
         [{"id": "a", "messages": [{"role": "user", "content": "q"}]}, b"", {"id": "b", "messages": [{"role": "x"}]}],
     )
-    summary = dataset_summary(path)
+    summary = dataset_summary(DatasetRef(path))
     assert summary.examples == {UNKNOWN_SHAPE: f"line 3: message 1 (messages[0]) has role 'x'; {EXPECTED}"}
     (aside,) = _scan(path)[1]
     assert aside.position == 2 and aside.key == "line:3"  # positions stay 0-based; what a person reads is 1-based
@@ -357,9 +349,9 @@ def test_a_json_array_is_read_element_by_element_across_reads(
     body = orjson.dumps(elements, option=orjson.OPT_INDENT_2 if indent else 0)
     path = tmp_path / "d.json"
     path.write_bytes(b"  \n" + body + b"\n")
-    monkeypatch.setattr(dataset, "JSON_CHUNK_SIZE", chunk_size)
+    monkeypatch.setattr(json_array, "JSON_CHUNK_SIZE", chunk_size)
     assert detect_format(path, "auto") == "json"
-    scan = ShardScan(path, 0, 1)
+    scan = ShardScan(DatasetRef(path), 0, 1)
     items = list(scan)
     assert scan.format == "json" and (scan.lines_total, scan.valid_lines_total) == (60, 60)
     assert [(ref.position, ref.id, obj) for ref, obj in items] == [(i, e["id"], e) for i, e in enumerate(elements)]
@@ -371,7 +363,7 @@ def test_a_json_array_is_read_element_by_element_across_reads(
             and raw[ref.offset + ref.length - 1 : ref.offset + ref.length] == b"}"
         )
     # ShardPlan.load reads each prompt back by its offset (seek + read), normalised.
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     loaded = list(plan.iter_prompts())
     assert [p.id for p in loaded] == [e["id"] for e in elements]
     assert loaded[1].messages == [
@@ -407,13 +399,13 @@ def test_the_span_finder_agrees_with_orjson_for_any_read_size() -> None:
 def test_a_truncated_array_keeps_the_elements_before_the_break(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_size: int
 ) -> None:
-    monkeypatch.setattr(dataset, "JSON_CHUNK_SIZE", chunk_size)
+    monkeypatch.setattr(json_array, "JSON_CHUNK_SIZE", chunk_size)
     elements = _tricky_elements(5)
     body = orjson.dumps(elements)
     cut = body.rindex(b'{"id":"e4"') + 20  # inside the fifth element
     path = tmp_path / "d.json"
     path.write_bytes(body[:cut])
-    scan = ShardScan(path, 0, 1)
+    scan = ShardScan(DatasetRef(path), 0, 1)
     items = list(scan)
     assert [ref.id for ref, _ in (i for i in items if not isinstance(i, MalformedLine))] == ["e0", "e1", "e2", "e3"]
     (broken,) = [i for i in items if isinstance(i, MalformedLine)]
@@ -424,7 +416,7 @@ def test_a_truncated_array_keeps_the_elements_before_the_break(
         "its closing ] (truncated?); it and everything after it are set aside"
     )
     assert broken.excerpt.startswith('{"id":"e4"')
-    assert dataset_summary(path).examples[BAD_JSON].startswith("element 5: bad JSON")
+    assert dataset_summary(DatasetRef(path)).examples[BAD_JSON].startswith("element 5: bad JSON")
 
 
 @pytest.mark.parametrize(
@@ -461,15 +453,15 @@ def test_json_arrays_with_a_bom_empty_ones_and_non_objects(tmp_path: Path) -> No
     prompts, aside = _scan(path)
     assert prompts[0][0].offset == len(UTF8_BOM) + 3 and prompts[0][0].id == "a"
     assert [(item.position, item.cause) for item in aside] == [(1, NOT_OBJECT), (2, NOT_OBJECT)]
-    (loaded,) = plan_shard(path, 0, 1).iter_prompts()
+    (loaded,) = plan_shard(DatasetRef(path), 0, 1).iter_prompts()
     assert loaded.messages == [{"role": "user", "content": "q"}]
     path.write_bytes(b" [ ] ")
-    scan = ShardScan(path, 0, 1)
+    scan = ShardScan(DatasetRef(path), 0, 1)
     assert list(scan) == [] and scan.lines_total == 0
     # Declared json, but not an array: refused as a whole, by name.
     path.write_bytes(b'{"id": "a"}\n')
     with pytest.raises(DatasetError, match="is not a JSON array"):
-        list(ShardScan(path, 0, 1, "json"))
+        list(ShardScan(DatasetRef(path, "json"), 0, 1))
 
 
 def test_jsonl_whose_first_line_is_an_array_stays_jsonl(tmp_path: Path) -> None:
@@ -487,16 +479,16 @@ def test_the_pin_of_a_json_array_is_one_hash_per_element(tmp_path: Path) -> None
     elements = _tricky_elements(6)
     path = tmp_path / "d.json"
     path.write_bytes(orjson.dumps(elements, option=orjson.OPT_INDENT_2))
-    pin = pin_dataset(path)
+    pin = pin_dataset(DatasetRef(path))
     assert pin.format == "json" and pin.lines == 6
     assert pin.line_hashes.tolist() == [prompt_hash(obj) for _, obj in _scan(path)[0]]  # as the feeder hashes them
     edited = [*elements]
     edited[2] = {**edited[2], "id": "e2-new"}
     path.write_bytes(orjson.dumps(edited, option=orjson.OPT_INDENT_2))
-    assert pin_changes(pin, pin_dataset(path)) == "1 line edited (element 3 (id 'e2-new'))"
+    assert pin_changes(pin, pin_dataset(DatasetRef(path))) == "1 line edited (element 3 (id 'e2-new'))"
     path.write_bytes(orjson.dumps(elements)[:-30])  # truncated: the rest is one line
-    truncated = pin_dataset(path)
-    scan = ShardScan(path, 0, 1)
+    truncated = pin_dataset(DatasetRef(path))
+    scan = ShardScan(DatasetRef(path), 0, 1)
     list(scan)
     assert truncated.lines == scan.lines_total == 6
 
@@ -517,7 +509,7 @@ def test_a_parquet_conversations_column_works_like_messages(tmp_path: Path) -> N
     )
     path = tmp_path / "d.parquet"
     pq.write_table(table, path)
-    plan = plan_shard(path, 0, 1, id_field="uuid")
+    plan = plan_shard(DatasetRef(path, id_field="uuid"), 0, 1)
     prompts = list(plan.iter_prompts())
     assert [p.id for p in prompts] == ["1", "2"]  # an integer column: its decimal strings
     assert prompts[0].messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
@@ -526,7 +518,7 @@ def test_a_parquet_conversations_column_works_like_messages(tmp_path: Path) -> N
     # Conversations stored as JSON text; no id column: derived ids, as for JSONL.
     text = [orjson.dumps([{"from": "human", "value": "q"}]).decode()]
     pq.write_table(pa.table({"conversations": text}), path)
-    (prompt,) = plan_shard(path, 0, 1).iter_prompts()
+    (prompt,) = plan_shard(DatasetRef(path), 0, 1).iter_prompts()
     assert prompt.messages == [{"role": "user", "content": "q"}]
     assert prompt.id == _derived([{"role": "user", "content": "q"}])
 
@@ -539,25 +531,25 @@ def test_a_dataset_mostly_of_an_unknown_shape_is_refused(tmp_path: Path) -> None
     lines = [{"instruction": f"i{i}", "output": "o"} for i in range(3)] + [good, {**good, "id": "h"}, b""]
     path = _jsonl(tmp_path / "d.jsonl", lines)
     with pytest.raises(UnknownDatasetShape) as refused:
-        check_dataset(path)
+        check_dataset(DatasetRef(path))
     message = str(refused.value)
     assert message.startswith(f"spec.dataset.path {path}: 3 of 5 lines are of an unknown shape")
     assert "(e.g. line 1: no messages or conversations: the object has keys 'instruction', 'output';" in message
     assert isinstance(refused.value, DatasetError)
     # The same verdict from a plan already read (the preflight's), without a second pass.
     with pytest.raises(UnknownDatasetShape, match=re.escape(message)):
-        check_plan(plan_shard(path, 0, 1))
+        check_plan(plan_shard(DatasetRef(path), 0, 1))
     # Half or fewer: the run goes on, those lines set aside.
     path = _jsonl(tmp_path / "half.jsonl", lines[1:])
-    assert check_dataset(path).set_aside == {UNKNOWN_SHAPE: 2}
-    assert check_plan(plan_shard(path, 0, 1)) == check_dataset(path)
+    assert check_dataset(DatasetRef(path)).set_aside == {UNKNOWN_SHAPE: 2}
+    assert check_plan(plan_shard(DatasetRef(path), 0, 1)) == check_dataset(DatasetRef(path))
 
 
 def test_ref_offsets_of_jsonl_sharegpt_lines_load_back(tmp_path: Path) -> None:
     values = ["q" + str(i) + ' ]}\\"' for i in range(20)]
     lines = [{"conversations": [{"from": "human", "value": value}]} for value in values]
     path = _jsonl(tmp_path / "d.jsonl", lines)
-    plan = plan_shard(path, 0, 1)
+    plan = plan_shard(DatasetRef(path), 0, 1)
     assert len(plan.prompts) == 20
     raw = path.read_bytes()
     for ref in plan.prompts:

@@ -23,7 +23,7 @@ from datagen_operator.engine.tool_calls import GPT_OSS_CALL_ID
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records, iter_rejects, stored_split
 from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
-from datagen_operator.prompts.dataset import Prompt
+from datagen_operator.prompts.lines import Prompt
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.steps.verify import verify_output
 from tests.harness.processes import wait_until

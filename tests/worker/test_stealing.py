@@ -18,7 +18,7 @@ from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.readers import iter_records
 from datagen_operator.output.steal import CHUNK_LINES, Claims, chunks_for
-from datagen_operator.prompts.dataset import shard_of_id
+from datagen_operator.prompts.shards import shard_of_id
 from datagen_operator.steps.verify import verify_output
 from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim

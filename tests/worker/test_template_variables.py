@@ -17,7 +17,9 @@ from datagen_operator.api.flags import UNEXPECTED_REASONING
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.record_checks import expectations_for
 from datagen_operator.output.readers import RecordBatches, iter_records
-from datagen_operator.prompts.dataset import INVALID_TEMPLATE_KWARGS, plan_shard
+from datagen_operator.prompts.dataset_ref import DatasetRef
+from datagen_operator.prompts.line_shape import INVALID_TEMPLATE_KWARGS
+from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, line_thinking, load_tokenizer, template_variables
 from datagen_operator.steps.verify import verify_output
 from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
@@ -116,7 +118,7 @@ def test_a_lines_template_kwargs_must_be_an_object_and_may_not_set_what_the_rend
             "chat_template_kwargs": {"reasoning_effort": "low"},
         },
     ]
-    plan = plan_shard(write_dataset(tmp_path / "d.jsonl", lines), 0, 1)
+    plan = plan_shard(DatasetRef(write_dataset(tmp_path / "d.jsonl", lines)), 0, 1)
     assert [ref.id for ref in plan.prompts] == ["c"]
     causes = {line.id: (line.cause, line.reason) for line in plan.malformed}
     assert causes["a"][0] == causes["b"][0] == INVALID_TEMPLATE_KWARGS

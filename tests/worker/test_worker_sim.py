@@ -26,6 +26,7 @@ from datagen_operator.api.exit_codes import (
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.manifest import read_manifest
 from datagen_operator.output.readers import iter_records, iter_rejects, read_progress
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.pin import pin_dataset
 from tests.harness.processes import wait_until
 from tests.harness.sim import start_sim, start_sims
@@ -380,7 +381,7 @@ def test_a_worker_without_a_pin_pins_the_dataset_as_it_plans_it_and_holds_a_reru
     dataset = write_dataset(tmp_path / "prompts.jsonl", items, bad_lines)
     output = tmp_path / "out"
     assert run_inprocess(spec(dataset, output), [sim.url]) == EXIT_OK
-    pinned, expected = read_pin(output), pin_dataset(dataset)
+    pinned, expected = read_pin(output), pin_dataset(DatasetRef(dataset))
     assert pinned is not None and pinned.summary() == expected.summary() and pinned.lines == 32
     assert pinned.line_hashes.tolist() == expected.line_hashes.tolist()
     check_records(output, items)

@@ -54,7 +54,7 @@ class Counts:
     lines: int = 0
     """Dataset lines looked at: valid prompts plus malformed lines (what the set-aside rates are out of)."""
     set_aside: dict[str, int] = field(default_factory=dict)
-    """cause -> prompts set aside unsent, never sent nor retried: a malformed dataset line (prompts.dataset.CAUSES),
+    """cause -> prompts set aside unsent, never sent nor retried: a malformed dataset line (prompts.line_shape.CAUSES),
     `unrenderable`, `too_long` (prompt + max_new_tokens over the context), `no_user_turn`."""
     records_set_aside: int = 0
     """Records never made, not for the server's sake: the samples of prompts set aside after the dataset was read,

@@ -152,7 +152,7 @@ class PinCheck:
 
         if self.pinned is None:
             return
-        # A record names its line 1-based (prompts.dataset.line_number); the pin is indexed from 0.
+        # A record names its line 1-based (prompts.lines.line_number); the pin is indexed from 0.
         lines = batch.column("line").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) - 1
         hashes = batch.column("prompt_hash").fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint64)
         inside = (lines >= 0) & (lines < len(self.pinned))

@@ -4,8 +4,7 @@ export an output."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from datagen_operator.api.export_spec import whole_conversations_asked
@@ -14,10 +13,11 @@ from datagen_operator.export.conversations import MESSAGES_KEYS, RERENDERED_POLI
 from datagen_operator.export.formats import Selection
 from datagen_operator.export.reader import BATCH_TOKENS
 from datagen_operator.export.writer import DEFAULT_PART_BYTES
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import VariableDraws
 
 if TYPE_CHECKING:
-    from datagen_operator.prompts.dataset import DatasetFormat, Prompt
+    from datagen_operator.prompts.lines import Prompt
 
 TOKEN_FORMATS = ("speculators", "trl")
 """The formats --rows conversations applies to: rows of exact token ids with a loss mask."""
@@ -27,17 +27,16 @@ TOKEN_FORMATS = ("speculators", "trl")
 class DatasetSource:
     """The run's dataset: what the planned turns and the conversations format's messages are read from."""
 
-    path: Path
-    format: DatasetFormat = "auto"
-    id_field: str | None = None
+    ref: DatasetRef
     draws: VariableDraws | None = None
     """generation.templateVariableMix: each line's drawn variables are in its prompt's (prompt_from)."""
 
     def prompts(self, wanted: set[str]) -> Iterator[Prompt]:
         """The valid prompts whose id is in `wanted`, in dataset order (one streamed pass)."""
-        from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
+        from datagen_operator.prompts.lines import MalformedLine, prompt_from
+        from datagen_operator.prompts.scan import ShardScan
 
-        for item in ShardScan(self.path, 0, 1, self.format, id_field=self.id_field):
+        for item in ShardScan(replace(self.ref, sample=None), 0, 1):  # `wanted` holds the subset
             if isinstance(item, MalformedLine):
                 continue
             ref, obj = item
@@ -68,7 +67,7 @@ class ExportOptions:
             "last_turn_only_applies": self.export_format == "text",
             "part_bytes": self.part_bytes,
             "rows": "conversations" if self.export_format == "conversations" else self.rows,
-            "dataset": str(self.dataset.path) if self.dataset is not None and whole else None,
+            "dataset": str(self.dataset.ref.path) if self.dataset is not None and whole else None,
         }
         if self.rows == "conversations":
             out["rerendered_spans"] = self.rerendered_spans

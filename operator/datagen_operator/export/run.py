@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -36,10 +36,8 @@ from datagen_operator.export.options import (
 )
 from datagen_operator.export.writer import DEFAULT_PART_BYTES, PART_GLOB
 from datagen_operator.output.layout import OutputLayout
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import variable_draws
-
-if TYPE_CHECKING:
-    from datagen_operator.prompts.dataset import DatasetFormat
 
 
 def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str | None, trust_remote_code: bool) -> Any:
@@ -64,20 +62,18 @@ def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tu
     from datagen_operator.steps.verify_paths import load_run_spec, on_this_machine
 
     spec = load_run_spec(output, run_file)
-    form: DatasetFormat = spec.dataset.format if spec is not None else "auto"
-    id_field = spec.dataset.id_field if spec is not None else None
     draws = variable_draws(spec.generation.template_variable_mix) if spec is not None else None
     if dataset:
         path = Path(dataset)
         if not path.is_file():
             return None, f"--dataset {dataset}: not a file"
-        return DatasetSource(path, form, id_field, draws), ""
+        return DatasetSource(DatasetRef.of(spec.dataset if spec is not None else None, path), draws), ""
     if spec is None:
         return None, f"no {run_file or OutputLayout(output).run_file} to find the dataset from: pass --dataset FILE"
     found, notes = on_this_machine(spec, output)
     if found is None:
         return None, "; ".join(notes) or "the run's dataset is not found here: pass --dataset FILE"
-    return DatasetSource(found, form, id_field, draws), ""
+    return DatasetSource(DatasetRef.of(spec.dataset, found), draws), ""
 
 
 def build_parser() -> argparse.ArgumentParser:

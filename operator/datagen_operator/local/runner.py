@@ -505,6 +505,7 @@ class LocalRunner:
         from datagen_operator.export.exporter import export_run
         from datagen_operator.export.formats import Selection
         from datagen_operator.export.options import DatasetSource, codec_from_tokenizer
+        from datagen_operator.prompts.dataset_ref import DatasetRef
         from datagen_operator.prompts.draws import variable_draws
 
         spec = self.spec
@@ -519,12 +520,7 @@ class LocalRunner:
             lambda: codec_from_tokenizer(self._tokenizer()),
             rows=export.rows,
             rerendered_spans=export.rerendered_spans,
-            dataset=DatasetSource(
-                Path(spec.dataset.path),
-                spec.dataset.format,
-                spec.dataset.id_field,
-                variable_draws(spec.generation.template_variable_mix),
-            ),
+            dataset=DatasetSource(DatasetRef.of(spec.dataset), variable_draws(spec.generation.template_variable_mix)),
         )
 
     async def _stop_workers(self) -> None:

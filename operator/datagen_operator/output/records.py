@@ -10,12 +10,12 @@ from typing import Any
 import orjson
 
 # Causes of a prompt set aside by the worker after the dataset was read (dataset-level causes are in
-# prompts.dataset.CAUSES), defined with the counter that counts them.
+# prompts.line_shape.CAUSES), defined with the counter that counts them.
 from datagen_operator.api.progress import TOO_LONG as TOO_LONG
 from datagen_operator.api.progress import UNRENDERABLE as UNRENDERABLE
 from datagen_operator.prompts.conversation import AnswerSplit
-from datagen_operator.prompts.dataset import line_key, line_number
 from datagen_operator.prompts.job import Job
+from datagen_operator.prompts.lines import line_key, line_number
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,4 +39,4 @@ class Job:
     thinking: bool | None = None
     """The line's own thinking switch (its chat_template_kwargs), when it sets one: its record is judged by it."""
     source_fields: str | None = None
-    """The line's other fields, JSON text (prompts.dataset.source_fields): every turn's record carries them."""
+    """The line's other fields, JSON text (prompts.lines.source_fields): every turn's record carries them."""

@@ -32,16 +32,10 @@ import numpy as np
 import orjson
 
 from datagen_operator.api.words import plural
-from datagen_operator.prompts.dataset import (
-    UTF8_BOM,
-    ArrayBreak,
-    DatasetFormat,
-    detect_format,
-    iter_json_array,
-    normalise_parquet_row,
-    unit_of,
-    validate_prompt,
-)
+from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetRef, unit_of
+from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
+from datagen_operator.prompts.line_shape import validate_prompt
+from datagen_operator.prompts.scan import normalise_parquet_row
 
 PIN_FILE = "dataset.pin.json"
 LINES_FILE = "dataset.lines.u64"
@@ -75,11 +69,13 @@ class DatasetPin:
         }
 
 
-def pin_dataset(path: Path, declared: DatasetFormat = "auto", *, id_field: str | None = None) -> DatasetPin:
-    """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). `id_field` only names lines."""
-    form = detect_format(path, declared)
+def pin_dataset(dataset: DatasetRef) -> DatasetPin:
+    """The pin of the dataset as it is now, streamed (memory: 8 bytes a line). Its id field names lines, and says
+    whether a Parquet `id` column is the id (normalise_parquet_row)."""
+    path, id_field = dataset.path, dataset.id_field
+    form = dataset.read_format()
     if form == "jsonl":
-        pins = LinePins(path, today(), id_field)
+        pins = LinePins(dataset, today())
         with path.open("rb") as file:
             for number, line in enumerate(file):
                 if number == 0 and line.startswith(UTF8_BOM):
@@ -104,7 +100,7 @@ def pin_dataset(path: Path, declared: DatasetFormat = "auto", *, id_field: str |
 
         for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
             for row in batch.to_pylist():
-                digests += _prompt_digest(normalise_parquet_row(row))
+                digests += _prompt_digest(normalise_parquet_row(row, id_field))
     return DatasetPin(
         str(path), form, len(digests) // 8, path.stat().st_size, whole.hexdigest(), _hashes(digests), today(), id_field
     )
@@ -119,13 +115,10 @@ class LinePins:
     (the scan calls it at the end of the file) hands the pin to `on_pinned`."""
 
     def __init__(
-        self,
-        path: Path,
-        rendered_on: str,
-        id_field: str | None = None,
-        on_pinned: Callable[[DatasetPin], None] | None = None,
+        self, dataset: DatasetRef, rendered_on: str, on_pinned: Callable[[DatasetPin], None] | None = None
     ) -> None:
-        self.path, self.rendered_on, self.id_field, self.on_pinned = path, rendered_on, id_field, on_pinned
+        self.path, self.id_field = dataset.path, dataset.id_field
+        self.rendered_on, self.on_pinned = rendered_on, on_pinned
         self._whole = hashlib.sha256()
         self._digests = bytearray()
         self.update = self._whole.update
@@ -240,23 +233,22 @@ def sha256_file(path: Path) -> str:
     return whole.hexdigest()
 
 
-def holds_pin(path: Path, declared: DatasetFormat, pinned: DatasetPin) -> bool:
+def holds_pin(dataset: DatasetRef, pinned: DatasetPin) -> bool:
     """Whether the file is still the pinned one: its format, size and sha256 (one streamed read, no line parsed)."""
+    path = dataset.path
     return (
-        detect_format(path, declared) == pinned.format
+        dataset.read_format() == pinned.format
         and path.stat().st_size == pinned.bytes
         and sha256_file(path) == pinned.sha256
     )
 
 
-def dataset_changes(
-    path: Path, declared: DatasetFormat, pinned: DatasetPin, *, id_field: str | None = None
-) -> str | None:
+def dataset_changes(dataset: DatasetRef, pinned: DatasetPin) -> str | None:
     """What changed in the file since `pinned` (pin_changes), or None: its lines are read only when its bytes
     differ."""
-    if holds_pin(path, declared, pinned):
+    if holds_pin(dataset, pinned):
         return None
-    return pin_changes(pinned, pin_dataset(path, declared, id_field=id_field))
+    return pin_changes(pinned, pin_dataset(dataset))
 
 
 def pin_changes(pinned: DatasetPin, current: DatasetPin) -> str | None:

@@ -15,7 +15,7 @@ import orjson
 
 from datagen_operator.api.commands import CanaryCommand
 from datagen_operator.api.flags import NO_THINK_END, ends_truncated, finish_type
-from datagen_operator.api.generation_spec import DatasetSample, HistoryReasoning, TemplateVariableMix
+from datagen_operator.api.generation_spec import HistoryReasoning, TemplateVariableMix
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.resolve import ResolvedModel, resolve_model
@@ -43,10 +43,10 @@ from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpec
 from datagen_operator.engine.limits import batch_limits
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import generate_body, run_sampling
+from datagen_operator.prompts.dataset_ref import DatasetRef  # light: the reader itself is imported where used
 
 if TYPE_CHECKING:  # the reader itself is imported where it is used (the canary's start-up stays light)
     from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter
-    from datagen_operator.prompts.dataset import DatasetFormat
     from datagen_operator.prompts.render import Renderer
 
 # Built-in probes: a reasoning question, a tool call and a multi-turn conversation, whatever the dataset holds.
@@ -77,26 +77,24 @@ PROBES: tuple[dict[str, Any], ...] = (
 
 
 def iter_canary_prompts(
-    dataset: Path,
-    dataset_format: DatasetFormat,
+    dataset: DatasetRef,
     turns: str = "last",
-    id_field: str | None = None,
     *,
     history_reasoning: HistoryReasoning,
-    sample: DatasetSample | None = None,
     mix: TemplateVariableMix | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The built-in probes, then the dataset's valid prompts in dataset order (drawn as needed), each as the
     workers send its first request (prompts/conversation.py `request_messages`): of dataset.sample's subset, with
     generation.templateVariableMix's draws, as the workers read them."""
     from datagen_operator.prompts.conversation import plan_turns, request_messages
-    from datagen_operator.prompts.dataset import MalformedLine, ShardScan, line_number, prompt_from
     from datagen_operator.prompts.draws import variable_draws
+    from datagen_operator.prompts.lines import MalformedLine, line_number, prompt_from
+    from datagen_operator.prompts.scan import ShardScan
 
     yield from (dict(p) for p in PROBES)
     draws = variable_draws(mix)
     # Streamed: the dataset is read only as far as the prompts the canary draws (a plan would read it whole).
-    for item in ShardScan(dataset, 0, 1, dataset_format, id_field=id_field, sample=sample):
+    for item in ShardScan(dataset, 0, 1):
         if isinstance(item, MalformedLine):
             continue
         prompt = prompt_from(*item, draws)
@@ -163,9 +161,8 @@ async def run_canary(
     )
     wanted = spec.checks.canary_prompts + len(PROBES)
     prompts = iter_canary_prompts(
-        dataset, spec.dataset.format, spec.generation.turns, spec.dataset.id_field,
-        history_reasoning=spec.generation.history_reasoning, sample=spec.dataset.sample,
-        mix=spec.generation.template_variable_mix,
+        DatasetRef.of(spec.dataset, dataset), spec.generation.turns,
+        history_reasoning=spec.generation.history_reasoning, mix=spec.generation.template_variable_mix,
     )  # fmt: skip
     session = make_session(wanted, len(servers))
     pool: EndpointPool | None = None

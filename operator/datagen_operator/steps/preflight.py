@@ -96,9 +96,11 @@ def run_preflight(
 
 def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
     from datagen_operator.output.rendered import render_identity
-    from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_lines
+    from datagen_operator.prompts.dataset_ref import DatasetError, DatasetRef
     from datagen_operator.prompts.pin import LinePins, changed_message, pin_dataset, render_date
     from datagen_operator.prompts.render import Renderer, template_variables
+    from datagen_operator.prompts.scan import ShardScan
+    from datagen_operator.prompts.summary import check_lines
 
     resolved = resolve_model(spec)
     expect = rc.expectations_for(resolved, tokenizer, model_config_dir(spec.model.path, tokenizer_dir))
@@ -109,9 +111,9 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     limit = model_context_limit(_read_config(model_dir), spec.server.extra_args)
     store = RenderedStore.begin(output)
     try:
-        scan = ShardScan(dataset, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field, sample=spec.dataset.sample)
+        scan = ShardScan(DatasetRef.of(spec.dataset, dataset), 0, 1)
         # A JSONL dataset is pinned by the very read that renders it; other formats by a read of their own.
-        pins = LinePins(dataset, rendered_on, spec.dataset.id_field) if scan.format == "jsonl" else None
+        pins = LinePins(scan.dataset, rendered_on) if scan.format == "jsonl" else None
         scan.lines = pins
         lines = render_dataset(spec, scan, renderer, variables, tokenizer_dir, resolved.trust_remote_code, limit, store)
         check_lines(scan, lines.prompts, lines.malformed)  # raises EmptyDataset or UnknownDatasetShape, naming why
@@ -120,7 +122,7 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
         said = str(error) if isinstance(error, DatasetError) else f"{error.strerror or error}"
         named = said if said.startswith("spec.dataset.path") else f"spec.dataset.path {dataset}: {said}"
         return _failed(Reason.DATASET_UNUSABLE, named)
-    pin = pins.pin() if pins is not None else pin_dataset(dataset, spec.dataset.format, id_field=spec.dataset.id_field)
+    pin = pins.pin() if pins is not None else pin_dataset(scan.dataset)
     subset = scan.subset.said() if scan.subset is not None else ""
     outcome = _judge_rendered(spec, expect, renderer, lines, pin, dataset, output, tokenizer_dir, subset)
     changed = store.disagrees_with(pin)
@@ -359,14 +361,13 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
 def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> OutputEstimate:
     """The preflight's estimate of what `spec`'s output will take, on its own (rendered inline, nothing stored)."""
     from datagen_operator.output.manifest import read_manifest
-    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.prompts.dataset_ref import DatasetRef
     from datagen_operator.prompts.render import Renderer, template_variables
+    from datagen_operator.prompts.scan import ShardScan
 
     variables = template_variables(resolve_model(spec))
     renderer = Renderer(tokenizer, variables)
-    scan = ShardScan(
-        spec.dataset.path, 0, 1, spec.dataset.format, id_field=spec.dataset.id_field, sample=spec.dataset.sample
-    )
+    scan = ShardScan(DatasetRef.of(spec.dataset), 0, 1)
     lines = render_dataset(
         spec, scan, renderer, variables, tokenizer_dir, False, ContextLimit(None, None), RenderedStore(None), 0
     )

@@ -36,10 +36,11 @@ from datagen_operator.prompts.conversation import (
     request_messages,
     turn_messages,
 )
-from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan, prompt_from
 from datagen_operator.prompts.draws import VariableDraws
+from datagen_operator.prompts.lines import MalformedLine, PromptRef, prompt_from
 from datagen_operator.prompts.pin import prompt_hash
 from datagen_operator.prompts.render import RenderItem, RenderPool, RenderResult, ids_from_result
+from datagen_operator.prompts.scan import ShardScan
 
 BATCH = 64
 """Prompts a render helper takes at once (amortises the pickling round trip)."""

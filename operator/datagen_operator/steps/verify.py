@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from datagen_operator.api.generation_spec import DatasetSample
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.reasons import Reason
@@ -45,6 +44,7 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.output.fingerprint import fingerprint_history_reasoning
 from datagen_operator.output.layout import Key
 from datagen_operator.output.records import TURNS_KIND
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import VariableDraws, variable_draws
 from datagen_operator.steps.verify_reads import dataset_pin, integrity, name_examples, read_dataset
 
@@ -119,14 +119,10 @@ class _JudgedBy:
     samples: int
     turns_mode: str
     thresholds: ChecksSpec
-    sample: DatasetSample | None
-    """The dataset subset the records were drawn from (records are wanted for its lines only)."""
     draws: VariableDraws | None
     """The template variables drawn for each line: each record is judged by its own draw."""
     compared: int
     """The samples of each prompt compared (checks.samples)."""
-    fmt: Any
-    id_field: str | None
 
 
 def _expectations(
@@ -160,8 +156,8 @@ def _judged_by(
     thinking = resolved.thinking if resolved else bool(fingerprint.get("thinking"))
     expect = _expectations(spec, resolved, fingerprint, tokenizer, model_dir)
     samples = spec.generation.samples_per_prompt if spec else int(fingerprint.get("samples_per_prompt", 1))
-    # The subset and the variables drawn are the spec's (OUTPUT/run.yaml's, for `datagen verify OUTPUT`): the
-    # records wanted are the subset's lines only, each judged by its own draw.
+    # The variables drawn are the spec's (OUTPUT/run.yaml's, for `datagen verify OUTPUT`): each record judged by
+    # its own draw. The subset is the dataset reference's (its sample): records are wanted for its lines only.
     return _JudgedBy(
         resolved=resolved,
         expect=expect,
@@ -169,11 +165,8 @@ def _judged_by(
         samples=samples,
         turns_mode=spec.generation.turns if spec else str(fingerprint.get("turns", "last")),
         thresholds=spec.checks if spec else ChecksSpec(),
-        sample=spec.dataset.sample if spec else None,
         draws=variable_draws(spec.generation.template_variable_mix if spec else None),
         compared=compared_samples(spec) if spec else samples_compared(fingerprint.get("sampling") or {}, samples),
-        fmt=spec.dataset.format if spec else "auto",
-        id_field=spec.dataset.id_field if spec else None,
     )
 
 
@@ -192,9 +185,9 @@ class _Accounted:
 
 
 def _account(
-    output: Path, run: _JudgedBy, read: RecordsPass, rejects: list[dict[str, Any]], dataset: Path | None
+    output: Path, run: _JudgedBy, read: RecordsPass, rejects: list[dict[str, Any]], dataset: DatasetRef | None
 ) -> _Accounted:
-    from datagen_operator.prompts.dataset import ShardScan
+    from datagen_operator.prompts.scan import ShardScan
 
     keys = KeyCheck(seen=read.keys)
     server = {
@@ -211,7 +204,7 @@ def _account(
     if dataset is not None:
         # Only lines with a rejects.jsonl entry can be set aside; every other valid prompt is just counted.
         reject_lines = {entry.get("line") for entry in rejects if str(entry.get("key", "")).startswith("line:")}
-        scan = ShardScan(dataset, 0, 1, run.fmt, id_field=run.id_field, sample=run.sample)
+        scan = ShardScan(dataset, 0, 1)
         sampled_ids = {r["id"] for r in read.fidelity_sample}
         scanned = read_dataset(scan, run.samples, reject_lines, sampled_ids, run.turns_mode, run.draws)
         keys.wanted, prompts, planned = scanned.wanted, scanned.sampled, scanned.turns
@@ -226,7 +219,7 @@ def _account(
         ]
     )  # fmt: skip
     if keys.wanted is not None:
-        name_examples(keys, output, dataset, run.fmt, run.samples, run.turns_mode, run.id_field, run.sample)
+        name_examples(keys, output, dataset, run.samples, run.turns_mode)
     return _Accounted(keys, server, set_aside, prompts, dataset_count)
 
 
@@ -270,8 +263,8 @@ def verify_output(
     fingerprint = (manifest or {}).get("fingerprint", {})
     run = _judged_by(spec, fingerprint, tokenizer, model_dir)
     dataset_path = dataset or (Path(spec.dataset.path) if spec else None)
-    if dataset_path is not None and not dataset_path.exists():
-        dataset_path = None
+    exists = dataset_path is not None and dataset_path.exists()
+    source = DatasetRef.of(spec.dataset if spec else None, dataset_path) if exists else None
     # One streamed pass over the records and one over the dataset; what is kept per record is its key's
     # 64-bit hash (KeyCheck), so memory does not grow with the record's tokens nor with Python objects.
     pin = read_pin(output)
@@ -282,11 +275,11 @@ def verify_output(
         run.expect,
         tokenizer,
         fidelity_size=run.thresholds.fidelity_sample if fidelity else 0,
-        name_prompts=dataset_path is None,
+        name_prompts=source is None,
         compared_samples=run.compared,
     )
     rejects = list(iter_rejects(output))
-    account = _account(output, run, read, rejects, dataset_path)
+    account = _account(output, run, read, rejects, source)
     if account.dataset_count is None:
         named = read.prompts | {hash(key[0]) for key in account.server} | {hash(i) for i in account.set_aside.prompts}
         prompts_named = len(named)
@@ -303,7 +296,7 @@ def verify_output(
         ended = {(r["id"], r.get("sample", 0)) for r in rejects if r.get("kind") == TURNS_KIND}
         conversations = (account.dataset_count if account.dataset_count is not None else prompts_named) * run.samples
         checks.append(conversations_check(read.by_turn, cut, conversations, len(ended)))
-    checks.append(dataset_pin(pin, pins, dataset_path, run.fmt, run.id_field))
+    checks.append(dataset_pin(pin, pins, source))
     if fidelity:
         checks.append(_fidelity(output, spec, run, read, account.prompts, pin, tokenizer, fingerprint))
     flat_examples = [e for flag in sorted(read.examples) for e in read.examples[flag]]

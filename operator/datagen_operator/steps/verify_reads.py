@@ -11,7 +11,6 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from datagen_operator.api.generation_spec import DatasetSample
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.words import agrees, plural
@@ -19,6 +18,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.completeness import KeyCheck, sorted_unique
 from datagen_operator.checks.record_columns import COLUMNS
 from datagen_operator.checks.record_pass import PinCheck, record_counts
+from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import VariableDraws
 
 INTEGRITY = "integrity"
@@ -52,9 +52,7 @@ def integrity(output: Path, manifest: dict[str, Any] | None) -> CheckResult:
     )
 
 
-def dataset_pin(
-    pin: Any, records: PinCheck, dataset: Path | None, declared: Any, id_field: str | None = None
-) -> CheckResult:
+def dataset_pin(pin: Any, records: PinCheck, dataset: DatasetRef | None) -> CheckResult:
     """The output came from one dataset (prompts/pin.py): every record's prompt hash equals the pinned hash of its
     line, and the dataset file (when given) is still the pinned one (its sha256; every line named when it is not)."""
     from datagen_operator.prompts.pin import changed_message, dataset_changes
@@ -69,9 +67,9 @@ def dataset_pin(
             "them into a new spec.output.path"
         )
     if dataset is not None:
-        changes = dataset_changes(dataset, declared, pin, id_field=id_field)
+        changes = dataset_changes(dataset, pin)
         if changes is not None:
-            problems.append(changed_message(dataset, changes))
+            problems.append(changed_message(dataset.path, changes))
     if problems:
         return CheckResult(
             name=DATASET_PIN, passed=False, count=max(1, records.differ), total=records.checked,
@@ -107,7 +105,7 @@ def read_dataset(
     import numpy as np
 
     from datagen_operator.prompts.conversation import planned_turns
-    from datagen_operator.prompts.dataset import MalformedLine, line_number, prompt_from
+    from datagen_operator.prompts.lines import MalformedLine, line_number, prompt_from
 
     ids: list[str] = []
     turns: list[int] = []
@@ -151,27 +149,21 @@ def read_dataset(
 
 
 def name_examples(
-    keys: KeyCheck,
-    output: Path,
-    dataset: Path | None,
-    fmt: Any,
-    samples: int,
-    turns_mode: str = "last",
-    id_field: str | None = None,
-    sample: DatasetSample | None = None,
+    keys: KeyCheck, output: Path, dataset: DatasetRef | None, samples: int, turns_mode: str = "last"
 ) -> None:
     """The first few missing and extra keys by name: a second pass, only when there are any."""
     import heapq
 
     from datagen_operator.output.readers import RecordBatches
     from datagen_operator.prompts.conversation import planned_turns
-    from datagen_operator.prompts.dataset import MalformedLine, ShardScan, prompt_from
+    from datagen_operator.prompts.lines import MalformedLine, prompt_from
+    from datagen_operator.prompts.scan import ShardScan
 
     missing, extra = set(keys.missing().tolist()), set(keys.extra().tolist())
     if missing and dataset is not None:
         found = (
             (item[0].id, s, t)
-            for item in ShardScan(dataset, 0, 1, fmt, id_field=id_field, sample=sample)
+            for item in ShardScan(dataset, 0, 1)
             if not isinstance(item, MalformedLine)
             for s in range(samples)
             for t in range(planned_turns(prompt_from(*item).messages, turns_mode))

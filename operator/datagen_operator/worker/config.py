@@ -16,6 +16,7 @@ from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DataGenRunSpec
 from datagen_operator.output.lease import Holder, lease_holder
+from datagen_operator.prompts.dataset_ref import DatasetRef
 
 
 class BadInput(Exception):
@@ -115,6 +116,11 @@ class WorkerConfig:
     lease_holder: Holder | None = None
     """The run this worker generates for: it holds the output's lease and names itself in each record."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dataset_ref(self) -> DatasetRef:
+        """spec.dataset as every reader takes it, read at `dataset` (the pod's mount, or --dataset)."""
+        return DatasetRef.of(self.spec.dataset, self.dataset)
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> WorkerConfig:

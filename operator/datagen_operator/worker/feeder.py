@@ -18,8 +18,8 @@ from datagen_operator.output.readers import stored_answers
 from datagen_operator.output.records import TOO_LONG, malformed_reject, too_long_reject
 from datagen_operator.output.volume import is_volume_error
 from datagen_operator.prompts.conversation import NO_USER_TURN, Turns, plan_turns
-from datagen_operator.prompts.dataset import MalformedLine, Prompt, PromptRef, prompt_from, source_fields
 from datagen_operator.prompts.draws import variable_draws
+from datagen_operator.prompts.lines import MalformedLine, Prompt, PromptRef, prompt_from, source_fields
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs

@@ -20,7 +20,7 @@ from datagen_operator.output.lease import release_lease
 from datagen_operator.output.parquet import CompactionResult, compact_shard
 from datagen_operator.output.volume import free_bytes, is_volume_error, volume_reason
 from datagen_operator.output.writer import ShardWriter
-from datagen_operator.prompts.dataset import MalformedLine
+from datagen_operator.prompts.lines import MalformedLine
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.failure import FailureReport
 from datagen_operator.worker.ledger import Ledger

@@ -15,10 +15,12 @@ from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.rendered import RenderedPrompts, open_rendered, render_identity
 from datagen_operator.prompts.conversation import AnswerSplitter
-from datagen_operator.prompts.dataset import DatasetError, ShardScan, check_dataset, has_prompt
+from datagen_operator.prompts.dataset_ref import DatasetError
 from datagen_operator.prompts.lean_render import RenderError
 from datagen_operator.prompts.pin import read_pin, render_date
 from datagen_operator.prompts.render import Renderer, RenderPool, load_tokenizer, template_variables
+from datagen_operator.prompts.scan import ShardScan, has_prompt
+from datagen_operator.prompts.summary import check_dataset
 from datagen_operator.worker.config import BadInput, WorkerConfig
 
 log = logging.getLogger("datagen.worker")
@@ -52,12 +54,9 @@ async def load_inputs(config: WorkerConfig) -> Inputs:
         # The shard's plan streams (ShardScan, read by the feeder as requests go out): start-up does not
         # grow with the dataset. Only a dataset without one valid prompt is read whole here, to refuse
         # it (exit 2) naming why each line was set aside.
-        plan = ShardScan(
-            c.dataset, c.shard_index, c.shard_count, spec.dataset.format, id_field=spec.dataset.id_field,
-            sample=spec.dataset.sample,
-        )  # fmt: skip
+        plan = ShardScan(c.dataset_ref, c.shard_index, c.shard_count)
         if not await asyncio.to_thread(has_prompt, plan):
-            await asyncio.to_thread(check_dataset, c.dataset, spec.dataset.format, id_field=spec.dataset.id_field)
+            await asyncio.to_thread(check_dataset, plan.dataset)
     except (DatasetError, OSError) as error:
         raise BadInput(f"dataset: {error}", Reason.DATASET_UNUSABLE) from None
     variables = template_variables(c.resolved, render_date(c.output))  # the pin is written by now

@@ -12,7 +12,7 @@ from datagen_operator.api.words import turn_label
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE, malformed_reject, turns_entry
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import EARLIER_TURN_REFUSED, NO_USER_TURN, TOOL_TURN, plan_turns
-from datagen_operator.prompts.dataset import MalformedLine, PromptRef, line_key, prompt_from
+from datagen_operator.prompts.lines import MalformedLine, PromptRef, line_key, prompt_from
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.progress import Tracker
 from datagen_operator.worker.stealing import owned_items

@@ -16,8 +16,8 @@ from datagen_operator.output.parquet import CompactionResult
 from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
 
 if TYPE_CHECKING:
-    from datagen_operator.prompts.dataset import ShardScan
     from datagen_operator.prompts.pin import DatasetPin
+    from datagen_operator.prompts.scan import ShardScan
 
 
 def claim_output(layout: OutputLayout, c: WorkerConfig, fingerprint: dict[str, Any]) -> None:
@@ -114,10 +114,7 @@ def dataset_change(config: WorkerConfig) -> str | None:
 
     pinned = read_pin(config.output)
     if pinned is None:
-        write_pin(
-            config.output,
-            pin_dataset(config.dataset, config.spec.dataset.format, id_field=config.spec.dataset.id_field),
-        )
+        write_pin(config.output, pin_dataset(config.dataset_ref))
         return None
     return pinned_change(config, pinned)
 
@@ -127,8 +124,7 @@ def pinned_change(config: WorkerConfig, pinned: DatasetPin) -> str | None:
     while nothing did)."""
     from datagen_operator.prompts.pin import changed_message, dataset_changes
 
-    d = config.spec.dataset
-    changes = dataset_changes(config.dataset, d.format, pinned, id_field=d.id_field)
+    changes = dataset_changes(config.dataset_ref, pinned)
     return changed_message(config.dataset, changes) if changes else None
 
 
@@ -136,19 +132,18 @@ def start_pin(config: WorkerConfig) -> DatasetPin | None:
     """At start: the output's pin, the dataset held to it (BadInput naming what changed). Without a pin (a worker
     run without the preflight) a JSONL dataset is pinned by the plan's read (`pin_while_read`): None; any other
     format is pinned here, before the first request."""
-    from datagen_operator.prompts.dataset import detect_format
     from datagen_operator.prompts.pin import pin_dataset, read_pin, write_pin
 
-    d = config.spec.dataset
     pinned = read_pin(config.output)
     if pinned is not None:
         changed = pinned_change(config, pinned)
         if changed is not None:
             raise BadInput(changed, Reason.DATASET_CHANGED)
         return pinned
-    if detect_format(config.dataset, d.format) == "jsonl":
+    dataset = config.dataset_ref
+    if dataset.read_format() == "jsonl":
         return None
-    pin = pin_dataset(config.dataset, d.format, id_field=d.id_field)
+    pin = pin_dataset(dataset)
     write_pin(config.output, pin)
     return pin
 
@@ -168,4 +163,4 @@ def pin_while_read(config: WorkerConfig, plan: ShardScan, rendered_on: str) -> N
         if changes is not None:
             raise BadInput(changed_message(config.dataset, changes), Reason.DATASET_CHANGED)
 
-    plan.lines = LinePins(config.dataset, rendered_on, config.spec.dataset.id_field, pinned)
+    plan.lines = LinePins(plan.dataset, rendered_on, pinned)

@@ -25,7 +25,7 @@ from datagen_operator.output.fingerprint import (
 )
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.writer import RecoveryReport, ShardWriter, remove_stale_temporaries
-from datagen_operator.prompts.dataset import DatasetError
+from datagen_operator.prompts.dataset_ref import DatasetError
 from datagen_operator.worker.config import BadInput, FingerprintMismatch, WorkerConfig
 from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.servers import server_infos

@@ -21,7 +21,8 @@ import orjson
 
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.steal import CHUNK_LINES, CONVERSATION_CHUNK_LINES, Claims, chunk_of
-from datagen_operator.prompts.dataset import MalformedLine, PromptRef, ShardScan
+from datagen_operator.prompts.lines import MalformedLine, PromptRef
+from datagen_operator.prompts.scan import ShardScan
 from datagen_operator.worker.config import WorkerConfig
 
 log = logging.getLogger("datagen.worker")
@@ -48,9 +49,7 @@ def claims_for(config: WorkerConfig) -> Claims | None:
 
 
 def shard_scan(config: WorkerConfig, shard: int) -> ShardScan:
-    c = config
-    dataset = c.spec.dataset
-    return ShardScan(c.dataset, shard, c.shard_count, dataset.format, id_field=dataset.id_field, sample=dataset.sample)
+    return ShardScan(config.dataset_ref, shard, config.shard_count)
 
 
 class ShardWork:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datagen_operator.engine.limits import ContextLimit, too_long_reason
 from datagen_operator.output.records import TOO_LONG, UNRENDERABLE
 from datagen_operator.prompts.conversation import AnswerSplit, Turns, request_messages, turn_messages
-from datagen_operator.prompts.dataset import Prompt
 from datagen_operator.prompts.job import Conversation, Job
+from datagen_operator.prompts.lines import Prompt
 from datagen_operator.prompts.render import RenderItem, RenderResult, ids_from_result, line_thinking
 from datagen_operator.worker.config import WorkerConfig
 from datagen_operator.worker.inputs import Inputs
