@@ -142,12 +142,20 @@ publish() {
     return
   fi
   mkdir -p "$OUT"
-  rm -f "$OUT/operator.tar" "$OUT/worker.tar" "$OUT/refs" "$OUT/engine"
-  local name ref
+  rm -f "$OUT/refs" "$OUT/engine"
+  local name ref id
   for name in operator worker; do
     [ "$name" = operator ] && ref="$operator_ref" || ref="$worker_ref"
+    # An archive of the same image (its id recorded next to it) is kept: saving compresses ~850 MB again.
+    id="$(eval "$engine_env $engine image inspect --format '{{.Id}}' $ref")"
+    if [ -s "$OUT/$name.tar" ] && [ "$(cat "$OUT/$name.id" 2>/dev/null)" = "$id" ]; then
+      say "$OUT/$name.tar holds $ref already (image $id)"
+      continue
+    fi
+    rm -f "$OUT/$name.tar" "$OUT/$name.id"
     ( set -x; eval "$engine_env $engine save ${save_format[*]} -o $OUT/$name.tar $ref" )
     [ -s "$OUT/$name.tar" ] || fail "saving $ref wrote nothing to $OUT/$name.tar"
+    echo "$id" > "$OUT/$name.id"
   done
   printf '#!/bin/sh\n%s exec %s "$@"\n' "$engine_env" "$engine" > "$OUT/engine"
   chmod +x "$OUT/engine"

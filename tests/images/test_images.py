@@ -74,12 +74,12 @@ def test_the_operator_image_answers_as_its_non_root_user() -> None:
 def test_the_final_stage_holds_the_venv_and_nothing_of_the_build() -> None:
     probe = (
         "import importlib.util, os, sys\n"
-        "print(sys.prefix, importlib.util.find_spec('pip') is None,"
-        " [p for p in ('/opt/build', '/wheels', '/src', '/tmp/requirements.txt') if os.path.exists(p)])\n"
-    )
+        "print(sys.prefix, [m for m in ('pip', 'setuptools', 'wheel') if importlib.util.find_spec(m)],"
+        " [p for p in BUILD_ONLY if os.path.exists(p)])\n"
+    ).replace("BUILD_ONLY", repr(("/opt/build", "/wheels", "/src", "/tmp/requirements.txt", "/usr/local/bin/pip")))
     for image in ("operator", "worker"):
         assert run(image, "-c", probe, flags=("--entrypoint", "/opt/datagen/bin/python")).split() == [
-            "/opt/datagen", "True", "[]"
+            "/opt/datagen", "[]", "[]"
         ]  # fmt: skip
 
 
@@ -93,6 +93,8 @@ def test_the_worker_image_generates_shards_that_verify_passes(tmp_path: Path, si
     # Everything the containers read or write lives under tmp_path, mounted at the same path (the host's
     # tokenizer cache under /root is not reachable by the image's user).
     model = Path(shutil.copytree(standin(), tmp_path / "model"))
+    for path in [model, *model.rglob("*")]:  # readable by the image's user, as a model volume is
+        path.chmod(0o755 if path.is_dir() else 0o644)
     items = prompts(12)
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
     output = tmp_path / "out"
