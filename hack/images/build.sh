@@ -121,12 +121,17 @@ build_debian() {
   debian_base
   say "building with buildah on $base (layers cached in $CACHE/storage)"
   # The host's CA bundle is mounted for pip's HTTPS during the build only, never copied into an image.
-  local name ref
+  local name ref previous
   for name in operator worker; do
     [ "$name" = operator ] && ref="$operator_ref" || ref="$worker_ref"
+    previous="$(podman image inspect --format '{{.Id}}' "$ref" 2>/dev/null || true)"
     ( set -x; buildah bud --layers --isolation chroot --network host --build-arg "PYTHON_IMAGE=$base" --build-arg "VERSION=$version" \
         -v "$HOST_CA:$HOST_CA:ro" --ignorefile "images/Dockerfile.$name.dockerignore" \
         -f "images/Dockerfile.$name" -t "$ref" . )
+    # The image this one replaces holds a ~600 MB layer of its own; the build stages stay (the layer cache).
+    if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$ref")" ]; then
+      podman rmi "$previous" >/dev/null 2>&1 || true
+    fi
   done
   engine=podman
   engine_env="$(printf 'CONTAINERS_CONF=%q CONTAINERS_STORAGE_CONF=%q' "$CONTAINERS_CONF" "$CONTAINERS_STORAGE_CONF")"
