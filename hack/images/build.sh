@@ -3,7 +3,7 @@
 # (dist/images/{operator,worker}.tar) that `kind load image-archive` and `ctr images import` take.
 #
 # Engine: CONTAINER_ENGINE=docker|podman|nerdctl|buildah, or unset: the first of docker, podman, nerdctl that
-# answers `<engine> info` and has or can pull the base image (PYTHON_IMAGE, from a registry); where none
+# answers `<engine> info` and has or can pull the Dockerfiles' base image (from a registry); where none
 # does, the Debian route (CONTAINER_ENGINE=buildah): the base made here by mmdebstrap from Debian's packages,
 # built by buildah and run by podman with this project's configuration (images/containers.conf), the base and
 # the build layers cached outside the repo (like the testbin), keyed on the base's recipe.
@@ -13,7 +13,8 @@ cd "${0%/*}/../.."
 
 IMAGE_REGISTRY="${IMAGE_REGISTRY:-ghcr.io/datagen-operator}"
 IMAGE_TAG="${IMAGE_TAG:?IMAGE_TAG is set by the Makefile}"
-PYTHON_IMAGE="${PYTHON_IMAGE:-python:3.11.14-slim-bookworm}"
+# The base the Dockerfiles name (an engine with a registry must have it or pull it).
+PYTHON_IMAGE="$(sed -n 's/^ARG PYTHON_IMAGE=//p' images/Dockerfile.operator)"
 OUT="${IMAGES_OUT:-dist/images}"
 ENGINES=(docker podman nerdctl)
 DEBIAN_TOOLS=(buildah podman mmdebstrap runc skopeo)
