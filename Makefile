@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv testbin chromium test test-fast test-consumers lint demo dev-cluster crd bench images clean dist
+.PHONY: venv testbin chromium test test-fast test-images test-consumers lint demo dev-cluster crd bench images clean dist
 
 # The checkout, installed editable with the dev extras. pip's own output is hundreds of lines: show one line
 # per package it fetches (the first time this takes a minute or more) instead of nothing.
@@ -35,12 +35,21 @@ chromium:
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-test: venv testbin chromium
-	PYTHON=$(PY) $(PY) -m pytest -q -ra $(PYTEST_PARALLEL)
+# The images' smoke tests (tests/images) join the suite once `make images` has built them (dist/images); `make
+# test` then rebuilds them first (warm: the cached layers, under a minute), so it never tests stale images.
+# IMAGE_TESTS= leaves them out (CI runs them just before, with `make test-images`).
+IMAGE_TESTS ?= $(if $(wildcard dist/images/refs),1)
 
-# Everything but the tests that need the control plane.
+test: venv testbin chromium $(if $(IMAGE_TESTS),images)
+	PYTHON=$(PY) $(PY) -m pytest -q -ra $(PYTEST_PARALLEL) $(if $(IMAGE_TESTS),,--ignore=tests/images)
+
+# Everything but the tests that need the control plane or the images.
 test-fast: venv chromium
-	$(PY) -m pytest -q -ra $(PYTEST_PARALLEL) -m 'not cluster'
+	$(PY) -m pytest -q -ra $(PYTEST_PARALLEL) -m 'not cluster' --ignore=tests/images
+
+# Builds both images, then their smoke tests, each named in the log (tests/images).
+test-images: venv images
+	$(PY) -m pytest -v -ra tests/images
 
 # Opt-in: SpecForge's and speculators' own loaders on `datagen export`s of four families (torch; a separate venv
 # outside the repo: torch 2.14.1 with its CUDA libraries from PyPI, which import and run on CPU; about 8.5 min and
@@ -85,41 +94,21 @@ dist: venv
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 	@ls $(DIST)/datagen_operator-*.whl
 
-# Container images (images/), with CONTAINER_ENGINE=docker|podman|nerdctl or, unset, the first of those
-# that answers `<engine> info`. Where none does it says so and fails. PUSH=1 pushes both to IMAGE_REGISTRY
-# (the engine must be logged in there). CI pushes them on version tags (.github/workflows/images.yml); until
-# a release is tagged nothing is published, so a cluster needs images built and pushed this way.
+# Container images (images/) and their OCI archives dist/images/{operator,worker}.tar (`kind load
+# image-archive`, `ctr images import`), by hack/images/build.sh: with CONTAINER_ENGINE=docker|podman|nerdctl
+# or, unset, the first of those that answers `<engine> info` and has the python base image; where none does,
+# the Debian route (CONTAINER_ENGINE=buildah): a base made by mmdebstrap from Debian's packages, built with
+# buildah, run with podman, no registry needed (as root it apt-get installs buildah podman mmdebstrap runc
+# skopeo when missing; the base and the build layers are cached in ~/.cache/datagen-operator/images).
+# PUSH=1 pushes both to IMAGE_REGISTRY (the engine must be logged in there). CI pushes them on version tags
+# (.github/workflows/images.yml); until a release is tagged nothing is published, so a cluster needs images
+# built and pushed this way.
 CONTAINER_ENGINE ?=
-CONTAINER_ENGINES := docker podman nerdctl
 IMAGE_REGISTRY ?= ghcr.io/datagen-operator
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 images:
-	@engine="$(CONTAINER_ENGINE)"; \
-	if [ -n "$$engine" ]; then \
-	  if ! "$$engine" info >/dev/null 2>&1; then \
-	    echo "make images: CONTAINER_ENGINE=$$engine does not work here ('$$engine info' fails); start it, or unset CONTAINER_ENGINE to use the first of $(CONTAINER_ENGINES) that works." >&2; \
-	    exit 1; \
-	  fi; \
-	else \
-	  for candidate in $(CONTAINER_ENGINES); do \
-	    if command -v "$$candidate" >/dev/null 2>&1 && "$$candidate" info >/dev/null 2>&1; then engine=$$candidate; break; fi; \
-	  done; \
-	  if [ -z "$$engine" ]; then \
-	    echo "make images: no working container engine here: none of $(CONTAINER_ENGINES) is installed and answers '<engine> info', so no image was built." >&2; \
-	    echo "  Install or start one (e.g. Docker Desktop, 'systemctl start docker', 'podman machine start') and rerun; the Dockerfiles are images/Dockerfile.{operator,worker}." >&2; \
-	    exit 1; \
-	  fi; \
-	fi; \
-	echo "make images: building with $$engine"; \
-	( set -x; \
-	"$$engine" build -f images/Dockerfile.operator -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) . && \
-	"$$engine" build -f images/Dockerfile.worker -t $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) . ) || exit 1; \
-	if [ -n "$(PUSH)" ]; then \
-	  ( set -x; "$$engine" push $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) && "$$engine" push $(IMAGE_REGISTRY)/datagen:$(IMAGE_TAG) ) || exit 1; \
-	else \
-	  echo "make images: built, not pushed (PUSH=1 pushes them to $(IMAGE_REGISTRY))"; \
-	fi; \
-	echo "make images: the chart runs them with --set image.repository=$(IMAGE_REGISTRY)/operator --set image.tag=$(IMAGE_TAG) --set workerImage.repository=$(IMAGE_REGISTRY)/datagen --set workerImage.tag=$(IMAGE_TAG)"
+	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" IMAGE_REGISTRY="$(IMAGE_REGISTRY)" IMAGE_TAG="$(IMAGE_TAG)" PUSH="$(PUSH)" \
+	  $(SHELL) hack/images/build.sh
 
 # helm lint --strict of the chart, with its default values and every charts/datagen-operator/ci/*-values.yaml.
 .PHONY: chart-lint
