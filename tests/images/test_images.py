@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from datagen_operator.k8s.manifests import SCRATCH_HOME, WORKER_UID
 
 from datagen_operator import __version__
-from datagen_operator.k8s.manifests import SCRATCH_HOME, WORKER_UID
 from tests.harness.sim import SimServer, start_sim
 from tests.manifests import local_run, write_run
 from tests.worker.simrun import SIM_FLAGS, prompts, standin, write_dataset

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from datagen_operator.k8s.manifests import WORKER_UID
 
 REPO = Path(__file__).resolve().parents[2]
