@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from datagen_operator.k8s.manifests import SCRATCH_HOME, WORKER_UID
 
 from datagen_operator import __version__
+from datagen_operator.k8s.pod_parts import SCRATCH_HOME, WORKER_UID
 from tests.harness.sim import SimServer, start_sim
 from tests.manifests import local_run, write_run
 from tests.worker.simrun import SIM_FLAGS, prompts, standin, write_dataset
@@ -26,7 +26,7 @@ BUILT = REPO / "dist" / "images"
 ENGINE = str(BUILT / "engine")
 REFS = dict(line.split("=", 1) for line in (BUILT / "refs").read_text().split())
 CHART = REPO / "charts" / "datagen-operator"
-# The chart's (values.yaml) and the operator's (k8s/manifests.py) container securityContext, as engine flags.
+# The chart's (values.yaml) and the operator's (k8s/pod_parts.py) container securityContext, as engine flags.
 RESTRICTED = ["--user", f"{WORKER_UID}:{WORKER_UID}", "--read-only", "--cap-drop", "ALL",
               "--security-opt", "no-new-privileges"]  # fmt: skip
 

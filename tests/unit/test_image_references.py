@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from datagen_operator.k8s.manifests import WORKER_UID
+
+from datagen_operator.k8s.pod_parts import WORKER_UID
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "datagen-operator"
