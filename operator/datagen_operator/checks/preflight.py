@@ -45,6 +45,7 @@ from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import external_server_flags
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
+from datagen_operator.output.layout import FILE_BLOCK, OutputLayout, bookkeeping_bytes
 from datagen_operator.output.lease import (
     STEP_MARGIN_S,
     STEP_PREFLIGHT,
@@ -429,7 +430,7 @@ def estimate_output(spec: DataGenRunSpec, lines: DatasetLines, manifest: dict[st
         parquet_min=max(1.0, short[1] + offset * parquet_per_token),
         parquet_per_token=parquet_per_token,
         mean_prompt_tokens=mean_prompt,
-        files=_files_bytes(lines.lines_total) + rendered_bytes(lines),
+        files=bookkeeping_bytes(lines.lines_total) + rendered_bytes(lines),
     )
 
 
@@ -456,16 +457,6 @@ def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> O
         spec, scan, renderer, variables, tokenizer_dir, False, ContextLimit(None, None), RenderedStore(None), 0
     )
     return estimate_output(spec, lines, read_manifest(Path(spec.output.path)))
-
-
-FILE_BLOCK = 4096
-"""The smallest a file takes on common filesystems (ext4, xfs)."""
-
-
-def _files_bytes(dataset_lines: int) -> int:
-    """manifest.json and dataset.pin.json, a block each; the pin's line hashes (8 bytes a line, prompts/pin.py) in
-    whole blocks. (run.yaml and the lease are written before the free space is measured.)"""
-    return 2 * FILE_BLOCK + -(-8 * dataset_lines // FILE_BLOCK) * FILE_BLOCK
 
 
 @dataclass(frozen=True)
@@ -507,9 +498,7 @@ def room_verdict(estimate: OutputEstimate, output: Path, free: int | None) -> Ro
 
 def stored_bytes(output: Path) -> int:
     """The bytes the rendered store's files hold on the volume now."""
-    from datagen_operator.output.rendered import rendered_dir
-
-    directory = rendered_dir(output)
+    directory = OutputLayout(output).rendered
     return sum(path.stat().st_size for path in directory.glob("*") if path.is_file()) if directory.is_dir() else 0
 
 

@@ -900,7 +900,7 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
     if run_file.exists():
         name = _run_name(run_file)
         # Only files that exist are named: a run halted at the preflight started no server, so it has no logs.
-        logs = f"; server logs in {output / 'logs'}" if (output / "logs").is_dir() else ""
+        logs = f"; server logs in {OutputLayout(output).logs}" if OutputLayout(output).logs.is_dir() else ""
         return (
             f"{output}: the output of DataGenRun {name}, with no record in it: the run stopped (or has not yet "
             "started its workers) before any was written, so there is nothing to verify; why it stopped is its "

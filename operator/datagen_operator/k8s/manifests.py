@@ -42,6 +42,7 @@ from datagen_operator.api.names import (
     worker_account_name,
     workers_job_name,
 )
+from datagen_operator.api.output_files import CANARY_RECORDS
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import (
     API_GROUP,
@@ -86,8 +87,6 @@ KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 RUN_FILE_DIR = "/etc/datagen"
 RUN_FILE = f"{RUN_FILE_DIR}/run.yaml"
 TERMINATION_LOG = "/dev/termination-log"
-CANARY_RECORDS = "canary.jsonl"
-"""In the output folder, as `datagen run` writes it: the canary's records, kept whether it passed or not."""
 
 # --- security: every pod the operator creates -----------------------------------------------------
 WORKER_UID = 10001

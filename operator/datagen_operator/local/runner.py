@@ -88,13 +88,10 @@ class ShardSlot:
     retries: int = 0
 
 
-CANARY_VERDICT = "canary.verdict.json"
-"""A passed canary's verdict, beside its records, with the key it holds for (LocalRunner._canary_key)."""
-
-
 def remembered_canary(output: Path, key: str) -> StepOutcome | None:
+    """A passed canary's verdict, beside its records, when it holds for `key` (LocalRunner._canary_key)."""
     try:
-        data = orjson.loads((output / CANARY_VERDICT).read_bytes())
+        data = orjson.loads(OutputLayout(output).canary_verdict.read_bytes())
         outcome = StepOutcome.from_storage(orjson.dumps(data["outcome"]))
     except (FileNotFoundError, orjson.JSONDecodeError, KeyError, ValueError):
         return None
@@ -104,9 +101,10 @@ def remembered_canary(output: Path, key: str) -> StepOutcome | None:
 
 
 def remember_canary(output: Path, key: str, outcome: StepOutcome) -> None:
-    staging = output / f".{CANARY_VERDICT}.tmp"
+    verdict = OutputLayout(output).canary_verdict
+    staging = output / f".{verdict.name}.tmp"
     staging.write_bytes(orjson.dumps({"key": key, "outcome": orjson.loads(outcome.for_storage())}))
-    os.replace(staging, output / CANARY_VERDICT)
+    os.replace(staging, verdict)
 
 
 @dataclass
@@ -121,7 +119,7 @@ class LocalRunner:
     def __post_init__(self) -> None:
         self.spec = self.run.spec
         self.resolved = resolve_model(self.spec)
-        self.logs = self.output / "logs"
+        self.logs = OutputLayout(self.output).logs
         self.run_file = OutputLayout(self.output).run_file
         self.conditions: list[Condition] = []
         self.servers: list[tuple[Child, str]] = []
@@ -437,7 +435,7 @@ class LocalRunner:
                 self._tokenizer(),
                 Path(self.spec.dataset.path),
                 self._ready_urls(),
-                record_file=self.output / "canary.jsonl",
+                record_file=OutputLayout(self.output).canary_records,
             )
         except Exception as error:  # the canary could not even run: that fails it, with the reason
             return StepOutcome(False, Reason.CANARY_ERROR, f"{type(error).__name__}: {error}")
@@ -545,7 +543,7 @@ class LocalRunner:
         selection = Selection(frozenset(export.exclude_flags), export.max_length)
         return export_run(
             self.output,
-            self.output / export.path,
+            OutputLayout(self.output).export_dir(export.path),
             export.formats,
             selection,
             lambda: codec_from_tokenizer(self._tokenizer()),
