@@ -57,7 +57,7 @@ def test_run_log_repeats_progress_while_the_workers_generate(
 
 
 def test_the_eta_is_read_from_the_rate_records_are_done_here() -> None:
-    from datagen_operator.local.runner import eta_words
+    from datagen_operator.local.display import eta_words
 
     assert eta_words((10.0, 100), (20.0, 300), 1300) == ", ETA 50s"  # 200 records in 10 s, 1000 left
     assert eta_words((10.0, 100), (20.0, 100), 1300) == ""  # no rate yet

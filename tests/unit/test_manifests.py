@@ -16,6 +16,7 @@ from datagen_operator.api.exit_codes import (
 )
 from datagen_operator.api.live_fields import changed_data_fields
 from datagen_operator.api.names import export_job_name
+from datagen_operator.api.paths import dataset_file
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.engine.health import HEALTH_CHECK_TIMEOUT_S, HEALTH_POLL_S, WATCHDOG_TIMEOUT_S
 from datagen_operator.engine.launch import server_argv
@@ -179,7 +180,7 @@ def test_an_export_of_whole_conversations_reads_the_dataset_mounted_read_only() 
     (container,) = m.export_job(RUN, spec, "img:1")["spec"]["template"]["spec"]["containers"]
     flags = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
     assert flags["--rows"] == "conversations" and flags["--formats"] == "speculators,conversations"
-    assert flags["--dataset"] == m.dataset_file(spec)
+    assert flags["--dataset"] == dataset_file(spec)
     assert any(mount["mountPath"] == m.DATASET_MOUNT and mount.get("readOnly") for mount in container["volumeMounts"])
     # Per-turn rows need no dataset: none is mounted.
     (plain,) = m.export_job(RUN, with_export(SPEC), "img:1")["spec"]["template"]["spec"]["containers"]

@@ -9,7 +9,7 @@ import pytest
 
 from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
-from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
+from datagen_operator.api.paths import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.spec import ExportSpec
 from datagen_operator.control.children import Child
 from datagen_operator.k8s import manifests as m

@@ -27,7 +27,6 @@ from datagen_operator.api.commands import (
 )
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT, WORKER_GRACE_S
 from datagen_operator.api.extra_args import extra_arg_value
-from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.names import (
     Component,
     canary_job_name,
@@ -43,6 +42,7 @@ from datagen_operator.api.names import (
     workers_job_name,
 )
 from datagen_operator.api.output_files import CANARY_RECORDS
+from datagen_operator.api.paths import DATASET_MOUNT, OUTPUT_MOUNT, dataset_file, export_dir, output_dir
 from datagen_operator.api.resolve import ResolvedModel
 from datagen_operator.api.spec import (
     API_GROUP,
@@ -134,12 +134,6 @@ class RunRef:
 # --- names: the run's child names are api/names.py (the run-name limit is computed from them) ---
 
 
-def export_dir(spec: DataGenRunSpec) -> str:
-    """spec.export.path inside the run's output directory (on the output volume)."""
-    assert spec.export is not None
-    return _inside(output_dir(spec), spec.export.path)
-
-
 def labels(run: str, component: Component) -> dict[str, str]:
     value = str(component)  # plain str: manifests are also dumped as YAML
     return {
@@ -179,22 +173,6 @@ def template_hash(obj: Any) -> str:
 def spec_document(spec: DataGenRunSpec) -> dict[str, Any]:
     """The spec as normalized JSON (defaults filled in), so comparisons ignore spelling."""
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-# --- paths inside the pods -----------------------------------------------------------------------
-
-
-def _inside(mount: str, path: str) -> str:
-    return posixpath.normpath(posixpath.join(mount, path.lstrip("/")))
-
-
-def dataset_file(spec: DataGenRunSpec) -> str:
-    """Where the pods see the dataset: inside its volume when it has one, else the path as written."""
-    return _inside(DATASET_MOUNT, spec.dataset.path) if spec.dataset.volume else spec.dataset.path
-
-
-def output_dir(spec: DataGenRunSpec) -> str:
-    return _inside(OUTPUT_MOUNT, spec.output.path) if spec.output.volume else spec.output.path
 
 
 def external_urls(namespace: str, spec: DataGenRunSpec) -> list[str] | None:

@@ -31,6 +31,9 @@ import orjson
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import Holder, release_lease
 
+DATAGEN = (sys.executable, "-m", "datagen_operator.cli")
+"""How a child runs `datagen`: this interpreter (its environment), whatever `datagen` is on the PATH."""
+
 LEFTOVER_GRACE_S = 5.0
 """How long a leftover gets to end on SIGTERM before its group is killed: nothing reads what it does any more."""
 
