@@ -1,4 +1,6 @@
-"""The local shell around control.decide: processes instead of pods, the same steps and conditions."""
+"""The local shell around control.decide: processes instead of pods, the same steps and conditions. Each pass
+observes, decides, runs the step due and starts or stops the workers; the server replicas are servers.py's, what
+the user sees display.py's."""
 
 from __future__ import annotations
 
