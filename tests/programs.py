@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from datagen_operator.api.commands import Command, WorkerCommand
-from datagen_operator.local.runner import DATAGEN
+from datagen_operator.local.processes import DATAGEN
 
 
 def argv(command: Command, *extra: str) -> list[str]:

@@ -41,9 +41,9 @@ def test_run_log_repeats_progress_while_the_workers_generate(
 ) -> None:
     """Without a terminal the events are the display: Progressing's done/total and tok/s are said again as they
     move, not only `0/N` at the start and the total at the end."""
-    from datagen_operator.local import runner
+    from datagen_operator.local import display
 
-    monkeypatch.setattr(runner, "PROGRESS_REPORT_S", 0.5)
+    monkeypatch.setattr(display, "PROGRESS_REPORT_S", 0.5)
     run_file = manifest(tmp_path, standin_tokenizer)
     paced = ["--sim-arg=--sim-speed=gpu", "--sim-arg=--sim-tokens-per-s=40", "--sim-arg=--sim-ttft-s=0.05", *FAST_SIM]
     code = datagen_run([str(run_file), "--simulator", *paced])
@@ -57,7 +57,7 @@ def test_run_log_repeats_progress_while_the_workers_generate(
 
 
 def test_the_eta_is_read_from_the_rate_records_are_done_here() -> None:
-    from datagen_operator.local.runner import eta_words
+    from datagen_operator.local.display import eta_words
 
     assert eta_words((10.0, 100), (20.0, 300), 1300) == ", ETA 50s"  # 200 records in 10 s, 1000 left
     assert eta_words((10.0, 100), (20.0, 100), 1300) == ""  # no rate yet

@@ -14,7 +14,7 @@ import pytest
 from datagen_operator.api import load_run
 from datagen_operator.api.errors import SpecError
 from datagen_operator.api.exit_codes import EXIT_STEP_CRASHED
-from datagen_operator.api.local import run_on_this_machine
+from datagen_operator.api.paths import run_on_this_machine
 from tests.local.runs import (
     FAST_SIM,
     PROMPTS,

@@ -89,7 +89,7 @@ out = Path(sys.argv[1])
 runner = LocalRunner(load_run(OutputLayout(out).run_file), out, simulator=True, sim_args=sys.argv[2:])
 port = free_port()
 log = (out / "logs" / "leftover.log").open("ab")
-server = subprocess.Popen(runner.server_argv(port), start_new_session=True, stdout=log, stderr=log)
+server = subprocess.Popen(runner.servers.argv(port), start_new_session=True, stdout=log, stderr=log)
 for _ in range(600):
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)

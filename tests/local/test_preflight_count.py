@@ -10,7 +10,8 @@ import orjson
 
 from datagen_operator.api import load_run
 from datagen_operator.api.outcome import StepOutcome
-from datagen_operator.output.rendered import LINE_DTYPE, LINES_FILE, rendered_dir
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.rendered import LINE_DTYPE, LINES_FILE
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.steps.preflight import run_preflight
 from tests.local.runs import PROMPTS, manifest
@@ -46,7 +47,7 @@ def test_a_system_only_line_after_a_valid_one_is_set_aside_in_order_under_turns_
     )
     assert outcome.passed, outcome.message
     assert outcome.prompts == 3 and "(1 set aside)" in outcome.message
-    stored = np.frombuffer((rendered_dir(tmp_path / "out") / LINES_FILE).read_bytes(), dtype=LINE_DTYPE)
+    stored = np.frombuffer((OutputLayout(tmp_path / "out").rendered / LINES_FILE).read_bytes(), dtype=LINE_DTYPE)
     assert [int(count) > 0 for count in stored["count"]] == [True, False, True], "lines stored in dataset order"
 
 

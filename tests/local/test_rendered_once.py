@@ -10,7 +10,8 @@ import yaml
 
 from datagen_operator.api.commands import PreflightCommand
 from datagen_operator.api.spec import API_GROUP_VERSION
-from datagen_operator.output.rendered import RenderedWriter, open_rendered, rendered_dir
+from datagen_operator.output.layout import OutputLayout
+from datagen_operator.output.rendered import RenderedWriter, open_rendered
 from tests.programs import run_program
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def test_a_refused_preflight_keeps_no_rendered_prompts(tmp_path: Path, standin_t
     lines = [{"id": "p0", "messages": "not a list"}, {"id": "p1", "messages": 3}]
     verdict = _preflight(_run(tmp_path, standin_tokenizer, lines))
     assert not verdict["passed"]
-    assert not (rendered_dir(tmp_path / "out") / "meta.json").exists()
+    assert not (OutputLayout(tmp_path / "out").rendered / "meta.json").exists()
 
 
 def test_a_store_without_its_meta_is_not_read(tmp_path: Path) -> None:

@@ -55,9 +55,10 @@ def test_a_resume_whose_canary_passed_with_the_same_fingerprint_does_not_rerun_i
     assert (out / "canary.jsonl").read_bytes() == canary_records, "no canary request was sent again"
 
     # Held to its key only: another fingerprint (other checks, tokenizer, template or data fields) is not answered.
-    from datagen_operator.output.canary_verdict import CANARY_VERDICT, remembered_canary
+    from datagen_operator.output.canary_verdict import remembered_canary
+    from datagen_operator.output.layout import OutputLayout
 
-    stored = orjson.loads((out / CANARY_VERDICT).read_bytes())
+    stored = orjson.loads(OutputLayout(out).canary_verdict.read_bytes())
     assert remembered_canary(out, stored["key"]) is not None
     assert remembered_canary(out, "0" * 64) is None
 

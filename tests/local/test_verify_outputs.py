@@ -12,9 +12,8 @@ import orjson
 import pytest
 import yaml
 
-from datagen_operator.api.mounts import POD_MOUNTS
+from datagen_operator.api.paths import POD_MOUNTS
 from datagen_operator.cli import main as datagen
-from datagen_operator.steps import verify_paths
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
 
 
@@ -142,9 +141,3 @@ def test_export_refuses_an_output_that_fails_verification_unless_asked(
 
 def test_export_of_a_verified_output_goes_ahead(finished: Path, tmp_path: Path) -> None:
     assert datagen(["export", str(finished), "--format", "trl", "--out", str(tmp_path / "export")]) == 0
-
-
-def test_the_pod_mounts_verify_knows_are_the_operators() -> None:
-    from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
-
-    assert verify_paths.POD_MOUNTS == POD_MOUNTS == (DATASET_MOUNT, OUTPUT_MOUNT)

@@ -11,9 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from datagen_operator.control.server import NEVER_FITS_HINT
-from datagen_operator.output.lease import LEASE_FILE
-from datagen_operator.output.rendered import RENDERED_DIR
-from datagen_operator.prompts.pin import LINES_FILE, PIN_FILE
+from datagen_operator.output.layout import OutputLayout
 from tests.harness.controlplane import GPU_TOLERATION
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim, start_sims
@@ -201,8 +199,9 @@ def test_parser_mismatch_halts_before_any_bulk_work(
     # Nothing but what the preflight wrote (the dataset pin, its rendered prompts): no record, no manifest; the
     # preflight's lease is given back by the halt's release Job.
     output = data_dir / "out" / name
-    runs.wait_for("the lease given back", lambda: not (output / LEASE_FILE).exists(), 60)
-    assert {p.name for p in output.iterdir()} == {PIN_FILE, LINES_FILE, RENDERED_DIR}
+    runs.wait_for("the lease given back", lambda: not OutputLayout(output).lease.exists(), 60)
+    layout = OutputLayout(output)
+    assert set(output.iterdir()) == {layout.dataset_pin, layout.dataset_line_hashes, layout.rendered}
 
 
 def test_suspend_resume_refused_change_and_deletion_keeping_the_data(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from datagen_operator.output.lease import LEASE_FILE
+from datagen_operator.output.layout import OutputLayout
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
@@ -40,7 +40,7 @@ def test_a_second_run_on_one_output_is_refused_before_any_server(
 
         runs.wait(first, "Succeeded", "True", "Completed", timeout=180)
     table = pq.read_table(sorted((data_dir / output / "data").glob("*.parquet")), columns=["id", "run"])
-    assert not (data_dir / output / LEASE_FILE).exists(), "the run's last shard gave the lease back"
+    assert not OutputLayout(data_dir / output).lease.exists(), "the run's last shard gave the lease back"
     ids = table["id"].to_pylist()
     assert len(ids) == len(set(ids)) == 24, "every prompt generated once"
     assert set(table["run"].to_pylist()) == {created["metadata"]["uid"]}, "every record names its run"
@@ -54,7 +54,7 @@ def test_a_run_halted_at_the_parser_check_gives_its_lease_back_once(
     run re-created with the fix) was refused OutputInUse for over an hour. Now one small Job gives it back."""
     halted, after = new_name("halted"), new_name("after")
     output = f"out/{halted}"
-    lease = data_dir / output / LEASE_FILE
+    lease = OutputLayout(data_dir / output).lease
     with start_sim(
         "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
     ) as sim:  # the wrong reasoning parser: every run on it halts ParsersMismatch

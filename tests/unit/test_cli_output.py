@@ -125,7 +125,7 @@ def test_run_refuses_a_missing_dataset_naming_spec_dataset_path(tmp_path: Path) 
 
 
 def test_sglang_refusal_keeps_the_extra_in_its_brackets() -> None:
-    from datagen_operator.local.runner import real_sglang_available
+    from datagen_operator.local.servers import real_sglang_available
 
     if real_sglang_available():
         pytest.skip("sglang and a GPU are here: --sglang is not refused")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from datagen_operator.local.processes import PROCESS_FILE, ProcessId, RunProcesses, record_processes, stop_leftovers
+from datagen_operator.local.processes import ProcessId, RunProcesses, record_processes, stop_leftovers
+from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import Holder, read_lease, take_lease
 
 
@@ -19,10 +20,10 @@ def _recorded(output: Path, **changes: object) -> RunProcesses:
     recorded = RunProcesses.read(output)
     assert recorded is not None
     changed = replace(recorded, **changes)  # type: ignore[arg-type]
-    document = orjson.loads((output / PROCESS_FILE).read_bytes())
+    document = orjson.loads(OutputLayout(output).processes.read_bytes())
     document["owner"] = vars(changed.owner)
     document["children"] = [vars(child) for child in changed.children]
-    (output / PROCESS_FILE).write_bytes(orjson.dumps(document))
+    OutputLayout(output).processes.write_bytes(orjson.dumps(document))
     return changed
 
 

@@ -36,10 +36,10 @@ def test_an_exited_server_is_restarted_after_its_back_off_until_the_policy_gives
     run = parse_run(local_run(tmp_path / "model", tmp_path / "d.jsonl", tmp_path / "out"))
     runner = LocalRunner(run, tmp_path / "out", simulator=True)
     server = PaperServer("server-0", [], tmp_path / "server.log")
-    runner.servers = [(server, "http://127.0.0.1:1")]
+    runner.servers.children = [(server, "http://127.0.0.1:1")]
 
     def observe() -> str | None:
-        (instance,) = asyncio.run(runner._observe_server()).instances
+        (instance,) = asyncio.run(runner.servers.observe(None, stopping=False)).instances
         return instance.waiting_reason
 
     for restarts in range(SERVER_RESTARTS):
@@ -48,12 +48,12 @@ def test_an_exited_server_is_restarted_after_its_back_off_until_the_policy_gives
         assert server.starts == restarts, "not before its back-off"
         delay = server_restart_delay_s(restarts)
         assert delay is not None
-        runner.server_exits[0] = time.monotonic() - delay  # the back-off has passed
+        runner.servers.exits[0] = time.monotonic() - delay  # the back-off has passed
         observe()
         assert (server.starts, server.restarts) == (restarts + 1, restarts + 1)
-        assert not runner._server_gave_up()
+        assert not runner.servers.gave_up()
     server.exit()
     observe()
-    runner.server_exits[0] = time.monotonic() - 3600
+    runner.servers.exits[0] = time.monotonic() - 3600
     observe()
-    assert server.starts == SERVER_RESTARTS and runner._server_gave_up()
+    assert server.starts == SERVER_RESTARTS and runner.servers.gave_up()

@@ -16,8 +16,8 @@ from datagen_operator.api.exit_codes import (
     EXIT_SERVER_UNREACHABLE,
 )
 from datagen_operator.api.live_fields import changed_data_fields
-from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.names import export_job_name
+from datagen_operator.api.paths import DATASET_MOUNT, OUTPUT_MOUNT, dataset_file
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.engine.health import HEALTH_CHECK_TIMEOUT_S, HEALTH_POLL_S, WATCHDOG_TIMEOUT_S
 from datagen_operator.engine.launch import server_argv
@@ -25,7 +25,6 @@ from datagen_operator.k8s import (
     job_manifests,
     object_meta,
     pod_parts,
-    pod_paths,
     run_manifests,
     server_hashes,
     server_manifests,
@@ -189,7 +188,7 @@ def test_an_export_of_whole_conversations_reads_the_dataset_mounted_read_only() 
     (container,) = job_manifests.export_job(RUN, spec, "img:1")["spec"]["template"]["spec"]["containers"]
     flags = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
     assert flags["--rows"] == "conversations" and flags["--formats"] == "speculators,conversations"
-    assert flags["--dataset"] == pod_paths.dataset_file(spec)
+    assert flags["--dataset"] == dataset_file(spec)
     assert any(mount["mountPath"] == DATASET_MOUNT and mount.get("readOnly") for mount in container["volumeMounts"])
     # Per-turn rows need no dataset: none is mounted.
     (plain,) = job_manifests.export_job(RUN, with_export(SPEC), "img:1")["spec"]["template"]["spec"]["containers"]

@@ -10,9 +10,10 @@ import pytest
 from datagen_operator.api import parse_spec
 from datagen_operator.api.exit_codes import EXIT_FAILED_VERDICT
 from datagen_operator.api.export_spec import ExportSpec
-from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
-from datagen_operator.k8s import job_manifests, object_meta, pod_parts, pod_paths
+from datagen_operator.api.paths import DATASET_MOUNT, OUTPUT_MOUNT
+from datagen_operator.k8s import job_manifests, object_meta, pod_parts
 from datagen_operator.k8s.children import Child
+from datagen_operator.k8s.pod_paths import RUN_FILE_DIR
 from datagen_operator.k8s.registry import REGISTRY, BuildInputs, build, child_name
 from tests.manifests import unit_spec
 
@@ -68,5 +69,5 @@ def test_where_the_steps_differ() -> None:
     assert all(DATASET_MOUNT in mounts(c) for c in (Child.PREFLIGHT, Child.CANARY, Child.VERIFY))
     assert DATASET_MOUNT not in mounts(Child.EXPORT)  # rows of turns: the dataset is not read
     release = mounts(Child.RELEASE)
-    assert set(release) == {OUTPUT_MOUNT, pod_parts.SCRATCH_HOME} and pod_paths.RUN_FILE_DIR not in release
+    assert set(release) == {OUTPUT_MOUNT, pod_parts.SCRATCH_HOME} and RUN_FILE_DIR not in release
     assert container_of(built(Child.RELEASE))["resources"] == job_manifests.RELEASE_RESOURCES

@@ -13,8 +13,8 @@ import pytest
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT
 from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.output import lease as lease_module
+from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import (
-    LEASE_FILE,
     Holder,
     OutputInUse,
     live_lease,
@@ -51,7 +51,9 @@ def test_an_expired_lease_is_taken_over(tmp_path: Path) -> None:
     assert read_lease(tmp_path) == taken and taken.holder == "uid-b"
     with pytest.raises(OutputInUse):  # the old holder lost it: it may not renew over the new one
         take_lease(tmp_path, A, 60, now=1062.0)
-    assert [p.name for p in tmp_path.iterdir()] == [LEASE_FILE], "no staging file or lock left behind"
+    assert [p.name for p in tmp_path.iterdir()] == [OutputLayout(tmp_path).lease.name], (
+        "no staging file or lock left behind"
+    )
 
 
 def test_a_local_holder_that_is_gone_is_stale_at_once(tmp_path: Path) -> None:
@@ -138,7 +140,7 @@ def test_a_worker_of_another_run_is_refused_naming_the_holder(tmp_path: Path) ->
         assert worker.returncode == EXIT_BAD_INPUT, worker.stderr
         assert "OutputInUse" in worker.stderr and "team-a/kimi-b1" in worker.stderr
     assert read_lease(output).holder == "uid-a"  # type: ignore[union-attr]
-    assert {p.name for p in output.iterdir()} == {LEASE_FILE}, "nothing written: no pin, no claim"
+    assert {p.name for p in output.iterdir()} == {OutputLayout(output).lease.name}, "nothing written: no pin, no claim"
 
 
 def test_the_runs_last_shard_gives_the_lease_back_and_not_before(tmp_path: Path) -> None:

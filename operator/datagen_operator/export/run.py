@@ -59,7 +59,8 @@ def load_run_tokenizer(output: Path, run_file: Path | None, tokenizer_dir: str |
 def find_dataset(output: Path, run_file: Path | None, dataset: str | None) -> tuple[DatasetSource | None, str]:
     """The run's dataset: --dataset, else spec.dataset.path from OUTPUT/run.yaml (found on the output's volume for a
     cluster run, as `datagen verify` finds it); read with the run's dataset format and id field. None and why not."""
-    from datagen_operator.steps.verify_paths import load_run_spec, on_this_machine
+    from datagen_operator.api.paths import on_this_machine
+    from datagen_operator.steps.verify_paths import load_run_spec
 
     spec = load_run_spec(output, run_file)
     draws = variable_draws(spec.generation.template_variable_mix) if spec is not None else None

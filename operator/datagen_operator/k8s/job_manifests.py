@@ -30,6 +30,8 @@ from datagen_operator.api.names import (
     worker_account_name,
     workers_job_name,
 )
+from datagen_operator.api.output_files import CANARY_RECORDS
+from datagen_operator.api.paths import dataset_file, export_dir, output_dir
 from datagen_operator.api.spec import (
     AUTO_CONCURRENCY,
     DataGenRunSpec,
@@ -57,14 +59,7 @@ from datagen_operator.k8s.pod_parts import (
     no_privileges,
     run_file_volume,
 )
-from datagen_operator.k8s.pod_paths import (
-    CANARY_RECORDS,
-    RUN_FILE,
-    TERMINATION_LOG,
-    dataset_file,
-    export_dir,
-    output_dir,
-)
+from datagen_operator.k8s.pod_paths import RUN_FILE, TERMINATION_LOG
 
 
 def _job(

@@ -28,7 +28,7 @@ FIELD_MANAGER = "datagen-operator"
 
 
 class Kube:
-    """Typed-API dispatch by kind; bodies are plain dicts (what manifests.py builds)."""
+    """Typed-API dispatch by kind; bodies are plain dicts (what the k8s/*_manifests.py builders build)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 from datagen_operator.api.kube_types import EnvVar, VolumeSource
-from datagen_operator.api.mounts import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.names import spec_configmap_name
+from datagen_operator.api.paths import DATASET_MOUNT, OUTPUT_MOUNT
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.k8s.pod_paths import RUN_FILE_DIR
 

@@ -28,9 +28,12 @@ from pathlib import Path
 
 import orjson
 
+from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import Holder, release_lease
 
-PROCESS_FILE = "processes.json"
+DATAGEN = (sys.executable, "-m", "datagen_operator.cli")
+"""How a child runs `datagen`: this interpreter (its environment), whatever `datagen` is on the PATH."""
+
 LEFTOVER_GRACE_S = 5.0
 """How long a leftover gets to end on SIGTERM before its group is killed: nothing reads what it does any more."""
 
@@ -179,7 +182,7 @@ class RunProcesses:
     @classmethod
     def read(cls, output: Path) -> RunProcesses | None:
         try:
-            data = orjson.loads((output / PROCESS_FILE).read_bytes())
+            data = orjson.loads(OutputLayout(output).processes.read_bytes())
             return cls(
                 data["host"],
                 data["boot"],
@@ -210,9 +213,9 @@ def record_processes(output: Path, children: Iterable[tuple[str, int]]) -> None:
         "owner": asdict(owner),
         "children": [asdict(child) for child in alive],
     }
-    staging = output / f".{PROCESS_FILE}.{os.getpid()}.tmp"
+    staging = output / f".{OutputLayout(output).processes.name}.{os.getpid()}.tmp"
     staging.write_bytes(orjson.dumps(document))
-    os.replace(staging, output / PROCESS_FILE)
+    os.replace(staging, OutputLayout(output).processes)
 
 
 def forget_processes(output: Path) -> None:
@@ -220,7 +223,7 @@ def forget_processes(output: Path) -> None:
     recorded = RunProcesses.read(output)
     if recorded is not None and recorded.owner == ProcessId.of(os.getpid(), "datagen run"):
         with contextlib.suppress(FileNotFoundError):
-            (output / PROCESS_FILE).unlink()
+            OutputLayout(output).processes.unlink()
 
 
 def leftovers(output: Path) -> tuple[RunProcesses | None, list[ProcessId]]:

@@ -11,8 +11,7 @@ from datagen_operator.api.canary_reuse import canary_basis, reusable_canary, sto
 from datagen_operator.api.outcome import StepOutcome
 from datagen_operator.api.spec import DataGenRunSpec
 from datagen_operator.output.fingerprint import chat_template_sha256, tokenizer_fingerprint
-
-CANARY_VERDICT = "canary.verdict.json"
+from datagen_operator.output.layout import OutputLayout
 
 
 def canary_basis_here(spec: DataGenRunSpec, tokenizer_dir: Path, tokenizer: Any) -> str:
@@ -25,13 +24,14 @@ def canary_basis_here(spec: DataGenRunSpec, tokenizer_dir: Path, tokenizer: Any)
 def remembered_canary(output: Path, basis: str) -> StepOutcome | None:
     """The output's kept verdict when it passed for `basis`, else None."""
     try:
-        stored = (output / CANARY_VERDICT).read_bytes()
+        stored = OutputLayout(output).canary_verdict.read_bytes()
     except FileNotFoundError:
         return None
     return reusable_canary(stored, basis)
 
 
 def remember_canary(output: Path, basis: str, outcome: StepOutcome) -> None:
-    staging = output / f".{CANARY_VERDICT}.tmp"
+    verdict = OutputLayout(output).canary_verdict
+    staging = verdict.with_name(f".{verdict.name}.tmp")
     staging.write_bytes(stored_canary(basis, outcome))
-    os.replace(staging, output / CANARY_VERDICT)
+    os.replace(staging, verdict)

@@ -8,6 +8,14 @@ Layout (shared by all shards of a run):
     shards/<index:05d>/rejects.jsonl       malformed dataset lines and records the server refused (400)
     shards/<index:05d>/progress.json       counters, rewritten atomically every few seconds
     data/shard-<index:05d>-of-<count:05d>.parquet    after compaction, rows in dataset order
+    run.yaml, lease.json, .lease.lock      the run's manifest; who writes the output now, and its lock
+    dataset.pin.json, dataset.lines.u64    the dataset as first read, a hash a line
+    rendered/, claims/                     the prompts' rendered ids; which chunks of a shard are claimed
+    canary.jsonl, canary.verdict.json      the canary's records and (`datagen run`) its passed verdict
+    logs/, processes.json                  `datagen run`: its children's logs and ids
+    <spec.export.path>/<format>/           the exported trainer formats
+
+Every file is a property of OutputLayout; the names other layers need too are api/output_files.py's.
 
 Crash safety. Each worker start opens a NEW segment and never appends to an older one, so a torn last
 line (kill -9 mid-write, or power loss before fsync) can only sit at the end of a segment that is no
@@ -24,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from datagen_operator.api.output_files import CANARY_RECORDS, DATASET_LINE_HASHES, DATASET_PIN, LINE_HASH_BYTES
 
 Key = tuple[str, int, int]
 """(prompt id, sample index, turn): the identity of a record. `turn` is which of a conversation's answers the
@@ -134,6 +144,69 @@ class OutputLayout:
 
     def segments(self, index: int) -> list[Path]:
         return sorted(self.shard_dir(index).glob("segment-*.jsonl"))
+
+    @property
+    def dataset_pin(self) -> Path:
+        """The dataset's identity as the run first read it (prompts/pin.py)."""
+        return self.root / DATASET_PIN
+
+    @property
+    def dataset_line_hashes(self) -> Path:
+        return self.root / DATASET_LINE_HASHES
+
+    @property
+    def rendered(self) -> Path:
+        """The rendered prompts' ids, reused by every shard and a resume (output/rendered.py)."""
+        return self.root / "rendered"
+
+    @property
+    def claims(self) -> Path:
+        """The chunks of a shard claimed by its worker or a stealing one (output/steal.py)."""
+        return self.root / "claims"
+
+    @property
+    def lease(self) -> Path:
+        """Who writes this output now, so a second run on it is refused (output/lease.py)."""
+        return self.root / "lease.json"
+
+    @property
+    def lease_lock(self) -> Path:
+        """A directory held while the lease is read and rewritten (mkdir is atomic)."""
+        return self.root / ".lease.lock"
+
+    @property
+    def canary_records(self) -> Path:
+        return self.root / CANARY_RECORDS
+
+    @property
+    def canary_verdict(self) -> Path:
+        """A passed canary's verdict with the key it holds for, so `datagen run` does not rerun it on a resume."""
+        return self.root / "canary.verdict.json"
+
+    @property
+    def logs(self) -> Path:
+        """The servers' and workers' logs of `datagen run`."""
+        return self.root / "logs"
+
+    @property
+    def processes(self) -> Path:
+        """The children `datagen run` started, for a later run to stop should this one be killed."""
+        return self.root / "processes.json"
+
+    def export_dir(self, path: str) -> Path:
+        """spec.export.path: the folder the trainer formats are written to, each in its own subfolder."""
+        return self.root / path
+
+
+FILE_BLOCK = 4096
+"""The smallest a file takes on common filesystems (ext4, xfs)."""
+
+
+def bookkeeping_bytes(dataset_lines: int) -> int:
+    """What the manifest and the dataset pin take on the volume: a block each, the pin's line hashes in whole
+    blocks. (run.yaml and the lease are written before the preflight measures the free space.)"""
+    line_hashes = -(-LINE_HASH_BYTES * dataset_lines // FILE_BLOCK) * FILE_BLOCK
+    return 2 * FILE_BLOCK + line_hashes
 
 
 def keys_path(segment: Path) -> Path:

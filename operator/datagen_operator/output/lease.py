@@ -30,14 +30,13 @@ import orjson
 from datagen_operator.api.commands import ReleaseLeaseCommand
 from datagen_operator.api.spec import DataGenRun
 from datagen_operator.api.step_program import add_shared_arguments
+from datagen_operator.output.layout import OutputLayout
 
-LEASE_FILE = "lease.json"
 WORKER_LEASE_S = 300.0
 """How long a worker's lease lasts; workers renew it every progress interval, far more often."""
 LEASE_RENEW_S = 30.0
 STEP_MARGIN_S = 1800.0
 """Beyond the server's startup budget, how long the preflight's lease lasts: the canary takes it next."""
-LOCK_DIR = ".lease.lock"
 LOCK_WAIT_S = 10.0
 LOCK_STALE_S = 30.0
 
@@ -143,7 +142,7 @@ def _alive(pid: int) -> bool:
 
 def read_lease(output: Path) -> Lease | None:
     try:
-        data = orjson.loads((output / LEASE_FILE).read_bytes())
+        data = orjson.loads(OutputLayout(output).lease.read_bytes())
         known = {f.name for f in fields(Lease)}  # a later version's keys are not this one's to read
         return Lease(**{key: value for key, value in data.items() if key in known})
     except FileNotFoundError:
@@ -195,7 +194,7 @@ def take_lease(
         if current is not None and current.holder != holder.id and not current.stale(moment):
             raise OutputInUse(output, current, moment, holder)
         lease = Lease(holder.id, holder.run, holder.host, holder.pid, moment, moment + duration_s, step)
-        _write(output / LEASE_FILE, lease)
+        _write(OutputLayout(output).lease, lease)
         return lease
 
 
@@ -212,7 +211,7 @@ def release_lease(output: Path, holder: Holder, taken_before: float | None = Non
         if taken_before is not None and current.renewed_at > taken_before:
             return None
         with contextlib.suppress(FileNotFoundError):
-            (output / LEASE_FILE).unlink()
+            OutputLayout(output).lease.unlink()
         return current
 
 
@@ -220,7 +219,7 @@ def release_lease(output: Path, holder: Holder, taken_before: float | None = Non
 def _locked(output: Path) -> Iterator[None]:
     """Read-decide-write of the lease, one taker at a time: `mkdir` is atomic on every filesystem (NFS too).
     A lock left by a process that died inside this short section is broken once older than LOCK_STALE_S."""
-    lock = output / LOCK_DIR
+    lock = OutputLayout(output).lease_lock
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -243,7 +242,7 @@ def _locked(output: Path) -> Iterator[None]:
 
 def _write(path: Path, lease: Lease) -> None:
     """Written whole, then renamed into place: a reader sees the old lease or the new, never a torn one."""
-    staging = path.with_name(f".{LEASE_FILE}.{uuid.uuid4().hex}.tmp")
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     staging.write_bytes(orjson.dumps(asdict(lease)))
     os.replace(staging, path)
 

@@ -29,9 +29,8 @@ import numpy as np
 import orjson
 
 from datagen_operator.output.fingerprint import chat_template_sha256, tokenizer_fingerprint
-from datagen_operator.output.layout import write_atomic
+from datagen_operator.output.layout import OutputLayout, write_atomic
 
-RENDERED_DIR = "rendered"
 IDS_FILE = "ids.u32"
 LINES_FILE = "lines.bin"
 META_FILE = "meta.json"
@@ -40,10 +39,6 @@ FORMAT = 1
 LINE_DTYPE = np.dtype([("offset", "<u8"), ("count", "<i4"), ("hash", "<u8")])
 """One dataset line: where its ids start (in tokens), how many (-1: none rendered), its line hash."""
 NOT_RENDERED = -1
-
-
-def rendered_dir(output: Path) -> Path:
-    return Path(output) / RENDERED_DIR
 
 
 def render_identity(
@@ -66,7 +61,7 @@ class RenderedWriter:
 
     def __init__(self, output: Path) -> None:
         self.output = Path(output)
-        self.dir = rendered_dir(output)
+        self.dir = OutputLayout(Path(output)).rendered
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / META_FILE).unlink(missing_ok=True)  # invisible while rewritten
         self._ids = (self.dir / IDS_FILE).open("wb")
@@ -126,7 +121,7 @@ class RenderedWriter:
 
 
 def remove_rendered(output: Path) -> None:
-    directory = rendered_dir(output)
+    directory = OutputLayout(Path(output)).rendered
     for name in (META_FILE, LINES_FILE, IDS_FILE):
         (directory / name).unlink(missing_ok=True)
 
@@ -155,7 +150,7 @@ class RenderedPrompts:
 def open_rendered(output: Path, identity: dict[str, Any], pin_sha256: str | None) -> RenderedPrompts | str:
     """The store of this output if it was rendered by `identity` from the dataset pinned as `pin_sha256`, or why
     not (a sentence for the log: the caller renders itself)."""
-    directory = rendered_dir(output)
+    directory = OutputLayout(Path(output)).rendered
     try:
         meta = orjson.loads((directory / META_FILE).read_bytes())
     except FileNotFoundError:

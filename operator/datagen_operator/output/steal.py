@@ -24,7 +24,7 @@ import os
 import socket
 from pathlib import Path
 
-from datagen_operator.output.layout import fsync_dir
+from datagen_operator.output.layout import OutputLayout, fsync_dir
 
 CHUNK_LINES = 16
 """Items a chunk holds: what a worker commits to ahead of sending, so what the last chunks of a run leave
@@ -48,7 +48,7 @@ class Claims:
     """The claims of one output (`<output>/claims`)."""
 
     def __init__(self, output: Path, chunk_lines: int = CHUNK_LINES) -> None:
-        self.root = Path(output) / "claims"
+        self.root = OutputLayout(Path(output)).claims
         self.chunk_lines = chunk_lines
         self.nonce = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         """Told apart from another process claiming under the same shard index (a link whose answer was lost)."""

@@ -31,14 +31,13 @@ from typing import Any
 import numpy as np
 import orjson
 
+from datagen_operator.api.output_files import DATASET_LINE_HASHES, DATASET_PIN
 from datagen_operator.api.words import plural
 from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetRef, unit_of
 from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
 from datagen_operator.prompts.line_shape import validate_prompt
 from datagen_operator.prompts.scan import normalise_parquet_row
 
-PIN_FILE = "dataset.pin.json"
-LINES_FILE = "dataset.lines.u64"
 NAMED = 5
 """Changed lines named in a message; the rest are counted."""
 
@@ -202,7 +201,10 @@ def _rest_digest(file: Any, offset: int) -> bytes:
 def write_pin(output: Path, pin: DatasetPin) -> None:
     """Both files, each written whole then renamed into place (a crash leaves the old pin or none)."""
     output.mkdir(parents=True, exist_ok=True)
-    for name, data in ((LINES_FILE, pin.line_hashes.astype("<u8").tobytes()), (PIN_FILE, orjson.dumps(pin.summary()))):
+    for name, data in (
+        (DATASET_LINE_HASHES, pin.line_hashes.astype("<u8").tobytes()),
+        (DATASET_PIN, orjson.dumps(pin.summary())),
+    ):
         staging = output / f".{name}.tmp"
         staging.write_bytes(data)
         os.replace(staging, output / name)
@@ -210,8 +212,8 @@ def write_pin(output: Path, pin: DatasetPin) -> None:
 
 def read_pin(output: Path) -> DatasetPin | None:
     try:
-        summary = orjson.loads((output / PIN_FILE).read_bytes())
-        hashes = np.frombuffer((output / LINES_FILE).read_bytes(), dtype="<u8")
+        summary = orjson.loads((output / DATASET_PIN).read_bytes())
+        hashes = np.frombuffer((output / DATASET_LINE_HASHES).read_bytes(), dtype="<u8")
     except FileNotFoundError:
         return None
     return DatasetPin(

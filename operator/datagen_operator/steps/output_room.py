@@ -1,7 +1,7 @@
 """The output volume's room, pure: what the rest of a run writes (every record its plan counts, less what the
 output holds), sized per record on the dataset's own rendered tokens through the worker's segment encoder and the
 Parquet writer, and whether the free space holds it: refused when even the least does not fit (every answer one
-token), a warning when the most does not (every answer at max_new_tokens). checks/preflight.py measures the free
+token), a warning when the most does not (every answer at max_new_tokens). steps/preflight.py measures the free
 space and calls these."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from datagen_operator.api.spec import DataGenRunSpec
+from datagen_operator.output.layout import FILE_BLOCK, bookkeeping_bytes
 
 
 class RenderedLines(Protocol):
@@ -146,7 +147,7 @@ def estimate_output(spec: DataGenRunSpec, lines: RenderedLines, manifest: dict[s
         parquet_min=max(1.0, short[1] + offset * parquet_per_token),
         parquet_per_token=parquet_per_token,
         mean_prompt_tokens=mean_prompt,
-        files=_files_bytes(lines.lines_total) + rendered_bytes(lines),
+        files=bookkeeping_bytes(lines.lines_total) + rendered_bytes(lines),
     )
 
 
@@ -156,16 +157,6 @@ def rendered_bytes(lines: RenderedLines) -> int:
     from datagen_operator.output.rendered import LINE_DTYPE
 
     return 4 * lines.rendered_tokens + LINE_DTYPE.itemsize * lines.lines_total + FILE_BLOCK
-
-
-FILE_BLOCK = 4096
-"""The smallest a file takes on common filesystems (ext4, xfs)."""
-
-
-def _files_bytes(dataset_lines: int) -> int:
-    """manifest.json and dataset.pin.json, a block each; the pin's line hashes (8 bytes a line, prompts/pin.py) in
-    whole blocks. (run.yaml and the lease are written before the free space is measured.)"""
-    return 2 * FILE_BLOCK + -(-8 * dataset_lines // FILE_BLOCK) * FILE_BLOCK
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from datagen_operator.checks.server_truth import external_server_flags
 from datagen_operator.engine.limits import ContextLimit, model_context_limit
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.requests import run_sampling
+from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import (
     STEP_MARGIN_S,
     STEP_PREFLIGHT,
@@ -376,9 +377,7 @@ def estimate_for(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path) -> O
 
 def stored_bytes(output: Path) -> int:
     """The bytes the rendered store's files hold on the volume now."""
-    from datagen_operator.output.rendered import rendered_dir
-
-    directory = rendered_dir(output)
+    directory = OutputLayout(output).rendered
     return sum(path.stat().st_size for path in directory.glob("*") if path.is_file()) if directory.is_dir() else 0
 
 

@@ -15,12 +15,13 @@ import orjson
 from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT
 from datagen_operator.api.outcome import StepOutcome
+from datagen_operator.api.paths import on_this_machine
 from datagen_operator.api.reasons import Reason
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.steps.verify import VerifyReport, verify_output
-from datagen_operator.steps.verify_paths import load_run_spec, on_this_machine
+from datagen_operator.steps.verify_paths import load_run_spec
 from datagen_operator.steps.verify_terminal import render_report
 
 
@@ -44,7 +45,7 @@ def nothing_to_verify(output: Path) -> tuple[str, int] | None:
     if run_file.exists():
         name = _run_name(run_file)
         # Only files that exist are named: a run halted at the preflight started no server, so it has no logs.
-        logs = f"; server logs in {output / 'logs'}" if (output / "logs").is_dir() else ""
+        logs = f"; server logs in {OutputLayout(output).logs}" if OutputLayout(output).logs.is_dir() else ""
         return (
             f"{output}: the output of DataGenRun {name}, with no record in it: the run stopped (or has not yet "
             "started its workers) before any was written, so there is nothing to verify; why it stopped is its "

@@ -136,7 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate SGLang's HTTP server on CPU (the model family's token format, no model weights).",
         allow_abbrev=False,
     )
-    sg = parser.add_argument_group("SGLang flags (as sglang.launch_server spells them)")
+    _add_sglang_flags(parser.add_argument_group("SGLang flags (as sglang.launch_server spells them)"))
+    sim = parser.add_argument_group("simulator-only flags")
+    _add_sim_model_flags(sim)
+    _add_sim_fault_flags(sim)
+    return parser
+
+
+def _add_sglang_flags(sg: argparse._ArgumentGroup) -> None:
     sg.add_argument("--model-path", "--model", dest="model_path", help="tokenizer dir (default: the stand-in)")
     sg.add_argument("--tokenizer-path", help="tokenizer dir when it differs from --model-path")
     sg.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
@@ -185,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--speculative-eagle-topk", type=int)
     sg.add_argument("--speculative-num-draft-tokens", type=int)
 
-    sim = parser.add_argument_group("simulator-only flags")
+
+def _add_sim_model_flags(sim: argparse._ArgumentGroup) -> None:
+    """The simulated model: its speed, answer lengths, tool calls, family and a broken template to catch."""
     sim.add_argument("--sim-seed", type=int, default=0, help="model and fault seed (default 0)")
     sim.add_argument("--sim-speed", choices=get_args(SpeedMode), default="wire", help="wire: no sleeps")
     sim.add_argument("--sim-tokens-per-s", type=_positive_float, default=60.0, help="per request (gpu speed)")
@@ -228,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(FAMILIES),
         help="the model family the tokenizer belongs to (default: a stand-in's own, else detected from its tokens)",
     )
+
+
+def _add_sim_fault_flags(sim: argparse._ArgumentGroup) -> None:
+    """Faults to meet (errors, resets, hangs, a stall, a crash, retractions, a small KV pool) and the process's own."""
     sim.add_argument("--sim-fault-5xx-rate", type=_rate, default=0.0, help="share of requests answered 5xx")
     sim.add_argument("--sim-fault-5xx-status", type=int, default=500, help="the status of those answers")
     sim.add_argument("--sim-fault-reset-rate", type=_rate, default=0.0, help="connection reset mid-response")
@@ -273,7 +286,6 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--sim-fallback-standin", action="store_true", help="use the stand-in tokenizer if --model-path is missing"
     )
-    return parser
 
 
 def _resolve_parser(name: str | None) -> str | None:
@@ -286,6 +298,29 @@ def parse_settings(argv: list[str]) -> SimSettings:
     resolution refuses raises `resolution.LaunchError`. Fields that depend on the model's config are resolved
     once it is loaded (`resolution.model_resolved`)."""
     args = build_parser().parse_args(argv)
+    tokenizer_dir = args.tokenizer_path or args.model_path
+    return SimSettings(
+        server_args=_server_args(args, argv),
+        model=_model_config(args),
+        faults=_fault_config(args),
+        speed=SpeedConfig(
+            mode=args.sim_speed,
+            tokens_per_s=args.sim_tokens_per_s,
+            ttft_s=args.sim_ttft_s,
+            load_seconds=args.sim_load_seconds,
+            expected_in_flight=args.sim_expected_in_flight,
+        ),
+        host=args.host,
+        port=args.port,
+        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+        family=args.sim_family,
+        port_file=args.sim_port_file,
+        fallback_standin=args.sim_fallback_standin,
+    )
+
+
+def _server_args(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """SGLang's server args as /server_info shows them, resolved from the launch's flags as SGLang does."""
     dp_size, attn_dp_size = resolution.data_parallel(
         args.tp_size, args.dp_size, args.attn_dp_size, args.enable_dp_attention
     )
@@ -342,48 +377,38 @@ def parse_settings(argv: list[str]) -> SimSettings:
         "sim_prompt_suffix_leak": args.sim_prompt_suffix_leak,
         "sim_kv_capacity": args.sim_kv_capacity,
     }
-    tokenizer_dir = args.tokenizer_path or args.model_path
-    return SimSettings(
-        server_args=server_args,
-        model=ModelConfig(
-            seed=args.sim_seed,
-            mean_answer_tokens=args.sim_mean_answer_tokens,
-            answer_tokens_per_prompt_token=args.sim_answer_tokens_per_prompt_token,
-            mean_reasoning_tokens=args.sim_mean_reasoning_tokens,
-            length_sigma=args.sim_length_sigma,
-            tool_call_rate=args.sim_tool_call_rate,
-            unprompted_thinking=not args.sim_no_unprompted_thinking,
-            misconfig=args.sim_misconfig,
-            kept_stop_id=kept_stop_id(args.tool_call_parser),
-            default_sampling_seed=42 if args.enable_deterministic_inference else None,
-        ),
-        faults=FaultConfig(
-            seed=args.sim_seed,
-            error_5xx_rate=args.sim_fault_5xx_rate,
-            error_5xx_status=args.sim_fault_5xx_status,
-            reset_rate=args.sim_fault_reset_rate,
-            stream_error_rate=args.sim_fault_stream_error_rate,
-            abort_rate=args.sim_fault_abort_rate,
-            nan_rate=args.sim_fault_nan_rate,
-            hang_s=args.sim_fault_hang_s,
-            hang_rate=args.sim_fault_hang_rate,
-            crash_after_requests=args.sim_crash_after_requests,
-            prompt_suffix_leak=args.sim_prompt_suffix_leak,
-            stall_s=args.sim_fault_stall_s,
-            stall_after_requests=args.sim_fault_stall_after_requests,
-            retraction_rate=args.sim_retraction_rate,
-        ),
-        speed=SpeedConfig(
-            mode=args.sim_speed,
-            tokens_per_s=args.sim_tokens_per_s,
-            ttft_s=args.sim_ttft_s,
-            load_seconds=args.sim_load_seconds,
-            expected_in_flight=args.sim_expected_in_flight,
-        ),
-        host=args.host,
-        port=args.port,
-        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
-        family=args.sim_family,
-        port_file=args.sim_port_file,
-        fallback_standin=args.sim_fallback_standin,
+    return server_args
+
+
+def _model_config(args: argparse.Namespace) -> ModelConfig:
+    return ModelConfig(
+        seed=args.sim_seed,
+        mean_answer_tokens=args.sim_mean_answer_tokens,
+        answer_tokens_per_prompt_token=args.sim_answer_tokens_per_prompt_token,
+        mean_reasoning_tokens=args.sim_mean_reasoning_tokens,
+        length_sigma=args.sim_length_sigma,
+        tool_call_rate=args.sim_tool_call_rate,
+        unprompted_thinking=not args.sim_no_unprompted_thinking,
+        misconfig=args.sim_misconfig,
+        kept_stop_id=kept_stop_id(args.tool_call_parser),
+        default_sampling_seed=42 if args.enable_deterministic_inference else None,
+    )
+
+
+def _fault_config(args: argparse.Namespace) -> FaultConfig:
+    return FaultConfig(
+        seed=args.sim_seed,
+        error_5xx_rate=args.sim_fault_5xx_rate,
+        error_5xx_status=args.sim_fault_5xx_status,
+        reset_rate=args.sim_fault_reset_rate,
+        stream_error_rate=args.sim_fault_stream_error_rate,
+        abort_rate=args.sim_fault_abort_rate,
+        nan_rate=args.sim_fault_nan_rate,
+        hang_s=args.sim_fault_hang_s,
+        hang_rate=args.sim_fault_hang_rate,
+        crash_after_requests=args.sim_crash_after_requests,
+        prompt_suffix_leak=args.sim_prompt_suffix_leak,
+        stall_s=args.sim_fault_stall_s,
+        stall_after_requests=args.sim_fault_stall_after_requests,
+        retraction_rate=args.sim_retraction_rate,
     )

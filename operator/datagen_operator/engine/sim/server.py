@@ -14,21 +14,18 @@ whatever else is in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import heapq
-import itertools
 import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import time
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -38,6 +35,8 @@ from datagen_operator.engine.limits import max_running_requests_per_rank, memory
 from datagen_operator.engine.model_configs import model_config_dir
 from datagen_operator.engine.reasoning import split_reasoning
 from datagen_operator.engine.sim import chat, protocol, resolution
+from datagen_operator.engine.sim.answers import AnswerWriter, json_response
+from datagen_operator.engine.sim.batch import RunningBatch
 from datagen_operator.engine.sim.config import SimSettings, parse_settings
 from datagen_operator.engine.sim.faults import FaultPlan, plan_faults
 from datagen_operator.engine.sim.model import Completion, aborted, complete, nan_guarded
@@ -58,33 +57,34 @@ log = logging.getLogger("datagen.sim")
 
 DEFAULT_CONTEXT_LENGTH = 262_144
 SHUTDOWN_GRACE_S = 2.0
-STREAM_WRITE_BYTES = 64 * 1024  # coalesce stream events into writes of about this size at wire speed
-JSON = "application/json"
 
 
-def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type=JSON)
+@dataclass(frozen=True)
+class Refusals:
+    """How an endpoint words the refusals of the generation prologue (`Simulator._admitted`): /generate as
+    SGLang's native API, the chat endpoint as OpenAI's."""
+
+    not_ready: Callable[[], web.Response]
+    bad_request: Callable[[RequestError], web.Response]
+    server_error: Callable[[int, int], web.Response]
+    """(the request's number, the status) of --sim-fault-5xx-rate."""
 
 
-def _reset_connection(request: web.Request) -> None:
-    """Close the client's connection with a TCP RST (SO_LINGER 0), as a crashed peer or proxy would."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-async def _flushed(request: web.Request, timeout_s: float = 1.0) -> None:
-    """Wait until the transport has handed its buffer to the kernel (so a reset comes after the data)."""
-    deadline = time.monotonic() + timeout_s
-    transport = request.transport
-    # asyncio offers no event for "write buffer empty"; poll briefly (only on fault paths).
-    while transport is not None and transport.get_write_buffer_size() and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.001)
+GENERATE_REFUSALS = Refusals(
+    not_ready=lambda: web.Response(status=503),  # warming up or shutting down: an empty body, as /health
+    bad_request=lambda error: json_response(error.body(), error.status),
+    server_error=lambda number, status: json_response(
+        {"error": {"message": f"Simulated server error (--sim-fault-5xx-rate), request {number}"}}, status
+    ),
+)
+CHAT_REFUSALS = Refusals(
+    not_ready=lambda: json_response(chat.openai_error("The server is not ready (loading or shutting down).", 503), 503),
+    bad_request=lambda error: json_response(chat.openai_error(str(error)), 400),
+    server_error=lambda _, status: json_response(
+        chat.openai_error("Simulated server error (--sim-fault-5xx-rate)", status), status
+    ),
+)
+Parsed = TypeVar("Parsed")
 
 
 class Simulator:
@@ -99,7 +99,6 @@ class Simulator:
         )
         self.started_at = time.time()
         self.ready_at = time.monotonic() + settings.speed.load_seconds
-        self.stalled_until = 0.0
         self.health_check_timeout_s = health_check_timeout_s()
         self.shutting_down = False
         self.request_number = 0
@@ -116,11 +115,8 @@ class Simulator:
             self.occupancy = Occupancy(settings.speed.expected_in_flight)
             if self.metrics is not None:
                 self.metrics.occupancy = self.occupancy
-        self.gpu = settings.speed.mode == "gpu"
-        self.slots = asyncio.Semaphore(sum(self.max_running_requests))
-        """The running batch: requests beyond every rank's max_running_requests wait (gpu speed)."""
-        self.waiting = 0
-        """Requests waiting for a batch slot: SGLang's waiting queue."""
+        self.batch = RunningBatch(settings.speed, sum(self.max_running_requests), self.metrics)
+        self.answers = AnswerWriter(self.batch, settings.faults, self.args, vocab, self.model_name)
         self.reserved_tokens = reserved_tokens(self.args)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -142,14 +138,8 @@ class Simulator:
         self.request_number += 1
         faults = self.settings.faults
         if faults.stall_s and self.request_number == max(1, faults.stall_after_requests):
-            self.stalled_until = time.monotonic() + faults.stall_s
+            self.batch.stalled_until = time.monotonic() + faults.stall_s
         return self.request_number, plan_faults(faults, self.request_number)
-
-    async def _through_stall(self) -> None:
-        """Hold an answer while the scheduler is stalled (--sim-fault-stall-s)."""
-        rest = self.stalled_until - time.monotonic()  # one stall per server: it never moves once set
-        if rest > 0:
-            await asyncio.sleep(rest)
 
     # -- info endpoints --------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -161,7 +151,7 @@ class Simulator:
         started = time.monotonic()
         while time.monotonic() < started + self.health_check_timeout_s:
             await asyncio.sleep(HEALTH_POLL_S)
-            if time.monotonic() >= self.stalled_until:
+            if time.monotonic() >= self.batch.stalled_until:
                 return web.Response(status=200)
         return web.Response(status=503)
 
@@ -229,11 +219,11 @@ class Simulator:
                 for capacity, running in zip(self.rank_capacities, self.max_running_requests, strict=True)
             ],
         }
-        return _json(info)
+        return json_response(info)
 
     async def model_info(self, request: web.Request) -> web.Response:
         config = self.vocab.model_config
-        return _json(
+        return json_response(
             {
                 "model_path": self.args["model_path"],
                 "tokenizer_path": self.args["tokenizer_path"],
@@ -259,7 +249,7 @@ class Simulator:
             "root": self.model_name,
             "max_model_len": self.context_length,
         }
-        return _json({"object": "list", "data": [entry]})
+        return json_response({"object": "list", "data": [entry]})
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         if self.metrics is None:
@@ -274,10 +264,10 @@ class Simulator:
     async def separate_reasoning(self, request: web.Request) -> web.Response:
         body = await self._json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("text"), str):
-            return _json({"error": {"message": "text must be a string."}}, 400)
+            return json_response({"error": {"message": "text must be a string."}}, 400)
         parser = body.get("reasoning_parser") or self.args["reasoning_parser"]
         split = split_reasoning(body["text"], parser, forced=False)
-        return _json({"text": split.content, "reasoning_text": split.reasoning or ""})
+        return json_response({"text": split.content, "reasoning_text": split.reasoning or ""})
 
     @staticmethod
     async def _json_body(request: web.Request) -> Any:
@@ -314,48 +304,9 @@ class Simulator:
         """--max-queued-requests: SGLang's scheduler aborts an arriving request when its waiting queue is full
         (scheduler.py `_abort_on_queued_limit`, without priority scheduling), with this finish_reason."""
         limit = self.args.get("max_queued_requests")
-        if limit is None or self.waiting + 1 <= limit:
+        if limit is None or self.batch.waiting + 1 <= limit:
             return None
         return protocol.queue_full_finish_reason()
-
-    @contextlib.asynccontextmanager
-    async def _generating(self, prompt_tokens: int, cached_tokens: int) -> AsyncIterator[None]:
-        """Hold a batch slot (gpu speed: queue when full) and keep the running/queue gauges right even when
-        the client disconnects (which cancels the handler)."""
-        metrics = self.metrics
-        if self.gpu:
-            if metrics is not None:
-                metrics.queued.inc()
-            self.waiting += 1
-            try:
-                await self.slots.acquire()
-            finally:
-                self.waiting -= 1
-                if metrics is not None:
-                    metrics.queued.dec()
-        if metrics is not None:
-            metrics.started(prompt_tokens, cached_tokens)
-        try:
-            yield
-        finally:
-            if metrics is not None:
-                metrics.stopped(prompt_tokens)
-            if self.gpu:
-                self.slots.release()
-
-    def _finished(self, prompt_tokens: int, completion_tokens: int, received: float) -> None:
-        if self.metrics is not None:
-            e2e = time.perf_counter() - received
-            ttft = min(e2e, self.settings.speed.ttft_s) if self.gpu else e2e
-            self.metrics.finished(prompt_tokens, completion_tokens, ttft, e2e)
-
-    async def _run_item(self, item: GenerateItem, completion: Completion, cached: int, received: float) -> None:
-        async with self._generating(len(item.prompt), cached):
-            if self.gpu:
-                speed = self.settings.speed
-                await asyncio.sleep(speed.ttft_s + len(completion.run) / speed.tokens_per_s)
-            await self._through_stall()
-        self._finished(len(item.prompt), len(completion.run), received)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         occupancy = self.occupancy
@@ -367,36 +318,50 @@ class Simulator:
         finally:
             occupancy.left(time.monotonic())
 
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        received = time.perf_counter()
+    async def _admitted(
+        self, request: web.Request, parse: Callable[[Any], Parsed], refusals: Refusals
+    ) -> tuple[int, FaultPlan, Parsed] | web.Response:
+        """Every generation request's prologue, in SGLang's order: refused while not ready; numbered (its fault
+        plan, a stall it starts, a crash due after it); its body parsed (a bad one refused); a planned hang, then
+        a planned server error. The request's number, plan and parsed body, or the refusal to answer with."""
         if not self.ready:
-            return web.Response(status=503)  # warming up or shutting down: an empty body, as /health
+            return refusals.not_ready()
         number, plan = self._next_request()
         try:
-            parsed = protocol.parse_generate_request(
-                await self._json_body(request),
-                self.vocab,
-                self.context_length,
-                self.args["skip_tokenizer_init"],
-                reserved_tokens=self.reserved_tokens,
-            )
-            parsed = dataclasses.replace(parsed, items=self._memory_capped(parsed.items))
+            parsed = parse(await self._json_body(request))
         except RequestError as error:
             self._crash_if_due(number)
-            return _json(error.body(), error.status)
+            return refusals.bad_request(error)
         if plan.hang_s:
             await asyncio.sleep(plan.hang_s)
         if plan.http_status:
             self._crash_if_due(number)
-            message = f"Simulated server error (--sim-fault-5xx-rate), request {number}"
-            return _json({"error": {"message": message}}, plan.http_status)
+            return refusals.server_error(number, plan.http_status)
+        return number, plan, parsed
+
+    def _generate_request(self, body: Any) -> GenerateRequest:
+        parsed = protocol.parse_generate_request(
+            body,
+            self.vocab,
+            self.context_length,
+            self.args["skip_tokenizer_init"],
+            reserved_tokens=self.reserved_tokens,
+        )
+        return dataclasses.replace(parsed, items=self._memory_capped(parsed.items))
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        received = time.perf_counter()
+        admitted = await self._admitted(request, self._generate_request, GENERATE_REFUSALS)
+        if isinstance(admitted, web.Response):
+            return admitted
+        number, plan, parsed = admitted
         refusal = protocol.input_length_refusal(parsed, self.max_req_input_len)  # the scheduler's check
         if refusal is not None and not parsed.stream:
-            return _json(refusal.body(), refusal.status)
+            return json_response(refusal.body(), refusal.status)
         shed = None if refusal is not None else self._shed_when_queue_full()
         answer = None if shed is None or parsed.stream else protocol.abort_response(shed)
         if answer is not None:
-            return _json(answer[1], answer[0])
+            return json_response(answer[1], answer[0])
         completions = [self._complete(item, plan) for item in parsed.items]
         aborted = shed if refusal is None else {"type": "abort", "message": str(refusal), "status_code": refusal.status}
         if aborted is not None:  # a stream carries the abort as its one result chunk, with no output
@@ -406,180 +371,21 @@ class Simulator:
         cached = [0 if hold is None else hold.cached for hold in holds]
         try:
             if parsed.stream:
-                response = await self._stream_generate(request, parsed, completions, cached, plan, received)
+                response = await self.answers.stream(request, parsed, completions, cached, plan, received)
             else:
-                response = await self._generate_once(request, parsed, completions, cached, plan, received)
+                response = await self.answers.whole(request, parsed, completions, cached, plan, received)
         finally:
             self._release(parsed.items, holds, completions)
         self._crash_if_due(number)
         return response
 
-    async def _generate_once(
-        self,
-        request: web.Request,
-        parsed: GenerateRequest,
-        completions: list[Completion],
-        cached: list[int],
-        plan: FaultPlan,
-        received: float,
-    ) -> web.StreamResponse:
-        await self._through_stall()
-        if self.gpu or self.metrics is not None:
-            await asyncio.gather(
-                *(
-                    self._run_item(item, c, k, received)
-                    for item, c, k in zip(parsed.items, completions, cached, strict=True)
-                )
-            )
-        for completion in completions:  # a scheduler abort with an HTTP status fails the whole request
-            abort = protocol.abort_response(completion.finish_reason)
-            if abort is not None:
-                return _json(abort[1], abort[0])
-        leak = self.settings.faults.prompt_suffix_leak
-        e2e = time.perf_counter() - received
-        bodies = [
-            protocol.generate_body(
-                item,
-                completion,
-                protocol.meta_info(
-                    item.rid,
-                    completion.finish_reason,
-                    len(item.prompt),
-                    len(completion.run),
-                    cached_tokens,
-                    e2e,
-                    plan.retractions,
-                ),
-                protocol.leaked_prefix(item.prompt, leak),
-                parsed,
-            )
-            for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True)
-        ]
-        body = b"[" + b",".join(bodies) + b"]" if parsed.is_batch else bodies[0]
-        if plan.reset or self.settings.faults.crash_after_requests:
-            # Write explicitly: a reset needs half a body on the wire; a crash must not lose the answer.
-            response = web.StreamResponse(headers={"Content-Type": JSON})
-            response.content_length = len(body)
-            await response.prepare(request)
-            if plan.reset:
-                await response.write(body[: len(body) // 2])
-                await _flushed(request)
-                _reset_connection(request)
-                return response
-            await response.write(body)
-            await response.write_eof()
-            await _flushed(request)
-            return response
-        return web.Response(body=body, content_type=JSON)
-
-    async def _stream_generate(
-        self,
-        request: web.Request,
-        parsed: GenerateRequest,
-        completions: list[Completion],
-        cached: list[int],
-        plan: FaultPlan,
-        received: float,
-    ) -> web.StreamResponse:
-        leak = self.settings.faults.prompt_suffix_leak
-        incremental = self.args["incremental_streaming_output"]
-        streams = []
-        total_events = 0
-        for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True):
-            interval = item.params.stream_interval or self.args["stream_interval"]
-            total_events += protocol.stream_event_count(len(completion.run), interval)
-            events = protocol.stream_events(
-                item,
-                completion,
-                protocol.meta_info(item.rid, None, len(item.prompt), 0, cached_tokens, None, plan.retractions),
-                protocol.leaked_prefix(item.prompt, leak),
-                interval=interval,
-                incremental=incremental,
-                batch_index=item.index if parsed.is_batch else None,
-                vocab=self.vocab,
-            )
-            streams.append((self._due_s(event.tokens), item.index, event) for event in events)
-        # Generated lazily (a cumulative stream of a long answer is O(n^2) bytes); a batch interleaves
-        # its requests' events by due time at gpu speed.
-        merged = heapq.merge(*streams, key=lambda entry: entry[0]) if self.gpu else itertools.chain(*streams)
-        cut = total_events // 2 if plan.reset or plan.stream_error else None
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        async with contextlib.AsyncExitStack() as stack:
-            for item, completion, cached_tokens in zip(parsed.items, completions, cached, strict=True):
-                if protocol.abort_response(completion.finish_reason) is None:  # a refused request never queues
-                    await stack.enter_async_context(self._generating(len(item.prompt), cached_tokens))
-            buffer = bytearray()
-            start = time.perf_counter()
-            for position, (due, _, event) in enumerate(merged):
-                if position == cut:
-                    break
-                if self.stalled_until > time.monotonic():
-                    if buffer:
-                        await response.write(bytes(buffer))
-                        buffer.clear()
-                    stalled = time.monotonic()
-                    await self._through_stall()
-                    start += time.monotonic() - stalled  # no token was made meanwhile
-                if self.gpu and due > time.perf_counter() - start:
-                    if buffer:
-                        await response.write(bytes(buffer))
-                        buffer.clear()
-                    await asyncio.sleep(due - (time.perf_counter() - start))
-                if event.payload is not None:  # the final event of a request
-                    event.payload["meta_info"]["e2e_latency"] = time.perf_counter() - received
-                    buffer += protocol.sse(event.payload)
-                else:
-                    buffer += event.data
-                if len(buffer) >= STREAM_WRITE_BYTES:
-                    await response.write(bytes(buffer))
-                    buffer.clear()
-            if buffer:
-                await response.write(bytes(buffer))
-        for item, completion in zip(parsed.items, completions, strict=True):
-            self._finished(len(item.prompt), len(completion.run), received)
-        if plan.reset:
-            await _flushed(request)
-            _reset_connection(request)
-            return response
-        if plan.stream_error:
-            message = "Simulated error mid-stream (--sim-fault-stream-error-rate)"
-            await response.write(protocol.sse(protocol.stream_error_payload(message)))
-        await response.write(protocol.SSE_DONE)
-        await response.write_eof()
-        return response
-
-    def _due_s(self, tokens: int) -> float:
-        if not self.gpu:
-            return 0.0
-        speed = self.settings.speed
-        return speed.ttft_s + tokens / speed.tokens_per_s if tokens else speed.ttft_s
-
     # -- chat ------------------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         received = time.perf_counter()
-        if not self.ready:
-            return _json(chat.openai_error("The server is not ready (loading or shutting down).", 503), 503)
-        number, plan = self._next_request()
-        try:
-            parsed = chat.parse_chat_request(await self._json_body(request), self.vocab)
-            prompt_ids = chat.render_prompt(parsed, self.vocab)
-            generate = protocol.parse_generate_request(
-                {"input_ids": prompt_ids, "sampling_params": None},
-                self.vocab,
-                self.context_length,
-                reserved_tokens=self.reserved_tokens,
-            )
-        except RequestError as error:
-            self._crash_if_due(number)
-            return _json(chat.openai_error(str(error)), 400)
-        if plan.hang_s:
-            await asyncio.sleep(plan.hang_s)
-        if plan.http_status:
-            self._crash_if_due(number)
-            return _json(
-                chat.openai_error("Simulated server error (--sim-fault-5xx-rate)", plan.http_status), plan.http_status
-            )
+        admitted = await self._admitted(request, self._chat_request, CHAT_REFUSALS)
+        if isinstance(admitted, web.Response):
+            return admitted
+        number, plan, (parsed, generate) = admitted
         prompt = generate.items[0].prompt
         max_new = protocol.scheduler_max_new_tokens(len(prompt), parsed.params.max_new_tokens, self.context_length)
         items = self._memory_capped(
@@ -591,53 +397,23 @@ class Simulator:
         completions = [self._complete(item, plan) for item in items]
         hold = self._admit(items[0])
         try:
-            return await self._chat_answer(request, parsed, prompt, items, completions, hold, number, received)
+            response = await self.answers.chat(request, parsed, prompt, items, completions, hold, received)
         finally:
             self._release(items[:1], [hold], completions[:1])
-
-    async def _chat_answer(
-        self,
-        request: web.Request,
-        parsed: chat.ChatRequest,
-        prompt: array[int],
-        items: list[GenerateItem],
-        completions: list[Completion],
-        hold: Hold | None,
-        number: int,
-        received: float,
-    ) -> web.StreamResponse:
-        cached = 0 if hold is None else hold.cached
-        choices = [
-            chat.chat_choice(c, parsed, self.vocab, self.args["reasoning_parser"], self.args["tool_call_parser"])
-            for c in completions
-        ]
-        response_id = protocol.new_rid()
-        model = parsed.model or self.model_name
-        created = int(time.time())
-        if not parsed.stream:
-            await asyncio.gather(
-                *(self._run_item(i, c, cached, received) for i, c in zip(items, completions, strict=True))
-            )
-            response = _json(chat.chat_response(response_id, created, model, len(prompt), choices))
-            self._crash_if_due(number)
-            return response
-        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await stream.prepare(request)
-        total_tokens = max(len(c.run) for c in completions)
-        async with self._generating(len(prompt), cached):
-            start = time.perf_counter()
-            for share, payload in chat.chat_stream_chunks(
-                response_id, created, model, len(prompt), choices, parsed.include_usage
-            ):
-                due = self._due_s(round(share * total_tokens))
-                if self.gpu and due > time.perf_counter() - start:
-                    await asyncio.sleep(due - (time.perf_counter() - start))
-                await stream.write(protocol.sse(payload))
-        self._finished(len(prompt), total_tokens, received)
-        await stream.write(protocol.SSE_DONE)
-        await stream.write_eof()
         self._crash_if_due(number)
-        return stream
+        return response
+
+    def _chat_request(self, body: Any) -> tuple[chat.ChatRequest, GenerateRequest]:
+        """The chat request and its rendered prompt as a /generate request (the context's checks)."""
+        parsed = chat.parse_chat_request(body, self.vocab)
+        prompt_ids = chat.render_prompt(parsed, self.vocab)
+        generate = protocol.parse_generate_request(
+            {"input_ids": prompt_ids, "sampling_params": None},
+            self.vocab,
+            self.context_length,
+            reserved_tokens=self.reserved_tokens,
+        )
+        return parsed, generate
 
 
 def build_app(sim: Simulator) -> web.Application:
@@ -664,7 +440,7 @@ async def _request_errors(
     try:
         return await handler(request)
     except RequestError as error:
-        return _json(error.body(), error.status)
+        return json_response(error.body(), error.status)
 
 
 def _resolve_tokenizer_dir(settings: SimSettings) -> Path:
