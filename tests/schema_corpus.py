@@ -1,7 +1,7 @@
 """A mutation corpus of DataGenRun manifests: the examples, each broken (or bent) one way, and the
 field that must be named when it is refused. `datagen validate` and the API server must agree on all.
 
-Used by tests/unit/test_api.py (validate alone, no server) and tests/operator/test_schema_corpus.py
+Used by tests/unit/api/test_api.py (validate alone, no server) and tests/operator/test_schema_corpus.py
 (validate against the real API server).
 """
 

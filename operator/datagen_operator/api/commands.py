@@ -5,7 +5,7 @@ One frozen dataclass per program with the arguments the shells pass: the operato
 container command) and `datagen run` (local/runner.py, a worker child process) build a program's argv only
 through these. Each field is one argument of the program's own parser (`build_parser()` in
 steps/preflight.py, steps/canary.py, worker/config.py, steps/verify_program.py, export/run.py, output/lease.py), spelled
-`--field-name` unless its metadata says otherwise; tests/unit/test_commands.py parses every command back with
+`--field-name` unless its metadata says otherwise; tests/unit/api/test_commands.py parses every command back with
 that parser and gets the same values, and holds each field's default to the parser's.
 
 argv() writes the fields in their order (a Job's command is part of its pod template, whose hash decides

@@ -27,7 +27,7 @@ them null, so a run resolves them from the model's own tokenizer):
                 reserved ids up to 201087)
 
 Chat templates: each stand-in's renders what the model's published template renders through transformers
-(tests/unit/test_real_templates.py compares them over a set of conversations, with the published copies in
+(tests/unit/tokenizer/test_real_templates.py compares them over a set of conversations, with the published copies in
 llama-cpp-python's sdist), but for the tools DeepSeek-R1 and gpt-oss declare, which the simulator reads, and
 conversations a published template refuses, which the stand-ins render. DeepSeek-R1's is held to the R1
 release's template (0528's own is not there). Kimi-K2.5/K2.6 (kimi-k2) and Qwen3-2507 have no published copy

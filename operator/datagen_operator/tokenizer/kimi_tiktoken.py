@@ -6,7 +6,7 @@ The real Kimi-K2.5 directory has no tokenizer.json: its tokenizer is `tokenizati
 
 The vocabulary is derived from the tokenizer.json stand-in (standin.py): every id below 163584 keeps its
 bytes, and a BPE rank is the id, so both stand-ins give the same ids and records made with either decode the
-same (tests/unit/test_kimi_tiktoken_standin.py compares them). The tokenizer class is
+same (tests/unit/tokenizer/test_kimi_tiktoken_standin.py compares them). The tokenizer class is
 `kimi_tiktoken_tokenization.py` of this package, copied as `tokenization_kimi.py`.
 """
 

@@ -64,7 +64,7 @@ def test_thinking_control_reads_the_median_length_ratio() -> None:
 
 
 # -- every preset's model writing another family's think markers -------------------------------------------------
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMPT = [{"role": "user", "content": "Is 221 prime? Show your reasoning briefly."}]
 
 

@@ -87,7 +87,7 @@ def test_a_sampling_seed_turns_on_deterministic_inference() -> None:
     assert "--enable-deterministic-inference" not in server_argv(parse_run(kimi_run()).spec)
     seeded = parse_run(with_changes("spec.generation.sampling.sampling_seed", 7)).spec
     assert server_argv(seeded).count("--enable-deterministic-inference") == 1
-    # The flag itself is refused in extraArgs (tests/unit/test_extra_args.py): the seed is its only switch.
+    # The flag itself is refused in extraArgs (tests/unit/api/test_extra_args.py): the seed is its only switch.
 
 
 def two_node_spec(**server: object) -> DataGenRunSpec:

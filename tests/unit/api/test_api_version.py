@@ -7,9 +7,9 @@ from typing import get_args
 
 from datagen_operator.api.spec import API_GROUP, API_GROUP_VERSION, API_VERSION, DataGenRun
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGE = REPO / "operator" / "datagen_operator"
-PINNED = {REPO / "tests" / "unit" / "test_crd.py"}
+PINNED = {REPO / "tests" / "unit" / "api" / "test_crd.py"}
 """Holds the published CRD's version name to its literal on purpose: a changed constant must fail it."""
 
 

@@ -28,7 +28,7 @@ from datagen_operator.control.policy import (
 )
 from datagen_operator.k8s import job_manifests, object_meta
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kimi-k2.5.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kimi-k2.5.yaml"
 
 
 def crashes_until_failed(code: int) -> int:

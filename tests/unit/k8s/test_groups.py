@@ -18,7 +18,7 @@ from datagen_operator.k8s.context import RunCache
 from datagen_operator.k8s.executor import LWS_MISSING, Executor
 from datagen_operator.k8s.groups import group_observation
 from tests.manifests import unit_spec
-from tests.unit.test_reconcile import restart_hash
+from tests.unit.k8s.test_reconcile import restart_hash
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 LEADER_STS = {"metadata": {"name": "kimi-server"}, "status": {"updateRevision": "r1"}}

@@ -14,7 +14,7 @@ from packaging.version import Version
 import datagen_operator
 from datagen_operator.k8s.settings import DEFAULT_WORKER_IMAGE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "datagen-operator"
 IMAGES = ROOT / "images"
 

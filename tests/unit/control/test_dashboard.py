@@ -19,7 +19,7 @@ from datagen_operator.control.observed import ServerObservation
 from datagen_operator.k8s import metrics
 from datagen_operator.worker.metrics import ProgressCollector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "charts" / "datagen-operator" / "dashboards" / "datagen-operator.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 VERSION = next(
     line.split('"')[1] for line in (REPO_ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("version")
 )

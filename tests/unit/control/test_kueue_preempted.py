@@ -207,7 +207,7 @@ def test_the_operator_reads_queued_and_evicted_from_one_list_of_the_workloads() 
 
     from datagen_operator.k8s.context import RunCache
     from datagen_operator.k8s.observer import KueueWorkloads, Observer
-    from tests.unit.test_kueue_queued import FakeKueue
+    from tests.unit.control.test_kueue_queued import FakeKueue
 
     kube = FakeKueue([WAITING], {"team-a": "gpus"})
     observer = Observer(ctx=SimpleNamespace(kube=kube), cache=RunCache(ctx=None, namespace="ml", name="low"))  # type: ignore[arg-type]

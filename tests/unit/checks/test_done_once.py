@@ -11,8 +11,8 @@ from datagen_operator.api import parse_run, parse_spec_resolved
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.evaluate import check_context
 
-PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "datagen_operator"
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kimi-k2.5.yaml"
+PACKAGE = Path(__file__).resolve().parents[3] / "operator" / "datagen_operator"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kimi-k2.5.yaml"
 
 
 def constructor_calls(name: str) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from images.pin import canonical, runtime_closure
 
-REQUIREMENTS = Path(__file__).resolve().parents[2] / "images" / "requirements.txt"
+REQUIREMENTS = Path(__file__).resolve().parents[3] / "images" / "requirements.txt"
 
 
 def pins() -> dict[str, str]:

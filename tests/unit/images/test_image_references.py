@@ -1,5 +1,5 @@
 """The chart and the Dockerfiles describe the same two images: the repositories the chart pulls are the ones the
-Dockerfiles say they build (and `make images` tags, tests/unit/test_make_images.py), the labels name the
+Dockerfiles say they build (and `make images` tags, tests/unit/images/test_make_images.py), the labels name the
 chart's source and the package's licence, and the image's user is the one the chart and the operator's pods
 run as (tests/images runs the built images that way)."""
 
@@ -14,7 +14,7 @@ import yaml
 
 from datagen_operator.k8s.pod_parts import WORKER_UID
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "datagen-operator"
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())

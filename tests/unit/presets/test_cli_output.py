@@ -15,7 +15,7 @@ import pytest
 from datagen_operator.presets import presets
 from tests.manifests import local_run, write_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -29,7 +29,7 @@ from datagen_operator.tokenizer.chat_template import kimi_k2_chat_template, rend
 from datagen_operator.tokenizer.corpus import training_lines
 from tests.kimi_reference import REFERENCE_TABLE, TOOLS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # The tokenizer files of moonshotai/Kimi-K2.5 (and K2-Thinking, K2.6): no tokenizer.json, no special_tokens_map.
 REAL_KIMI_TOKENIZER_FILES = ["chat_template.jinja", "tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json"]
 TOOL_CALL_MARKUP = (

@@ -10,7 +10,7 @@ import yaml
 
 from datagen_operator.api.crd import crd_manifest, crd_yaml
 
-CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "datagenrun.yaml"
+CRD_FILE = Path(__file__).resolve().parents[3] / "crds" / "datagenrun.yaml"
 
 
 def test_committed_crd_is_generated() -> None:

@@ -23,7 +23,7 @@ from datagen_operator.tokenizer.families import FAMILIES
 from datagen_operator.tokenizer.standin import chat_template, ensure_standin_tokenizer
 from tests.real_templates import real_templates
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "regenerate.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "regenerate.md"
 PUBLISHED = {
     "qwen3": "Qwen-Qwen3-0.6B.jinja",
     "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
