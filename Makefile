@@ -29,7 +29,7 @@ chromium:
 	bash hack/chromium.sh
 
 # The suite in parallel (pytest-xdist): most tests wait on processes and the control plane, not the CPU (here,
-# here: 2,937 tests in 28 min on three workers; 2,366 took 36.5 min in one process). Each file runs whole on
+# here: 2,995 tests in 27 min on three workers; 2,366 took 36.5 min in one process). Each file runs whole on
 # one worker (its module fixtures built once); each worker that meets a cluster test starts its own control
 # plane. TEST_WORKERS=0 runs them all in this process.
 TEST_WORKERS ?= 3
