@@ -143,10 +143,14 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
     def output() -> str:
         return log_path.read_text(errors="replace")
 
+    seen: list[str] = []
+    """What the queued runs' conditions said, each change once: a failed wait names the path, not only its end."""
+
     def wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
-        return wait_until(
-            check, timeout=timeout, describe=what, watched=[process], interval=1, details=lambda: output()[-6000:]
-        )
+        def details() -> str:
+            return "\n".join(["conditions seen:", *seen, output()[-6000:]])
+
+        return wait_until(check, timeout=timeout, describe=what, watched=[process], interval=1, details=details)
 
     try:
         wait("the dev cluster to be up", lambda: "Ctrl-C stops everything" in output(), 300)
@@ -226,6 +230,17 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
 
         def one_queued_for_gpus() -> tuple[str, str] | None:
             progressing = {run: conditions(run).get("Progressing", {}) for run in queued_runs}
+            for run, c in progressing.items():
+                said = f"{run}: Progressing={c.get('status')} {c.get('reason')}: {c.get('message')}"
+                if said not in seen:
+                    seen.append(said)
+            for workload in json.loads(kubectl_("get", "workloads.kueue.x-k8s.io", "-o", "json"))["items"]:
+                reserved = [
+                    c for c in (workload.get("status") or {}).get("conditions") or [] if c["type"] == "QuotaReserved"
+                ]
+                said = f"workload {workload['metadata']['name']}: {reserved}"
+                if said not in seen:
+                    seen.append(said)
             short = [
                 (run, c["message"])
                 for run, c in progressing.items()
