@@ -228,7 +228,7 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
         queued_runs = ("queued-a", "queued-b")
         kubectl_("apply", *(arg for run in queued_runs for arg in ("-f", str(EXAMPLES / f"{run}.yaml"))))
 
-        def one_queued_for_gpus() -> tuple[str, str] | None:
+        def one_queued_in_kueues_words() -> tuple[str, str] | None:
             progressing = {run: conditions(run).get("Progressing", {}) for run in queued_runs}
             for run, c in progressing.items():
                 said = f"{run}: Progressing={c.get('status')} {c.get('reason')}: {c.get('message')}"
@@ -241,16 +241,26 @@ def test_make_dev_cluster_runs_both_examples_and_ctrl_c_leaves_nothing(
                 said = f"workload {workload['metadata']['name']}: {reserved}"
                 if said not in seen:
                     seen.append(said)
-            short = [
+            waiting = [
                 (run, c["message"])
                 for run, c in progressing.items()
-                if c.get("reason") == "Queued" and "more needed" in c["message"]
+                if c.get("reason") == "Queued" and "waiting for Kueue to consider it" not in c["message"]
             ]
-            return short[0] if len(short) == 1 else None
+            return waiting[0] if len(waiting) == 1 else None
 
-        waiting, message = wait("one queued run Progressing=False Queued, short of GPUs", one_queued_for_gpus, 180)
-        assert "LocalQueue gpus (ClusterQueue dev-gpus)" in message, message
-        assert "insufficient unused quota for nvidia.com/gpu in flavor dev-gpu, 16 more needed" in message, message
+        waiting, message = wait(
+            "one queued run Progressing=False Queued, in Kueue's words", one_queued_in_kueues_words, 180
+        )
+        where = "queued by Kueue in LocalQueue gpus (ClusterQueue dev-gpus): "
+        assert message.startswith(where), message
+        # Kueue's words for a server the quota cannot take. Both runs arrive in one scheduling cycle, where each fits
+        # the snapshot alone: the second one nominated is told it no longer fits (scheduler.go `setSkipped`), which
+        # Kueue can repeat for minutes (kubernetes-sigs/kueue issue threads). The last CI saw neither run say the
+        # quota's words in 180 s, the most likely cause this one; the conditions seen are named if it fails again.
+        words = message.removeprefix(where)
+        assert words.endswith("insufficient unused quota for nvidia.com/gpu in flavor dev-gpu, 16 more needed") or (
+            words == "Workload no longer fits after processing another workload"
+        ), message
         assert conditions(waiting)["ServerReady"]["reason"] == "Queued", conditions(waiting)
         assert kubectl_("get", "dgr", waiting, "-o", "jsonpath={.status.phase}") == "Queued"  # kubectl get dgr's PHASE
         # The quota went to the other one, whose server comes up (ServerReady=True, or Succeeded=True if that was
