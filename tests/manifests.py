@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 API_VERSION = API_GROUP_VERSION
 DELETE = object()
-"""A change's value that removes the field."""
+"""A change's value that removes the field (which must be there: a change that changes nothing is a mistake)."""
+
+
+@dataclass(frozen=True)
+class Rename:
+    """A change's value that moves the field's value to `to` (the snake_case spelling of a camelCase key, say)."""
+
+    to: str
 
 
 def changed(document: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of `document` with each dotted path set to its value (`DELETE` removes it)."""
+    """A deep copy of `document` with each dotted path, in order, set to its value (`DELETE`, `Rename`)."""
     result = copy.deepcopy(dict(document))
     for dotted, value in changes.items():
         *parents, leaf = dotted.split(".")
@@ -32,7 +40,9 @@ def changed(document: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str
         for part in parents:
             node = node.setdefault(part, {})
         if value is DELETE:
-            node.pop(leaf, None)
+            del node[leaf]
+        elif isinstance(value, Rename):
+            node[value.to] = node.pop(leaf)
         else:
             node[leaf] = copy.deepcopy(value)
     return result

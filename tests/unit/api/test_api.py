@@ -170,8 +170,9 @@ def test_unknown_preset_without_parsers_lists_presets_and_how_to_set_parsers() -
 
 
 def test_no_preset_with_explicit_parsers_is_accepted() -> None:
-    document = example_run(**{"spec.model.preset": DELETE})
-    document["spec"]["server"].update(reasoningParser="qwen3", toolCallParser="qwen25")
+    document = example_run(
+        **{"spec.model.preset": DELETE, "spec.server.reasoningParser": "qwen3", "spec.server.toolCallParser": "qwen25"}
+    )
     resolved = resolve_model(parse_run(document).spec)
     assert (resolved.reasoning_parser, resolved.tool_call_parser) == ("qwen3", "qwen25")
     assert (resolved.think_start, resolved.think_end) == ("<think>", "</think>")

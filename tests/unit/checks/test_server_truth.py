@@ -73,9 +73,9 @@ def test_probe_budgets_retry_with_the_runs_budget() -> None:
 
 
 def test_explicit_kimi_parser_without_preset_is_caught_by_the_probe() -> None:
-    document = example_run(**{"spec.model.preset": None})
-    del document["spec"]["model"]["preset"]
-    document["spec"]["server"].update(reasoningParser="kimi", toolCallParser="kimi_k2")
+    document = example_run(
+        **{"spec.model.preset": DELETE, "spec.server.reasoningParser": "kimi", "spec.server.toolCallParser": "kimi_k2"}
+    )
     resolved = resolve_model(parse_run(document).spec)
     info = {"reasoning_parser": "kimi", "tool_call_parser": "kimi_k2"}
     probe = {"message": {"reasoning_content": None, "content": "<think>221 = 13 * 17</think>No."}}

@@ -80,8 +80,9 @@ def test_server_args() -> None:
 
 
 def test_server_args_of_a_two_node_run_says_which_pod_runs_what(tmp_path: Path) -> None:
-    document = example_run(**{"spec.server.nodes": 2})
-    document["spec"]["server"].update({"tensorParallel": 16, "attentionDataParallel": 16})
+    document = example_run(
+        **{"spec.server.nodes": 2, "spec.server.tensorParallel": 16, "spec.server.attentionDataParallel": 16}
+    )
     manifest = tmp_path / "two-nodes.yaml"
     manifest.write_text(yaml.safe_dump(document))
     result = datagen("server-args", str(manifest))

@@ -90,9 +90,8 @@ def test_a_sampling_seed_turns_on_deterministic_inference() -> None:
 
 
 def two_node_spec(**server: object) -> DataGenRunSpec:
-    document = example_run()
-    document["spec"]["server"].update({"nodes": 2, "tensorParallel": 16, **server})
-    return parse_run(document).spec
+    changes = {f"spec.server.{key}": value for key, value in {"nodes": 2, "tensorParallel": 16, **server}.items()}
+    return parse_run(example_run(**changes)).spec
 
 
 def test_a_two_node_group_runs_one_command_fed_by_the_lws_environment() -> None:
