@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 API_VERSION = API_GROUP_VERSION
 DELETE = object()
-"""A change's value that removes the field."""
+"""A change's value that removes the field (which must be there: a change that changes nothing is a mistake)."""
+
+
+@dataclass(frozen=True)
+class Rename:
+    """A change's value that moves the field's value to `to` (the snake_case spelling of a camelCase key, say)."""
+
+    to: str
 
 
 def changed(document: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of `document` with each dotted path set to its value (`DELETE` removes it)."""
+    """A deep copy of `document` with each dotted path, in order, set to its value (`DELETE`, `Rename`)."""
     result = copy.deepcopy(dict(document))
     for dotted, value in changes.items():
         *parents, leaf = dotted.split(".")
@@ -32,7 +40,9 @@ def changed(document: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str
         for part in parents:
             node = node.setdefault(part, {})
         if value is DELETE:
-            node.pop(leaf, None)
+            del node[leaf]
+        elif isinstance(value, Rename):
+            node[value.to] = node.pop(leaf)
         else:
             node[leaf] = copy.deepcopy(value)
     return result
@@ -43,34 +53,16 @@ def run_document(spec: Mapping[str, Any], name: str = "t") -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "DataGenRun", "metadata": {"name": name}, "spec": dict(spec)}
 
 
-def example_run(example: str = "kimi-k2.5", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """`examples/<example>.yaml` as a user writes it, with `changes` (paths from the document root)."""
-    return changed(yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text()), changes or {})
+def example_run(example: str = "kimi-k2.5", **changes: Any) -> dict[str, Any]:
+    """`examples/<example>.yaml` as a user writes it; `changes` are dotted paths from the document root
+    (`spec.model.preset`)."""
+    return changed(yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text()), changes)
 
 
-def kimi_run() -> dict[str, Any]:
-    return example_run()
-
-
-def with_changes(path: str, value: Any) -> dict[str, Any]:
-    """The Kimi example with one field changed (`DELETE` removes it)."""
-    return example_run(changes={path: value})
-
-
-def section_changes(sections: Mapping[str, Any]) -> dict[str, Any]:
-    """Dotted spec changes from whole sections: a dict merges into the section, anything else replaces it."""
-    changes: dict[str, Any] = {}
-    for section, value in sections.items():
-        if isinstance(value, dict):
-            changes.update({f"{section}.{key}": item for key, item in value.items()})
-        else:
-            changes[section] = value
-    return changes
-
-
-def cluster_run(name: str, data_dir: Path, tokenizer: Path, **sections: Any) -> dict[str, Any]:
+def cluster_run(name: str, data_dir: Path, tokenizer: Path, **changes: Any) -> dict[str, Any]:
     """A run for the real control plane: model, dataset and output on hostPath volumes the test kubelet
-    mounts, 8-GPU servers that tolerate the fake GPU nodes' taint, short answers."""
+    mounts, 8-GPU servers that tolerate the fake GPU nodes' taint, short answers; `changes` are dotted spec
+    paths."""
     from tests.harness.controlplane import GPU_TOLERATION
 
     spec = {
@@ -82,7 +74,7 @@ def cluster_run(name: str, data_dir: Path, tokenizer: Path, **sections: Any) -> 
         "output": {"path": f"out/{name}", "volume": {"hostPath": {"path": str(data_dir)}}},
         "checks": {"canaryPrompts": 2, "canaryMaxNewTokens": 1024},
     }
-    return run_document(changed(spec, section_changes(sections)), name)
+    return run_document(changed(spec, changes), name)
 
 
 def local_spec(model: Path, dataset: Path, output: Path, **changes: Any) -> dict[str, Any]:
@@ -107,9 +99,9 @@ def write_run(path: Path, document: Mapping[str, Any]) -> Path:
     return path
 
 
-def unit_spec(**sections: Any) -> dict[str, Any]:
+def unit_spec(**changes: Any) -> dict[str, Any]:
     """A spec for the pure builders: two 8-GPU replicas of kimi-k2.5 on PVCs, an env var from a Secret,
-    GPU placement fields; `sections` merge as in `section_changes`."""
+    GPU placement fields; `changes` are dotted spec paths."""
     spec: dict[str, Any] = {
         "model": {
             "preset": "kimi-k2.5",
@@ -135,7 +127,7 @@ def unit_spec(**sections: Any) -> dict[str, Any]:
         "clients": {"shards": 3, "concurrency": 8},
         "output": {"path": "eagle3/b1", "volume": {"persistentVolumeClaim": {"claimName": "data"}}},
     }
-    return changed(spec, section_changes(sections))
+    return changed(spec, changes)
 
 
 def bare_spec(**changes: Any) -> dict[str, Any]:

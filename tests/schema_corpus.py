@@ -7,28 +7,14 @@ Used by tests/unit/api/test_api.py (validate alone, no server) and tests/operato
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from datagen_operator.api import SpecError, parse_run
 from datagen_operator.api.names import max_run_name_length
+from tests.manifests import DELETE, EXAMPLES, Rename, changed, example_run
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BASE_FILES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "presets").glob("*.yaml"))
-
-DELETE = object()
-"""As a value: remove the key."""
-
-
-@dataclass(frozen=True)
-class Rename:
-    """As a value: move the key's value to `to` (the snake_case spelling of a camelCase key, say)."""
-
-    to: str
 
 
 @dataclass(frozen=True)
@@ -42,18 +28,9 @@ class Mutation:
     """The field both must name; None: both must accept."""
 
     def manifest(self) -> dict[str, Any]:
-        document = yaml.safe_load((EXAMPLES / self.base).read_text())
-        for path, value in self.changes:
-            *parents, leaf = path.split(".")
-            node = document
-            for part in parents:
-                node = node.setdefault(part, {})
-            if value is DELETE:
-                del node[leaf]
-            elif isinstance(value, Rename):
-                node[value.to] = node.pop(leaf)
-            else:
-                node[leaf] = copy.deepcopy(value)
+        document = example_run(self.base.removesuffix(".yaml"))
+        for path, value in self.changes:  # one at a time: a path may come back (a key moved to the end)
+            document = changed(document, {path: value})
         return document
 
 

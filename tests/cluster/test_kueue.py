@@ -167,9 +167,14 @@ def test_the_operators_queued_server_is_one_workload_admitted_whole(
     from tests.manifests import example_run
 
     cluster_queue, local_queue = gpu_queue
-    document = example_run(changes={"spec.server.gpus": 4, "spec.server.tensorParallel": 4})
-    document["spec"]["server"]["tolerations"] = [GPU_TOLERATION]
-    document["spec"]["queue"] = {"name": local_queue}
+    document = example_run(
+        **{
+            "spec.server.gpus": 4,
+            "spec.server.tensorParallel": 4,
+            "spec.server.tolerations": [GPU_TOLERATION],
+            "spec.queue.name": local_queue,
+        }
+    )
     spec = parse_run(document).spec
     body = server_manifests.server_statefulset(object_meta.RunRef("kimi", kueue_namespace, "no-owner"), spec, 2)
     del body["metadata"]["ownerReferences"]  # no DataGenRun here: the garbage collector would take it

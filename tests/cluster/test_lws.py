@@ -112,8 +112,9 @@ def test_the_operators_group_manifest_is_what_the_real_controller_runs(lws_contr
     from datagen_operator.k8s import object_meta, server_manifests
     from tests.manifests import example_run
 
-    document = example_run(changes={"spec.server.nodes": 2, "spec.server.tensorParallel": 16})
-    document["spec"]["server"]["tolerations"] = [GPU_TOLERATION]
+    document = example_run(
+        **{"spec.server.nodes": 2, "spec.server.tensorParallel": 16, "spec.server.tolerations": [GPU_TOLERATION]}
+    )
     spec = parse_run(document).spec
     body = server_manifests.server_leaderworkerset(object_meta.RunRef("kimi", namespace, "no-owner"), spec, 1)
     del body["metadata"]["ownerReferences"]  # no DataGenRun here: the garbage collector would take it

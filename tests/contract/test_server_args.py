@@ -8,11 +8,9 @@ preset: resolution's parser handling does not depend on the model family.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
-import yaml
 
 from datagen_operator.api import parse_run
 from datagen_operator.api.extra_args import MANAGED_FLAGS
@@ -28,19 +26,22 @@ from datagen_operator.presets.sglang_names import (
 )
 from tests.contract import sglang_side
 from tests.contract.conftest import SGLang
-from tests.manifests import EXAMPLES
+from tests.manifests import changed, example_run
 
 # (tensorParallel, stream) on 8 GPUs: one TP-8 server, and TP-4 x DP-2 with streaming workers.
 LAYOUTS = {"tp8": (8, False), "tp4-dp2": (4, True)}
 
 
 def _run_document(preset: str, tensor_parallel: int, stream: bool) -> dict[str, Any]:
-    document = copy.deepcopy(yaml.safe_load((EXAMPLES / "kimi-k2.5.yaml").read_text()))
-    document["spec"]["model"]["preset"] = preset
-    document["spec"]["server"].update({"gpus": 8, "tensorParallel": tensor_parallel})
-    document["spec"]["generation"]["stream"] = stream
-    document["spec"]["generation"]["thinking"] = get_preset(preset).thinking.supported
-    return document
+    return example_run(
+        **{
+            "spec.model.preset": preset,
+            "spec.server.gpus": 8,
+            "spec.server.tensorParallel": tensor_parallel,
+            "spec.generation.stream": stream,
+            "spec.generation.thinking": get_preset(preset).thinking.supported,
+        }
+    )
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -80,10 +81,9 @@ def _as_pod(argv: list[str], rank: int) -> list[str]:
 @pytest.mark.parametrize("preset", preset_names())
 def test_sglang_accepts_our_multi_node_and_attention_dp_commands(sglang: SGLang, preset: str, group: str) -> None:
     nodes, attention_dp = GROUPS[group]
-    document = _run_document(preset, 8 * nodes, stream=False)
-    document["spec"]["server"]["nodes"] = nodes
+    document = changed(_run_document(preset, 8 * nodes, stream=False), {"spec.server.nodes": nodes})
     if attention_dp is not None:
-        document["spec"]["server"]["attentionDataParallel"] = attention_dp
+        document = changed(document, {"spec.server.attentionDataParallel": attention_dp})
     spec = parse_run(document).spec
     argv = server_argv(spec, model_path=str(sglang.model_dir))
 

@@ -25,7 +25,7 @@ def example_run(namespace: str, data: Path, models: Path) -> dict[str, Any]:
     from datagen_operator.tokenizer.kimi_tiktoken import build_kimi_tiktoken_standin
 
     run = manifests.example_run(
-        changes={
+        **{
             "metadata.namespace": namespace,
             "spec.model.volume": {"hostPath": {"path": str(models)}},
             "spec.dataset.volume": {"hostPath": {"path": str(data)}},

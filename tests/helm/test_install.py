@@ -24,6 +24,7 @@ from tests.harness.processes import ManagedProcess, free_port, wait_until
 from tests.harness.sim import SimServer
 from tests.helm.conftest import CHART, CI_VALUES, Tools
 from tests.helm.installed import RUN_API, Leftovers, example_run, refused_calls, start_local_operator
+from tests.manifests import changed
 
 PEERING_CRDS = CHART / "crds" / "kopf-peering.yaml"
 # PodMonitor needs prometheus-operator's CRD, which this cluster does not have; the render tests check it.
@@ -91,9 +92,9 @@ def test_install_reconcile_upgrade_uninstall(
     statefulsets = control_plane.resource("apps/v1", "StatefulSet")
 
     def create_run(name: str) -> tuple[str, Path]:
-        run = example_run(namespace, data, models)
-        run["metadata"]["name"] = name
-        run["spec"]["output"]["path"] = f"eagle3/{name}"
+        run = changed(
+            example_run(namespace, data, models), {"metadata.name": name, "spec.output.path": f"eagle3/{name}"}
+        )
         runs.create(body=run, namespace=namespace)
         return name, data / "eagle3" / name
 

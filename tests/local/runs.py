@@ -14,7 +14,7 @@ import psutil
 import pyarrow.parquet as pq
 
 from tests.harness.processes import wait_until
-from tests.manifests import DELETE, REPO, local_run, write_run
+from tests.manifests import REPO, local_run, write_run
 
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
 FAST_SIM = ["--sim-arg=--sim-mean-reasoning-tokens=48", "--sim-arg=--sim-mean-answer-tokens=32"]
@@ -23,11 +23,10 @@ FAST_SIM = ["--sim-arg=--sim-mean-reasoning-tokens=48", "--sim-arg=--sim-mean-an
 def manifest(
     tmp_path: Path, standin_tokenizer: Path, *, dataset: Path = PROMPTS, output: Path | None = None, **changes: object
 ) -> Path:
-    """`tmp_path/run.yaml`: two shards of four on one GPU, two canary prompts; `changes` name spec fields with
-    `__` for dots (`clients__concurrency=2`), None removes one."""
+    """`tmp_path/run.yaml`: two shards of four on one GPU, two canary prompts; `changes` are dotted spec paths
+    (`DELETE` removes one)."""
     defaults = {"server.gpus": 1, "clients.shards": 2, "clients.concurrency": 4, "checks.canaryPrompts": 2}
-    dotted = {path.replace("__", "."): DELETE if value is None else value for path, value in changes.items()}
-    document = local_run(standin_tokenizer, dataset, output or tmp_path / "out", **{**defaults, **dotted})
+    document = local_run(standin_tokenizer, dataset, output or tmp_path / "out", **{**defaults, **changes})
     return write_run(tmp_path / "run.yaml", document)
 
 

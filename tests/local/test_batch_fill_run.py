@@ -33,7 +33,7 @@ def test_concurrency_auto_sends_at_the_number_that_fills_the_servers_batch(
     tmp_path: Path, standin_tokenizer: Path
 ) -> None:
     # Two shards, clients.concurrency auto, a server that runs 64 at once: 64 slots x 1.1 over 2 shards is 36 each.
-    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency="auto")
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.concurrency": "auto"})
     result = datagen_run(run_file, *FAST_SIM, "--sim-arg=--max-running-requests=64")
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "CanaryPassed=True" in line]

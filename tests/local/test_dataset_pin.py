@@ -56,7 +56,7 @@ def test_a_resume_on_a_changed_dataset_is_refused_by_the_preflight_the_worker_an
     tmp_path: Path, standin_tokenizer: Path
 ) -> None:
     dataset, lines = _copy(tmp_path / "d.jsonl")
-    run_file = manifest(tmp_path, standin_tokenizer, dataset=dataset, clients__shards=1)
+    run_file = manifest(tmp_path, standin_tokenizer, dataset=dataset, **{"clients.shards": 1})
     spec = load_run(run_file).spec
     tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
     first = run_preflight(spec, tokenizer, standin_tokenizer, dataset, tmp_path / "out")
@@ -97,7 +97,7 @@ def test_verify_holds_every_record_to_the_pin(tmp_path: Path, standin_tokenizer:
     from tests.checks.test_verify import rewrite_shard
 
     dataset, _ = _copy(tmp_path / "d.jsonl")
-    run_file = manifest(tmp_path, standin_tokenizer, dataset=dataset, clients__shards=1)
+    run_file = manifest(tmp_path, standin_tokenizer, dataset=dataset, **{"clients.shards": 1})
     spec = load_run(run_file).spec
     tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
     assert run_preflight(spec, tokenizer, standin_tokenizer, dataset, tmp_path / "out").passed
@@ -137,7 +137,9 @@ def test_prompts_render_on_the_outputs_pinned_date(tmp_path: Path) -> None:
     dataset, _ = _copy(tmp_path / "d.jsonl")
     out = tmp_path / "out"
     write_pin(out, dataclasses.replace(pin_dataset(DatasetRef(dataset)), rendered_on="2020-01-02"))
-    run_file = manifest(tmp_path, model, dataset=dataset, output=out, model__preset="gpt-oss", clients__shards=1)
+    run_file = manifest(
+        tmp_path, model, dataset=dataset, output=out, **{"model.preset": "gpt-oss", "clients.shards": 1}
+    )
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr  # verify re-rendered every sampled prompt alike
     tokenizer = load_tokenizer(model, trust_remote_code=False)

@@ -58,7 +58,7 @@ def test_prompts_too_long_for_the_models_context_are_refused_at_the_preflight(
 ) -> None:
     # Every quickstart prompt renders to more than 6 tokens: with a 1030-token context and 1024 new tokens, all
     # are too long, the server's own limit would set them aside one by one after a model load.
-    run_file = manifest(tmp_path, standin_tokenizer, server__extraArgs=["--context-length", "1030"])
+    run_file = manifest(tmp_path, standin_tokenizer, **{"server.extraArgs": ["--context-length", "1030"]})
     spec = load_run(run_file).spec
     outcome = run_preflight(
         spec, load_tokenizer(standin_tokenizer, trust_remote_code=False), standin_tokenizer, PROMPTS, tmp_path / "out"
@@ -79,7 +79,7 @@ def test_a_resume_over_records_that_already_fail_is_refused_before_any_server(
 ) -> None:
     """The output already holds records whose output_ids start with the prompt's tail (the upstream SGLang bug):
     token_counts fails at 0%; the resume is refused naming counts, rate, threshold and the fix."""
-    run_file = manifest(tmp_path, standin_tokenizer, clients__shards=1)
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.shards": 1})
     leaking = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--sim-prompt-suffix-leak", "3")
     with start_sim(*leaking) as sim:
         worker = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))

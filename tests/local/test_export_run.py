@@ -12,7 +12,9 @@ from tests.local.runs import FAST_SIM, datagen_run, manifest, stored_keys
 
 
 def test_a_run_with_spec_export_writes_each_record_once_in_each_format(tmp_path: Path, standin_tokenizer: Path) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer, export={"formats": ["speculators", "trl"], "path": "for-training"})
+    run_file = manifest(
+        tmp_path, standin_tokenizer, **{"export": {"formats": ["speculators", "trl"], "path": "for-training"}}
+    )
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Exported=True" in result.stdout and "Succeeded=True" in result.stdout

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from datagen_operator.api.commands import VerifyCommand
 from tests.harness.sim import health_status, start_sim, start_sims
 from tests.local.runs import dataset_ids, manifest, stored_keys
+from tests.manifests import DELETE
 from tests.programs import run_program
 
 KIMI = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
@@ -64,7 +65,9 @@ def test_a_run_on_external_servers_starts_none_and_leaves_them_running(tmp_path:
     with start_sims([(*KIMI, *FAST), (*KIMI, *FAST)], tokenizer_dir=standin_tokenizer) as sims:
         urls = [sim.url for sim in sims]
         run_file = manifest(
-            tmp_path, standin_tokenizer, server__gpus=None, server__external={"urls": [f"{urls[0]}/", urls[1]]}
+            tmp_path,
+            standin_tokenizer,
+            **{"server.gpus": DELETE, "server.external": {"urls": [f"{urls[0]}/", urls[1]]}},
         )
         code, output, children = run_watching_children(run_file)
         assert code == 0, output
@@ -103,7 +106,7 @@ def test_an_external_server_without_the_reasoning_parser_is_refused_naming_it(
         start_sim("--tool-call-parser", "kimi_k2", *FAST, tokenizer_dir=standin_tokenizer) as wrong,
     ):
         run_file = manifest(
-            tmp_path, standin_tokenizer, server__gpus=None, server__external={"urls": [right.url, wrong.url]}
+            tmp_path, standin_tokenizer, **{"server.gpus": DELETE, "server.external": {"urls": [right.url, wrong.url]}}
         )
         code, output, _ = run_watching_children(run_file)
         assert code == 1, output
@@ -117,7 +120,9 @@ def test_an_external_server_without_the_reasoning_parser_is_refused_naming_it(
 
 def test_datagen_run_refuses_a_service_naming_the_field(tmp_path: Path, standin_tokenizer: Path) -> None:
     run_file = manifest(
-        tmp_path, standin_tokenizer, server__gpus=None, server__external={"service": {"name": "sglang", "port": 80}}
+        tmp_path,
+        standin_tokenizer,
+        **{"server.gpus": DELETE, "server.external": {"service": {"name": "sglang", "port": 80}}},
     )
     code, output, children = run_watching_children(run_file, timeout=60)
     assert code == 2, output

@@ -19,18 +19,22 @@ from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.plan import plan_shard
 from datagen_operator.prompts.render import Renderer, load_tokenizer
 from tests.local.runs import FAST_SIM, datagen_run
-from tests.manifests import EXAMPLES
+from tests.manifests import DELETE, EXAMPLES, example_run
 from tests.programs import run_program
 
 
 def _run_file(tmp_path: Path, history_reasoning: str) -> Path:
-    document = yaml.safe_load((EXAMPLES / "regenerate.yaml").read_text())
-    spec = document["spec"]
-    spec["model"].update(preset="kimi-k2-thinking", path=str(tmp_path / "model"))  # --standin builds it there
-    spec["dataset"]["path"] = str(tmp_path / "regenerate.jsonl")
-    spec["output"]["path"] = str(tmp_path / "out")
-    spec["generation"].pop("thinking")  # K2-Thinking always thinks: no switch
-    spec["generation"]["historyReasoning"] = history_reasoning
+    document = example_run(
+        "regenerate",
+        **{
+            "spec.model.preset": "kimi-k2-thinking",
+            "spec.model.path": str(tmp_path / "model"),  # --standin builds it there
+            "spec.dataset.path": str(tmp_path / "regenerate.jsonl"),
+            "spec.output.path": str(tmp_path / "out"),
+            "spec.generation.thinking": DELETE,  # K2-Thinking always thinks: no switch
+            "spec.generation.historyReasoning": history_reasoning,
+        },
+    )
     run_file = tmp_path / f"{history_reasoning}.yaml"
     run_file.write_text(yaml.safe_dump(document))
     return run_file

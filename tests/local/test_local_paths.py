@@ -24,6 +24,7 @@ from tests.local.runs import (
     start_generating,
     stored_keys,
 )
+from tests.manifests import DELETE
 
 
 def flat(text: str) -> str:
@@ -32,7 +33,7 @@ def flat(text: str) -> str:
 
 def test_a_missing_model_path_is_refused_and_nothing_is_created(tmp_path: Path, standin_tokenizer: Path) -> None:
     missing = tmp_path / "models" / "does-not-exist"
-    result = datagen_run(manifest(tmp_path, standin_tokenizer, model__path=str(missing)), *FAST_SIM)
+    result = datagen_run(manifest(tmp_path, standin_tokenizer, **{"model.path": str(missing)}), *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     said = flat(result.stdout)
     assert f"spec.model.path: {missing} does not exist on this machine" in said
@@ -45,7 +46,7 @@ def test_standin_builds_the_presets_tokenizer_where_asked_and_the_run_succeeds(
     tmp_path: Path, standin_tokenizer: Path
 ) -> None:
     model = tmp_path / "models" / "qwen3"
-    run_file = manifest(tmp_path, standin_tokenizer, model__path=str(model), model__preset="qwen3")
+    run_file = manifest(tmp_path, standin_tokenizer, **{"model.path": str(model), "model.preset": "qwen3"})
     result = datagen_run(run_file, "--standin", *FAST_SIM)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--standin: building the qwen3 stand-in tokenizer at" in flat(result.stdout)
@@ -58,10 +59,12 @@ def test_standin_without_a_preset_is_refused_naming_the_field(tmp_path: Path, st
     run_file = manifest(
         tmp_path,
         standin_tokenizer,
-        model__path=str(missing),
-        model__preset=None,
-        server__reasoningParser="kimi_k2",
-        server__toolCallParser="kimi_k2",
+        **{
+            "model.path": str(missing),
+            "model.preset": DELETE,
+            "server.reasoningParser": "kimi_k2",
+            "server.toolCallParser": "kimi_k2",
+        },
     )
     result = datagen_run(run_file, "--standin", *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -80,7 +83,7 @@ def test_standin_without_a_preset_is_refused_naming_the_field(tmp_path: Path, st
 def test_a_volume_datagen_run_cannot_mount_is_refused_naming_the_field(
     tmp_path: Path, standin_tokenizer: Path, section: str, volume: dict, named: str
 ) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer, **{f"{section}__volume": volume})
+    run_file = manifest(tmp_path, standin_tokenizer, **{f"{section}.volume": volume})
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     said = flat(result.stdout)
@@ -98,13 +101,15 @@ def test_hostpath_volumes_are_read_as_their_directories(tmp_path: Path, standin_
     run_file = manifest(
         tmp_path,
         standin_tokenizer,
-        model__path="/models/kimi",
-        model__subPath="kimi",
-        model__volume={"hostPath": {"path": str(models)}},
-        dataset__path="prompts/p.jsonl",
-        dataset__volume={"hostPath": {"path": str(data)}},
-        output__path="eagle3/run",
-        output__volume={"hostPath": {"path": str(data)}},
+        **{
+            "model.path": "/models/kimi",
+            "model.subPath": "kimi",
+            "model.volume": {"hostPath": {"path": str(models)}},
+            "dataset.path": "prompts/p.jsonl",
+            "dataset.volume": {"hostPath": {"path": str(data)}},
+            "output.path": "eagle3/run",
+            "output.volume": {"hostPath": {"path": str(data)}},
+        },
     )
     local = run_on_this_machine(load_run(run_file), tmp_path).spec
     assert (local.model.path, local.dataset.path, local.output.path) == (
@@ -121,16 +126,18 @@ def test_subpath_and_a_tokenizer_inside_the_model_volume_follow_it(tmp_path: Pat
     run_file = manifest(
         tmp_path,
         standin_tokenizer,
-        model__path="/models/kimi",
-        model__subPath="k2/int4",
-        model__tokenizerPath="/models/kimi/tok",
-        model__volume={"hostPath": {"path": "/srv/models"}},
+        **{
+            "model.path": "/models/kimi",
+            "model.subPath": "k2/int4",
+            "model.tokenizerPath": "/models/kimi/tok",
+            "model.volume": {"hostPath": {"path": "/srv/models"}},
+        },
     )
     model = run_on_this_machine(load_run(run_file), tmp_path).spec.model
     assert (model.path, model.tokenizer_path) == ("/srv/models/k2/int4", "/srv/models/k2/int4/tok")
     with pytest.raises(SpecError) as refused:
         run_on_this_machine(
-            load_run(manifest(tmp_path, standin_tokenizer, model__volume={"nfs": {"server": "s", "path": "/m"}})),
+            load_run(manifest(tmp_path, standin_tokenizer, **{"model.volume": {"nfs": {"server": "s", "path": "/m"}}})),
             tmp_path,
         )
     assert [e.field for e in refused.value.errors] == ["spec.model.volume"]
@@ -145,7 +152,7 @@ def test_a_second_datagen_run_on_one_output_is_refused_naming_the_first(
     from datagen_operator.output.lease import read_lease
 
     out = tmp_path / "out"
-    first = start_generating(manifest(tmp_path, standin_tokenizer, output=out, clients__concurrency=2), out)
+    first = start_generating(manifest(tmp_path, standin_tokenizer, output=out, **{"clients.concurrency": 2}), out)
     lease = read_lease(out)
     assert lease is not None and lease.pid == first.pid
     run_yaml = (out / "run.yaml").read_bytes()
@@ -185,7 +192,7 @@ def test_preflight_names_a_missing_or_unloadable_tokenizer_in_one_line_and_stand
     tmp_path: Path, standin_tokenizer: Path
 ) -> None:
     model = tmp_path / "models" / "qwen3"
-    run_file = manifest(tmp_path, standin_tokenizer, model__path=str(model), model__preset="qwen3")
+    run_file = manifest(tmp_path, standin_tokenizer, **{"model.path": str(model), "model.preset": "qwen3"})
 
     missing = datagen_preflight(run_file)
     assert "Traceback" not in missing.stderr and "huggingface.co" not in missing.stderr, missing.stderr
@@ -212,7 +219,7 @@ def test_preflight_names_a_missing_or_unloadable_tokenizer_in_one_line_and_stand
 def test_run_names_a_tokenizer_directory_that_does_not_load(tmp_path: Path, standin_tokenizer: Path) -> None:
     model = tmp_path / "models" / "empty"
     model.mkdir(parents=True)
-    result = datagen_run(manifest(tmp_path, standin_tokenizer, model__path=str(model)), *FAST_SIM)
+    result = datagen_run(manifest(tmp_path, standin_tokenizer, **{"model.path": str(model)}), *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert f"spec.model.path: {model} holds no tokenizer that loads" in flat(result.stdout)

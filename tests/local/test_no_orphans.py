@@ -58,7 +58,7 @@ def _kill_groups(processes: list[tuple[int, str, str]]) -> None:
 
 
 def test_kill_9_of_datagen_run_takes_its_simulator_and_workers_with_it(tmp_path: Path, standin_tokenizer: Path) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.concurrency": 2})
     run = start_generating(run_file, tmp_path / "out")
     children = _children(run.pid)
     try:
@@ -106,7 +106,7 @@ shard 0's worker on it, names them in the output as the runner does, and exits, 
 
 
 def test_a_later_run_stops_what_an_earlier_killed_run_left_running(tmp_path: Path, standin_tokenizer: Path) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.concurrency": 2})
     out = tmp_path / "out"
     first = start_generating(run_file, out)
     first_children = _children(first.pid)

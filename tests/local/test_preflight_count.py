@@ -41,7 +41,7 @@ def test_a_system_only_line_after_a_valid_one_is_set_aside_in_order_under_turns_
     ]
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
-    spec = load_run(manifest(tmp_path, standin_tokenizer, dataset=dataset, generation__turns="all")).spec
+    spec = load_run(manifest(tmp_path, standin_tokenizer, dataset=dataset, **{"generation.turns": "all"})).spec
     outcome = run_preflight(
         spec, load_tokenizer(standin_tokenizer, trust_remote_code=False), standin_tokenizer, dataset, tmp_path / "out"
     )

@@ -17,7 +17,7 @@ import yaml
 from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.output.readers import iter_records, iter_rejects
 from tests.local.runs import FAST_SIM, datagen_run
-from tests.manifests import EXAMPLES
+from tests.manifests import EXAMPLES, example_run
 from tests.programs import run_program
 
 FAMILIES = ("kimi-k2.5", "qwen3", "deepseek-r1", "gpt-oss")
@@ -28,11 +28,15 @@ def run_example(
 ) -> tuple[subprocess.CompletedProcess[str], str]:
     """`datagen run --standin` on an example with its dataset copied here, the stand-in model built here (`model`:
     changes to spec.model) and the output here; the result and its stdout on one line."""
-    document = yaml.safe_load((EXAMPLES / example).read_text())
-    spec = document["spec"]
-    spec["model"].update(path=str(tmp_path / "model"), **model)  # --standin builds it there
-    spec["dataset"]["path"] = str(shutil.copy(EXAMPLES / "prompts" / dataset, tmp_path))
-    spec["output"]["path"] = str(tmp_path / "out")
+    document = example_run(
+        example.removesuffix(".yaml"),
+        **{
+            "spec.model.path": str(tmp_path / "model"),  # --standin builds it there
+            **{f"spec.model.{key}": value for key, value in model.items()},
+            "spec.dataset.path": str(shutil.copy(EXAMPLES / "prompts" / dataset, tmp_path)),
+            "spec.output.path": str(tmp_path / "out"),
+        },
+    )
     run_file = tmp_path / example
     run_file.write_text(yaml.safe_dump(document))
     result = datagen_run(run_file, "--standin", *FAST_SIM)

@@ -39,7 +39,7 @@ def test_a_resume_whose_canary_passed_with_the_same_fingerprint_does_not_rerun_i
 ) -> None:
     import signal
 
-    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.concurrency": 2})
     out = tmp_path / "out"
     first = start_generating(run_file, out)
     first.send_signal(signal.SIGINT)
@@ -74,9 +74,9 @@ def test_the_canary_key_moves_with_the_checks_and_data_fields_not_with_live_ones
         return LocalRunner(run, tmp_path / "out", simulator=True)._canary_key()
 
     base = key()
-    assert key(clients__concurrency=7) == base  # how the run is carried out
-    assert key(checks__minReasoningRate=0.99) != base  # what the canary is judged by
-    assert key(generation__sampling__temperature=0.9) != base  # what the records hold
+    assert key(**{"clients.concurrency": 7}) == base  # how the run is carried out
+    assert key(**{"checks.minReasoningRate": 0.99}) != base  # what the canary is judged by
+    assert key(**{"generation.sampling.temperature": 0.9}) != base  # what the records hold
 
 
 def test_a_resumes_progress_starts_at_the_records_the_output_holds(tmp_path: Path, standin_tokenizer: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_resumes_progress_starts_at_the_records_the_output_holds(tmp_path: Pat
     import re
     import signal
 
-    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.concurrency": 2})
     out = tmp_path / "out"
     first = start_generating(run_file, out)
     wait_until(

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import orjson
-import yaml
 
 from datagen_operator.api.commands import VerifyCommand
 from tests.local.runs import FAST_SIM, datagen_run, dataset_ids, manifest, start_generating, stored_keys
+from tests.manifests import DELETE
 from tests.programs import run_program
 
 
@@ -34,9 +34,7 @@ def test_wrong_reasoning_parser_halts_before_bulk_work(tmp_path: Path, standin_t
     run_file = manifest(
         tmp_path,
         standin_tokenizer,
-        model__preset=None,
-        server__reasoningParser="kimi",
-        server__toolCallParser="kimi_k2",
+        **{"model.preset": DELETE, "server.reasoningParser": "kimi", "server.toolCallParser": "kimi_k2"},
     )
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -75,11 +73,8 @@ def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, stan
 
 
 def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin_tokenizer: Path) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer)
     (tmp_path / "empty.jsonl").write_text("\n")
-    document = yaml.safe_load(run_file.read_text())
-    document["spec"]["dataset"]["path"] = str(tmp_path / "empty.jsonl")
-    run_file.write_text(yaml.safe_dump(document))
+    run_file = manifest(tmp_path, standin_tokenizer, dataset=tmp_path / "empty.jsonl")
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "InputsVerified=False" in result.stdout
@@ -91,7 +86,9 @@ def test_empty_dataset_is_refused_before_any_server(tmp_path: Path, standin_toke
 def test_a_server_over_several_nodes_is_refused_pointing_to_the_operator(
     tmp_path: Path, standin_tokenizer: Path
 ) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer, server__nodes=2, server__gpus=1, server__tensorParallel=2)
+    run_file = manifest(
+        tmp_path, standin_tokenizer, **{"server.nodes": 2, "server.gpus": 1, "server.tensorParallel": 2}
+    )
     result = datagen_run(run_file, *FAST_SIM)
     assert result.returncode == 2, result.stdout + result.stderr
     output = " ".join(result.stdout.split())  # rich wraps long lines
@@ -117,7 +114,7 @@ def _children_of(output: Path) -> list[str]:
 
 
 def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin_tokenizer: Path) -> None:
-    run_file = manifest(tmp_path, standin_tokenizer, clients__concurrency=2)
+    run_file = manifest(tmp_path, standin_tokenizer, **{"clients.concurrency": 2})
     out = tmp_path / "out"
     process = start_generating(run_file, out)
     time.sleep(1.0)
@@ -134,7 +131,9 @@ def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path: Path, standin_tok
     assert sorted(keys) == sorted((i, 0) for i in dataset_ids()), "records lost after resume"
 
     # The same output with other sampling is refused before a server is started (on GPUs: before a model load).
-    changed = manifest(tmp_path, standin_tokenizer, clients__concurrency=2, generation__sampling__temperature=0.9)
+    changed = manifest(
+        tmp_path, standin_tokenizer, **{"clients.concurrency": 2, "generation.sampling.temperature": 0.9}
+    )
     refused = datagen_run(changed, *FAST_SIM)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "InputsVerified=False" in refused.stdout and "FingerprintMismatch" in refused.stdout

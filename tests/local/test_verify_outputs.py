@@ -15,6 +15,7 @@ import yaml
 from datagen_operator.api.paths import POD_MOUNTS
 from datagen_operator.cli import main as datagen
 from tests.local.runs import FAST_SIM, PROMPTS, datagen_run, manifest
+from tests.manifests import DELETE, changed
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +32,15 @@ def halted(tmp_path_factory: pytest.TempPathFactory, standin_tokenizer: Path) ->
     root = tmp_path_factory.mktemp("halted")
     # As examples/misconfigured.yaml writes it: no preset (which would refuse the parser), trust remote code.
     run_file = manifest(
-        root, standin_tokenizer, model__preset=None, model__trustRemoteCode=True, server__reasoningParser="kimi",
-        server__toolCallParser="kimi_k2",
-    )  # fmt: skip
+        root,
+        standin_tokenizer,
+        **{
+            "model.preset": DELETE,
+            "model.trustRemoteCode": True,
+            "server.reasoningParser": "kimi",
+            "server.toolCallParser": "kimi_k2",
+        },
+    )
     result = datagen_run(run_file)
     assert result.returncode == 1 and "ParsersMismatch" in result.stdout, result.stdout + result.stderr
     return root / "out"
@@ -89,11 +96,17 @@ def as_cluster_output(finished: Path, volume: Path, *, dataset_path: str, output
     inside = dataset_path.removeprefix(POD_MOUNTS[0]).lstrip("/")
     (volume / inside).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(PROMPTS, volume / inside)
-    run = yaml.safe_load((output / "run.yaml").read_text())
     claim = {"persistentVolumeClaim": {"claimName": "data"}}
-    run["spec"]["model"] = {**run["spec"]["model"], "path": "/models/kimi-k2.5"}  # where the pods mount it
-    run["spec"]["dataset"] = {**run["spec"]["dataset"], "path": dataset_path, "volume": claim}
-    run["spec"]["output"] = {**run["spec"]["output"], "path": output_path, "volume": claim}
+    run = changed(
+        yaml.safe_load((output / "run.yaml").read_text()),
+        {
+            "spec.model.path": "/models/kimi-k2.5",  # where the pods mount it
+            "spec.dataset.path": dataset_path,
+            "spec.dataset.volume": claim,
+            "spec.output.path": output_path,
+            "spec.output.volume": claim,
+        },
+    )
     (output / "run.yaml").write_text(yaml.safe_dump(run))
     return output
 

@@ -18,7 +18,7 @@ from tests.worker.volume import Volume
 
 def run_file(tmp_path: Path, output: Path, count: int = 300, shards: int = 2) -> Path:
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(count))
-    return manifest(tmp_path, standin(), dataset=dataset, output=output, clients__shards=shards)
+    return manifest(tmp_path, standin(), dataset=dataset, output=output, **{"clients.shards": shards})
 
 
 def preflight(path: Path):
@@ -84,7 +84,9 @@ def test_the_room_estimate_counts_every_turn_of_whole_conversations_and_refuses_
         folder.mkdir()
         dataset = write_dataset(folder / "prompts.jsonl", conversations(300, turns))
         output = small_volume.root / f"out-{turns}"
-        path = manifest(folder, standin(), dataset=dataset, output=output, generation__turns="all", clients__shards=1)
+        path = manifest(
+            folder, standin(), dataset=dataset, output=output, **{"generation.turns": "all", "clients.shards": 1}
+        )
         estimates[turns], _ = preflight(path)
     one, five = estimates[1], estimates[5]
     assert (one.records, five.records) == (300, 5 * 300)

@@ -293,7 +293,6 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
     unbind()
 
 
-LENIENT = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
 STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
 LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens", "8")
 """Answers longer than max_new_tokens (64): truncated records, which a strict maxTruncationRate halts on."""

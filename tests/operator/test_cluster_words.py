@@ -38,7 +38,14 @@ def test_the_progress_column_and_status_say_the_eta_and_a_live_change_is_said_in
     lenient = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim, Poller(runs, log) as poller:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, checks=lenient, clients={"shards": 2}))
+        runs.create(
+            cluster_run(
+                name,
+                data_dir,
+                standin_tokenizer,
+                **{"checks.maxTruncationRate": 1.0, "checks.minReasoningRate": 0.0, "clients.shards": 2},
+            )
+        )
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         progress = runs.wait_for(
             "an ETA in status.progress", lambda: (status(runs, name).get("progress") or {}).get("eta"), 90

@@ -102,7 +102,7 @@ def test_one_server_pod_per_run_through_live_changes_verification_and_release(
     name = new_name("counted")
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 3, "concurrency": 2}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"clients.shards": 3, "clients.concurrency": 2}))
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         loaded = server_pod(runs, name)
         sts_before = runs.apps.read_namespaced_stateful_set(f"{name}-server", runs.namespace)

@@ -43,7 +43,9 @@ def test_a_dataset_edited_mid_run_halts_it_within_seconds_naming_the_line_and_th
     dataset.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     name = new_name("edited")
     output = data_dir / "out" / name
-    manifest = cluster_run(name, data_dir, standin_tokenizer, clients={"shards": SHARDS, "concurrency": CONCURRENCY})
+    manifest = cluster_run(
+        name, data_dir, standin_tokenizer, **{"clients.shards": SHARDS, "clients.concurrency": CONCURRENCY}
+    )
     with start_sim(*SIM, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
         runs.create(manifest)

@@ -22,7 +22,6 @@ from tests.harness.sim import SimServer
 from tests.manifests import cluster_run
 from tests.operator.conftest import (
     KIMI,
-    LENIENT,
     LONG_ANSWERS,
     SLOW,
     STRICT,
@@ -205,7 +204,7 @@ def test_deleting_finished_step_children_at_every_phase_changes_nothing(
     steps = Steps(runs, kubelet, name)
     with sim_later(standin_tokenizer) as sim, Polls(runs, name) as polls:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, export={"formats": ["speculators"]}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"export.formats": ["speculators"]}))
 
         # While the server loads: the preflight's verdict is all there is.
         runs.wait(name, "InputsVerified", "True", "Passed", timeout=90)
@@ -268,8 +267,18 @@ def test_deleting_a_halted_runs_children_changes_nothing(
         sim.wait_ready()
         operator([sim.url])
         many_prompts(data_dir)
-        sampling = {"sampling": {"max_new_tokens": 64}}
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, generation=sampling, checks=LENIENT))
+        runs.create(
+            cluster_run(
+                name,
+                data_dir,
+                standin_tokenizer,
+                **{
+                    "generation.sampling": {"max_new_tokens": 64},
+                    "checks.maxTruncationRate": 1.0,
+                    "checks.minReasoningRate": 0.0,
+                },
+            )
+        )
         runs.wait(name, "Progressing", "True", "Running", timeout=150)
         records = lambda: (runs.get(name)["status"].get("progress") or {}).get("records", 0)  # noqa: E731
         runs.wait_for("16 records", lambda: records() >= 16, 120)

@@ -20,7 +20,7 @@ def test_export_job_after_verification_writes_each_record_once(
     name = new_name("export")
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, export={"formats": ["speculators"]}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"export.formats": ["speculators"]}))
         exported = runs.wait(name, "Exported", "True", "Exported", timeout=240)
         runs.wait(name, "Succeeded", "True", "Completed", timeout=30)
     assert "speculators: 24 rows" in exported["message"]

@@ -54,7 +54,9 @@ def test_a_run_on_an_external_service_creates_no_server_and_sends_to_the_service
         operator([])  # no test override: the run's URL is the Service's own
         external = {"service": {"name": SERVICE, "port": sim.port}}
         runs.create(
-            cluster_run(name, data_dir, standin_tokenizer, server={"external": external, "tolerations": DELETE})
+            cluster_run(
+                name, data_dir, standin_tokenizer, **{"server.external": external, "server.tolerations": DELETE}
+            )
         )
 
         done = runs.wait(name, "Succeeded", "True", "Completed", timeout=180)

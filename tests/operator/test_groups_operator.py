@@ -31,7 +31,7 @@ def test_a_two_node_server_runs_to_succeeded_and_a_lost_worker_recreates_its_gro
     name = new_name("group")
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"nodes": 2}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"server.nodes": 2}))
 
         ready = runs.wait(name, "ServerReady", "True", "Ready", timeout=120)
         assert "1/1 replica ready" in ready["message"]
@@ -82,7 +82,7 @@ def test_a_group_that_cannot_be_placed_shows_the_schedulers_words(
     name = new_name("big-group")
     operator(["http://127.0.0.1:9"])
     # Three 8-GPU pods, two GPU nodes: the third pod of the group finds no node.
-    runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"nodes": 3}))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"server.nodes": 3}))
     condition = runs.wait(name, "ServerReady", "False", "Unschedulable", timeout=90)
     assert "Insufficient nvidia.com/gpu" in condition["message"]
     assert "of a group of 3; 2 of its pods placed and holding their GPUs meanwhile" in condition["message"]

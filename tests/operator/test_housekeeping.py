@@ -37,7 +37,6 @@ from tests.harness.sim import SimServer
 from tests.manifests import cluster_run
 from tests.operator.conftest import (
     KIMI,
-    LENIENT,
     LONG_ANSWERS,
     SLOW,
     STRICT,
@@ -135,8 +134,18 @@ def to_phase(phase: str, runs: Runs, name: str, kubelet: PodRunner, sim: SimServ
     """Create the run and bring it to `phase`; the simulator is started here except for "loading"."""
     if phase == "halted":
         many_prompts(data)
-        sampling = {"sampling": {"max_new_tokens": 64}}
-        runs.create(cluster_run(name, data, tok, generation=sampling, checks=LENIENT))
+        runs.create(
+            cluster_run(
+                name,
+                data,
+                tok,
+                **{
+                    "generation.sampling": {"max_new_tokens": 64},
+                    "checks.maxTruncationRate": 1.0,
+                    "checks.minReasoningRate": 0.0,
+                },
+            )
+        )
     else:
         runs.create(cluster_run(name, data, tok))
     if phase == "loading":
@@ -268,7 +277,7 @@ def test_a_successful_run_warns_of_nothing_and_logs_no_line_per_watch_event(
     with sim:
         sim.wait_ready()
         log = logged_operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 3}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"clients.shards": 3}))
         runs.wait(name, "Succeeded", "True", "Completed", timeout=240)
         runs.wait_passes(name, 3)  # passes over the finished run: its last events and log lines
     events = runs.events(name)

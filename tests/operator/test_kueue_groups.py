@@ -60,7 +60,7 @@ def test_a_two_node_server_is_queued_whole_and_admitted_whole(
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"nodes": 2}, queue={"name": local_queue}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"server.nodes": 2, "queue.name": local_queue}))
 
         # Kueue's scheduler writes what is short on its next cycle; until then the run says it waits for Kueue.
         queued = watching("Progressing", "False", "Queued", timeout=120, words=f"insufficient quota for {GPU_RESOURCE}")

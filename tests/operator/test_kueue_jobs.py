@@ -27,8 +27,8 @@ from tests.manifests import cluster_run
 from tests.operator.conftest import KIMI, SLOW, OperatorFactory, Runs, many_prompts, new_name
 
 AMPLE = run_quota(8)
-CLIENTS = {"cpu": "100m", "memory": "256Mi"}
-"""What each CPU pod of the runs here asks: what Kueue admits their Jobs by."""
+CLIENTS = {"clients.cpu": "100m", "clients.memory": "256Mi"}
+"""What each CPU pod of the runs here asks (dotted spec changes): what Kueue admits their Jobs by."""
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_a_run_whose_queue_has_no_cpu_quota_for_its_jobs_says_queued_until_it_ha
     ):
         operator([sim.url])
         name = new_name("cpu-quota")
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, queue={"name": lq}, clients=CLIENTS))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"queue.name": lq, **CLIENTS}))
         queued = wait_condition(runs, kueue_controller, name, "Progressing", "False", "Queued", 60, "cpu")
         message = queued["message"]
         assert message.startswith(f"the preflight Job is queued by Kueue in LocalQueue {lq} (ClusterQueue {cq}):"), (
@@ -150,7 +150,7 @@ def test_where_kueue_manages_every_job_a_suspend_goes_through_the_workload_and_n
         start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim,
     ):
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, clients=CLIENTS))  # no spec.queue
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **CLIENTS))  # no spec.queue
         watching("8 records", lambda: records() >= 8, 180)
         job = runs.job(workers)
         assert job is not None and job.metadata.labels.get(object_meta.KUEUE_QUEUE_LABEL) == "default", (
@@ -196,7 +196,7 @@ def test_where_kueue_manages_every_job_and_no_local_queue_takes_them_the_run_nam
     name = new_name("no-queue")
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, clients=CLIENTS))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **CLIENTS))
         said = wait_condition(runs, kueue_controller, name, "Progressing", "False", "Queued", 60, "spec.queue")
         assert "names no LocalQueue" in said["message"], said["message"]
         started = time.monotonic()

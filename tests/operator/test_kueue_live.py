@@ -79,7 +79,7 @@ def test_a_queued_run_takes_new_placement_and_a_new_queue_by_a_new_server_and_co
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, queue={"name": empty}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"queue.name": empty}))
         wait("Progressing", "False", "Queued", words=f"LocalQueue {empty}")
         made_anew(1)
 

@@ -66,10 +66,10 @@ def test_two_queued_runs_share_8_gpus_of_quota_one_after_the_other(
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(first, data_dir, standin_tokenizer, queue={"name": local_queue}))
+        runs.create(cluster_run(first, data_dir, standin_tokenizer, **{"queue.name": local_queue}))
         created.append(first)
         watching(first, "ServerReady", "True", "Ready", timeout=120)
-        runs.create(cluster_run(second, data_dir, standin_tokenizer, queue={"name": local_queue}))
+        runs.create(cluster_run(second, data_dir, standin_tokenizer, **{"queue.name": local_queue}))
         created.append(second)
 
         watching(second, "Progressing", "False", "Queued", timeout=90)

@@ -114,14 +114,17 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
         PodRouter(pods.to(sim.url)) as router,
     ):
         operator([router.endpoint_template])
-        queue = {"name": local_queue}
         runs.create(
             cluster_run(
                 low,
                 data_dir,
                 standin_tokenizer,
-                queue={**queue, "workloadPriorityClassName": classes["low"]},
-                clients={"shards": 2, "concurrency": 8},
+                **{
+                    "queue.name": local_queue,
+                    "queue.workloadPriorityClassName": classes["low"],
+                    "clients.shards": 2,
+                    "clients.concurrency": 8,
+                },
             )
         )
         created.append(low)
@@ -134,8 +137,11 @@ def test_a_preempted_run_pauses_and_completes_every_record_once_after_readmissio
                 high,
                 data_dir,
                 standin_tokenizer,
-                queue={**queue, "workloadPriorityClassName": classes["high"]},
-                dataset={"path": few.name},
+                **{
+                    "queue.name": local_queue,
+                    "queue.workloadPriorityClassName": classes["high"],
+                    "dataset.path": few.name,
+                },
             )
         )
         created.append(high)

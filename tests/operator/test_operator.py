@@ -37,7 +37,7 @@ def test_run_story_apply_to_succeeded_with_a_crash_and_an_operator_restart(
     with start_sims([(*KIMI, *SLOW), (*KIMI, *SLOW)], tokenizer_dir=standin_tokenizer) as sims:
         urls = [sim.url for sim in sims]  # two data-parallel replicas, one simulator each
         handle = operator(urls)
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, server={"replicas": 2}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"server.replicas": 2}))
 
         # The inputs are checked by a CPU pod before any GPU is asked for.
         inputs = runs.wait(name, "InputsVerified", "True", "Passed", timeout=60)
@@ -105,7 +105,7 @@ def test_not_enough_gpus_shows_the_schedulers_words_and_warns_only_when_waiting_
     the normal wait of a shared cluster: a Normal event, and the run moves on once the GPUs are free."""
     big, busy = new_name("big"), new_name("busy")
     operator(["http://127.0.0.1:9"])
-    runs.create(cluster_run(big, data_dir, standin_tokenizer, server={"gpus": 16, "tensorParallel": 16}))
+    runs.create(cluster_run(big, data_dir, standin_tokenizer, **{"server.gpus": 16, "server.tensorParallel": 16}))
     condition = runs.wait(big, "ServerReady", "False", "Unschedulable", timeout=60)
     assert "Insufficient nvidia.com/gpu" in condition["message"] and NEVER_FITS_HINT in condition["message"]
     assert runs.job(f"{big}-canary") is None and runs.job(f"{big}-workers") is None
@@ -168,7 +168,7 @@ def test_an_empty_dataset_halts_before_any_server_pod(
     name = new_name("empty")
     operator(["http://127.0.0.1:9"])
     (data_dir / "empty.jsonl").write_text("\n")
-    runs.create(cluster_run(name, data_dir, standin_tokenizer, dataset={"path": "empty.jsonl"}))
+    runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"dataset.path": "empty.jsonl"}))
     halted = runs.wait(name, "Succeeded", "False", "PreflightFailed", timeout=90)
     assert "the dataset is empty" in halted["message"]
     assert runs.condition(name, "InputsVerified")["reason"] == "DatasetUnusable"  # type: ignore[index]

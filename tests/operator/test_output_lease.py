@@ -22,10 +22,10 @@ def test_a_second_run_on_one_output_is_refused_before_any_server(
     output = f"out/{first}"
     with start_sim(*KIMI, *SLOW, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        created = runs.create(cluster_run(first, data_dir, standin_tokenizer, output={"path": output}))
+        created = runs.create(cluster_run(first, data_dir, standin_tokenizer, **{"output.path": output}))
         runs.wait(first, "Progressing", "True", "Running", timeout=150)
 
-        runs.create(cluster_run(second, data_dir, standin_tokenizer, output={"path": output}))
+        runs.create(cluster_run(second, data_dir, standin_tokenizer, **{"output.path": output}))
         refused = runs.wait(second, "InputsVerified", "False", "OutputInUse", timeout=90)
         assert f"is held by {runs.namespace}/{first}" in refused["message"], refused["message"]
         assert created["metadata"]["uid"] in refused["message"] and " until 20" in refused["message"]
@@ -59,14 +59,14 @@ def test_a_run_halted_at_the_parser_check_gives_its_lease_back_once(
         "--reasoning-parser", "kimi", "--tool-call-parser", "kimi_k2", tokenizer_dir=standin_tokenizer
     ) as sim:  # the wrong reasoning parser: every run on it halts ParsersMismatch
         operator([sim.url])
-        created = runs.create(cluster_run(halted, data_dir, standin_tokenizer, output={"path": output}))
+        created = runs.create(cluster_run(halted, data_dir, standin_tokenizer, **{"output.path": output}))
         runs.wait(halted, "Succeeded", "False", "ParsersMismatch", timeout=90)
         runs.wait_for("the halted run's lease given back", lambda: not lease.exists(), 60)
         job = runs.batch.read_namespaced_job(f"{halted}-release", runs.namespace)
         assert job.metadata.owner_references[0].uid == created["metadata"]["uid"], "deleted with its run"
 
         # Another run on the output is not refused; it takes the lease and, halted the same way, gives it back.
-        runs.create(cluster_run(after, data_dir, standin_tokenizer, output={"path": output}))
+        runs.create(cluster_run(after, data_dir, standin_tokenizer, **{"output.path": output}))
         verified = runs.wait(after, "InputsVerified", "True", timeout=90)
         assert "held by" not in verified["message"], verified["message"]
         runs.wait(after, "Succeeded", "False", "ParsersMismatch", timeout=90)
@@ -85,10 +85,10 @@ def test_a_run_refused_while_the_holder_is_past_its_preflight_only_is_told_so(
     output = f"out/{first}"
     # A server URL nothing answers: the first run's server pod runs and reads as loading for as long as the test.
     operator(["http://127.0.0.1:9"])
-    runs.create(cluster_run(first, data_dir, standin_tokenizer, output={"path": output}))
+    runs.create(cluster_run(first, data_dir, standin_tokenizer, **{"output.path": output}))
     runs.wait(first, "ServerReady", "False", "Loading", timeout=120)
 
-    runs.create(cluster_run(second, data_dir, standin_tokenizer, output={"path": output}))
+    runs.create(cluster_run(second, data_dir, standin_tokenizer, **{"output.path": output}))
     refused = runs.wait(second, "InputsVerified", "False", "OutputInUse", timeout=90)
     message = refused["message"]
     assert f"is held by {runs.namespace}/{first}" in message, message

@@ -105,13 +105,22 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
     (data_dir / "broken.jsonl").write_text('{"id": "x", "messages": "not a list"}\nnot json\n')
     name, broken = new_name("columns"), new_name("broken")
     log = runs.cluster.logs_dir / f"kubectl-get-dgr-{name}.log"
-    sampling = {"sampling": {"max_new_tokens": 64}}
     with start_sim(*SIM, tokenizer_dir=standin_tokenizer) as sim, Poller(runs, log) as poller:
         operator([sim.url])
         runs.create(
-            cluster_run(name, data_dir, standin_tokenizer, generation=sampling, checks=LENIENT, clients={"shards": 2})
+            cluster_run(
+                name,
+                data_dir,
+                standin_tokenizer,
+                **{
+                    "generation.sampling": {"max_new_tokens": 64},
+                    "checks.maxTruncationRate": 1.0,
+                    "checks.minReasoningRate": 0.0,
+                    "clients.shards": 2,
+                },
+            )
         )
-        runs.create(cluster_run(broken, data_dir, standin_tokenizer, dataset={"path": "broken.jsonl"}))
+        runs.create(cluster_run(broken, data_dir, standin_tokenizer, **{"dataset.path": "broken.jsonl"}))
         runs.wait(broken, "Succeeded", "False", "PreflightFailed", timeout=90)
         # Its refusal recorded, the refused preflight's Job goes: no pod of the run is left in Error.
         runs.wait_for(

@@ -29,7 +29,7 @@ def test_status_progress_follows_the_workers_within_about_10_s(
 ) -> None:
     many_prompts(data_dir, PROMPTS, "why is the sky blue?")
     name = new_name("lag")
-    manifest = cluster_run(name, data_dir, standin_tokenizer, clients={"shards": 2, "concurrency": 4})
+    manifest = cluster_run(name, data_dir, standin_tokenizer, **{"clients.shards": 2, "clients.concurrency": 4})
     samples: list[tuple[float, int, int]] = []  # (time, the workers' records, status.progress.records)
 
     def workers_records() -> int:

@@ -88,11 +88,13 @@ def test_restricted_namespace_admits_and_runs_every_cpu_pod_and_refuses_only_the
     name = new_name("sec")
     volumes.append(claim_on_host_folder(runs, "models", standin_tokenizer.parent, "ReadOnlyMany"))
     volumes.append(claim_on_host_folder(runs, "data", data_dir, "ReadWriteMany"))
-    manifest = cluster_run(name, data_dir, standin_tokenizer)
-    spec = manifest["spec"]
-    spec["model"] |= {"path": "/models/kimi", "subPath": standin_tokenizer.name,
-                      "volume": {"persistentVolumeClaim": {"claimName": "models"}}}  # fmt: skip
-    spec["dataset"]["volume"] = spec["output"]["volume"] = {"persistentVolumeClaim": {"claimName": "data"}}
+    data = {"persistentVolumeClaim": {"claimName": "data"}}
+    manifest = cluster_run(
+        name, data_dir, standin_tokenizer,
+        **{"model.path": "/models/kimi", "model.subPath": standin_tokenizer.name,
+           "model.volume": {"persistentVolumeClaim": {"claimName": "models"}}, "dataset.volume": data,
+           "output.volume": data},
+    )  # fmt: skip
     # The operator asks the server itself before it trusts it: no answer until the simulator starts below.
     sim = SimServer(KIMI, tokenizer_dir=standin_tokenizer, port=free_port())
     operator([sim.url])
@@ -180,10 +182,12 @@ def test_a_one_node_claim_shared_across_nodes_is_a_warning_on_the_run(
             },
         )
     name = new_name("rwo")
-    manifest = cluster_run(name, data_dir, standin_tokenizer)  # two shards
-    spec = manifest["spec"]
-    spec["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models"}}
-    spec["dataset"]["volume"] = spec["output"]["volume"] = {"persistentVolumeClaim": {"claimName": "data"}}
+    data = {"persistentVolumeClaim": {"claimName": "data"}}
+    manifest = cluster_run(  # two shards
+        name, data_dir, standin_tokenizer,
+        **{"model.volume": {"persistentVolumeClaim": {"claimName": "models"}}, "dataset.volume": data,
+           "output.volume": data},
+    )  # fmt: skip
     operator(["http://127.0.0.1:9"])
     runs.create(manifest)
 

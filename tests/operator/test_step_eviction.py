@@ -40,7 +40,7 @@ def test_evicting_each_steps_pod_spends_no_retry(
 
     with start_sim(*KIMI, tokenizer_dir=standin_tokenizer) as sim:
         operator([sim.url])
-        runs.create(cluster_run(name, data_dir, standin_tokenizer, export={"formats": ["speculators"]}))
+        runs.create(cluster_run(name, data_dir, standin_tokenizer, **{"export.formats": ["speculators"]}))
         for step in STEPS:
             for _ in range(EVICTIONS):
                 pod = runs.wait_for(f"a {step} pod to evict", lambda step=step: pending_pod(step), timeout=240)

@@ -43,8 +43,7 @@ def test_a_full_output_volume_halts_the_run_naming_it(
         data_dir,
         standin_tokenizer,
         # One shard: a second that finishes first gives its reserve back and lets the other finish.
-        clients={"shards": 1},
-        output={"path": name, "volume": {"hostPath": {"path": str(small_volume.root)}}},
+        **{"clients.shards": 1, "output.path": name, "output.volume": {"hostPath": {"path": str(small_volume.root)}}},
     )
     # Room for the least of the output (the preflight passes), not for the simulator's answers.
     small_volume.leave_free(least_output(manifest, data_dir, small_volume.root, standin_tokenizer) + 8 * 1024)

@@ -6,17 +6,14 @@ tests/contract/test_sim_launch.py.)
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-
-import yaml
 
 from datagen_operator.api import parse_run
 from datagen_operator.engine.launch import LEADER_ADDRESS_ENV, WORKER_INDEX_ENV, server_argv
 from datagen_operator.engine.sim.config import parse_settings
 from datagen_operator.output.fingerprint import DATA_SERVER_ARGS
 from tests.harness.sim import SimServer
-from tests.manifests import EXAMPLES
+from tests.manifests import example_run
 from tests.sim.conftest import SHORT
 from tests.sim.http import get, post
 from tests.sim.prompts import chat_prompt
@@ -25,8 +22,7 @@ from tests.sim.prompts import chat_prompt
 def _launch_flags(server: dict[str, object]) -> list[str]:
     """The operator's launch command for an example run with these server fields, without the program, as the
     leader pod runs it (Kubernetes expands the LeaderWorkerSet variables)."""
-    document = copy.deepcopy(yaml.safe_load((EXAMPLES / "kimi-k2.5.yaml").read_text()))
-    document["spec"]["server"].update(server)
+    document = example_run(**{f"spec.server.{key}": value for key, value in server.items()})
     argv = server_argv(parse_run(document).spec, model_path="/models/kimi")[3:]
     return [arg.replace(f"$({WORKER_INDEX_ENV})", "0").replace(f"$({LEADER_ADDRESS_ENV})", "leader") for arg in argv]
 

@@ -15,11 +15,11 @@ from datagen_operator.control.observed import (
     ServerObservation,
     WorkersObservation,
 )
-from tests.manifests import kimi_run
+from tests.manifests import example_run
 
 
 def spec(document=None) -> DataGenRunSpec:
-    return parse_run(document or kimi_run()).spec
+    return parse_run(document or example_run()).spec
 
 
 def context(s: DataGenRunSpec) -> CheckContext:

@@ -57,13 +57,13 @@ def write_dataset(path: Path, items: list[dict[str, Any]], extra_lines: dict[int
     return path
 
 
-def spec(dataset: Path, output: Path, **overrides: Any) -> dict[str, Any]:
-    """A kimi-k2.5 run (the preset's thinking default) with the stand-in tokenizer; `overrides` are dotted paths."""
+def spec(dataset: Path, output: Path, **changes: Any) -> dict[str, Any]:
+    """A kimi-k2.5 run (the preset's thinking default) with the stand-in tokenizer; `changes` are dotted paths."""
     base = {
         "generation": {"sampling": {"max_new_tokens": 512, "temperature": 0.6}},
         "clients": {"shards": 1, "concurrency": 8, "maxAttempts": 8, "requestTimeout": "30s"},
     }
-    return local_spec(standin(), dataset, output, **{**base, **overrides})
+    return local_spec(standin(), dataset, output, **{**base, **changes})
 
 
 def worker_args(document: dict[str, Any], servers: list[str], *extra: str) -> list[str]:

@@ -40,9 +40,9 @@ SHARDS = 2
 PACED = ("--sim-speed", "gpu", "--sim-ttft-s", "0.01", "--sim-batch-capacity", "256", "--sim-tokens-per-s", "300")
 
 
-def _run_spec(items: list[dict[str, Any]], tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+def _run_spec(items: list[dict[str, Any]], tmp_path: Path, **changes: Any) -> dict[str, Any]:
     dataset = write_dataset(tmp_path / "prompts.jsonl", items)
-    return spec(dataset, tmp_path / "out", **{"clients.shards": SHARDS, **overrides})
+    return spec(dataset, tmp_path / "out", **{"clients.shards": SHARDS, **changes})
 
 
 def _shard(document: dict[str, Any], index: int, server: str, *extra: str) -> int:

@@ -11,7 +11,7 @@ from datagen_operator.api.duration import format_duration, parse_duration
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.engine.launch import server_argv
 from datagen_operator.presets import preset_names
-from tests.manifests import DELETE, EXAMPLES, kimi_run, with_changes
+from tests.manifests import DELETE, EXAMPLES, changed, example_run
 from tests.schema_corpus import MUTATIONS, Mutation, validate_verdict
 
 
@@ -32,7 +32,7 @@ def test_every_example_is_a_valid_run_and_every_preset_has_one() -> None:
 
 
 def test_defaults_and_durations() -> None:
-    run = parse_run(kimi_run())
+    run = parse_run(example_run())
     assert run.spec.server.startup_timeout == 45 * 60
     assert run.spec.server.tp_size == 8 and run.spec.server.dp_size == 1
     assert run.spec.clients.request_timeout == 3600
@@ -53,17 +53,17 @@ def test_format_duration_round_trips() -> None:
 
 @pytest.mark.parametrize("bad", ["45", "forty", "-1m", "1d", ""])
 def test_bad_durations_are_refused(bad: str) -> None:
-    assert "spec.server.startupTimeout" in errors_of(with_changes("spec.server.startupTimeout", bad))
+    assert "spec.server.startupTimeout" in errors_of(example_run(**{"spec.server.startupTimeout": bad}))
 
 
 def test_unknown_field_is_refused_with_its_path() -> None:
-    errors = errors_of(with_changes("spec.server.gpuCount", 8))
+    errors = errors_of(example_run(**{"spec.server.gpuCount": 8}))
     assert "spec.server.gpuCount" in errors
     assert "unknown field" in errors["spec.server.gpuCount"]
 
 
 def test_tensor_parallel_must_divide_gpus() -> None:
-    errors = errors_of(with_changes("spec.server.tensorParallel", 3))
+    errors = errors_of(example_run(**{"spec.server.tensorParallel": 3}))
     (field, message), *_ = errors.items()
     assert field == "spec.server.tensorParallel"  # where the CRD's CEL rule reports it too
     assert "tensorParallel 3 does not divide gpus 8" in message
@@ -71,13 +71,7 @@ def test_tensor_parallel_must_divide_gpus() -> None:
 
 def server_changes(**server: object) -> dict[str, Any]:
     """The Kimi example (8 GPUs, tensorParallel 8) with server fields set (`DELETE` removes one)."""
-    document = kimi_run()
-    for key, value in server.items():
-        if value is DELETE:
-            document["spec"]["server"].pop(key)
-        else:
-            document["spec"]["server"][key] = value
-    return document
+    return example_run(**{f"spec.server.{key}": value for key, value in server.items()})
 
 
 def test_a_group_of_nodes_needs_tensor_parallel_over_all_its_gpus() -> None:
@@ -102,7 +96,7 @@ def test_attention_data_parallel_must_fit_the_tensor_parallel_group(server: dict
 
 
 def test_data_parallel_inside_a_pod() -> None:
-    run = parse_run(with_changes("spec.server.tensorParallel", 4))
+    run = parse_run(example_run(**{"spec.server.tensorParallel": 4}))
     assert (run.spec.server.tp_size, run.spec.server.dp_size) == (4, 2)
 
 
@@ -119,18 +113,18 @@ def test_data_parallel_inside_a_pod() -> None:
     ],
 )
 def test_ranges_are_checked(path: str, value: Any, field: str) -> None:
-    assert field in errors_of(with_changes(path, value))
+    assert field in errors_of(example_run(**{path: value}))
 
 
 def test_openai_max_tokens_is_explained() -> None:
-    document = with_changes("spec.generation.sampling", {"max_tokens": 100})
+    document = example_run(**{"spec.generation.sampling": {"max_tokens": 100}})
     message = errors_of(document)["spec.generation.sampling.max_tokens"]
     assert "max_new_tokens" in message
 
 
 def test_a_misspelled_export_flag_is_refused_naming_the_field_the_value_and_the_flags() -> None:
     """A typo in spec.export.excludeFlags would exclude nothing (bug 3): refused as the CRD's enum refuses it."""
-    document = with_changes("spec.export", {"formats": ["trl"], "excludeFlags": ["truncated", "truncted"]})
+    document = example_run(**{"spec.export": {"formats": ["trl"], "excludeFlags": ["truncated", "truncted"]}})
     errors = errors_of(document)
     assert set(errors) == {"spec.export.excludeFlags[1]"}
     message = errors["spec.export.excludeFlags[1]"]
@@ -140,23 +134,23 @@ def test_a_misspelled_export_flag_is_refused_naming_the_field_the_value_and_the_
 
 def test_unpinned_image_is_refused() -> None:
     for image in ("lmsysorg/sglang:latest", "lmsysorg/sglang"):
-        message = errors_of(with_changes("spec.server.image", image))["spec.server.image"]
+        message = errors_of(example_run(**{"spec.server.image": image}))["spec.server.image"]
         assert "not pinned" in message
-    assert parse_run(with_changes("spec.server.image", "registry:5000/sglang:v0.5.23"))
+    assert parse_run(example_run(**{"spec.server.image": "registry:5000/sglang:v0.5.23"}))
 
 
 def test_kimi_parser_contradicts_kimi_k25() -> None:
-    message = errors_of(with_changes("spec.server.reasoningParser", "kimi"))["spec.server.reasoningParser"]
+    message = errors_of(example_run(**{"spec.server.reasoningParser": "kimi"}))["spec.server.reasoningParser"]
     assert "◁think▷" in message and "<think>" in message and "use kimi_k2" in message
 
 
 def test_no_reasoning_parser_contradicts_a_thinking_preset() -> None:
-    message = errors_of(with_changes("spec.server.reasoningParser", "none"))["spec.server.reasoningParser"]
+    message = errors_of(example_run(**{"spec.server.reasoningParser": "none"}))["spec.server.reasoningParser"]
     assert "reasoning_content is null" in message
 
 
 def test_unknown_parser_name_lists_choices() -> None:
-    message = errors_of(with_changes("spec.server.reasoningParser", "kimi-k2"))["spec.server.reasoningParser"]
+    message = errors_of(example_run(**{"spec.server.reasoningParser": "kimi-k2"}))["spec.server.reasoningParser"]
     assert "kimi_k2" in message and "not a reasoning parser" in message
 
 
@@ -164,46 +158,46 @@ def test_unknown_parser_name_lists_choices() -> None:
 def test_auto_parser_is_refused_for_what_it_is_not_as_unknown_to_sglang(field: str) -> None:
     # SGLang accepts `auto` (it picks from the chat template at start-up); the spec refuses it because a run
     # names its parser, and says so without implying SGLang would refuse it.
-    message = errors_of(with_changes(f"spec.server.{field}", "auto"))[f"spec.server.{field}"]
+    message = errors_of(example_run(**{f"spec.server.{field}": "auto"}))[f"spec.server.{field}"]
     assert "lets SGLang pick" in message and "leave it unset" in message and "kimi_k2" in message
     assert "is not a" not in message
 
 
 def test_unknown_preset_without_parsers_lists_presets_and_how_to_set_parsers() -> None:
-    message = errors_of(with_changes("spec.model.preset", "llama-5"))["spec.model.preset"]
+    message = errors_of(example_run(**{"spec.model.preset": "llama-5"}))["spec.model.preset"]
     assert "kimi-k2.5" in message and "qwen3" in message
     assert "reasoningParser" in message and "toolCallParser" in message
 
 
 def test_no_preset_with_explicit_parsers_is_accepted() -> None:
-    document = with_changes("spec.model.preset", DELETE)
-    document["spec"]["server"].update(reasoningParser="qwen3", toolCallParser="qwen25")
+    document = example_run(
+        **{"spec.model.preset": DELETE, "spec.server.reasoningParser": "qwen3", "spec.server.toolCallParser": "qwen25"}
+    )
     resolved = resolve_model(parse_run(document).spec)
     assert (resolved.reasoning_parser, resolved.tool_call_parser) == ("qwen3", "qwen25")
     assert (resolved.think_start, resolved.think_end) == ("<think>", "</think>")
 
 
 def test_thinking_on_a_non_thinking_preset_is_refused() -> None:
-    document = with_changes("spec.model.preset", "kimi-k2-instruct")
+    document = example_run(**{"spec.model.preset": "kimi-k2-instruct"})
     message = errors_of(document)["spec.generation.thinking"]
     assert "no thinking mode" in message
-    document["spec"]["generation"]["thinking"] = False
+    document = changed(document, {"spec.generation.thinking": False})
     assert resolve_model(parse_run(document).spec).reasoning_parser is None
 
 
 def test_thinking_off_on_an_always_thinking_preset_is_refused() -> None:
-    document = with_changes("spec.model.preset", "kimi-k2-thinking")
-    document["spec"]["generation"]["thinking"] = False
+    document = example_run(**{"spec.model.preset": "kimi-k2-thinking", "spec.generation.thinking": False})
     assert "always thinks" in errors_of(document)["spec.generation.thinking"]
 
 
 def test_volume_needs_exactly_one_source() -> None:
-    document = with_changes("spec.dataset.volume", {})
+    document = example_run(**{"spec.dataset.volume": {}})
     assert "spec.dataset.volume" in errors_of(document)
 
 
 def test_preset_defaults_apply() -> None:
-    resolved = resolve_model(parse_run(kimi_run()).spec)
+    resolved = resolve_model(parse_run(example_run()).spec)
     assert resolved.reasoning_parser == "kimi_k2" and resolved.tool_call_parser == "kimi_k2"
     assert resolved.thinking and resolved.trust_remote_code
     assert resolved.think_end == "</think>"
@@ -227,20 +221,20 @@ def test_validate_verdict_on_the_schema_corpus(mutation: Mutation) -> None:
     ],
 )
 def test_types_are_strict_as_the_crd(path: str, value: Any) -> None:
-    assert path in errors_of(with_changes(path, value))
+    assert path in errors_of(example_run(**{path: value}))
 
 
 def test_snake_case_spelling_of_a_camel_case_field_is_unknown() -> None:
-    document = with_changes("spec.clients.max_attempts", 3)
+    document = example_run(**{"spec.clients.max_attempts": 3})
     assert "unknown field" in errors_of(document)["spec.clients.max_attempts"]
 
 
 def test_the_tokenizer_directory_is_the_tokenizer_path_else_the_model_path_and_no_field() -> None:
     from datagen_operator.api.crd import crd_manifest
 
-    spec = parse_run(kimi_run()).spec
+    spec = parse_run(example_run()).spec
     assert spec.model.tokenizer_path is None and spec.model.tokenizer_dir == spec.model.path
-    own = parse_run(with_changes("spec.model.tokenizerPath", "/models/tok")).spec
+    own = parse_run(example_run(**{"spec.model.tokenizerPath": "/models/tok"})).spec
     assert own.model.tokenizer_dir == "/models/tok"
     # a rule over the spec, not a field of it: not written, not read, not in the CRD
     assert "tokenizerDir" not in own.model.model_dump(by_alias=True)

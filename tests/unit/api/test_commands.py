@@ -98,7 +98,7 @@ def test_each_command_reads_back_the_same_through_its_programs_own_parser(comman
 
 
 RUN = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
-SPEC = parse_spec(unit_spec(model={"tokenizerPath": "/models/kimi/tok"}))
+SPEC = parse_spec(unit_spec(**{"model.tokenizerPath": "/models/kimi/tok"}))
 EXPORTING = SPEC.model_copy(
     update={"export": ExportSpec.model_validate({"formats": ["speculators", "trl"], "maxLength": 4096,
                                                   "excludeFlags": ["truncated"]})}

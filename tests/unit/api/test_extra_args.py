@@ -21,15 +21,15 @@ from datagen_operator.api.extra_args import (
     extra_arg_cel_rules,
 )
 from datagen_operator.output.fingerprint import DATA_SERVER_ARGS, diff_fingerprints, server_fingerprint
-from tests.manifests import REPO, kimi_run
+from tests.manifests import REPO, example_run
 
 FIXES = ("instead", "cannot be used", "leave it out")
 
 
 def refusals(extra_args: list[str], **sampling: Any) -> list[FieldError]:
-    document = kimi_run()
-    document["spec"]["server"]["extraArgs"] = extra_args
-    document["spec"]["generation"]["sampling"].update(sampling)
+    document = example_run(
+        **{"spec.server.extraArgs": extra_args, **{f"spec.generation.sampling.{k}": v for k, v in sampling.items()}}
+    )
     try:
         parse_run(document)
     except SpecError as error:

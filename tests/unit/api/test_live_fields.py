@@ -12,9 +12,11 @@ SPEC = parse_spec(unit_spec())
 
 def test_data_fields_freeze_while_live_fields_pass() -> None:
     applied = run_manifests.spec_document(SPEC)
-    new = run_manifests.spec_document(parse_spec(unit_spec(clients={"shards": 3, "concurrency": 64}, suspend=True)))
+    new = run_manifests.spec_document(
+        parse_spec(unit_spec(**{"clients.shards": 3, "clients.concurrency": 64, "suspend": True}))
+    )
     assert changed_data_fields(new, applied) == []
-    changed = run_manifests.spec_document(parse_spec(unit_spec(model={"path": "/models/other"}, clients={"shards": 4})))
+    changed = run_manifests.spec_document(parse_spec(unit_spec(**{"model.path": "/models/other", "clients.shards": 4})))
     assert changed_data_fields(changed, applied) == ["spec.clients.shards", "spec.model.path"]
     merged = merge_live_fields(changed | {"suspend": True}, applied)
     assert merged["model"]["path"] == "/models/kimi" and merged["suspend"] is True

@@ -37,7 +37,9 @@ PATHS = [
 
 def _spec(volume: dict[str, Any] | None, dataset: str, output: str, *, model_volume: bool = True) -> DataGenRunSpec:
     """unit_spec's run with the dataset and output on one volume (or none); its model on a PVC unless told not."""
-    spec = unit_spec(dataset={"path": dataset, "volume": volume}, output={"path": output, "volume": volume})
+    spec = unit_spec(
+        **{"dataset.path": dataset, "dataset.volume": volume, "output.path": output, "output.volume": volume}
+    )
     for section in ("dataset", "output") if volume is None else ():
         del spec[section]["volume"]
     if not model_volume:

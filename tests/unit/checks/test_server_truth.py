@@ -12,9 +12,9 @@ from datagen_operator.checks.server_truth import probe_budgets, verify_parsers
 from datagen_operator.presets import Preset, presets
 from datagen_operator.presets.sglang_names import REASONING_PARSER_TAGS, resolved_tool_call_parser
 from datagen_operator.presets.think_markers import ThinkMarkers, preset_markers
-from tests.manifests import DELETE, example_run, kimi_run, with_changes
+from tests.manifests import DELETE, example_run
 
-KIMI = resolve_model(parse_run(kimi_run()).spec)
+KIMI = resolve_model(parse_run(example_run()).spec)
 
 
 def test_server_without_reasoning_parser() -> None:
@@ -59,7 +59,7 @@ def test_a_model_problem_is_left_to_the_canary() -> None:
 
 
 def test_parser_names_are_compared_as_sglang_resolves_them() -> None:
-    qwen3 = resolve_model(parse_run(with_changes("spec.model.preset", "qwen3")).spec)
+    qwen3 = resolve_model(parse_run(example_run(**{"spec.model.preset": "qwen3"})).spec)
     assert qwen3.tool_call_parser == "qwen25"
     info = {"reasoning_parser": "qwen3", "tool_call_parser": "qwen", "version": "0.5.23"}
     assert verify_parsers(info, None, qwen3, "qwen3").passed
@@ -73,9 +73,9 @@ def test_probe_budgets_retry_with_the_runs_budget() -> None:
 
 
 def test_explicit_kimi_parser_without_preset_is_caught_by_the_probe() -> None:
-    document = with_changes("spec.model.preset", None)
-    del document["spec"]["model"]["preset"]
-    document["spec"]["server"].update(reasoningParser="kimi", toolCallParser="kimi_k2")
+    document = example_run(
+        **{"spec.model.preset": DELETE, "spec.server.reasoningParser": "kimi", "spec.server.toolCallParser": "kimi_k2"}
+    )
     resolved = resolve_model(parse_run(document).spec)
     info = {"reasoning_parser": "kimi", "tool_call_parser": "kimi_k2"}
     probe = {"message": {"reasoning_content": None, "content": "<think>221 = 13 * 17</think>No."}}
@@ -94,7 +94,7 @@ def no_preset(reasoning: str, tools: str) -> ResolvedModel:
         "spec.server.reasoningParser": reasoning,
         "spec.server.toolCallParser": tools,
     }
-    return resolve_model(parse_run(example_run(changes=changes)).spec)
+    return resolve_model(parse_run(example_run(**changes)).spec)
 
 
 def reply_of(preset: Preset) -> str:
@@ -145,7 +145,7 @@ def test_without_the_family_the_candidates_are_named_not_a_guess() -> None:
 
 def test_a_preset_whose_model_writes_other_markers_names_the_model_not_a_parser() -> None:
     """gpt-oss's parser is right for the preset: a model that writes ◁think▷ is the wrong model (or preset)."""
-    gpt_oss = resolve_model(parse_run(example_run(changes={"spec.model.preset": "gpt-oss"})).spec)
+    gpt_oss = resolve_model(parse_run(example_run(**{"spec.model.preset": "gpt-oss"})).spec)
     info = {"reasoning_parser": "gpt-oss", "tool_call_parser": "gpt-oss"}
     probe = {"message": {"reasoning_content": None, "content": "◁think▷221 = 13 * 17◁/think▷No."}}
     outcome = verify_parsers(info, probe, gpt_oss, "gpt-oss")
@@ -155,7 +155,7 @@ def test_a_preset_whose_model_writes_other_markers_names_the_model_not_a_parser(
 
 
 def test_other_markers_inside_the_reasoning_are_noted_for_the_canary() -> None:
-    qwen3 = resolve_model(parse_run(example_run(changes={"spec.model.preset": "qwen3"})).spec)
+    qwen3 = resolve_model(parse_run(example_run(**{"spec.model.preset": "qwen3"})).spec)
     info = {"reasoning_parser": "qwen3", "tool_call_parser": "qwen", "version": "0.5.23"}
     probe = {"message": {"reasoning_content": "◁think▷221 = 13 * 17◁/think▷No.", "content": ""}}
     outcome = verify_parsers(info, probe, qwen3, "qwen3")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.manifests import EXAMPLES, with_changes
+from tests.manifests import EXAMPLES, example_run
 
 
 def datagen(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +50,7 @@ def test_the_regenerate_example_is_valid_and_asks_for_whole_conversations() -> N
 )
 def test_validate_refuses_naming_the_field(tmp_path: Path, path: str, value: object, field: str) -> None:
     manifest = tmp_path / "run.yaml"
-    manifest.write_text(yaml.safe_dump(with_changes(path, value)))
+    manifest.write_text(yaml.safe_dump(example_run(**{path: value})))
     result = datagen("validate", str(manifest))
     assert result.returncode != 0
     assert field in result.stderr
@@ -80,8 +80,9 @@ def test_server_args() -> None:
 
 
 def test_server_args_of_a_two_node_run_says_which_pod_runs_what(tmp_path: Path) -> None:
-    document = with_changes("spec.server.nodes", 2)
-    document["spec"]["server"].update({"tensorParallel": 16, "attentionDataParallel": 16})
+    document = example_run(
+        **{"spec.server.nodes": 2, "spec.server.tensorParallel": 16, "spec.server.attentionDataParallel": 16}
+    )
     manifest = tmp_path / "two-nodes.yaml"
     manifest.write_text(yaml.safe_dump(document))
     result = datagen("server-args", str(manifest))

@@ -26,7 +26,7 @@ from datagen_operator.control.observed import (
 )
 from datagen_operator.control.policy import PARSER_PROBE_ATTEMPTS
 from datagen_operator.control.remembered import remembered_halt
-from tests.manifests import with_changes
+from tests.manifests import example_run
 from tests.unit.decide_world import PASS, READY, conditions, context, running, spec
 
 
@@ -80,7 +80,7 @@ def test_parser_mismatch_halts_before_the_canary() -> None:
 
 
 def test_warn_goes_on_with_the_condition_false() -> None:
-    s = spec(with_changes("spec.checks.onFailure", "Warn"))
+    s = spec(example_run(**{"spec.checks.onFailure": "Warn"}))
     failed = StepOutcome(False, "Failed", "no </think>")
     d = decide(s, Observed(1, server=READY, parsers=PASS, canary=failed), context(s))
     assert d.step is Step.RUN_WORKERS

@@ -247,7 +247,7 @@ def test_a_server_is_read_in_the_queue_its_label_names_from_spec_queue_or_kueues
     # spec.queue's label, or the one Kueue's webhook put on from the namespace's LocalQueue `default` (no
     # spec.queue): either way Kueue holds the server, so the operator reads its Workloads and says Queued.
     run = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
-    queued = server_manifests.server_workload(run, parse_spec(unit_spec(queue={"name": "team-a"})), 1)
+    queued = server_manifests.server_workload(run, parse_spec(unit_spec(**{"queue.name": "team-a"})), 1)
     assert kueue_local_queue(queued) == "team-a"
     defaulted = server_manifests.server_workload(run, parse_spec(unit_spec()), 1)
     assert kueue_local_queue(defaulted) is None  # not Kueue's unless it says so

@@ -14,7 +14,7 @@ from datagen_operator.control.decision import Step
 from datagen_operator.control.observed import Observed, ProgressCounters, ServerObservation, WorkersObservation
 from datagen_operator.control.progress import counters_from_snapshots, progress_of
 from datagen_operator.control.remembered import remembered_preflight
-from tests.manifests import with_changes
+from tests.manifests import example_run
 from tests.unit.decide_world import PASS, READY, context, spec
 
 COUNTED = StepOutcome(True, "Passed", "2000 prompts in /data/prompts.jsonl; /out is new", prompts=2000)
@@ -132,7 +132,7 @@ def test_the_workers_set_aside_samples_are_summed() -> None:
 
 
 def test_samples_per_prompt_reach_the_summary_through_decide() -> None:
-    s = spec(with_changes("spec.generation.samplesPerPrompt", 2))
+    s = spec(example_run(**{"spec.generation.samplesPerPrompt": 2}))
     d = decide(s, bulk(counters(records=10, read=100, done=3)), context(s))
     assert d.progress is not None and d.progress.summary == "10/4000 records, 5.1k tok/s"
 

@@ -16,7 +16,7 @@ from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import RETRACTIONS, CheckContext, evaluate
 from datagen_operator.engine.sim.config import FaultConfig
 from datagen_operator.engine.sim.faults import plan_faults
-from tests.manifests import kimi_run
+from tests.manifests import example_run
 
 IM_END = 163586
 PLAIN = rc.Expectations(thinking=False, think_start_ids=(), think_end_id=None, stop_token_ids=frozenset({IM_END}))
@@ -38,8 +38,7 @@ PENALIZED = rc.Expectations(**{**PLAIN.__dict__, "restarted_by_retraction": ("pr
 def test_what_a_retraction_restarts(sampling: dict, restarted: tuple[str, ...]) -> None:
     params = SamplingParams(max_new_tokens=64, **sampling)
     assert params.restarted_by_retraction() == restarted
-    document = kimi_run()
-    document["spec"]["generation"]["sampling"] = {"max_new_tokens": 64, **sampling}
+    document = example_run(**{"spec.generation.sampling": {"max_new_tokens": 64, **sampling}})
     resolved = resolve_model(parse_run(document).spec)
     assert resolved.restarted_by_retraction == restarted
     assert rc.expectations_for(resolved, None, None).restarted_by_retraction == restarted

@@ -82,7 +82,7 @@ def serving(actions: list[Action]) -> list[Serve]:
 
 
 def test_every_pass_applies_the_workers_rbac_one_progress_configmap_per_shard_and_the_services() -> None:
-    spec = parse_spec(unit_spec(clients={"shards": 3}))
+    spec = parse_spec(unit_spec(**{"clients.shards": 3}))
     actions = planned(spec=spec)
     applied = [a for a in actions if isinstance(a, Apply)]
     assert applied == [
@@ -162,7 +162,7 @@ def test_a_queued_server_on_its_node_keeps_its_template_so_a_moved_shape_waits_f
 
 
 def test_a_queued_statefulset_is_made_anew_for_another_replica_count_but_scaled_up_from_zero() -> None:
-    three = parse_spec(unit_spec(server={"replicas": 3}))
+    three = parse_spec(unit_spec(**{"server.replicas": 3}))
     resized = planned(Step.RUN_WORKERS, replace(QUEUED, server_holds_a_node=True), spec=three, server=True)
     assert deleted(resized)[-1] == Child.SERVER_STATEFULSET and serving(resized) == []
     stopped = replace(QUEUED, server_replicas=0)  # scaled to 0 by an older operator
@@ -178,12 +178,12 @@ def test_a_queued_server_no_longer_wanted_is_deleted_not_scaled_to_zero() -> Non
 def test_a_server_kueue_does_not_manage_is_patched_as_ever() -> None:
     unmanaged = replace(QUEUED, server_kueue_managed=False, server_admission_hash="admission-0")
     assert serving(planned(Step.WAIT_FOR_SERVER, unmanaged, server=True)) == [Serve(2, keep_template=False)]
-    three = parse_spec(unit_spec(server={"replicas": 3}))
+    three = parse_spec(unit_spec(**{"server.replicas": 3}))
     assert serving(planned(Step.RUN_WORKERS, unmanaged, spec=three, server=True)) == [Serve(3, keep_template=False)]
 
 
 def test_a_scale_down_deletes_the_services_of_replicas_that_no_longer_exist() -> None:
-    spec = parse_spec(unit_spec(server={"replicas": 1}))
+    spec = parse_spec(unit_spec(**{"server.replicas": 1}))
     actions = planned(Step.RUN_WORKERS, Children(statefulset=True, server_replicas=3), spec=spec, server=True)
     assert [a for a in actions if isinstance(a, Delete)] == [
         Delete(Child.REPLICA_SERVICE, 1),
@@ -192,7 +192,7 @@ def test_a_scale_down_deletes_the_services_of_replicas_that_no_longer_exist() ->
 
 
 def test_going_to_several_nodes_replaces_the_statefulset_and_its_headless_service_with_a_group() -> None:
-    spec = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
+    spec = parse_spec(unit_spec(**{"server.nodes": 2, "server.tensorParallel": 16}))
     actions = planned(Step.WAIT_FOR_SERVER, Children(statefulset=True, server_replicas=2), spec=spec, server=True)
     assert [a for a in actions if isinstance(a, Delete)] == [
         Delete(Child.SERVER_STATEFULSET),
@@ -326,8 +326,8 @@ def test_verify_and_export_are_created_once_for_their_steps() -> None:
 # --- the spec in force -----------------------------------------------------------------------------
 
 
-def document(**sections: Any) -> dict[str, Any]:
-    return run_manifests.spec_document(parse_spec(unit_spec(**sections)))
+def document(**changes: Any) -> dict[str, Any]:
+    return run_manifests.spec_document(parse_spec(unit_spec(**changes)))
 
 
 def test_a_new_runs_spec_is_in_force_at_its_generation() -> None:
@@ -336,13 +336,13 @@ def test_a_new_runs_spec_is_in_force_at_its_generation() -> None:
 
 
 def test_a_data_change_before_bulk_work_is_taken_as_a_new_data_generation() -> None:
-    new = document(generation={"sampling": {"max_new_tokens": 512}})
+    new = document(**{"generation.sampling": {"max_new_tokens": 512}})
     in_force = spec_in_force(new, document(), 1, 2, bulk_started=lambda: False)
     assert (in_force.document, in_force.data_generation, in_force.refused) == (new, 2, [])
 
 
 def test_a_data_change_after_bulk_work_is_refused_and_live_fields_still_move() -> None:
-    new = document(generation={"sampling": {"max_new_tokens": 512}}, suspend=True)
+    new = document(**{"generation.sampling": {"max_new_tokens": 512}, "suspend": True})
     in_force = spec_in_force(new, document(), 1, 2, bulk_started=lambda: True)
     assert in_force.refused == ["spec.generation.sampling.max_new_tokens"], in_force.refused
     assert in_force.data_generation == 1
@@ -350,24 +350,27 @@ def test_a_data_change_after_bulk_work_is_refused_and_live_fields_still_move() -
 
 
 def test_a_live_change_keeps_the_data_generation() -> None:
-    in_force = spec_in_force(document(suspend=True), document(), 1, 5, bulk_started=lambda: True)
+    in_force = spec_in_force(document(**{"suspend": True}), document(), 1, 5, bulk_started=lambda: True)
     assert (in_force.data_generation, in_force.refused) == (1, [])
 
 
 def test_suspend_and_resume_do_not_move_the_generation_a_halt_is_judged_by() -> None:
     first = spec_in_force(document(), None, None, 3, bulk_started=lambda: True)
     assert first.changed_generation == 3
-    suspended = spec_in_force(document(suspend=True), document(), 3, 4, bulk_started=lambda: True,
+    suspended = spec_in_force(document(**{"suspend": True}), document(), 3, 4, bulk_started=lambda: True,
                               applied_changed_generation=3)  # fmt: skip
-    resumed = spec_in_force(document(), document(suspend=True), 3, 5, bulk_started=lambda: True,
+    resumed = spec_in_force(document(), document(**{"suspend": True}), 3, 5, bulk_started=lambda: True,
                             applied_changed_generation=3)  # fmt: skip
     assert (suspended.changed_generation, resumed.changed_generation) == (3, 3)
     # Anything else that changes (a live field, the documented retry gesture) is a new spec to judge.
-    retried = spec_in_force(document(suspend=True, clients={"concurrency": 9}), document(suspend=True), 3, 6,
+    retried = spec_in_force(document(**{"suspend": True, "clients.concurrency": 9}), document(**{"suspend": True}), 3, 6,
                             bulk_started=lambda: True, applied_changed_generation=3)  # fmt: skip
     assert retried.changed_generation == 6
     # A ConfigMap an older operator wrote (no such annotation): every change counts, as it did then.
-    assert spec_in_force(document(suspend=True), document(), 3, 4, bulk_started=lambda: True).changed_generation == 4
+    assert (
+        spec_in_force(document(**{"suspend": True}), document(), 3, 4, bulk_started=lambda: True).changed_generation
+        == 4
+    )
 
 
 def test_spec_applied_shows_a_refusal_with_the_fix_and_clears_only_once_shown() -> None:
@@ -399,7 +402,7 @@ def test_spec_applied_shows_a_refusal_with_the_fix_and_clears_only_once_shown() 
 
 
 def test_a_live_change_is_acknowledged_naming_old_new_and_when_it_takes_effect() -> None:
-    new = document(clients={"concurrency": 64}, checks={"maxTruncationRate": 0.2}, suspend=True)
+    new = document(**{"clients.concurrency": 64, "checks.maxTruncationRate": 0.2, "suspend": True})
     in_force = spec_in_force(new, document(), 1, 5, bulk_started=lambda: True)
     said_changes = [str(change) for change in in_force.live_changed]
     assert in_force.refused == [] and len(said_changes) == 2, said_changes
@@ -418,12 +421,12 @@ def test_a_live_change_is_acknowledged_naming_old_new_and_when_it_takes_effect()
     (finished,) = spec_applied([], [], in_force.live_changed, finished=True)
     assert "takes effect" not in finished.message and "the run has finished" in finished.message, finished.message
     # Beside a refused data change, the live fields taken are said too.
-    frozen = document(clients={"concurrency": 64}, generation={"sampling": {"max_new_tokens": 7}})
+    frozen = document(**{"clients.concurrency": 64, "generation.sampling": {"max_new_tokens": 7}})
     both = spec_in_force(frozen, document(), 1, 6, bulk_started=lambda: True)
     (refused,) = spec_applied(both.refused, [], both.live_changed)
     assert refused.reason == "DataFieldsFrozen" and "Taken: spec.clients.concurrency" in refused.message
-    assert spec_in_force(document(suspend=True), document(), 1, 7, bulk_started=lambda: True).live_changed == []
-    assert spec_in_force(document(suspend=True), document(), 1, 7, bulk_started=lambda: True).suspend_changed
+    assert spec_in_force(document(**{"suspend": True}), document(), 1, 7, bulk_started=lambda: True).live_changed == []
+    assert spec_in_force(document(**{"suspend": True}), document(), 1, 7, bulk_started=lambda: True).suspend_changed
 
 
 def test_spec_values_are_said_in_words() -> None:

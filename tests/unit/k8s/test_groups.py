@@ -148,9 +148,11 @@ def test_a_cluster_without_leaderworkerset_says_so_in_server_ready() -> None:
 
 def test_a_group_restarts_for_its_templates_not_for_live_placement() -> None:
     run = object_meta.RunRef("kimi", "ml", "u")
-    spec = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
+    spec = parse_spec(unit_spec(**{"server.nodes": 2, "server.tensorParallel": 16}))
     base = restart_hash(server_manifests.server_workload(run, spec, 1))
-    moved = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "nodeSelector": {"pool": "b"}}))
+    moved = parse_spec(
+        unit_spec(**{"server.nodes": 2, "server.tensorParallel": 16, "server.nodeSelector": {"pool": "b"}})
+    )
     assert restart_hash(server_manifests.server_workload(run, moved, 1)) == base
-    longer = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16, "shmSize": "128Gi"}))
+    longer = parse_spec(unit_spec(**{"server.nodes": 2, "server.tensorParallel": 16, "server.shmSize": "128Gi"}))
     assert restart_hash(server_manifests.server_workload(run, longer, 1)) != base

@@ -32,7 +32,7 @@ HELD = KueueQueued("job-kimi-preflight-1a2b3", "team-a", "cpus", "Pending", SHOR
 NO_QUEUE = KueueQueued("job-kimi-preflight-1a2b3", "", None, "Inadmissible", "LocalQueue  doesn't exist")
 URLS = ["http://kimi-server-0.ml:30000", "http://kimi-server-1.ml:30000"]
 PLAIN = parse_spec(unit_spec())
-QUEUED_SPEC = parse_spec(unit_spec(queue={"name": "team-a"}))
+QUEUED_SPEC = parse_spec(unit_spec(**{"queue.name": "team-a"}))
 
 
 def test_a_preflight_kueue_holds_reads_queued_naming_both_queues_in_kueues_words() -> None:

@@ -217,7 +217,7 @@ def pod(name: str, **status: Any) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"controller-revision-hash": "r1"}}, "status": status}
 
 
-GROUP_SPEC = parse_spec(unit_spec(server={"nodes": 2, "tensorParallel": 16}))
+GROUP_SPEC = parse_spec(unit_spec(**{"server.nodes": 2, "server.tensorParallel": 16}))
 
 
 def test_a_server_over_two_nodes_is_a_leaderworkerset_group_per_replica() -> None:
@@ -300,7 +300,9 @@ def test_server_pod_is_restricted_except_run_as_root_and_guaranteed() -> None:
     # Guaranteed: requests == limits for every resource, cpu and memory included
     assert resources["requests"] == resources["limits"]
     assert resources["limits"] == {"nvidia.com/gpu": "8", "cpu": "32", "memory": f"{64 + 8 * 32}Gi"}
-    own = parse_spec(unit_spec(server={"cpu": "48", "memory": "900Gi", "gpus": 4, "tensorParallel": 4}))
+    own = parse_spec(
+        unit_spec(**{"server.cpu": "48", "server.memory": "900Gi", "server.gpus": 4, "server.tensorParallel": 4})
+    )
     limits = server_manifests.server_statefulset(RUN, own, 1)["spec"]["template"]["spec"]["containers"][0]["resources"][
         "limits"
     ]
@@ -309,13 +311,13 @@ def test_server_pod_is_restricted_except_run_as_root_and_guaranteed() -> None:
 
 @pytest.mark.parametrize(("shm", "memory"), [("64Gi", "320Gi"), ("512Mi", "257Gi"), ("1Ti", "1280Gi")])
 def test_default_server_memory_leaves_room_for_the_memory_backed_shm(shm: str, memory: str) -> None:
-    spec = parse_spec(unit_spec(server={"shmSize": shm}))
+    spec = parse_spec(unit_spec(**{"server.shmSize": shm}))
     assert pod_parts.server_resources(spec)["limits"]["memory"] == memory
 
 
 def test_runtime_class_and_model_sub_path_reach_every_pod_that_mounts_the_model() -> None:
     spec = parse_spec(
-        unit_spec(server={"runtimeClassName": "nvidia"}, model={"path": "/models/kimi", "subPath": "kimi-k2.5"})
+        unit_spec(**{"server.runtimeClassName": "nvidia", "model.path": "/models/kimi", "model.subPath": "kimi-k2.5"})
     )
     server = server_manifests.server_statefulset(RUN, spec, 1)["spec"]["template"]["spec"]
     assert server["runtimeClassName"] == "nvidia"
@@ -333,13 +335,20 @@ def test_model_sub_path_cannot_leave_the_volume(sub_path: str) -> None:
     from datagen_operator.api import SpecError
 
     with pytest.raises((SpecError, ValueError)):
-        parse_spec(unit_spec(model={"subPath": sub_path}))
+        parse_spec(unit_spec(**{"model.subPath": sub_path}))
 
 
 def test_client_placement_and_resources_reach_every_cpu_pod_and_never_the_server() -> None:
     toleration = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
     spec = parse_spec(
-        unit_spec(clients={"nodeSelector": {"pool": "cpu"}, "tolerations": [toleration], "cpu": "2", "memory": "8Gi"})
+        unit_spec(
+            **{
+                "clients.nodeSelector": {"pool": "cpu"},
+                "clients.tolerations": [toleration],
+                "clients.cpu": "2",
+                "clients.memory": "8Gi",
+            }
+        )
     )
     for name, pod_spec in datagen_pods(spec).items():
         assert pod_spec["nodeSelector"] == {"pool": "cpu"} and pod_spec["tolerations"] == [toleration], name
@@ -376,7 +385,7 @@ def test_the_workers_job_fails_the_index_on_a_failed_volume_and_keeps_the_cause_
     assert args[args.index("--termination-log") + 1] == container["terminationMessagePath"]
 
 
-QUEUED = parse_spec(unit_spec(queue={"name": "team-a", "workloadPriorityClassName": "batch-low"}))
+QUEUED = parse_spec(unit_spec(**{"queue.name": "team-a", "queue.workloadPriorityClassName": "batch-low"}))
 
 
 @pytest.mark.parametrize("spec", [SPEC, GROUP_SPEC], ids=["statefulset", "leaderworkerset"])
@@ -406,13 +415,13 @@ def test_the_admission_hash_moves_with_what_kueue_admits_by_and_with_nothing_els
 
     base = admission(SPEC)
     # Kueue's pod shape (pkg/util/pod/pod.go SpecShape): placement and requests move it...
-    assert admission(parse_spec(unit_spec(server={"nodeSelector": {"pool": "h200"}}))) != base
-    assert admission(parse_spec(unit_spec(server={"gpus": 4}))) != base
-    assert admission(parse_spec(unit_spec(queue={"name": "a"}))) != admission(
-        parse_spec(unit_spec(queue={"name": "b"}))
+    assert admission(parse_spec(unit_spec(**{"server.nodeSelector": {"pool": "h200"}}))) != base
+    assert admission(parse_spec(unit_spec(**{"server.gpus": 4}))) != base
+    assert admission(parse_spec(unit_spec(**{"queue.name": "a"}))) != admission(
+        parse_spec(unit_spec(**{"queue.name": "b"}))
     )
     # ...the image and the replica count do not (Kueue lets them change; the replica count has its own rule).
-    assert admission(parse_spec(unit_spec(server={"image": "lmsysorg/sglang:other"}))) == base
+    assert admission(parse_spec(unit_spec(**{"server.image": "lmsysorg/sglang:other"}))) == base
     assert (
         str(
             server_hashes.with_hashes(server_manifests.server_workload(RUN, SPEC, 5))["metadata"]["annotations"][
@@ -424,7 +433,7 @@ def test_the_admission_hash_moves_with_what_kueue_admits_by_and_with_nothing_els
 
 
 def test_a_queue_without_a_priority_labels_the_queue_only_and_no_queue_labels_nothing() -> None:
-    only_queue = parse_spec(unit_spec(queue={"name": "gpus"}))
+    only_queue = parse_spec(unit_spec(**{"queue.name": "gpus"}))
     assert object_meta.kueue_labels(only_queue) == {"kueue.x-k8s.io/queue-name": "gpus"}
     assert object_meta.kueue_labels(SPEC) == {}
     assert not any(

@@ -14,7 +14,7 @@ from datagen_operator.k8s.registry import JOBS, REGISTRY, WATCHED, BuildInputs, 
 from tests.manifests import unit_spec
 
 RUN = object_meta.RunRef("kimi", "ml", "u-1")
-SPEC = parse_spec(unit_spec(clients={"shards": 3}, server={"replicas": 2})).model_copy(
+SPEC = parse_spec(unit_spec(**{"clients.shards": 3, "server.replicas": 2})).model_copy(
     update={"export": ExportSpec.model_validate({"formats": ["speculators"]})}
 )
 
@@ -39,7 +39,7 @@ def test_a_built_child_is_the_kind_name_and_component_the_registry_says(child: C
 
 def test_the_served_workloads_are_the_registrys_kind_and_name() -> None:
     for nodes, child in ((1, Child.SERVER_STATEFULSET), (2, Child.SERVER_GROUP)):
-        spec = parse_spec(unit_spec(server={"nodes": nodes, "tensorParallel": 8 * nodes}))
+        spec = parse_spec(unit_spec(**{"server.nodes": nodes, "server.tensorParallel": 8 * nodes}))
         workload = server_manifests.server_workload(RUN, spec, 1)
         assert (workload["kind"], workload["metadata"]["name"]) == (REGISTRY[child].kind, child_name(child, RUN.name))
         with pytest.raises(ValueError, match="not built by the executor"):

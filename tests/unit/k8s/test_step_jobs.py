@@ -18,7 +18,7 @@ from datagen_operator.k8s.registry import REGISTRY, BuildInputs, build, child_na
 from tests.manifests import unit_spec
 
 RUN = object_meta.RunRef(name="kimi", namespace="ml", uid="u-1")
-SPEC = parse_spec(unit_spec(clients={"cpu": "2", "memory": "4Gi"})).model_copy(
+SPEC = parse_spec(unit_spec(**{"clients.cpu": "2", "clients.memory": "4Gi"})).model_copy(
     update={"export": ExportSpec.model_validate({"formats": ["trl"]})}
 )
 STEP_CHILDREN = [child for child, entry in REGISTRY.items() if entry.component in job_manifests.STEP_JOBS]

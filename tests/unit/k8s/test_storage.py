@@ -21,5 +21,5 @@ def test_one_node_claims_shared_across_nodes_are_warned_about() -> None:
     (warning,) = access_mode_warnings(SPEC, {**fine, "models": ["ReadWriteOncePod"]})
     assert "the server (GPU node) and the CPU pods" in warning
     assert access_mode_warnings(SPEC, {"models": ["ReadOnlyMany"]}) == []  # a missing claim: no guess
-    one_shard = parse_spec(unit_spec(clients={"shards": 1}))
+    one_shard = parse_spec(unit_spec(**{"clients.shards": 1}))
     assert set(shared_claims(one_shard)) == {"models"}  # one worker: RWO output is fine

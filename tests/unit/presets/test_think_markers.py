@@ -122,5 +122,5 @@ def test_a_run_without_preset_expects_the_markers_its_parser_reads() -> None:
         "spec.server.reasoningParser": "gpt-oss",
         "spec.server.toolCallParser": "gpt-oss",
     }
-    resolved = resolve_model(parse_run(example_run(changes=changes)).spec)
+    resolved = resolve_model(parse_run(example_run(**changes)).spec)
     assert ThinkMarkers(resolved.think_start, resolved.think_end) == HARMONY  # type: ignore[arg-type]
