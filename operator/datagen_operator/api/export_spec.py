@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, Field, WithJsonSchema
 
@@ -22,8 +22,13 @@ RecordFlag = Annotated[str, AfterValidator(_record_flag), WithJsonSchema({"type"
 """One of the record flags (api/flags.py): the CRD holds them as an enum, `datagen validate` names the wrong one."""
 
 
+ExportFormat = Literal["speculators", "trl", "text", "conversations"]
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
+"""The trainer formats `datagen export` writes: the spec's enum and the CLI's choices."""
+
+
 class ExportSpec(SpecModel):
-    formats: list[Literal["speculators", "trl", "text", "conversations"]] = Field(
+    formats: list[ExportFormat] = Field(
         min_length=1,
         max_length=4,
         description="Trainer formats to write once the final verification passes (conversations: the regenerated "

@@ -5,7 +5,3 @@ conversations: which are whole, their rows and masks, their text), thin I/O arou
 `reader` streams the store shard by shard, `writer` rolls bounded-size files, `manifest` describes the
 export, `vocab_freq` counts output tokens over the vocabulary, `run` ties them together (and the CLI).
 """
-
-from __future__ import annotations
-
-FORMATS = ("speculators", "trl", "text", "conversations")

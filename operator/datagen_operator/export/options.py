@@ -7,8 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from datagen_operator.api.export_spec import whole_conversations_asked
-from datagen_operator.export import FORMATS
+from datagen_operator.api.export_spec import EXPORT_FORMATS, whole_conversations_asked
 from datagen_operator.export.conversations import MESSAGES_KEYS, RERENDERED_POLICIES, ROWS
 from datagen_operator.export.formats import Selection
 from datagen_operator.export.reader import BATCH_TOKENS
@@ -114,8 +113,8 @@ def codec_from_tokenizer(tokenizer: Any) -> TextCodec:
 
 def options_problem(options: ExportOptions, source_turns: str) -> str | None:
     """Why these options cannot export this output (its `generation.turns`), or None."""
-    if options.export_format not in FORMATS:
-        return f"unknown format {options.export_format!r}; one of {', '.join(FORMATS)}"
+    if options.export_format not in EXPORT_FORMATS:
+        return f"unknown format {options.export_format!r}; one of {', '.join(EXPORT_FORMATS)}"
     if options.rows not in ROWS:
         return f"unknown --rows {options.rows!r}; one of {', '.join(ROWS)}"
     if options.rerendered_spans not in RERENDERED_POLICIES:

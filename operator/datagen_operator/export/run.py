@@ -12,10 +12,9 @@ import orjson
 
 from datagen_operator.api.commands import ExportCommand
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED_VERDICT, EXIT_OK
-from datagen_operator.api.export_spec import whole_conversations_asked
+from datagen_operator.api.export_spec import EXPORT_FORMATS, whole_conversations_asked
 from datagen_operator.api.flags import unknown_flags_problem
 from datagen_operator.api.step_program import add_shared_arguments, add_trust_remote_code, write_verdict
-from datagen_operator.export import FORMATS
 from datagen_operator.export.conversations import MESSAGES_KEYS, RERENDERED_POLICIES, ROWS
 from datagen_operator.export.exporter import (
     DATA_DIR,
@@ -93,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "planned turns of whole conversations, the user turns of --format conversations",
     )
     add_trust_remote_code(parser)
-    parser.add_argument("--format", choices=FORMATS, dest="export_format")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, dest="export_format")
     parser.add_argument(
         "--formats", help="comma-separated formats, each to OUT/<format>, replacing an earlier one (spec.export)"
     )
@@ -171,9 +170,9 @@ def main_formats(args: argparse.Namespace) -> int:
     formats = [name.strip() for name in args.formats.split(",") if name.strip()]
     exclude, flags_problem = excluded_flags(args.exclude_flags)
     output = Path(args.output)
-    if not formats or set(formats) - set(FORMATS):
+    if not formats or set(formats) - set(EXPORT_FORMATS):
         outcome = StepOutcome(
-            False, Reason.EXPORT_FAILED, f"--formats {args.formats!r}: each one of {', '.join(FORMATS)}"
+            False, Reason.EXPORT_FAILED, f"--formats {args.formats!r}: each one of {', '.join(EXPORT_FORMATS)}"
         )
     elif flags_problem is not None:
         outcome = StepOutcome(False, Reason.EXPORT_FAILED, flags_problem)

@@ -96,17 +96,22 @@ class Problem:
     reason: str
 
 
+def id_key(id_field: str | None) -> str:
+    """The key a line's id is read from: spec.dataset.idField, else `id`."""
+    return id_field or "id"
+
+
 def validate_prompt(obj: Any, id_field: str | None = None) -> tuple[str | None, Problem | None]:
     """(id, None) for a usable prompt object, else (id-if-any, the problem: every one the line has, in one
     reason). The id is the id field's (`id_field`, default `id`; an integer as its decimal string), else
     derived from the content (module doc)."""
     if not isinstance(obj, dict):
         return None, Problem(NOT_OBJECT, f"expected a JSON object, got {_json_type(obj)}")
-    id_key = id_field or "id"
+    id_name = id_key(id_field)
     problems: list[Problem] = []
     prompt_id: str | None = None
-    if id_key in obj:
-        prompt_id, id_problem = _id_problem(obj[id_key], id_key)
+    if id_name in obj:
+        prompt_id, id_problem = _id_problem(obj[id_name], id_name)
         if id_problem is not None:
             problems.append(id_problem)
     messages: list[dict[str, Any]] | None = None
@@ -115,7 +120,7 @@ def validate_prompt(obj: Any, id_field: str | None = None) -> tuple[str | None, 
         messages, message_problems = _judge_messages(obj[key], key)
         problems += message_problems
     else:
-        other = [name for name in obj if name != id_key]
+        other = [name for name in obj if name != id_name]
         if other:
             shown = ", ".join(repr(name) for name in other[:5]) + (
                 f" and {len(other) - 5} more" if len(other) > 5 else ""
@@ -139,7 +144,7 @@ def validate_prompt(obj: Any, id_field: str | None = None) -> tuple[str | None, 
         problems.append(Problem(INVALID_TEMPLATE_KWARGS, kwargs_reason))
     if problems:
         return prompt_id, Problem(problems[0].cause, "; ".join(problem.reason for problem in problems))
-    if id_key not in obj:
+    if id_name not in obj:
         assert messages is not None
         prompt_id = derived_id(messages, tools, kwargs)
     return prompt_id, None
@@ -159,10 +164,10 @@ def template_kwargs_problem(kwargs: Any) -> str | None:
     return None
 
 
-def _id_problem(raw_id: Any, id_key: str) -> tuple[str | None, Problem | None]:
+def _id_problem(raw_id: Any, id_name: str) -> tuple[str | None, Problem | None]:
     """The id held in the id field (an integer as its decimal string), or why it is unusable."""
     if raw_id is None:
-        return None, Problem(BAD_ID, f"missing {id_key}")
+        return None, Problem(BAD_ID, f"missing {id_name}")
     if type(raw_id) is int:
         return str(
             raw_id
@@ -170,11 +175,11 @@ def _id_problem(raw_id: Any, id_key: str) -> tuple[str | None, Problem | None]:
     if not isinstance(raw_id, str):
         return None, Problem(
             BAD_ID,
-            f"{id_key} must be a JSON string or an integer, got {_json_type(raw_id)} "
+            f"{id_name} must be a JSON string or an integer, got {_json_type(raw_id)} "
             f"{orjson.dumps(raw_id).decode()[:40]}",
         )
     if not raw_id:
-        return None, Problem(BAD_ID, f"empty {id_key}")
+        return None, Problem(BAD_ID, f"empty {id_name}")
     return raw_id, None
 
 
@@ -257,7 +262,7 @@ def derived_id(messages: list[dict[str, Any]], tools: Any, kwargs: Any = None) -
     return "sha256:" + sha256(body).hexdigest()[:16]
 
 
-def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
+def plain_prompt_id(obj: Any, id_name: str = "id") -> str | None:
     """The id of a prompt of the common shape (an object with a non-empty string id, a non-empty `messages`
     list of objects each with an OpenAI role and string content, or none outside a user message; no tools), else
     None: then validate_prompt must judge it. Every object this accepts, validate_prompt accepts with the same id
@@ -265,7 +270,7 @@ def plain_prompt_id(obj: Any, id_key: str = "id") -> str | None:
     for it (tests/worker/test_dataset_scan.py)."""
     if type(obj) is not dict:
         return None
-    prompt_id = obj.get(id_key)
+    prompt_id = obj.get(id_name)
     messages = obj.get("messages")
     if type(prompt_id) is not str or not prompt_id or type(messages) is not list or not messages:
         return None

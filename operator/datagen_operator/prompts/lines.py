@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from datagen_operator.engine.chat_tools import read_tools
-from datagen_operator.prompts.line_shape import BAD_JSON, TEMPLATE_KWARGS, normalised_messages
+from datagen_operator.prompts.line_shape import BAD_JSON, TEMPLATE_KWARGS, id_key, normalised_messages
 
 if TYPE_CHECKING:
     from datagen_operator.prompts.draws import VariableDraws
@@ -112,7 +112,7 @@ def source_fields(obj: dict[str, Any], id_field: str | None = None, drawn: dict[
     record's own; messages/conversations and tools are the prompt. A null value is kept (a Parquet column's).
     `drawn`: with generation.templateVariableMix, the chat_template_kwargs the line rendered with (line_variables:
     its draw under its own), recorded as its chat_template_kwargs, so each record says what it was drawn."""
-    skipped = (*CONVERSATION_KEYS, id_field or "id")
+    skipped = (*CONVERSATION_KEYS, id_key(id_field))
     fields = {key: value for key, value in obj.items() if key not in skipped}
     if drawn is not None:
         fields[TEMPLATE_KWARGS] = drawn

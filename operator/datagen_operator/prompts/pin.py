@@ -35,7 +35,7 @@ from datagen_operator.api.output_files import DATASET_LINE_HASHES, DATASET_PIN
 from datagen_operator.api.words import plural
 from datagen_operator.prompts.dataset_ref import UTF8_BOM, DatasetRef, unit_of
 from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
-from datagen_operator.prompts.line_shape import validate_prompt
+from datagen_operator.prompts.line_shape import id_key, validate_prompt
 from datagen_operator.prompts.scan import normalise_parquet_row
 
 NAMED = 5
@@ -319,10 +319,10 @@ def _named_id(obj: Any, id_field: str | None) -> str | None:
     else the id derived from its content."""
     if not isinstance(obj, dict):
         return None
-    value = obj.get(id_field or "id")
+    value = obj.get(id_key(id_field))
     if isinstance(value, str | int):
         return str(value)
-    return validate_prompt(obj, id_field)[0] if (id_field or "id") not in obj else None
+    return validate_prompt(obj, id_field)[0] if id_key(id_field) not in obj else None
 
 
 def changed_message(dataset: Path, changes: str) -> str:

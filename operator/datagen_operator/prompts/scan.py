@@ -12,7 +12,7 @@ import orjson
 
 from datagen_operator.prompts.dataset_ref import UTF8_BOM, UTF16_BOMS, DatasetError, DatasetRef
 from datagen_operator.prompts.json_array import ArrayBreak, iter_json_array
-from datagen_operator.prompts.line_shape import plain_prompt_id, validate_prompt
+from datagen_operator.prompts.line_shape import id_key, plain_prompt_id, validate_prompt
 from datagen_operator.prompts.lines import MalformedLine, PromptRef, line_key
 from datagen_operator.prompts.shards import DUPLICATE, Assigner
 
@@ -125,7 +125,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
     take_valid, set_aside, bad_line = assigner.take_valid, assigner.set_aside, assigner.bad_line
     loads, decode_error, plain_id, validate = orjson.loads, orjson.JSONDecodeError, plain_prompt_id, validate_prompt
     id_field = scan.id_field
-    id_key = id_field or "id"
+    id_name = id_key(id_field)
     sink = scan.lines
     keep = scan.keeps()
     position = -1
@@ -167,7 +167,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                     continue
             if sink is not None:
                 sink.parsed(line, obj)
-            prompt_id = plain_id(obj, id_key)
+            prompt_id = plain_id(obj, id_name)
             integer = False
             if prompt_id is None:
                 prompt_id, problem = validate(obj, id_field)
@@ -179,7 +179,7 @@ def _scan_jsonl(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] |
                         yield aside
                     continue
                 assert prompt_id is not None
-                integer = type(obj.get(id_key)) is int
+                integer = type(obj.get(id_name)) is int
             if keep is not None and not keep(prompt_id):
                 continue
             valid += 1
@@ -201,7 +201,7 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
     streamed (iter_json_array); where the array breaks, the rest is one more line, set aside as bad_json."""
     assigner = Assigner(scan.shard_index, scan.shard_count)
     id_field = scan.id_field
-    id_key = id_field or "id"
+    id_name = id_key(id_field)
     keep = scan.keeps()
     position = 0
     valid = 0
@@ -214,7 +214,7 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
                 position += 1
                 break
             offset, data, obj = item
-            prompt_id = plain_prompt_id(obj, id_key)
+            prompt_id = plain_prompt_id(obj, id_name)
             problem = None
             if prompt_id is None:
                 prompt_id, problem = validate_prompt(obj, id_field)
@@ -227,7 +227,7 @@ def _scan_json(scan: ShardScan) -> Generator[tuple[PromptRef, dict[str, Any]] | 
             else:
                 assert prompt_id is not None
                 valid += 1
-                integer = type(obj.get(id_key)) is int
+                integer = type(obj.get(id_name)) is int
                 ref = assigner.take_valid(position, prompt_id, offset, len(data))
                 if isinstance(ref, PromptRef):
                     if integer:
@@ -284,7 +284,7 @@ def normalise_parquet_row(obj: dict[str, Any], id_field: str | None = None) -> d
     every row an older reader accepted keeps its pin hash. An integer `id` column is read as its decimal strings
     only where `id` is the id field (`id_field` None or "id"), as it always was; under another id field it is a
     column like any other and keeps its integers, as the same line in JSONL does."""
-    if (id_field or "id") == "id":
+    if id_key(id_field) == "id":
         raw_id = obj.get("id")
         if isinstance(raw_id, int) and not isinstance(raw_id, bool):
             obj["id"] = str(raw_id)  # an integer column: one type for every row (prompts/line_shape.py)
