@@ -1,6 +1,7 @@
 """Benchmark: start-up, memory, compaction, verification and resume waste on 1M short prompts.
 
     .venv/bin/python bench/scale.py [--prompts 1000000] [--concurrency 64] [--steady-s 10] [--quick]
+                                    [--first-request]
 
 One simulator (wire speed, 16-token answers) and one `datagen worker` shard over a dataset of `--prompts`
 short chat prompts (1,000 distinct questions, each id its own line). Measured, each in this one run:
@@ -8,7 +9,11 @@ short chat prompts (1,000 distinct questions, each id its own line). Measured, e
 - start_s: from spawning the worker to the simulator's first request (its `sglang:prompt_tokens_total`
   moves), with the whole dataset to plan; the same on a 1,000-prompt dataset is printed next to it (the
   difference is what start-up owes to the dataset's size: on a shared machine the absolute time is
-  mostly the machine's load; the small one is the median of SMALL_STARTS);
+  mostly the machine's load; the small one is the median of SMALL_STARTS). The 1,000-prompt start is
+  timed as a real run has it: `datagen preflight` first (it renders every prompt into the output's
+  store, output/rendered.py, so the worker sends before it loads transformers), then the worker's
+  spawn; the same without the preflight (the worker loads the tokenizer first) is printed beside it.
+  `--first-request` measures only these starts;
 - rss_mb: the worker's steady resident memory (its process tree, render helpers included), the median of
   samples over `--steady-s` seconds of generation;
 - resume_waste_per_inflight: the worker is SIGKILLed mid-run; the records the simulator finished but the
@@ -25,7 +30,7 @@ own peak.
 
 The machine is shared: the load average is printed at the start and end. Last line:
 
-    start_s_1m=<s> (goal <= 3) start_s_1k=<s> (goal <= 1.5) rss_mb_1m=<MB> (goal <= 250)
+    start_s_1m=<s> (goal <= 3) start_s_1k=<s> (goal <= 1.5) start_s_1k_no_preflight=<s> rss_mb_1m=<MB> (goal <= 250)
     compaction_peak_mb_1m=<MB> verify_s_1m=<s> (goal <= 10) verify_rss_mb_1m=<MB> (goal <= 400)
     resume_waste_per_inflight=<ratio>
 (one line).
@@ -220,6 +225,43 @@ def start_worker(run: Path, output: Path, url: str, log: Path) -> tuple[subproce
     return proc, time.monotonic() - spawned
 
 
+def preflight(run: Path) -> None:
+    """`datagen preflight` of `run`, as every real run has it before any worker: it fills the rendered store."""
+    cmd = [PYTHON, "-m", "datagen_operator.cli", "preflight", "--run", str(run)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"preflight exited {done.returncode}: {done.stdout.decode()[-1000:]} {done.stderr.decode()[-2000:]}"
+        )
+
+
+def small_starts(
+    workdir: Path, dataset: Path, tokenizer_dir: Path, url: str, log: Path, concurrency: int
+) -> tuple[float, float, str]:
+    """The medians of SMALL_STARTS worker starts on `dataset` with the preflight run first (the real path) and
+    without it (the worker renders and loads the tokenizer first), alternated, each into a new output (a second
+    start into the same one would resume); and the starts said."""
+    starts: dict[bool, list[float]] = {True: [], False: []}
+    for attempt in range(SMALL_STARTS):
+        for preflighted in (True, False):
+            out = workdir / f"small-out-{attempt}-{'pre' if preflighted else 'bare'}"
+            run = run_file(workdir, dataset, out, tokenizer_dir, concurrency, "small-run.yaml")
+            if preflighted:
+                preflight(run)
+                time.sleep(1.0)  # the preflight's CPU is not the worker's
+            proc, seconds = start_worker(run, out, url, log)
+            starts[preflighted].append(seconds)
+            proc.kill()
+            wait_exit(proc, 60)
+            time.sleep(1.0)
+    said = "; ".join(
+        f"{'after the preflight' if kind else 'without it'} {statistics.median(starts[kind]):.2f}s (the median of "
+        f"{', '.join(f'{x:.2f}' for x in starts[kind])})"
+        for kind in (True, False)
+    )
+    return statistics.median(starts[True]), statistics.median(starts[False]), said
+
+
 def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
     """The exit status of a child, waited for up to `timeout` (killed past it)."""
     try:
@@ -308,9 +350,14 @@ def main() -> int:
         action="store_true",
         help="small sizes, seconds: proves the benchmark runs (tests/test_bench_quick.py); figures not judged",
     )
+    parser.add_argument(
+        "--first-request", action="store_true", help="only the 1,000-prompt starts, with and without the preflight"
+    )
     args = parser.parse_args()
     if args.quick:  # enough prompts that the SIGKILL and SIGTERM runs (2 s + 3 s) leave some undone
         args.prompts, args.concurrency, args.steady_s = 50_000, 16, 2.0
+    if args.first_request:
+        args.prompts = 1000  # the whole dataset is not written: only the small starts run
 
     from datagen_operator.tokenizer.standin import ensure_standin_tokenizer
 
@@ -329,18 +376,12 @@ def main() -> int:
         # 0. Start-up on a small dataset, for reference (same machine, same moment).
         small = workdir / "small.jsonl"
         write_dataset(small, 1000)
-        # A start-up of about a second is one sample of the machine's moment: the median of SMALL_STARTS, each
-        # into a new output (a second start into the same one would resume).
-        small_starts = []
-        for attempt in range(SMALL_STARTS):
-            small_out = workdir / f"small-out-{attempt}"
-            small_run = run_file(workdir, small, small_out, tokenizer_dir, args.concurrency, "small-run.yaml")
-            proc, seconds = start_worker(small_run, small_out, url, log)
-            small_starts.append(seconds)
-            proc.kill()
-            wait_exit(proc, 60)
-            time.sleep(1.0)
-        start_small_s = statistics.median(small_starts)
+        start_small_s, start_bare_s, said = small_starts(workdir, small, tokenizer_dir, url, log, args.concurrency)
+        print(f"start-up with 1,000 prompts: {said}", flush=True)
+        if args.first_request:
+            print(load())
+            print(f"start_s_1k={start_small_s:.2f} (goal <= 1.5) start_s_1k_no_preflight={start_bare_s:.2f}")
+            return 0
         base_finished = int(sim_counter(url, "sglang:num_requests_total"))
 
         # 1. Start-up and steady memory on the whole dataset.
@@ -353,8 +394,7 @@ def main() -> int:
         steady = [mb for _, mb in sampler.samples]
         rss_mb = statistics.median(steady)
         print(f"start-up: first request {start_s:.2f}s after spawning the worker ({scale} prompts; "
-              f"{start_small_s:.2f}s with 1,000 prompts, just before: the median of "
-              f"{', '.join(f'{x:.2f}' for x in small_starts)})")  # fmt: skip
+              f"{start_small_s:.2f}s with 1,000 prompts after their preflight, just before)")  # fmt: skip
         print(f"steady RSS (worker + helpers): median {rss_mb:.0f} MB, max {max(steady):.0f} MB over "
               f"{args.steady_s:.0f}s at {rate:,.0f} records/s")  # fmt: skip
 
@@ -403,6 +443,7 @@ def main() -> int:
         print(load())
         print(
             f"start_s_1m={start_s:.2f} (goal <= 3) start_s_1k={start_small_s:.2f} (goal <= 1.5) "
+            f"start_s_1k_no_preflight={start_bare_s:.2f} "
             f"rss_mb_1m={rss_mb:.0f} (goal <= 250) compaction_peak_mb_1m={compaction_peak:.0f} "
             f"verify_s_1m={verify_s:.1f} (goal <= 10) verify_rss_mb_1m={verify_rss:.0f} (goal <= 400) "
             f"resume_waste_per_inflight={kill_waste / args.concurrency:.2f}"

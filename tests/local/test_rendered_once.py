@@ -94,3 +94,38 @@ def test_a_store_without_its_meta_is_not_read(tmp_path: Path) -> None:
     writer.add(2, 12, None)
     with pytest.raises(ValueError):
         writer.add(1, 13, None)  # positions only grow
+
+
+def test_a_worker_finds_the_store_by_files_alone_and_a_changed_model_config_misses_it(
+    tmp_path: Path, standin_tokenizer: Path
+) -> None:
+    """The key a worker reads without transformers (`start_key`) is the preflight's for the same files and spec;
+    an eos id edited in generation_config.json (a stop id: the stored sampling would be stale) misses the store."""
+    import json
+    import shutil
+
+    from datagen_operator.api import load_run
+    from datagen_operator.api.resolve import resolve_model
+    from datagen_operator.output.rendered import open_rendered_early, start_key
+    from datagen_operator.prompts.pin import read_pin, render_date
+    from datagen_operator.prompts.render import template_variables
+
+    lines = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(5)]
+    run = _run(tmp_path, standin_tokenizer, lines)
+    assert _preflight(run)["passed"]
+    output, spec = tmp_path / "out", load_run(str(run)).spec
+    resolved = resolve_model(spec)
+    variables = template_variables(resolved, render_date(output))
+    pin = read_pin(output).sha256
+    store = open_rendered_early(output, start_key(spec, resolved, standin_tokenizer, variables), pin)
+    assert not isinstance(store, str), store
+    assert set(store.start) == {"key", "sampling", "chat_template_sha256"}
+    assert store.start["sampling"]["max_new_tokens"] == 16 and store.start["sampling"]["stop_token_ids"]
+
+    model = tmp_path / "model"
+    shutil.copytree(standin_tokenizer, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": 7}))
+    moved = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model)})})
+    missed = open_rendered_early(output, start_key(moved, resolved, model, variables), pin)
+    assert missed == "the preflight ran with another configs"

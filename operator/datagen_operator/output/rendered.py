@@ -11,25 +11,39 @@ Layout, in the output directory:
     rendered/lines.bin    one entry a dataset line (position): token offset, token count (-1: not rendered), the
                           line's hash (prompts/pin.py `prompt_hash`, as the pin and each record hold it)
     rendered/meta.json    what rendered them (`render_identity`) and the dataset pin's sha256; written last, by
-                          an atomic rename: without it the other two are ignored (a preflight killed mid-way)
+                          an atomic rename: without it the other two are ignored (a preflight killed mid-way).
+                          Also `start`: what the preflight knew with the real tokenizer that a worker needs to
+                          send (its sampling with the stop ids, the chat template's sha256), under `start_key`
 
 A worker holds each entry to the line it read (its hash), so an edited line is never sent with stale ids; later
 turns of a conversation depend on the model's answers and are rendered by the workers. Memory: a reader reads
 one line's ids per call (`os.pread`), never the whole file.
+
+`render_identity` needs the tokenizer loaded (transformers: most of a worker's start-up); `start_key` is read from
+files alone. The same files, settings and library versions give the same template, ids and stop ids, so a worker
+whose `start_key` matches sends the stored ids before it imports transformers, and holds the store to
+`render_identity` once it has (`RenderedPrompts.differences`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
-from datagen_operator.output.fingerprint import chat_template_sha256, tokenizer_fingerprint
+from datagen_operator.engine.model_configs import MODEL_CONFIG_FILES, model_config_dir
+from datagen_operator.output.fingerprint import chat_template_sha256, sha256_bytes, tokenizer_fingerprint
 from datagen_operator.output.layout import OutputLayout, write_atomic
+
+if TYPE_CHECKING:
+    from datagen_operator.api.resolve import ResolvedModel
+    from datagen_operator.api.spec import DataGenRunSpec
 
 IDS_FILE = "ids.u32"
 LINES_FILE = "lines.bin"
@@ -39,6 +53,8 @@ FORMAT = 1
 LINE_DTYPE = np.dtype([("offset", "<u8"), ("count", "<i4"), ("hash", "<u8")])
 """One dataset line: where its ids start (in tokens), how many (-1: none rendered), its line hash."""
 NOT_RENDERED = -1
+RENDER_LIBRARIES = ("transformers", "tokenizers", "jinja2", "datagen-operator")
+"""What loads the tokenizer and renders the template (their installed versions, read without importing them)."""
 
 
 def render_identity(
@@ -54,6 +70,56 @@ def render_identity(
         "turns": turns,
         **({"history_reasoning": history_reasoning} if history_reasoning != "keep" else {}),
     }
+
+
+def start_key(
+    spec: DataGenRunSpec, resolved: ResolvedModel, tokenizer_dir: Path, variables: dict[str, Any]
+) -> dict[str, Any]:
+    """What a line's first request and the run's sampling depend on, read from files and the spec only (no
+    transformers): the tokenizer's files (its template among them), the model configs whose eos ids are stop ids
+    (config.json beside the tokenizer too: AutoTokenizer may read it), the run's template variables, turns and
+    history, the settings the stop set and sampling come from, and the versions of the libraries that render."""
+    generation, tokenizer_dir = spec.generation, Path(tokenizer_dir)
+    model_dir = model_config_dir(spec.model.path, tokenizer_dir)
+    configs = {f"model/{name}": model_dir / name for name in MODEL_CONFIG_FILES} if model_dir is not None else {}
+    configs["tokenizer/config.json"] = tokenizer_dir / "config.json"
+    preset = resolved.preset
+    settings = {
+        "preset": preset.name if preset is not None else None,
+        "parsers": [resolved.reasoning_parser, resolved.tool_call_parser],
+        "thinking": [resolved.thinking, resolved.think_start, resolved.think_end],
+        "trust_remote_code": resolved.trust_remote_code,
+        "sampling": generation.sampling.model_dump(mode="json", exclude_none=True),
+    }
+    return {
+        "tokenizer_sha256": tokenizer_fingerprint(tokenizer_dir)["sha256"],
+        "configs": {name: _file_sha256(path) for name, path in configs.items()},
+        "variables": orjson.loads(orjson.dumps(variables, default=str, option=orjson.OPT_SORT_KEYS)),
+        "turns": generation.turns,
+        "history_reasoning": generation.history_reasoning,
+        "settings": settings,
+        "versions": {name: _version(name) for name in RENDER_LIBRARIES},
+    }
+
+
+def start_values(sampling: dict[str, Any], chat_template: Any) -> dict[str, Any]:
+    """What a worker sends and claims the output with that only the tokenizer knows: the sampling every request
+    carries (its stop ids) and the chat template's sha256 (the data fingerprint's)."""
+    return {"sampling": sampling, "chat_template_sha256": chat_template_sha256(chat_template)}
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        return sha256_bytes(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 class RenderedWriter:
@@ -92,8 +158,11 @@ class RenderedWriter:
             self._lines.append(np.array(self._pending, dtype=LINE_DTYPE))
             self._pending = []
 
-    def finish(self, lines_total: int, identity: dict[str, Any], pin_sha256: str) -> None:
-        """Seal the store for a dataset of `lines_total` lines, rendered by `identity`, pinned as `pin_sha256`."""
+    def finish(
+        self, lines_total: int, identity: dict[str, Any], pin_sha256: str, start: dict[str, Any] | None = None
+    ) -> None:
+        """Seal the store for a dataset of `lines_total` lines, rendered by `identity`, pinned as `pin_sha256`;
+        `start`: {"key": `start_key`, **`start_values`}, what a worker sends before its tokenizer is loaded."""
         if lines_total > self.lines:
             self.add(lines_total - 1, 0, None)
         self._flush_lines()
@@ -103,7 +172,7 @@ class RenderedWriter:
         table = np.concatenate(self._lines) if self._lines else np.zeros(0, dtype=LINE_DTYPE)
         write_atomic(self.dir / LINES_FILE, table.tobytes())
         meta = {"format": FORMAT, "identity": identity, "pin_sha256": pin_sha256, "lines": len(table),
-                "tokens": self.tokens}  # fmt: skip
+                "tokens": self.tokens, **({"start": start} if start is not None else {})}  # fmt: skip
         write_atomic(self.dir / META_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
     def abandon(self) -> None:
@@ -134,6 +203,22 @@ class RenderedPrompts:
     lines: np.ndarray[Any, Any]
     fd: int
     tokens: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    """meta.json as the preflight sealed it."""
+
+    @property
+    def start(self) -> dict[str, Any]:
+        """What the preflight stored for a worker to send before its tokenizer is loaded (`start_values`)."""
+        start: dict[str, Any] = self.meta.get("start") or {}
+        return start
+
+    def differences(self, identity: dict[str, Any], values: dict[str, Any]) -> list[str]:
+        """What differs between the store and this worker's own `render_identity` and `start_values` (computed
+        once its tokenizer is loaded): [] when the ids and sampling sent before then are the worker's own."""
+        stored: dict[str, Any] = self.meta.get("identity") or {}
+        found = {key for key in {*identity, *stored} if stored.get(key) != identity.get(key)}
+        found |= {key for key in values if self.start.get(key) != values[key]}
+        return sorted(found)
 
     def ids(self, position: int, line_hash: int) -> bytes | None:
         if not 0 <= position < len(self.lines):
@@ -150,6 +235,23 @@ class RenderedPrompts:
 def open_rendered(output: Path, identity: dict[str, Any], pin_sha256: str | None) -> RenderedPrompts | str:
     """The store of this output if it was rendered by `identity` from the dataset pinned as `pin_sha256`, or why
     not (a sentence for the log: the caller renders itself)."""
+    return _open(output, pin_sha256, lambda meta: _changed(meta.get("identity") or {}, identity, "rendered"))
+
+
+def open_rendered_early(output: Path, key: dict[str, Any], pin_sha256: str | None) -> RenderedPrompts | str:
+    """The store of this output if the preflight rendered it under `start_key` `key` (and stored what a worker
+    sends before its tokenizer is loaded), from the dataset pinned as `pin_sha256`, or why not."""
+    return _open(output, pin_sha256, lambda meta: _changed((meta.get("start") or {}).get("key") or {}, key, "ran"))
+
+
+def _changed(stored: dict[str, Any], own: dict[str, Any], verb: str) -> str | None:
+    if stored == own:
+        return None
+    changed = sorted(k for k in {*own, *stored} if stored.get(k) != own.get(k))
+    return f"the preflight {verb} with another {', '.join(changed)}"
+
+
+def _open(output: Path, pin_sha256: str | None, judge: Callable[[dict[str, Any]], str | None]) -> RenderedPrompts | str:
     directory = OutputLayout(Path(output)).rendered
     try:
         meta = orjson.loads((directory / META_FILE).read_bytes())
@@ -161,10 +263,9 @@ def open_rendered(output: Path, identity: dict[str, Any], pin_sha256: str | None
         return f"rendered prompts of format {meta.get('format')!r}, not {FORMAT}"
     if pin_sha256 is None or meta.get("pin_sha256") != pin_sha256:
         return "the preflight rendered another version of the dataset"
-    rendered_by = meta.get("identity") or {}
-    if rendered_by != identity:
-        changed = sorted(k for k in {*identity, *rendered_by} if rendered_by.get(k) != identity.get(k))
-        return f"the preflight rendered with another {', '.join(changed)}"
+    why_not = judge(meta)
+    if why_not is not None:
+        return why_not
     try:
         lines = np.frombuffer((directory / LINES_FILE).read_bytes(), dtype=LINE_DTYPE)
         fd = os.open(directory / IDS_FILE, os.O_RDONLY)
@@ -174,4 +275,4 @@ def open_rendered(output: Path, identity: dict[str, Any], pin_sha256: str | None
     if len(lines) != meta.get("lines") or size != 4 * int(meta.get("tokens", -1)):
         os.close(fd)
         return "rendered prompts incomplete (their files disagree with meta.json)"
-    return RenderedPrompts(lines, fd, int(meta["tokens"]))
+    return RenderedPrompts(lines, fd, int(meta["tokens"]), meta)

@@ -96,7 +96,7 @@ def run_preflight(
 
 
 def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: Path, output: Path) -> StepOutcome:
-    from datagen_operator.output.rendered import render_identity
+    from datagen_operator.output.rendered import render_identity, start_key, start_values
     from datagen_operator.prompts.dataset_ref import DatasetError, DatasetRef
     from datagen_operator.prompts.pin import LinePins, changed_message, pin_dataset, render_date
     from datagen_operator.prompts.render import Renderer, template_variables
@@ -134,7 +134,13 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
             renderer.template, renderer.variables, tokenizer_dir, spec.generation.turns,
             history_reasoning=spec.generation.history_reasoning,
         )  # fmt: skip
-        store.finish(pin, identity)
+        # What a worker sends before it loads the tokenizer, under the key it can read from files (rendered.py).
+        sampling = run_sampling(spec.generation.sampling, expect.stop_token_ids)
+        start = {
+            "key": start_key(spec, resolved, tokenizer_dir, variables),
+            **start_values(sampling, renderer.chat_template),
+        }
+        store.finish(pin, identity, start)
     else:
         store.abandon()
     return outcome

@@ -174,11 +174,11 @@ class RenderedStore:
         differ = np.flatnonzero((hashed != 0) & (pin.line_hashes[: len(hashed)] != hashed))
         return f"line {int(differ[0]) + 1} edited" if len(differ) else ""
 
-    def finish(self, pin: Any, identity: dict[str, Any]) -> None:
+    def finish(self, pin: Any, identity: dict[str, Any], start: dict[str, Any] | None = None) -> None:
         if self.writer is None:
             return
         try:
-            self.writer.finish(pin.lines, identity, pin.sha256)
+            self.writer.finish(pin.lines, identity, pin.sha256, start)
         except OSError as error:
             self._given_up(error)
 

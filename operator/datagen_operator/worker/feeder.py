@@ -22,7 +22,7 @@ from datagen_operator.prompts.draws import variable_draws
 from datagen_operator.prompts.lines import MalformedLine, Prompt, PromptRef, prompt_from, source_fields
 from datagen_operator.prompts.pin import changed_message, prompt_hash
 from datagen_operator.worker.config import WorkerConfig
-from datagen_operator.worker.inputs import Inputs
+from datagen_operator.worker.inputs import Inputs, InputsUnavailable
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.stealing import ShardWork, claims_for
@@ -138,6 +138,8 @@ class Feeder:
             ledger.planned = True
             self._log_read()
             await self.jobs.end()
+        except InputsUnavailable:
+            return  # the tokenizer failed to load after the first requests: the shard is stopped (fatal)
         except OSError as error:
             if not is_volume_error(error):
                 message = f"reading or rendering the dataset failed: {type(error).__name__}: {error}"
@@ -200,6 +202,7 @@ class Feeder:
                     self.resumed.append((prompt, line_hash, turns, sample, to_send.start))
                     continue
                 await self.jobs.put(self.maker.job(prompt, line_hash, sample, ids, turns))
+        self.inputs.first_queued()  # the tokenizer may load now (worker/inputs.py)
 
     async def _queue_resumed(self) -> None:
         """The conversations a crash left mid-way, each from its first turn not recorded, its earlier answers as

@@ -6,6 +6,7 @@ turns go out in order and no lane waits on another's conversation."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Sequence
 
@@ -24,7 +25,7 @@ from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import AnswerSplit
 from datagen_operator.prompts.job import Job
 from datagen_operator.worker.config import WorkerConfig
-from datagen_operator.worker.inputs import Inputs
+from datagen_operator.worker.inputs import Inputs, InputsUnavailable
 from datagen_operator.worker.jobs import JobQueue
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.stop import Stop
@@ -58,6 +59,7 @@ class Lanes:
         self.ledger = ledger
         self.stop = stop
         self.volume = volume
+        self.first_sent = False
         holder = config.lease_holder
         self.run_id = holder.id if holder is not None else None
         """The run named in each record: the holder of the output's lease (output/lease.py)."""
@@ -74,6 +76,8 @@ class Lanes:
             sending, job = job, None
             if not volume.may_send():  # the volume is known full: nothing sent now could be stored
                 return
+            if not self.first_sent:
+                self._say_first()
             try:
                 reply = await client.generate(
                     generate_body(sending.input_ids, sampling, sample=sending.sample, stream=client.stream),
@@ -81,7 +85,7 @@ class Lanes:
                     None if self.turns is None else (sending.id, sending.sample),
                 )
             except Rejected as rejected:
-                if volume.error is not None:
+                if volume.error is not None or not await self._may_write():
                     return
                 self._rejected(sending, rejected)
                 if self.turns is not None:
@@ -99,6 +103,8 @@ class Lanes:
             except EndpointsRejected as error:
                 stop.set_fatal(EXIT_FINGERPRINT_MISMATCH, f"no usable server: {error}", Reason.FINGERPRINT_MISMATCH)
                 return
+            if not await self._may_write():
+                return
             if volume.error is not None:
                 volume.unwritten += 1  # finished on the server as the volume failed: nowhere to keep it
                 return
@@ -106,6 +112,30 @@ class Lanes:
             if split is not None and self.turns is not None:
                 meta = reply.meta_info
                 job = await self.turns.after_answer(sending, split, meta.get("finish_reason"))
+
+    def _say_first(self) -> None:
+        """Said once, as the first request goes out: what start-up loaded before it (worker/inputs.py)."""
+        self.first_sent = True
+        loaded = self.inputs.tokenized is not None
+        imported = "transformers" in sys.modules
+        log.info(
+            "first request: %.2fs after the worker started, the tokenizer %s",
+            time.time() - self.ledger.progress.started_at,
+            "loaded" if loaded else "loading after it (the preflight's rendered prompts go first)",
+            extra={"fields": {"first_request": True, "tokenizer_loaded": loaded, "transformers_imported": imported}},
+        )
+
+    async def _may_write(self) -> bool:
+        """An answer sent before the tokenizer was loaded waits here, in memory, for the Expectations it is checked
+        by and for the store's ids to be held to the tokenizer (worker/inputs.py); False: they failed, nothing from
+        those requests is written (the shard is stopped)."""
+        if self.inputs.tokenized is not None:
+            return True
+        try:
+            await self.inputs.ready()
+        except InputsUnavailable:
+            return False
+        return True
 
     def _record(self, job: Job, reply: Reply) -> AnswerSplit | None:
         """Check, encode and buffer one answer (synchronous: nothing here waits). A conversation's answer comes

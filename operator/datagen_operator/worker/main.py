@@ -136,6 +136,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.request_drain, sig)
+        inputs.load_after_first(stop.set_fatal)  # the tokenizer, where the preflight's store lets it wait
         try:
             servers = await meet_servers(session, pool, c, stop.stop_new)
         except ServerUnreachable as error:
@@ -166,7 +167,7 @@ class Worker:
             )
             publisher = Publisher(tracker, pool, sinks, lease, stop, volume, c.progress_interval_s)
             maker = TurnMaker(c, inputs, servers.limit)
-            turns = NextTurns(maker, ledger, inputs.splitter) if inputs.splitter else None
+            turns = NextTurns(maker, ledger, inputs) if c.spec.generation.turns == "all" else None
             generation = Generation(
                 c,
                 pool,

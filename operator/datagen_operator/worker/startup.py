@@ -17,7 +17,6 @@ from datagen_operator.engine.client.pool import EndpointPool
 from datagen_operator.engine.limits import ContextLimit, context_limit
 from datagen_operator.output.fingerprint import (
     build_fingerprint,
-    chat_template_sha256,
     diff_fingerprints,
     fingerprint_sha256,
     server_fingerprint,
@@ -91,7 +90,7 @@ def data_fingerprint(config: WorkerConfig, inputs: Inputs, servers: Servers) -> 
     c = config
     return build_fingerprint(
         tokenizer=tokenizer_fingerprint(c.tokenizer_dir),
-        chat_template=chat_template_sha256(inputs.renderer.chat_template),
+        chat_template=inputs.chat_template_sha256,
         server=servers.fingerprint,
         sampling=inputs.sampling,
         preset=c.resolved.preset.name if c.resolved.preset else None,

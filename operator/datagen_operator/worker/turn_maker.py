@@ -64,7 +64,8 @@ class TurnMaker:
 
     async def render(self, requests: Sequence[Request]) -> list[list[int] | Unsendable]:
         """Each request's prompt ids, or why it is never sent: a line's first request as the preflight rendered it
-        where it rendered the line as it is now, the rest rendered here; each held to the server's length rule."""
+        where it rendered the line as it is now, the rest rendered here; each held to the server's length rule.
+        InputsUnavailable: the tokenizer, needed here, failed to load (the shard is stopped)."""
         stored = self.inputs.rendered
         found: list[RenderResult | None] = [
             stored.ids(request.position, request.line_hash) if stored and request.turn == 0 else None
@@ -72,10 +73,14 @@ class TurnMaker:
         ]
         missing = [i for i, ids in enumerate(found) if ids is None]
         if missing:
+            await self.inputs.ready()  # rendering needs the tokenizer (worker/inputs.py)
             rendered = await self.inputs.render_pool.render([requests[i].item for i in missing])
             for i, result in zip(missing, rendered, strict=True):
                 found[i] = result
-        return [self._checked(result if result is not None else "not rendered") for result in found]
+        checked = [self._checked(result if result is not None else "not rendered") for result in found]
+        if self.inputs.tokenized is None and any(isinstance(ids, Unsendable) for ids in checked):
+            await self.inputs.ready()  # a line set aside is written: not before the store is held to the tokenizer
+        return checked
 
     def _checked(self, result: RenderResult) -> list[int] | Unsendable:
         if isinstance(result, str):

@@ -17,28 +17,31 @@ from datagen_operator.prompts.conversation import (
     ANSWER_UNFINISHED,
     EARLIER_TURN_REFUSED,
     AnswerSplit,
-    AnswerSplitter,
     calls_tool,
     finished_with_stop,
 )
 from datagen_operator.prompts.job import Job
+from datagen_operator.worker.inputs import Inputs
 from datagen_operator.worker.ledger import Ledger
 from datagen_operator.worker.turn_maker import TurnMaker, Unsendable
 
 
 class NextTurns:
-    def __init__(self, maker: TurnMaker, ledger: Ledger, splitter: AnswerSplitter) -> None:
+    def __init__(self, maker: TurnMaker, ledger: Ledger, inputs: Inputs) -> None:
         self.maker = maker
         """How the next turn is prepared: its messages, render and length check (worker/turn_maker.py)."""
         self.ledger = ledger
-        self.splitter = splitter
+        self.inputs = inputs
+        """Its splitter: how an answer becomes the next turn's history (loaded before any answer is recorded)."""
 
     def split(self, job: Job, output_ids: Sequence[int], finish_reason: Any) -> AnswerSplit:
         conversation = job.conversation
         variables, tools = (
             (conversation.variables, conversation.tools or ()) if conversation is not None else (None, ())
         )
-        return self.splitter.split(output_ids, finish_reason, job.has_tools, variables, tools)
+        splitter = self.inputs.splitter
+        assert splitter is not None, "generation.turns all loads a splitter"
+        return splitter.split(output_ids, finish_reason, job.has_tools, variables, tools)
 
     async def after_answer(self, job: Job, split: AnswerSplit, finish_reason: Any) -> Job | None:
         """The conversation's next turn, ready to send, or None: it is done or ends here (recorded)."""
