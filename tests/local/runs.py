@@ -14,7 +14,7 @@ import psutil
 import pyarrow.parquet as pq
 
 from tests.harness.processes import wait_until
-from tests.manifests import REPO, local_run, write_run
+from tests.manifests import REPO, changed, local_spec, run_document, write_run
 
 PROMPTS = REPO / "examples" / "prompts" / "quickstart.jsonl"
 FAST_SIM = ["--sim-arg=--sim-mean-reasoning-tokens=48", "--sim-arg=--sim-mean-answer-tokens=32"]
@@ -26,7 +26,8 @@ def manifest(
     """`tmp_path/run.yaml`: two shards of four on one GPU, two canary prompts; `changes` are dotted spec paths
     (`DELETE` removes one)."""
     defaults = {"server.gpus": 1, "clients.shards": 2, "clients.concurrency": 4, "checks.canaryPrompts": 2}
-    document = local_run(standin_tokenizer, dataset, output or tmp_path / "out", **{**defaults, **changes})
+    spec = changed(local_spec(standin_tokenizer, dataset, output or tmp_path / "out", **defaults), changes)
+    document = run_document(spec)
     return write_run(tmp_path / "run.yaml", document)
 
 
