@@ -294,8 +294,15 @@ def operator(control_plane: Cluster, namespace: str, monkeypatch: pytest.MonkeyP
 
 
 STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
+"""spec.checks that halt a run on one truncated record (patched onto a running run)."""
 LONG_ANSWERS = ("--sim-mean-answer-tokens", "80", "--sim-mean-reasoning-tokens", "8")
 """Answers longer than max_new_tokens (64): truncated records, which a strict maxTruncationRate halts on."""
+TRUNCATING_LENIENTLY = {
+    "generation.sampling": {"max_new_tokens": 64},
+    "checks.maxTruncationRate": 1.0,
+    "checks.minReasoningRate": 0.0,
+}
+"""Dotted spec changes: answers cut at 64 tokens (with LONG_ANSWERS, truncated) that no rolling check halts on."""
 
 
 def many_prompts(data_dir: Path, count: int = 120, question: str = "why?") -> None:

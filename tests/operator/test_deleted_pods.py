@@ -25,6 +25,7 @@ from tests.operator.conftest import (
     LONG_ANSWERS,
     SLOW,
     STRICT,
+    TRUNCATING_LENIENTLY,
     OperatorFactory,
     Runs,
     many_prompts,
@@ -272,11 +273,7 @@ def test_deleting_a_halted_runs_children_changes_nothing(
                 name,
                 data_dir,
                 standin_tokenizer,
-                **{
-                    "generation.sampling": {"max_new_tokens": 64},
-                    "checks.maxTruncationRate": 1.0,
-                    "checks.minReasoningRate": 0.0,
-                },
+                **TRUNCATING_LENIENTLY,
             )
         )
         runs.wait(name, "Progressing", "True", "Running", timeout=150)

@@ -40,6 +40,7 @@ from tests.operator.conftest import (
     LONG_ANSWERS,
     SLOW,
     STRICT,
+    TRUNCATING_LENIENTLY,
     Runs,
     many_prompts,
     new_name,
@@ -139,11 +140,7 @@ def to_phase(phase: str, runs: Runs, name: str, kubelet: PodRunner, sim: SimServ
                 name,
                 data,
                 tok,
-                **{
-                    "generation.sampling": {"max_new_tokens": 64},
-                    "checks.maxTruncationRate": 1.0,
-                    "checks.minReasoningRate": 0.0,
-                },
+                **TRUNCATING_LENIENTLY,
             )
         )
     else:

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.harness.kubelet import PodRunner
 from tests.harness.sim import start_sim
 from tests.manifests import cluster_run
-from tests.operator.conftest import OperatorFactory, Runs, many_prompts, new_name
+from tests.operator.conftest import STRICT, TRUNCATING_LENIENTLY, OperatorFactory, Runs, many_prompts, new_name
 
 PROMPTS = 300
 """Each shard reads ~100 prompts ahead of its requests: more than that shows a total counted as read."""
@@ -28,7 +28,6 @@ SIM = (
 )  # fmt: skip
 """Answers longer than max_new_tokens (64): truncated records, which a strict maxTruncationRate halts on."""
 LENIENT = {"maxTruncationRate": 1.0, "minReasoningRate": 0.0}
-STRICT = {"maxTruncationRate": 0.0, "minReasoningRate": 0.0}
 SUMMARY = re.compile(r"^(\d+)/(\d+) prompts")
 
 
@@ -112,12 +111,8 @@ def test_kubectl_get_wide_tells_the_total_monotone_progress_halts_and_refused_ch
                 name,
                 data_dir,
                 standin_tokenizer,
-                **{
-                    "generation.sampling": {"max_new_tokens": 64},
-                    "checks.maxTruncationRate": 1.0,
-                    "checks.minReasoningRate": 0.0,
-                    "clients.shards": 2,
-                },
+                **TRUNCATING_LENIENTLY,
+                **{"clients.shards": 2},
             )
         )
         runs.create(cluster_run(broken, data_dir, standin_tokenizer, **{"dataset.path": "broken.jsonl"}))
