@@ -22,7 +22,7 @@ from datagen_operator.api.progress import ShardProgress
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import TERMINATION, check_context, evaluate
-from datagen_operator.engine.model_configs import model_config_dir
+from datagen_operator.engine.model_configs import model_config_dir, read_model_eos_ids
 from datagen_operator.output.readers import iter_records
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.steps.canary import run_canary
@@ -53,16 +53,16 @@ def test_the_stop_set_is_sglangs_union() -> None:
     kimi = ensure_standin_tokenizer()
     tokenizer = load_tokenizer(kimi, trust_remote_code=True)
     spec = load_run_document(local_run(kimi, PROMPTS, Path("/nonexistent"), **NO_PRESET))
-    expect = rc.expectations_for(resolve_model(spec), tokenizer, kimi)
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, read_model_eos_ids(kimi))
     im_end, eos = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id
     assert eos != im_end  # the case: the tokenizer's eos `[EOS]` is not the config's
     assert expect.stop_token_ids == {im_end, eos}
     # SGLang's additional stop tokens count when the vocabulary has them (a tokenizer that names one).
     extra = _WithAddedVocab(tokenizer, {"<|eom_id|>": 7})
-    assert 7 in rc.expectations_for(resolve_model(spec), extra, kimi).stop_token_ids
+    assert 7 in rc.expectations_for(resolve_model(spec), extra, read_model_eos_ids(kimi)).stop_token_ids
     # Without a tokenizer (verify of an output alone), the preset's fixed ids: never an empty set for a preset.
     with_preset = load_run_document(local_run(kimi, PROMPTS, Path("/nonexistent"))).model_copy()
-    assert rc.expectations_for(resolve_model(with_preset), None, None).stop_token_ids
+    assert rc.expectations_for(resolve_model(with_preset), None, ()).stop_token_ids
 
 
 def test_the_models_configs_count_from_the_model_directory_when_the_tokenizer_lives_elsewhere(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_the_models_configs_count_from_the_model_directory_when_the_tokenizer_li
     )
     config_dir = model_config_dir(spec.model.path, spec.model.tokenizer_dir)
     assert config_dir == model_dir
-    expect = rc.expectations_for(resolve_model(spec), tokenizer, config_dir)
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, read_model_eos_ids(config_dir))
     # Not the tokenizer folder's config eos (<|im_end|>): SGLang never reads that file.
     assert expect.stop_token_ids == {11, 12, 13, tokenizer.eos_token_id} and im_end not in expect.stop_token_ids
     answer = [*expect.think_start_ids, 5000, expect.think_end_id, 5001, 12]
@@ -113,7 +113,7 @@ def test_canary_worker_rolling_and_verify_flag_the_same_records(tmp_path: Path, 
     run_file = write_run(tmp_path / "run.yaml", local_run(kimi, PROMPTS, tmp_path / "out", name="one", **NO_PRESET))
     spec = load_run(run_file).spec
     tokenizer = load_tokenizer(kimi, trust_remote_code=True)
-    expect = rc.expectations_for(resolve_model(spec), tokenizer, kimi)
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, read_model_eos_ids(kimi))
     with start_sim(*KIMI_PARSERS, "--sim-fault-nan-rate", nan_rate) as sim:
         canary = asyncio.run(run_canary(spec, tokenizer, PROMPTS, [sim.url], tmp_path / "canary.jsonl", kimi))
         worker = run_program(one_shard_worker(run_file, tmp_path / "out", sim.url))

@@ -15,6 +15,7 @@ from datagen_operator.api.commands import VerifyCommand
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.evaluate import check_context
+from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.output.layout import sha256_file
 from datagen_operator.prompts.render import load_tokenizer
 from datagen_operator.steps.preflight import judge_existing_records
@@ -167,7 +168,7 @@ def test_verify_and_a_resumes_preflight_judge_a_small_output_by_the_bound(
     spec = load_run(run_file).spec
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(spec.model.path, trust_remote_code=False)
-    expect = rc.expectations_for(resolved, tokenizer, Path(spec.model.path))
+    expect = rc.expectations_for(resolved, tokenizer, read_model_eos_ids(Path(spec.model.path)))
     existing = judge_existing_records(output, expect, check_context(resolved, spec.checks, expect.think_end_id))
     assert existing.records == 24
     assert ("truncation 3/24 = 12.5%, threshold 2.0%, 95% bound" in existing.failed) is not passed, existing.failed

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.engine.sim.config import ModelConfig
 from datagen_operator.engine.sim.model import ThinkingMode, finish_output, natural_output
 from datagen_operator.engine.sim.sampling import parse_sampling_params
@@ -117,7 +118,7 @@ def test_a_sample_outside_the_vocabulary_ends_as_sglangs_nan_guard_ends_it(
     }
     spec = parse_spec(local_spec(standin_tokenizer, Path("/nonexistent"), Path("/nonexistent")))
     tokenizer = load_tokenizer(standin_tokenizer, trust_remote_code=False)
-    expect = rc.expectations_for(resolve_model(spec), tokenizer, standin_tokenizer)
+    expect = rc.expectations_for(resolve_model(spec), tokenizer, read_model_eos_ids(standin_tokenizer))
     flags = rc.inspect_record([1, 2, 3], expected["output_ids"], expected["finish_reason"], keep + 1, False, expect)
     assert NAN_REPLACED in flags
 

@@ -98,14 +98,6 @@ IO_IMPORTS: dict[str, str] = {
 }
 """What does I/O, by module (a name covers its submodules: `os` covers `os.path`), and what it does; modules of the
 package whose job is I/O included. Pure helpers of the standard library and numpy/pyarrow compute are not here."""
-KNOWN_IO: dict[tuple[str, str], str] = {
-    (f"{ROOT}.checks.fidelity", f"{ROOT}.output.readers"): "conversation_fidelity reads the sampled conversations",
-    (f"{ROOT}.checks.fidelity", "pathlib"): "conversation_fidelity is handed the output directory",
-    (f"{ROOT}.checks.record_checks", f"{ROOT}.engine.model_configs"): "expectations_for reads the model's eos ids",
-    (f"{ROOT}.checks.record_checks", "pathlib"): "expectations_for is handed the model directory",
-}
-"""(module, IO_IMPORTS entry) -> why it still does I/O: reads to move out to the step programs (their callers pass
-the records, the eos ids), not a licence for new ones (test_each_known_io_exception_is_still_there)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -267,14 +259,14 @@ def _io_entry(imported: str) -> str | None:
 
 
 def io_imports(names: dict[str, set[str]]) -> list[str]:
-    """Each I/O import (IO_IMPORTS) of a module of the pure layers that KNOWN_IO does not list, with the rule."""
+    """Each I/O import (IO_IMPORTS) of a module of the pure layers, with the rule."""
     out = []
     for module, imported in sorted(names.items()):
         if layer(module) not in PURE_LAYERS:
             continue
         for name in sorted(imported):
             entry = _io_entry(name)
-            if entry is not None and (module, entry) not in KNOWN_IO:
+            if entry is not None:
                 out.append(
                     f"{module} imports {name}: {entry} {IO_IMPORTS[entry]}, and {layer(module)} is pure (PURE_LAYERS): "
                     "read or call in steps/ (or the shells) and pass the result in"
@@ -285,17 +277,6 @@ def io_imports(names: dict[str, set[str]]) -> list[str]:
 def test_the_pure_layers_import_nothing_that_does_io() -> None:
     wrong = io_imports({name: _names(name, path) for name, path in _modules().items()})
     assert not wrong, "I/O inside the pure layers:\n" + "\n".join(wrong)
-
-
-def test_each_known_io_exception_is_still_there() -> None:
-    """An exception whose import is gone goes too: the list only shrinks."""
-    modules = _modules()
-    stale = [
-        f"{module} -> {entry}"
-        for module, entry in KNOWN_IO
-        if not any(_io_entry(name) == entry for name in _names(module, modules[module]))
-    ]
-    assert not stale, f"KNOWN_IO entries whose import is gone (remove them): {stale}"
 
 
 def test_the_inner_rule_sees_io_however_it_is_written() -> None:

@@ -21,7 +21,8 @@ from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.engine.tool_calls import GPT_OSS_CALL_ID
 from datagen_operator.output.layout import OutputLayout
-from datagen_operator.output.readers import iter_records, iter_rejects, stored_split
+from datagen_operator.output.readers import iter_records, iter_rejects
+from datagen_operator.output.records import stored_split
 from datagen_operator.prompts.conversation import AnswerSplit, AnswerSplitter, plan_turns, turn_messages
 from datagen_operator.prompts.lines import Prompt
 from datagen_operator.prompts.render import load_tokenizer
@@ -312,6 +313,9 @@ GPT_OSS_SIM = (
     "--sim-family", "gpt-oss", "--reasoning-parser", "gpt-oss", "--tool-call-parser", "gpt-oss",
     "--sim-tool-call-rate", "0.5", "--sim-mean-reasoning-tokens", "24", "--sim-mean-answer-tokens", "16",
     "--sim-length-sigma", "0.3",
+    # One answer per prompt, as SGLang's deterministic inference gives: which answers call a tool is then the
+    # tests' fixed fact (sampled anew, 4 whole conversations of 2 turns all ended without a call, 1 run in 16).
+    "--enable-deterministic-inference",
 )  # fmt: skip
 INVENTED_ANSWER = "<|start|>assistant<|channel|>final<|message|><|end|>"
 """The history a gpt-oss tool call became when its split dropped the call: an empty final answer."""

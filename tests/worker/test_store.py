@@ -16,7 +16,8 @@ from datagen_operator.engine.tool_calls import ParsedCall
 from datagen_operator.output.layout import RECORD_FIELDS, OutputLayout, keys_path
 from datagen_operator.output.manifest import read_manifest, update_manifest
 from datagen_operator.output.parquet import compact_shard
-from datagen_operator.output.readers import RecordBatches, iter_records, iter_rejects, stored_split
+from datagen_operator.output.readers import RecordBatches, iter_records, iter_rejects
+from datagen_operator.output.records import stored_split
 from datagen_operator.output.writer import ShardWriter
 from datagen_operator.prompts.conversation import AnswerSplit
 

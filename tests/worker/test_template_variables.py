@@ -16,6 +16,7 @@ from datagen_operator.api.exit_codes import EXIT_OK
 from datagen_operator.api.flags import UNEXPECTED_REASONING
 from datagen_operator.api.resolve import resolve_model
 from datagen_operator.checks.record_checks import expectations_for
+from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.output.readers import RecordBatches, iter_records
 from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.line_shape import INVALID_TEMPLATE_KWARGS
@@ -87,7 +88,7 @@ def test_verify_judges_each_record_by_its_lines_thinking(tmp_path: Path) -> None
     with start_sim(*QWEN_FLAGS, tokenizer_dir=_qwen()) as server:
         assert run_inprocess(document, [server.url]) == EXIT_OK
     resolved = resolve_model(parse_spec(document))
-    expect = expectations_for(resolved, load_tokenizer(_qwen(), trust_remote_code=False), _qwen())
+    expect = expectations_for(resolved, load_tokenizer(_qwen(), trust_remote_code=False), read_model_eos_ids(_qwen()))
     columns = ("input_ids", "output_ids", "finish_reason", "completion_tokens", "has_tools", "thinking")
     [batch] = list(RecordBatches(output, columns, rows=64))
     assert not batch_flags(batch, expect).counts()

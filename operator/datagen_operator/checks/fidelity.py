@@ -7,12 +7,8 @@ split that drifted from the ids, fails here with the turn named."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import orjson
 
 from datagen_operator.api.generation_spec import HistoryReasoning
 from datagen_operator.api.resolve import ResolvedModel
@@ -53,33 +49,22 @@ def proved(compared: int, verdict: str) -> CheckResult:
     return CheckResult(name=PROMPT_FIDELITY, passed=True, rate=0.0, threshold=0.0, total=compared, verdict=verdict)
 
 
-_COLUMNS = (
+CONVERSATION_COLUMNS = (
     "input_ids", "output_ids", "finish_reason", "has_tools", "answer_content", "answer_reasoning", "answer_tool_calls",
 )  # fmt: skip
+"""What `conversation_fidelity` reads of each record of a sampled conversation (besides id, sample and turn)."""
+
+Conversations = dict[tuple[str, int], list[dict[str, Any]]]
+"""(id, sample) -> its records in turn order, `finish_reason` decoded (steps/verify_reads.conversation_records)."""
 
 
-def _conversation_records(output: Path, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
-    """(id, sample) -> its records in turn order, for the conversations asked for (one pass over the output)."""
-    from datagen_operator.output.readers import RecordBatches
-
-    found: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for batch in RecordBatches(output, _COLUMNS):
-        ids, samples = batch.column("id").to_pylist(), batch.column("sample").to_pylist()
-        rows = [at for at, key in enumerate(zip(ids, samples, strict=True)) if key in wanted]
-        if not rows:
-            continue
-        for record in batch.take(rows).to_pylist():
-            if isinstance(record["finish_reason"], str):
-                record["finish_reason"] = orjson.loads(record["finish_reason"])
-            found[(record["id"], record["sample"])].append(record)
-    for records in found.values():
-        records.sort(key=lambda record: record.get("turn") or 0)
-    return found
+def conversations_wanted(sampled: list[dict[str, Any]], prompts: dict[str, Any]) -> set[tuple[str, int]]:
+    """The (id, sample) of the sampled records whose prompts are known: the conversations to rebuild."""
+    return {(record["id"], record["sample"]) for record in sampled if record["id"] in prompts}
 
 
 def conversation_fidelity(
-    output: Path,
-    sampled: list[dict[str, Any]],
+    conversations: Conversations,
     prompts: dict[str, Any],
     renderer: Any,
     resolved: ResolvedModel | None,
@@ -93,8 +78,6 @@ def conversation_fidelity(
     splitter = AnswerSplitter(
         renderer.tokenizer, resolved.reasoning_parser, renderer.chat_template, variables, resolved.tool_call_parser
     )
-    wanted = {(record["id"], record["sample"]) for record in sampled if record["id"] in prompts}
-    conversations = _conversation_records(output, wanted)
     compared = _TurnsCompared(renderer, splitter, history_reasoning)
     for (prompt_id, sample), records in sorted(conversations.items()):
         compared.conversation(f"{prompt_id!r}#{sample}", prompts[prompt_id], records)
@@ -117,7 +100,7 @@ class _TurnsCompared:
 
     def conversation(self, named: str, prompt: Any, records: list[dict[str, Any]]) -> None:
         """One conversation's records in turn order against its prompt's planned turns."""
-        from datagen_operator.output.readers import stored_split
+        from datagen_operator.output.records import stored_split
 
         turns = plan_turns(prompt.messages)
         answers: list[AnswerSplit] = []

@@ -8,9 +8,8 @@ default, SGLang 0.5.23 sglang/srt/sampling/sampling_params.py) and can hide or s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from datagen_operator.api.flags import (
@@ -32,7 +31,6 @@ from datagen_operator.api.flags import (
     finish_type,
 )
 from datagen_operator.api.resolve import ResolvedModel
-from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.presets.sglang_names import SGLANG_ADDITIONAL_STOP_TEXTS
 from datagen_operator.presets.think_markers import MarkersWritten, ThinkMarkers, known_markers
 
@@ -119,23 +117,25 @@ def _single_token_ids(tokenizer: TokenLookup, texts: tuple[str, ...]) -> frozens
     return frozenset(ids[0] for ids in encoded if len(ids) == 1)
 
 
-def expectations_for(resolved: ResolvedModel, tokenizer: TokenLookup | None, model_dir: Path | None) -> Expectations:
+def expectations_for(
+    resolved: ResolvedModel, tokenizer: TokenLookup | None, model_eos_ids: Iterable[int]
+) -> Expectations:
     """What a faithful record of this run looks like: the one source the preflight, the worker, the canary, the
     rolling checks, verify and export read. Ids are looked up in the run's tokenizer, else the preset's fixed ids.
 
     Stop ids are the union SGLang 0.5.23 stops on (`Req._check_token_based_finish`): the request's
     `stop_token_ids` (the preset's stop tokens), `eos_token_id` of the model's config.json and
-    generation_config.json (`model_dir`: the model directory, `model_config_dir`), the tokenizer's
-    `eos_token_id`, and the tokenizer's additional stop tokens (`attach_additional_stop_token_ids`), the
-    tokenizer being the one SGLang loads (`--tokenizer-path`, model.tokenizerPath). An output that ends on any
-    of them ended as SGLang ends it.
+    generation_config.json (`model_eos_ids`, read by the caller: engine/model_configs.read_model_eos_ids of
+    `model_config_dir`), the tokenizer's `eos_token_id`, and the tokenizer's additional stop tokens
+    (`attach_additional_stop_token_ids`), the tokenizer being the one SGLang loads (`--tokenizer-path`,
+    model.tokenizerPath). An output that ends on any of them ended as SGLang ends it.
     """
     preset = resolved.preset
     start_fixed = preset.think_start.id if preset and preset.think_start else None
     end_fixed = preset.think_end.id if preset and preset.think_end else None
     think_start = _opener_ids(tokenizer, resolved.think_start, start_fixed) if resolved.think_start else ()
     think_end = _token_id(tokenizer, resolved.think_end, end_fixed) if resolved.think_end else None
-    stops: set[int] = set(read_model_eos_ids(model_dir)) if model_dir is not None else set()
+    stops: set[int] = set(model_eos_ids)
     pairs: list[tuple[int, int]] = []
     if preset is not None:
         for token in preset.stop_tokens:

@@ -117,8 +117,8 @@ class _PendingAnswers:
     def add(
         self, key: tuple[str, int], turn: int, stored: dict[str, Any], tokens: int, unfinished: bool, fields: str | None
     ) -> None:
-        """`stored`: the record's answer columns (output/readers.py `stored_split` reads them)."""
-        from datagen_operator.output.readers import stored_split
+        """`stored`: the record's answer columns (output/records.py `stored_split` reads them)."""
+        from datagen_operator.output.records import stored_split
 
         if stored["answer_content"] is None:
             self.no_split.add(key)

@@ -262,7 +262,7 @@ class LocalRunner:
 
     def _check_context(self) -> CheckContext:
         return check_context(
-            self.resolved, self.spec.checks, rc.expectations_for(self.resolved, self._tokenizer(), None).think_end_id
+            self.resolved, self.spec.checks, rc.expectations_for(self.resolved, self._tokenizer(), ()).think_end_id
         )
 
     def _tokenizer(self) -> Any:

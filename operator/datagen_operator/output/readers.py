@@ -226,20 +226,13 @@ def read_progress(output_dir: str | Path) -> list[ShardProgress]:
     return out
 
 
-def stored_split(record: dict[str, Any]) -> AnswerSplit:
-    """A record's answer split as stored (its tool calls none where written before the column)."""
-    from datagen_operator.engine.tool_calls import ParsedCall
-    from datagen_operator.prompts.conversation import AnswerSplit
-
-    calls = tuple(ParsedCall(call["name"], call["arguments"]) for call in record.get("answer_tool_calls") or ())
-    return AnswerSplit(record["answer_content"] or "", record.get("answer_reasoning"), calls)
-
-
 def stored_answers(
     output_dir: str | Path, shard_index: int, conversations: set[tuple[str, int]]
 ) -> dict[tuple[str, int], dict[int, AnswerSplit]]:
     """(id, sample) -> turn -> the recorded answer split, for the conversations asked for (a resumed worker's
     conversations left mid-way): only the key and answer columns are read."""
+    from datagen_operator.output.records import stored_split
+
     found: dict[tuple[str, int], dict[int, AnswerSplit]] = {}
     batches = RecordBatches(output_dir, ("answer_content", "answer_reasoning", "answer_tool_calls"), rows=4096)
     for part in batches.shard_parts(shard_index):

@@ -123,3 +123,11 @@ def turns_entry(
 def reject_cause(entry: Mapping[str, Any]) -> str:
     """The cause of a dataset line's rejects.jsonl entry (`malformed_reject`, `too_long_reject`)."""
     return str(entry.get("cause") or "unknown")
+
+
+def stored_split(record: Mapping[str, Any]) -> AnswerSplit:
+    """A record's answer split as stored (its tool calls none where written before the column)."""
+    from datagen_operator.engine.tool_calls import ParsedCall
+
+    calls = tuple(ParsedCall(call["name"], call["arguments"]) for call in record.get("answer_tool_calls") or ())
+    return AnswerSplit(record["answer_content"] or "", record.get("answer_reasoning"), calls)

@@ -41,7 +41,7 @@ from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import model_label
 from datagen_operator.checks.template_check import RenderedPrompt, TemplateExpectation, judge_template
 from datagen_operator.engine.limits import batch_limits
-from datagen_operator.engine.model_configs import model_config_dir
+from datagen_operator.engine.model_configs import model_config_dir, read_model_eos_ids
 from datagen_operator.engine.requests import generate_body, run_sampling
 from datagen_operator.prompts.dataset_ref import DatasetRef  # light: the reader itself is imported where used
 
@@ -152,9 +152,8 @@ async def run_canary(
     from datagen_operator.prompts.render import Renderer, template_variables
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(
-        resolved, tokenizer, model_dir or model_config_dir(spec.model.path, spec.model.tokenizer_dir)
-    )
+    config_dir = model_dir or model_config_dir(spec.model.path, spec.model.tokenizer_dir)
+    expect = rc.expectations_for(resolved, tokenizer, read_model_eos_ids(config_dir))
     # The canary's records sit in the output: its prompts render on the output's pinned date, as the workers'.
     renderer = Renderer(
         tokenizer, template_variables(resolved, render_date(record_file.parent) if record_file else None)

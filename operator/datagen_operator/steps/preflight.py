@@ -41,7 +41,7 @@ from datagen_operator.checks.evaluate import (
 from datagen_operator.checks.samples import compared_samples
 from datagen_operator.checks.server_truth import external_server_flags
 from datagen_operator.engine.limits import ContextLimit, model_context_limit
-from datagen_operator.engine.model_configs import model_config_dir
+from datagen_operator.engine.model_configs import model_config_dir, read_model_eos_ids
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.layout import OutputLayout
 from datagen_operator.output.lease import (
@@ -104,7 +104,8 @@ def _judge(spec: DataGenRunSpec, tokenizer: Any, tokenizer_dir: Path, dataset: P
     from datagen_operator.prompts.summary import check_lines
 
     resolved = resolve_model(spec)
-    expect = rc.expectations_for(resolved, tokenizer, model_config_dir(spec.model.path, tokenizer_dir))
+    config_dir = model_config_dir(spec.model.path, tokenizer_dir)
+    expect = rc.expectations_for(resolved, tokenizer, read_model_eos_ids(config_dir))
     rendered_on = render_date(output)
     variables = template_variables(resolved, rendered_on)
     renderer = Renderer(tokenizer, variables)

@@ -36,17 +36,23 @@ from datagen_operator.checks.completeness import (
     turns_cut_keys,
 )
 from datagen_operator.checks.evaluate import check_context, evaluate
-from datagen_operator.checks.fidelity import conversation_fidelity, line_fidelity
+from datagen_operator.checks.fidelity import conversation_fidelity, conversations_wanted, line_fidelity, unprovable
 from datagen_operator.checks.record_columns import COLUMNS
 from datagen_operator.checks.record_pass import Example, PinCheck, RecordsPass, read_records
 from datagen_operator.checks.samples import compared_samples, samples_compared
-from datagen_operator.engine.model_configs import model_config_dir
+from datagen_operator.engine.model_configs import model_config_dir, read_model_eos_ids
 from datagen_operator.output.fingerprint import fingerprint_history_reasoning
 from datagen_operator.output.layout import Key
 from datagen_operator.output.records import TURNS_KIND
 from datagen_operator.prompts.dataset_ref import DatasetRef
 from datagen_operator.prompts.draws import VariableDraws, variable_draws
-from datagen_operator.steps.verify_reads import dataset_pin, integrity, name_examples, read_dataset
+from datagen_operator.steps.verify_reads import (
+    conversation_records,
+    dataset_pin,
+    integrity,
+    name_examples,
+    read_dataset,
+)
 
 
 @dataclass
@@ -138,7 +144,7 @@ def _expectations(
         config_dir = model_dir
         if config_dir is None and spec is not None:
             config_dir = model_config_dir(spec.model.path, _loaded_from(tokenizer))
-        expect = rc.expectations_for(resolved, tokenizer, config_dir)
+        expect = rc.expectations_for(resolved, tokenizer, read_model_eos_ids(config_dir))
         if tokenizer is None:
             # No tokenizer to read SGLang's stop set from: every request sent it (the fingerprint's sampling).
             sent = (fingerprint.get("sampling") or {}).get("stop_token_ids") or ()
@@ -242,7 +248,11 @@ def _fidelity(
     # What history the output's requests sent: the run's choice, or the output's own record of it.
     history = spec.generation.history_reasoning if spec else fingerprint_history_reasoning(fingerprint)
     if run.turns_mode == "all":
-        return conversation_fidelity(output, read.fidelity_sample, prompts, renderer, run.resolved, variables, history)
+        # Read only what can be judged: nothing without a tokenizer or a dataset to re-render with.
+        cannot = unprovable(None if run.resolved is None or variables is None else renderer, prompts)
+        wanted = conversations_wanted(read.fidelity_sample, prompts) if cannot is None else set()
+        conversations = conversation_records(output, wanted)
+        return conversation_fidelity(conversations, prompts, renderer, run.resolved, variables, history)
     return line_fidelity(read.fidelity_sample, prompts, renderer, history)
 
 

@@ -6,16 +6,20 @@ every stored record for the preflight (stored_record_counts).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from datagen_operator.api.progress import Counts
 from datagen_operator.api.status import CheckResult
 from datagen_operator.api.words import agrees, plural
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.completeness import KeyCheck, sorted_unique
+from datagen_operator.checks.fidelity import CONVERSATION_COLUMNS, Conversations
 from datagen_operator.checks.record_columns import COLUMNS
 from datagen_operator.checks.record_pass import PinCheck, record_counts
 from datagen_operator.prompts.dataset_ref import DatasetRef
@@ -190,3 +194,25 @@ def stored_record_counts(output: Path, expect: rc.Expectations, compared_samples
     from datagen_operator.output.readers import RecordBatches
 
     return record_counts(RecordBatches(output, (*COLUMNS, "cached_tokens", "turn")), expect, compared_samples)
+
+
+def conversation_records(output: Path, wanted: set[tuple[str, int]]) -> Conversations:
+    """The sampled conversations' records in turn order (checks/fidelity.conversation_fidelity judges them), in one
+    pass over the output."""
+    from datagen_operator.output.readers import RecordBatches
+
+    found: Conversations = defaultdict(list)
+    if not wanted:
+        return found
+    for batch in RecordBatches(output, CONVERSATION_COLUMNS):
+        ids, samples = batch.column("id").to_pylist(), batch.column("sample").to_pylist()
+        rows = [at for at, key in enumerate(zip(ids, samples, strict=True)) if key in wanted]
+        if not rows:
+            continue
+        for record in batch.take(rows).to_pylist():
+            if isinstance(record["finish_reason"], str):
+                record["finish_reason"] = orjson.loads(record["finish_reason"])
+            found[(record["id"], record["sample"])].append(record)
+    for records in found.values():
+        records.sort(key=lambda record: record.get("turn") or 0)
+    return found

@@ -22,7 +22,7 @@ from typing import Any
 from datagen_operator.api.exit_codes import EXIT_BAD_INPUT, EXIT_FINGERPRINT_MISMATCH
 from datagen_operator.api.reasons import Reason
 from datagen_operator.checks.record_checks import Expectations, expectations_for
-from datagen_operator.engine.model_configs import model_config_dir
+from datagen_operator.engine.model_configs import model_config_dir, read_model_eos_ids
 from datagen_operator.engine.requests import run_sampling
 from datagen_operator.output.fingerprint import chat_template_sha256
 from datagen_operator.output.rendered import (
@@ -183,7 +183,8 @@ async def _load_tokenized(config: WorkerConfig, render_pool: RenderPool) -> Toke
     except (OSError, ValueError, RenderError) as error:
         raise BadInput(f"tokenizer {c.tokenizer_dir}: {error}") from None
     render_pool.renderer = renderer
-    expect = expectations_for(c.resolved, tokenizer, model_config_dir(spec.model.path, c.tokenizer_dir))
+    model_dir = model_config_dir(spec.model.path, c.tokenizer_dir)
+    expect = expectations_for(c.resolved, tokenizer, read_model_eos_ids(model_dir))
     sampling = run_sampling(spec.generation.sampling, expect.stop_token_ids)
     splitter = None
     if spec.generation.turns == "all":

@@ -41,7 +41,7 @@ def test_what_a_retraction_restarts(sampling: dict, restarted: tuple[str, ...]) 
     document = example_run(**{"spec.generation.sampling": {"max_new_tokens": 64, **sampling}})
     resolved = resolve_model(parse_run(document).spec)
     assert resolved.restarted_by_retraction == restarted
-    assert rc.expectations_for(resolved, None, None).restarted_by_retraction == restarted
+    assert rc.expectations_for(resolved, None, ()).restarted_by_retraction == restarted
 
 
 def test_a_retracted_record_is_flagged_only_where_the_sampling_restarts() -> None:

@@ -17,6 +17,7 @@ from datagen_operator.api.spec import ChecksSpec
 from datagen_operator.checks import record_checks as rc
 from datagen_operator.checks.canary_judgment import CanaryRecord, judge_canary, markers_seen, vocabulary_families
 from datagen_operator.checks.evaluate import CheckContext, check_context
+from datagen_operator.engine.model_configs import read_model_eos_ids
 from datagen_operator.presets import get_preset, preset_names
 from datagen_operator.presets.think_markers import ThinkMarkers, known_markers, preset_markers
 from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
@@ -77,7 +78,7 @@ def run_of(preset: str) -> tuple[ResolvedModel, Any, rc.Expectations, list[int]]
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=False)
     input_ids = Renderer(tokenizer, template_variables(resolved)).render(PROMPT, None)
-    return resolved, tokenizer, rc.expectations_for(resolved, tokenizer, model_dir), input_ids
+    return resolved, tokenizer, rc.expectations_for(resolved, tokenizer, read_model_eos_ids(model_dir)), input_ids
 
 
 def written_by_another_family(preset: str, markers: ThinkMarkers) -> CanaryRecord:
@@ -139,7 +140,7 @@ def judged_lines(changes: dict[str, Any], preset: str, lines: list[dict[str, Any
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=False)
     renderer = Renderer(tokenizer, template_variables(resolved))
-    expect = rc.expectations_for(resolved, tokenizer, model_dir)
+    expect = rc.expectations_for(resolved, tokenizer, read_model_eos_ids(model_dir))
     prompts = [dict(PROBES[0])] + [
         {"id": line["id"], "line": number, "messages": PROMPT, "variables": line["kwargs"]}
         for number, line in enumerate(lines, start=1)
@@ -191,7 +192,7 @@ def test_a_lines_other_key_that_moves_the_think_block_is_named_not_generation_th
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=False)
     renderer = Renderer(tokenizer, template_variables(resolved))
-    expect = rc.expectations_for(resolved, tokenizer, model_dir)
+    expect = rc.expectations_for(resolved, tokenizer, read_model_eos_ids(model_dir))
     on = renderer.render(PROMPT, None)
     off = renderer.render(PROMPT, None, {"enable_thinking": False})  # what a key the template reads did
     judged = [RenderedPrompt(on), RenderedPrompt(off, "line 7 (id 'g')", {"no_think": True})]
