@@ -155,13 +155,14 @@ def renderer_and_params(dataset: Path, tokenizer_dir: Path, max_new_tokens: int)
     from datagen_operator.api import parse_spec
     from datagen_operator.api.resolve import resolve_model
     from datagen_operator.checks.record_checks import expectations_for
+    from datagen_operator.engine.model_configs import read_model_eos_ids
     from datagen_operator.engine.requests import run_sampling
     from datagen_operator.prompts.render import Renderer, load_tokenizer, template_variables
 
     spec = parse_spec(_spec(dataset, tokenizer_dir, Path("/unused"), max_new_tokens, 1))
     resolved = resolve_model(spec)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=resolved.trust_remote_code)
-    expect = expectations_for(resolved, tokenizer, tokenizer_dir)
+    expect = expectations_for(resolved, tokenizer, read_model_eos_ids(tokenizer_dir))
     return Renderer(tokenizer, template_variables(resolved)), run_sampling(
         spec.generation.sampling, expect.stop_token_ids
     )
