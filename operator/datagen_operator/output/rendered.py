@@ -216,9 +216,8 @@ class RenderedPrompts:
         """What differs between the store and this worker's own `render_identity` and `start_values` (computed
         once its tokenizer is loaded): [] when the ids and sampling sent before then are the worker's own."""
         stored: dict[str, Any] = self.meta.get("identity") or {}
-        found = {key for key in {*identity, *stored} if stored.get(key) != identity.get(key)}
-        found |= {key for key in values if self.start.get(key) != values[key]}
-        return sorted(found)
+        start = {key: self.start.get(key) for key in values}
+        return sorted({*_differing(stored, identity), *_differing(start, values)})
 
     def ids(self, position: int, line_hash: int) -> bytes | None:
         if not 0 <= position < len(self.lines):
@@ -247,8 +246,12 @@ def open_rendered_early(output: Path, key: dict[str, Any], pin_sha256: str | Non
 def _changed(stored: dict[str, Any], own: dict[str, Any], verb: str) -> str | None:
     if stored == own:
         return None
-    changed = sorted(k for k in {*own, *stored} if stored.get(k) != own.get(k))
-    return f"the preflight {verb} with another {', '.join(changed)}"
+    return f"the preflight {verb} with another {', '.join(_differing(stored, own))}"
+
+
+def _differing(stored: dict[str, Any], own: dict[str, Any]) -> list[str]:
+    """The keys whose values differ between the two (a key missing on one side differs)."""
+    return sorted(key for key in {*own, *stored} if stored.get(key) != own.get(key))
 
 
 def _open(output: Path, pin_sha256: str | None, judge: Callable[[dict[str, Any]], str | None]) -> RenderedPrompts | str:
