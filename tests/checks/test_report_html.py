@@ -20,6 +20,7 @@ from datagen_operator.api.spec import API_GROUP_VERSION
 from datagen_operator.checks.report_data import COLUMNS, Plot, gather, plots, throughput_plot
 from datagen_operator.cli import main as datagen
 from datagen_operator.output.readers import RecordBatches, iter_records
+from datagen_operator.steps.report_html import render_page
 from datagen_operator.steps.verify_program import verify_here
 from tests.harness.sim import start_sim
 from tests.worker.simrun import SIM_FLAGS, run_inprocess, spec, write_dataset
@@ -190,3 +191,16 @@ def test_lengths_are_where_the_think_end_is(regenerated: Path) -> None:
 def test_an_output_without_done_at_says_so() -> None:
     plot = throughput_plot(np.full(3, np.nan), np.ones(3, np.int64))
     assert plot.traces == () and "3 records without done_at" in plot.note
+
+
+def test_a_line_through_idle_bins_draws_every_bin(regenerated: Path, tmp_path: Path) -> None:
+    """Answers at the start and the end only: the empty bins between lie on one line, and each is still drawn."""
+    done_at = np.array([0.0] * 5 + [60.0] * 30)
+    plot = throughput_plot(done_at, np.full(35, 10, np.int64))
+    (trace,) = plot.traces
+    assert trace.y[1:-1].count(0.0) >= 3  # collinear points the line could skip
+    page = tmp_path / "report.html"
+    page.write_text(render_page(verify_here(regenerated, regenerated / "run.yaml").report, [plot]))
+    rendered = RenderedPlots({plot.id})
+    rendered.feed(chromium_dom(page))
+    assert rendered.drawn[plot.id] == expected_drawing(plot) == [["scatter", len(trace.y), len(trace.y)]]

@@ -18,6 +18,7 @@ from datagen_operator.engine.sim.model import (
     declared_tools,
     draw_length,
     prompt_array,
+    take,
     thinking_mode,
 )
 from datagen_operator.engine.sim.sampling import SamplingParamsError, parse_sampling_params
@@ -184,6 +185,18 @@ def test_draw_length() -> None:
     assert draw_length(rng, 123, 0) == 123
     draws = [draw_length(rng, 500, 0.8) for _ in range(5000)]
     assert 450 < statistics.mean(draws) < 550 and statistics.median(draws) < 500
+
+
+def test_a_corpus_slice_never_ends_inside_a_character(vocab: SimVocab) -> None:
+    """A model stops, or closes its reasoning, between characters: every slice of the answer corpus (whose emoji
+    span several tokens) decodes to whole UTF-8 characters, at the length drawn."""
+    assert len(vocab.answer.inside_character) > 100  # cuts that would split an emoji exist: the test can fail
+    rng = random.Random(0)
+    for draw in range(4000):
+        count = 1 + draw % 400
+        run = take(vocab.answer, rng, count)
+        assert len(run) == count
+        run.decoded_bytes(skip_special_tokens=False).decode("utf-8")  # strict: a split character raises
 
 
 def test_completion_structure_and_misconfigs(vocab: SimVocab) -> None:

@@ -113,7 +113,8 @@ def _figure(plot: Plot) -> Any:
                 marker={"symbol": "line-ew-open", "size": 28, "line": {"width": 3}},
             )  # fmt: skip
         else:
-            figure.add_scatter(name=trace.name, x=trace.x, y=trace.y, mode="lines+markers")
+            # Every value a point of the line: plotly otherwise drops collinear points (a run of idle bins).
+            figure.add_scatter(name=trace.name, x=trace.x, y=trace.y, mode="lines+markers", line={"simplify": False})
     multi_turn = sum(trace.kind == "bar" for trace in plot.traces) > 1 and plot.traces[0].width is not None
     figure.update_layout(
         xaxis_title=plot.x_title, yaxis_title=plot.y_title, height=360, margin={"t": 20},

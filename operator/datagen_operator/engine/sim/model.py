@@ -45,6 +45,7 @@ from datagen_operator.engine.sim.tokens import Span, TokenRun
 from datagen_operator.engine.sim.vocab import Corpus, SimVocab
 
 _MAX_LENGTH_FACTOR = 20  # cap lognormal draws at 20x the mean
+_START_DRAWS = 16  # a cut inside a character is rare (emoji in 1 answer sentence of 20): 16 draws all but end it
 
 
 class ThinkingMode(enum.Enum):
@@ -135,9 +136,14 @@ def draw_length(rng: random.Random, mean: float, sigma: float) -> int:
 
 
 def take(corpus: Corpus, rng: random.Random, count: int) -> TokenRun:
-    """`count` corpus tokens from a random sentence start, wrapping around the corpus."""
+    """`count` corpus tokens from a random sentence start, wrapping around the corpus. A start whose cut would end
+    inside a character is drawn again: a model does not stop (or close its reasoning) halfway through an emoji's
+    bytes, and the length stays the one drawn."""
     size = len(corpus.source)
-    start = corpus.sentence_starts[rng.randrange(len(corpus.sentence_starts))]
+    for _ in range(_START_DRAWS):
+        start = corpus.sentence_starts[rng.randrange(len(corpus.sentence_starts))]
+        if (start + count) % size not in corpus.inside_character:
+            break
     spans = []
     while count > 0:
         stop = min(size, start + count)

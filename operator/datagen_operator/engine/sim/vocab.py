@@ -34,7 +34,7 @@ from datagen_operator.tokenizer import corpus, families
 from datagen_operator.tokenizer.families import ChatFormat, Family
 
 CORPUS_SENTENCES = 2500  # about 40k tokens per corpus; outputs longer than that wrap around
-TABLES_FORMAT = 2
+TABLES_FORMAT = 3
 CACHE_ENV = "DATAGEN_SIM_CACHE"
 KIMI_OLD_OPEN_TAG = "◁think▷"
 KIMI_OLD_CLOSE_TAG = "◁/think▷"
@@ -66,6 +66,8 @@ class Corpus:
 
     source: TokenSource
     sentence_starts: list[int]
+    inside_character: frozenset[int]
+    """Cut positions that would split a character's UTF-8 bytes between two tokens (an emoji's, say)."""
 
 
 class _Encoder(Protocol):
@@ -203,6 +205,21 @@ def _byte_tables(
     return token_bytes, special
 
 
+def _inside_character(ids: Sequence[int], token_bytes: Sequence[bytes]) -> list[int]:
+    """The positions after a token whose bytes leave a UTF-8 character unfinished."""
+    inside = []
+    pending = 0  # continuation bytes the current character still needs
+    for position, token_id in enumerate(ids, start=1):
+        for byte in token_bytes[token_id]:
+            if pending and byte & 0xC0 == 0x80:
+                pending -= 1
+            else:
+                pending = 3 if byte >= 0xF0 else 2 if byte >= 0xE0 else 1 if byte >= 0xC0 else 0
+        if pending:
+            inside.append(position)
+    return inside
+
+
 def _format_texts() -> list[str]:
     """Every structural text of every family (their ids are cached with the tables)."""
     texts = {KIMI_OLD_OPEN_TAG, KIMI_OLD_CLOSE_TAG}
@@ -235,7 +252,7 @@ def _derived(
         for encoded in encoder.encode_batch(sentences):
             starts.append(len(ids))
             ids.extend(encoded)
-        tables[name] = (ids, starts)
+        tables[name] = (ids, starts, _inside_character(ids, token_bytes))
     texts = _format_texts()
     tables["format_ids"] = dict(zip(texts, encoder.encode_batch(texts), strict=True))
     return tables
@@ -434,8 +451,8 @@ def load_vocab(
         eos_ids.add(added[special_tokens["eos_token"]])
 
     def corpus_of(name: str) -> Corpus:
-        corpus_ids, starts = tables[name]
-        return Corpus(TokenSource.build(corpus_ids, token_bytes, text_bytes), starts)
+        corpus_ids, starts, inside = tables[name]
+        return Corpus(TokenSource.build(corpus_ids, token_bytes, text_bytes), starts, frozenset(inside))
 
     def load_encoder() -> _Encoder:
         if tokenizer_json.is_file():
