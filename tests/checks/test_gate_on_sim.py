@@ -97,9 +97,11 @@ def test_misconfigured_models_fail_the_canary_with_the_true_cause(
     same prompts sent with the think block closed, and it is the first thing the message says. (A model that
     writes another family's markers, `kimi-tags`, is named by them: test_think_markers_on_sim.py.)"""
     spec = spec_for(standin_tokenizer)
-    # Reasoning several times the answer's length, as reasoning models write it (canary_judgment's ratio rule):
-    # SHORT's 40 against 24 tokens, sampled anew, brought the median ratio of 7 answers under 1.8 about 1 run in 8.
-    reasoning = ("--sim-mean-reasoning-tokens", "120", "--sim-mean-answer-tokens", "24")
+    # Reasoning several times the answer's length, as reasoning models write it (canary_judgment's ratio rule),
+    # and every length its mean: the simulator draws each request's length anew, independent of the prompt, where
+    # a model that ignores thinking writes the same answer with the block open or closed. Sampled, the median ratio
+    # of a few answers crossed 1.8 now and then, either way (SHORT's 40 against 24 tokens: 1 run in about 8).
+    reasoning = ("--sim-mean-reasoning-tokens", "120", "--sim-mean-answer-tokens", "24", "--sim-length-sigma", "0")
     with start_sim(*KIMI_FLAGS, *reasoning, "--sim-misconfig", misconfig) as sim:
         outcome = canary_outcome(sim.url, spec, standin_tokenizer)
     assert not outcome.passed

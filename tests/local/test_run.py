@@ -62,8 +62,11 @@ def test_a_server_whose_parsers_cannot_be_read_halts_after_bounded_probes(
 
 
 def test_model_that_ignores_thinking_is_named_by_the_canary(tmp_path: Path, standin_tokenizer: Path) -> None:
-    """The parsers are right (ParsersVerified=True); the canary names the model as the cause."""
-    result = datagen_run(manifest(tmp_path, standin_tokenizer), *FAST_SIM, "--sim-arg=--sim-misconfig=ignore-thinking")
+    """The parsers are right (ParsersVerified=True); the canary names the model as the cause. Every answer its mean
+    length: such a model writes the same answer with the think block open or closed, where the simulator draws each
+    request's length anew (the median ratio of 5 sampled pairs crossed the rule's 1.8 in 1 run of 6)."""
+    misconfigured = ("--sim-arg=--sim-misconfig=ignore-thinking", "--sim-arg=--sim-length-sigma=0")
+    result = datagen_run(manifest(tmp_path, standin_tokenizer), *FAST_SIM, *misconfigured)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ParsersVerified=True" in result.stdout
     assert "CanaryPassed=False" in result.stdout
