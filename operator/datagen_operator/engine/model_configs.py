@@ -23,9 +23,9 @@ def model_config_dir(model_path: str | Path, fallback: str | Path | None) -> Pat
 def read_model_eos_ids(model_dir: Path | None) -> frozenset[int]:
     """`eos_token_id` of config.json and generation_config.json: ids SGLang stops at (SGLang 0.5.23
     sglang/srt/configs/model_config.py `_get_hf_eos_token_id`); none without a directory (`model_config_dir`)."""
-    ids: set[int] = set()
     if model_dir is None:
         return frozenset()
+    ids: set[int] = set()
     for name in MODEL_CONFIG_FILES:
         try:
             value = json.loads((model_dir / name).read_text(encoding="utf-8")).get("eos_token_id")
